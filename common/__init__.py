@@ -1,0 +1,1 @@
+"""Shared helpers of the vit-part3 scripts: one small module per concern."""

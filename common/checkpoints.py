@@ -1,0 +1,113 @@
+"""Hugging Face checkpoints: load by id or local directory, and count parameters from a header.
+
+Loading tries the local cache first, so a checkpoint downloaded once works offline. When it is
+neither cached nor reachable, the error names the checkpoint and the two ways to fix it.
+"""
+import json
+import os
+import struct
+
+from common.errors import UserError
+
+
+def hub_offline():
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def _hub_reachable(name):
+    """Ask the Hub about the repo; fails within a second without a network (no download retries)."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    try:
+        HfApi().model_info(name, timeout=10)
+    except RepositoryNotFoundError as error:
+        raise UserError(f"checkpoint {name} does not exist on the Hugging Face Hub; check the name") from error
+    except Exception:
+        return False
+    return True
+
+
+def missing_checkpoint_message(name, why):
+    return (f"checkpoint {name} is not in the local Hugging Face cache and {why}: "
+            f"connect to the internet once to download it, or pass --model with a local directory")
+
+
+def load_pretrained(model_class, name, **kwargs):
+    """model_class.from_pretrained(name) from a local directory, the cache, or the Hub, in that order."""
+    if os.path.isdir(name):
+        try:
+            return model_class.from_pretrained(name, **kwargs)
+        except OSError as error:
+            raise UserError(f"{name} is not a saved checkpoint directory: {str(error).splitlines()[0]}") from error
+    try:
+        return model_class.from_pretrained(name, local_files_only=True, **kwargs)
+    except OSError:
+        pass
+    if hub_offline():
+        raise UserError(missing_checkpoint_message(name, "HF_HUB_OFFLINE=1 forbids downloads"))
+    if not _hub_reachable(name):
+        raise UserError(missing_checkpoint_message(name, "the Hugging Face Hub cannot be reached"))
+    return model_class.from_pretrained(name, **kwargs)
+
+
+def read_safetensors_header(path):
+    """{tensor name: shape} from a .safetensors file, reading only its header.
+
+    The format starts with 8 bytes (little-endian u64) giving the length of a JSON header that lists
+    every tensor's dtype, shape and byte range; the weights that follow are never read.
+    """
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+    return {name: info["shape"] for name, info in header.items() if name != "__metadata__"}
+
+
+def cached_weight_file(name):
+    """Path of the checkpoint's model.safetensors in a local directory or the HF cache, else None."""
+    if os.path.isdir(name):
+        path = os.path.join(name, "model.safetensors")
+        return path if os.path.isfile(path) else None
+    from huggingface_hub import try_to_load_from_cache
+
+    path = try_to_load_from_cache(name, "model.safetensors")
+    return path if isinstance(path, str) else None
+
+
+def remote_weight_header(name):
+    """{tensor name: shape} from the Hub's safetensors header (a few kB over HTTP), or None offline."""
+    if hub_offline():
+        return None
+    from huggingface_hub import get_safetensors_metadata
+
+    try:
+        metadata = get_safetensors_metadata(name)
+    except Exception:  # no network, no safetensors file: the caller falls back to the architecture
+        return None
+    return {tensor: list(info.shape) for file in metadata.files_metadata.values()
+            for tensor, info in file.tensors.items()}
+
+
+def numel(shape):
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+def split_parameter_count(shapes):
+    """(backbone, pre-logits) numbers of a ViT state: the classifier head is left out of both.
+
+    The pre-logits layer is the library's "pooler" (dense 768x768 + tanh in ViT-B); the head is the
+    "classifier" of a fine-tuned checkpoint.
+    """
+    backbone = pre_logits = 0
+    for name, shape in shapes.items():
+        parts = name.split(".")
+        if "pooler" in parts:
+            pre_logits += numel(shape)
+        elif parts[0] not in ("classifier", "head"):
+            backbone += numel(shape)
+    return backbone, pre_logits

@@ -1,0 +1,56 @@
+"""What every script's main() shares: the common flags, running sections, exit status, JSON."""
+import json
+import sys
+
+from common.device import DEVICE_CHOICES
+from common.errors import UserError
+from common.printing import line
+from common.reference import load_reference, print_comparison
+
+
+def add_common_arguments(parser, device=True):
+    if device:
+        parser.add_argument("--device", default="auto", choices=DEVICE_CHOICES,
+                            help="auto picks cuda, then mps, then cpu (default: auto)")
+    parser.add_argument("--compare", action="store_true",
+                        help="after the output, put this run's numbers beside the article's")
+    parser.add_argument("--json", metavar="PATH", help="also write this run's numbers to PATH as JSON")
+
+
+def run_sections(sections):
+    """Run each section; one that cannot run says why in one line and the others still run.
+
+    Returns this run's numbers {name: value} and the messages of the sections that could not run.
+    """
+    results, problems = {}, []
+    for section in sections:
+        try:
+            results.update(section() or {})
+        except UserError as problem:
+            line(f"cannot run this section: {problem}")
+            problems.append(str(problem))
+    return results, problems
+
+
+def finish(script, args, results, problems):
+    """--compare and --json, then the exit status: 1 when a section could not run."""
+    if args.compare:
+        print_comparison(results, load_reference(script))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"script": script, "results": results, "could_not_run": problems}, f, indent=2)
+    if problems:
+        print(f"\n{len(problems)} section(s) could not run; see the lines starting 'cannot run'", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def guarded(main):
+    """Run main(); a UserError outside the sections ends in one line and exit status 2."""
+    try:
+        return main()
+    except UserError as problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

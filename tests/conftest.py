@@ -1,0 +1,19 @@
+"""Every test runs offline, against an empty Hugging Face cache of its own.
+
+HF_HUB_OFFLINE and the cache paths are read when huggingface_hub is imported, so they are set here,
+before any test module imports it.
+"""
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+_cache = tempfile.mkdtemp(prefix="vit-part3-hf-")
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_HOME"] = _cache
+os.environ["HF_HUB_CACHE"] = os.path.join(_cache, "hub")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+ARTICLE = ROOT.parent / "shared" / "article" / "vit-explained-part3.txt"

@@ -1,0 +1,67 @@
+"""common/: device picking, checkpoint errors, the comparison with the article."""
+import pytest
+import torch
+
+from common.checkpoints import load_pretrained
+from common.cli import guarded
+from common.device import pick_device
+from common.errors import UserError
+from common.reference import compare_with_article, load_reference
+
+
+def test_auto_device_is_one_that_exists():
+    assert pick_device("auto").type in ("cuda", "mps", "cpu")
+    assert pick_device("cpu") == torch.device("cpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is there")
+def test_missing_gpu_is_a_one_line_error():
+    with pytest.raises(UserError, match="--device cuda"):
+        pick_device("cuda")
+
+
+def test_unknown_device_is_a_one_line_error():
+    with pytest.raises(UserError, match="unknown device"):
+        pick_device("tpu")
+
+
+def test_guarded_turns_a_user_error_into_exit_2(capsys):
+    def main():
+        raise UserError("no such thing; do this instead")
+
+    assert guarded(main) == 2
+    assert capsys.readouterr().err.strip() == "error: no such thing; do this instead"
+
+
+def test_missing_checkpoint_offline_names_it_and_the_fix():
+    from transformers import ViTModel
+
+    with pytest.raises(UserError) as problem:
+        load_pretrained(ViTModel, "google/vit-not-a-real-checkpoint")
+    message = str(problem.value)
+    assert "google/vit-not-a-real-checkpoint" in message and "--model" in message and "\n" not in message
+
+
+def test_a_directory_without_a_checkpoint_is_reported(tmp_path):
+    from transformers import ViTModel
+
+    with pytest.raises(UserError, match="not a saved checkpoint directory"):
+        load_pretrained(ViTModel, str(tmp_path))
+
+
+def test_comparison_reports_a_differing_number():
+    reference = {"a": {"article": "34.9"}, "b": {"article": "1,035,645"}, "c": {"article": "4.0e-04"},
+                 "d": {"article": "99.54", "tolerance": 0.5}, "e": {"article": "1.0"}}
+    results = {"a": 34.8911, "b": 1_035_646, "c": 4.04e-4, "d": 99.1}
+    rows = {name: (run, same) for name, _, run, same in compare_with_article(results, reference)}
+    assert rows["a"] == ("34.9", True)
+    assert rows["b"] == ("1,035,646", False)
+    assert rows["c"] == ("4.0e-04", True)
+    assert rows["d"][1] is True
+    assert rows["e"] == (None, False)  # not measured by this run: never counted as reproduced
+    assert compare_with_article({"a": 34.96}, {"a": {"article": "34.9"}})[0][3] is False
+
+
+def test_every_reference_file_is_labelled():
+    reference = load_reference("setup")
+    assert len(reference) > 100 and all("article" in entry for entry in reference.values())

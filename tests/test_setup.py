@@ -1,0 +1,190 @@
+"""vit_part3_setup.py against the article's hand-checked values and independent implementations."""
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import vit_part3_setup as setup
+from common.checkpoints import read_safetensors_header, split_parameter_count
+from conftest import ARTICLE, ROOT
+
+
+# ---------------------------------------------------------------- Table 1
+
+def test_sequence_shapes_of_the_article():
+    assert setup.sequence_shape(224, 16) == (14, 196, 197, 38_809)
+    assert setup.sequence_shape(384, 16) == (24, 576, 577, 332_929)
+    assert setup.sequence_shape(518, 14)[:3] == (37, 1369, 1370)
+
+
+def test_forward_compute_matches_the_article():
+    article = {("B", 32, 224): 8.6, ("B", 16, 224): 34.9, ("B", 16, 384): 110.3, ("L", 16, 384): 381.2,
+               ("H", 14, 224): 334.2, ("H", 14, 384): 1005.9}
+    for (size, patch, resolution), gflops in article.items():
+        assert round(setup.forward_gflops(size, patch, resolution), 1) == gflops
+    ratio = setup.forward_gflops("B", 16, 224) / setup.forward_gflops("B", 32, 224)
+    assert round(ratio, 2) == 4.06
+
+
+def test_flop_formula_equals_torch_flop_counter():
+    """torch counts every matmul of a real forward pass; ours leaves out only the patch embedding."""
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import ViTConfig, ViTModel
+
+    config = ViTConfig(hidden_size=32, num_hidden_layers=2, intermediate_size=80, num_attention_heads=4,
+                       patch_size=16, image_size=64, attn_implementation="eager")
+    model = ViTModel(config, add_pooling_layer=False).eval()
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(pixel_values=torch.zeros(1, 3, 64, 64))
+    patches = (64 // 16) ** 2
+    patch_embedding = 2 * patches * 32 * (16 * 16 * 3)
+    assert counter.get_total_flops() - patch_embedding == setup.encoder_flops(2, 32, 80, patches + 1)
+
+
+# ---------------------------------------------------------------- parameters
+
+def test_meta_count_equals_a_saved_checkpoint_header(tmp_path):
+    from transformers import ViTConfig, ViTModel
+
+    config = ViTConfig(hidden_size=48, num_hidden_layers=2, intermediate_size=96, num_attention_heads=4,
+                       patch_size=8, image_size=32)
+    ViTModel(config, add_pooling_layer=True).save_pretrained(tmp_path)
+    from_file = split_parameter_count(read_safetensors_header(tmp_path / "model.safetensors"))
+    assert from_file == split_parameter_count(setup.meta_parameter_shapes(config, pre_logits=True))
+    assert from_file[1] == 48 * 48 + 48  # the pooler: dense D x D plus bias
+
+
+def test_head_is_counted_in_neither_part():
+    shapes = {"vit.embeddings.cls_token": [1, 1, 4], "vit.pooler.dense.weight": [4, 4],
+              "classifier.weight": [10, 4], "classifier.bias": [10]}
+    assert split_parameter_count(shapes) == (4, 16)
+
+
+def test_released_counts_from_the_architecture():
+    b16 = split_parameter_count(setup.meta_parameter_shapes(setup.table1_config("B", 16), True))
+    l16 = split_parameter_count(setup.meta_parameter_shapes(setup.table1_config("L", 16), False))
+    assert b16 == (85_798_656, 590_592)
+    assert l16 == (303_301_632, 0)
+
+
+# ---------------------------------------------------------------- norms
+
+def test_batch_norm_of_the_article_and_of_torch():
+    a = torch.tensor(setup.PICTURE_A)
+    for partner, expected in ((setup.PARTNER_1, [-1.260, -0.700]), (setup.PARTNER_2, [0.632, 1.265])):
+        batch = torch.stack([a, torch.tensor(partner)])
+        ours = setup.batch_norm(batch)
+        assert ours[0, 0].tolist() == pytest.approx(expected, abs=5e-4)
+    batch = torch.randn(5, 6, 7, dtype=torch.float64)
+    torch_bn = torch.nn.BatchNorm1d(6, affine=False, dtype=torch.float64).train()(batch)
+    assert torch.allclose(setup.batch_norm(batch), torch_bn, atol=1e-12)
+
+
+def test_group_norm_of_the_article_and_of_torch():
+    a = torch.tensor([setup.PICTURE_A])
+    assert setup.group_norm(a, 2)[0, 0].tolist() == pytest.approx([-1 / math.sqrt(0.5), 1 / math.sqrt(0.5)], abs=1e-4)
+    batch = torch.randn(3, 8, 5, dtype=torch.float64)
+    torch_gn = torch.nn.GroupNorm(4, 8, affine=False, dtype=torch.float64)(batch)
+    assert torch.allclose(setup.group_norm(batch, 4), torch_gn, atol=1e-12)
+
+
+def test_weight_standardization_of_the_article():
+    filters = setup.weight_standardize(torch.tensor([setup.FILTER_1, setup.FILTER_2], dtype=torch.float64))
+    assert filters[0].tolist() == pytest.approx([0.218, -1.091, 1.528, -0.655], abs=5e-4)
+    assert filters[1].tolist() == pytest.approx([-math.sqrt(2), 0, math.sqrt(2), 0])
+
+
+# ---------------------------------------------------------------- optimizers and schedules
+
+def test_adam_by_hand_of_the_article():
+    rows = setup.adam_by_hand([0.5, -0.1, 0.3])
+    t, g, m, v, m_hat, v_hat, step, w = rows[0]
+    assert (m, v, m_hat, v_hat) == pytest.approx((0.05, 0.00025, 0.5, 0.25))
+    assert step == pytest.approx(0.001, rel=1e-6)  # the first step of Adam is lr long
+    assert [r[-1] for r in rows] == pytest.approx([0.999000, 0.998489, 0.997824], abs=5e-7)
+
+
+def test_adam_by_hand_equals_torch_on_random_gradients():
+    gradients = torch.randn(20, generator=torch.Generator().manual_seed(1)).tolist()
+    assert setup.adam_by_hand(gradients, lr=0.01)[-1][-1] == pytest.approx(setup.torch_adam(gradients, lr=0.01), abs=1e-12)
+
+
+def test_sgd_momentum_by_hand():
+    rows = setup.sgd_momentum_by_hand([0.5, -0.1, 0.3])
+    assert [r[2] for r in rows] == pytest.approx([0.5, 0.35, 0.615])
+    assert [r[3] for r in rows] == pytest.approx([0.995, 0.9915, 0.98535])
+    gradients = torch.randn(20, generator=torch.Generator().manual_seed(2)).tolist()
+    assert setup.sgd_momentum_by_hand(gradients)[-1][-1] == pytest.approx(setup.torch_sgd(gradients), abs=1e-12)
+
+
+def test_polyak_average_equals_torch_ema():
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    weights = [1.0, 1.2, 0.9, 1.1, 1.05]
+    assert setup.polyak_average(weights, 0.9) == pytest.approx([1.0, 1.02, 1.008, 1.0172, 1.02048])
+    model = torch.nn.Linear(1, 1, bias=False).double()
+    ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.9))
+    torch_averages = []
+    for w in weights:
+        model.weight.data.fill_(w)
+        ema.update_parameters(model)
+        torch_averages.append(ema.module.weight.item())
+    assert setup.polyak_average(weights, 0.9) == pytest.approx(torch_averages, abs=1e-12)
+
+
+def test_clipping_equals_torch():
+    norm, clipped = setup.clip_by_global_norm([[3.0, 0.0], [4.0]], 1.0)
+    assert norm == 5.0 and clipped[0] == pytest.approx([0.6, 0.0]) and clipped[1] == pytest.approx([0.8])
+    gradients = [torch.randn(3).tolist(), torch.randn(5).tolist()]
+    for max_norm in (0.5, 100.0):  # clipped, and left alone
+        ours = setup.clip_by_global_norm(gradients, max_norm)[1]
+        by_torch = setup.torch_clip(gradients, max_norm)
+        assert [x for t in ours for x in t] == pytest.approx([x for t in by_torch for x in t], abs=1e-6)
+
+
+def test_schedules_of_the_article():
+    assert setup.pretraining_steps(7, 303e6) == 517_822
+    assert setup.pretraining_steps(14, 303e6) == 1_035_645
+    total = setup.pretraining_steps(7, 303e6)
+    assert setup.warmup_linear_lr(5_000, 8e-4, total) == pytest.approx(4e-4)
+    assert setup.warmup_linear_lr(10_000, 8e-4, total) == pytest.approx(8e-4)
+    assert setup.warmup_linear_lr(total, 8e-4, total) == 0
+    # cos(3 pi / 4) = -sqrt(2)/2, so step 15,000 of 20,000 is 0.015 (1 - 0.7071) = 0.0044
+    assert setup.cosine_lr(15_000, 0.03, 20_000) == pytest.approx(0.015 * (1 - math.sqrt(0.5)))
+    assert setup.cosine_lr(10_000, 0.03, 20_000) == pytest.approx(0.015)
+    assert setup.cosine_lr(20_000, 0.03, 20_000) == 0
+
+
+# ---------------------------------------------------------------- the script as a user runs it
+
+def article_setup_lines():
+    """The article's logged lines that vit_part3_setup.py prints, as the offline run prints them."""
+    text = ARTICLE.read_text().splitlines()
+    starts = ("== 1. Table 1", "== 2. the hybrid", "== 3. Batch Norm")
+    prefixes = ("  Adam t=", "  torch.optim.", "  pre-training", "  ViT-B/16 on JFT", "  SGD momentum", "  Polyak",
+                "  a factor of", "  clipping at", "  torch.nn.utils", "  fine-tuning ", "  ImageNet fine-tuning")
+    lines, inside = [], False
+    for text_line in text:
+        if text_line.startswith(starts):
+            inside = True
+        elif inside and not text_line.startswith(("  ", "-- ")) and text_line.strip():
+            inside = False
+        if (inside and text_line.strip()) or text_line.startswith(prefixes):
+            lines.append(text_line.replace(", weight file)", ", meta device)").replace(
+                "  microsoft/resnet-50 is", "  the library's ResNet-50 architecture (random weights; "
+                                            "microsoft/resnet-50 is not cached) is"))
+    return [l for l in lines if not l.startswith("-- parameters")]
+
+
+@pytest.mark.skipif(not ARTICLE.exists(), reason="the article is not beside the checkout")
+def test_script_prints_every_article_line_offline():
+    run = subprocess.run([sys.executable, "vit_part3_setup.py", "--compare"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    printed = set(run.stdout.splitlines())
+    expected = article_setup_lines()
+    assert len(expected) > 60
+    assert [l for l in expected if l not in printed] == []
+    assert "115 of 115 article numbers reproduced" in run.stdout
