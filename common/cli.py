@@ -27,7 +27,9 @@ def run_sections(sections):
         try:
             results.update(section() or {})
         except UserError as problem:
-            line(f"cannot run this section: {problem}")
+            repeated = str(problem) in problems
+            line("cannot run this section either, for the same reason" if repeated
+                 else f"cannot run this section: {problem}")
             problems.append(str(problem))
     return results, problems
 

@@ -17,3 +17,16 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 ARTICLE = ROOT.parent / "shared" / "article" / "vit-explained-part3.txt"
+
+
+def article_block(start):
+    """The logged lines of the article's block whose header starts with `start`, header included."""
+    lines, inside = [], False
+    for text_line in ARTICLE.read_text().splitlines():
+        if text_line.startswith(start):
+            inside = True
+        elif inside and not text_line.startswith("  "):
+            break
+        if inside:
+            lines.append(text_line)
+    return lines

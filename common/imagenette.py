@@ -1,0 +1,153 @@
+"""Imagenette (imagenette2-160): find or download it, list its pictures, decode and preprocess them.
+
+Layout: imagenette2-160/{train,val}/<wnid>/*.JPEG, 160 px on the short side. A folder in the same
+layout with other classes works too (class names from the folders); the Imagenette counts are
+checked only when the folders are Imagenette's ten WordNet ids.
+"""
+import os
+import shutil
+import tarfile
+import tempfile
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from common.errors import UserError
+
+URL = "https://s3.amazonaws.com/fast-ai-imageclas/imagenette2-160.tgz"
+ARCHIVE_MB = 94
+DEFAULT_DIR = Path(__file__).resolve().parent.parent / "data" / "imagenette2-160"
+SPLIT_COUNTS = {"train": 9_469, "val": 3_925}
+# WordNet id, the article's short name, index among the 1,000 ImageNet-1k classes (checked against
+# the standard imagenet_class_index.json: 0 tench ... 701 parachute, n03888257; n03888605 is 702,
+# parallel bars, a common mix-up).
+CLASSES = [("n01440764", "tench", 0), ("n02102040", "springer", 217), ("n02979186", "cassette player", 482),
+           ("n03000684", "chain saw", 491), ("n03028079", "church", 497), ("n03394916", "French horn", 566),
+           ("n03417042", "garbage truck", 569), ("n03425413", "gas pump", 571), ("n03445777", "golf ball", 574),
+           ("n03888257", "parachute", 701)]
+IMAGENETTE_WNIDS = [wnid for wnid, _, _ in CLASSES]
+
+
+def class_folders(root, split):
+    folder = Path(root) / split
+    return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+
+
+def is_imagenette(root):
+    """A folder named imagenette2-160 holding Imagenette's ten classes: its counts are known."""
+    return Path(root).name == DEFAULT_DIR.name and class_folders(root, "val") == sorted(IMAGENETTE_WNIDS)
+
+
+def class_names(root):
+    """Short names for Imagenette, the folder names for any other data set."""
+    names = {wnid: name for wnid, name, _ in CLASSES}
+    return [names.get(wnid, wnid) for wnid in class_folders(root, "val")]
+
+
+def imagenet_indices(root):
+    """ImageNet-1k class index of each class folder (Imagenette's classes only)."""
+    index = {wnid: i for wnid, _, i in CLASSES}
+    folders = class_folders(root, "val")
+    unknown = [wnid for wnid in folders if wnid not in index]
+    if unknown:
+        raise UserError(f"{root} has classes outside Imagenette ({', '.join(unknown[:3])}): reading the ImageNet "
+                        f"head needs Imagenette's WordNet ids as folder names")
+    return [index[wnid] for wnid in folders]
+
+
+def list_split(root, split, per_class=None):
+    """[(path, label)] sorted by class folder, then file name; per_class keeps the first N of each."""
+    items = []
+    for label, wnid in enumerate(class_folders(root, split)):
+        paths = sorted(p for p in (Path(root) / split / wnid).iterdir() if p.suffix.lower() in (".jpeg", ".jpg", ".png"))
+        items += [(p, label) for p in paths[:per_class]]
+    return items
+
+
+def check_counts(root):
+    """An Imagenette folder must hold every picture; a user's own folder only needs both splits."""
+    for split, expected in SPLIT_COUNTS.items():
+        found = len(list_split(root, split))
+        if found == 0:
+            raise UserError(f"no pictures in {Path(root) / split}: expected the layout {split}/<class>/*.JPEG")
+        if is_imagenette(root) and found != expected:
+            name = "training" if split == "train" else "validation"
+            raise UserError(f"found {found:,} of {expected:,} {name} pictures in {root}: delete the folder "
+                            f"to download it again, or pass --data-dir with a complete copy")
+
+
+def download_and_extract(url, target, progress=True):
+    """Download url (.tgz) and extract it so that target appears whole or not at all.
+
+    The archive goes to target.tgz.part and is renamed when complete; it is extracted into a
+    temporary folder beside target, and only the finished folder is renamed into place.
+    """
+    from tqdm import tqdm
+
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    archive = target.with_name(target.name + ".tgz")
+    if not archive.exists():
+        part = archive.with_name(archive.name + ".part")
+        with urllib.request.urlopen(url, timeout=60) as response, open(part, "wb") as out:
+            total = int(response.headers.get("Content-Length") or 0) or None
+            with tqdm(total=total, unit="B", unit_scale=True, desc=f"downloading {target.name}",
+                      disable=not progress) as bar:
+                while chunk := response.read(1 << 20):
+                    out.write(chunk)
+                    bar.update(len(chunk))
+        part.rename(archive)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        with tarfile.open(archive) as tar:
+            tar.extractall(scratch, filter="data")
+        extracted = scratch / target.name
+        if not extracted.is_dir():
+            raise UserError(f"{archive} does not contain a folder {target.name}")
+        check_counts(extracted)
+        extracted.rename(target)
+    except (tarfile.TarError, EOFError, OSError) as error:
+        archive.unlink(missing_ok=True)  # a broken archive is downloaded again next time
+        raise UserError(f"could not extract {archive} ({error}); run again to download it anew") from error
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    archive.unlink()
+
+
+def ensure_imagenette(data_dir=None, url=URL):
+    """The data folder, downloaded first when it is the default and missing; its counts checked."""
+    root = Path(data_dir) if data_dir else DEFAULT_DIR
+    if not root.exists():
+        if data_dir and Path(data_dir).resolve() != DEFAULT_DIR:
+            raise UserError(f"--data-dir {data_dir} does not exist")
+        if os.environ.get("HF_HUB_OFFLINE") == "1" and url == URL:
+            raise UserError(f"Imagenette is not in {root} and offline mode is on: download {url} "
+                            f"({ARCHIVE_MB} MB) and extract it into {root.parent}, or pass --data-dir")
+        try:
+            download_and_extract(url, root)
+        except OSError as error:
+            raise UserError(f"Imagenette is not in {root} and could not be downloaded ({error}): download {url} "
+                            f"({ARCHIVE_MB} MB) and extract it into {root.parent}, or pass --data-dir") from error
+    check_counts(root)
+    return root
+
+
+def load_rgb(path):
+    """The picture as RGB (Imagenette has grayscale and CMYK JPEGs); unreadable files stop the run."""
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB")
+    except (OSError, ValueError) as error:
+        raise UserError(f"cannot read picture {path}: {error}") from error
+
+
+def preprocess(image, resolution):
+    """The ViT image processor of the checkpoints: resize to R x R (bilinear), (x/255 - 0.5) / 0.5.
+
+    Returns a float32 array (3, R, R) in [-1, 1].
+    """
+    resized = image.resize((resolution, resolution), Image.BILINEAR)
+    array = np.asarray(resized, dtype=np.float32) * np.float32(1 / 255)
+    return ((array - 0.5) / 0.5).transpose(2, 0, 1)
