@@ -1,0 +1,112 @@
+"""vit_part3_fewshot.py: the closed form by hand, against numpy, and on a tiny frozen ViT."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import vit_part3_fewshot as fewshot
+from common.imagenette import list_split
+from conftest import ARTICLE, ROOT, article_block
+from standins import imagenette_folder, tiny_vit_in21k
+
+
+@pytest.fixture(scope="module")
+def tiny_in21k(tmp_path_factory):
+    return tiny_vit_in21k(tmp_path_factory.mktemp("vit21k"))
+
+
+@pytest.fixture(scope="module")
+def pictures(tmp_path_factory):
+    return imagenette_folder(tmp_path_factory.mktemp("data") / "nette", per_class=4)
+
+
+def test_by_hand_values_of_the_article():
+    results = fewshot.section_by_hand()
+    assert results["det"] == pytest.approx(80)  # 7 * 15 - 5 * 5
+    assert [results[f"inverse {k}"] for k in ("11", "12", "21", "22")] == pytest.approx([15 / 80, -5 / 80, -5 / 80, 7 / 80])
+    assert (results["W 11"], results["W 21"]) == pytest.approx((0.625, -0.475))
+    assert results["new score A"] == pytest.approx(1.5 * 0.625 + 0.5 * -0.475)
+
+
+@pytest.mark.skipif(not ARTICLE.exists(), reason="the article is not beside the checkout")
+def test_by_hand_lines_are_the_article_lines(capsys):
+    fewshot.section_by_hand()
+    printed = capsys.readouterr().out.splitlines()
+    block = article_block("== 1. the closed form by hand")
+    assert len(block) == 9 and [text_line for text_line in block if text_line not in printed] == []
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.01, 1.0, 100.0])
+def test_closed_form_equals_lstsq_on_the_augmented_system(lam):
+    """min ||X W - Y||^2 + lambda ||W||^2 is least squares on [X; sqrt(lambda) I] W = [Y; 0]."""
+    rng = np.random.default_rng(1)
+    x, y = fewshot.with_bias(rng.normal(size=(30, 6))), fewshot.targets(rng.integers(0, 4, 30), 4)
+    augmented_x = np.vstack([x, np.sqrt(lam) * np.eye(7)])
+    augmented_y = np.vstack([y, np.zeros((7, 4))])
+    expected = np.linalg.lstsq(augmented_x, augmented_y, rcond=None)[0]
+    assert np.allclose(fewshot.closed_form(x, y, lam), expected, atol=1e-9)
+
+
+def test_targets_are_plus_and_minus_one():
+    assert fewshot.targets([0, 2], 3).tolist() == [[1, -1, -1], [-1, -1, 1]]
+
+
+def test_draws_are_reproducible_with_shots_per_class():
+    labels = np.repeat(np.arange(10), 50)
+    first = fewshot.draw_shots(labels, 5, draw=0, seed=0)
+    assert np.array_equal(first, fewshot.draw_shots(labels, 5, draw=0, seed=0))
+    assert not np.array_equal(first, fewshot.draw_shots(labels, 5, draw=1, seed=0))
+    assert np.bincount(labels[first], minlength=10).tolist() == [5] * 10
+    assert len(set(first)) == 50
+
+
+def test_pre_logits_is_tanh_of_dense_of_the_class_token(tiny_in21k, pictures):
+    model = fewshot.load_frozen_model(str(tiny_in21k), torch.device("cpu"))
+    items = list_split(pictures, "val", per_class=1)
+    features = fewshot.extract_features(model, items, 224, torch.device("cpu"), 4, "test")
+    dense = model.pooler.dense
+    with torch.no_grad():
+        expected = torch.tanh(dense(torch.from_numpy(features["class token"]))).numpy()
+    assert np.allclose(features["pre-logits"], expected, atol=1e-6)
+
+
+def test_features_are_cached_and_invalidated(tiny_in21k, pictures, tmp_path, monkeypatch):
+    monkeypatch.setattr(fewshot, "CACHE_DIR", tmp_path)
+    loads = []
+
+    def loader():
+        loads.append(1)
+        return fewshot.load_frozen_model(str(tiny_in21k), torch.device("cpu"))
+
+    items = list_split(pictures, "val", per_class=2)
+    args = (str(tiny_in21k), items, pictures, 224, torch.device("cpu"), 8, "val")
+    first, source = fewshot.cached_features(loader, *args)
+    assert source == "computed" and len(loads) == 1
+    again, source = fewshot.cached_features(loader, *args)
+    assert source == "cache" and len(loads) == 1 and np.array_equal(first["pre-logits"], again["pre-logits"])
+    other = (str(tiny_in21k), items[:-1], pictures, 224, torch.device("cpu"), 8, "val")
+    assert fewshot.cached_features(loader, *other)[1] == "computed"
+    for path in tmp_path.glob("*.npz"):
+        path.write_bytes(path.read_bytes()[:100])  # a truncated file
+    assert fewshot.cached_features(loader, *args)[1] == "computed"
+
+
+def test_script_end_to_end_on_stand_ins(tiny_in21k, pictures):
+    command = [sys.executable, "vit_part3_fewshot.py", "--model", str(tiny_in21k), "--data-dir", str(pictures),
+               "--pool", "3", "--shots", "1", "3", "--draws", "2", "--batch-size", "16", "--compare", "--no-cache"]
+    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "features computed" in run.stdout
+    table = run.stdout.split("== comparison")[0]
+    assert sum(text_line.strip().startswith(("pre-logits  lambda", "class token lambda"))
+               for text_line in table.splitlines()) == 6
+    assert "per-class accuracy (1-shot, draw 0): tench" in run.stdout and "-> class" in run.stdout
+
+
+def test_script_offline_without_weights_runs_section_1():
+    run = subprocess.run([sys.executable, "vit_part3_fewshot.py"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 1 and "det = 80" in run.stdout
+    assert "cannot run this section:" in run.stdout and "Traceback" not in run.stderr
