@@ -12,7 +12,6 @@ Reproduces the article's section "Metrics: fine-tuning accuracy and few-shot acc
 Features are cached in data/features/ (keyed by checkpoint, resolution and the exact list of
 pictures), so only the first run pays for the forward passes.
 """
-import argparse
 import hashlib
 import json
 import sys
@@ -23,7 +22,7 @@ import numpy as np
 import torch
 
 from common.checkpoints import load_pretrained
-from common.cli import add_common_arguments, finish, guarded, run_sections
+from common.cli import add_common_arguments, add_data_arguments, finish, guarded, run_sections, script_parser
 from common.device import pick_device
 from common.errors import UserError
 from common.imagenette import class_names, ensure_imagenette, list_split, load_rgb, preprocess
@@ -225,18 +224,14 @@ def load_frozen_model(name, device):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=DEFAULT_MODEL, help="checkpoint id or local directory, with its pooler")
-    parser.add_argument("--data-dir", help="imagenette2-160 folder (default: data/imagenette2-160, downloaded)")
-    parser.add_argument("--per-class", type=int, help="use only the first N pictures of each class in each split")
+    parser = script_parser(__doc__)
+    add_data_arguments(parser, DEFAULT_MODEL, "with its pre-logits layer")
     parser.add_argument("--shots", type=int, nargs="+", default=[1, 5, 10])
     parser.add_argument("--lambdas", type=float, nargs="+", default=[0.01, 1.0, 100.0])
     parser.add_argument("--draws", type=int, default=5, help="random draws of the training pictures per setting")
     parser.add_argument("--pool", type=int, default=50, help="training pictures per class to draw from")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--resolution", type=int, default=224)
-    parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--no-cache", action="store_true", help="recompute the features")
     add_common_arguments(parser)
     args = parser.parse_args(argv)

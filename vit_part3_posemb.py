@@ -13,7 +13,6 @@ Reproduces the article's section "Fine-tuning at a higher resolution":
 
 Section 1 needs nothing; sections 2-4 need the checkpoint, section 4 the pictures too.
 """
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from common.checkpoints import load_pretrained
-from common.cli import add_common_arguments, finish, guarded, run_sections
+from common.cli import add_common_arguments, add_data_arguments, finish, guarded, run_sections, script_parser
 from common.device import pick_device
 from common.errors import UserError
 from common.imagenette import ensure_imagenette, imagenet_indices, list_split, load_rgb, preprocess
@@ -269,12 +268,8 @@ def section_accuracy(model, data_dir, per_class, device, batch_size, resolution)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=DEFAULT_MODEL, help="checkpoint id or local directory (ImageNet-1k head)")
-    parser.add_argument("--data-dir", help="imagenette2-160 folder (default: data/imagenette2-160, downloaded)")
-    parser.add_argument("--per-class", type=int, help="keep the first N validation pictures of each class")
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser = script_parser(__doc__)
+    add_data_arguments(parser, DEFAULT_MODEL, "with an ImageNet-1k head")
     parser.add_argument("--resolution", type=int, default=384, help="the higher resolution (default 384)")
     parser.add_argument("--plots", metavar="DIR", help="save the similarity maps as PNG (needs matplotlib)")
     add_common_arguments(parser)

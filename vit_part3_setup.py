@@ -13,7 +13,6 @@ reachable); otherwise from the Table 1 architecture built on the meta device. Th
 microsoft/resnet-50 when cached (or reachable), otherwise the library's architecture with random
 weights: the shapes and the layer count do not depend on the weights.
 """
-import argparse
 import math
 import sys
 from pathlib import Path
@@ -22,7 +21,7 @@ import torch
 
 from common.checkpoints import (cached_weight_file, hub_offline, load_pretrained, read_safetensors_header,
                                 remote_weight_header, split_parameter_count)
-from common.cli import add_common_arguments, finish, guarded, run_sections
+from common.cli import add_common_arguments, finish, guarded, run_sections, script_parser
 from common.errors import UserError
 from common.printing import header, line, number_list, short_list, subheader
 
@@ -359,22 +358,22 @@ def cosine_lr(step, base_lr, total_steps):
     return base_lr / 2 * (1 + math.cos(math.pi * step / total_steps))
 
 
-def torch_adam(gradients, lr=1e-3):
+def torch_optimizer_weight(optimizer_class, gradients, **settings):
+    """w after torch's optimizer takes the given gradients, from w = 1 (float64)."""
     w = torch.nn.Parameter(torch.tensor(1.0, dtype=torch.float64))
-    optimizer = torch.optim.Adam([w], lr=lr)
+    optimizer = optimizer_class([w], **settings)
     for g in gradients:
         w.grad = torch.tensor(g, dtype=torch.float64)
         optimizer.step()
     return w.item()
+
+
+def torch_adam(gradients, lr=1e-3):
+    return torch_optimizer_weight(torch.optim.Adam, gradients, lr=lr)
 
 
 def torch_sgd(gradients, lr=0.01, momentum=0.9):
-    w = torch.nn.Parameter(torch.tensor(1.0, dtype=torch.float64))
-    optimizer = torch.optim.SGD([w], lr=lr, momentum=momentum)
-    for g in gradients:
-        w.grad = torch.tensor(g, dtype=torch.float64)
-        optimizer.step()
-    return w.item()
+    return torch_optimizer_weight(torch.optim.SGD, gradients, lr=lr, momentum=momentum)
 
 
 def torch_clip(gradients, max_norm):
@@ -450,8 +449,7 @@ def section_optimizers():
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = script_parser(__doc__)
     add_common_arguments(parser, device=False)
     args = parser.parse_args(argv)
     torch.set_num_threads(min(4, torch.get_num_threads()))

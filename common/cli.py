@@ -1,4 +1,5 @@
 """What every script's main() shares: the common flags, running sections, exit status, JSON."""
+import argparse
 import json
 import sys
 
@@ -6,6 +7,18 @@ from common.device import DEVICE_CHOICES
 from common.errors import UserError
 from common.printing import line
 from common.reference import load_reference, print_comparison
+
+
+def script_parser(docstring):
+    """argparse with the script's docstring as its help text."""
+    return argparse.ArgumentParser(description=docstring, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def add_data_arguments(parser, model_default, model_help):
+    parser.add_argument("--model", default=model_default, help=f"checkpoint id or local directory ({model_help})")
+    parser.add_argument("--data-dir", help="imagenette2-160 folder (default: data/imagenette2-160, downloaded)")
+    parser.add_argument("--per-class", type=int, help="keep the first N pictures of each class in each split used")
+    parser.add_argument("--batch-size", type=int, default=32)
 
 
 def add_common_arguments(parser, device=True):

@@ -8,6 +8,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 _cache = tempfile.mkdtemp(prefix="vit-part3-hf-")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_HOME"] = _cache
@@ -30,3 +32,11 @@ def article_block(start):
         if inside:
             lines.append(text_line)
     return lines
+
+
+@pytest.fixture(scope="session")
+def pictures(tmp_path_factory):
+    """An Imagenette-shaped folder: 4 generated pictures per class and split (grayscale and CMYK among them)."""
+    from standins import imagenette_folder
+
+    return imagenette_folder(tmp_path_factory.mktemp("data") / "nette", per_class=4)

@@ -9,17 +9,12 @@ import torch
 import vit_part3_fewshot as fewshot
 from common.imagenette import list_split
 from conftest import ARTICLE, ROOT, article_block
-from standins import imagenette_folder, tiny_vit_in21k
+from standins import tiny_vit_in21k
 
 
 @pytest.fixture(scope="module")
 def tiny_in21k(tmp_path_factory):
     return tiny_vit_in21k(tmp_path_factory.mktemp("vit21k"))
-
-
-@pytest.fixture(scope="module")
-def pictures(tmp_path_factory):
-    return imagenette_folder(tmp_path_factory.mktemp("data") / "nette", per_class=4)
 
 
 def test_by_hand_values_of_the_article():

@@ -23,11 +23,6 @@ def tiny_classifier(tmp_path_factory):
     return tiny_vit_classifier(tmp_path_factory.mktemp("vit"))
 
 
-@pytest.fixture(scope="module")
-def pictures(tmp_path_factory):
-    return imagenette_folder(tmp_path_factory.mktemp("data") / "nette", per_class=3)
-
-
 # ---------------------------------------------------------------- the stretch rules
 
 def test_tiny_grid_of_the_article():
