@@ -109,7 +109,7 @@ def cached_features(model_loader, model_name, items, root, resolution, device, b
                 features = {name: stored[name] for name in REPRESENTATIONS}
                 if str(stored["key"]) == description and all(len(f) == len(items) for f in features.values()):
                     return features, "cache"
-        except Exception:  # a truncated or foreign file is recomputed, never used
+        except Exception:  # noqa: BLE001, S110 - a truncated or foreign file is recomputed, never used
             pass
     features = extract_features(model_loader(), items, resolution, device, batch_size, desc)
     CACHE_DIR.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,7 @@ Reproduces the article's section "Fine-tuning at a higher resolution":
 
 Section 1 needs nothing; sections 2-4 need the checkpoint, section 4 the pictures too.
 """
+import math
 import sys
 import time
 from pathlib import Path
@@ -43,7 +44,7 @@ def stretch_positions(n_old, n_new):
     places = []
     for i in range(n_new):
         y = i * (n_old - 1) / (n_new - 1)
-        lower = min(int(np.floor(y)), n_old - 2)
+        lower = min(math.floor(y), n_old - 2)
         places.append((lower, y - lower))
     return places
 
@@ -82,7 +83,7 @@ def position_tables(table, n_new):
     "bicubic" is None: the library computes it inside the forward pass (interpolate_pos_encoding).
     """
     class_row, rows = table[:1], table[1:]
-    n_old = int(round(len(rows) ** 0.5))
+    n_old = math.isqrt(len(rows))
     grid = rows.reshape(n_old, n_old, -1)
     bilinear = bilinear_resize_loop(grid, n_new).reshape(n_new * n_new, -1)
     return {"2D bilinear": np.concatenate([class_row, bilinear]),

@@ -15,12 +15,18 @@ weights: the shapes and the layer count do not depend on the weights.
 """
 import math
 import sys
-from pathlib import Path
 
 import torch
 
-from common.checkpoints import (cached_weight_file, hub_offline, load_pretrained, read_safetensors_header,
-                                remote_weight_header, split_parameter_count)
+from common import imagenette
+from common.checkpoints import (
+    cached_weight_file,
+    hub_offline,
+    load_pretrained,
+    read_safetensors_header,
+    remote_weight_header,
+    split_parameter_count,
+)
 from common.cli import add_common_arguments, finish, guarded, run_sections, script_parser
 from common.errors import UserError
 from common.printing import header, line, number_list, short_list, subheader
@@ -45,7 +51,6 @@ PRETRAIN_BATCH, PRETRAIN_WARMUP = 4096, 10_000
 TABLE4 = [("ImageNet", 20_000, 1_280_000), ("CIFAR-100", 10_000, 50_000), ("CIFAR-10", 10_000, 50_000),
           ("Oxford-IIIT Pets", 500, 3_680), ("Oxford Flowers-102", 500, 2_040), ("VTAB task", 2_500, 1_000)]
 FINETUNE_BATCH = 512
-IMAGENETTE_DIR = Path(__file__).resolve().parent / "data" / "imagenette2-160"
 
 
 # ---------------------------------------------------------------- 1. Table 1 and parameters
@@ -188,7 +193,7 @@ def hybrid_picture(resolution=224):
     import numpy as np
     from PIL import Image
 
-    paths = sorted(IMAGENETTE_DIR.glob("val/*/*.JPEG"))
+    paths = sorted(imagenette.DEFAULT_DIR.glob("val/*/*.JPEG"))
     if paths:
         image, what = Image.open(paths[0]).convert("RGB"), str(paths[0])
     else:  # the stage shapes depend only on the picture's size

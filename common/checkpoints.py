@@ -25,7 +25,7 @@ def _hub_reachable(name):
         HfApi().model_info(name, timeout=10)
     except RepositoryNotFoundError as error:
         raise UserError(f"checkpoint {name} does not exist on the Hugging Face Hub; check the name") from error
-    except Exception:
+    except Exception:  # noqa: BLE001 - any failure to reach the Hub means: do not try to download
         return False
     return True
 
@@ -84,7 +84,7 @@ def remote_weight_header(name):
 
     try:
         metadata = get_safetensors_metadata(name)
-    except Exception:  # no network, no safetensors file: the caller falls back to the architecture
+    except Exception:  # noqa: BLE001 - no network, no safetensors file: the caller falls back to the architecture
         return None
     return {tensor: list(info.shape) for file in metadata.files_metadata.values()
             for tensor, info in file.tensors.items()}

@@ -55,7 +55,7 @@ def print_comparison(results, reference):
     """Print article | this run | same/differs, and return how many numbers were reproduced."""
     rows = compare_with_article(results, reference)
     width = max(len(name) for name, *_ in rows)
-    print(f"\n== comparison with the article ==")
+    print("\n== comparison with the article ==")
     print(f"  {'number':<{width}}  {'article':>14}  {'this run':>14}  ")
     for name, article, run, same in rows:
         verdict = "same" if same else ("not run" if run is None else "differs")

@@ -6,8 +6,8 @@ from PIL import Image
 
 from common.imagenette import CLASSES
 
-TINY = dict(hidden_size=32, num_hidden_layers=2, intermediate_size=64, num_attention_heads=4,
-            patch_size=16, image_size=224)
+TINY = {"hidden_size": 32, "num_hidden_layers": 2, "intermediate_size": 64, "num_attention_heads": 4,
+        "patch_size": 16, "image_size": 224}
 
 
 def tiny_vit_classifier(directory, num_labels=1000, seed=0):

@@ -65,3 +65,11 @@ def test_comparison_reports_a_differing_number():
 def test_every_reference_file_is_labelled():
     reference = load_reference("setup")
     assert len(reference) > 100 and all("article" in entry for entry in reference.values())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is there")
+def test_script_with_a_missing_device_exits_2(capsys):
+    import vit_part3_fewshot
+
+    assert guarded(lambda: vit_part3_fewshot.main(["--device", "cuda"])) == 2
+    assert capsys.readouterr().err.startswith("error: --device cuda")

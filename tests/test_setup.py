@@ -5,11 +5,10 @@ import sys
 
 import pytest
 import torch
+from conftest import ARTICLE, ROOT
 
 import vit_part3_setup as setup
 from common.checkpoints import read_safetensors_header, split_parameter_count
-from conftest import ARTICLE, ROOT
-
 
 # ---------------------------------------------------------------- Table 1
 
@@ -100,7 +99,7 @@ def test_weight_standardization_of_the_article():
 
 def test_adam_by_hand_of_the_article():
     rows = setup.adam_by_hand([0.5, -0.1, 0.3])
-    t, g, m, v, m_hat, v_hat, step, w = rows[0]
+    _, _, m, v, m_hat, v_hat, step, _ = rows[0]
     assert (m, v, m_hat, v_hat) == pytest.approx((0.05, 0.00025, 0.5, 0.25))
     assert step == pytest.approx(0.001, rel=1e-6)  # the first step of Adam is lr long
     assert [r[-1] for r in rows] == pytest.approx([0.999000, 0.998489, 0.997824], abs=5e-7)
