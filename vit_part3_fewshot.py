@@ -152,6 +152,10 @@ def section_by_hand():
 def section_frozen(args, device, model_loader):
     root = ensure_imagenette(args.data_dir)
     pool = draw_pool(list_split(root, "train", args.per_class), args.pool, args.seed)
+    smallest = min(np.bincount([label for _, label in pool]))
+    if smallest < max(args.shots):
+        raise UserError(f"a class has only {smallest} training pictures in the pool, fewer than --shots "
+                        f"{max(args.shots)}: lower --shots or raise --per-class")
     val = list_split(root, "val", args.per_class)
     names = class_names(root)
     what = "ViT-B/16 (ImageNet-21k weights)" if args.model == DEFAULT_MODEL else args.model
