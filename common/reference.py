@@ -30,12 +30,12 @@ def tolerance(entry):
 
 
 def format_like(article_text, value):
-    """This run's value printed with the article's number of digits."""
-    exponent = article_value(article_text).as_tuple().exponent
-    if "e" in article_text.lower():
-        mantissa_digits = len(article_text.lower().split("e")[0].split(".")[-1]) if "." in article_text else 0
-        return f"{value:.{mantissa_digits}e}"
-    return f"{value:,.{max(0, -exponent)}f}" if "," in article_text else f"{value:.{max(0, -exponent)}f}"
+    """This run's value printed with the article's digits: '34.9', '1,035,645', '4.0e-04'."""
+    mantissa, _, power = article_text.lower().partition("e")
+    decimals = len(mantissa.partition(".")[2])
+    if power:
+        return f"{value:.{decimals}e}"
+    return f"{value:,.{decimals}f}" if "," in article_text else f"{value:.{decimals}f}"
 
 
 def compare_with_article(results, reference):
