@@ -12,8 +12,10 @@ Reproduces the article's section "Metrics: fine-tuning accuracy and few-shot acc
 Features are cached in data/features/ (keyed by checkpoint, resolution and the exact list of
 pictures), so only the first run pays for the forward passes.
 """
+import contextlib
 import hashlib
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -23,9 +25,9 @@ import torch
 
 from common.checkpoints import load_pretrained
 from common.cli import add_common_arguments, add_data_arguments, finish, guarded, run_sections, script_parser
-from common.device import pick_device
+from common.device import pick_device, set_precision, to_device
 from common.errors import UserError
-from common.imagenette import class_names, ensure_imagenette, list_split, load_rgb, preprocess
+from common.imagenette import class_names, ensure_imagenette, list_split, picture_batches
 from common.printing import header, line, short_list
 
 DEFAULT_MODEL = "google/vit-base-patch16-224-in21k"
@@ -76,33 +78,34 @@ def draw_pool(items, per_class, seed):
 
 # ---------------------------------------------------------------- features and their cache
 
-def extract_features(model, items, resolution, device, batch_size, desc):
+def extract_features(model, items, resolution, device, batch_size, desc, autocast=None):
     """{"pre-logits", "class token"}: (n, d) float32 each, both from one forward pass per batch."""
     from tqdm import tqdm
 
     pre_logits, class_token = [], []
-    with torch.inference_mode():
-        for start in tqdm(range(0, len(items), batch_size), desc=desc, unit="batch", file=sys.stderr):
-            batch = [preprocess(load_rgb(path), resolution) for path, _ in items[start:start + batch_size]]
-            out = model(pixel_values=torch.from_numpy(np.stack(batch)).to(device))
+    batches = picture_batches([path for path, _ in items], resolution, batch_size)
+    with torch.inference_mode(), autocast or contextlib.nullcontext():
+        for batch in tqdm(batches, desc=desc, unit="batch", file=sys.stderr, total=math.ceil(len(items) / batch_size)):
+            out = model(pixel_values=to_device(batch, device))
             pre_logits.append(out.pooler_output.float().cpu().numpy())           # tanh(dense(class token))
             class_token.append(out.last_hidden_state[:, 0].float().cpu().numpy())  # after the final LayerNorm
     return {"pre-logits": np.concatenate(pre_logits), "class token": np.concatenate(class_token)}
 
 
-def cache_key(model_name, resolution, items, root):
+def cache_key(model_name, resolution, precision, items, root):
     """A short hash, and the full description stored beside the features to check on reading."""
     pictures = [str(Path(path).relative_to(root)) for path, _ in items]
     weights = Path(model_name) / "model.safetensors"
     version = [weights.stat().st_size, weights.stat().st_mtime_ns] if weights.is_file() else None  # a local dir
-    text = json.dumps({"model": model_name, "weights": version, "resolution": resolution, "pictures": pictures})
+    text = json.dumps({"model": model_name, "weights": version, "resolution": resolution, "precision": precision,
+                       "pictures": pictures})
     return hashlib.sha256(text.encode()).hexdigest()[:20], text
 
 
-def cached_features(model_loader, model_name, items, root, resolution, device, batch_size, desc, use_cache=True):
-    """(features, source): from data/features/<key>.npz when it matches exactly, else computed and saved."""
-    key, description = cache_key(model_name, resolution, items, root)
-    path = CACHE_DIR / f"{desc}-{key}.npz"
+def cached_features(compute, key, items, desc, use_cache=True):
+    """(features, source): from data/features/<desc>-<hash>.npz when it matches exactly, else compute()d and saved."""
+    short_key, description = key
+    path = CACHE_DIR / f"{desc}-{short_key}.npz"
     if use_cache and path.exists():
         try:
             with np.load(path) as stored:
@@ -111,7 +114,7 @@ def cached_features(model_loader, model_name, items, root, resolution, device, b
                     return features, "cache"
         except Exception:  # noqa: BLE001, S110 - a truncated or foreign file is recomputed, never used
             pass
-    features = extract_features(model_loader(), items, resolution, device, batch_size, desc)
+    features = compute()
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
     part = path.with_name(path.name + ".part.npz")
     np.savez(part, key=description, **features)
@@ -149,7 +152,7 @@ def section_by_hand():
     return results
 
 
-def section_frozen(args, device, model_loader):
+def section_frozen(args, device, model_loader, autocast):
     root = ensure_imagenette(args.data_dir)
     pool = draw_pool(list_split(root, "train", args.per_class), args.pool, args.seed)
     smallest = min(np.bincount([label for _, label in pool]))
@@ -161,14 +164,17 @@ def section_frozen(args, device, model_loader):
     what = "ViT-B/16 (ImageNet-21k weights)" if args.model == DEFAULT_MODEL else args.model
     header(f"2. frozen {what}, device {device.type}: features of {len(pool)} training pictures "
            f"(a pool of {args.pool} per class) and {len(val)} validation pictures")
+
+    def features_of(items, desc):
+        def compute():
+            return extract_features(model_loader(), items, args.resolution, device, args.batch_size, desc, autocast)
+
+        key = cache_key(args.model, args.resolution, args.precision, items, root)
+        return cached_features(compute, key, items, desc, not args.no_cache)
+
     start = time.perf_counter()
-    sources = []
-    pool_features, source = cached_features(model_loader, args.model, pool, root, args.resolution, device,
-                                            args.batch_size, "pool", not args.no_cache)
-    sources.append(source)
-    val_features, source = cached_features(model_loader, args.model, val, root, args.resolution, device,
-                                           args.batch_size, "val", not args.no_cache)
-    sources.append(source)
+    (pool_features, pool_source), (val_features, val_source) = features_of(pool, "pool"), features_of(val, "val")
+    sources = [pool_source, val_source]
     seconds = time.perf_counter() - start
     how = "read from the cache" if sources == ["cache", "cache"] else "computed"
     line(f"features {how} in {seconds:.1f} s ({CACHE_DIR.relative_to(Path(__file__).resolve().parent)}/; "
@@ -240,6 +246,7 @@ def main(argv=None):
     add_common_arguments(parser)
     args = parser.parse_args(argv)
     device = pick_device(args.device)
+    autocast = set_precision(device, args.precision)
     if max(args.shots) > args.pool:
         parser.error(f"--shots {max(args.shots)} is more than the pool of {args.pool} per class")
     loaded = {}
@@ -249,7 +256,7 @@ def main(argv=None):
             loaded["model"] = load_frozen_model(args.model, device)
         return loaded["model"]
 
-    results, problems = run_sections([section_by_hand, lambda: section_frozen(args, device, model_loader)])
+    results, problems = run_sections([section_by_hand, lambda: section_frozen(args, device, model_loader, autocast)])
     return finish("fewshot", args, results, problems)
 
 

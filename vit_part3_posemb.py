@@ -13,21 +13,22 @@ Reproduces the article's section "Fine-tuning at a higher resolution":
 
 Section 1 needs nothing; sections 2-4 need the checkpoint, section 4 the pictures too.
 """
+import contextlib
 import math
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import scipy.ndimage
 import torch
 import torch.nn.functional as F
 
+from common import figures
 from common.checkpoints import load_pretrained
 from common.cli import add_common_arguments, add_data_arguments, finish, guarded, run_sections, script_parser
-from common.device import pick_device
+from common.device import pick_device, set_precision, to_device
 from common.errors import UserError
-from common.imagenette import ensure_imagenette, imagenet_indices, list_split, load_rgb, preprocess
+from common.imagenette import ensure_imagenette, imagenet_indices, list_split, load_rgb, picture_batches
 from common.printing import header, line, short_list
 
 DEFAULT_MODEL = "google/vit-base-patch16-224"
@@ -185,23 +186,14 @@ def section_cosine(model, resolution, plots_dir=None):
 
 
 def save_similarity_plot(maps, plots_dir):
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        line("--plots: matplotlib is not installed (pip install matplotlib); no figure saved")
+    plt = figures.pyplot()
+    if plt is None:
         return
-    Path(plots_dir).mkdir(parents=True, exist_ok=True)
     figure, axes = plt.subplots(1, len(maps), figsize=(4 * len(maps), 4))
     for axis, (name, similarity) in zip(axes, maps.items()):
         axis.imshow(similarity, cmap="viridis", vmin=-1, vmax=1)
         axis.set_title(f"cosine similarity, {name} grid")
-    path = Path(plots_dir) / "posemb_cosine_similarity.png"
-    figure.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(figure)
-    line(f"saved {path}")
+    figures.save(figure, plots_dir, "posemb_cosine_similarity.png")
 
 
 def decode_pictures(items):
@@ -211,7 +203,7 @@ def decode_pictures(items):
     return [load_rgb(path) for path, _ in tqdm(items, desc="decoding", unit="picture", file=sys.stderr)]
 
 
-def evaluate(model, images, labels, resolution, device, batch_size, imagenet_classes, desc=""):
+def evaluate(model, images, labels, resolution, device, batch_size, imagenet_classes, desc="", autocast=None):
     """(right of 10, right of 1000) over all pictures, batched, under inference_mode.
 
     interpolate_pos_encoding=True lets the model take any resolution: the library stretches the
@@ -221,17 +213,17 @@ def evaluate(model, images, labels, resolution, device, batch_size, imagenet_cla
     from tqdm import tqdm
 
     right_10 = right_1000 = 0
-    with torch.inference_mode():
-        for start in tqdm(range(0, len(images), batch_size), desc=desc, unit="batch", file=sys.stderr):
-            batch = np.stack([preprocess(image, resolution) for image in images[start:start + batch_size]])
-            pixels = torch.from_numpy(batch).to(device)
-            logits = model(pixel_values=pixels, interpolate_pos_encoding=True).logits.float().cpu()
+    batches = tqdm(picture_batches(images, resolution, batch_size), desc=desc, unit="batch", file=sys.stderr,
+                   total=math.ceil(len(images) / batch_size))
+    with torch.inference_mode(), autocast or contextlib.nullcontext():
+        for start, batch in zip(range(0, len(images), batch_size), batches):
+            logits = model(pixel_values=to_device(batch, device), interpolate_pos_encoding=True).logits.float().cpu()
             r10, r1000 = accuracy_counts(logits, labels[start:start + batch_size], imagenet_classes)
             right_10, right_1000 = right_10 + r10, right_1000 + r1000
     return right_10, right_1000
 
 
-def section_accuracy(model, data_dir, per_class, device, batch_size, resolution):
+def section_accuracy(model, data_dir, per_class, device, batch_size, resolution, autocast=None):
     root = ensure_imagenette(data_dir)
     items = list_split(root, "val", per_class)
     imagenet_classes = imagenet_indices(root)
@@ -257,7 +249,7 @@ def section_accuracy(model, data_dir, per_class, device, batch_size, resolution)
         embeddings.position_embeddings.data = (original if table is None else
                                                torch.from_numpy(table).float()[None].to(original.device))
         start = time.perf_counter()
-        r10, r1000 = evaluate(model, images, labels, size, device, batch_size, imagenet_classes, desc=key)
+        r10, r1000 = evaluate(model, images, labels, size, device, batch_size, imagenet_classes, key, autocast)
         seconds = time.perf_counter() - start
         of_10, of_1000 = 100 * r10 / len(items), 100 * r1000 / len(items)
         line(f"{label:<46} accuracy {of_10:.2f}% (of 10)   {of_1000:.2f}% (of 1000)   [{seconds:.0f} s]")
@@ -276,6 +268,7 @@ def main(argv=None):
     add_common_arguments(parser)
     args = parser.parse_args(argv)
     device = pick_device(args.device)
+    autocast = set_precision(device, args.precision)
 
     loaded = {}
 
@@ -301,7 +294,7 @@ def main(argv=None):
         lambda: section_position_table(need_model(), args.model, args.resolution),
         lambda: section_cosine(need_model(), args.resolution, args.plots),
         lambda: section_accuracy(need_model(), args.data_dir, args.per_class, device, args.batch_size,
-                                 args.resolution),
+                                 args.resolution, autocast),
     ])
     return finish("posemb", args, results, problems)
 

@@ -3,7 +3,7 @@ import argparse
 import json
 import sys
 
-from common.device import DEVICE_CHOICES
+from common.device import DEVICE_CHOICES, PRECISIONS
 from common.errors import UserError
 from common.printing import line
 from common.reference import load_reference, print_comparison
@@ -19,6 +19,8 @@ def add_data_arguments(parser, model_default, model_help):
     parser.add_argument("--data-dir", help="imagenette2-160 folder (default: data/imagenette2-160, downloaded)")
     parser.add_argument("--per-class", type=int, help="keep the first N pictures of each class in each split used")
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--precision", default="fp32", choices=PRECISIONS,
+                        help="fp32 gives the article's numbers; tf32 and bf16 are faster on recent GPUs (default fp32)")
 
 
 def add_common_arguments(parser, device=True):

@@ -1,4 +1,6 @@
-"""Picking the device: --device auto|cuda|mps|cpu."""
+"""Picking the device (--device auto|cuda|mps|cpu), its arithmetic (--precision), copying batches to it."""
+import contextlib
+
 import torch
 
 from common.errors import UserError
@@ -23,3 +25,28 @@ def pick_device(name="auto"):
     if name not in DEVICE_CHOICES:
         raise UserError(f"--device {name}: unknown device; choose one of {', '.join(DEVICE_CHOICES)}")
     return torch.device(name)
+
+
+PRECISIONS = ("fp32", "tf32", "bf16")
+
+
+def set_precision(device, precision="fp32"):
+    """The arithmetic of matrix multiplies; returns the context to run forward passes in.
+
+    fp32 gives the article's numbers. tf32 keeps float32 weights but lets Ampere and later GPUs
+    multiply with 10-bit mantissas. bf16 runs the forward pass under autocast in bfloat16.
+    """
+    if precision not in PRECISIONS:
+        raise UserError(f"--precision {precision}: choose one of {', '.join(PRECISIONS)}")
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def to_device(array, device):
+    """A numpy batch on the device; on a GPU through pinned memory, so the copy does not block."""
+    tensor = torch.from_numpy(array)
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)

@@ -9,6 +9,8 @@ import shutil
 import tarfile
 import tempfile
 import urllib.request
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -151,3 +153,27 @@ def preprocess(image, resolution):
     resized = image.resize((resolution, resolution), Image.BILINEAR)
     array = np.asarray(resized, dtype=np.float32) * np.float32(1 / 255)
     return ((array - 0.5) / 0.5).transpose(2, 0, 1)
+
+
+def picture_batches(pictures, resolution, batch_size, flips=None, prefetch=2):
+    """Batches (B, 3, R, R) float32 of the pictures (PIL images, or paths to decode), in order.
+
+    The next `prefetch` batches are built in a background thread while the caller runs the model on
+    this one: PIL decodes and resizes outside the GIL, so the work overlaps the forward pass.
+    flips[i] True mirrors picture i left to right (the training augmentation).
+    """
+    def build(start):
+        arrays = []
+        for i in range(start, min(start + batch_size, len(pictures))):
+            picture = pictures[i] if isinstance(pictures[i], Image.Image) else load_rgb(pictures[i])
+            array = preprocess(picture, resolution)
+            arrays.append(array[:, :, ::-1] if flips is not None and flips[i] else array)
+        return np.ascontiguousarray(np.stack(arrays))
+
+    starts = range(0, len(pictures), batch_size)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = deque(pool.submit(build, start) for start in starts[:prefetch])
+        for k in range(len(starts)):
+            if k + prefetch < len(starts):
+                pending.append(pool.submit(build, starts[k + prefetch]))
+            yield pending.popleft().result()

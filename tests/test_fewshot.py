@@ -75,17 +75,23 @@ def test_features_are_cached_and_invalidated(tiny_in21k, pictures, tmp_path, mon
         loads.append(1)
         return fewshot.load_frozen_model(str(tiny_in21k), torch.device("cpu"))
 
+    def features(items, precision="fp32"):
+        def compute():
+            return fewshot.extract_features(loader(), items, 224, torch.device("cpu"), 8, "val")
+
+        key = fewshot.cache_key(str(tiny_in21k), 224, precision, items, pictures)
+        return fewshot.cached_features(compute, key, items, "val")
+
     items = list_split(pictures, "val", per_class=2)
-    args = (str(tiny_in21k), items, pictures, 224, torch.device("cpu"), 8, "val")
-    first, source = fewshot.cached_features(loader, *args)
+    first, source = features(items)
     assert source == "computed" and len(loads) == 1
-    again, source = fewshot.cached_features(loader, *args)
+    again, source = features(items)
     assert source == "cache" and len(loads) == 1 and np.array_equal(first["pre-logits"], again["pre-logits"])
-    other = (str(tiny_in21k), items[:-1], pictures, 224, torch.device("cpu"), 8, "val")
-    assert fewshot.cached_features(loader, *other)[1] == "computed"
+    assert features(items[:-1])[1] == "computed"
+    assert features(items, "bf16")[1] == "computed"
     for path in tmp_path.glob("*.npz"):
         path.write_bytes(path.read_bytes()[:100])  # a truncated file
-    assert fewshot.cached_features(loader, *args)[1] == "computed"
+    assert features(items)[1] == "computed"
 
 
 def test_script_end_to_end_on_stand_ins(tiny_in21k, pictures):

@@ -1,0 +1,29 @@
+"""Figures are optional: matplotlib when installed, one line saying how to get it when not."""
+from pathlib import Path
+
+from common.printing import line
+
+
+def pyplot():
+    """matplotlib.pyplot with a file-only backend, or None after saying how to install it."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        line("--plots: matplotlib is not installed (pip install matplotlib); no figure saved")
+        return None
+    return plt
+
+
+def save(figure, plots_dir, name):
+    """Save the figure as plots_dir/name and say where."""
+    import matplotlib.pyplot as plt
+
+    Path(plots_dir).mkdir(parents=True, exist_ok=True)
+    path = Path(plots_dir) / name
+    figure.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(figure)
+    line(f"saved {path}")
+    return path
