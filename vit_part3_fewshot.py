@@ -12,22 +12,20 @@ Reproduces the article's section "Metrics: fine-tuning accuracy and few-shot acc
 Features are cached in data/features/ (keyed by checkpoint, resolution and the exact list of
 pictures), so only the first run pays for the forward passes.
 """
-import contextlib
 import hashlib
 import json
-import math
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from common.checkpoints import load_pretrained
 from common.cli import add_common_arguments, add_data_arguments, finish, guarded, run_sections, script_parser
-from common.device import pick_device, set_precision, to_device
+from common.device import pick_device, set_precision
 from common.errors import UserError
-from common.imagenette import class_names, ensure_imagenette, list_split, picture_batches
+from common.imagenette import class_names, ensure_imagenette, list_split
+from common.inference import run_model
 from common.printing import header, line, short_list
 
 DEFAULT_MODEL = "google/vit-base-patch16-224-in21k"
@@ -80,16 +78,12 @@ def draw_pool(items, per_class, seed):
 
 def extract_features(model, items, resolution, device, batch_size, desc, autocast=None):
     """{"pre-logits", "class token"}: (n, d) float32 each, both from one forward pass per batch."""
-    from tqdm import tqdm
+    def take(out):
+        return (out.pooler_output.float().cpu().numpy(),             # tanh(dense(class token))
+                out.last_hidden_state[:, 0].float().cpu().numpy())   # after the final LayerNorm
 
-    pre_logits, class_token = [], []
-    batches = picture_batches([path for path, _ in items], resolution, batch_size)
-    with torch.inference_mode(), autocast or contextlib.nullcontext():
-        for batch in tqdm(batches, desc=desc, unit="batch", file=sys.stderr, total=math.ceil(len(items) / batch_size)):
-            out = model(pixel_values=to_device(batch, device))
-            pre_logits.append(out.pooler_output.float().cpu().numpy())           # tanh(dense(class token))
-            class_token.append(out.last_hidden_state[:, 0].float().cpu().numpy())  # after the final LayerNorm
-    return {"pre-logits": np.concatenate(pre_logits), "class token": np.concatenate(class_token)}
+    kept = run_model(model, [path for path, _ in items], resolution, device, batch_size, take, desc, autocast)
+    return {name: np.concatenate(part) for name, part in zip(REPRESENTATIONS, zip(*kept))}
 
 
 def cache_key(model_name, resolution, precision, items, root):

@@ -13,7 +13,6 @@ Reproduces the article's section "Fine-tuning at a higher resolution":
 
 Section 1 needs nothing; sections 2-4 need the checkpoint, section 4 the pictures too.
 """
-import contextlib
 import math
 import sys
 import time
@@ -26,9 +25,10 @@ import torch.nn.functional as F
 from common import figures
 from common.checkpoints import load_pretrained
 from common.cli import add_common_arguments, add_data_arguments, finish, guarded, run_sections, script_parser
-from common.device import pick_device, set_precision, to_device
+from common.device import pick_device, set_precision
 from common.errors import UserError
-from common.imagenette import ensure_imagenette, imagenet_indices, list_split, load_rgb, picture_batches
+from common.imagenette import ensure_imagenette, imagenet_indices, list_split, load_rgb
+from common.inference import run_model
 from common.printing import header, line, short_list
 
 DEFAULT_MODEL = "google/vit-base-patch16-224"
@@ -78,16 +78,21 @@ def linear_resize_1d(rows, n_new):
     return np.stack([np.interp(places, np.arange(n_old), rows[:, k]) for k in range(rows.shape[1])], axis=1)
 
 
+def bilinear_table(table, n_new):
+    """The official stretch of a (1 + n^2, d) table to (1 + n_new^2, d): the [class] row kept, the grid bilinear."""
+    class_row, rows = table[:1], table[1:]
+    n_old = math.isqrt(len(rows))
+    stretched = bilinear_resize_loop(rows.reshape(n_old, n_old, -1), n_new)
+    return np.concatenate([class_row, stretched.reshape(n_new * n_new, -1)])
+
+
 def position_tables(table, n_new):
     """The four 384 tables, each (1 + n_new^2, d) with the [class] row first, from a (1 + n^2, d) table.
 
     "bicubic" is None: the library computes it inside the forward pass (interpolate_pos_encoding).
     """
     class_row, rows = table[:1], table[1:]
-    n_old = math.isqrt(len(rows))
-    grid = rows.reshape(n_old, n_old, -1)
-    bilinear = bilinear_resize_loop(grid, n_new).reshape(n_new * n_new, -1)
-    return {"2D bilinear": np.concatenate([class_row, bilinear]),
+    return {"2D bilinear": bilinear_table(table, n_new),
             "2D bicubic": None,
             "1D": np.concatenate([class_row, linear_resize_1d(rows, n_new * n_new)]),
             "zeros": np.zeros((1 + n_new * n_new, table.shape[1]))}
@@ -204,23 +209,10 @@ def decode_pictures(items):
 
 
 def evaluate(model, images, labels, resolution, device, batch_size, imagenet_classes, desc="", autocast=None):
-    """(right of 10, right of 1000) over all pictures, batched, under inference_mode.
-
-    interpolate_pos_encoding=True lets the model take any resolution: the library stretches the
-    table (bicubic) only when its row count differs from the sequence, so a table we already
-    stretched to 577 rows is used as it is.
-    """
-    from tqdm import tqdm
-
-    right_10 = right_1000 = 0
-    batches = tqdm(picture_batches(images, resolution, batch_size), desc=desc, unit="batch", file=sys.stderr,
-                   total=math.ceil(len(images) / batch_size))
-    with torch.inference_mode(), autocast or contextlib.nullcontext():
-        for start, batch in zip(range(0, len(images), batch_size), batches):
-            logits = model(pixel_values=to_device(batch, device), interpolate_pos_encoding=True).logits.float().cpu()
-            r10, r1000 = accuracy_counts(logits, labels[start:start + batch_size], imagenet_classes)
-            right_10, right_1000 = right_10 + r10, right_1000 + r1000
-    return right_10, right_1000
+    """(right of 10, right of 1000) over all pictures."""
+    logits = run_model(model, images, resolution, device, batch_size, lambda out: out.logits.float().cpu(), desc,
+                       autocast)
+    return accuracy_counts(torch.cat(logits), labels, imagenet_classes)
 
 
 def section_accuracy(model, data_dir, per_class, device, batch_size, resolution, autocast=None):
