@@ -40,3 +40,11 @@ def pictures(tmp_path_factory):
     from standins import imagenette_folder
 
     return imagenette_folder(tmp_path_factory.mktemp("data") / "nette", per_class=4)
+
+
+@pytest.fixture(scope="session")
+def tiny_in21k(tmp_path_factory):
+    """A tiny ViT in the layout of the ImageNet-21k releases (with the pre-logits layer), saved to disk."""
+    from standins import tiny_vit_in21k
+
+    return tiny_vit_in21k(tmp_path_factory.mktemp("vit21k"))

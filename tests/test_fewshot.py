@@ -6,15 +6,9 @@ import numpy as np
 import pytest
 import torch
 from conftest import ARTICLE, ROOT, article_block
-from standins import tiny_vit_in21k
 
 import vit_part3_fewshot as fewshot
 from common.imagenette import list_split
-
-
-@pytest.fixture(scope="module")
-def tiny_in21k(tmp_path_factory):
-    return tiny_vit_in21k(tmp_path_factory.mktemp("vit21k"))
 
 
 def test_by_hand_values_of_the_article():

@@ -1,0 +1,212 @@
+"""vit_part3_finetune.py: the zero head, the schedule, the average, and runs that must give equal weights."""
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import ARTICLE, ROOT, article_block
+
+import vit_part3_finetune as finetune
+
+# The article's step lines: step, lr as printed.
+ARTICLE_LRS = {5: "0.00040", 10: "0.00090", 25: "0.00240", 50: "0.00296", 100: "0.00254", 150: "0.00178",
+               200: "0.00092", 250: "0.00026", 300: "0.00000"}
+
+
+def test_lr_schedule_by_hand():
+    def lr(t):
+        return finetune.lr_at(t, 0.003, 300, 30)
+
+    assert lr(0) == 0.0
+    assert lr(4) == pytest.approx(0.003 * 4 / 30)         # warm-up: eta_0 t / W
+    assert lr(30) == pytest.approx(0.003)                  # the top, cos(0) = 1
+    assert lr(165) == pytest.approx(0.0015)                # half-way through the decay, cos(pi/2) = 0
+    assert lr(49) == pytest.approx(0.0015 * (1 + math.cos(math.pi * 19 / 270)))
+    assert lr(300) == pytest.approx(0.0, abs=1e-15)
+    # the step-s line shows the LR of step s, set from lr_at(s - 1) as in the article's loop
+    assert {s: f"{lr(s - 1):.5f}" for s in ARTICLE_LRS} == ARTICLE_LRS
+
+
+def test_report_steps_scale_with_the_run():
+    assert finetune.report_steps(300) == [0, 5, 10, 25, 50, 100, 150, 200, 250, 300]
+    assert finetune.report_steps(30) == [0, 1, 2, 5, 10, 15, 20, 25, 30]  # 25 x 30/300 = 2.5 rounds to 2
+
+
+def test_step_pictures_walk_through_shuffled_passes():
+    count, batch = 10, 4
+    steps = [finetune.step_pictures(s, batch, count, seed=0) for s in (1, 2, 3, 4, 5)]
+    order = np.concatenate([indices for indices, _ in steps])
+    assert sorted(order[:10]) == list(range(10)) and sorted(order[10:20]) == list(range(10))  # each pass once
+    assert not np.array_equal(order[:10], order[10:20])  # a new order for each pass
+    # one step of 8 is two steps of 4: the batch depends on the positions only
+    double, flips = finetune.step_pictures(1, 8, count, seed=0)
+    assert np.array_equal(double, order[:8]) and np.array_equal(flips, np.concatenate([steps[0][1], steps[1][1]]))
+    assert not np.array_equal(finetune.step_pictures(1, 8, count, seed=1)[0], double)
+
+
+def test_update_average_by_hand():
+    model = torch.nn.Linear(1, 1, bias=False)
+    average = torch.nn.Linear(1, 1, bias=False)
+    torch.nn.init.zeros_(average.weight)
+    for w in (1.0, 2.0):
+        torch.nn.init.constant_(model.weight, w)
+        finetune.update_average(average, model, 0.99)
+    assert average.weight.item() == pytest.approx(0.99 * 0.01 + 0.01 * 2.0)  # 0.01, then 0.0299
+
+
+def test_run_statistics_by_hand():
+    stats = finetune.run_statistics([4.0, 3.0, 2.0, 1.0], [0.5, 2.0, 3.0, 1.5], 1.0, norm_window=2, loss_window=1)
+    assert stats == {"clipped steps": 3, "median norm first": 1.25, "median norm last": 2.25,
+                     "mean loss first": 4.0, "mean loss last": 1.0}
+
+
+def test_head_gradient_by_hand_equals_autograd():
+    generator = torch.Generator().manual_seed(0)
+    y = torch.randn(6, 5, generator=generator)
+    head = torch.nn.Linear(5, 3)
+    labels = torch.tensor([0, 1, 2, 2, 1, 0])
+    logits = head(y)
+    torch.nn.functional.cross_entropy(logits, labels).backward()
+    assert torch.allclose(finetune.head_gradient_by_hand(y, logits.detach(), labels), head.weight.grad, atol=1e-6)
+
+
+def test_zero_head_gives_ln_10_and_no_gradient_to_the_body(tiny_in21k):
+    model, pre_logits = finetune.load_classifier(str(tiny_in21k), 10, 224)
+    assert pre_logits == (32, 32) and model.vit.pooler is None
+    assert finetune.zero_head(model) == 32 * 10 + 10
+    pixels = torch.randn(4, 3, 224, 224, generator=torch.Generator().manual_seed(0))
+    step = finetune.head_step(model, pixels, torch.tensor([0, 3, 5, 9]))
+    assert step["loss"] == pytest.approx(math.log(10), abs=1e-6)
+    assert step["body norm"] == 0.0
+    assert step["head autograd"].norm() > 0
+    assert torch.allclose(step["head by hand"], step["head autograd"], atol=1e-6)
+
+
+def test_resolution_384_stretches_the_table_with_the_official_rule(tiny_in21k):
+    model, _ = finetune.load_classifier(str(tiny_in21k), 10, 384)
+    assert model.vit.embeddings.position_embeddings.shape == (1, 577, 32)
+    logits = model(pixel_values=torch.zeros(1, 3, 384, 384), interpolate_pos_encoding=True).logits
+    assert logits.shape == (1, 10)
+
+
+def run_main(argv, capsys):
+    """The script's main() in this process; (exit status, stdout)."""
+    status = finetune.main(argv)
+    return status, capsys.readouterr().out
+
+
+def common_flags(model, data, save_dir, steps=4, batch=8):
+    return ["--model", str(model), "--data-dir", str(data), "--steps", str(steps), "--batch-size", str(batch),
+            "--device", "cpu", "--save-dir", str(save_dir)]
+
+
+def final_weights(save_dir):
+    state = torch.load(save_dir / finetune.CHECKPOINT, weights_only=True)
+    return state["model"], state["average"]
+
+
+def assert_same_weights(first, second, atol):
+    for a, b in zip(first, second):
+        assert a.keys() == b.keys()
+        for name in a:
+            assert torch.allclose(a[name], b[name], atol=atol, rtol=0), name
+
+
+def test_resumed_run_ends_like_an_uninterrupted_one(tiny_in21k, pictures, tmp_path, capsys):
+    whole = tmp_path / "whole"
+    status, _ = run_main(common_flags(tiny_in21k, pictures, whole, steps=6) + ["--json", str(tmp_path / "a.json")],
+                         capsys)
+    assert status == 0
+    parts = tmp_path / "parts"
+    status, out = run_main(common_flags(tiny_in21k, pictures, parts, steps=6) + ["--pause-at", "3"], capsys)
+    assert status == 0 and "paused after step 3 of 6" in out
+    status, out = run_main(common_flags(tiny_in21k, pictures, parts, steps=6) + ["--resume", "--json",
+                                                                                  str(tmp_path / "b.json")], capsys)
+    assert status == 0 and "resumed from" in out and "step   6:" in out
+    for a, b in zip(final_weights(whole), final_weights(parts)):
+        assert all(torch.equal(a[name], b[name]) for name in a)
+    first, second = (json.loads((tmp_path / f"{x}.json").read_text())["results"] for x in "ab")
+    timeless = [key for key in first if "seconds" not in key]
+    assert {k: first[k] for k in timeless} == {k: second[k] for k in timeless}
+
+
+def test_resume_refuses_other_settings(tiny_in21k, pictures, tmp_path, capsys):
+    run_main(common_flags(tiny_in21k, pictures, tmp_path, steps=2), capsys)
+    status, out = run_main(common_flags(tiny_in21k, pictures, tmp_path, steps=3) + ["--resume"], capsys)
+    assert status == 1 and "made with other settings (steps 2 -> 3)" in out
+
+
+def same_training_numbers(first_json, second_json, rel):
+    """The logged loss and gradient norm (before clipping, so a wrong scale shows) of every step agree."""
+    first, second = (json.loads(path.read_text())["results"] for path in (first_json, second_json))
+    logged = [key for key in first if key.endswith((" loss", " norm"))]
+    return len(logged) >= 6 and all(second[key] == pytest.approx(first[key], rel=rel) for key in logged)
+
+
+def test_accumulation_equals_the_full_batch(tiny_in21k, pictures, tmp_path, capsys):
+    run_main(common_flags(tiny_in21k, pictures, tmp_path / "full", steps=3) + ["--json", str(tmp_path / "a.json")],
+             capsys)
+    run_main(common_flags(tiny_in21k, pictures, tmp_path / "accum", steps=3) + ["--accum-steps", "4", "--json",
+                                                                                 str(tmp_path / "b.json")], capsys)
+    assert_same_weights(final_weights(tmp_path / "full"), final_weights(tmp_path / "accum"), atol=1e-6)
+    assert same_training_numbers(tmp_path / "a.json", tmp_path / "b.json", rel=1e-5)
+
+
+def test_two_processes_equal_one(tiny_in21k, pictures, tmp_path, capsys):
+    run_main(common_flags(tiny_in21k, pictures, tmp_path / "one", steps=3) + ["--json", str(tmp_path / "a.json")],
+             capsys)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               "vit_part3_finetune.py", *common_flags(tiny_in21k, pictures, tmp_path / "two", steps=3),
+               "--json", str(tmp_path / "b.json")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False, timeout=240, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "batch 8 = 2 process(es) x 1 accumulation step(s) x 4 pictures" in run.stdout
+    assert run.stdout.count("== 2. fine-tuning") == 1  # one process speaks
+    assert_same_weights(final_weights(tmp_path / "one"), final_weights(tmp_path / "two"), atol=1e-5)
+    assert same_training_numbers(tmp_path / "a.json", tmp_path / "b.json", rel=1e-4)
+
+
+def test_a_diverging_run_stops_with_the_step(tiny_in21k, pictures, tmp_path, capsys):
+    flags = common_flags(tiny_in21k, pictures, tmp_path, steps=20) + ["--lr", "1e38", "--save-every", "1"]
+    status, out = run_main(flags, capsys)
+    stopped = re.search(r"the training loss is (nan|inf) at step (\d+)", out)
+    assert status == 1 and stopped
+    kept = torch.load(tmp_path / finetune.CHECKPOINT, weights_only=True)
+    assert kept["step"] == int(stopped.group(2)) - 1
+    assert all(torch.isfinite(w).all() for w in kept["model"].values())
+
+
+def numbers_as_hash(text):
+    return re.sub(r"-?\d[\d,]*(\.\d+)?(e[-+]\d+)?", "#", text)
+
+
+@pytest.mark.skipif(not ARTICLE.exists(), reason="needs ../shared/article")
+def test_script_end_to_end_on_stand_ins(tiny_in21k, pictures, tmp_path):
+    command = [sys.executable, "vit_part3_finetune.py", "--model", str(tiny_in21k), "--data-dir", str(pictures),
+               "--steps", "6", "--batch-size", "8", "--compare", "--plots", str(tmp_path)]
+    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    printed = [numbers_as_hash(text) for text in run.stdout.splitlines()]
+    # Section 1 prints the article's lines, numbers aside; sections 0 and 2 its layout.
+    for text in article_block("== 1. step 0 with the zero head")[1:]:
+        expected = numbers_as_hash(text).replace("#M other", "# other")  # a tiny body counts in full
+        assert expected in printed, expected
+    step_line = numbers_as_hash(article_block("== 2. fine-tuning")[2])
+    assert sum(text == step_line for text in printed) == 6
+    for text in article_block("== 2. fine-tuning")[-2:] + article_block("== 0. data")[2:]:
+        assert numbers_as_hash(text) in printed, text
+    assert "article numbers reproduced" in run.stdout
+
+
+def test_script_without_the_checkpoint_says_so(pictures):
+    run = subprocess.run([sys.executable, "vit_part3_finetune.py", "--data-dir", str(pictures)], cwd=ROOT,
+                         capture_output=True, text=True, check=False, timeout=120)
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert "cannot run this section: checkpoint google/vit-base-patch16-224-in21k is not in the local" in run.stdout
+    assert run.stdout.count("cannot run this section either") == 2
