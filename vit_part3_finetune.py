@@ -38,7 +38,7 @@ from common.checkpoints import load_pretrained
 from common.cli import add_common_arguments, add_data_arguments, finish, guarded, run_sections, script_parser
 from common.device import pick_device, set_precision, to_device
 from common.errors import UserError
-from common.imagenette import class_folders, ensure_imagenette, is_imagenette, list_split, load_rgb, picture_batches
+from common.imagenette import class_folders, ensure_imagenette, is_imagenette, list_split, load_all, picture_batches
 from common.inference import run_model
 from common.printing import header, line, short_list
 from vit_part3_posemb import bilinear_table
@@ -215,7 +215,7 @@ def accuracy(model, pictures, labels, resolution, device, batch_size, autocast, 
 def decode_share(items, rank, world):
     """This process's share of the pictures (every world-th), decoded once: (images, labels)."""
     share = items[rank::world]
-    return [load_rgb(path) for path, _ in share], [label for _, label in share]
+    return load_all([path for path, _ in share]), [label for _, label in share]
 
 
 # ---------------------------------------------------------------- checkpoints

@@ -27,7 +27,7 @@ from common.checkpoints import load_pretrained
 from common.cli import add_common_arguments, add_data_arguments, finish, guarded, run_sections, script_parser
 from common.device import pick_device, set_precision
 from common.errors import UserError
-from common.imagenette import ensure_imagenette, imagenet_indices, list_split, load_rgb
+from common.imagenette import ensure_imagenette, imagenet_indices, list_split, load_all
 from common.inference import run_model
 from common.printing import header, line, short_list
 
@@ -203,9 +203,7 @@ def save_similarity_plot(maps, plots_dir):
 
 def decode_pictures(items):
     """Each picture decoded once (RGB), kept for every row of section 4."""
-    from tqdm import tqdm
-
-    return [load_rgb(path) for path, _ in tqdm(items, desc="decoding", unit="picture", file=sys.stderr)]
+    return load_all([path for path, _ in items])
 
 
 def evaluate(model, images, labels, resolution, device, batch_size, imagenet_classes, desc="", autocast=None):

@@ -6,6 +6,7 @@ checked only when the folders are Imagenette's ten WordNet ids.
 """
 import os
 import shutil
+import sys
 import tarfile
 import tempfile
 import urllib.request
@@ -155,25 +156,39 @@ def preprocess(image, resolution):
     return ((array - 0.5) / 0.5).transpose(2, 0, 1)
 
 
+def loader_threads():
+    """Threads that decode and resize: half the cores, the other half feed the model (1 on 2 cores)."""
+    return max(1, min(8, (os.cpu_count() or 2) // 2))
+
+
+def load_all(paths, desc="decoding"):
+    """Every picture decoded (RGB), by loader_threads() threads, in order."""
+    from tqdm import tqdm
+
+    with ThreadPoolExecutor(max_workers=loader_threads()) as pool:
+        return list(tqdm(pool.map(load_rgb, paths), total=len(paths), desc=desc, unit="picture", file=sys.stderr,
+                         leave=False))
+
+
 def picture_batches(pictures, resolution, batch_size, flips=None, prefetch=2):
     """Batches (B, 3, R, R) float32 of the pictures (PIL images, or paths to decode), in order.
 
-    The next `prefetch` batches are built in a background thread while the caller runs the model on
+    The next `prefetch` batches are built by background threads while the caller runs the model on
     this one: PIL decodes and resizes outside the GIL, so the work overlaps the forward pass.
     flips[i] True mirrors picture i left to right (the training augmentation).
     """
-    def build(start):
-        arrays = []
-        for i in range(start, min(start + batch_size, len(pictures))):
-            picture = pictures[i] if isinstance(pictures[i], Image.Image) else load_rgb(pictures[i])
-            array = preprocess(picture, resolution)
-            arrays.append(array[:, :, ::-1] if flips is not None and flips[i] else array)
-        return np.ascontiguousarray(np.stack(arrays))
+    def one(i):
+        picture = pictures[i] if isinstance(pictures[i], Image.Image) else load_rgb(pictures[i])
+        array = preprocess(picture, resolution)
+        return array[:, :, ::-1] if flips is not None and flips[i] else array
 
     starts = range(0, len(pictures), batch_size)
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        pending = deque(pool.submit(build, start) for start in starts[:prefetch])
+    with ThreadPoolExecutor(max_workers=loader_threads()) as pool:
+        def submit(start):
+            return [pool.submit(one, i) for i in range(start, min(start + batch_size, len(pictures)))]
+
+        pending = deque(submit(start) for start in starts[:prefetch])
         for k in range(len(starts)):
             if k + prefetch < len(starts):
-                pending.append(pool.submit(build, starts[k + prefetch]))
-            yield pending.popleft().result()
+                pending.append(submit(starts[k + prefetch]))
+            yield np.stack([future.result() for future in pending.popleft()])

@@ -1,4 +1,7 @@
-"""common/: device picking, checkpoint errors, the comparison with the article."""
+"""common/: device picking and precision, batches of pictures, checkpoint errors, the comparison with the article."""
+import sys
+
+import numpy as np
 import pytest
 import torch
 
@@ -73,3 +76,34 @@ def test_script_with_a_missing_device_exits_2(capsys):
 
     assert guarded(lambda: vit_part3_fewshot.main(["--device", "cuda"])) == 2
     assert capsys.readouterr().err.startswith("error: --device cuda")
+
+
+def test_picture_batches_keep_the_order_and_flip_what_they_are_told(pictures):
+    from common.imagenette import list_split, load_rgb, picture_batches, preprocess
+
+    paths = [path for path, _ in list_split(pictures, "val", per_class=1)]  # 10 pictures, gray and CMYK among them
+    flips = np.arange(10) % 3 == 0
+    batches = list(picture_batches(paths, 32, 4, flips))
+    assert [len(b) for b in batches] == [4, 4, 2] and batches[0].dtype == np.float32
+    expected = [preprocess(load_rgb(path), 32) for path in paths]
+    expected = [np.flip(a, axis=2) if flip else a for a, flip in zip(expected, flips)]  # axis 2: left-right
+    assert np.array_equal(np.concatenate(batches), np.stack(expected))
+
+
+def test_precision_flags():
+    from common.device import set_precision
+
+    cpu = torch.device("cpu")
+    with set_precision(cpu, "bf16"):
+        assert torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype == torch.bfloat16
+    with set_precision(cpu, "fp32"):
+        assert torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype == torch.float32
+    with pytest.raises(UserError, match="--precision fp16"):
+        set_precision(cpu, "fp16")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_freed_memory_is_kept_on_linux():
+    from common.device import keep_freed_memory
+
+    assert keep_freed_memory()

@@ -11,8 +11,10 @@ import torch
 from conftest import ARTICLE, ROOT, article_block
 from PIL import Image
 from standins import imagenette_folder, tiny_vit_classifier
+from transformers import ViTForImageClassification
 
 import vit_part3_posemb as posemb
+from common.device import set_precision
 from common.errors import UserError
 from common.imagenette import check_counts, download_and_extract, imagenet_indices, list_split, load_rgb, preprocess
 
@@ -151,6 +153,18 @@ def test_script_end_to_end_on_stand_ins(tiny_classifier, pictures, tmp_path):
     assert run.stdout.count("(of 1000)") == 5 and "20 pictures" in run.stdout
     assert "max |difference| 0.0e+00" in run.stdout
     assert "Traceback" not in run.stderr
+
+
+def test_bf16_changes_the_accuracies_by_at_most_a_tenth_of_a_point(tiny_classifier, pictures):
+    model = ViTForImageClassification.from_pretrained(tiny_classifier).eval()
+    items = list_split(pictures, "val", per_class=4)
+    images, labels = posemb.decode_pictures(items), torch.tensor([label for _, label in items])
+    classes = imagenet_indices(pictures)
+    cpu = torch.device("cpu")
+    for resolution in (224, 384):
+        fp32 = posemb.evaluate(model, images, labels, resolution, cpu, 8, classes, "", set_precision(cpu, "fp32"))
+        bf16 = posemb.evaluate(model, images, labels, resolution, cpu, 8, classes, "", set_precision(cpu, "bf16"))
+        assert all(abs(b - f) / len(items) * 100 <= 0.1 for f, b in zip(fp32, bf16)), (resolution, fp32, bf16)
 
 
 def test_script_offline_without_weights_says_what_is_missing():

@@ -1,0 +1,300 @@
+"""Throughput: where the scripts' time goes on this machine, and how close it is to the hardware.
+
+The scripts spend almost all their time in ViT-B/16 forward and backward passes. This benchmark
+measures, with a randomly initialised ViT-B/16 (the compute of the released weights, nothing
+downloaded) and a generated folder of 160-px JPEGs:
+  1. the matrix-multiply roofline (fp32; bf16 too where the device has fast bf16 units), GFLOP/s;
+  2. model-only forward at 224 and 384: pictures/s, GFLOP/s by the setup script's formula, and the
+     fraction of the roofline, with eager and SDPA attention;
+  3. end-to-end evaluation with the project's loader (decode, resize, normalise, batch, forward);
+  4. the transformers pipeline("image-classification") on the same pictures, as a peer;
+  5. a training step (forward, backward, SGD with momentum): pictures/s and peak memory;
+  6. scaling: the time ratio 384/224 beside the compute ratio.
+
+    python benchmarks/throughput.py                       # about 3 min on a 2-core CPU
+    python benchmarks/throughput.py --json throughput.json
+    python benchmarks/throughput.py --device cuda --precision bf16
+    python benchmarks/throughput.py --size tiny           # a seconds-long smoke run (the test suite's)
+
+Times are medians over --repeats timed batches after one warm-up batch.
+"""
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root, for common/
+
+from common.cli import guarded
+from common.device import DEVICE_CHOICES, PRECISIONS, pick_device, set_precision
+from common.inference import run_model
+from common.printing import header, line
+from vit_part3_setup import encoder_flops, sequence_shape, table1_config
+
+ATTENTION = ("sdpa", "eager")
+SIZES = {"B": None, "tiny": {"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 256,
+                             "num_attention_heads": 4}}
+
+
+# ---------------------------------------------------------------- measuring
+
+def synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def median_seconds(run, device, repeats, warmup=1):
+    """The median wall time of run() over `repeats` calls, after `warmup` untimed ones."""
+    for _ in range(warmup):
+        run()
+    synchronize(device)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def fast_bf16(device):
+    """bf16 matrix units: a GPU of compute capability 8.0 or later, or a CPU with AMX or AVX-512 BF16."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device) >= (8, 0)
+    if device.type == "cpu" and Path("/proc/cpuinfo").exists():
+        flags = Path("/proc/cpuinfo").read_text()
+        return "amx_bf16" in flags or "avx512_bf16" in flags
+    return False
+
+
+def matmul_gflops(device, dtype, n, repeats):
+    """GFLOP/s of an n x n by n x n product (2 n^3 operations) on random data."""
+    generator = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, device=device, dtype=dtype, generator=generator)
+    b = torch.randn(n, n, device=device, dtype=dtype, generator=generator)
+    seconds = median_seconds(lambda: torch.mm(a, b), device, repeats)
+    return 2 * n**3 / seconds / 1e9
+
+
+def peak_memory_reset(device):
+    """Start counting peak memory: the GPU allocator's, or the process's resident set on Linux."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    elif Path("/proc/self/clear_refs").exists():
+        try:
+            Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM, the peak resident set
+        except OSError:
+            pass
+
+
+def peak_memory_gb(device):
+    """(GB, what was measured)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 1e9, "GPU memory allocated by torch"
+    status = Path("/proc/self/status")
+    if status.exists():
+        for text in status.read_text().splitlines():
+            if text.startswith("VmHWM:"):
+                return int(text.split()[1]) * 1024 / 1e9, "peak resident memory of the process"
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9, "peak resident memory of the process"
+
+
+# ---------------------------------------------------------------- the model and the pictures
+
+def vit_config(size, num_labels=1000):
+    config = table1_config("B", 16)
+    for key, value in (SIZES[size] or {}).items():
+        setattr(config, key, value)
+    config.num_labels = num_labels
+    return config
+
+
+def forward_flops(config, resolution):
+    """The setup script's estimate: 2 L (4 s D^2 + 2 s D M + 2 s^2 D) for s = (R/P)^2 + 1 tokens."""
+    tokens = sequence_shape(resolution, config.patch_size)[2]
+    return encoder_flops(config.num_hidden_layers, config.hidden_size, config.intermediate_size, tokens)
+
+
+def random_vit(config, attention, device):
+    from transformers import ViTForImageClassification
+
+    torch.manual_seed(0)
+    return ViTForImageClassification._from_config(config, attn_implementation=attention).to(device).eval()
+
+
+def generated_pictures(folder, count, seed=0):
+    """count JPEGs 160 px high, 160 to 240 wide, of smooth random colour (decoded like real photos)."""
+    rng = np.random.default_rng(seed)
+    paths = []
+    for i in range(count):
+        small = rng.integers(0, 256, size=(10, int(rng.integers(10, 15)), 3), dtype=np.uint8)
+        image = Image.fromarray(small).resize((small.shape[1] * 16, 160), Image.BICUBIC)
+        path = Path(folder) / f"picture_{i:05d}.JPEG"
+        image.save(path, quality=90)
+        paths.append(path)
+    return paths
+
+
+def model_only(model, resolution, batch_size, device, autocast, repeats):
+    """Pictures/s of the forward pass alone, on a batch already on the device."""
+    pixels = torch.randn(batch_size, 3, resolution, resolution, device=device)
+
+    def forward():
+        with torch.inference_mode(), autocast:
+            model(pixel_values=pixels, interpolate_pos_encoding=True)
+
+    return batch_size / median_seconds(forward, device, repeats)
+
+
+def end_to_end(model, paths, resolution, batch_size, device, autocast):
+    """Pictures/s of the scripts' evaluation: run_model over JPEG files, decoding included."""
+    run_model(model, paths[:batch_size], resolution, device, batch_size, lambda out: None, "warm-up", autocast)
+    synchronize(device)
+    start = time.perf_counter()
+    run_model(model, paths, resolution, device, batch_size, lambda out: out.logits.argmax(1).cpu(), "end-to-end",
+              autocast)
+    synchronize(device)
+    return len(paths) / (time.perf_counter() - start)
+
+
+def pipeline_peer(model, paths, batch_size, device, autocast):
+    """Pictures/s of transformers' pipeline("image-classification") on the same files."""
+    from transformers import ViTImageProcessor, pipeline
+
+    processor = ViTImageProcessor(size={"height": 224, "width": 224})
+    classify = pipeline("image-classification", model=model, image_processor=processor, device=device)
+    names = [str(path) for path in paths]
+    with autocast:
+        classify(names[:batch_size], batch_size=batch_size)
+        synchronize(device)
+        start = time.perf_counter()
+        classify(names, batch_size=batch_size)
+        synchronize(device)
+    return len(paths) / (time.perf_counter() - start)
+
+
+def training_step(model, resolution, batch_size, device, autocast, repeats):
+    """(pictures/s, peak GB, what the peak measures) of forward, backward and an SGD-with-momentum step."""
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    pixels = torch.randn(batch_size, 3, resolution, resolution, device=device)
+    labels = torch.randint(0, model.config.num_labels, (batch_size,), device=device)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with autocast:
+            loss = torch.nn.functional.cross_entropy(model(pixel_values=pixels).logits, labels)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+
+    peak_memory_reset(device)
+    speed = batch_size / median_seconds(step, device, repeats)
+    model.eval()
+    return (speed, *peak_memory_gb(device))
+
+
+def machine(device):
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    name = platform.processor() or platform.machine()
+    if Path("/proc/cpuinfo").exists():
+        for text in Path("/proc/cpuinfo").read_text().splitlines():
+            if text.startswith("model name"):
+                name = text.split(":", 1)[1].strip()
+                break
+    return f"{name}, {torch.get_num_threads()} threads"
+
+
+# ---------------------------------------------------------------- the report
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="auto", choices=DEVICE_CHOICES)
+    parser.add_argument("--precision", default="fp32", choices=PRECISIONS, help="of the model's passes (default fp32)")
+    parser.add_argument("--size", default="B", choices=tuple(SIZES), help="B: ViT-B/16 (default); tiny: a smoke test")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--repeats", type=int, help="timed batches per figure (default: 2 on a CPU, 10 on a GPU)")
+    parser.add_argument("--pictures", type=int, help="JPEGs for the end-to-end figures (default: 3 batches)")
+    parser.add_argument("--json", metavar="PATH", help="also write the figures to PATH as JSON")
+    args = parser.parse_args(argv)
+    device = pick_device(args.device)
+    autocast = set_precision(device, args.precision)
+    repeats = args.repeats or (2 if device.type == "cpu" else 10)
+    batch = args.batch_size
+    config = vit_config(args.size)
+    figures = {"device": machine(device), "torch": torch.__version__, "precision": args.precision,
+               "model": "ViT-B/16" if args.size == "B" else "tiny ViT", "batch": batch}
+
+    header(f"1. matrix-multiply roofline, {figures['device']}")
+    n = 8192 if device.type == "cuda" else 2048
+    roofline = {"fp32": matmul_gflops(device, torch.float32, n, repeats)}
+    if fast_bf16(device):
+        roofline["bf16"] = matmul_gflops(device, torch.bfloat16, n, repeats)
+    for dtype, gflops in roofline.items():
+        line(f"{dtype}: {gflops:,.0f} GFLOP/s  ({n} x {n} by {n} x {n}, median of {repeats})")
+    figures["roofline GFLOP/s"] = roofline
+    ceiling = roofline["bf16" if args.precision == "bf16" and "bf16" in roofline else "fp32"]
+
+    header(f"2. model-only forward, batch {batch}, {args.precision}: eager vs SDPA attention")
+    models = {attention: random_vit(config, attention, device) for attention in ATTENTION}
+    forward = {}
+    for resolution in (224, 384):
+        flops = forward_flops(config, resolution)
+        for attention, model in models.items():
+            speed = model_only(model, resolution, batch, device, autocast, repeats if resolution == 224 else
+                               max(1, repeats // 2))
+            gflops = speed * flops / 1e9
+            forward[f"{resolution} {attention}"] = {"pictures/s": speed, "GFLOP/s": gflops,
+                                                    "of roofline": gflops / ceiling}
+            line(f"{resolution} px, {attention:<5}: {speed:8.2f} pictures/s  {gflops:9,.0f} GFLOP/s  "
+                 f"{gflops / ceiling:.2f} of the roofline  ({flops / 1e9:.1f} GFLOP a picture)")
+    faster = max(ATTENTION, key=lambda attention: forward[f"224 {attention}"]["pictures/s"])
+    line(f"faster attention here: {faster}")
+    figures.update({"model-only": forward, "faster attention": faster})
+    model = models[faster]
+    del models[next(a for a in ATTENTION if a != faster)]
+
+    count = args.pictures or 3 * batch
+    with tempfile.TemporaryDirectory(prefix="vit-bench-") as folder:
+        paths = generated_pictures(folder, count)
+        header(f"3. end-to-end evaluation with our loader: {count} JPEGs (160 px high), 224 px, batch {batch}")
+        ours = end_to_end(model, paths, 224, batch, device, autocast)
+        bare = forward[f"224 {faster}"]["pictures/s"]
+        line(f"{ours:8.2f} pictures/s; model-only {bare:.2f}: ratio {ours / bare:.3f}")
+        header("4. peer: transformers pipeline('image-classification') on the same pictures")
+        peer = pipeline_peer(model, paths, batch, device, autocast)
+        line(f"{peer:8.2f} pictures/s; ours / pipeline {ours / peer:.2f}")
+    figures.update({"end-to-end pictures/s": ours, "end-to-end / model-only": ours / bare,
+                    "pipeline pictures/s": peer, "ours / pipeline": ours / peer})
+
+    header(f"5. a training step (forward, backward, clipping, SGD momentum), batch {batch}, 224 px")
+    speed, peak, what = training_step(model, 224, batch, device, autocast, repeats)
+    line(f"{speed:8.2f} pictures/s;  {batch / speed:.2f} s a step; peak {peak:.1f} GB ({what})")
+    figures.update({"training pictures/s": speed, "training seconds/step": batch / speed, "training peak GB": peak})
+
+    header("6. scaling from 224 to 384 px")
+    time_ratio = forward[f"224 {faster}"]["pictures/s"] / forward[f"384 {faster}"]["pictures/s"]
+    compute_ratio = forward_flops(config, 384) / forward_flops(config, 224)
+    line(f"time ratio 384/224 {time_ratio:.2f}; compute ratio {compute_ratio:.2f}")
+    figures.update({"time ratio 384/224": time_ratio, "compute ratio 384/224": compute_ratio})
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2))
+    print(f"\nend-to-end / model-only at 224: {ours / bare:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(guarded(main))
