@@ -198,7 +198,7 @@ def load_classifier(name, classes, resolution):
     dropped = any(key.startswith("pooler.") for key in info.get("unexpected_keys", ()))
     pre_logits = (getattr(config, "pooler_output_size", None) or config.hidden_size, config.hidden_size)
     if resolution != config.image_size:  # the paper's rule before fine-tuning at a higher resolution
-        table = model.vit.embeddings.position_embeddings.detach()[0].double().numpy()
+        table = model.vit.embeddings.position_embeddings.detach()[0].double().cpu().numpy()
         stretched = bilinear_table(table, resolution // config.patch_size)
         model.vit.embeddings.position_embeddings = torch.nn.Parameter(torch.from_numpy(stretched).float()[None])
     return model, pre_logits if dropped else None

@@ -128,7 +128,7 @@ def section_tiny_grid():
 
 def section_position_table(model, model_name, resolution):
     config = model.config
-    table = model.vit.embeddings.position_embeddings.detach()[0].double().numpy()
+    table = model.vit.embeddings.position_embeddings.detach()[0].double().cpu().numpy()
     n_old, n_new = config.image_size // config.patch_size, resolution // config.patch_size
     header(f"2. the position table of {model_name}")
     line(f"E_pos {tuple(table.shape)} = 1 row for [class] + {n_old * n_old} rows = a {n_old}x{n_old} grid of "
@@ -146,8 +146,8 @@ def section_position_table(model, model_name, resolution):
          f"row {lower} + {delta:.4f} of old row {lower + 1}")
     embeddings = model.vit.embeddings
     with torch.no_grad():
-        dummy = torch.zeros(1, needed, table.shape[1])
-        library = embeddings.interpolate_pos_encoding(dummy, resolution, resolution)[0, 1:].double().numpy()
+        dummy = torch.zeros(1, needed, table.shape[1], device=embeddings.position_embeddings.device)
+        library = embeddings.interpolate_pos_encoding(dummy, resolution, resolution)[0, 1:].double().cpu().numpy()
     bicubic = bicubic_resize(table[1:].reshape(n_old, n_old, -1).astype(np.float32), n_new).double().numpy()
     library_diff = np.abs(bicubic.reshape(-1, table.shape[1]) - library).max()
     line(f"library interpolate_pos_encoding: bicubic, align_corners=False; our bicubic call matches it: "
@@ -166,7 +166,7 @@ def section_position_table(model, model_name, resolution):
 
 def section_cosine(model, resolution, plots_dir=None):
     config = model.config
-    table = model.vit.embeddings.position_embeddings.detach()[0].double().numpy()
+    table = model.vit.embeddings.position_embeddings.detach()[0].double().cpu().numpy()
     n_old, n_new = config.image_size // config.patch_size, resolution // config.patch_size
     grid = table[1:].reshape(n_old, n_old, -1)
     stretched = bilinear_resize_loop(grid, n_new)

@@ -20,6 +20,7 @@ fi
 
 timed() {  # timed NAME COMMAND...: the command's output to NAME.log, its wall time to times.txt
     local name=$1; shift
+    if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then return 0; fi
     local start; start=$(date +%s%N)
     timeout "${LIMIT:-180}" "$@" >"$OUT/$name.log" 2>&1
     local rc=$?

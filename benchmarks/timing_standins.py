@@ -28,6 +28,7 @@ def vit_b16(directory, in21k):
 
     torch.manual_seed(0)
     config = table1_config("B", 16)
+    config.num_labels = 1000
     model = ViTModel(config, add_pooling_layer=True) if in21k else ViTForImageClassification(config)
     model.save_pretrained(directory)
 
