@@ -36,9 +36,17 @@ import torch.nn.functional as F
 from common import figures
 from common.checkpoints import load_pretrained
 from common.cli import add_common_arguments, add_data_arguments, finish, guarded, run_sections, script_parser
-from common.device import pick_device, set_precision, to_device
+from common.device import pick_device, set_precision
 from common.errors import UserError
-from common.imagenette import class_folders, ensure_imagenette, is_imagenette, list_split, load_all, picture_batches
+from common.imagenette import (
+    class_folders,
+    ensure_imagenette,
+    is_imagenette,
+    list_split,
+    load_all,
+    picture_batches,
+    to_pixels,
+)
 from common.inference import run_model
 from common.printing import header, line, short_list
 from vit_part3_posemb import bilinear_table
@@ -290,7 +298,7 @@ def section_zero_head(args, ctx):
     indices, flips = step_pictures(1, args.batch_size, len(ctx["train"]), args.seed)
     items = [ctx["train"][i] for i in indices]
     pixels = next(picture_batches([path for path, _ in items], args.resolution, len(items), flips))
-    pixels, labels = to_device(pixels, device), torch.tensor([label for _, label in items], device=device)
+    pixels, labels = to_pixels(pixels, device), torch.tensor([label for _, label in items], device=device)
     with ctx["autocast"]:
         zero = head_step(model, pixels, labels)
     classes = ctx["classes"]
@@ -442,7 +450,7 @@ def section_finetune(args, ctx):
             trained.train()
             labels = torch.tensor([train[i][1] for i in indices], device=device)
             lr = lr_at(step - 1, args.lr, args.steps, warmup)
-            loss, norm = train_step(trained, optimizer, to_device(pixels, device), labels, lr, args.accum_steps,
+            loss, norm = train_step(trained, optimizer, to_pixels(pixels, device), labels, lr, args.accum_steps,
                                     autocast, world, device)
             if not math.isfinite(loss):
                 kept = (f"; the last good checkpoint is {Path(args.save_dir) / CHECKPOINT}"

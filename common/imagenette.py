@@ -4,6 +4,7 @@ Layout: imagenette2-160/{train,val}/<wnid>/*.JPEG, 160 px on the short side. A f
 layout with other classes works too (class names from the folders); the Imagenette counts are
 checked only when the folders are Imagenette's ten WordNet ids.
 """
+import multiprocessing
 import os
 import shutil
 import sys
@@ -11,7 +12,7 @@ import tarfile
 import tempfile
 import urllib.request
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -149,46 +150,72 @@ def load_rgb(path):
 def preprocess(image, resolution):
     """The ViT image processor of the checkpoints: resize to R x R (bilinear), (x/255 - 0.5) / 0.5.
 
-    Returns a float32 array (3, R, R) in [-1, 1].
+    Returns a float32 array (3, R, R) in [-1, 1]. The batched path below computes the same numbers
+    in two halves: resized_rgb() on the loader's workers, to_pixels() on the model's device.
     """
-    resized = image.resize((resolution, resolution), Image.BILINEAR)
-    array = np.asarray(resized, dtype=np.float32) * np.float32(1 / 255)
+    array = resized_rgb(image, resolution).astype(np.float32) * np.float32(1 / 255)
     return ((array - 0.5) / 0.5).transpose(2, 0, 1)
 
 
-def loader_threads():
-    """Threads that decode and resize: half the cores, the other half feed the model (1 on 2 cores)."""
+def resized_rgb(picture, resolution, flip=False):
+    """The picture (a PIL image or a path) resized to R x R (bilinear): uint8 (R, R, 3), mirrored if flip."""
+    image = picture if isinstance(picture, Image.Image) else load_rgb(picture)
+    array = np.asarray(image.resize((resolution, resolution), Image.BILINEAR))
+    return array[:, ::-1] if flip else array
+
+
+def to_pixels(batch, device):
+    """uint8 (B, R, R, 3) -> float32 (B, 3, R, R) on the device: (x/255 - 0.5) / 0.5, as preprocess().
+
+    The copy moves a quarter of the bytes of float32, and the arithmetic runs where the model runs.
+    """
+    from common.device import to_device
+
+    x = to_device(batch, device).permute(0, 3, 1, 2).float().contiguous()
+    return (x * (1 / 255) - 0.5) / 0.5
+
+
+def loader_workers():
+    """Workers that decode and resize: half the cores, the other half feed the model (1 on 2 cores)."""
     return max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
 def load_all(paths, desc="decoding"):
-    """Every picture decoded (RGB), by loader_threads() threads, in order."""
+    """Every picture decoded (RGB), by loader_workers() threads, in order."""
     from tqdm import tqdm
 
-    with ThreadPoolExecutor(max_workers=loader_threads()) as pool:
+    with ThreadPoolExecutor(max_workers=loader_workers()) as pool:
         return list(tqdm(pool.map(load_rgb, paths), total=len(paths), desc=desc, unit="picture", file=sys.stderr,
                          leave=False))
 
 
-def picture_batches(pictures, resolution, batch_size, flips=None, prefetch=2):
-    """Batches (B, 3, R, R) float32 of the pictures (PIL images, or paths to decode), in order.
+def _resized_batch(pictures, resolution, flips):
+    return np.stack([resized_rgb(picture, resolution, flip) for picture, flip in zip(pictures, flips)])
 
-    The next `prefetch` batches are built by background threads while the caller runs the model on
-    this one: PIL decodes and resizes outside the GIL, so the work overlaps the forward pass.
-    flips[i] True mirrors picture i left to right (the training augmentation).
+
+def picture_batches(pictures, resolution, batch_size, flips=None):
+    """uint8 batches (B, R, R, 3) of the pictures (PIL images, or paths to decode), in order; see to_pixels().
+
+    Batches are built ahead while the caller runs the model: in worker processes where there are
+    cores to spare (the model's Python code holds the GIL, which starves threads on a GPU machine),
+    else in one background thread (PIL decodes and resizes outside the GIL). flips[i] True mirrors
+    picture i left to right (the training augmentation).
     """
-    def one(i):
-        picture = pictures[i] if isinstance(pictures[i], Image.Image) else load_rgb(pictures[i])
-        array = preprocess(picture, resolution)
-        return array[:, :, ::-1] if flips is not None and flips[i] else array
-
+    workers = loader_workers()
+    if workers > 1 and "fork" in multiprocessing.get_all_start_methods():
+        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))  # no re-import
+    else:
+        pool = ThreadPoolExecutor(max_workers=1)
+    flips = np.zeros(len(pictures), dtype=bool) if flips is None else np.asarray(flips)
     starts = range(0, len(pictures), batch_size)
-    with ThreadPoolExecutor(max_workers=loader_threads()) as pool:
+    ahead = max(2, workers)
+    with pool:
         def submit(start):
-            return [pool.submit(one, i) for i in range(start, min(start + batch_size, len(pictures)))]
+            end = start + batch_size
+            return pool.submit(_resized_batch, pictures[start:end], resolution, flips[start:end])
 
-        pending = deque(submit(start) for start in starts[:prefetch])
+        pending = deque(submit(start) for start in starts[:ahead])
         for k in range(len(starts)):
-            if k + prefetch < len(starts):
-                pending.append(submit(starts[k + prefetch]))
-            yield np.stack([future.result() for future in pending.popleft()])
+            if k + ahead < len(starts):
+                pending.append(submit(starts[k + ahead]))
+            yield pending.popleft().result()

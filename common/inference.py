@@ -5,8 +5,7 @@ import sys
 
 import torch
 
-from common.device import to_device
-from common.imagenette import picture_batches
+from common.imagenette import picture_batches, to_pixels
 
 
 def run_model(model, pictures, resolution, device, batch_size, take, desc="", autocast=None):
@@ -23,5 +22,5 @@ def run_model(model, pictures, resolution, device, batch_size, take, desc="", au
     with torch.inference_mode(), autocast or contextlib.nullcontext():
         for pixels in tqdm(batches, desc=desc, unit="batch", file=sys.stderr, leave=False,
                            total=math.ceil(len(pictures) / batch_size)):
-            kept.append(take(model(pixel_values=to_device(pixels, device), interpolate_pos_encoding=True)))
+            kept.append(take(model(pixel_values=to_pixels(pixels, device), interpolate_pos_encoding=True)))
     return kept

@@ -78,13 +78,18 @@ def test_script_with_a_missing_device_exits_2(capsys):
     assert capsys.readouterr().err.startswith("error: --device cuda")
 
 
-def test_picture_batches_keep_the_order_and_flip_what_they_are_told(pictures):
-    from common.imagenette import list_split, load_rgb, picture_batches, preprocess
+@pytest.mark.parametrize("workers", [1, 2])  # one thread; two worker processes
+def test_picture_batches_keep_the_order_and_flip_what_they_are_told(pictures, workers, monkeypatch):
+    from common import imagenette
+    from common.imagenette import list_split, load_rgb, picture_batches, preprocess, to_pixels
+
+    monkeypatch.setattr(imagenette, "loader_workers", lambda: workers)
 
     paths = [path for path, _ in list_split(pictures, "val", per_class=1)]  # 10 pictures, gray and CMYK among them
     flips = np.arange(10) % 3 == 0
     batches = list(picture_batches(paths, 32, 4, flips))
-    assert [len(b) for b in batches] == [4, 4, 2] and batches[0].dtype == np.float32
+    assert [len(b) for b in batches] == [4, 4, 2] and batches[0].dtype == np.uint8
+    batches = [to_pixels(batch, torch.device("cpu")).numpy() for batch in batches]
     expected = [preprocess(load_rgb(path), 32) for path in paths]
     expected = [np.flip(a, axis=2) if flip else a for a, flip in zip(expected, flips)]  # axis 2: left-right
     assert np.array_equal(np.concatenate(batches), np.stack(expected))
