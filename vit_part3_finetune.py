@@ -44,6 +44,7 @@ from common.imagenette import (
     is_imagenette,
     list_split,
     load_all,
+    loader_workers,
     picture_batches,
     to_pixels,
 )
@@ -439,7 +440,8 @@ def section_finetune(args, ctx):
     plan = [step_pictures(s, args.batch_size, len(train), args.seed) for s in range(start + 1, last_step + 1)]
     mine = [(indices[rank * share:(rank + 1) * share], flips[rank * share:(rank + 1) * share]) for indices, flips in plan]
     paths = [train[i][0] for indices, _ in mine for i in indices]
-    batches = picture_batches(paths, args.resolution, share, np.concatenate([f for _, f in mine]) if mine else None)
+    flips = np.concatenate([f for _, f in mine]) if mine else None
+    batches = picture_batches(paths, args.resolution, share, flips, loader_workers(device))
     from tqdm import tqdm
 
     stop = StopOnCtrlC()

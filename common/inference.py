@@ -5,7 +5,7 @@ import sys
 
 import torch
 
-from common.imagenette import picture_batches, to_pixels
+from common.imagenette import loader_workers, picture_batches, to_pixels
 
 
 def run_model(model, pictures, resolution, device, batch_size, take, desc="", autocast=None):
@@ -17,7 +17,7 @@ def run_model(model, pictures, resolution, device, batch_size, take, desc="", au
     """
     from tqdm import tqdm
 
-    batches = picture_batches(pictures, resolution, batch_size)
+    batches = picture_batches(pictures, resolution, batch_size, workers=loader_workers(device))
     kept = []
     with torch.inference_mode(), autocast or contextlib.nullcontext():
         for pixels in tqdm(batches, desc=desc, unit="batch", file=sys.stderr, leave=False,
