@@ -241,11 +241,12 @@ def main(argv=None):
 
     header(f"1. matrix-multiply roofline, {figures['device']}")
     n = 8192 if device.type == "cuda" else 2048
-    roofline = {"fp32": matmul_gflops(device, torch.float32, n, repeats)}
+    products = max(10, repeats)  # a product takes milliseconds: enough of them for a steady median
+    roofline = {"fp32": matmul_gflops(device, torch.float32, n, products)}
     if fast_bf16(device):
-        roofline["bf16"] = matmul_gflops(device, torch.bfloat16, n, repeats)
+        roofline["bf16"] = matmul_gflops(device, torch.bfloat16, n, products)
     for dtype, gflops in roofline.items():
-        line(f"{dtype}: {gflops:,.0f} GFLOP/s  ({n} x {n} by {n} x {n}, median of {repeats})")
+        line(f"{dtype}: {gflops:,.0f} GFLOP/s  ({n} x {n} by {n} x {n}, median of {products})")
     figures["roofline GFLOP/s"] = roofline
     ceiling = roofline["bf16" if args.precision == "bf16" and "bf16" in roofline else "fp32"]
 
