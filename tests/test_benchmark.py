@@ -45,7 +45,8 @@ def test_tiny_model_figures(tmp_path):
     assert model.config._attn_implementation == "eager"
     assert throughput.model_only(model, 224, 2, CPU, torch.autocast("cpu", enabled=False), repeats=1) > 0
     paths = throughput.generated_pictures(tmp_path, 5)
-    assert throughput.end_to_end(model, paths, 224, 2, CPU, torch.autocast("cpu", enabled=False)) > 0
+    ours, alone, ratio = throughput.end_to_end(model, paths, 224, 2, CPU, torch.autocast("cpu", enabled=False), 2)
+    assert ours > 0 and alone > 0 and ratio > 0
     speed, peak, what = throughput.training_step(model, 224, 2, CPU, torch.autocast("cpu", enabled=False), repeats=1)
     assert speed > 0 and peak > 0 and what
     assert not model.training
