@@ -11,7 +11,7 @@ downloaded) and a generated folder of 160-px JPEGs:
   5. a training step (forward, backward, SGD with momentum): pictures/s and peak memory;
   6. scaling: the time ratio 384/224 beside the compute ratio.
 
-    python benchmarks/throughput.py                       # about 3 min on a 2-core CPU
+    python benchmarks/throughput.py                       # about 4 min on a 2-core CPU
     python benchmarks/throughput.py --json throughput.json
     python benchmarks/throughput.py --device cuda --precision bf16
     python benchmarks/throughput.py --size tiny           # a seconds-long smoke run (the test suite's)
@@ -246,7 +246,7 @@ def main(argv=None):
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--repeats", type=int, help="timed batches per figure (default: 2 on a CPU, 10 on a GPU)")
     parser.add_argument("--pictures", type=int,
-                        help="JPEGs for the end-to-end figures (default: 3 batches on a CPU, 30 on a GPU)")
+                        help="JPEGs for the end-to-end figures (default: 2 batches on a CPU, 30 on a GPU)")
     parser.add_argument("--json", metavar="PATH", help="also write the figures to PATH as JSON")
     args = parser.parse_args(argv)
     device = pick_device(args.device)
@@ -287,7 +287,7 @@ def main(argv=None):
     model = models[faster]
     del models[next(a for a in ATTENTION if a != faster)]
 
-    count = args.pictures or (3 if device.type == "cpu" else 30) * batch
+    count = args.pictures or (2 if device.type == "cpu" else 30) * batch
     with tempfile.TemporaryDirectory(prefix="vit-bench-") as folder:
         paths = generated_pictures(folder, count)
         header(f"3. end-to-end evaluation with our loader: {count} JPEGs (160 px high), 224 px, batch {batch}")
