@@ -221,6 +221,12 @@ def accuracy(model, pictures, labels, resolution, device, batch_size, autocast, 
     return 100 * sum_over_processes(right, world, device) / sum_over_processes(len(pictures), world, device)
 
 
+def process_share(step_batch, rank, share):
+    """This process's contiguous share of a step's (indices, flips)."""
+    indices, flips = step_batch
+    return indices[rank * share:(rank + 1) * share], flips[rank * share:(rank + 1) * share]
+
+
 def decode_share(items, rank, world):
     """This process's share of the pictures (every world-th), decoded once: (images, labels)."""
     share = items[rank::world]
@@ -248,6 +254,18 @@ def save_checkpoint(save_dir, model, average, optimizer, step, history, settings
     torch.save(state, part)
     part.replace(path)
     return path
+
+
+def restore(save_dir, settings, model, average, optimizer):
+    """Load DIR/checkpoint.pt into the model, the average and the optimizer; returns (step, history)."""
+    state = load_checkpoint(save_dir, settings)
+    model.load_state_dict(state["model"])
+    average.load_state_dict(state["average"])
+    optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["rng"]["torch"])
+    if "cuda" in state["rng"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+    return state["step"], state["history"]
 
 
 def load_checkpoint(save_dir, settings):
@@ -369,7 +387,7 @@ def train_step(model, optimizer, pixels, labels, lr, accum_steps, autocast, worl
 
 
 class StopOnCtrlC:
-    """Within the block, a first Ctrl-C asks to stop after the current step (then saved whole); a second stops at once."""
+    """Within the block, a first Ctrl-C asks to stop after the current step (saved whole); a second, at once."""
 
     def __init__(self):
         self.asked = False
@@ -398,8 +416,9 @@ def section_finetune(args, ctx):
     model, train, val = ctx["model"], ctx["train"], ctx["val"]
     share, micro = args.batch_size // world, args.batch_size // (world * args.accum_steps)
     warmup = round(WARMUP_FRACTION * args.steps)
+    warmup_text = f"{warmup} step{'s' * (warmup != 1)}"
     header(f"2. fine-tuning: {args.steps} steps, batch {args.batch_size}, SGD momentum {MOMENTUM}, no weight decay, "
-           f"base LR {args.lr:g}, linear warm-up {warmup} step{'s' * (warmup != 1)}, cosine decay to 0, clip at global norm {CLIP_NORM}, "
+           f"base LR {args.lr:g}, linear warm-up {warmup_text}, cosine decay to 0, clip at global norm {CLIP_NORM}, "
            f"weight average factor {AVERAGE_FACTOR}, random horizontal flips")
     if world > 1 or args.accum_steps > 1 or args.resolution != 224:
         line(f"{args.resolution} pixels; batch {args.batch_size} = {world} process(es) x {args.accum_steps} "
@@ -407,17 +426,9 @@ def section_finetune(args, ctx):
     average = copy.deepcopy(model).requires_grad_(False)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
     settings = run_settings(args, world)
-    history = {"losses": [], "norms": [], "rows": [], "seconds": 0.0}
-    start = 0
+    start, history = 0, {"losses": [], "norms": [], "rows": [], "seconds": 0.0}
     if args.resume:
-        state = load_checkpoint(args.save_dir, settings)
-        model.load_state_dict(state["model"])
-        average.load_state_dict(state["average"])
-        optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["rng"]["torch"])
-        if "cuda" in state["rng"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
-        start, history = state["step"], state["history"]
+        start, history = restore(args.save_dir, settings, model, average, optimizer)
         line(f"resumed from {Path(args.save_dir) / CHECKPOINT} at step {start}")
     ids = [device.index] if device.type == "cuda" else None
     trained = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids) if world > 1 else model
@@ -437,11 +448,11 @@ def section_finetune(args, ctx):
         line(report_line(row))
     last_step = min(args.pause_at or args.steps, args.steps)
     reports = report_steps(args.steps)
-    plan = [step_pictures(s, args.batch_size, len(train), args.seed) for s in range(start + 1, last_step + 1)]
-    mine = [(indices[rank * share:(rank + 1) * share], flips[rank * share:(rank + 1) * share]) for indices, flips in plan]
+    mine = [process_share(step_pictures(s, args.batch_size, len(train), args.seed), rank, share)
+            for s in range(start + 1, last_step + 1)]
     paths = [train[i][0] for indices, _ in mine for i in indices]
     flips = np.concatenate([f for _, f in mine]) if mine else None
-    batches = picture_batches(paths, args.resolution, share, flips, loader_workers(device))
+    batches = picture_batches(paths, args.resolution, share, flips, loader_workers(device))  # built ahead on a GPU
     from tqdm import tqdm
 
     stop = StopOnCtrlC()
@@ -490,7 +501,8 @@ def finish_run(args, ctx, history, model, average, val, warmup):
     norm_window, loss_window = scaled(50, args.steps), scaled(10, args.steps)
     stats = run_statistics(history["losses"], history["norms"], CLIP_NORM, norm_window, loss_window)
     line(f"clipping was active in {stats['clipped steps']} of {args.steps} steps; median gradient norm: first "
-         f"{norm_window} steps {stats['median norm first']:.3f}, last {norm_window} steps {stats['median norm last']:.3f}")
+         f"{norm_window} steps {stats['median norm first']:.3f}, last {norm_window} steps "
+         f"{stats['median norm last']:.3f}")
     seen = args.steps * args.batch_size
     passes = seen / len(ctx["train"])
     line(f"mean training loss: steps 1 to {loss_window} {stats['mean loss first']:.3f}, steps "
