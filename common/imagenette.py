@@ -1,4 +1,4 @@
-"""Imagenette (imagenette2-160): find or download it, list its pictures, decode and preprocess them.
+"""Imagenette (imagenette2-160): find or download it, list its pictures, decode, preprocess and batch them.
 
 Layout: imagenette2-160/{train,val}/<wnid>/*.JPEG, 160 px on the short side. A folder in the same
 layout with other classes works too (class names from the folders); the Imagenette counts are
@@ -182,8 +182,7 @@ def loader_workers(device):
     2-core Xeon, end-to-end evaluation ran at 0.96-0.97 of model-only inline and 0.97-0.99 with a
     background thread (ViT-B/16, two rounds each: within the noise). Beside a GPU the cores are
     otherwise idle: on an H200, 8 processes building uint8 batches raised end-to-end from 503
-    pictures/s (8 threads building float32 batches) to 724
-    (the model alone: 992).
+    pictures/s (8 threads building float32 batches) to 724 (the model alone: 992).
     """
     return 0 if device.type == "cpu" else max(1, min(8, (os.cpu_count() or 2) // 2))
 
