@@ -21,7 +21,16 @@ from pathlib import Path
 import numpy as np
 
 from common.checkpoints import load_pretrained
-from common.cli import add_common_arguments, add_data_arguments, finish, guarded, run_sections, script_parser
+from common.cli import (
+    add_common_arguments,
+    add_data_arguments,
+    finish,
+    guarded,
+    positive_int,
+    run_sections,
+    script_parser,
+    side_pixels,
+)
 from common.device import pick_device, set_precision
 from common.errors import UserError
 from common.imagenette import class_names, ensure_imagenette, list_split
@@ -230,12 +239,13 @@ def load_frozen_model(name, device):
 def main(argv=None):
     parser = script_parser(__doc__)
     add_data_arguments(parser, DEFAULT_MODEL, "with its pre-logits layer")
-    parser.add_argument("--shots", type=int, nargs="+", default=[1, 5, 10])
+    parser.add_argument("--shots", type=positive_int, nargs="+", default=[1, 5, 10])
     parser.add_argument("--lambdas", type=float, nargs="+", default=[0.01, 1.0, 100.0])
-    parser.add_argument("--draws", type=int, default=5, help="random draws of the training pictures per setting")
-    parser.add_argument("--pool", type=int, default=50, help="training pictures per class to draw from")
+    parser.add_argument("--draws", type=positive_int, default=5,
+                        help="random draws of the training pictures per setting")
+    parser.add_argument("--pool", type=positive_int, default=50, help="training pictures per class to draw from")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--resolution", type=int, default=224)
+    parser.add_argument("--resolution", type=side_pixels, default=224)
     parser.add_argument("--no-cache", action="store_true", help="recompute the features")
     add_common_arguments(parser)
     args = parser.parse_args(argv)

@@ -35,7 +35,16 @@ import torch.nn.functional as F
 
 from common import figures
 from common.checkpoints import load_pretrained
-from common.cli import add_common_arguments, add_data_arguments, finish, guarded, run_sections, script_parser
+from common.cli import (
+    add_common_arguments,
+    add_data_arguments,
+    finish,
+    guarded,
+    positive_int,
+    run_sections,
+    script_parser,
+    side_pixels,
+)
 from common.device import pick_device, set_precision
 from common.errors import UserError
 from common.imagenette import (
@@ -244,15 +253,18 @@ def run_settings(args, world):
 def save_checkpoint(save_dir, model, average, optimizer, step, history, settings):
     """Weights, average, optimizer, step, history and RNG states, written whole (a .part file, then a rename)."""
     path = Path(save_dir) / CHECKPOINT
-    path.parent.mkdir(parents=True, exist_ok=True)
     rng = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
     state = {"model": model.state_dict(), "average": average.state_dict(), "optimizer": optimizer.state_dict(),
              "step": step, "history": history, "settings": settings, "rng": rng}
     part = path.with_name(path.name + ".part")
-    torch.save(state, part)
-    part.replace(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(state, part)
+        part.replace(path)
+    except OSError as error:
+        raise UserError(f"cannot write the checkpoint {path} ({error}): pass another --save-dir") from error
     return path
 
 
@@ -272,7 +284,11 @@ def load_checkpoint(save_dir, settings):
     path = Path(save_dir) / CHECKPOINT
     if not path.is_file():
         raise UserError(f"--resume: no {CHECKPOINT} in {save_dir}; start without --resume")
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises several types for a truncated or foreign file
+        raise UserError(f"--resume: {path} is truncated or not a checkpoint of this script ({type(error).__name__}); "
+                        f"start again without --resume, or pass another --save-dir") from error
     changed = [f"{key} {state['settings'].get(key)} -> {value}" for key, value in settings.items()
                if key != "processes" and state["settings"].get(key) != value]
     if changed:
@@ -545,16 +561,19 @@ def save_curves(history, lrs, plots_dir):
 def main(argv=None):
     parser = script_parser(__doc__)
     add_data_arguments(parser, DEFAULT_MODEL, "the body to fine-tune; its head is replaced")
-    parser.add_argument("--steps", type=int, default=ARTICLE_STEPS, help="optimizer steps; warm-up stays 10%%")
+    parser.add_argument("--steps", type=positive_int, default=ARTICLE_STEPS,
+                        help="optimizer steps; warm-up stays 10%%")
     parser.add_argument("--lr", type=float, default=0.003, help="base learning rate (default 0.003)")
     parser.add_argument("--seed", type=int, default=0, help="the order and flips of the pictures, the random head")
-    parser.add_argument("--resolution", type=int, default=224, help="fine-tuning resolution (384: the paper's)")
-    parser.add_argument("--accum-steps", type=int, default=1, help="split each process's batch into N passes")
+    parser.add_argument("--resolution", type=side_pixels, default=224,
+                        help="fine-tuning resolution (384: the paper's)")
+    parser.add_argument("--accum-steps", type=positive_int, default=1, help="split each process's batch into N passes")
     parser.add_argument("--save-dir", metavar="DIR", help=f"write DIR/{CHECKPOINT} every --save-every steps, "
                                                           "at the end and on Ctrl-C")
-    parser.add_argument("--save-every", type=int, default=50)
+    parser.add_argument("--save-every", type=positive_int, default=50)
     parser.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.pt of --save-dir")
-    parser.add_argument("--pause-at", type=int, metavar="STEP", help="save and stop after STEP; --resume continues")
+    parser.add_argument("--pause-at", type=positive_int, metavar="STEP",
+                        help="save and stop after STEP; --resume continues")
     parser.add_argument("--plots", metavar="DIR", help="save the loss, accuracy and LR curves as PNG (matplotlib)")
     add_common_arguments(parser)
     args = parser.parse_args(argv)

@@ -24,7 +24,15 @@ import torch.nn.functional as F
 
 from common import figures
 from common.checkpoints import load_pretrained
-from common.cli import add_common_arguments, add_data_arguments, finish, guarded, run_sections, script_parser
+from common.cli import (
+    add_common_arguments,
+    add_data_arguments,
+    finish,
+    guarded,
+    run_sections,
+    script_parser,
+    side_pixels,
+)
 from common.device import pick_device, set_precision
 from common.errors import UserError
 from common.imagenette import ensure_imagenette, imagenet_indices, list_split, load_all
@@ -42,6 +50,9 @@ def stretch_positions(n_old, n_new):
     The corners map onto the corners, as in scipy.ndimage.zoom(order=1); the last row uses
     (n_old - 2, 1.0) so that it needs no row past the end.
     """
+    if n_new < 2 or n_old < 2:
+        raise UserError(f"a {n_old}x{n_old} position grid cannot be stretched to {n_new}x{n_new}: "
+                        f"choose a --resolution of at least 2 patches on a side")
     places = []
     for i in range(n_new):
         y = i * (n_old - 1) / (n_new - 1)
@@ -253,7 +264,7 @@ def section_accuracy(model, data_dir, per_class, device, batch_size, resolution,
 def main(argv=None):
     parser = script_parser(__doc__)
     add_data_arguments(parser, DEFAULT_MODEL, "with an ImageNet-1k head")
-    parser.add_argument("--resolution", type=int, default=384, help="the higher resolution (default 384)")
+    parser.add_argument("--resolution", type=side_pixels, default=384, help="the higher resolution (default 384)")
     parser.add_argument("--plots", metavar="DIR", help="save the similarity maps as PNG (needs matplotlib)")
     add_common_arguments(parser)
     args = parser.parse_args(argv)

@@ -14,11 +14,31 @@ def script_parser(docstring):
     return argparse.ArgumentParser(description=docstring, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
+def positive_int(text):
+    """argparse type: a whole number of at least 1, refused in one line otherwise."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return value
+
+
+def side_pixels(text):
+    """argparse type: pixels on a side, at least 32 (two patches of 16)."""
+    value = positive_int(text)
+    if value < 32:
+        raise argparse.ArgumentTypeError(f"{text!r} pixels is too small: a ViT needs at least 2 patches on a side")
+    return value
+
+
 def add_data_arguments(parser, model_default, model_help):
     parser.add_argument("--model", default=model_default, help=f"checkpoint id or local directory ({model_help})")
     parser.add_argument("--data-dir", help="imagenette2-160 folder (default: data/imagenette2-160, downloaded)")
-    parser.add_argument("--per-class", type=int, help="keep the first N pictures of each class in each split used")
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--per-class", type=positive_int,
+                        help="keep the first N pictures of each class in each split used")
+    parser.add_argument("--batch-size", type=positive_int, default=32)
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS,
                         help="fp32 gives the article's numbers; tf32 and bf16 are faster on recent GPUs (default fp32)")
 

@@ -148,6 +148,17 @@ def same_training_numbers(first_json, second_json, rel):
     return len(logged) >= 6 and all(second[key] == pytest.approx(first[key], rel=rel) for key in logged)
 
 
+def test_unreadable_checkpoints_and_bad_numbers_are_one_line(tiny_in21k, pictures, tmp_path, capsys):
+    (tmp_path / finetune.CHECKPOINT).write_bytes(b"not a checkpoint")
+    status, out = run_main(common_flags(tiny_in21k, pictures, tmp_path, steps=2) + ["--resume"], capsys)
+    assert status == 1 and "is truncated or not a checkpoint of this script" in out
+    for flag in (["--steps", "0"], ["--save-every", "0"], ["--resolution", "8"], ["--batch-size", "-1"]):
+        with pytest.raises(SystemExit) as stopped:
+            finetune.main(common_flags(tiny_in21k, pictures, tmp_path) + flag)
+        assert stopped.value.code == 2
+    assert "is not a whole number of at least 1" in capsys.readouterr().err
+
+
 def test_accumulation_equals_the_full_batch(tiny_in21k, pictures, tmp_path, capsys):
     run_main(common_flags(tiny_in21k, pictures, tmp_path / "full", steps=3) + ["--json", str(tmp_path / "a.json")],
              capsys)
