@@ -41,7 +41,7 @@ from common.printing import header, line
 from vit_part3_setup import encoder_flops, sequence_shape, table1_config
 
 ATTENTION = ("sdpa", "eager")
-SIZES = {"B": None, "tiny": {"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 256,
+SIZES = {"B": {}, "tiny": {"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 256,
                              "num_attention_heads": 4}}
 
 
@@ -116,7 +116,7 @@ def peak_memory_gb(device):
 
 def vit_config(size, num_labels=1000):
     config = table1_config("B", 16)
-    for key, value in (SIZES[size] or {}).items():
+    for key, value in SIZES[size].items():
         setattr(config, key, value)
     config.num_labels = num_labels
     return config
