@@ -34,18 +34,16 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from common import figures
-from common.checkpoints import load_pretrained
+from common.checkpoints import check_model_flag, checkpoint_config, load_pretrained
 from common.cli import (
     add_common_arguments,
     add_data_arguments,
-    finish,
-    guarded,
+    positive_float,
     positive_int,
-    run_sections,
     script_parser,
     side_pixels,
 )
-from common.device import pick_device, set_precision
+from common.device import pick_device
 from common.errors import UserError
 from common.imagenette import (
     class_folders,
@@ -58,9 +56,9 @@ from common.imagenette import (
     to_pixels,
 )
 from common.inference import run_model
-from common.printing import header, line, short_list
-from vit_part3_posemb import bilinear_table
-from vit_part3_setup import cosine_lr
+from common.position_table import bilinear_table
+from common.run import Run, check_output_dir, check_output_file, guarded, run_sections
+from common.schedules import warmup_cosine_lr
 
 DEFAULT_MODEL = "google/vit-base-patch16-224-in21k"
 ARTICLE_STEPS = 300
@@ -72,13 +70,6 @@ CHECKPOINT = "checkpoint.pt"
 
 
 # ---------------------------------------------------------------- the recipe, as pure functions
-
-def lr_at(step, base_lr, total_steps, warmup_steps):
-    """The LR after `step` finished steps: eta_0 t / W while t < W, then eta_0 / 2 (1 + cos(pi (t - W) / (T - W)))."""
-    if step < warmup_steps:
-        return base_lr * step / warmup_steps
-    return cosine_lr(step - warmup_steps, base_lr, total_steps - warmup_steps)
-
 
 def scaled(article_step, total_steps):
     """A step count of the 300-step run, scaled to a run of total_steps (at least 1)."""
@@ -120,8 +111,8 @@ def head_gradient_by_hand(features, logits, labels):
 def update_average(average, model, factor=AVERAGE_FACTOR):
     """Polyak average in place: w_bar <- factor w_bar + (1 - factor) w, for every parameter."""
     with torch.no_grad():
-        for kept, current in zip(average.parameters(), model.parameters()):
-            kept.mul_(factor).add_(current.detach(), alpha=1 - factor)
+        for averaged, current in zip(average.parameters(), model.parameters()):
+            averaged.mul_(factor).add_(current.detach(), alpha=1 - factor)
 
 
 def run_statistics(losses, norms, clip_norm, norm_window, loss_window):
@@ -181,53 +172,101 @@ def init_distributed(device_name):
     return dist.get_rank(), world, device
 
 
-def main_process_first(rank, world, load):
+
+
+def build_classifier(checkpoint, classes, resolution):
+    """(model, pre-logits shape or None): the checkpoint's body with a zero head of `classes` outputs.
+
+    The head is replaced, not loaded; the pre-logits layer of an ImageNet-21k checkpoint is dropped
+    (ViTForImageClassification has none). At another resolution the position table is stretched by
+    the official 2D bilinear rule, as the paper does before fine-tuning.
+    """
+    model, info = checkpoint
+    config = model.config
+    dropped = any(key.startswith("pooler.") for key in info.get("unexpected_keys", ()))
+    pre_logits = (getattr(config, "pooler_output_size", None) or config.hidden_size, config.hidden_size)
+    config.num_labels = classes
+    model.classifier = torch.nn.Linear(config.hidden_size, classes)
+    zero_head(model)
+    n_old, n_new = config.image_size // config.patch_size, resolution // config.patch_size
+    if n_new != n_old:
+        table = model.vit.embeddings.position_embeddings.detach()[0].double().cpu().numpy()
+        stretched = bilinear_table(table, n_new)
+        model.vit.embeddings.position_embeddings = torch.nn.Parameter(torch.from_numpy(stretched).float()[None])
+    return model, pre_logits if dropped else None
+
+
+def load_classifier(name, classes, resolution):
+    """build_classifier() of the checkpoint `name`, loaded as ViTForImageClassification."""
+    from transformers import ViTForImageClassification
+
+    return build_classifier(load_pretrained(ViTForImageClassification, name, output_loading_info=True), classes,
+                            resolution)
+
+
+def check_resolution(config, resolution):
+    """The position grid at the fine-tuning resolution needs at least 2x2 places."""
+    if resolution // config.patch_size < 2:
+        raise UserError(f"--resolution {resolution} gives fewer than 2 patches of {config.patch_size} on a side: "
+                        f"choose at least {2 * config.patch_size} pixels")
+
+
+def load_data(run):
+    args = run.args
+    root = main_process_first(run, lambda: ensure_imagenette(args.data_dir))
+    return {"root": root, "train": list_split(root, "train", args.per_class),
+            "val": list_split(root, "val", args.per_class), "classes": len(class_folders(root, "val")),
+            "name": "Imagenette" if is_imagenette(root) else Path(root).name}
+
+
+def load_checkpoint_model(run):
+    from transformers import ViTForImageClassification
+
+    def load():
+        checkpoint = load_pretrained(ViTForImageClassification, run.args.model, output_loading_info=True)
+        check_resolution(checkpoint[0].config, run.args.resolution)
+        return checkpoint
+
+    return main_process_first(run, load)
+
+
+def load_the_classifier(run):
+    checkpoint, data = run.need("checkpoint", "data")
+    model, pre_logits = build_classifier(checkpoint, data["classes"], run.args.resolution)
+    return {"model": model.to(run.device), "pre-logits": pre_logits}
+
+
+def main_process_first(run, load):
     """load() on process 0 first (it downloads), then on the others; an error there stops every process."""
     result, problem = None, None
-    if rank == 0:
+    if run.rank == 0:
         try:
             result = load()
         except UserError as error:
             problem = str(error)
-    if world > 1:
+    if run.world > 1:
         message = [problem]
         dist.broadcast_object_list(message, src=0)
         problem = message[0]
     if problem:
         raise UserError(problem)
-    return result if rank == 0 else load()
+    return result if run.rank == 0 else load()
 
 
-def sum_over_processes(value, world, device):
-    if world == 1:
+def sum_over_processes(value, run):
+    if run.world == 1:
         return float(value)
-    total = torch.tensor(float(value), dtype=torch.float64, device=device)
+    total = torch.tensor(float(value), dtype=torch.float64, device=run.device)
     dist.all_reduce(total)
     return total.item()
 
 
-def load_classifier(name, classes, resolution):
-    """(model, pre-logits shape or None): the checkpoint's body and a new head of `classes` outputs."""
-    from transformers import ViTForImageClassification
-
-    model, info = load_pretrained(ViTForImageClassification, name, num_labels=classes,
-                                  ignore_mismatched_sizes=True, output_loading_info=True)
-    config = model.config
-    dropped = any(key.startswith("pooler.") for key in info.get("unexpected_keys", ()))
-    pre_logits = (getattr(config, "pooler_output_size", None) or config.hidden_size, config.hidden_size)
-    if resolution != config.image_size:  # the paper's rule before fine-tuning at a higher resolution
-        table = model.vit.embeddings.position_embeddings.detach()[0].double().cpu().numpy()
-        stretched = bilinear_table(table, resolution // config.patch_size)
-        model.vit.embeddings.position_embeddings = torch.nn.Parameter(torch.from_numpy(stretched).float()[None])
-    return model, pre_logits if dropped else None
-
-
-def accuracy(model, pictures, labels, resolution, device, batch_size, autocast, world, desc):
+def accuracy(model, pictures, labels, batch_size, run, desc):
     """Per cent right over all processes' shares of the pictures (each process holds its own share)."""
-    predicted = run_model(model, pictures, resolution, device, batch_size, lambda out: out.logits.argmax(1).cpu(),
-                          desc, autocast)
-    right = int((torch.cat(predicted) == torch.as_tensor(labels)).sum()) if pictures else 0
-    return 100 * sum_over_processes(right, world, device) / sum_over_processes(len(pictures), world, device)
+    predicted = run_model(model, pictures, run.args.resolution, run.device, batch_size,
+                          lambda out: out.logits.argmax(1).cpu(), desc, run.autocast)
+    correct = int((torch.cat(predicted) == torch.as_tensor(labels)).sum()) if pictures else 0
+    return 100 * sum_over_processes(correct, run) / sum_over_processes(len(pictures), run)
 
 
 def process_share(step_batch, rank, share):
@@ -245,6 +284,7 @@ def decode_share(items, rank, world):
 # ---------------------------------------------------------------- checkpoints
 
 def run_settings(args, world):
+    """What must not change between a run and its --resume."""
     return {"model": args.model, "steps": args.steps, "batch size": args.batch_size, "lr": args.lr, "seed": args.seed,
             "resolution": args.resolution, "per class": args.per_class, "precision": args.precision,
             "processes": world}
@@ -297,86 +337,7 @@ def load_checkpoint(save_dir, settings):
     return state
 
 
-# ---------------------------------------------------------------- sections
-
-def section_data_and_model(args, ctx):
-    root = main_process_first(ctx["rank"], ctx["world"], lambda: ensure_imagenette(args.data_dir))
-    train, val = list_split(root, "train", args.per_class), list_split(root, "val", args.per_class)
-    classes = len(class_folders(root, "val"))
-    name = "Imagenette" if is_imagenette(root) else Path(root).name
-    header(f"0. data: {name}, {len(train)} training and {len(val)} validation pictures, {classes} classes; "
-           f"device {ctx['device'].type}")
-    model, pre_logits = main_process_first(ctx["rank"], ctx["world"],
-                                           lambda: load_classifier(args.model, classes, args.resolution))
-    line(f"loaded {args.model} into a {classes}-class classifier")
-    if pre_logits:
-        line(f"the pre-logits layer ({pre_logits[0]} x {pre_logits[1]} + tanh) is dropped: model.vit.pooler is "
-             f"{model.vit.pooler}")
-    else:
-        line(f"the checkpoint has no pre-logits layer: model.vit.pooler is {model.vit.pooler}")
-    numbers = zero_head(model)
-    line(f"new head: {model.classifier} with every weight and bias set to 0 ({numbers:,} numbers)")
-    config = model.config
-    if args.resolution != config.image_size:
-        n_old, n_new = config.image_size // config.patch_size, args.resolution // config.patch_size
-        line(f"position table stretched {n_old}x{n_old} -> {n_new}x{n_new} by the official 2D bilinear rule "
-             f"(scipy.ndimage.zoom, order=1): {n_old * n_old + 1} -> {n_new * n_new + 1} rows")
-    ctx.update(model=model.to(ctx["device"]), root=root, train=train, val=val, classes=classes)
-    return {"head numbers": numbers}
-
-
-def section_zero_head(args, ctx):
-    model, device = ctx["model"], ctx["device"]
-    if ctx["rank"] != 0:
-        return {}
-    header("1. step 0 with the zero head")
-    indices, flips = step_pictures(1, args.batch_size, len(ctx["train"]), args.seed)
-    items = [ctx["train"][i] for i in indices]
-    pixels = next(picture_batches([path for path, _ in items], args.resolution, len(items), flips))
-    pixels, labels = to_pixels(pixels, device), torch.tensor([label for _, label in items], device=device)
-    with ctx["autocast"]:
-        zero = head_step(model, pixels, labels)
-    classes = ctx["classes"]
-    first = zero["logits"][0]
-    probabilities = torch.softmax(first.float(), 0)
-    spread = (f"softmax gives {round(probabilities[0].item(), 6):g} to each of the {classes} classes"
-              if torch.all(first == first[0]) else
-              f"softmax gives {probabilities.min():.3f} to {probabilities.max():.3f}")
-    line(f"logits of the first picture: {short_list(first, 4)}  -> {spread}")
-    line(f"loss = -ln({1 / classes:g}) = ln {classes} = {math.log(classes):.6f};  measured {zero['loss']:.6f}")
-    difference = (zero["head by hand"] - zero["head autograd"]).abs().max().item()
-    line(f"gradient of the head weight by hand, (softmax - one_hot)^T y / batch: norm "
-         f"{zero['head by hand'].norm():.4f}; autograd: {zero['head autograd'].norm():.4f}; "
-         f"max |difference| {difference:.1e}")
-    body = sum(p.numel() for name, p in model.named_parameters() if not name.startswith("classifier."))
-    count = f"{body / 1e6:.1f}M" if body >= 100_000 else f"{body:,}"
-
-    def norm_text(norm):
-        return "0.0" if norm == 0 else f"{norm:.3g}"
-
-    line(f"gradient reaching the body (all {count} other numbers): norm {norm_text(zero['body norm'])}  "
-         f"(W_head^T (softmax - one_hot) = 0 because W_head = 0)")
-    generator = torch.Generator().manual_seed(args.seed)
-    with torch.no_grad():
-        head = model.classifier
-        head.weight.copy_(torch.randn(head.weight.shape, generator=generator) * RANDOM_HEAD_STD)
-    with ctx["autocast"]:
-        random_head = head_step(model, pixels, labels)
-    zero_head(model)
-    model.zero_grad(set_to_none=True)
-    picture_1 = random_head["logits"][0]
-    line(f"for comparison, a random head (normal, std {RANDOM_HEAD_STD}): loss {random_head['loss']:.4f}, gradient "
-         f"reaching the body: norm {norm_text(random_head['body norm'])}, logits of picture 1 range "
-         f"{picture_1.min():.2f} to {picture_1.max():.2f}")
-    return {"zero head logit": first.abs().max().item(), "ln 10": math.log(classes), "zero head loss": zero["loss"],
-            "head gradient norm by hand": zero["head by hand"].norm().item(),
-            "head gradient norm autograd": zero["head autograd"].norm().item(), "head gradient max diff": difference,
-            "zero head body gradient norm": zero["body norm"], "random head loss": random_head["loss"],
-            "random head body gradient norm": random_head["body norm"],
-            "random head logit min": picture_1.min().item(), "random head logit max": picture_1.max().item()}
-
-
-def train_step(model, optimizer, pixels, labels, lr, accum_steps, autocast, world, device):
+def train_step(model, optimizer, pixels, labels, lr, run):
     """One SGD step on this process's share; returns (mean loss over the global batch, gradient norm).
 
     Each of the accum_steps passes adds (its pictures / the share) x its mean loss, so the gradients
@@ -386,15 +347,15 @@ def train_step(model, optimizer, pixels, labels, lr, accum_steps, autocast, worl
     for group in optimizer.param_groups:
         group["lr"] = lr
     optimizer.zero_grad(set_to_none=True)
-    loss_sum = 0.0
-    for k, (x, y) in enumerate(zip(pixels.chunk(accum_steps), labels.chunk(accum_steps))):
-        last = k == accum_steps - 1
-        with (model.no_sync() if world > 1 and not last else contextlib.nullcontext()), autocast:
+    loss_sum, passes = 0.0, run.args.accum_steps
+    for k, (x, y) in enumerate(zip(pixels.chunk(passes), labels.chunk(passes))):
+        gradients_wait = run.world > 1 and k < passes - 1  # DDP averages over processes after the last pass only
+        with model.no_sync() if gradients_wait else contextlib.nullcontext(), run.autocast:
             logits = model(pixel_values=x, interpolate_pos_encoding=True).logits
             loss = F.cross_entropy(logits, y) * (len(y) / len(labels))  # this pass's share of the mean
             loss.backward()
         loss_sum += loss.item()
-    loss = sum_over_processes(loss_sum, world, device) / world
+    loss = sum_over_processes(loss_sum, run) / run.world
     if not math.isfinite(loss):
         return loss, float("nan")
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM).item()
@@ -422,129 +383,256 @@ class StopOnCtrlC:
         signal.signal(signal.SIGINT, self.previous)
 
 
-def report_line(row):
-    return (f"step {row['step']:3d}: lr {row['lr']:.5f}  loss {row['loss']:.4f}  gradient norm before clipping "
-            f"{row['norm']:7.3f}  validation {row['accuracy']:5.1f}%   [{row['seconds']:.0f} s]")
+# ---------------------------------------------------------------- sections
+
+def section_data_and_model(run, report):
+    """0. data and model"""
+    data, classifier = run.need("data", "classifier")
+    model, pre_logits, n = classifier["model"], classifier["pre-logits"], report.num
+    report.header(f"0. data: {data['name']}, {n('training pictures', len(data['train']))} training and "
+                  f"{n('validation pictures', len(data['val']))} validation pictures, "
+                  f"{n('classes', data['classes'])} classes; device {run.device.type}")
+    report.line(f"loaded {run.args.model} into a {data['classes']}-class classifier")
+    if pre_logits:
+        report.line(f"the pre-logits layer ({n('pre-logits rows', pre_logits[0])} x "
+                    f"{n('pre-logits columns', pre_logits[1])} + tanh) is dropped: model.vit.pooler is "
+                    f"{model.vit.pooler}")
+    else:
+        report.line(f"the checkpoint has no pre-logits layer: model.vit.pooler is {model.vit.pooler}")
+    numbers = model.classifier.weight.numel() + model.classifier.bias.numel()
+    report.line(f"new head: {model.classifier} with every weight and bias set to 0 ({n('head numbers', numbers, ',')} "
+                f"numbers)")
+    config = model.config
+    n_old, n_new = config.image_size // config.patch_size, run.args.resolution // config.patch_size
+    if run.args.resolution % config.patch_size:
+        report.line(f"--resolution {run.args.resolution} is not a multiple of the patch size {config.patch_size}: the "
+                    f"last {run.args.resolution % config.patch_size} pixels of each side fall outside the patches")
+    if n_new != n_old:
+        how = "stretched" if n_new > n_old else "shrunk"
+        report.line(f"position table {how} {n_old}x{n_old} -> {n_new}x{n_new} by the official 2D bilinear rule "
+                    f"(scipy.ndimage.zoom, order=1): {n_old * n_old + 1} -> {n_new * n_new + 1} rows")
 
 
-def section_finetune(args, ctx):
-    rank, world, device, autocast = ctx["rank"], ctx["world"], ctx["device"], ctx["autocast"]
-    model, train, val = ctx["model"], ctx["train"], ctx["val"]
-    share, micro = args.batch_size // world, args.batch_size // (world * args.accum_steps)
+def first_step_batch(run, data):
+    """The pictures and labels of step 1, on the device."""
+    indices, flips = step_pictures(1, run.args.batch_size, len(data["train"]), run.args.seed)
+    items = [data["train"][i] for i in indices]
+    pixels = next(picture_batches([path for path, _ in items], run.args.resolution, len(items), flips))
+    labels = torch.tensor([label for _, label in items], device=run.device)
+    return to_pixels(pixels, run.device), labels
+
+
+def millions_or_count(millions):
+    """85.8M as the article prints ViT-B's body; a small stand-in's count in full."""
+    return f"{millions:.1f}M" if millions >= 0.1 else f"{millions * 1e6:,.0f}"
+
+
+def norm_text(norm):
+    return "0.0" if norm == 0 else f"{norm:.3g}"
+
+
+def section_zero_head(run, report):
+    """1. step 0 with the zero head"""
+    data, classifier = run.need("data", "classifier")
+    if run.rank != 0:
+        return
+    model, n = classifier["model"], report.num
+    report.header("1. step 0 with the zero head")
+    pixels, labels = first_step_batch(run, data)
+    with run.autocast:
+        zero = head_step(model, pixels, labels)
+    classes, first = data["classes"], zero["logits"][0]
+    probabilities = torch.softmax(first.float(), 0)
+    spread = (f"softmax gives {n('zero head probability', round(probabilities[0].item(), 6), 'g')} to each of the "
+              f"{classes} classes" if torch.all(first == first[0]) else
+              f"softmax gives {n('zero head probability min', probabilities.min(), '.3f')} to "
+              f"{n('zero head probability max', probabilities.max(), '.3f')}")
+    report.line(f"logits of the first picture: {report.nums('zero head logits', first)}  -> {spread}")
+    report.line(f"loss = -ln({1 / classes:g}) = ln {classes} = {n('ln 10', math.log(classes), '.6f')};  "
+                f"measured {n('zero head loss', zero['loss'], '.6f')}")
+    report.line(f"gradient of the head weight by hand, (softmax - one_hot)^T y / batch: norm "
+                f"{n('head gradient norm by hand', zero['head by hand'].norm(), '.4f')}; autograd: "
+                f"{n('head gradient norm autograd', zero['head autograd'].norm(), '.4f')}; max |difference| "
+                f"{n('head gradient max diff', (zero['head by hand'] - zero['head autograd']).abs().max(), '.1e')}")
+    body = sum(p.numel() for name, p in model.named_parameters() if not name.startswith("classifier."))
+    report.line(f"gradient reaching the body (all {n('body numbers (M)', body / 1e6, millions_or_count)} "
+                f"other numbers): norm {n('zero head body gradient norm', zero['body norm'], norm_text)}  "
+                f"(W_head^T (softmax - one_hot) = 0 because W_head = 0)")
+    report_random_head(run, report, model, pixels, labels)
+
+
+def report_random_head(run, report, model, pixels, labels):
+    """For comparison: a random head's loss and the gradient it sends into the body; the zero head is restored."""
+    generator = torch.Generator().manual_seed(run.args.seed)
+    with torch.no_grad():
+        head = model.classifier
+        head.weight.copy_(torch.randn(head.weight.shape, generator=generator) * RANDOM_HEAD_STD)
+    with run.autocast:
+        random_head = head_step(model, pixels, labels)
+    zero_head(model)
+    model.zero_grad(set_to_none=True)
+    logits, n = random_head["logits"][0], report.num
+    report.line(f"for comparison, a random head (normal, std {RANDOM_HEAD_STD}): loss "
+                f"{n('random head loss', random_head['loss'], '.4f')}, gradient reaching the body: norm "
+                f"{n('random head body gradient norm', random_head['body norm'], norm_text)}, logits of picture 1 "
+                f"range {n('random head logit min', logits.min(), '.2f')} to "
+                f"{n('random head logit max', logits.max(), '.2f')}")
+
+
+def report_line(report, row):
+    """One logged step; its numbers are named after the step."""
+    def n(what, spec):
+        return report.num(f"step {row['step']} {what}", row[what], spec)
+
+    report.line(f"step {row['step']:3d}: lr {n('lr', '.5f')}  loss {n('loss', '.4f')}  gradient norm before clipping "
+                f"{n('norm', '7.3f')}  validation {n('accuracy', '5.1f')}%   [{n('seconds', '.0f')} s]")
+
+
+def section_finetune(run, report):
+    """2. fine-tuning"""
+    data, classifier = run.need("data", "classifier")
+    args, model = run.args, classifier["model"]
     warmup = round(WARMUP_FRACTION * args.steps)
-    warmup_text = f"{warmup} step{'s' * (warmup != 1)}"
-    header(f"2. fine-tuning: {args.steps} steps, batch {args.batch_size}, SGD momentum {MOMENTUM}, no weight decay, "
-           f"base LR {args.lr:g}, linear warm-up {warmup_text}, cosine decay to 0, clip at global norm {CLIP_NORM}, "
-           f"weight average factor {AVERAGE_FACTOR}, random horizontal flips")
-    if world > 1 or args.accum_steps > 1 or args.resolution != 224:
-        line(f"{args.resolution} pixels; batch {args.batch_size} = {world} process(es) x {args.accum_steps} "
-             f"accumulation step(s) x {micro} pictures")
+    micro = args.batch_size // (run.world * args.accum_steps)
+    report.header(f"2. fine-tuning: {args.steps} steps, batch {args.batch_size}, SGD momentum {MOMENTUM}, no weight "
+                  f"decay, base LR {args.lr:g}, linear warm-up {report.num('warm-up steps', warmup)} "
+                  f"step{'s' * (warmup != 1)}, cosine decay to 0, clip at global norm {CLIP_NORM}, weight average "
+                  f"factor {AVERAGE_FACTOR}, random horizontal flips")
+    if run.world > 1 or args.accum_steps > 1 or args.resolution != 224:
+        report.line(f"{args.resolution} pixels; batch {args.batch_size} = {run.world} process(es) x {args.accum_steps} "
+                    f"accumulation step(s) x {micro} pictures")
+    training = prepare_training(run, report, model)
+    monitor_items = list_split(data["root"], "val", min(MONITOR_PER_CLASS, args.per_class or MONITOR_PER_CLASS))
+    monitor = (*decode_share(monitor_items, run.rank, run.world), micro)
+    history = training["history"]
+    if training["start"] == 0:
+        model.eval()
+        history["step 0"] = accuracy(model, *monitor, run, "step 0")
+        ties = not model.classifier.weight.any() and not model.classifier.bias.any()
+        history["tie note"] = "  (zero head: every class ties, the first wins)" if ties else ""
+    report.line(f"step   0: validation accuracy ({report.num('monitor pictures', len(monitor_items), ',')} pictures, "
+                f"{report.num('monitor per class', len(monitor_items) // data['classes'])} per class) "
+                f"{report.num('step 0 validation', history['step 0'], '.1f')}%{history['tie note']}")
+    for row in history["rows"]:
+        report_line(report, row)
+    last_step = min(args.pause_at or args.steps, args.steps)
+    train_steps(run, report, data, training, monitor, warmup, last_step)
+    if last_step < args.steps:
+        report.line(f"paused after step {last_step} of {args.steps}; saved {Path(args.save_dir) / CHECKPOINT}: add "
+                    f"--resume to continue")
+        return
+    finish_run(run, report, data, training, warmup)
+
+
+def prepare_training(run, report, model):
+    """The optimizer, the weight average, the DDP wrapper, and the step and history to start from."""
+    args = run.args
     average = copy.deepcopy(model).requires_grad_(False)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
-    settings = run_settings(args, world)
+    settings = run_settings(args, run.world)
     start, history = 0, {"losses": [], "norms": [], "rows": [], "seconds": 0.0}
     if args.resume:
         start, history = restore(args.save_dir, settings, model, average, optimizer)
-        line(f"resumed from {Path(args.save_dir) / CHECKPOINT} at step {start}")
-    ids = [device.index] if device.type == "cuda" else None
-    trained = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids) if world > 1 else model
-    monitor_items = list_split(ctx["root"], "val", min(MONITOR_PER_CLASS, args.per_class or MONITOR_PER_CLASS))
-    monitor, monitor_labels = decode_share(monitor_items, rank, world)
-    per_class = len(monitor_items) // ctx["classes"]
-    clock = time.perf_counter() - history["seconds"]
-    if start == 0:
-        model.eval()
-        step_0 = accuracy(model, monitor, monitor_labels, args.resolution, device, micro, autocast, world, "step 0")
-        ties = not model.classifier.weight.any() and not model.classifier.bias.any()
-        history["step 0"] = step_0
-        history["tie note"] = "  (zero head: every class ties, the first wins)" if ties else ""
-    line(f"step   0: validation accuracy ({len(monitor_items):,} pictures, {per_class} per class) "
-         f"{history['step 0']:.1f}%{history['tie note']}")
-    for row in history["rows"]:
-        line(report_line(row))
-    last_step = min(args.pause_at or args.steps, args.steps)
-    reports = report_steps(args.steps)
-    mine = [process_share(step_pictures(s, args.batch_size, len(train), args.seed), rank, share)
-            for s in range(start + 1, last_step + 1)]
-    paths = [train[i][0] for indices, _ in mine for i in indices]
-    flips = np.concatenate([f for _, f in mine]) if mine else None
-    batches = picture_batches(paths, args.resolution, share, flips, loader_workers(device))  # built ahead on a GPU
+        report.line(f"resumed from {Path(args.save_dir) / CHECKPOINT} at step {start}")
+    ids = [run.device.index] if run.device.type == "cuda" else None
+    trained = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids) if run.world > 1 else model
+    return {"model": model, "trained": trained, "average": average, "optimizer": optimizer, "settings": settings,
+            "start": start, "history": history, "clock": time.perf_counter() - history["seconds"]}
+
+
+def step_batches(run, data, first, last):
+    """This process's (indices, flips) of steps first..last, and their pixel batches, built ahead on a GPU."""
+    args = run.args
+    share = args.batch_size // run.world
+    shares = [process_share(step_pictures(s, args.batch_size, len(data["train"]), args.seed), run.rank, share)
+              for s in range(first, last + 1)]
+    paths = [data["train"][i][0] for indices, _ in shares for i in indices]
+    flips = np.concatenate([f for _, f in shares]) if shares else None
+    return shares, picture_batches(paths, args.resolution, share, flips, loader_workers(run.device))
+
+
+def train_steps(run, report, data, training, monitor, warmup, last_step):
+    """Steps start+1 .. last_step: the NaN stop, the logged rows, checkpoints, and Ctrl-C."""
     from tqdm import tqdm
 
-    stop = StopOnCtrlC()
-    steps = tqdm(range(start + 1, last_step + 1), desc="fine-tuning", unit="step", file=sys.stderr, initial=start,
-                 total=args.steps)
-    with stop:
-        for step, pixels, (indices, _) in zip(steps, batches, mine):
-            trained.train()
-            labels = torch.tensor([train[i][1] for i in indices], device=device)
-            lr = lr_at(step - 1, args.lr, args.steps, warmup)
-            loss, norm = train_step(trained, optimizer, to_pixels(pixels, device), labels, lr, args.accum_steps,
-                                    autocast, world, device)
+    args, model, history = run.args, training["model"], training["history"]
+    shares, batches = step_batches(run, data, training["start"] + 1, last_step)
+    steps = tqdm(range(training["start"] + 1, last_step + 1), desc="fine-tuning", unit="step", file=sys.stderr,
+                 initial=training["start"], total=args.steps)
+    reports = report_steps(args.steps)
+    with StopOnCtrlC() as stop:
+        for step, pixels, (indices, _) in zip(steps, batches, shares):
+            training["trained"].train()
+            labels = torch.tensor([data["train"][i][1] for i in indices], device=run.device)
+            lr = warmup_cosine_lr(step - 1, args.lr, args.steps, warmup)
+            loss, norm = train_step(training["trained"], training["optimizer"], to_pixels(pixels, run.device), labels,
+                                    lr, run)
             if not math.isfinite(loss):
-                kept = (f"; the last good checkpoint is {Path(args.save_dir) / CHECKPOINT}"
-                        if args.save_dir and (Path(args.save_dir) / CHECKPOINT).exists() else "")
-                raise UserError(f"the training loss is {loss} at step {step} (lr {lr:.2g}): the run stopped before "
-                                f"applying it{kept}; lower --lr")
-            update_average(average, model)
+                stop_diverged(args, loss, step, lr)
+            update_average(training["average"], model)
             history["losses"].append(loss)
             history["norms"].append(norm)
             if step in reports:
                 model.eval()
-                right = accuracy(model, monitor, monitor_labels, args.resolution, device, micro, autocast, world,
-                                 f"step {step}")
-                row = {"step": step, "lr": lr, "loss": loss, "norm": norm, "accuracy": right,
-                       "seconds": time.perf_counter() - clock}
+                row = {"step": step, "lr": lr, "loss": loss, "norm": norm,
+                       "accuracy": accuracy(model, *monitor, run, f"step {step}"),
+                       "seconds": time.perf_counter() - training["clock"]}
                 history["rows"].append(row)
-                line(report_line(row))
-            interrupted = sum_over_processes(stop.asked, world, device) > 0
-            if args.save_dir and rank == 0 and (step % args.save_every == 0 or step == last_step or interrupted):
-                history["seconds"] = time.perf_counter() - clock
-                path = save_checkpoint(args.save_dir, model, average, optimizer, step, history, settings)
-            if interrupted:
-                if rank == 0:
-                    saved = f"; saved {path}: add --resume to continue" if args.save_dir else " (no --save-dir)"
-                    print(f"\nstopped after step {step}{saved}", file=sys.stderr)
-                raise KeyboardInterrupt
-    if last_step < args.steps:
-        line(f"paused after step {last_step} of {args.steps}; saved {Path(args.save_dir) / CHECKPOINT}: add --resume "
-             f"to continue")
-        return {}
-    return finish_run(args, ctx, history, model, average, val, warmup)
+                report_line(report, row)
+            save_or_stop(run, report, training, step, last_step, interrupted=sum_over_processes(stop.asked, run) > 0)
 
 
-def finish_run(args, ctx, history, model, average, val, warmup):
+def stop_diverged(args, loss, step, lr):
+    saved = Path(args.save_dir) / CHECKPOINT if args.save_dir else None
+    where_saved = f"; the last good checkpoint is {saved}" if saved and saved.exists() else ""
+    raise UserError(f"the training loss is {loss} at step {step} (lr {lr:.2g}): the run stopped before applying "
+                    f"it{where_saved}; lower --lr")
+
+
+def save_or_stop(run, report, training, step, last_step, interrupted):
+    """A checkpoint every --save-every steps, at the last step and on Ctrl-C; then stop if asked."""
+    args = run.args
+    path = None
+    if args.save_dir and run.rank == 0 and (step % args.save_every == 0 or step == last_step or interrupted):
+        training["history"]["seconds"] = time.perf_counter() - training["clock"]
+        path = save_checkpoint(args.save_dir, training["model"], training["average"], training["optimizer"], step,
+                               training["history"], training["settings"])
+    if interrupted:
+        saved = f"; saved {path}: add --resume to continue" if path else " (no --save-dir)"
+        report.say(f"\nstopped after step {step}{saved}")
+        raise KeyboardInterrupt
+
+
+def finish_run(run, report, data, training, warmup):
+    """How often clipping acted, the losses at both ends, and both sets of weights on every validation picture."""
+    args, history, n = run.args, training["history"], report.num
     norm_window, loss_window = scaled(50, args.steps), scaled(10, args.steps)
     stats = run_statistics(history["losses"], history["norms"], CLIP_NORM, norm_window, loss_window)
-    line(f"clipping was active in {stats['clipped steps']} of {args.steps} steps; median gradient norm: first "
-         f"{norm_window} steps {stats['median norm first']:.3f}, last {norm_window} steps "
-         f"{stats['median norm last']:.3f}")
+    report.line(f"clipping was active in {n('clipped steps', stats['clipped steps'])} of {args.steps} steps; median "
+                f"gradient norm: first {norm_window} steps "
+                f"{n('median norm first', stats['median norm first'], '.3f')}, last {norm_window} steps "
+                f"{n('median norm last', stats['median norm last'], '.3f')}")
     seen = args.steps * args.batch_size
-    passes = seen / len(ctx["train"])
-    line(f"mean training loss: steps 1 to {loss_window} {stats['mean loss first']:.3f}, steps "
-         f"{args.steps - loss_window + 1} to {args.steps} {stats['mean loss last']:.3f}; pictures seen {seen:,} = "
-         f"{passes:.2f} passes over the training set")
-    rank, world, device = ctx["rank"], ctx["world"], ctx["device"]
-    pictures, labels = decode_share(val, rank, world)
-    micro = args.batch_size // (world * args.accum_steps)
-    model.eval()
-    average.eval()
-    last = accuracy(model, pictures, labels, args.resolution, device, micro, ctx["autocast"], world, "last weights")
-    averaged = accuracy(average, pictures, labels, args.resolution, device, micro, ctx["autocast"], world,
-                        "averaged weights")
-    line(f"on all {len(val):,} validation pictures: the weight average (factor {AVERAGE_FACTOR}) {averaged:.2f}%, "
-         f"the last weights {last:.2f}%")
-    if args.plots and rank == 0:
-        save_curves(history, [lr_at(s, args.lr, args.steps, warmup) for s in range(args.steps)], args.plots)
-    results = {"step 0 validation": history["step 0"], "pictures seen": seen, "passes": passes,
-               "average accuracy": averaged, "last accuracy": last, **stats}
-    for row in history["rows"]:
-        results.update({f"step {row['step']} {key}": row[key] for key in ("lr", "loss", "norm", "accuracy")})
-    return results
+    report.line(f"mean training loss: steps 1 to {loss_window} "
+                f"{n('mean loss first', stats['mean loss first'], '.3f')}, steps {args.steps - loss_window + 1} to "
+                f"{args.steps} {n('mean loss last', stats['mean loss last'], '.3f')}; pictures seen "
+                f"{n('pictures seen', seen, ',')} = {n('passes', seen / len(data['train']), '.2f')} "
+                f"passes over the training set")
+    pictures, labels = decode_share(data["val"], run.rank, run.world)
+    micro = args.batch_size // (run.world * args.accum_steps)
+    model, average = training["model"].eval(), training["average"].eval()
+    last_weights = accuracy(model, pictures, labels, micro, run, "last weights")
+    averaged = accuracy(average, pictures, labels, micro, run, "averaged weights")
+    report.line(f"on all {len(data['val']):,} validation pictures: the weight average (factor {AVERAGE_FACTOR}) "
+                f"{n('average accuracy', averaged, '.2f')}%, the last weights "
+                f"{n('last accuracy', last_weights, '.2f')}%")
+    if args.plots and run.rank == 0:
+        lrs = [warmup_cosine_lr(s, args.lr, args.steps, warmup) for s in range(args.steps)]
+        save_curves(history, lrs, args.plots, report.say)
 
 
-def save_curves(history, lrs, plots_dir):
-    plt = figures.pyplot()
+def save_curves(history, lrs, plots_dir, say):
+    plt = figures.pyplot(say)
     if plt is None:
         return
     figure, (loss_axis, accuracy_axis, lr_axis) = plt.subplots(1, 3, figsize=(15, 4))
@@ -555,60 +643,62 @@ def save_curves(history, lrs, plots_dir):
     accuracy_axis.set(title="validation accuracy (%)", xlabel="step")
     lr_axis.plot(range(1, len(lrs) + 1), lrs)
     lr_axis.set(title="learning rate", xlabel="step")
-    figures.save(figure, plots_dir, "finetune_curves.png")
+    figures.save(figure, plots_dir, "finetune_curves.png", say)
 
 
-def main(argv=None):
+SECTIONS = [section_data_and_model, section_zero_head, section_finetune]
+
+
+def parse_flags(argv):
     parser = script_parser(__doc__)
     add_data_arguments(parser, DEFAULT_MODEL, "the body to fine-tune; its head is replaced")
-    parser.add_argument("--steps", type=positive_int, default=ARTICLE_STEPS,
-                        help="optimizer steps; warm-up stays 10%%")
-    parser.add_argument("--lr", type=float, default=0.003, help="base learning rate (default 0.003)")
+    parser.add_argument("--steps", type=positive_int, default=ARTICLE_STEPS, help="optimizer steps; warm-up stays 10%%")
+    parser.add_argument("--lr", type=positive_float, default=0.003, help="base learning rate, finite and > 0")
     parser.add_argument("--seed", type=int, default=0, help="the order and flips of the pictures, the random head")
-    parser.add_argument("--resolution", type=side_pixels, default=224,
-                        help="fine-tuning resolution (384: the paper's)")
+    parser.add_argument("--resolution", type=side_pixels, default=224, help="fine-tuning resolution (384: the paper's)")
     parser.add_argument("--accum-steps", type=positive_int, default=1, help="split each process's batch into N passes")
-    parser.add_argument("--save-dir", metavar="DIR", help=f"write DIR/{CHECKPOINT} every --save-every steps, "
-                                                          "at the end and on Ctrl-C")
-    parser.add_argument("--save-every", type=positive_int, default=50)
+    parser.add_argument("--save-dir", metavar="DIR", help=f"write DIR/{CHECKPOINT} every --save-every steps, at the "
+                                                          "end and on Ctrl-C")
+    parser.add_argument("--save-every", type=positive_int, default=50, help="steps between checkpoints")
     parser.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.pt of --save-dir")
-    parser.add_argument("--pause-at", type=positive_int, metavar="STEP",
-                        help="save and stop after STEP; --resume continues")
+    parser.add_argument("--pause-at", type=positive_int, metavar="STEP", help="save and stop after STEP; --resume "
+                                                                              "continues")
     parser.add_argument("--plots", metavar="DIR", help="save the loss, accuracy and LR curves as PNG (matplotlib)")
     add_common_arguments(parser)
     args = parser.parse_args(argv)
     if (args.resume or args.pause_at) and not args.save_dir:
         parser.error("--resume and --pause-at need --save-dir")
-    rank, world, device = init_distributed(args.device)
+    return args
+
+
+def check_before_work(args, world):
+    """Every flag and output path that can be checked without the data: one line and exit 2 before any work."""
     if args.batch_size % (world * args.accum_steps):
-        parser.error(f"--batch-size {args.batch_size} does not split into {world} process(es) x {args.accum_steps} "
-                     f"accumulation step(s); use a multiple of {world * args.accum_steps}")
+        raise UserError(f"--batch-size {args.batch_size} does not split into {world} process(es) x {args.accum_steps} "
+                        f"accumulation step(s); use a multiple of {world * args.accum_steps}")
+    config = checkpoint_config(args.model)
+    if config is not None:
+        check_resolution(config, args.resolution)
+    if args.json:
+        check_output_file(args.json, "--json")
+    if args.save_dir:
+        check_output_dir(args.save_dir, "--save-dir")
+    check_model_flag(args.model)
+
+
+def main(argv=None):
+    args = parse_flags(argv)
+    check_before_work(args, int(os.environ.get("WORLD_SIZE", "1")))
+    rank, world, device = init_distributed(args.device)
     if rank != 0:  # one process speaks for all
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
         os.environ["TQDM_DISABLE"] = "1"
     torch.manual_seed(args.seed)
-    ctx = {"rank": rank, "world": world, "device": device, "autocast": set_precision(device, args.precision)}
-
-    def needs_model(section):
-        def run():
-            if "model" not in ctx:
-                raise ctx.get("problem") or UserError("the checkpoint or the data could not be loaded")
-            return section(args, ctx)
-        return run
-
-    def first_section():
-        try:
-            return section_data_and_model(args, ctx)
-        except UserError as problem:
-            ctx["problem"] = problem
-            raise
-
+    loaders = {"data": load_data, "checkpoint": load_checkpoint_model, "classifier": load_the_classifier}
     try:
-        results, problems = run_sections([first_section, needs_model(section_zero_head), needs_model(section_finetune)])
+        return run_sections("finetune", Run(args, loaders, device, rank, world), SECTIONS)
     finally:
         if world > 1:
             dist.destroy_process_group()
-    return finish("finetune", args, results, problems) if rank == 0 else (1 if problems else 0)
 
 
 if __name__ == "__main__":

@@ -13,107 +13,32 @@ Reproduces the article's section "Fine-tuning at a higher resolution":
 
 Section 1 needs nothing; sections 2-4 need the checkpoint, section 4 the pictures too.
 """
-import math
 import sys
 import time
 
 import numpy as np
 import scipy.ndimage
 import torch
-import torch.nn.functional as F
 
 from common import figures
-from common.checkpoints import load_pretrained
-from common.cli import (
-    add_common_arguments,
-    add_data_arguments,
-    finish,
-    guarded,
-    run_sections,
-    script_parser,
-    side_pixels,
-)
-from common.device import pick_device, set_precision
+from common.checkpoints import checkpoint_config, load_pretrained
+from common.cli import add_common_arguments, add_data_arguments, script_parser, side_pixels
 from common.errors import UserError
 from common.imagenette import ensure_imagenette, imagenet_indices, list_split, load_all
 from common.inference import run_model
-from common.printing import header, line, short_list
+from common.position_table import (
+    bicubic_resize,
+    bilinear_resize_loop,
+    cosine_similarities,
+    position_tables,
+    scipy_resize,
+    split_table,
+    stretch_positions,
+)
+from common.run import Run, check_output_file, guarded, run_sections
 
 DEFAULT_MODEL = "google/vit-base-patch16-224"
-
-
-# ---------------------------------------------------------------- the stretch rules
-
-def stretch_positions(n_old, n_new):
-    """For each new row i: (floor, delta) with y = i (n_old - 1) / (n_new - 1), delta = y - floor(y).
-
-    The corners map onto the corners, as in scipy.ndimage.zoom(order=1); the last row uses
-    (n_old - 2, 1.0) so that it needs no row past the end.
-    """
-    if n_new < 2 or n_old < 2:
-        raise UserError(f"a {n_old}x{n_old} position grid cannot be stretched to {n_new}x{n_new}: "
-                        f"choose a --resolution of at least 2 patches on a side")
-    places = []
-    for i in range(n_new):
-        y = i * (n_old - 1) / (n_new - 1)
-        lower = min(math.floor(y), n_old - 2)
-        places.append((lower, y - lower))
-    return places
-
-
-def bilinear_resize_loop(grid, n_new):
-    """(n_old, n_old, d) -> (n_new, n_new, d) by the rule above, first along rows, then columns."""
-    n_old = grid.shape[0]
-    places = stretch_positions(n_old, n_new)
-    rows = np.stack([(1 - delta) * grid[lower] + delta * grid[lower + 1] for lower, delta in places])
-    return np.stack([(1 - delta) * rows[:, lower] + delta * rows[:, lower + 1] for lower, delta in places], axis=1)
-
-
-def scipy_resize(grid, n_new):
-    """The official code's stretch: linear interpolation in each direction, corners kept."""
-    n_old = grid.shape[0]
-    return scipy.ndimage.zoom(grid, (n_new / n_old, n_new / n_old) + (1,) * (grid.ndim - 2), order=1)
-
-
-def bicubic_resize(grid, n_new):
-    """The library's stretch (interpolate_pos_encoding): bicubic, align_corners=False, in float32."""
-    image = torch.as_tensor(grid, dtype=torch.float32).permute(2, 0, 1)[None]
-    resized = F.interpolate(image, size=(n_new, n_new), mode="bicubic", align_corners=False)
-    return resized[0].permute(1, 2, 0)
-
-
-def linear_resize_1d(rows, n_new):
-    """The wrong stretch: the (n, d) rows as one list, linearly interpolated to n_new rows."""
-    n_old = rows.shape[0]
-    places = np.linspace(0, n_old - 1, n_new)
-    return np.stack([np.interp(places, np.arange(n_old), rows[:, k]) for k in range(rows.shape[1])], axis=1)
-
-
-def bilinear_table(table, n_new):
-    """The official stretch of a (1 + n^2, d) table to (1 + n_new^2, d): the [class] row kept, the grid bilinear."""
-    class_row, rows = table[:1], table[1:]
-    n_old = math.isqrt(len(rows))
-    stretched = bilinear_resize_loop(rows.reshape(n_old, n_old, -1), n_new)
-    return np.concatenate([class_row, stretched.reshape(n_new * n_new, -1)])
-
-
-def position_tables(table, n_new):
-    """The four 384 tables, each (1 + n_new^2, d) with the [class] row first, from a (1 + n^2, d) table.
-
-    "bicubic" is None: the library computes it inside the forward pass (interpolate_pos_encoding).
-    """
-    class_row, rows = table[:1], table[1:]
-    return {"2D bilinear": bilinear_table(table, n_new),
-            "2D bicubic": None,
-            "1D": np.concatenate([class_row, linear_resize_1d(rows, n_new * n_new)]),
-            "zeros": np.zeros((1 + n_new * n_new, table.shape[1]))}
-
-
-def cosine_similarities(grid, place):
-    """Cosine similarity of the row at `place` with every row of the (n, n, d) grid: (n, n)."""
-    flat = grid.reshape(-1, grid.shape[-1])
-    row = grid[place]
-    return (flat @ row / (np.linalg.norm(flat, axis=1) * np.linalg.norm(row))).reshape(grid.shape[:2])
+ARTICLE_PLACE = (3, 10)  # the position row of section 3, on the 14x14 grid
 
 
 def accuracy_counts(logits, labels, imagenet_classes):
@@ -123,98 +48,156 @@ def accuracy_counts(logits, labels, imagenet_classes):
     return of_10, of_1000
 
 
+def grids(config, resolution):
+    """(n_old, n_new): patches per side at the checkpoint's resolution and at the higher one."""
+    return config.image_size // config.patch_size, resolution // config.patch_size
+
+
+def check_resolution(config, resolution):
+    """Section 2-4 stretch the table to a bigger grid, and section 3 needs a row with four neighbours."""
+    n_old, n_new = grids(config, resolution)
+    if n_old < 3:
+        raise UserError(f"the checkpoint's position grid is {n_old}x{n_old}: a row with four neighbours needs at "
+                        f"least 3x3; pass --model with a checkpoint of at least {3 * config.patch_size} pixels")
+    if n_new <= n_old:
+        raise UserError(f"--resolution {resolution} gives a {n_new}x{n_new} grid, no bigger than the checkpoint's "
+                        f"{n_old}x{n_old}: choose at least {(n_old + 1) * config.patch_size} pixels")
+
+
+def example_places(n_old, n_new):
+    """Section 3's row on the old grid ((3, 10) on 14x14, scaled on others) and the same place on the new grid."""
+    def inside(value, n):  # a row with four neighbours
+        return min(max(value, 1), n - 2)
+
+    old = tuple(inside(round(k * (n_old - 1) / 13), n_old) for k in ARTICLE_PLACE)
+    new = tuple(inside(round(k * (n_new - 1) / (n_old - 1)), n_new) for k in old)
+    return old, new
+
+
+def position_table(model):
+    """The model's (1 + n^2, d) position table as float64 on the host."""
+    return model.vit.embeddings.position_embeddings.detach()[0].cpu().double().numpy()
+
+
+# ---------------------------------------------------------------- resources
+
+def load_model(run):
+    from transformers import ViTForImageClassification
+
+    model = load_pretrained(ViTForImageClassification, run.args.model)
+    if model.config.num_labels != 1000:
+        raise UserError(f"{run.args.model} has {model.config.num_labels} labels, not the 1,000 of "
+                        f"ImageNet: pass an ImageNet-1k fine-tuned checkpoint")
+    check_resolution(model.config, run.args.resolution)
+    return model.to(run.device).eval()
+
+
+def load_pictures(run):
+    """(decoded pictures, labels, the ImageNet index of each class) of the validation split, decoded once."""
+    root = ensure_imagenette(run.args.data_dir)
+    items = list_split(root, "val", run.args.per_class)
+    return load_all([path for path, _ in items]), torch.tensor([label for _, label in items]), imagenet_indices(root)
+
+
 # ---------------------------------------------------------------- sections
 
-def section_tiny_grid():
-    header("1. resize a 2x2 grid to 3x3 the way the official code does (scipy.ndimage.zoom, order=1 = linear)")
+def section_tiny_grid(run, report):
+    """1. a 2x2 grid resized to 3x3"""
+    report.header("1. resize a 2x2 grid to 3x3 the way the official code does (scipy.ndimage.zoom, order=1 = linear)")
     grid = np.array([[0.0, 1.0], [2.0, 3.0]])
     resized = scipy.ndimage.zoom(grid, 1.5, order=1)
-    line(f"grid 2x2: {short_list(grid)}")
-    for row in resized:
-        line("  " + "  ".join(f"{v:.2f}" for v in row))
-    line(f"corners stay, the new middle row and column are averages of their neighbours: (0+1)/2 = {resized[0, 1]:g}, "
-         f"(0+2)/2 = {resized[1, 0]:g}, (0+1+2+3)/4 = {resized[1, 1]:g}")
-    return {"2x2 top middle": resized[0, 1], "2x2 middle left": resized[1, 0], "2x2 centre": resized[1, 1]}
+    report.line(f"grid 2x2: {report.nums('2x2 grid', grid)}")
+    for i, row in enumerate(resized, 1):
+        report.line("  " + "  ".join(report.num(f"3x3 grid[{i},{j}]", v, ".2f") for j, v in enumerate(row, 1)))
+    report.line(f"corners stay, the new middle row and column are averages of their neighbours: (0+1)/2 = "
+                f"{report.num('2x2 top middle', resized[0, 1], 'g')}, (0+2)/2 = "
+                f"{report.num('2x2 middle left', resized[1, 0], 'g')}, (0+1+2+3)/4 = "
+                f"{report.num('2x2 centre', resized[1, 1], 'g')}")
 
 
-def section_position_table(model, model_name, resolution):
-    config = model.config
-    table = model.vit.embeddings.position_embeddings.detach()[0].double().cpu().numpy()
-    n_old, n_new = config.image_size // config.patch_size, resolution // config.patch_size
-    header(f"2. the position table of {model_name}")
-    line(f"E_pos {tuple(table.shape)} = 1 row for [class] + {n_old * n_old} rows = a {n_old}x{n_old} grid of "
-         f"{table.shape[1]} numbers")
+def section_position_table(run, report):
+    """2. the position table"""
+    model = run.need("model")
+    n, config = report.num, model.config
+    table = position_table(model)
+    n_old, n_new = grids(config, run.args.resolution)
+    report.header(f"2. the position table of {run.args.model}")
+    report.line(f"E_pos {report.nums('E_pos shape', table.shape, 'd', '()')} = 1 row for [class] + "
+                f"{n('grid rows', n_old * n_old)} rows = a {n('old grid side', n_old)}x{n_old} grid of "
+                f"{n('row width', table.shape[1])} numbers")
     needed = n_new * n_new + 1
-    line(f"at {resolution} pixels: {resolution}/{config.patch_size} = {n_new} patches per side, N = {n_new * n_new}, "
-         f"so {needed} rows are needed: {needed - len(table)} rows do not exist")
-    grid = table[1:].reshape(n_old, n_old, -1)
+    report.line(f"at {run.args.resolution} pixels: {run.args.resolution}/{n('patch size', config.patch_size)} = "
+                f"{n('new grid side', n_new)} patches per side, N = {n('new N', n_new * n_new)}, so "
+                f"{n('rows needed', needed)} rows are needed: {n('rows missing', needed - len(table))} rows do not "
+                f"exist")
+    _, grid = split_table(table)
     ours = bilinear_resize_loop(grid, n_new)
-    scipy_diff = np.abs(ours - scipy_resize(grid, n_new)).max()
-    line(f"our bilinear {n_old}x{n_old} -> {n_new}x{n_new}: {ours.shape}; max |difference| vs "
-         f"scipy.ndimage.zoom(order=1): {scipy_diff:.1e}")
-    lower, delta = stretch_positions(n_old, n_new)[5]
-    line(f"new row 5 sits at old position 5 x {n_old - 1}/{n_new - 1} = {lower + delta:.4f}: {1 - delta:.4f} of old "
-         f"row {lower} + {delta:.4f} of old row {lower + 1}")
-    embeddings = model.vit.embeddings
+    report.line(f"our bilinear {n_old}x{n_old} -> {n_new}x{n_new}: "
+                f"{report.nums('bilinear shape', ours.shape, 'd', '()')}; max |difference| vs "
+                f"scipy.ndimage.zoom(order=1): "
+                f"{n('bilinear vs scipy max diff', np.abs(ours - scipy_resize(grid, n_new)).max(), '.1e')}")
+    row = 5 if n_new > 6 else n_new - 2
+    lower, delta = stretch_positions(n_old, n_new)[row]
+    report.line(f"new row {row} sits at old position {row} x {n_old - 1}/{n_new - 1} = "
+                f"{n(f'new row {row} position', lower + delta, '.4f')}: "
+                f"{n(f'new row {row} weight of the lower row', 1 - delta, '.4f')} of old row {lower} + "
+                f"{n(f'new row {row} weight of the upper row', delta, '.4f')} of old row {lower + 1}")
+    bicubic = bicubic_resize(grid.astype(np.float32), n_new).double().numpy()
+    library = library_table(model, run.args.resolution)
+    report.line(f"library interpolate_pos_encoding: bicubic, align_corners=False; our bicubic call matches it: "
+                f"max |difference| {n('bicubic vs library max diff', np.abs(bicubic - library).max(), '.1e')}")
+    report.line(f"bilinear (official) vs bicubic (library) position rows: mean |difference| "
+                f"{n('bilinear vs bicubic mean diff', np.abs(ours - bicubic).mean(), '.4f')}, mean |value| "
+                f"{n('mean |value|', np.abs(ours).mean(), '.4f')}")
+    report.line(f"corner row (0,0) kept by bilinear: max |difference| "
+                f"{n('corner max diff', np.abs(ours[0, 0] - grid[0, 0]).max(), '.1e')}")
+
+
+def library_table(model, resolution):
+    """The library's stretched grid (n_new, n_new, d), from interpolate_pos_encoding, in float64 on the host."""
+    embeddings, config = model.vit.embeddings, model.config
+    n_new = resolution // config.patch_size
     with torch.no_grad():
-        dummy = torch.zeros(1, needed, table.shape[1], device=embeddings.position_embeddings.device)
-        library = embeddings.interpolate_pos_encoding(dummy, resolution, resolution)[0, 1:].double().cpu().numpy()
-    bicubic = bicubic_resize(table[1:].reshape(n_old, n_old, -1).astype(np.float32), n_new).double().numpy()
-    library_diff = np.abs(bicubic.reshape(-1, table.shape[1]) - library).max()
-    line(f"library interpolate_pos_encoding: bicubic, align_corners=False; our bicubic call matches it: "
-         f"max |difference| {library_diff:.1e}")
-    mean_diff = np.abs(ours - bicubic).mean()
-    mean_value = np.abs(ours).mean()
-    line(f"bilinear (official) vs bicubic (library) position rows: mean |difference| {mean_diff:.4f}, "
-         f"mean |value| {mean_value:.4f}")
-    corner_diff = np.abs(ours[0, 0] - grid[0, 0]).max()
-    line(f"corner row (0,0) kept by bilinear: max |difference| {corner_diff:.1e}")
-    return {"rows missing at 384": needed - len(table), "bilinear vs scipy max diff": scipy_diff,
-            "row 5 position": lower + delta, "row 5 weight of old row 2": 1 - delta,
-            "bicubic vs library max diff": library_diff, "bilinear vs bicubic mean diff": mean_diff,
-            "mean |value|": mean_value, "corner max diff": corner_diff}
+        dummy = torch.zeros(1, n_new * n_new + 1, config.hidden_size, device=embeddings.position_embeddings.device)
+        stretched = embeddings.interpolate_pos_encoding(dummy, resolution, resolution)[0, 1:]
+    return stretched.cpu().double().numpy().reshape(n_new, n_new, -1)
 
 
-def section_cosine(model, resolution, plots_dir=None):
-    config = model.config
-    table = model.vit.embeddings.position_embeddings.detach()[0].double().cpu().numpy()
-    n_old, n_new = config.image_size // config.patch_size, resolution // config.patch_size
-    grid = table[1:].reshape(n_old, n_old, -1)
-    stretched = bilinear_resize_loop(grid, n_new)
-    row, col = 3, 10
-    new_place = (round(row * (n_new - 1) / (n_old - 1)), round(col * (n_new - 1) / (n_old - 1)))
-    header(f"3. cosine similarity of position row ({row}, {col}) with its four neighbours and the far corner")
-    results, maps = {}, {}
-    for name, g, (r, c) in ((f"{n_old}x{n_old}", grid, (row, col)), (f"{n_new}x{n_new}", stretched, new_place)):
-        n = g.shape[0]
+def section_cosine(run, report):
+    """3. cosine similarity"""
+    model = run.need("model")
+    n_old, n_new = grids(model.config, run.args.resolution)
+    _, grid = split_table(position_table(model))
+    old_place, new_place = example_places(n_old, n_new)
+    report.header(f"3. cosine similarity of position row {old_place} with its four neighbours and the far corner")
+    maps = {}
+    for name, g, (r, c) in ((f"{n_old}x{n_old}", grid, old_place),
+                            (f"{n_new}x{n_new}", bilinear_resize_loop(grid, n_new), new_place)):
+        size = g.shape[0]
         similarity = cosine_similarities(g, (r, c))
-        corner = (n - 1 if r < n / 2 else 0, n - 1 if c < n / 2 else 0)
-        neighbours = [similarity[r - 1, c], similarity[r + 1, c], similarity[r, c - 1], similarity[r, c + 1]]
-        line(f"{name} grid, row ({r}, {c}): neighbours up {neighbours[0]:.2f}, down {neighbours[1]:.2f}, "
-             f"left {neighbours[2]:.2f}, right {neighbours[3]:.2f} ({min(neighbours):.2f} to {max(neighbours):.2f}); "
-             f"far corner {corner}: {similarity[corner]:.2f}")
-        results.update({f"{name} neighbours min": min(neighbours), f"{name} neighbours max": max(neighbours),
-                        f"{name} far corner": similarity[corner]})
+        corner = (size - 1 if r < size / 2 else 0, size - 1 if c < size / 2 else 0)
+        neighbours = {"up": similarity[r - 1, c], "down": similarity[r + 1, c], "left": similarity[r, c - 1],
+                      "right": similarity[r, c + 1]}
+        around = ", ".join(f"{side} {report.num(f'{name} neighbour {side}', v, '.2f')}"
+                           for side, v in neighbours.items())
+        report.line(f"{name} grid, row ({r}, {c}): neighbours {around} "
+                    f"({report.num(f'{name} neighbours min', min(neighbours.values()), '.2f')} to "
+                    f"{report.num(f'{name} neighbours max', max(neighbours.values()), '.2f')}); far corner {corner}: "
+                    f"{report.num(f'{name} far corner', similarity[corner], '.2f')}")
         maps[name] = similarity
-    if plots_dir:
-        save_similarity_plot(maps, plots_dir)
-    return results
+    if run.args.plots:
+        save_similarity_plot(maps, run.args.plots, report.say)
 
 
-def save_similarity_plot(maps, plots_dir):
-    plt = figures.pyplot()
+def save_similarity_plot(maps, plots_dir, say):
+    plt = figures.pyplot(say)
     if plt is None:
         return
     figure, axes = plt.subplots(1, len(maps), figsize=(4 * len(maps), 4))
     for axis, (name, similarity) in zip(axes, maps.items()):
         axis.imshow(similarity, cmap="viridis", vmin=-1, vmax=1)
         axis.set_title(f"cosine similarity, {name} grid")
-    figures.save(figure, plots_dir, "posemb_cosine_similarity.png")
-
-
-def decode_pictures(items):
-    """Each picture decoded once (RGB), kept for every row of section 4."""
-    return load_all([path for path, _ in items])
+    figures.save(figure, plots_dir, "posemb_cosine_similarity.png", say)
 
 
 def evaluate(model, images, labels, resolution, device, batch_size, imagenet_classes, desc="", autocast=None):
@@ -224,80 +207,62 @@ def evaluate(model, images, labels, resolution, device, batch_size, imagenet_cla
     return accuracy_counts(torch.cat(logits), labels, imagenet_classes)
 
 
-def section_accuracy(model, data_dir, per_class, device, batch_size, resolution, autocast=None):
-    root = ensure_imagenette(data_dir)
-    items = list_split(root, "val", per_class)
-    imagenet_classes = imagenet_indices(root)
-    labels = torch.tensor([label for _, label in items])
-    header(f"4. accuracy on the Imagenette validation set: {len(items)} pictures (160 px on the short side), "
-           f"device {device.type}")
-    line('the ImageNet head of the checkpoint is read at the 10 Imagenette classes; no training; '
-         '"of 1000" = the top class of all 1000 must be right')
-    images = decode_pictures(items)
+def accuracy_rows(n_old, resolution):
+    """(name, label, the table's name or None for the checkpoint's own at its resolution)."""
+    return [("224", f"224, the training resolution ({n_old * n_old} patches)", None),
+            ("2D bilinear", f"{resolution}, 2D bilinear (the official code)", "2D bilinear"),
+            ("2D bicubic", f"{resolution}, 2D bicubic (the library)", "2D bicubic"),
+            ("1D", f"{resolution}, 1D: the {n_old * n_old} rows stretched as one list", "1D"),
+            ("zeros", f"{resolution}, no position rows at all (zeros)", "zeros")]
+
+
+def section_accuracy(run, report):
+    """4. accuracy at both resolutions"""
+    model, (images, labels, imagenet_classes) = run.need("model", "pictures")
+    args, n = run.args, report.num
+    report.header(f"4. accuracy on the Imagenette validation set: {n('validation pictures', len(images))} pictures "
+                  f"(160 px on the short side), device {run.device.type}")
+    report.line('the ImageNet head of the checkpoint is read at the 10 Imagenette classes; no training; '
+                '"of 1000" = the top class of all 1000 must be right')
     embeddings = model.vit.embeddings
     original = embeddings.position_embeddings.data.clone()
-    n_old = model.config.image_size // model.config.patch_size
-    n_new = resolution // model.config.patch_size
-    tables = position_tables(original[0].double().cpu().numpy(), n_new)
-    rows = [("224", f"224, the training resolution ({n_old * n_old} patches)", model.config.image_size, None),
-            ("2D bilinear", f"{resolution}, 2D bilinear (the official code)", resolution, "2D bilinear"),
-            ("2D bicubic", f"{resolution}, 2D bicubic (the library)", resolution, "2D bicubic"),
-            ("1D", f"{resolution}, 1D: the {n_old * n_old} rows stretched as one list", resolution, "1D"),
-            ("zeros", f"{resolution}, no position rows at all (zeros)", resolution, "zeros")]
-    results = {}
-    for key, label, size, table_name in rows:
-        table = tables.get(table_name) if table_name else None
-        embeddings.position_embeddings.data = (original if table is None else
-                                               torch.from_numpy(table).float()[None].to(original.device))
-        start = time.perf_counter()
-        r10, r1000 = evaluate(model, images, labels, size, device, batch_size, imagenet_classes, key, autocast)
-        seconds = time.perf_counter() - start
-        of_10, of_1000 = 100 * r10 / len(items), 100 * r1000 / len(items)
-        line(f"{label:<46} accuracy {of_10:.2f}% (of 10)   {of_1000:.2f}% (of 1000)   [{seconds:.0f} s]")
-        results.update({f"{key} of 10": of_10, f"{key} of 1000": of_1000})
-    embeddings.position_embeddings.data = original
-    line(f"zeros: all {n_new * n_new + 1} rows of E_pos set to 0, the [class] row included; "
-         f"1D and 2D tables keep the [class] row as it is")
-    return results
+    n_old, n_new = grids(model.config, args.resolution)
+    tables = position_tables(position_table(model), n_new)
+    try:
+        for key, label, table_name in accuracy_rows(n_old, args.resolution):
+            table = tables.get(table_name) if table_name else None
+            embeddings.position_embeddings.data = (original if table is None else
+                                                   torch.from_numpy(table).float()[None].to(original.device))
+            size = model.config.image_size if table_name is None else args.resolution
+            start = time.perf_counter()
+            of_10, of_1000 = evaluate(model, images, labels, size, run.device, args.batch_size, imagenet_classes, key,
+                                      run.autocast)
+            seconds = time.perf_counter() - start
+            report.line(f"{label:<46} accuracy {n(f'{key} of 10', 100 * of_10 / len(images), '.2f')}% (of 10)   "
+                        f"{n(f'{key} of 1000', 100 * of_1000 / len(images), '.2f')}% (of 1000)   "
+                        f"[{n(f'{key} seconds', seconds, '.0f')} s]")
+    finally:
+        embeddings.position_embeddings.data = original
+    report.line(f"zeros: all {n('zeros rows', n_new * n_new + 1)} rows of E_pos set to 0, the [class] row included; "
+                f"1D and 2D tables keep the [class] row as it is")
+
+
+SECTIONS = [section_tiny_grid, section_position_table, section_cosine, section_accuracy]
 
 
 def main(argv=None):
     parser = script_parser(__doc__)
     add_data_arguments(parser, DEFAULT_MODEL, "with an ImageNet-1k head")
-    parser.add_argument("--resolution", type=side_pixels, default=384, help="the higher resolution (default 384)")
+    parser.add_argument("--resolution", type=side_pixels, default=384, help="the higher resolution")
     parser.add_argument("--plots", metavar="DIR", help="save the similarity maps as PNG (needs matplotlib)")
     add_common_arguments(parser)
     args = parser.parse_args(argv)
-    device = pick_device(args.device)
-    autocast = set_precision(device, args.precision)
-
-    loaded = {}
-
-    def need_model():
-        """The checkpoint, loaded on first use; a failure is reported once and remembered."""
-        if "model" not in loaded:
-            from transformers import ViTForImageClassification
-
-            try:
-                model = load_pretrained(ViTForImageClassification, args.model)
-                if model.config.num_labels != 1000:
-                    raise UserError(f"{args.model} has {model.config.num_labels} labels, not the 1,000 of "
-                                    f"ImageNet: pass an ImageNet-1k fine-tuned checkpoint")
-                loaded["model"] = model.to(device).eval()
-            except UserError as problem:
-                loaded["model"] = problem
-        if isinstance(loaded["model"], UserError):
-            raise loaded["model"]
-        return loaded["model"]
-
-    results, problems = run_sections([
-        section_tiny_grid,
-        lambda: section_position_table(need_model(), args.model, args.resolution),
-        lambda: section_cosine(need_model(), args.resolution, args.plots),
-        lambda: section_accuracy(need_model(), args.data_dir, args.per_class, device, args.batch_size,
-                                 args.resolution, autocast),
-    ])
-    return finish("posemb", args, results, problems)
+    config = checkpoint_config(args.model)
+    if config is not None:  # a checkpoint on disk: refuse a resolution it cannot serve before any work
+        check_resolution(config, args.resolution)
+    if args.json:
+        check_output_file(args.json, "--json")
+    return run_sections("posemb", Run(args, {"model": load_model, "pictures": load_pictures}), SECTIONS)
 
 
 if __name__ == "__main__":

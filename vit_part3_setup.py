@@ -27,15 +27,24 @@ from common.checkpoints import (
     remote_weight_header,
     split_parameter_count,
 )
-from common.cli import add_common_arguments, finish, guarded, run_sections, script_parser
+from common.cli import add_common_arguments, script_parser
+from common.compute import (
+    VIT_SIZES,
+    attention_flops,
+    forward_gflops,
+    patch_embedding_flops,
+    sequence_shape,
+    table1_config,
+    token_flops,
+)
 from common.errors import UserError
-from common.printing import header, line, number_list, short_list, subheader
+from common.run import Run, guarded, run_sections
+from common.schedules import cosine_lr, warmup_linear_lr
 
-# Table 1 of the paper: layers, hidden size D, MLP size, heads; and its parameter counts (millions).
-VIT_SIZES = {"B": (12, 768, 3072, 12), "L": (24, 1024, 4096, 16), "H": (32, 1280, 5120, 16)}
+# Table 1's parameter counts (millions), its rows, and the released checkpoints; ViT-L/16's only one
+# is ImageNet fine-tuned, without a pre-logits layer.
 TABLE1_MILLIONS = {"B": 86, "L": 307, "H": 632}
 TABLE1_ROWS = [("B", 32), ("B", 16), ("L", 32), ("L", 16), ("H", 14)]
-# The released checkpoints; ViT-L/16's only one is ImageNet fine-tuned, without a pre-logits layer.
 RELEASED = [("B", 32, "google/vit-base-patch32-224-in21k", True),
             ("B", 16, "google/vit-base-patch16-224-in21k", True),
             ("L", 32, "google/vit-large-patch32-224-in21k", True),
@@ -54,40 +63,6 @@ FINETUNE_BATCH = 512
 
 
 # ---------------------------------------------------------------- 1. Table 1 and parameters
-
-def sequence_shape(resolution, patch):
-    """grid side, N = (resolution/patch)^2 patches, sequence N+1, (N+1)^2 attention pairs per head."""
-    grid = resolution // patch
-    n = grid * grid
-    return grid, n, n + 1, (n + 1) ** 2
-
-
-def encoder_flops(layers, width, mlp, tokens):
-    """Forward compute of a ViT encoder from its shapes, in FLOPs (a multiply-add counts as 2).
-
-    Per layer, for a sequence of s tokens of width D and an MLP of width M:
-      q, k, v and output projections  4 s D^2    multiply-adds
-      MLP, two matrices               2 s D M
-      scores Q K^T and weighted sum   2 s^2 D
-    so FLOPs = 2 L (4 s D^2 + 2 s D M + 2 s^2 D). The patch embedding, norms, softmax and head are
-    left out (under 1% of the total); this is the estimate the article prints.
-    """
-    s = tokens
-    return 2 * layers * (4 * s * width**2 + 2 * s * width * mlp + 2 * s**2 * width)
-
-
-def forward_gflops(size, patch, resolution):
-    layers, width, mlp, _ = VIT_SIZES[size]
-    return encoder_flops(layers, width, mlp, sequence_shape(resolution, patch)[2]) / 1e9
-
-
-def table1_config(size, patch, image_size=224):
-    from transformers import ViTConfig
-
-    layers, width, mlp, heads = VIT_SIZES[size]
-    return ViTConfig(hidden_size=width, num_hidden_layers=layers, intermediate_size=mlp,
-                     num_attention_heads=heads, patch_size=patch, image_size=image_size)
-
 
 def meta_parameter_shapes(config, pre_logits):
     """{name: shape} of a ViT built on the meta device (no memory, no weights), pooler if pre_logits."""
@@ -108,61 +83,99 @@ def checkpoint_shapes(name, size, patch, pre_logits):
         return shapes, "header from the Hub"
     return meta_parameter_shapes(table1_config(size, patch), pre_logits), "meta device"
 
-
-def section_table1():
-    header("1. Table 1 and the patch-size notation: ViT-<size>/<patch>")
-    line("N = (resolution / patch)^2 patches, plus 1 [class] token; attention compares every pair: (N+1)^2 pairs per head")
-    results = {}
+def section_table1(run, report):
+    """1. Table 1: sequence, attention pairs and forward compute"""
+    report.header("1. Table 1 and the patch-size notation: ViT-<size>/<patch>")
+    report.line("N = (resolution / patch)^2 patches, plus 1 [class] token; attention compares every pair: "
+                "(N+1)^2 pairs per head")
+    n = report.num
     for size, patch in TABLE1_ROWS:
         for resolution in (224, 384):
-            grid, n, seq, pairs = sequence_shape(resolution, patch)
-            gflops = forward_gflops(size, patch, resolution)
-            line(f"ViT-{size}/{patch} at {resolution}: grid {grid:>2}x{grid:<2} N = {n:>4}  sequence {seq:>4}  "
-                 f"pairs per head {pairs:>9,}  forward compute about {gflops:6.1f} GFLOPs")
+            grid, patches, seq, pairs = sequence_shape(resolution, patch)
             key = f"ViT-{size}/{patch} at {resolution}"
-            results.update({f"{key}: N": n, f"{key}: pairs": pairs, f"{key}: GFLOPs": gflops})
+            gflops = forward_gflops(size, patch, resolution)
+            report.line(f"{key}: grid {n(f'{key}: grid', grid, '>2')}x{grid:<2} N = {n(f'{key}: N', patches, '>4')}  "
+                        f"sequence {n(f'{key}: sequence', seq, '>4')}  pairs per head "
+                        f"{n(f'{key}: pairs', pairs, '>9,')}  forward compute about "
+                        f"{n(f'{key}: GFLOPs', gflops, '6.1f')} GFLOPs")
     n16, n32 = sequence_shape(224, 16)[1], sequence_shape(224, 32)[1]
     ratio = forward_gflops("B", 16, 224) / forward_gflops("B", 32, 224)
-    line(f"ViT-B/16 vs ViT-B/32 at 224: {n16} vs {n32} patches = x{n16 // n32} "
-         f"(patch side halved, so (1/2)^-2 = 4); compute x{ratio:.2f}")
-    results["B/16 over B/32 compute at 224"] = ratio
+    report.line(f"ViT-B/16 vs ViT-B/32 at 224: {n('B/16 patches at 224', n16)} vs {n('B/32 patches at 224', n32)} "
+                f"patches = x{n('B/16 over B/32 patches', n16 // n32)} (patch side halved, so (1/2)^-2 = 4); compute "
+                f"x{n('B/16 over B/32 compute at 224', ratio, '.2f')}")
+    report_where_the_ratio_comes_from(report)
     for size, patch, resolution in (("L", 16, 512), ("H", 14, 518)):
-        grid, n, seq, _ = sequence_shape(resolution, patch)
-        line(f"Table 2 fine-tuning resolution: ViT-{size}/{patch} at {resolution}: grid {grid}x{grid}, N = {n}, sequence {seq}")
-        results[f"ViT-{size}/{patch} at {resolution}: sequence"] = seq
-    return results
+        grid, patches, seq, _ = sequence_shape(resolution, patch)
+        key = f"ViT-{size}/{patch} at {resolution}"
+        report.line(f"Table 2 fine-tuning resolution: {key}: grid {n(f'{key}: grid', grid)}x{grid}, "
+                    f"N = {n(f'{key}: N', patches)}, sequence {n(f'{key}: sequence', seq)}")
 
 
-def section_parameters():
+def report_where_the_ratio_comes_from(report):
+    """The prose's "x2.9 longer", "x8.6 the pairs" and "the extra 0.06 comes from attention", computed."""
+    n = report.num
+    layers, width, mlp, _ = VIT_SIZES["B"]
+    (_, _, s224, p224), (_, _, s384, p384) = sequence_shape(224, 16), sequence_shape(384, 16)
+    compute_ratio = forward_gflops("B", 16, 384) / forward_gflops("B", 16, 224)
+    report.line(f"ViT-B/16 from 224 to 384: sequence {s224} -> {s384} = "
+                f"x{n('sequence 384 over 224', s384 / s224, '.1f')}, pairs per head "
+                f"x{n('pairs 384 over 224', p384 / p224, '.1f')}, compute "
+                f"x{n('compute 384 over 224', compute_ratio, '.2f')}")
+    s16, s32 = sequence_shape(224, 16)[2], sequence_shape(224, 32)[2]
+    total16, total32 = forward_gflops("B", 16, 224) * 1e9, forward_gflops("B", 32, 224) * 1e9
+    embedding = patch_embedding_flops(224, 16, width)  # 2 N 3 P^2 D with N P^2 = 224^2: the same for /32
+    per_token = token_flops(layers, width, mlp, s16) / token_flops(layers, width, mlp, s32)
+    share32 = 100 * attention_flops(layers, width, s32) / total32
+    share16 = 100 * attention_flops(layers, width, s16) / total16
+    report.line(f"the extra {n('B/16 over B/32 compute above 4', total16 / total32 - 4, '.2f')} over x4: the per-token "
+                f"parts grow x{n('per-token compute ratio', per_token, '.2f')} ({s16}/{s32} tokens; the [class] token "
+                f"keeps it under 4), attention's pairs x{n('attention compute ratio', (s16 / s32) ** 2, '.2f')}; "
+                f"attention is {n('attention share of B/32 (%)', share32, '.1f')}% of ViT-B/32's compute, "
+                f"{n('attention share of B/16 (%)', share16, '.1f')}% of ViT-B/16's")
+    with_embedding = (total16 + embedding) / (total32 + embedding)
+    report.line(f"the patch embedding, left out above, costs both "
+                f"{n('patch embedding GFLOPs', embedding / 1e9, '.2f')} GFLOPs "
+                f"({n('patch embedding share of B/32 (%)', 100 * embedding / total32, '.1f')}% of ViT-B/32); "
+                f"with it the ratio is x{n('B/16 over B/32 compute with the embedding', with_embedding, '.2f')}")
+
+
+def section_parameters(run, report):
+    """1b. parameters of the released checkpoints"""
     counts, sources = {}, {}
     for size, patch, name, pre_logits in RELEASED:
         shapes, sources[size, patch] = checkpoint_shapes(name, size, patch, pre_logits)
         counts[size, patch] = split_parameter_count(shapes)
     if all(source == "weight file" for source in sources.values()):
-        subheader("parameters of the released checkpoints, read from the weight files (no head, no pre-logits layer)")
+        report.subheader("parameters of the released checkpoints, read from the weight files (no head, no pre-logits "
+                         "layer)")
     else:
-        subheader("parameters of the released checkpoints (no head, no pre-logits layer); \"meta device\" = "
-                  "counted from the Table 1 architecture, the weight file not being cached")
-    results = {}
+        report.subheader("parameters of the released checkpoints (no head, no pre-logits layer); \"meta device\" = "
+                         "counted from the Table 1 architecture, the weight file not being cached")
+    n = report.num
     for size, patch, name, _ in RELEASED:
         backbone, pre_logits = counts[size, patch]
-        line(f"ViT-{size}/{patch} ({name.split('/')[-1]}, {sources[size, patch]}): backbone {backbone:>11,}  = "
-             f"{backbone / 1e6:6.1f}M   pre-logits layer {pre_logits:>9,}   Table 1: {TABLE1_MILLIONS[size]}M")
-        results.update({f"ViT-{size}/{patch} backbone": backbone, f"ViT-{size}/{patch} pre-logits": pre_logits})
-    b32, b16 = counts["B", 32][0], counts["B", 16][0]
+        key = f"ViT-{size}/{patch}"
+        report.line(f"{key} ({name.split('/')[-1]}, {sources[size, patch]}): backbone "
+                    f"{n(f'{key} backbone', backbone, '>11,')}  = "
+                    f"{n(f'{key} backbone (M)', backbone / 1e6, '6.1f')}M   "
+                    f"pre-logits layer {n(f'{key} pre-logits', pre_logits, '>9,')}   Table 1: {TABLE1_MILLIONS[size]}M")
+    report_patch_size_difference(report, counts["B", 32][0], counts["B", 16][0])
+    l32, l16 = sum(counts["L", 32]) / 1e6, counts["L", 16][0] / 1e6
+    report.line(f"ViT-L/32 with its pre-logits layer: {n('ViT-L/32 with pre-logits (M)', l32, '.1f')}M; ViT-L/16 has "
+                f"{n('ViT-L/16 without (M)', l16, '.1f')}M without one")
+
+
+def report_patch_size_difference(report, b32, b16):
+    """ViT-B/32 and ViT-B/16 differ only in the patch embedding E (P*P*3 x D) and the position table ((N+1) x D)."""
+    n = report.num
     width = VIT_SIZES["B"][1]
-    # The two differ only in the patch embedding E (P*P*3 x D) and the position table ((N+1) x D).
-    embedding_growth = (32 * 32 * 3 - 16 * 16 * 3) * width
     rows16, rows32 = sequence_shape(224, 16)[2], sequence_shape(224, 32)[2]
-    position_shrink = (rows16 - rows32) * width
-    line(f"ViT-B/32 minus ViT-B/16: {b32 - b16:,} parameters ({100 * (b32 - b16) / b16:.1f}% more), because E grows "
-         f"from {16 * 16 * 3}x{width} to {32 * 32 * 3}x{width} (+{embedding_growth:,}) and the position table shrinks "
-         f"from {rows16} to {rows32} rows (-{position_shrink:,})")
-    l32 = sum(counts["L", 32])
-    line(f"ViT-L/32 with its pre-logits layer: {l32 / 1e6:.1f}M; ViT-L/16 has {counts['L', 16][0] / 1e6:.1f}M without one")
-    results.update({"B/32 minus B/16": b32 - b16, "B/32 over B/16 percent": 100 * (b32 - b16) / b16,
-                    "ViT-L/32 with pre-logits (M)": l32 / 1e6})
-    return results
+    report.line(f"ViT-B/32 minus ViT-B/16: {n('B/32 minus B/16', b32 - b16, ',')} parameters "
+                f"({n('B/32 over B/16 percent', 100 * (b32 - b16) / b16, '.1f')}% more), because E grows from "
+                f"{n('E rows at /16', 16 * 16 * 3)}x{width} to {n('E rows at /32', 32 * 32 * 3)}x{width} "
+                f"(+{n('E growth', (32 * 32 * 3 - 16 * 16 * 3) * width, ',')}) and the position table shrinks from "
+                f"{n('position rows at /16', rows16)} to {n('position rows at /32', rows32)} rows "
+                f"(-{n('position table shrink', (rows16 - rows32) * width, ',')})")
 
 
 # ---------------------------------------------------------------- 2. the hybrid
@@ -204,25 +217,26 @@ def hybrid_picture(resolution=224):
     array = (np.asarray(image, dtype=np.float32) / 255 - mean) / std
     return torch.from_numpy(array.astype(np.float32)).permute(2, 0, 1)[None], what
 
-
-def section_hybrid():
-    header("2. the hybrid: which ResNet-50 stage feeds ViT")
+def section_hybrid(run, report):
+    """2. the hybrid's ResNet-50 stages"""
+    report.header("2. the hybrid: which ResNet-50 stage feeds ViT")
     model, model_name = load_resnet50()
     pixels, picture = hybrid_picture()
     shapes = resnet_stage_shapes(model, pixels)
-    results = {}
+    n = report.num
     for stage, (channels, height, width) in enumerate(shapes, 1):
-        line(f"stage {stage} output: {channels:>4} channels x {height:>2} x {width:<2} -> as 1x1 patches: "
-             f"{height * width:>5} tokens of {channels} numbers")
-        results[f"stage {stage} tokens"] = height * width
+        key = f"stage {stage}"
+        report.line(f"stage {stage} output: {n(f'{key} channels', channels, '>4')} channels x "
+                    f"{n(f'{key} height', height, '>2')} x {n(f'{key} width', width, '<2')} -> as 1x1 patches: "
+                    f"{n(f'{key} tokens', height * width, '>5')} tokens of {channels} numbers")
     tokens4, tokens3 = shapes[3][1] * shapes[3][2], shapes[2][1] * shapes[2][2]
-    line(f"option (i), stage 4: {tokens4} tokens; option (ii), extended stage 3: {tokens3} tokens "
-         f"= x{tokens3 // tokens4} (the \"4x longer sequence\")")
+    report.line(f"option (i), stage 4: {n('option (i) tokens', tokens4)} tokens; option (ii), extended stage 3: "
+                f"{n('option (ii) tokens', tokens3)} tokens "
+                f"= x{n('stage 3 over stage 4 tokens', tokens3 // tokens4)} (the \"4x longer sequence\")")
     batch_norms = sum(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
-    line(f"{model_name} is a standard ResNet: it has {batch_norms} BatchNorm2d layers (BiT replaces each with Group Norm)")
-    line(f"(picture: {picture}, resized to 224x224)")
-    results["BatchNorm2d layers"] = batch_norms
-    return results
+    report.line(f"{model_name} is a standard ResNet: it has {n('BatchNorm2d layers', batch_norms)} BatchNorm2d layers "
+                f"(BiT replaces each with Group Norm)")
+    report.line(f"(picture: {picture}, resized to 224x224)")
 
 
 # ---------------------------------------------------------------- 3. Batch Norm, Group Norm, WS
@@ -258,44 +272,42 @@ def weight_standardize(weights, eps=0.0):
     mean = weights.mean(dim=-1, keepdim=True)
     return (weights - mean) / torch.sqrt(weights.var(dim=-1, unbiased=False, keepdim=True) + eps)
 
-
-def section_norms():
-    header("3. Batch Norm vs Group Norm on a tiny batch (4 channels, 2 pixels per channel, 2 groups)")
+def section_norms(run, report):
+    """3. Batch Norm vs Group Norm"""
+    report.header("3. Batch Norm vs Group Norm on a tiny batch (4 channels, 2 pixels per channel, 2 groups)")
     a = torch.tensor(PICTURE_A, dtype=torch.float64)
-    line(f"picture A, channel 1 = {short_list(a[0])}")
-    results = {}
-    torch_bn_agrees = torch_gn_agrees = True
+    report.line(f"picture A, channel 1 = {report.nums('picture A channel 1', a[0])}")
+    torch_agrees = True
     for i, partner in enumerate((PARTNER_1, PARTNER_2), 1):
         batch = torch.stack([a, torch.tensor(partner, dtype=torch.float64)])
         by_hand = batch_norm(batch)
         note = "   (same picture, different output)" if i == 2 else ""
-        line(f"Batch Norm, A batched with partner {i}: A channel 1 -> {number_list(by_hand[0, 0], '6.3f')}{note}")
-        results[f"BN partner {i} pixel 1"], results[f"BN partner {i} pixel 2"] = by_hand[0, 0].tolist()
+        report.line(f"Batch Norm, A batched with partner {i}: A channel 1 -> "
+                    f"{report.nums(f'BN partner {i}', by_hand[0, 0], '6.3f')}{note}")
         torch_bn = torch.nn.BatchNorm1d(4, affine=False, eps=NORM_EPS, dtype=torch.float64).train()(batch)
         torch_gn = torch.nn.GroupNorm(2, 4, affine=False, eps=NORM_EPS, dtype=torch.float64)(batch)
-        torch_bn_agrees &= torch.allclose(torch_bn, by_hand, atol=1e-12)
-        torch_gn_agrees &= torch.allclose(torch_gn, group_norm(batch, 2), atol=1e-12)
+        torch_agrees &= torch.allclose(torch_bn, by_hand, atol=1e-12)
+        torch_agrees &= torch.allclose(torch_gn, group_norm(batch, 2), atol=1e-12)
+    if not torch_agrees:
+        raise RuntimeError("torch's BatchNorm/GroupNorm disagree with the by-hand formulas")
     group = a[:2].flatten()
-    line(f"Group Norm, group 1 = channels 1 and 2 of A = {short_list(group)}: mean {group.mean():.3f}, "
-         f"std {group.std(unbiased=False):.3f}")
-    a_gn = group_norm(a[None], 2)[0]
-    line(f"Group Norm: A channel 1 -> {number_list(a_gn[0], '6.3f')} with any partner (it never looks at the batch); "
-         f"torch GroupNorm agrees: {torch_gn_agrees}")
-    line(f"torch BatchNorm (training mode, batch statistics) agrees with both Batch Norm lines: {torch_bn_agrees}")
-    results.update({"GN group 1 std": group.std(unbiased=False).item(), "GN pixel 1": a_gn[0, 0].item(),
-                    "GN pixel 2": a_gn[0, 1].item()})
+    report.line(f"Group Norm, group 1 = channels 1 and 2 of A = {report.nums('GN group 1', group)}: "
+                f"mean {report.num('GN group 1 mean', group.mean(), '.3f')}, "
+                f"std {report.num('GN group 1 std', group.std(unbiased=False), '.3f')}")
+    grouped = group_norm(a[None], 2)[0, 0]
+    report.line(f"Group Norm: A channel 1 -> {report.nums('GN', grouped, '6.3f')} with any partner "
+                f"(it never looks at the batch); torch GroupNorm agrees: {torch_agrees}")
+    report.line(f"torch BatchNorm (training mode, batch statistics) agrees with both Batch Norm lines: {torch_agrees}")
     filters = torch.tensor([FILTER_1, FILTER_2], dtype=torch.float64)
     standardized = weight_standardize(filters)
     f2 = filters[1]
-    line(f"Weight Standardization: filter 2 = {short_list(f2)}: mean {f2.mean():.2f}, std {f2.std(unbiased=False):.4f} "
-         f"-> {number_list(standardized[1], '6.3f')}")
-    line(f"filter 1 = {short_list(filters[0])} -> {number_list(standardized[0], '6.3f')}   "
-         f"(every filter now has mean 0 and std 1 before the convolution uses it)")
-    results.update({f"WS filter 1 value {i + 1}": v for i, v in enumerate(standardized[0].tolist())})
-    results["WS filter 2 std"] = f2.std(unbiased=False).item()
-    if not (torch_bn_agrees and torch_gn_agrees):
-        raise RuntimeError("torch's BatchNorm/GroupNorm disagree with the by-hand formulas")
-    return results
+    report.line(f"Weight Standardization: filter 2 = {report.nums('filter 2', f2)}: "
+                f"mean {report.num('WS filter 2 mean', f2.mean(), '.2f')}, "
+                f"std {report.num('WS filter 2 std', f2.std(unbiased=False), '.4f')} -> "
+                f"{report.nums('WS filter 2', standardized[1], '6.3f')}")
+    report.line(f"filter 1 = {report.nums('filter 1', filters[0])} -> "
+                f"{report.nums('WS filter 1', standardized[0], '6.3f')}   (every filter now has mean 0 and std 1 "
+                f"before the convolution uses it)")
 
 
 # ---------------------------------------------------------------- 4. optimizers and schedules
@@ -351,18 +363,6 @@ def pretraining_steps(epochs, pictures, batch=PRETRAIN_BATCH):
     return round(epochs * pictures / batch)
 
 
-def warmup_linear_lr(step, base_lr, total_steps, warmup=PRETRAIN_WARMUP):
-    """Linear warm-up from 0 to base_lr over `warmup` steps, then linear decay to 0 at total_steps."""
-    if step < warmup:
-        return base_lr * step / warmup
-    return base_lr * (total_steps - step) / (total_steps - warmup)
-
-
-def cosine_lr(step, base_lr, total_steps):
-    """eta_t = eta_0 / 2 (1 + cos(pi t / T))."""
-    return base_lr / 2 * (1 + math.cos(math.pi * step / total_steps))
-
-
 def torch_optimizer_weight(optimizer_class, gradients, **settings):
     """w after torch's optimizer takes the given gradients, from w = 1 (float64)."""
     w = torch.nn.Parameter(torch.tensor(1.0, dtype=torch.float64))
@@ -388,69 +388,88 @@ def torch_clip(gradients, max_norm):
     torch.nn.utils.clip_grad_norm_(params, max_norm)
     return [p.grad.tolist() for p in params]
 
+def section_adam(run, report):
+    """4a. Adam by hand and by torch"""
+    report.header("4. pre-training and fine-tuning by hand: Adam, Table 3, SGD with momentum, Polyak averaging, "
+                  "clipping, Table 4")
+    rows = adam_by_hand(GRADIENTS)
+    for t, g, m, v, m_hat, v_hat, step, w in rows:
+        def n(what, value, spec):
+            return report.num(f"Adam t={t} {what}", value, spec)
 
-def section_optimizers():
-    header("4. pre-training and fine-tuning by hand: Adam, Table 3, SGD with momentum, Polyak averaging, "
-           "clipping, Table 4")
-    results = {}
-    adam = adam_by_hand(GRADIENTS)
-    for t, g, m, v, m_hat, v_hat, step, w in adam:
-        line(f"Adam t={t}: g={g:5.2f}  m={m:.4f}  v={v:.6f}  m_hat={m_hat:.4f}  v_hat={v_hat:.4f}  "
-             f"step = lr*m_hat/sqrt(v_hat) = {step:.6f}  w={w:.6f}")
-        results.update({f"Adam t={t} step": step, f"Adam t={t} w": w})
-    torch_w = torch_adam(GRADIENTS)
-    line(f"torch.optim.Adam after the same three gradients: w={torch_w:.6f}  (ours {adam[-1][-1]:.6f})")
-    results["torch Adam w"] = torch_w
-    print()
+        report.line(f"Adam t={t}: g={g:5.2f}  m={n('m', m, '.4f')}  v={n('v', v, '.6f')}  "
+                    f"m_hat={n('m_hat', m_hat, '.4f')}  v_hat={n('v_hat', v_hat, '.4f')}  "
+                    f"step = lr*m_hat/sqrt(v_hat) = {n('step', step, '.6f')}  w={n('w', w, '.6f')}")
+    by_torch = torch_adam(GRADIENTS)
+    report.line(f"torch.optim.Adam after the same three gradients: w={report.num('torch Adam w', by_torch, '.6f')}  "
+                f"(ours {rows[-1][-1]:.6f})")
+
+
+def section_pretraining(run, report):
+    """4b. Table 3 in steps, and the warm-up"""
+    report.print()
+    n = report.num
     for label, epochs, pictures, base_lr, decay in TABLE3:
         steps = pretraining_steps(epochs, pictures)
-        line(f"{label:<39}: {epochs:>3} epochs x {pictures / 1e6:6.2f}M images / batch {PRETRAIN_BATCH} = "
-             f"{steps:>9,} steps; warm-up {PRETRAIN_WARMUP:,} = {100 * PRETRAIN_WARMUP / steps:4.1f}% of them; "
-             f"base LR {base_lr:g}, {decay} decay")
-        results.update({f"{label}: steps": steps, f"{label}: warm-up %": 100 * PRETRAIN_WARMUP / steps})
+        report.line(f"{label:<39}: {epochs:>3} epochs x {pictures / 1e6:6.2f}M images / batch {PRETRAIN_BATCH} = "
+                    f"{n(f'{label}: steps', steps, '>9,')} steps; warm-up {PRETRAIN_WARMUP:,} = "
+                    f"{n(f'{label}: warm-up %', 100 * PRETRAIN_WARMUP / steps, '4.1f')}% of them; "
+                    f"base LR {base_lr:g}, {decay} decay")
     total = pretraining_steps(7, 303e6)
     middle = PRETRAIN_WARMUP + (total - PRETRAIN_WARMUP) // 2
-    lrs = [warmup_linear_lr(s, 8e-4, total) for s in (5_000, 10_000, middle)]
-    line(f"ViT-B/16 on JFT: LR at step 5,000 = {lrs[0]:.1e} (half way up the warm-up), at 10,000 = {lrs[1]:.1e}, "
-         f"at the middle of the decay = {lrs[2]:.1e}")
-    results.update({"JFT LR at 5,000": lrs[0], "JFT LR at 10,000": lrs[1], "JFT LR at mid-decay": lrs[2]})
-    print()
-    sgd = sgd_momentum_by_hand(GRADIENTS)
-    for t, g, velocity, w in sgd:
-        line(f"SGD momentum 0.9, lr 0.01, t={t}: g={g:5.2f}  velocity = 0.9*velocity + g = {velocity:.4f}  "
-             f"w = w - lr*velocity = {w:.5f}")
-        results.update({f"SGD t={t} velocity": velocity, f"SGD t={t} w": w})
-    torch_w = torch_sgd(GRADIENTS)
-    line(f"torch.optim.SGD(momentum=0.9) after the same gradients: w={torch_w:.5f}  (ours {sgd[-1][-1]:.5f})")
-    results["torch SGD w"] = torch_w
+    lrs = [warmup_linear_lr(s, 8e-4, total, PRETRAIN_WARMUP) for s in (5_000, 10_000, middle)]
+    report.line(f"ViT-B/16 on JFT: LR at step 5,000 = {n('JFT LR at 5,000', lrs[0], '.1e')} (half way up the warm-up), "
+                f"at 10,000 = {n('JFT LR at 10,000', lrs[1], '.1e')}, at the middle of the decay = "
+                f"{n('JFT LR at mid-decay', lrs[2], '.1e')}")
+
+
+def section_sgd_and_polyak(run, report):
+    """4c. SGD with momentum and Polyak averaging"""
+    report.print()
+    rows = sgd_momentum_by_hand(GRADIENTS)
+    for t, g, velocity, w in rows:
+        report.line(f"SGD momentum 0.9, lr 0.01, t={t}: g={g:5.2f}  velocity = 0.9*velocity + g = "
+                    f"{report.num(f'SGD t={t} velocity', velocity, '.4f')}  w = w - lr*velocity = "
+                    f"{report.num(f'SGD t={t} w', w, '.5f')}")
+    report.line(f"torch.optim.SGD(momentum=0.9) after the same gradients: "
+                f"w={report.num('torch SGD w', torch_sgd(GRADIENTS), '.5f')}  (ours {rows[-1][-1]:.5f})")
     weights = [1.0, 1.2, 0.9, 1.1, 1.05]
-    averages = polyak_average(weights, 0.9)
-    line(f"Polyak (exponential) averaging, factor 0.9: weights {short_list(weights)} -> averages {short_list(averages)}")
-    results.update({f"Polyak average {i + 1}": a for i, a in enumerate(averages)})
-    memory = 1 / (1 - 0.9999)
-    line(f"a factor of 0.9999 averages over roughly the last 1/(1 - 0.9999) = {memory:,.0f} steps")
-    results["Polyak 0.9999 memory"] = memory
-    print()
+    report.line(f"Polyak (exponential) averaging, factor 0.9: weights {report.nums('Polyak weights', weights)} -> "
+                f"averages {report.nums('Polyak average', polyak_average(weights, 0.9))}")
+    report.line(f"a factor of 0.9999 averages over roughly the last 1/(1 - 0.9999) = "
+                f"{report.num('Polyak 0.9999 memory', 1 / (1 - 0.9999), ',.0f')} steps")
+
+
+def section_clipping(run, report):
+    """4d. clipping at global norm 1"""
+    report.print()
     gradients = [[3.0, 0.0], [4.0]]
     norm, clipped = clip_by_global_norm(gradients, 1.0)
-    line(f"clipping at global norm 1: gradients of two tensors [3, 0] and [4]; global norm sqrt(9 + 0 + 16) = {norm:.1f} "
-         f"> 1, so every gradient is multiplied by 1/{norm:g}: {short_list(clipped[0])} and {short_list(clipped[1])}; "
-         f"direction kept, length 1")
+    report.line(f"clipping at global norm 1: gradients of two tensors [3, 0] and [4]; global norm sqrt(9 + 0 + 16) = "
+                f"{report.num('clip global norm', norm, '.1f')} > 1, so every gradient is multiplied by 1/{norm:g}: "
+                f"{report.nums('clipped [3, 0]', clipped[0])} and {report.nums('clipped [4]', clipped[1])}; "
+                f"direction kept, length 1")
     by_torch = torch_clip(gradients, 1.0)
-    line(f"torch.nn.utils.clip_grad_norm_: {short_list(by_torch[0])} and {short_list(by_torch[1])}")
-    results.update({"clip global norm": norm, "clipped 3": clipped[0][0], "clipped 4": clipped[1][0],
-                    "torch clipped 3": by_torch[0][0], "torch clipped 4": by_torch[1][0]})
-    print()
+    report.line(f"torch.nn.utils.clip_grad_norm_: {report.nums('torch clipped [3, 0]', by_torch[0])} and "
+                f"{report.nums('torch clipped [4]', by_torch[1])}")
+
+
+def section_table4(run, report):
+    """4e. Table 4 in steps and passes, and cosine decay"""
+    report.print()
+    n = report.num
     for task, steps, pictures in TABLE4:
         seen = steps * FINETUNE_BATCH
-        line(f"{'fine-tuning ' + task:<31}: {steps:>6,} steps x batch {FINETUNE_BATCH} = {seen / 1e6:6.2f}M pictures seen "
-             f"= {seen / pictures:7.1f} passes over {pictures:,} training pictures")
-        results.update({f"{task}: pictures seen (M)": seen / 1e6, f"{task}: passes": seen / pictures})
-    cosine = {s: cosine_lr(s, 0.03, 20_000) for s in (0, 10_000, 15_000, 20_000)}
-    line("ImageNet fine-tuning at base LR 0.03, cosine: "
-         + ", ".join(f"step {s:,} -> {lr:.2g}" for s, lr in cosine.items()))
-    results.update({f"cosine LR at {s:,}": lr for s, lr in cosine.items()})
-    return results
+        report.line(f"{'fine-tuning ' + task:<31}: {steps:>6,} steps x batch {FINETUNE_BATCH} = "
+                    f"{n(f'{task}: pictures seen (M)', seen / 1e6, '6.2f')}M pictures seen = "
+                    f"{n(f'{task}: passes', seen / pictures, '7.1f')} passes over {pictures:,} training pictures")
+    report.line("ImageNet fine-tuning at base LR 0.03, cosine: "
+                + ", ".join(f"step {s:,} -> {n(f'cosine LR at {s:,}', cosine_lr(s, 0.03, 20_000), '.2g')}"
+                            for s in (0, 10_000, 15_000, 20_000)))
+
+
+SECTIONS = [section_table1, section_parameters, section_hybrid, section_norms, section_adam, section_pretraining,
+            section_sgd_and_polyak, section_clipping, section_table4]
 
 
 def main(argv=None):
@@ -458,9 +477,7 @@ def main(argv=None):
     add_common_arguments(parser, device=False)
     args = parser.parse_args(argv)
     torch.set_num_threads(min(4, torch.get_num_threads()))
-    results, problems = run_sections([section_table1, section_parameters, section_hybrid, section_norms,
-                                      section_optimizers])
-    return finish("setup", args, results, problems)
+    return run_sections("setup", Run(args), SECTIONS)
 
 
 if __name__ == "__main__":

@@ -18,31 +18,28 @@ downloaded) and a generated folder of 160-px JPEGs:
 
 Times are medians over --repeats timed batches after one warm-up batch.
 """
-import argparse
-import json
 import math
-import platform
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
-from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root, for common/
 
-from common.cli import guarded
-from common.device import DEVICE_CHOICES, PRECISIONS, pick_device, set_precision
+from common.cli import positive_int, script_parser
+from common.compute import config_forward_flops
+from common.device import DEVICE_CHOICES, PRECISIONS
 from common.inference import run_model
-from common.printing import header, line
-from vit_part3_setup import encoder_flops, sequence_shape, table1_config
+from common.report import Report
+from common.run import Run, check_output_file, device_name, guarded, write_json
+from common.standins import smooth_pictures, vit_config
 
 ATTENTION = ("sdpa", "eager")
 SIZES = {"B": {}, "tiny": {"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 256,
-                             "num_attention_heads": 4}}
+                             "num_attention_heads": 4}}  # overrides of ViT-B/16: empty for B
 
 
 # ---------------------------------------------------------------- measuring
@@ -114,38 +111,11 @@ def peak_memory_gb(device):
 
 # ---------------------------------------------------------------- the model and the pictures
 
-def vit_config(size, num_labels=1000):
-    config = table1_config("B", 16)
-    for key, value in SIZES[size].items():
-        setattr(config, key, value)
-    config.num_labels = num_labels
-    return config
-
-
-def forward_flops(config, resolution):
-    """The setup script's estimate: 2 L (4 s D^2 + 2 s D M + 2 s^2 D) for s = (R/P)^2 + 1 tokens."""
-    tokens = sequence_shape(resolution, config.patch_size)[2]
-    return encoder_flops(config.num_hidden_layers, config.hidden_size, config.intermediate_size, tokens)
-
-
 def random_vit(config, attention, device):
     from transformers import ViTForImageClassification
 
     torch.manual_seed(0)
     return ViTForImageClassification._from_config(config, attn_implementation=attention).to(device).eval()
-
-
-def generated_pictures(folder, count, seed=0):
-    """count JPEGs 160 px high, 160 to 240 wide, of smooth random colour (decoded like real photos)."""
-    rng = np.random.default_rng(seed)
-    paths = []
-    for i in range(count):
-        small = rng.integers(0, 256, size=(10, int(rng.integers(10, 15)), 3), dtype=np.uint8)
-        image = Image.fromarray(small).resize((small.shape[1] * 16, 160), Image.BICUBIC)
-        path = Path(folder) / f"picture_{i:05d}.JPEG"
-        image.save(path, quality=90)
-        paths.append(path)
-    return paths
 
 
 def model_only(model, resolution, batch_size, device, autocast, repeats):
@@ -224,95 +194,112 @@ def training_step(model, resolution, batch_size, device, autocast, repeats):
     return (speed, *peak_memory_gb(device))
 
 
-def machine(device):
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    name = platform.processor() or platform.machine()
-    if Path("/proc/cpuinfo").exists():
-        for text in Path("/proc/cpuinfo").read_text().splitlines():
-            if text.startswith("model name"):
-                name = text.split(":", 1)[1].strip()
-                break
-    return f"{name}, {torch.get_num_threads()} threads"
+# ---------------------------------------------------------------- the sections
+
+def benchmark_model(size):
+    """The ViT-B/16 config, or B/16 with the tiny overrides."""
+    return vit_config("B", **SIZES[size])
 
 
-# ---------------------------------------------------------------- the report
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="auto", choices=DEVICE_CHOICES)
-    parser.add_argument("--precision", default="fp32", choices=PRECISIONS, help="of the model's passes (default fp32)")
-    parser.add_argument("--size", default="B", choices=tuple(SIZES), help="B: ViT-B/16 (default); tiny: a smoke test")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--repeats", type=int, help="timed batches per figure (default: 2 on a CPU, 10 on a GPU)")
-    parser.add_argument("--pictures", type=int,
-                        help="JPEGs for the end-to-end figures (default: 2 batches on a CPU, 30 on a GPU)")
-    parser.add_argument("--json", metavar="PATH", help="also write the figures to PATH as JSON")
-    args = parser.parse_args(argv)
-    device = pick_device(args.device)
-    autocast = set_precision(device, args.precision)
-    repeats = args.repeats or (2 if device.type == "cpu" else 10)
-    batch = args.batch_size
-    config = vit_config(args.size)
-    figures = {"device": machine(device), "torch": torch.__version__, "precision": args.precision,
-               "model": "ViT-B/16" if args.size == "B" else "tiny ViT", "batch": batch}
-
-    header(f"1. matrix-multiply roofline, {figures['device']}")
-    n = 8192 if device.type == "cuda" else 2048
-    products = max(10, repeats)  # a product takes milliseconds: enough of them for a steady median
-    roofline = {"fp32": matmul_gflops(device, torch.float32, n, products)}
-    if fast_bf16(device):
-        roofline["bf16"] = matmul_gflops(device, torch.bfloat16, n, products)
+def section_roofline(run, figures, report):
+    report.header(f"1. matrix-multiply roofline, {figures['device']}")
+    n = 8192 if run.device.type == "cuda" else 2048
+    products = max(10, run.repeats)  # a product takes milliseconds: enough of them for a steady median
+    roofline = {"fp32": matmul_gflops(run.device, torch.float32, n, products)}
+    if fast_bf16(run.device):
+        roofline["bf16"] = matmul_gflops(run.device, torch.bfloat16, n, products)
     for dtype, gflops in roofline.items():
-        line(f"{dtype}: {gflops:,.0f} GFLOP/s  ({n} x {n} by {n} x {n}, median of {products})")
+        report.line(f"{dtype}: {gflops:,.0f} GFLOP/s  ({n} x {n} by {n} x {n}, median of {products})")
     figures["roofline GFLOP/s"] = roofline
-    ceiling = roofline["bf16" if args.precision == "bf16" and "bf16" in roofline else "fp32"]
 
-    header(f"2. model-only forward, batch {batch}, {args.precision}: eager vs SDPA attention")
-    models = {attention: random_vit(config, attention, device) for attention in ATTENTION}
+
+def section_model_only(run, figures, report):
+    """Model-only pictures/s at 224 and 384 with both attentions; returns the faster attention's model."""
+    args = run.args
+    roofline = figures["roofline GFLOP/s"]
+    ceiling = roofline["bf16" if args.precision == "bf16" and "bf16" in roofline else "fp32"]
+    report.header(f"2. model-only forward, batch {args.batch_size}, {args.precision}: eager vs SDPA attention")
+    config = benchmark_model(args.size)
+    models = {attention: random_vit(config, attention, run.device) for attention in ATTENTION}
     forward = {}
     for resolution in (224, 384):
-        flops = forward_flops(config, resolution)
+        flops = config_forward_flops(config, resolution)
+        repeats = run.repeats if resolution == 224 else max(1, run.repeats // 2)
         for attention, model in models.items():
-            speed = model_only(model, resolution, batch, device, autocast, repeats if resolution == 224 else
-                               max(1, repeats // 2))
+            speed = model_only(model, resolution, args.batch_size, run.device, run.autocast, repeats)
             gflops = speed * flops / 1e9
             forward[f"{resolution} {attention}"] = {"pictures/s": speed, "GFLOP/s": gflops,
                                                     "of roofline": gflops / ceiling}
-            line(f"{resolution} px, {attention:<5}: {speed:8.2f} pictures/s  {gflops:9,.0f} GFLOP/s  "
-                 f"{gflops / ceiling:.2f} of the roofline  ({flops / 1e9:.1f} GFLOP a picture)")
+            report.line(f"{resolution} px, {attention:<5}: {speed:8.2f} pictures/s  {gflops:9,.0f} GFLOP/s  "
+                        f"{gflops / ceiling:.2f} of the roofline  ({flops / 1e9:.1f} GFLOP a picture)")
     faster = max(ATTENTION, key=lambda attention: forward[f"224 {attention}"]["pictures/s"])
-    line(f"faster attention here: {faster}")
+    report.line(f"faster attention here: {faster}")
     figures.update({"model-only": forward, "faster attention": faster})
-    model = models[faster]
-    del models[next(a for a in ATTENTION if a != faster)]
+    return models[faster]
 
-    count = args.pictures or (2 if device.type == "cpu" else 30) * batch
+
+def section_end_to_end(run, figures, report, model):
+    """Our loader end to end, and transformers' pipeline on the same generated JPEGs."""
+    args = run.args
+    count = args.pictures or (2 if run.device.type == "cpu" else 30) * args.batch_size
     with tempfile.TemporaryDirectory(prefix="vit-bench-") as folder:
-        paths = generated_pictures(folder, count)
-        header(f"3. end-to-end evaluation with our loader: {count} JPEGs (160 px high), 224 px, batch {batch}")
-        ours, bare, ratio = end_to_end(model, paths, 224, batch, device, autocast)
-        line(f"{ours:8.2f} pictures/s; the model alone on as many batches {bare:.2f}: ratio {ratio:.3f} "
-             f"(median of 3 rounds, each timing both)")
-        header("4. peer: transformers pipeline('image-classification') on the same pictures")
-        peer = pipeline_peer(model, paths, batch, device, autocast)
-        line(f"{peer:8.2f} pictures/s; ours / pipeline {ours / peer:.2f}")
+        paths = smooth_pictures(folder, count)
+        report.header(f"3. end-to-end evaluation with our loader: {count} JPEGs (160 px high), 224 px, "
+                      f"batch {args.batch_size}")
+        ours, bare, ratio = end_to_end(model, paths, 224, args.batch_size, run.device, run.autocast)
+        report.line(f"{ours:8.2f} pictures/s; the model alone on as many batches {bare:.2f}: ratio {ratio:.3f} "
+                    f"(median of 3 rounds, each timing both)")
+        report.header("4. peer: transformers pipeline('image-classification') on the same pictures")
+        peer = pipeline_peer(model, paths, args.batch_size, run.device, run.autocast)
+        report.line(f"{peer:8.2f} pictures/s; ours / pipeline {ours / peer:.2f}")
     figures.update({"end-to-end pictures/s": ours, "end-to-end / model-only": ratio,
                     "pipeline pictures/s": peer, "ours / pipeline": ours / peer})
 
-    header(f"5. a training step (forward, backward, clipping, SGD momentum), batch {batch}, 224 px")
-    speed, peak, what = training_step(model, 224, batch, device, autocast, repeats)
-    line(f"{speed:8.2f} pictures/s;  {batch / speed:.2f} s a step; peak {peak:.1f} GB ({what})")
+
+def section_training(run, figures, report, model):
+    batch = run.args.batch_size
+    report.header(f"5. a training step (forward, backward, clipping, SGD momentum), batch {batch}, 224 px")
+    speed, peak, what = training_step(model, 224, batch, run.device, run.autocast, run.repeats)
+    report.line(f"{speed:8.2f} pictures/s;  {batch / speed:.2f} s a step; peak {peak:.1f} GB ({what})")
     figures.update({"training pictures/s": speed, "training seconds/step": batch / speed, "training peak GB": peak})
 
-    header("6. scaling from 224 to 384 px")
+
+def section_scaling(run, figures, report):
+    report.header("6. scaling from 224 to 384 px")
+    forward, faster = figures["model-only"], figures["faster attention"]
     time_ratio = forward[f"224 {faster}"]["pictures/s"] / forward[f"384 {faster}"]["pictures/s"]
-    compute_ratio = forward_flops(config, 384) / forward_flops(config, 224)
-    line(f"time ratio 384/224 {time_ratio:.2f}; compute ratio {compute_ratio:.2f}")
+    config = benchmark_model(run.args.size)
+    compute_ratio = config_forward_flops(config, 384) / config_forward_flops(config, 224)
+    report.line(f"time ratio 384/224 {time_ratio:.2f}; compute ratio {compute_ratio:.2f}")
     figures.update({"time ratio 384/224": time_ratio, "compute ratio 384/224": compute_ratio})
+
+
+def main(argv=None):
+    parser = script_parser(__doc__)
+    parser.add_argument("--device", default="auto", choices=DEVICE_CHOICES, help="auto picks cuda, then mps, then cpu")
+    parser.add_argument("--precision", default="fp32", choices=PRECISIONS, help="of the model's passes")
+    parser.add_argument("--size", default="B", choices=tuple(SIZES), help="B: ViT-B/16; tiny: a smoke test")
+    parser.add_argument("--batch-size", type=positive_int, default=32, help="pictures per pass")
+    parser.add_argument("--repeats", type=positive_int,
+                        help="timed batches per figure (default: 2 on a CPU, 10 on a GPU)")
+    parser.add_argument("--pictures", type=positive_int,
+                        help="JPEGs for the end-to-end figures (default: 2 batches on a CPU, 30 on a GPU)")
+    parser.add_argument("--json", metavar="PATH", help="also write the figures to PATH as JSON")
+    args = parser.parse_args(argv)
     if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=2))
-    print(f"\nend-to-end / model-only at 224: {ratio:.2f}")
+        check_output_file(args.json, "--json")
+    run, report = Run(args), Report("throughput")
+    run.repeats = args.repeats or (2 if run.device.type == "cpu" else 10)
+    figures = {"device": device_name(run.device), "torch": torch.__version__, "precision": args.precision,
+               "model": "ViT-B/16" if args.size == "B" else "tiny ViT", "batch": args.batch_size}
+    section_roofline(run, figures, report)
+    model = section_model_only(run, figures, report)
+    section_end_to_end(run, figures, report, model)
+    section_training(run, figures, report, model)
+    section_scaling(run, figures, report)
+    if args.json:
+        write_json(args.json, figures)
+    print(f"\nend-to-end / model-only at 224: {figures['end-to-end / model-only']:.2f}")
     return 0
 
 

@@ -35,8 +35,33 @@ def missing_checkpoint_message(name, why):
             f"connect to the internet once to download it, or pass --model with a local directory")
 
 
+def looks_like_a_path(name):
+    """'./vit', '/data/vit', '~/vit', 'a/b/c': a local directory; 'google/vit-base-patch16-224': a Hub id."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
+
+
+def check_model_flag(name):
+    """--model must be an existing directory when it is written as a path."""
+    if looks_like_a_path(name) and not os.path.isdir(os.path.expanduser(name)):
+        what = "is a file, not a checkpoint directory" if os.path.exists(name) else "does not exist"
+        raise UserError(f"--model {name}: the directory {what}; pass a saved checkpoint directory or a Hub id")
+
+
+def checkpoint_config(name):
+    """The checkpoint's config when it is on disk (a directory or the local cache), else None. Reads no weights."""
+    from transformers import AutoConfig
+
+    check_model_flag(name)
+    try:
+        return AutoConfig.from_pretrained(os.path.expanduser(name), local_files_only=True)
+    except (OSError, ValueError):
+        return None
+
+
 def load_pretrained(model_class, name, **kwargs):
     """model_class.from_pretrained(name) from a local directory, the cache, or the Hub, in that order."""
+    check_model_flag(name)
+    name = os.path.expanduser(name)
     if os.path.isdir(name):
         try:
             return model_class.from_pretrained(name, **kwargs)

@@ -17,10 +17,9 @@ def _mps_available():
 def keep_freed_memory():
     """Let glibc keep freed memory for the next batch instead of handing it back to the system.
 
-    By default every block over 32 MB is a fresh mmap: each batch's activations are page-faulted
-    in again, and on a 2-core Xeon that cost a ViT-B/16 forward pass at batch 32 about 15% at 224
-    px and half its speed at 384 px (measured). mallopt(M_MMAP_THRESHOLD) and (M_TRIM_THRESHOLD)
-    at 2^31 - 1 keep such blocks in the heap. Elsewhere than glibc this does nothing.
+    By default every block over 32 MB is a fresh mmap, so each batch's activations are page-faulted
+    in again (the README's performance section has the cost). mallopt(M_MMAP_THRESHOLD) and
+    (M_TRIM_THRESHOLD) at 2^31 - 1 keep such blocks in the heap. Elsewhere than glibc this does nothing.
     """
     if not sys.platform.startswith("linux"):
         return False

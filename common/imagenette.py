@@ -65,7 +65,8 @@ def list_split(root, split, per_class=None):
     """[(path, label)] sorted by class folder, then file name; per_class keeps the first N of each."""
     items = []
     for label, wnid in enumerate(class_folders(root, split)):
-        paths = sorted(p for p in (Path(root) / split / wnid).iterdir() if p.suffix.lower() in (".jpeg", ".jpg", ".png"))
+        folder = Path(root) / split / wnid
+        paths = sorted(p for p in folder.iterdir() if p.suffix.lower() in (".jpeg", ".jpg", ".png"))
         items += [(p, label) for p in paths[:per_class]]
     return items
 
@@ -178,11 +179,8 @@ def to_pixels(batch, device):
 def loader_workers(device):
     """Processes that build batches ahead of the model: none on a CPU, half the cores beside a GPU.
 
-    On a CPU the model's threads already use every core, so building ahead hides nothing: on the
-    2-core Xeon, end-to-end evaluation ran at 0.96-0.97 of model-only inline and 0.97-0.99 with a
-    background thread (ViT-B/16, two rounds each: within the noise). Beside a GPU the cores are
-    otherwise idle: on an H200, 8 processes building uint8 batches raised end-to-end from 503
-    pictures/s (8 threads building float32 batches) to 724 (the model alone: 992).
+    On a CPU the model's threads already use every core, so building ahead hides nothing; beside a
+    GPU the cores are otherwise idle (the README's performance section has the measurements).
     """
     return 0 if device.type == "cpu" else max(1, min(8, (os.cpu_count() or 2) // 2))
 

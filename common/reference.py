@@ -1,15 +1,24 @@
-"""The article's logged numbers (data/reference_<script>.json) beside this run's numbers.
+"""The article's logged numbers (data/reference_<script>.json) beside this run's, with honest verdicts.
 
-A reference entry is the number exactly as the article prints it, as a string. Unless the entry
-states its own "tolerance" (numbers that depend on pretrained weights, library versions or random
-draws), this run reproduces it when it rounds to the same printed digits: |run - article| is at
-most half a unit of the article's last digit.
+An entry holds the number exactly as the article prints it ("article", a string), what it depends on
+("kind"), and for some a "band" with the reason for it ("why"):
+  nothing  arithmetic, the by-hand examples, learning rates, ln 10: same or differs, nothing else;
+  weights  the weights and the data, nothing random (accuracies, position-table statistics, the
+           zero-head gradients): same, close (within the entry's band), or differs;
+  chance   random draws, the order of the pictures, the device's round-off (few-shot draws, losses,
+           gradient norms, timings): close or differs where the entry states a measured band,
+           otherwise varies: both numbers and their difference are shown, with no claim.
+"same" means equal at the article's printed digits.
 """
 import json
 from decimal import Decimal
 from pathlib import Path
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+KINDS = ("nothing", "weights", "chance")
+VERDICTS = ("same", "close", "differs", "varies", "not run")
+LEGEND = ("same: equal at the article's digits; close: within the band the reference states, for the reason it "
+          "states; differs: outside it; varies: depends on chance, spread unmeasured, no claim")
 
 
 def load_reference(script):
@@ -19,14 +28,7 @@ def load_reference(script):
 
 
 def article_value(text):
-    return Decimal(text.replace(",", ""))
-
-
-def tolerance(entry):
-    if "tolerance" in entry:
-        return float(entry["tolerance"])
-    exponent = article_value(entry["article"]).as_tuple().exponent
-    return 0.5 * 10.0 ** exponent * (1 + 1e-9)
+    return float(Decimal(text.replace(",", "")))
 
 
 def format_like(article_text, value):
@@ -34,32 +36,51 @@ def format_like(article_text, value):
     mantissa, _, power = article_text.lower().partition("e")
     decimals = len(mantissa.partition(".")[2])
     if power:
-        return f"{value:.{decimals}e}"
-    return f"{value:,.{decimals}f}" if "," in article_text else f"{value:.{decimals}f}"
+        text = f"{value:.{decimals}e}"
+    else:
+        text = f"{value:,.{decimals}f}" if "," in article_text else f"{value:.{decimals}f}"
+    return text[1:] if text.startswith("-") and float(text.replace(",", "")) == 0 else text  # -0.0 is 0.0
 
 
-def compare_with_article(results, reference):
-    """Rows (name, article text, this run's text or None, reproduced?) for every reference number."""
+def verdict(entry, value):
+    """One of VERDICTS for this run's value (None: not run) against the entry."""
+    if value is None:
+        return "not run"
+    if entry["kind"] == "chance" and "band" not in entry:
+        return "varies"
+    if format_like(entry["article"], value) == entry["article"]:
+        return "same"
+    if "band" in entry and abs(value - article_value(entry["article"])) <= entry["band"]:
+        return "close"
+    return "differs"
+
+
+def compare(numbers, reference):
+    """[{name, article, run, difference, kind, verdict, band, why}] for every reference number."""
     rows = []
     for name, entry in reference.items():
-        value = results.get(name)
-        if value is None:
-            rows.append((name, entry["article"], None, False))
-            continue
-        same = abs(float(value) - float(article_value(entry["article"]))) <= tolerance(entry)
-        rows.append((name, entry["article"], format_like(entry["article"], float(value)), same))
+        value = numbers[name]["value"] if name in numbers else None
+        row = {"name": name, "article": entry["article"], "kind": entry["kind"], "verdict": verdict(entry, value),
+               "run": None if value is None else format_like(entry["article"], value),
+               "value": value, "difference": None if value is None else value - article_value(entry["article"])}
+        row.update({key: entry[key] for key in ("band", "why") if key in entry})
+        rows.append(row)
     return rows
 
 
-def print_comparison(results, reference):
-    """Print article | this run | same/differs, and return how many numbers were reproduced."""
-    rows = compare_with_article(results, reference)
-    width = max(len(name) for name, *_ in rows)
-    print("\n== comparison with the article ==")
-    print(f"  {'number':<{width}}  {'article':>14}  {'this run':>14}  ")
-    for name, article, run, same in rows:
-        verdict = "same" if same else ("not run" if run is None else "differs")
-        print(f"  {name:<{width}}  {article:>14}  {run or '-':>14}  {verdict}")
-    reproduced = sum(same for *_, same in rows)
-    print(f"  {reproduced} of {len(rows)} article numbers reproduced")
-    return reproduced
+def verdict_counts(rows):
+    return {word: sum(row["verdict"] == word for row in rows) for word in VERDICTS}
+
+
+def print_comparison(rows, report):
+    """article | this run | difference | verdict, then the count of each verdict."""
+    width = max(len(row["name"]) for row in rows)
+    report.header("comparison with the article")
+    report.line(f"{'number':<{width}}  {'article':>14}  {'this run':>14}  {'difference':>11}  verdict")
+    for row in rows:
+        difference = "" if row["difference"] is None else f"{row['difference']:+.3g}"
+        report.line(f"{row['name']:<{width}}  {row['article']:>14}  {row['run'] or '-':>14}  {difference:>11}  "
+                    f"{row['verdict']}")
+    counts = verdict_counts(rows)
+    report.line(", ".join(f"{counts[word]} {word}" for word in VERDICTS) + f" (of {len(rows)} article numbers)")
+    report.line(LEGEND)

@@ -37,7 +37,7 @@ def article_block(start):
 @pytest.fixture(scope="session")
 def pictures(tmp_path_factory):
     """An Imagenette-shaped folder: 4 generated pictures per class and split (grayscale and CMYK among them)."""
-    from standins import imagenette_folder
+    from common.standins import imagenette_folder
 
     return imagenette_folder(tmp_path_factory.mktemp("data") / "nette", per_class=4)
 
@@ -45,6 +45,16 @@ def pictures(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_in21k(tmp_path_factory):
     """A tiny ViT in the layout of the ImageNet-21k releases (with the pre-logits layer), saved to disk."""
-    from standins import tiny_vit_in21k
+    from common.standins import vit_in21k
 
-    return tiny_vit_in21k(tmp_path_factory.mktemp("vit21k"))
+    return vit_in21k(tmp_path_factory.mktemp("vit21k"))
+
+
+def script_output(main, argv, capsys):
+    """(exit status, stdout, stderr) of a script's main(argv) run in this process; argparse exits count too."""
+    try:
+        status = main(argv)
+    except SystemExit as stopped:
+        status = stopped.code
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err

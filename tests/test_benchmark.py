@@ -11,16 +11,19 @@ import pytest
 import torch
 from conftest import ROOT
 
+from common.compute import config_forward_flops
+from common.standins import smooth_pictures
+
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import throughput
 
 CPU = torch.device("cpu")
 
 
-def test_forward_flops_of_vit_b16_are_the_articles():
-    config = throughput.vit_config("B")
-    assert round(throughput.forward_flops(config, 224) / 1e9, 1) == 34.9   # the article's 34.9 and 110.3 GFLOPs
-    assert round(throughput.forward_flops(config, 384) / 1e9, 1) == 110.3
+def test_forward_flops_of_the_benchmark_model_are_the_articles():
+    config = throughput.benchmark_model("B")
+    assert round(config_forward_flops(config, 224) / 1e9, 1) == 34.9   # the article's 34.9 and 110.3 GFLOPs
+    assert round(config_forward_flops(config, 384) / 1e9, 1) == 110.3
 
 
 def test_median_seconds_times_the_calls():
@@ -40,11 +43,11 @@ def test_matmul_roofline_counts_2_n_cubed():
 
 
 def test_tiny_model_figures(tmp_path):
-    config = throughput.vit_config("tiny")
+    config = throughput.benchmark_model("tiny")
     model = throughput.random_vit(config, "eager", CPU)
     assert model.config._attn_implementation == "eager"
     assert throughput.model_only(model, 224, 2, CPU, torch.autocast("cpu", enabled=False), repeats=1) > 0
-    paths = throughput.generated_pictures(tmp_path, 5)
+    paths = smooth_pictures(tmp_path, 5)
     ours, alone, ratio = throughput.end_to_end(model, paths, 224, 2, CPU, torch.autocast("cpu", enabled=False), 2)
     assert ours > 0 and alone > 0 and ratio > 0
     speed, peak, what = throughput.training_step(model, 224, 2, CPU, torch.autocast("cpu", enabled=False), repeats=1)

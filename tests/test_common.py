@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from common.checkpoints import load_pretrained
-from common.cli import guarded
 from common.device import pick_device
 from common.errors import UserError
-from common.reference import compare_with_article, load_reference
+from common.reference import KINDS, compare, format_like, load_reference, verdict
+from common.report import Report
+from common.run import Run, guarded
 
 
 def test_auto_device_is_one_that_exists():
@@ -52,22 +53,85 @@ def test_a_directory_without_a_checkpoint_is_reported(tmp_path):
         load_pretrained(ViTModel, str(tmp_path))
 
 
-def test_comparison_reports_a_differing_number():
-    reference = {"a": {"article": "34.9"}, "b": {"article": "1,035,645"}, "c": {"article": "4.0e-04"},
-                 "d": {"article": "99.54", "tolerance": 0.5}, "e": {"article": "1.0"}}
-    results = {"a": 34.8911, "b": 1_035_646, "c": 4.04e-4, "d": 99.1}
-    rows = {name: (run, same) for name, _, run, same in compare_with_article(results, reference)}
-    assert rows["a"] == ("34.9", True)
-    assert rows["b"] == ("1,035,646", False)
-    assert rows["c"] == ("4.0e-04", True)
-    assert rows["d"][1] is True
-    assert rows["e"] == (None, False)  # not measured by this run: never counted as reproduced
-    assert compare_with_article({"a": 34.96}, {"a": {"article": "34.9"}})[0][3] is False
+@pytest.mark.parametrize("entry,value,expected", [
+    ({"article": "34.9", "kind": "nothing"}, 34.8911, "same"),                  # rounds to the article's digits
+    ({"article": "34.9", "kind": "nothing"}, 34.96, "differs"),
+    ({"article": "1,035,645", "kind": "nothing"}, 1_035_646, "differs"),
+    ({"article": "4.0e-04", "kind": "nothing"}, 4.04e-4, "same"),
+    ({"article": "0.0", "kind": "nothing"}, -1e-9, "same"),                     # -0.0 prints as 0.0
+    ({"article": "99.54", "kind": "weights", "band": 0.056}, 99.49, "close"),   # 2 pictures of 3,925
+    ({"article": "99.54", "kind": "weights", "band": 0.056}, 99.44, "differs"),
+    ({"article": "99.54", "kind": "weights"}, 99.49, "differs"),                # no band: close is not possible
+    ({"article": "2.3014", "kind": "chance"}, 2.3014, "varies"),                # no measured spread: no claim
+    ({"article": "98.0", "kind": "chance", "band": 0.65}, 97.5, "close"),
+    ({"article": "98.0", "kind": "chance", "band": 0.65}, 97.3, "differs"),
+    ({"article": "98.0", "kind": "chance", "band": 0.65}, None, "not run"),
+])
+def test_verdicts(entry, value, expected):
+    assert verdict(entry, value) == expected
 
 
-def test_every_reference_file_is_labelled():
-    reference = load_reference("setup")
-    assert len(reference) > 100 and all("article" in entry for entry in reference.values())
+def test_format_like_uses_the_articles_digits():
+    assert [format_like("34.9", 34.8911), format_like("1,035,645", 1035645.4), format_like("4.0e-04", 4.04e-4),
+            format_like("0.0", -0.0001)] == ["34.9", "1,035,645", "4.0e-04", "0.0"]
+
+
+def test_comparison_rows_carry_kind_difference_and_reason():
+    reference = {"a": {"article": "34.9", "kind": "nothing"},
+                 "b": {"article": "99.54", "kind": "weights", "band": 0.056, "why": "round-off"}}
+    rows = compare({"b": {"value": 99.5, "text": "99.50"}}, reference)
+    assert rows[0]["verdict"] == "not run" and rows[0]["run"] is None
+    assert rows[1]["verdict"] == "close" and rows[1]["why"] == "round-off"
+    assert rows[1]["difference"] == pytest.approx(-0.04)
+
+
+@pytest.mark.parametrize("script", ["setup", "posemb", "fewshot", "finetune"])
+def test_every_reference_entry_has_a_kind_and_bands_have_reasons(script):
+    reference = load_reference(script)
+    assert len(reference) > 50
+    for name, entry in reference.items():
+        assert entry["kind"] in KINDS, name
+        assert entry["kind"] != "nothing" or "band" not in entry, name  # arithmetic is same or differs
+        assert "band" not in entry or entry.get("why"), name
+
+
+def test_report_records_what_it_prints(capsys):
+    report = Report("test")
+    report.line(f"loss {report.num('loss', 2.302585093, '.6f')}, W = {report.nums('W', [[0.625, -0.625]], '.3f')}")
+    assert capsys.readouterr().out == "  loss 2.302585, W = [[0.625, -0.625]]\n"
+    assert report.numbers["loss"] == {"value": 2.302585093, "text": "2.302585"}
+    assert report.numbers["W[1,2]"]["text"] == "-0.625" and report.line_of["W[1,2]"] == 0
+    with pytest.raises(ValueError, match="printed twice"):
+        report.num("loss", 1.0)
+
+
+def test_run_loads_a_resource_once_and_remembers_a_failure():
+    calls = []
+
+    def model(run):
+        calls.append("model")
+        return "the model"
+
+    def data(run):
+        calls.append("data")
+        raise UserError("no data here; pass --data-dir")
+
+    def checkpoint(run):
+        raise UserError("no checkpoint here; pass --model")
+
+    run = Run(argparse_namespace(), {"model": model, "data": data, "checkpoint": checkpoint})
+    assert run.need("model") == "the model" and run.need("model") == "the model"
+    for _ in range(2):
+        with pytest.raises(UserError) as problem:
+            run.need("data", "checkpoint", "model")
+        assert str(problem.value) == "no data here; pass --data-dir; also no checkpoint here; pass --model"
+    assert calls == ["model", "data"]
+
+
+def argparse_namespace(**flags):
+    import argparse
+
+    return argparse.Namespace(compare=False, json=None, **flags)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is there")

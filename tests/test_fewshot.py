@@ -9,19 +9,27 @@ from conftest import ARTICLE, ROOT, article_block
 
 import vit_part3_fewshot as fewshot
 from common.imagenette import list_split
+from common.report import Report
+
+
+def by_hand_numbers():
+    report = Report("fewshot")
+    fewshot.section_by_hand(None, report)
+    return {name: number["value"] for name, number in report.numbers.items()}
 
 
 def test_by_hand_values_of_the_article():
-    results = fewshot.section_by_hand()
+    results = by_hand_numbers()
     assert results["det"] == pytest.approx(80)  # 7 * 15 - 5 * 5
-    assert [results[f"inverse {k}"] for k in ("11", "12", "21", "22")] == pytest.approx([15 / 80, -5 / 80, -5 / 80, 7 / 80])
-    assert (results["W 11"], results["W 21"]) == pytest.approx((0.625, -0.475))
-    assert results["new score A"] == pytest.approx(1.5 * 0.625 + 0.5 * -0.475)
+    inverse = [results[f"inverse[{k}]"] for k in ("1,1", "1,2", "2,1", "2,2")]
+    assert inverse == pytest.approx([15 / 80, -5 / 80, -5 / 80, 7 / 80])
+    assert (results["W[1,1]"], results["W[2,1]"]) == pytest.approx((0.625, -0.475))
+    assert results["new picture scores[1]"] == pytest.approx(1.5 * 0.625 + 0.5 * -0.475)
 
 
 @pytest.mark.skipif(not ARTICLE.exists(), reason="the article is not beside the checkout")
 def test_by_hand_lines_are_the_article_lines(capsys):
-    fewshot.section_by_hand()
+    by_hand_numbers()
     printed = capsys.readouterr().out.splitlines()
     block = article_block("== 1. the closed form by hand")
     assert len(block) == 9 and [text_line for text_line in block if text_line not in printed] == []
@@ -101,7 +109,10 @@ def test_script_end_to_end_on_stand_ins(tiny_in21k, pictures):
 
 
 def test_script_offline_without_weights_runs_section_1():
-    run = subprocess.run([sys.executable, "vit_part3_fewshot.py"], cwd=ROOT, capture_output=True, text=True, check=False,
+    run = subprocess.run([sys.executable, "vit_part3_fewshot.py"], cwd=ROOT, capture_output=True, text=True,
+                         check=False,
                          timeout=120)
     assert run.returncode == 1 and "det = 80" in run.stdout
-    assert "cannot run this section:" in run.stdout and "Traceback" not in run.stderr
+    section_2 = next(text for text in run.stdout.splitlines() if 'cannot run section "2. few-shot accuracy"' in text)
+    assert "Imagenette is not in" in section_2 and "checkpoint google/vit-base-patch16-224-in21k" in section_2
+    assert "Traceback" not in run.stderr

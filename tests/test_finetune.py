@@ -12,6 +12,7 @@ import torch
 from conftest import ARTICLE, ROOT, article_block
 
 import vit_part3_finetune as finetune
+from common.schedules import warmup_cosine_lr
 
 # The article's step lines: step, lr as printed.
 ARTICLE_LRS = {5: "0.00040", 10: "0.00090", 25: "0.00240", 50: "0.00296", 100: "0.00254", 150: "0.00178",
@@ -20,7 +21,7 @@ ARTICLE_LRS = {5: "0.00040", 10: "0.00090", 25: "0.00240", 50: "0.00296", 100: "
 
 def test_lr_schedule_by_hand():
     def lr(t):
-        return finetune.lr_at(t, 0.003, 300, 30)
+        return warmup_cosine_lr(t, 0.003, 300, 30)
 
     assert lr(0) == 0.0
     assert lr(4) == pytest.approx(0.003 * 4 / 30)         # warm-up: eta_0 t / W
@@ -130,9 +131,10 @@ def test_resumed_run_ends_like_an_uninterrupted_one(tiny_in21k, pictures, tmp_pa
     assert status == 0 and "resumed from" in out and "step   6:" in out
     for a, b in zip(final_weights(whole), final_weights(parts)):
         assert all(torch.equal(a[name], b[name]) for name in a)
-    first, second = (json.loads((tmp_path / f"{x}.json").read_text())["results"] for x in "ab")
+    first, second = (json.loads((tmp_path / f"{x}.json").read_text())["numbers"] for x in "ab")
     timeless = [key for key in first if "seconds" not in key]
-    assert {k: first[k] for k in timeless} == {k: second[k] for k in timeless}
+    assert len(timeless) > 30
+    assert {k: first[k]["value"] for k in timeless} == {k: second[k]["value"] for k in timeless}
 
 
 def test_resume_refuses_other_settings(tiny_in21k, pictures, tmp_path, capsys):
@@ -143,9 +145,10 @@ def test_resume_refuses_other_settings(tiny_in21k, pictures, tmp_path, capsys):
 
 def same_training_numbers(first_json, second_json, rel):
     """The logged loss and gradient norm (before clipping, so a wrong scale shows) of every step agree."""
-    first, second = (json.loads(path.read_text())["results"] for path in (first_json, second_json))
+    first, second = (json.loads(path.read_text())["numbers"] for path in (first_json, second_json))
     logged = [key for key in first if key.endswith((" loss", " norm"))]
-    return len(logged) >= 6 and all(second[key] == pytest.approx(first[key], rel=rel) for key in logged)
+    return len(logged) >= 6 and all(second[key]["value"] == pytest.approx(first[key]["value"], rel=rel)
+                                    for key in logged)
 
 
 def test_unreadable_checkpoints_and_bad_numbers_are_one_line(tiny_in21k, pictures, tmp_path, capsys):
@@ -206,18 +209,20 @@ def test_script_end_to_end_on_stand_ins(tiny_in21k, pictures, tmp_path):
     printed = [numbers_as_hash(text) for text in run.stdout.splitlines()]
     # Section 1 prints the article's lines, numbers aside; sections 0 and 2 its layout.
     for text in article_block("== 1. step 0 with the zero head")[1:]:
-        expected = numbers_as_hash(text).replace("#M other", "# other")  # a tiny body counts in full
+        expected = numbers_as_hash(text).replace("#M other", "# other")  # a tiny body is counted in full
         assert expected in printed, expected
     step_line = numbers_as_hash(article_block("== 2. fine-tuning")[2])
     assert sum(text == step_line for text in printed) == 6
     for text in article_block("== 2. fine-tuning")[-2:] + article_block("== 0. data")[2:]:
         assert numbers_as_hash(text) in printed, text
-    assert "article numbers reproduced" in run.stdout
+    assert "(of 86 article numbers)" in run.stdout
 
 
 def test_script_without_the_checkpoint_says_so(pictures):
     run = subprocess.run([sys.executable, "vit_part3_finetune.py", "--data-dir", str(pictures)], cwd=ROOT,
                          capture_output=True, text=True, check=False, timeout=120)
     assert run.returncode == 1 and "Traceback" not in run.stderr
-    assert "cannot run this section: checkpoint google/vit-base-patch16-224-in21k is not in the local" in run.stdout
-    assert run.stdout.count("cannot run this section either") == 2
+    lines = [text for text in run.stdout.splitlines() if "cannot run section" in text]
+    titles = [text.split('"')[1] for text in lines]
+    assert titles == ["0. data and model", "1. step 0 with the zero head", "2. fine-tuning"]
+    assert all("checkpoint google/vit-base-patch16-224-in21k is not in the local" in text for text in lines)

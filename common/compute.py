@@ -1,0 +1,59 @@
+"""ViT's sequence and compute from its shapes: Table 1's sizes, N = (R/P)^2, and forward FLOPs."""
+
+# Table 1 of the paper: layers, hidden size D, MLP size, heads.
+VIT_SIZES = {"B": (12, 768, 3072, 12), "L": (24, 1024, 4096, 16), "H": (32, 1280, 5120, 16)}
+
+
+def sequence_shape(resolution, patch):
+    """grid side, N = (resolution/patch)^2 patches, sequence N+1, (N+1)^2 attention pairs per head."""
+    grid = resolution // patch
+    n = grid * grid
+    return grid, n, n + 1, (n + 1) ** 2
+
+
+def token_flops(layers, width, mlp, tokens):
+    """The per-token part of an encoder's forward compute, in FLOPs (a multiply-add counts as 2).
+
+    Per layer, s tokens of width D through the q, k, v and output projections (4 s D^2 multiply-adds)
+    and the MLP's two matrices (2 s D M): 2 L (4 s D^2 + 2 s D M) FLOPs, linear in s.
+    """
+    return 2 * layers * tokens * (4 * width**2 + 2 * width * mlp)
+
+
+def attention_flops(layers, width, tokens):
+    """The pairwise part: scores Q K^T and the weighted sum, 2 s^2 D multiply-adds a layer: 2 L 2 s^2 D FLOPs."""
+    return 2 * layers * 2 * tokens**2 * width
+
+
+def encoder_flops(layers, width, mlp, tokens):
+    """Forward compute of a ViT encoder: FLOPs = 2 L (4 s D^2 + 2 s D M + 2 s^2 D).
+
+    Left out: the patch embedding (2 N (3 P^2) D FLOPs: 0.23 GFLOPs for every ViT-B at 224, since
+    N P^2 = 224^2; 2.7% of ViT-B/32's 8.6), the norms, softmax and head. This is the article's estimate.
+    """
+    return token_flops(layers, width, mlp, tokens) + attention_flops(layers, width, tokens)
+
+
+def patch_embedding_flops(resolution, patch, width):
+    """E maps each of the N patches of 3 P^2 numbers to D numbers: 2 N 3 P^2 D FLOPs."""
+    return 2 * sequence_shape(resolution, patch)[1] * 3 * patch**2 * width
+
+
+def forward_gflops(size, patch, resolution):
+    layers, width, mlp, _ = VIT_SIZES[size]
+    return encoder_flops(layers, width, mlp, sequence_shape(resolution, patch)[2]) / 1e9
+
+
+def table1_config(size, patch, image_size=224):
+    """A transformers ViTConfig of a Table 1 size."""
+    from transformers import ViTConfig
+
+    layers, width, mlp, heads = VIT_SIZES[size]
+    return ViTConfig(hidden_size=width, num_hidden_layers=layers, intermediate_size=mlp,
+                     num_attention_heads=heads, patch_size=patch, image_size=image_size)
+
+
+def config_forward_flops(config, resolution):
+    """encoder_flops of a ViTConfig at a resolution."""
+    tokens = sequence_shape(resolution, config.patch_size)[2]
+    return encoder_flops(config.num_hidden_layers, config.hidden_size, config.intermediate_size, tokens)

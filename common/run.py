@@ -1,0 +1,181 @@
+"""One run of a script: its flags, device and resources, its list of sections, --compare and --json.
+
+Every section is a function `section_x(run, report)` whose docstring's first line names it ("2. the
+position table"). Resources (the checkpoint, the data folder, the decoded pictures) are loaded by
+the script's loaders on first use, once per run; a failure is remembered, so every later section
+that needs the resource reports the same one line.
+"""
+import contextlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common.errors import UserError
+from common.reference import compare, load_reference, print_comparison
+from common.report import Report
+
+
+class Run:
+    """The parsed flags, the device and its arithmetic, the processes, and the resources of one run."""
+
+    def __init__(self, args, loaders=None, device=None, rank=0, world=1):
+        from common.device import pick_device, set_precision
+
+        self.args = args
+        self.device = device or (pick_device(args.device) if "device" in args else None)
+        self.autocast = (set_precision(self.device, args.precision) if "precision" in args
+                         else contextlib.nullcontext())
+        self.rank, self.world = rank, world
+        self.loaders = loaders or {}
+        self.loaded = {}
+        self.started = time.time()
+
+    def need(self, *names):
+        """The named resources, each loaded on first use; every missing one is named in one UserError."""
+        problems = []
+        for name in names:
+            if name not in self.loaded:
+                try:
+                    self.loaded[name] = self.loaders[name](self)
+                except UserError as problem:
+                    self.loaded[name] = problem
+            if isinstance(self.loaded[name], UserError):
+                problems += [p for p in str(self.loaded[name]).split("; also ") if p not in problems]
+        if problems:
+            raise UserError("; also ".join(problems))
+        values = [self.loaded[name] for name in names]
+        return values[0] if len(values) == 1 else values
+
+
+def section_title(section):
+    return section.__doc__.strip().splitlines()[0]
+
+
+def run_sections(script, run, sections):
+    """Run each section in order, then --compare and --json; exit status 1 when a section could not run."""
+    report = Report(script, quiet=run.rank != 0)
+    for section in sections:
+        try:
+            section(run, report)
+        except UserError as problem:
+            report.cannot_run(section_title(section), problem)
+    return finish(run, report)
+
+
+def finish(run, report):
+    args = run.args
+    rows = compare(report.numbers, load_reference(report.script)) if args.compare else None
+    if rows:
+        print_comparison(rows, report)
+    if args.json and run.rank == 0:
+        write_json(args.json, run_record(run, report, rows))
+    if report.could_not_run:
+        titles = ", ".join(title for title, _ in report.could_not_run)
+        report.say(f"\n{len(report.could_not_run)} section(s) could not run ({titles}); see the lines 'cannot run'")
+    return 1 if report.could_not_run else 0
+
+
+def run_record(run, report, rows):
+    """What --json writes: the flags, the environment, every printed number, and the comparison."""
+    record = {"script": report.script, "flags": vars(run.args),
+              "environment": environment(run), "printed": report.lines,
+              "numbers": {name: {**number, "line": report.line_of.get(name)}
+                          for name, number in report.numbers.items()},
+              "could_not_run": [{"section": title, "why": why} for title, why in report.could_not_run]}
+    if rows is not None:
+        record["comparison"] = rows
+    return record
+
+
+def environment(run):
+    """Library versions, device, precision, seed, git commit, start time and duration of the run."""
+    import numpy
+    import PIL
+    import scipy
+    import torch
+    import transformers
+
+    args = run.args
+    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "numpy": numpy.__version__, "scipy": scipy.__version__, "pillow": PIL.__version__,
+            "device": device_name(run.device), "processes": run.world,
+            "precision": getattr(args, "precision", "fp32"), "seed": getattr(args, "seed", None),
+            "commit": git_commit(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(run.started)),
+            "seconds": round(time.time() - run.started, 1)}
+
+
+def device_name(device):
+    import torch
+
+    if device is None or device.type == "cpu":
+        name = platform.processor() or platform.machine()
+        cpuinfo = Path("/proc/cpuinfo")
+        if cpuinfo.exists():
+            name = next((text.split(":", 1)[1].strip() for text in cpuinfo.read_text().splitlines()
+                         if text.startswith("model name")), name)
+        return f"CPU: {name}, {os.cpu_count()} cores"
+    if device.type == "cuda":
+        return f"GPU: {torch.cuda.get_device_name(device)}"
+    return f"Apple {device.type}: {platform.machine()}"
+
+
+def git_commit():
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True,
+                              text=True, timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def check_output_file(path, flag):
+    """Refuse, before any work, an output file that cannot be written; create its folder if needed."""
+    target = Path(path)
+    if target.is_dir():
+        raise UserError(f"{flag} {path} is a folder: give a file name, such as {target / 'results.json'}")
+    check_writable(target.parent, flag, path)
+
+
+def check_output_dir(path, flag):
+    """Refuse, before any work, a folder that cannot be made or written to; create it if needed."""
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"{flag} {path} is a file, not a folder: pass a folder, which is created if needed")
+    check_writable(folder, flag, path)
+
+
+def check_writable(folder, flag, path):
+    """Make the folder and write a probe file in it: the one sure test, whatever the permissions say."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".probe-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        raise UserError(f"{flag} {path} cannot be written ({error.strerror or error}): "
+                        f"choose a place you can write to") from error
+
+
+def write_json(path, record):
+    """Written whole or not at all: a hidden .part file, then a rename."""
+    target = Path(path)
+    part = target.with_name(f".{target.name}.part")
+    part.write_text(json.dumps(record, indent=2, default=str))
+    part.replace(target)
+
+
+def guarded(main):
+    """Run main(); a UserError outside the sections ends in one line (once under torchrun) and exit status 2."""
+    try:
+        return main()
+    except UserError as problem:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"error: {problem}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,74 @@
+"""common/imagenette.py: finding, checking, downloading, decoding and preprocessing the pictures."""
+import io
+import tarfile
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from common.errors import UserError
+from common.imagenette import check_counts, download_and_extract, imagenet_indices, list_split, load_rgb, preprocess
+from common.standins import imagenette_folder
+
+
+def test_preprocessing_equals_the_library_processor(pictures):
+    from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
+
+    for path, _ in list_split(pictures, "val")[:3]:
+        image = load_rgb(path)
+        for resolution in (224, 384):
+            processor = ViTImageProcessorPil(size={"height": resolution, "width": resolution})
+            expected = processor(images=image, return_tensors="np")["pixel_values"][0]
+            assert np.abs(preprocess(image, resolution) - expected).max() < 1e-6
+
+
+def test_grayscale_and_cmyk_become_rgb(pictures):
+    modes = {Image.open(path).mode for path, _ in list_split(pictures, "train")}
+    assert {"L", "CMYK", "RGB"} <= modes
+    assert {load_rgb(path).mode for path, _ in list_split(pictures, "train")} == {"RGB"}
+
+
+def test_unreadable_picture_names_its_path(tmp_path):
+    bad = tmp_path / "broken.JPEG"
+    bad.write_bytes(b"not a jpeg")
+    with pytest.raises(UserError, match="broken.JPEG"):
+        load_rgb(bad)
+
+
+def test_per_class_subsets_are_the_first_files(pictures):
+    subset = list_split(pictures, "val", per_class=2)
+    assert len(subset) == 20 and [p.name for p, _ in subset[:2]] == ["n01440764_0000.JPEG", "n01440764_0001.JPEG"]
+    assert imagenet_indices(pictures)[-1] == 701  # parachute
+
+
+def test_incomplete_imagenette_is_reported(tmp_path):
+    root = imagenette_folder(tmp_path / "imagenette2-160", per_class=1)
+    with pytest.raises(UserError, match="found 10 of 9,469 training pictures"):
+        check_counts(root)
+
+
+def test_own_classes_work_without_imagenette_counts(tmp_path):
+    root = imagenette_folder(tmp_path / "imagenette2-160", per_class=1, classes=["cats", "dogs"])
+    check_counts(root)
+    assert [label for _, label in list_split(root, "val")] == [0, 1]
+
+
+def archive_of(folder, broken=False):
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        tar.add(folder, arcname=folder.name)
+    data = buffer.getvalue()
+    return data[: len(data) // 2] if broken else data
+
+
+def test_download_is_all_or_nothing(tmp_path):
+    source = imagenette_folder(tmp_path / "src" / "mine", per_class=1, classes=["a", "b"])
+    target = tmp_path / "data" / "mine"
+    archive = tmp_path / "mine.tgz"
+    archive.write_bytes(archive_of(source, broken=True))
+    with pytest.raises(UserError, match="could not extract"):
+        download_and_extract(archive.as_uri(), target, progress=False)
+    assert not target.exists() and list((tmp_path / "data").iterdir()) == []  # no half folder, no leftovers
+    archive.write_bytes(archive_of(source))
+    download_and_extract(archive.as_uri(), target, progress=False)
+    assert len(list_split(target, "val")) == 2 and list((tmp_path / "data").iterdir()) == [target]

@@ -1,0 +1,139 @@
+"""The comparison with the article: every logged number has a reference entry, every entry is produced
+by its script, and no number that depends on the weights is called "same" or "close" by accident."""
+import json
+import re
+from collections import Counter
+
+import pytest
+from conftest import ARTICLE, script_output
+
+import vit_part3_fewshot
+import vit_part3_finetune
+import vit_part3_posemb
+import vit_part3_setup
+from common.reference import load_reference
+from common.standins import imagenette_folder, vit_classifier, vit_in21k
+
+NUMBER = re.compile(r"[-+]?\d(?:[\d,]*\d)?(?:\.\d+)?(?:e[-+]\d+)?")
+# Numbers on the logged lines that name a thing rather than measure it: section numbers, model names, the
+# settings a line states (steps, batch, lambda, shots, step and stage numbers), and the second side of AxB.
+LABELS = [r"^(==|--) \d+[.b]", r"ViT-[BLH]/\d+", r"patch\d+-\d+", r"in21k", r"BatchNorm2d", r"set to 0",
+          r"\b[A-Za-z]+-\d+[A-Za-z]*", r"Table \d+(: \d+M)?", r"\bat \d[\d,]*", r"\b[123]x[123]\b", r"\b[12]D\b",
+          r"\b[AB][12]\b", r"order=1", r"\d+-class", r"(in|out)_features=\d+", r"step\s+\d[\d,]*",
+          r"steps \d+ to \d+", r"(first|last) \d+ steps", r"of \d+ steps", r"[\d,]+ steps x batch 512",
+          r"\d+ steps, batch \d+", r"batch \d+", r"momentum[ =]\d[\d.]*", r"base LR \S+", r"global norm \d\S*",
+          r"factor of 0\.9999", r"factor \d\.\d+", r"decay to 0", r"ln\(\S+?\)", r"ln \d+ =", r"of the \d+ classes",
+          r"= 0 because W_head = 0", r"std 0\.02", r"picture 1 range", r"stage \d", r"\bt=\d", r"\bg=\s*-?[\d.]+",
+          r"\(ours [\d.]+\)", r"lr 0\.01", r"0\.9\*velocity", r"lambda\s*=?\s*[\d.]+", r"\d+-shot",
+          r"\d+ random draws", r"pool of \d+", r"draw 0", r"K = \d", r"\d+ pictures, \d+ features", r"\[1, -1\]",
+          r"\[-1, 1\]", r"\{-1, 1\}", r"\(X\^T X \+ I\)\^-1", r"right side of 0",
+          r"4 channels, 2 pixels per channel, 2 groups", r"channel 1", r"channels 1 and 2", r"partner \d",
+          r"group 1", r"filter \d", r"mean 0 and std 1", r"\(N\+1\)\^2", r"\)\^2", r"plus 1 \[class\]",
+          r"\(1/2\)\^-2 = 4", r"1x1 patches", r"of \d+ numbers", r"\"4x longer", r"row \d+\b", r"\(0,0\)",
+          r"position \d+ x \d+/\d+", r"\d+/\d+ = \d+ patches", r"bilinear \d+x\d+ -> \d+x\d+", r"at \d+ pixels",
+          r"1 row for \[class\]", r"\d+ epochs", r"[\d.]+M images", r"warm-up 10,000", r"base LR [\d.]+",
+          r"the last 1/\(1 - 0\.9999\)", r"sqrt\(9 \+ 0 \+ 16\)", r"> 1", r"by 1/5", r"tensors \[3, 0\] and \[4\]",
+          r"length 1", r"global norm 1\b", r"over [\d,]+ training", r"\(\d+ px on the short side\)",
+          r"\(\d+ patches\)", r"\b384, ", r"\b224, ", r"of 10\)", r"of 1000\)", r"\"of 1000\"", r"all 1000",
+          r"the 10 Imagenette", r"the \d+ rows stretched", r"\(Eq\. 4\)", r"\(0\+1\)/2", r"\(0\+2\)/2",
+          r"\(0\+1\+2\+3\)/4", r"grid 2x2", r"(?<=\d)x\d+"]
+
+
+def logged_paragraphs():
+    """(script, lines) of each logged block in the article: runs of lines that start '== ', '-- ' or '  '."""
+    owners = {"== 0. data": "finetune", "== 1. step 0": "finetune", "== 2. fine-tuning": "finetune",
+              "== 1. resize": "posemb", "== 2. the position table": "posemb", "== 4. accuracy": "posemb",
+              "== 1. the closed form": "fewshot", "== 2. frozen": "fewshot"}
+    paragraphs, current = [], []
+    for text in ARTICLE.read_text().splitlines() + [""]:
+        if text.strip():
+            current.append(text)
+            continue
+        if current and current[0].startswith(("== ", "-- ", "  ")):
+            owner = next((script for start, script in owners.items() if current[0].startswith(start)), "setup")
+            paragraphs.append((owner, current))
+        current = []
+    return paragraphs
+
+
+def measured_tokens(text):
+    for label in LABELS:
+        text = re.sub(label, " ", text)
+    return [token.lstrip("+-") for token in NUMBER.findall(text)]
+
+
+@pytest.mark.skipif(not ARTICLE.exists(), reason="the article is not beside the checkout")
+@pytest.mark.parametrize("script", ["setup", "posemb", "fewshot", "finetune"])
+def test_every_number_on_a_logged_line_has_a_reference_entry(script):
+    on_lines = Counter(token for owner, lines in logged_paragraphs() if owner == script
+                       for text in lines for token in measured_tokens(text))
+    entries = Counter(entry["article"].lstrip("+-") for entry in load_reference(script).values())
+    assert sum(on_lines.values()) > 40
+    assert on_lines - entries == Counter()
+
+
+# ---------------------------------------------------------------- the scripts on stand-ins
+
+@pytest.fixture(scope="module")
+def standins(tmp_path_factory):
+    """Two of each checkpoint with different random weights, and a folder with 12 pictures per class."""
+    root = tmp_path_factory.mktemp("standins")
+    return {"data": imagenette_folder(root / "nette", per_class=12),
+            "classifier": [vit_classifier(root / f"classifier-{seed}", seed=seed) for seed in (0, 1)],
+            "in21k": [vit_in21k(root / f"in21k-{seed}", seed=seed) for seed in (0, 1)]}
+
+
+def run_script(main, flags, path, capsys):
+    status, out, err = script_output(main, flags + ["--compare", "--json", str(path)], capsys)
+    assert status == 0, out[-2000:] + err[-2000:]
+    return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def weight_runs(standins, tmp_path_factory):
+    """The JSON of posemb, fewshot and finetune, each on both stand-ins: {script: [record, record]}."""
+    out = tmp_path_factory.mktemp("runs")
+    data = str(standins["data"])
+    flags = {"posemb": (vit_part3_posemb.main, "classifier", ["--batch-size", "16"]),
+             "fewshot": (vit_part3_fewshot.main, "in21k", ["--no-cache"]),
+             "finetune": (vit_part3_finetune.main, "in21k", ["--resolution", "32", "--device", "cpu"])}
+    records = {}
+    for script, (main, kind, extra) in flags.items():
+        records[script] = []
+        for seed, model in enumerate(standins[kind]):
+            path = out / f"{script}-{seed}.json"
+            status = main(["--model", str(model), "--data-dir", data, *extra, "--compare", "--json", str(path)])
+            assert status == 0, script
+            records[script].append(json.loads(path.read_text()))
+    return records
+
+
+def test_setup_offline_produces_every_reference_number_and_all_are_same(tmp_path, capsys):
+    record = run_script(vit_part3_setup.main, [], tmp_path / "setup.json", capsys)
+    assert set(load_reference("setup")) <= set(record["numbers"])
+    assert {row["verdict"] for row in record["comparison"]} == {"same"}
+
+
+@pytest.mark.parametrize("script", ["posemb", "fewshot", "finetune"])
+def test_every_reference_number_is_produced_on_stand_ins(weight_runs, script):
+    for record in weight_runs[script]:
+        assert sorted(set(load_reference(script)) - set(record["numbers"])) == []
+        assert "not run" not in {row["verdict"] for row in record["comparison"]}
+
+
+@pytest.mark.parametrize("script", ["posemb", "fewshot", "finetune"])
+def test_no_number_that_moves_with_the_weights_is_called_same_or_close(weight_runs, script):
+    first, second = weight_runs[script]
+    moved = {name for name, number in first["numbers"].items() if number["value"] != second["numbers"][name]["value"]}
+    assert len(moved) > 10
+    for record in (first, second):
+        claimed = {row["name"] for row in record["comparison"] if row["verdict"] in ("same", "close")}
+        assert sorted(claimed & moved) == []
+
+
+def test_json_holds_the_comparison_and_the_run(weight_runs):
+    record = weight_runs["posemb"][0]
+    row = next(row for row in record["comparison"] if row["name"] == "224 of 10")
+    assert set(row) >= {"article", "run", "value", "kind", "verdict", "band", "why"}
+    assert record["flags"]["batch_size"] == 16 and record["environment"]["torch"]
+    assert record["numbers"]["224 of 10"]["line"] is not None
