@@ -33,7 +33,7 @@ from common.cli import (
 from common.errors import UserError
 from common.imagenette import class_names, ensure_imagenette, list_split
 from common.inference import run_model
-from common.run import Run, check_output_file, guarded, run_sections
+from common.run import Run, guarded, run_sections
 
 DEFAULT_MODEL = "google/vit-base-patch16-224-in21k"
 CACHE_DIR = Path(__file__).resolve().parent / "data" / "features"
@@ -56,8 +56,11 @@ def closed_form(x, y, lam):
     """W = (X^T X + lambda I)^-1 X^T Y, found by one linear solve of (X^T X + lambda I) W = X^T Y.
 
     It minimises ||X W - Y||^2 + lambda ||W||^2: the gradient 2 X^T (X W - Y) + 2 lambda W is 0 there.
-    lambda = 0 is plain least squares, which needs more pictures than features (X^T X invertible).
+    lambda = 0 is plain least squares; with fewer pictures than features X^T X is singular, and the
+    answer is the limit as lambda -> 0, the minimum-norm solution X^+ Y (pseudo-inverse).
     """
+    if lam == 0:
+        return np.linalg.lstsq(x, y, rcond=None)[0]
     return np.linalg.solve(x.T @ x + lam * np.eye(x.shape[1]), x.T @ y)
 
 
@@ -166,6 +169,12 @@ def cached_features(compute, key, items, desc, use_cache=True):
     return features, "computed"
 
 
+def shown_path(path):
+    """The path from the checkout when it lies inside it (data/features), else in full."""
+    root = Path(__file__).resolve().parent
+    return path.relative_to(root) if path.is_relative_to(root) else path
+
+
 # ---------------------------------------------------------------- resources
 
 def load_frozen_model(name, device):
@@ -246,7 +255,7 @@ def section_frozen(run, report):
     features = run.need("features")
     cache_note = "--no-cache: the cache was neither read nor written" if args.no_cache else "--no-cache recomputes"
     report.line(f"features {features['source']} in {n('features seconds', features['seconds'], '.1f')} s "
-                f"({CACHE_DIR.relative_to(Path(__file__).resolve().parent)}/; {cache_note})")
+                f"({shown_path(CACHE_DIR)}/; {cache_note})")
     report.line(f'representation "pre-logits": the tanh layer on the [class] token, '
                 f'{n("feature width", features["pool"]["pre-logits"].shape[1])} numbers;  '
                 f'"class token": the final LayerNorm output (Eq. 4)')
@@ -301,7 +310,8 @@ def main(argv=None):
     add_data_arguments(parser, DEFAULT_MODEL, "with its pre-logits layer")
     parser.add_argument("--shots", type=positive_int, nargs="+", default=[1, 5, 10], help="pictures per class")
     parser.add_argument("--lambdas", type=nonnegative_float, nargs="+", default=[0.01, 1.0, 100.0],
-                        help="ridge penalties, finite and >= 0 (0: plain least squares)")
+                        help="ridge penalties, finite and >= 0 (0: plain least squares, the minimum-norm solution when "
+                             "pictures are fewer than features)")
     parser.add_argument("--draws", type=positive_int, default=5,
                         help="random draws of the training pictures per setting")
     parser.add_argument("--pool", type=positive_int, default=50, help="training pictures per class to draw from")
@@ -313,8 +323,6 @@ def main(argv=None):
     if max(args.shots) > args.pool:
         parser.error(f"--shots {max(args.shots)} is more than the pool of {args.pool} per class")
     check_model_flag(args.model)
-    if args.json:
-        check_output_file(args.json, "--json")
     loaders = {"model": lambda run: load_frozen_model(args.model, run.device), "data": load_data,
                "features": load_features}
     return run_sections("fewshot", Run(args, loaders), SECTIONS)

@@ -680,7 +680,7 @@ def check_before_work(args, world):
     if config is not None:
         check_resolution(config, args.resolution)
     if args.json:
-        check_output_file(args.json, "--json")
+        check_output_file(args.json, "--json")  # before torchrun starts its processes
     if args.save_dir:
         check_output_dir(args.save_dir, "--save-dir")
     check_model_flag(args.model)

@@ -35,7 +35,7 @@ from common.position_table import (
     split_table,
     stretch_positions,
 )
-from common.run import Run, check_output_file, guarded, run_sections
+from common.run import Run, guarded, run_sections
 
 DEFAULT_MODEL = "google/vit-base-patch16-224"
 ARTICLE_PLACE = (3, 10)  # the position row of section 3, on the 14x14 grid
@@ -260,8 +260,6 @@ def main(argv=None):
     config = checkpoint_config(args.model)
     if config is not None:  # a checkpoint on disk: refuse a resolution it cannot serve before any work
         check_resolution(config, args.resolution)
-    if args.json:
-        check_output_file(args.json, "--json")
     return run_sections("posemb", Run(args, {"model": load_model, "pictures": load_pictures}), SECTIONS)
 
 

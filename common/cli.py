@@ -5,13 +5,27 @@ import math
 from common.device import DEVICE_CHOICES, PRECISIONS
 
 
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The docstring as written, and every flag's default in --help."""
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The docstring as written, and every flag's default in --help (a flag without one says so in its help)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        unset = action.default is None or action.default is False or action.default == argparse.SUPPRESS
+        if not unset and "%(default)" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
+class ScriptParser(argparse.ArgumentParser):
+    """A bad flag ends in one line that names it, not a usage block."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (--help lists every flag)\n")
 
 
 def script_parser(docstring):
     """argparse with the script's docstring as its help text."""
-    return argparse.ArgumentParser(description=docstring, formatter_class=HelpFormatter)
+    return ScriptParser(description=docstring, formatter_class=HelpFormatter)
 
 
 def positive_int(text):
@@ -60,7 +74,7 @@ def add_data_arguments(parser, model_default, model_help):
                                            "when missing")
     parser.add_argument("--per-class", type=positive_int,
                         help="keep the first N pictures of each class in each split used (default: all)")
-    parser.add_argument("--batch-size", type=positive_int, default=32, help="pictures per forward pass")
+    parser.add_argument("--batch-size", type=positive_int, default=32, help="pictures per batch (fine-tuning: per optimizer step)")
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS,
                         help="fp32 gives the article's numbers; tf32 and bf16 are faster on recent GPUs")
 

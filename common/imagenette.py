@@ -71,16 +71,41 @@ def list_split(root, split, per_class=None):
     return items
 
 
-def check_counts(root):
-    """An Imagenette folder must hold every picture; a user's own folder only needs both splits."""
-    for split, expected in SPLIT_COUNTS.items():
-        found = len(list_split(root, split))
-        if found == 0:
-            raise UserError(f"no pictures in {Path(root) / split}: expected the layout {split}/<class>/*.JPEG")
-        if is_imagenette(root) and found != expected:
-            name = "training" if split == "train" else "validation"
-            raise UserError(f"found {found:,} of {expected:,} {name} pictures in {root}: delete the folder "
-                            f"to download it again, or pass --data-dir with a complete copy")
+def check_layout(root):
+    """Both splits hold the same class folders, and every class folder holds pictures."""
+    train, val = class_folders(root, "train"), class_folders(root, "val")
+    for split, folders in (("train", train), ("val", val)):
+        if not folders:
+            raise UserError(f"no class folders in {Path(root) / split}: expected the layout {split}/<class>/*.JPEG")
+    only = sorted(set(train) ^ set(val))
+    if only:
+        where = "train" if only[0] in train else "val"
+        raise UserError(f"class {only[0]} is in {Path(root) / where} but not in the other split: both splits need "
+                        f"the same class folders")
+    for split in ("train", "val"):
+        counts = np.bincount([label for _, label in list_split(root, split)], minlength=len(train))
+        if counts.min() == 0:
+            raise UserError(f"no pictures in {Path(root) / split / train[int(counts.argmin())]}: every class needs "
+                            f"pictures (.JPEG, .jpg or .png) in both splits")
+
+
+def check_counts(root, strict):
+    """The layout; then Imagenette's counts: strict for the copy we download, a warning for a user's own copy.
+
+    Returns the warning for a partial copy of Imagenette (its numbers cannot match the article's), else None.
+    """
+    check_layout(root)
+    if class_folders(root, "val") != sorted(IMAGENETTE_WNIDS):
+        return None  # another data set: its own counts
+    found = {split: len(list_split(root, split)) for split in SPLIT_COUNTS}
+    if found == SPLIT_COUNTS:
+        return None
+    counts = ", ".join(f"{found[split]:,} of {expected:,} {'training' if split == 'train' else 'validation'}"
+                       for split, expected in SPLIT_COUNTS.items())
+    if strict:
+        raise UserError(f"found {counts} pictures in {root}: delete the folder to download it again, or pass "
+                        f"--data-dir with a complete copy")
+    return f"{root} holds {counts} pictures of Imagenette: a partial copy, so its numbers cannot match the article's"
 
 
 def download_and_extract(url, target, progress=True):
@@ -111,7 +136,7 @@ def download_and_extract(url, target, progress=True):
         extracted = scratch / target.name
         if not extracted.is_dir():
             raise UserError(f"{archive} does not contain a folder {target.name}")
-        check_counts(extracted)
+        check_counts(extracted, strict=True)
         extracted.rename(target)
     except (tarfile.TarError, EOFError, OSError) as error:
         archive.unlink(missing_ok=True)  # a broken archive is downloaded again next time
@@ -122,10 +147,15 @@ def download_and_extract(url, target, progress=True):
 
 
 def ensure_imagenette(data_dir=None, url=URL):
-    """The data folder, downloaded first when it is the default and missing; its counts checked."""
+    """The data folder, downloaded first when it is the default and missing, its layout and counts checked.
+
+    The default folder must hold the whole release; a partial copy passed with --data-dir runs, after
+    a warning on stderr that names its counts.
+    """
     root = Path(data_dir) if data_dir else DEFAULT_DIR
+    default = root.resolve() == DEFAULT_DIR
     if not root.exists():
-        if data_dir and Path(data_dir).resolve() != DEFAULT_DIR:
+        if not default:
             raise UserError(f"--data-dir {data_dir} does not exist")
         if os.environ.get("HF_HUB_OFFLINE") == "1" and url == URL:
             raise UserError(f"Imagenette is not in {root} and offline mode is on: download {url} "
@@ -135,7 +165,11 @@ def ensure_imagenette(data_dir=None, url=URL):
         except OSError as error:
             raise UserError(f"Imagenette is not in {root} and could not be downloaded ({error}): download {url} "
                             f"({ARCHIVE_MB} MB) and extract it into {root.parent}, or pass --data-dir") from error
-    check_counts(root)
+    if not root.is_dir():
+        raise UserError(f"--data-dir {data_dir} is a file, not a folder of {{train,val}}/<class>/ pictures")
+    warning = check_counts(root, strict=default)
+    if warning and os.environ.get("RANK", "0") == "0":
+        print(f"warning: {warning}", file=sys.stderr)
     return root
 
 

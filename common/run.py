@@ -57,6 +57,8 @@ def section_title(section):
 
 def run_sections(script, run, sections):
     """Run each section in order, then --compare and --json; exit status 1 when a section could not run."""
+    if run.args.json:  # a typo in the path must not cost the run
+        check_output_file(run.args.json, "--json")
     report = Report(script, quiet=run.rank != 0)
     for section in sections:
         try:

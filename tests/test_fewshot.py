@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 import torch
 from conftest import ARTICLE, ROOT, article_block
+from PIL import Image
 
 import vit_part3_fewshot as fewshot
 from common.imagenette import list_split
 from common.report import Report
+from common.standins import imagenette_folder
 
 
 def by_hand_numbers():
@@ -44,6 +46,13 @@ def test_closed_form_equals_lstsq_on_the_augmented_system(lam):
     augmented_y = np.vstack([y, np.zeros((7, 4))])
     expected = np.linalg.lstsq(augmented_x, augmented_y, rcond=None)[0]
     assert np.allclose(fewshot.closed_form(x, y, lam), expected, atol=1e-9)
+
+
+def test_lambda_0_with_fewer_pictures_than_features_is_the_limit_of_ridge():
+    rng = np.random.default_rng(2)
+    x, y = fewshot.with_bias(rng.normal(size=(5, 12))), fewshot.targets(rng.integers(0, 3, 5), 3)
+    assert np.allclose(fewshot.closed_form(x, y, 0.0), np.linalg.pinv(x) @ y, atol=1e-10)
+    assert np.allclose(fewshot.closed_form(x, y, 0.0), fewshot.closed_form(x, y, 1e-9), atol=1e-6)
 
 
 def test_targets_are_plus_and_minus_one():
@@ -94,6 +103,40 @@ def test_features_are_cached_and_invalidated(tiny_in21k, pictures, tmp_path, mon
     for path in tmp_path.glob("*.npz"):
         path.write_bytes(path.read_bytes()[:100])  # a truncated file
     assert features(items)[1] == "computed"
+
+
+def few_shot_run(model, data, cache_dir, capsys, *extra):
+    """The script on a folder, its cache in cache_dir: (exit status, stdout)."""
+    flags = ["--model", str(model), "--data-dir", str(data), "--pool", "2", "--shots", "1", "--draws", "1",
+             "--batch-size", "8", "--device", "cpu", *extra]
+    status = fewshot.main(flags)
+    return status, capsys.readouterr().out
+
+
+def test_a_picture_changed_under_the_same_name_is_recomputed(tiny_in21k, tmp_path, monkeypatch, capsys):
+    """Two folders with the same file names, one picture truncated in the second: its features are not reused."""
+    monkeypatch.setattr(fewshot, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    first = imagenette_folder(tmp_path / "first", per_class=2)
+    second = imagenette_folder(tmp_path / "second", per_class=2)
+    status, out = few_shot_run(tiny_in21k, first, tmp_path, capsys)
+    assert status == 0 and "features computed" in out
+    status, out = few_shot_run(tiny_in21k, second, tmp_path, capsys)  # same names, same bytes: same features
+    assert status == 0 and "features read from the cache" in out
+    picture = sorted((second / "val" / "n01440764").iterdir())[0]
+    Image.open(picture).rotate(90).save(picture)  # same name, other contents
+    status, out = few_shot_run(tiny_in21k, second, tmp_path, capsys)
+    assert status == 0 and "features computed" in out
+    picture.write_bytes(picture.read_bytes()[:-200])  # truncated: never served from the cache, and named
+    status, out = few_shot_run(tiny_in21k, second, tmp_path, capsys)
+    assert status == 1 and f"cannot read picture {picture}" in out
+
+
+def test_no_cache_neither_reads_nor_writes(tiny_in21k, pictures, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(fewshot, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    status, out = few_shot_run(tiny_in21k, pictures, tmp_path, capsys, "--no-cache")
+    assert status == 0 and "features computed" in out and not (tmp_path / "cache").exists()
 
 
 def test_script_end_to_end_on_stand_ins(tiny_in21k, pictures):

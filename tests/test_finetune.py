@@ -186,6 +186,15 @@ def test_two_processes_equal_one(tiny_in21k, pictures, tmp_path, capsys):
     assert same_training_numbers(tmp_path / "a.json", tmp_path / "b.json", rel=1e-4)
 
 
+def test_a_refusal_under_torchrun_is_printed_once(tiny_in21k, pictures):
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               "vit_part3_finetune.py", "--model", str(tiny_in21k), "--data-dir", str(pictures), "--batch-size", "3"]
+    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False, timeout=240,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode != 0
+    assert (run.stdout + run.stderr).count("error: --batch-size 3 does not split into 2 process(es)") == 1
+
+
 def test_a_diverging_run_stops_with_the_step(tiny_in21k, pictures, tmp_path, capsys):
     flags = common_flags(tiny_in21k, pictures, tmp_path, steps=20) + ["--lr", "1e38", "--save-every", "1"]
     status, out = run_main(flags, capsys)

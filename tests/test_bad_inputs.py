@@ -1,0 +1,128 @@
+"""Bad input never ends in a traceback, a silent wrong number or a lost run: one line, a non-zero exit, no output.
+
+Each case runs a script's main() in this process, as the shell would, and checks: the exit status, the
+one line that names the flag or path (on stderr before any work, or a 'cannot run section' line
+when only a section is refused), no traceback, and no output file left behind.
+"""
+import shutil
+import sys
+
+import pytest
+from conftest import ROOT, script_output
+
+import vit_part3_fewshot
+import vit_part3_finetune
+import vit_part3_posemb
+import vit_part3_setup
+from common.run import guarded
+from common.standins import imagenette_folder, vit_classifier
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import throughput  # noqa: E402
+
+SCRIPTS = {"setup": vit_part3_setup.main, "posemb": vit_part3_posemb.main, "fewshot": vit_part3_fewshot.main,
+           "finetune": vit_part3_finetune.main, "benchmark": throughput.main}
+
+
+@pytest.fixture(scope="module")
+def places(tmp_path_factory, tiny_in21k):
+    """Checkpoints, data folders and paths that the cases name by key."""
+    root = tmp_path_factory.mktemp("bad")
+    good = imagenette_folder(root / "nette", per_class=2)
+    empty_class = imagenette_folder(root / "empty", per_class=2)
+    for picture in (empty_class / "val" / "n03888257").iterdir():
+        picture.unlink()
+    one_split = imagenette_folder(root / "one-split", per_class=2)
+    shutil.rmtree(one_split / "val" / "n01440764")
+    (root / "a-file").write_text("not a folder")
+    return {"{classifier}": str(vit_classifier(root / "classifier")),
+            "{small}": str(vit_classifier(root / "small", image_size=32)),
+            "{in21k}": str(tiny_in21k), "{data}": str(good), "{empty class}": str(empty_class),
+            "{one split}": str(one_split), "{file}": str(root / "a-file"), "{out}": str(root / "out"),
+            "{folder}": str(root)}
+
+
+# (script, flags, exit status, what the one line must name); {key} is a place from the fixture.
+CASES = [
+    ("setup", ["--json", "{folder}"], 2, "--json"),
+    ("setup", ["--json", "{file}/x.json"], 2, "--json"),
+    ("setup", ["--no-such-flag"], 2, "--no-such-flag"),
+    ("posemb", ["--model", "{classifier}", "--resolution", "64", "--json", "{out}/p.json"], 2, "--resolution 64"),
+    ("posemb", ["--model", "{classifier}", "--resolution", "96"], 2, "--resolution 96"),
+    ("posemb", ["--model", "{classifier}", "--resolution", "160"], 2, "--resolution 160"),
+    ("posemb", ["--model", "{classifier}", "--resolution", "16"], 2, "--resolution"),
+    ("posemb", ["--model", "{classifier}", "--resolution", "big"], 2, "--resolution"),
+    ("posemb", ["--model", "{small}", "--resolution", "64"], 2, "position grid is 2x2"),
+    ("posemb", ["--model", "./no-such-checkpoint"], 2, "--model ./no-such-checkpoint: the directory does not exist"),
+    ("posemb", ["--model", "{file}"], 2, "is a file, not a checkpoint directory"),
+    ("posemb", ["--batch-size", "0"], 2, "--batch-size"),
+    ("posemb", ["--per-class", "-3"], 2, "--per-class"),
+    ("posemb", ["--precision", "fp16"], 2, "--precision"),
+    ("posemb", ["--device", "tpu"], 2, "--device"),
+    ("posemb", ["--model", "{classifier}", "--data-dir", "{folder}/nowhere"], 1, "--data-dir"),
+    ("posemb", ["--model", "{classifier}", "--data-dir", "{file}"], 1, "is a file"),
+    ("fewshot", ["--lambdas", "-1"], 2, "--lambdas"),
+    ("fewshot", ["--lambdas", "nan"], 2, "--lambdas"),
+    ("fewshot", ["--lambdas", "1", "inf"], 2, "--lambdas"),
+    ("fewshot", ["--shots", "0"], 2, "--shots"),
+    ("fewshot", ["--shots", "60"], 2, "--shots 60"),
+    ("fewshot", ["--draws", "0"], 2, "--draws"),
+    ("fewshot", ["--pool", "many"], 2, "--pool"),
+    ("fewshot", ["--json", "{file}/f.json"], 2, "--json"),
+    ("fewshot", ["--model", "{in21k}", "--data-dir", "{empty class}", "--no-cache", "--pool", "2", "--shots", "1"], 1,
+     "n03888257"),
+    ("fewshot", ["--model", "{in21k}", "--data-dir", "{one split}", "--no-cache", "--pool", "2", "--shots", "1"], 1,
+     "n01440764"),
+    ("finetune", ["--lr", "-1"], 2, "--lr"),
+    ("finetune", ["--lr", "nan"], 2, "--lr"),
+    ("finetune", ["--lr", "0"], 2, "--lr"),
+    ("finetune", ["--steps", "0"], 2, "--steps"),
+    ("finetune", ["--save-every", "0"], 2, "--save-every"),
+    ("finetune", ["--resume"], 2, "--save-dir"),
+    ("finetune", ["--save-dir", "{file}"], 2, "--save-dir"),
+    ("finetune", ["--save-dir", "{file}/run"], 2, "--save-dir"),
+    ("finetune", ["--json", "{folder}"], 2, "--json"),
+    ("finetune", ["--batch-size", "10", "--accum-steps", "4"], 2, "--batch-size 10"),
+    ("finetune", ["--model", "{small}", "--resolution", "32"], 0, None),  # the smallest grid it can serve: runs
+    ("finetune", ["--model", "./typo"], 2, "--model ./typo"),
+    ("finetune", ["--model", "{in21k}", "--data-dir", "{data}", "--save-dir", "{out}/empty", "--resume"], 1,
+     "--resume"),
+    ("finetune", ["--model", "{in21k}", "--data-dir", "{empty class}", "--steps", "1"], 1, "n03888257"),
+    ("benchmark", ["--batch-size", "0"], 2, "--batch-size"),
+    ("benchmark", ["--json", "{folder}"], 2, "--json"),
+    ("benchmark", ["--size", "huge"], 2, "--size"),
+    ("benchmark", ["--repeats", "-1"], 2, "--repeats"),
+]
+
+
+def fill(flags, places):
+    filled = []
+    for flag in flags:
+        for key, place in places.items():
+            flag = flag.replace(key, place)
+        filled.append(flag)
+    return filled
+
+
+@pytest.mark.parametrize("script,flags,status,names", CASES, ids=[f"{c[0]} {' '.join(c[1])}" for c in CASES])
+def test_a_bad_input_is_one_line_and_a_non_zero_exit(script, flags, status, names, places, capsys, monkeypatch):
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    argv = fill(flags, places)
+    if script == "finetune" and status == 0:
+        argv += ["--data-dir", places["{data}"], "--steps", "1", "--batch-size", "4", "--device", "cpu"]
+    code, out, err = script_output(lambda a: guarded(lambda: SCRIPTS[script](a)), argv, capsys)
+    assert code == status, out[-1500:] + err[-1500:]
+    assert "Traceback" not in out + err
+    if status == 2:
+        lines = [text for text in err.splitlines() if text.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error: ") and names in lines[0], err
+    elif status == 1:
+        refused = [text for text in out.splitlines() if "cannot run section" in text]
+        assert refused and all(names in text for text in refused), out
+    for flag, value in zip(argv, argv[1:]):
+        if flag in ("--json",) and status:
+            assert not (value.endswith(".json") and __import__("pathlib").Path(value).exists()), value
+
+
+def test_there_are_at_least_thirty_cases_over_every_script():
+    assert len(CASES) >= 30 and {script for script, *_ in CASES} == set(SCRIPTS)
