@@ -74,7 +74,8 @@ def add_data_arguments(parser, model_default, model_help):
                                            "when missing")
     parser.add_argument("--per-class", type=positive_int,
                         help="keep the first N pictures of each class in each split used (default: all)")
-    parser.add_argument("--batch-size", type=positive_int, default=32, help="pictures per batch (fine-tuning: per optimizer step)")
+    parser.add_argument("--batch-size", type=positive_int, default=32,
+                        help="pictures per batch (fine-tuning: per optimizer step)")
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS,
                         help="fp32 gives the article's numbers; tf32 and bf16 are faster on recent GPUs")
 
