@@ -56,7 +56,7 @@ from common.imagenette import (
     to_pixels,
 )
 from common.inference import run_model
-from common.position_table import bilinear_table
+from common.position_table import as_parameter_rows, bilinear_table, model_table
 from common.run import Run, check_output_dir, check_output_file, guarded, run_sections
 from common.schedules import warmup_cosine_lr
 
@@ -125,9 +125,12 @@ def run_statistics(losses, norms, clip_norm, norm_window, loss_window):
 
 
 def body_gradient_norm(model):
-    """sqrt(sum of squares) of the gradients of every number outside the head."""
-    squares = sum(float((p.grad.double() ** 2).sum()) for name, p in model.named_parameters()
-                  if not name.startswith("classifier.") and p.grad is not None)
+    """sqrt(sum of squares) of the gradients of every number outside the head.
+
+    Summed in float64 on the host (Apple's mps has no float64), so a zero is exactly 0.0 on every device.
+    """
+    squares = sum(float(np.square(p.grad.cpu().numpy().astype(np.float64)).sum())
+                  for name, p in model.named_parameters() if not name.startswith("classifier.") and p.grad is not None)
     return math.sqrt(squares)
 
 
@@ -190,9 +193,8 @@ def build_classifier(checkpoint, classes, resolution):
     zero_head(model)
     n_old, n_new = config.image_size // config.patch_size, resolution // config.patch_size
     if n_new != n_old:
-        table = model.vit.embeddings.position_embeddings.detach()[0].double().cpu().numpy()
-        stretched = bilinear_table(table, n_new)
-        model.vit.embeddings.position_embeddings = torch.nn.Parameter(torch.from_numpy(stretched).float()[None])
+        stretched = bilinear_table(model_table(model), n_new)
+        model.vit.embeddings.position_embeddings = torch.nn.Parameter(as_parameter_rows(stretched, "cpu"))
     return model, pre_logits if dropped else None
 
 

@@ -27,9 +27,11 @@ from common.errors import UserError
 from common.imagenette import ensure_imagenette, imagenet_indices, list_split, load_all
 from common.inference import run_model
 from common.position_table import (
+    as_parameter_rows,
     bicubic_resize,
     bilinear_resize_loop,
     cosine_similarities,
+    model_table,
     position_tables,
     scipy_resize,
     split_table,
@@ -74,11 +76,6 @@ def example_places(n_old, n_new):
     return old, new
 
 
-def position_table(model):
-    """The model's (1 + n^2, d) position table as float64 on the host."""
-    return model.vit.embeddings.position_embeddings.detach()[0].cpu().double().numpy()
-
-
 # ---------------------------------------------------------------- resources
 
 def load_model(run):
@@ -119,7 +116,7 @@ def section_position_table(run, report):
     """2. the position table"""
     model = run.need("model")
     n, config = report.num, model.config
-    table = position_table(model)
+    table = model_table(model)
     n_old, n_new = grids(config, run.args.resolution)
     report.header(f"2. the position table of {run.args.model}")
     report.line(f"E_pos {report.nums('E_pos shape', table.shape, 'd', '()')} = 1 row for [class] + "
@@ -142,7 +139,7 @@ def section_position_table(run, report):
                 f"{n(f'new row {row} position', lower + delta, '.4f')}: "
                 f"{n(f'new row {row} weight of the lower row', 1 - delta, '.4f')} of old row {lower} + "
                 f"{n(f'new row {row} weight of the upper row', delta, '.4f')} of old row {lower + 1}")
-    bicubic = bicubic_resize(grid.astype(np.float32), n_new).double().numpy()
+    bicubic = bicubic_resize(grid.astype(np.float32), n_new).numpy().astype(np.float64)
     library = library_table(model, run.args.resolution)
     report.line(f"library interpolate_pos_encoding: bicubic, align_corners=False; our bicubic call matches it: "
                 f"max |difference| {n('bicubic vs library max diff', np.abs(bicubic - library).max(), '.1e')}")
@@ -154,20 +151,20 @@ def section_position_table(run, report):
 
 
 def library_table(model, resolution):
-    """The library's stretched grid (n_new, n_new, d), from interpolate_pos_encoding, in float64 on the host."""
+    """The library's stretched grid (n_new, n_new, d), from interpolate_pos_encoding, as float64 on the host."""
     embeddings, config = model.vit.embeddings, model.config
     n_new = resolution // config.patch_size
     with torch.no_grad():
         dummy = torch.zeros(1, n_new * n_new + 1, config.hidden_size, device=embeddings.position_embeddings.device)
         stretched = embeddings.interpolate_pos_encoding(dummy, resolution, resolution)[0, 1:]
-    return stretched.cpu().double().numpy().reshape(n_new, n_new, -1)
+    return stretched.cpu().numpy().astype(np.float64).reshape(n_new, n_new, -1)
 
 
 def section_cosine(run, report):
     """3. cosine similarity"""
     model = run.need("model")
     n_old, n_new = grids(model.config, run.args.resolution)
-    _, grid = split_table(position_table(model))
+    _, grid = split_table(model_table(model))
     old_place, new_place = example_places(n_old, n_new)
     report.header(f"3. cosine similarity of position row {old_place} with its four neighbours and the far corner")
     maps = {}
@@ -227,12 +224,12 @@ def section_accuracy(run, report):
     embeddings = model.vit.embeddings
     original = embeddings.position_embeddings.data.clone()
     n_old, n_new = grids(model.config, args.resolution)
-    tables = position_tables(position_table(model), n_new)
+    tables = position_tables(model_table(model), n_new)
     try:
         for key, label, table_name in accuracy_rows(n_old, args.resolution):
             table = tables.get(table_name) if table_name else None
             embeddings.position_embeddings.data = (original if table is None else
-                                                   torch.from_numpy(table).float()[None].to(original.device))
+                                                   as_parameter_rows(table, original.device))
             size = model.config.image_size if table_name is None else args.resolution
             start = time.perf_counter()
             of_10, of_1000 = evaluate(model, images, labels, size, run.device, args.batch_size, imagenet_classes, key,

@@ -77,7 +77,8 @@ def add_data_arguments(parser, model_default, model_help):
     parser.add_argument("--batch-size", type=positive_int, default=32,
                         help="pictures per batch (fine-tuning: per optimizer step)")
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS,
-                        help="fp32 gives the article's numbers; tf32 and bf16 are faster on recent GPUs")
+                        help="fp32 gives the article's numbers; bf16 is faster on recent GPUs and Apple silicon; "
+                             "tf32 exists on NVIDIA GPUs only")
 
 
 def add_common_arguments(parser, device=True):

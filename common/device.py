@@ -58,10 +58,23 @@ def set_precision(device, precision="fp32"):
     """
     if precision not in PRECISIONS:
         raise UserError(f"--precision {precision}: choose one of {', '.join(PRECISIONS)}")
+    if precision == "tf32" and device.type != "cuda":
+        raise UserError(f"--precision tf32 exists on NVIDIA GPUs only, not on {device.type}: use fp32 or bf16")
+    if precision == "bf16" and device.type == "mps" and not mps_has_bfloat16(device):
+        raise UserError("--precision bf16: this Mac's Metal backend has no bfloat16 (it needs macOS 14 or later): "
+                        "use fp32")
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = precision == "tf32"
     if precision == "bf16":
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def mps_has_bfloat16(device):
+    try:
+        torch.ones(1, dtype=torch.bfloat16, device=device)
+    except (RuntimeError, TypeError):
+        return False
+    return True
 
 
 def to_device(array, device):

@@ -232,12 +232,24 @@ def _resized_batch(pictures, resolution, flips):
     return np.stack([resized_rgb(picture, resolution, flip) for picture, flip in zip(pictures, flips)])
 
 
+def batch_pool(workers):
+    """Forked processes on Linux; threads elsewhere.
+
+    Processes because the model's Python code holds the GIL, which starves threads beside a fast GPU;
+    forked because a spawned worker re-imports torch. Not on macOS: forking a process whose system
+    libraries have started threads (Metal has, once mps is in use) can crash the child, and Python's
+    default there has been spawn since 3.8. PIL decodes and resizes outside the GIL, so threads work.
+    """
+    if workers > 1 and sys.platform.startswith("linux"):
+        return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
+    return ThreadPoolExecutor(max_workers=workers)
+
+
 def picture_batches(pictures, resolution, batch_size, flips=None, workers=0):
     """uint8 batches (B, R, R, 3) of the pictures (PIL images, or paths to decode), in order; see to_pixels().
 
-    workers=0 builds each batch when it is asked for; workers=1 builds the next batches in a
-    background thread, more in that many worker processes (the model's Python code holds the GIL,
-    which starves threads beside a fast GPU). flips[i] True mirrors picture i left to right.
+    workers=0 builds each batch when it is asked for; more build the next batches ahead, in the
+    pool that batch_pool() picks. flips[i] True mirrors picture i left to right.
     """
     flips = np.zeros(len(pictures), dtype=bool) if flips is None else np.asarray(flips)
     starts = range(0, len(pictures), batch_size)
@@ -245,12 +257,8 @@ def picture_batches(pictures, resolution, batch_size, flips=None, workers=0):
         for start in starts:
             yield _resized_batch(pictures[start:start + batch_size], resolution, flips[start:start + batch_size])
         return
-    if workers > 1 and "fork" in multiprocessing.get_all_start_methods():
-        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))  # no re-import
-    else:
-        pool = ThreadPoolExecutor(max_workers=1)
     ahead = max(2, workers)
-    with pool:
+    with batch_pool(workers) as pool:
         def submit(start):
             end = start + batch_size
             return pool.submit(_resized_batch, pictures[start:end], resolution, flips[start:end])

@@ -59,6 +59,21 @@ def linear_resize_1d(rows, n_new):
     return np.stack([np.interp(places, np.arange(n_old), rows[:, k]) for k in range(rows.shape[1])], axis=1)
 
 
+def model_table(model):
+    """A ViT's (1 + n^2, d) position table as float64 numpy on the host.
+
+    The cast happens in numpy: Apple's mps backend has no float64 tensors.
+    """
+    return model.vit.embeddings.position_embeddings.detach()[0].cpu().numpy().astype(np.float64)
+
+
+def as_parameter_rows(table, device):
+    """A (rows, d) float64 table as the (1, rows, d) float32 tensor a ViT holds, on the device."""
+    import torch
+
+    return torch.from_numpy(np.asarray(table, dtype=np.float32))[None].to(device)
+
+
 def split_table(table):
     """([class] row (1, d), grid (n, n, d)) of a (1 + n^2, d) table."""
     n = math.isqrt(len(table) - 1)

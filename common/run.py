@@ -51,6 +51,12 @@ class Run:
         return values[0] if len(values) == 1 else values
 
 
+def torch_version():
+    import torch
+
+    return torch.__version__
+
+
 def section_title(section):
     return section.__doc__.strip().splitlines()[0]
 
@@ -65,6 +71,13 @@ def run_sections(script, run, sections):
             section(run, report)
         except UserError as problem:
             report.cannot_run(section_title(section), problem)
+        except NotImplementedError as missing:
+            if run.device is None or run.device.type != "mps":
+                raise
+            report.cannot_run(section_title(section), UserError(
+                f"an operation is missing from Apple's mps backend in torch {torch_version()} "
+                f"({str(missing).splitlines()[0][:120]}): run with PYTORCH_ENABLE_MPS_FALLBACK=1 to do it on the CPU, "
+                f"or upgrade torch"))
     return finish(run, report)
 
 

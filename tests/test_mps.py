@@ -1,0 +1,101 @@
+"""Apple's mps rules, held without a Mac: no float64 tensor anywhere, no forked loader, precisions that exist.
+
+On mps, .double() raises "Cannot convert a MPS Tensor to float64 dtype"; a torch dispatch mode that
+refuses every float64 result plays that part here, on the CPU. numpy's float64 is allowed.
+"""
+import argparse
+import sys
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+import vit_part3_fewshot
+import vit_part3_finetune
+import vit_part3_posemb
+from common.device import set_precision
+from common.errors import UserError
+from common.imagenette import batch_pool
+from common.run import Run, run_sections
+from common.standins import vit_classifier
+
+
+class NoFloat64(TorchDispatchMode):
+    """Every torch operation that returns a float64 tensor fails, as on Apple's mps backend."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        if any(isinstance(t, torch.Tensor) and t.dtype == torch.float64 for t in tree_leaves(result)):
+            raise TypeError(f"Cannot convert a MPS Tensor to float64 dtype ({func})")
+        return result
+
+
+def test_the_mode_refuses_float64():
+    with NoFloat64(), pytest.raises(TypeError, match="float64"):
+        torch.ones(2).double()
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory):
+    return vit_classifier(tmp_path_factory.mktemp("classifier"))
+
+
+def numbers_of(main, argv, tmp_path, name):
+    """The texts of every number a run printed, timings aside."""
+    import json
+
+    path = tmp_path / f"{name}.json"
+    assert main(argv + ["--json", str(path)]) == 0
+    return {key: number["text"] for key, number in json.loads(path.read_text())["numbers"].items()
+            if "seconds" not in key}
+
+
+@pytest.mark.parametrize("script", ["posemb", "fewshot", "finetune"])
+def test_the_weight_dependent_scripts_use_no_float64_tensor(script, classifier, tiny_in21k, pictures, tmp_path,
+                                                            monkeypatch):
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    data = ["--data-dir", str(pictures), "--device", "cpu"]
+    main, argv = {
+        "posemb": (vit_part3_posemb.main, ["--model", str(classifier), "--per-class", "2", "--batch-size", "8"]),
+        "fewshot": (vit_part3_fewshot.main, ["--model", str(tiny_in21k), "--pool", "3", "--shots", "1", "3",
+                                             "--draws", "2", "--no-cache"]),
+        "finetune": (vit_part3_finetune.main, ["--model", str(tiny_in21k), "--steps", "3", "--batch-size", "4",
+                                               "--resolution", "256"]),  # 256: the table is stretched too
+    }[script]
+    as_usual = numbers_of(main, argv + data, tmp_path, "usual")
+    with NoFloat64():
+        as_on_a_mac = numbers_of(main, argv + data, tmp_path, "no-float64")
+    assert len(as_usual) > 20 and as_on_a_mac == as_usual
+
+
+def test_the_loader_does_not_fork_on_macos(monkeypatch):
+    monkeypatch.setattr(sys, "platform", "darwin")
+    with batch_pool(8) as pool:
+        assert isinstance(pool, ThreadPoolExecutor)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork is the Linux choice")
+def test_the_loader_forks_on_linux():
+    with batch_pool(2) as pool:
+        assert isinstance(pool, ProcessPoolExecutor) and pool._mp_context.get_start_method() == "fork"
+
+
+@pytest.mark.parametrize("device,precision,refused", [
+    ("cpu", "tf32", "NVIDIA GPUs only"), ("mps", "tf32", "NVIDIA GPUs only"), ("cpu", "fp16", "choose one of"),
+])
+def test_precisions_that_do_not_exist_are_refused(device, precision, refused):
+    with pytest.raises(UserError, match=refused):
+        set_precision(torch.device(device), precision)
+
+
+def test_an_operation_missing_on_mps_names_the_fallback(capsys):
+    def section_with_a_missing_operation(run, report):
+        """2. a section"""
+        raise NotImplementedError("The operator 'aten::upsample_bicubic2d.out' is not currently implemented for MPS")
+
+    args = argparse.Namespace(compare=False, json=None, precision="fp32")
+    status = run_sections("posemb", Run(args, device=torch.device("mps")), [section_with_a_missing_operation])
+    out = capsys.readouterr().out
+    assert status == 1 and 'cannot run section "2. a section"' in out and "PYTORCH_ENABLE_MPS_FALLBACK=1" in out
