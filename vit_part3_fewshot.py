@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common import figures
 from common.checkpoints import cached_weight_file, check_model_flag, load_pretrained
 from common.cli import (
     add_common_arguments,
@@ -33,11 +34,13 @@ from common.cli import (
 from common.errors import UserError
 from common.imagenette import class_names, ensure_imagenette, list_split
 from common.inference import run_model
+from common.reference import article_values
 from common.run import Run, guarded, run_sections
 
 DEFAULT_MODEL = "google/vit-base-patch16-224-in21k"
 CACHE_DIR = Path(__file__).resolve().parent / "data" / "features"
 REPRESENTATIONS = ("pre-logits", "class token")
+FIGURE = "fewshot_accuracy.png"
 
 # The article's tiny example: pictures A1, A2 (class A) and B1, B2 (class B), two features each.
 HAND_X = [[2.0, 1.0], [1.0, 0.0], [0.0, 2.0], [1.0, 3.0]]
@@ -275,6 +278,8 @@ def section_frozen(run, report):
     classes = len(data["names"])
     report.line(f"chance is {n('chance (%)', 100 / classes, '.0f')}%; 1-shot means "
                 f"{n('1-shot pictures', classes)} training pictures in total, one per class")
+    if args.plots:
+        figures.fewshot_accuracy(report.values(), article_values("fewshot"), Path(args.plots) / FIGURE, report.say)
 
 
 def section_one_solve(run, report):
@@ -318,6 +323,7 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0, help="the pool and the draws")
     parser.add_argument("--resolution", type=side_pixels, default=224, help="pixels on a side")
     parser.add_argument("--no-cache", action="store_true", help="neither read nor write data/features/")
+    parser.add_argument("--plots", metavar="DIR", help="save accuracy against shots as PNG (needs matplotlib)")
     add_common_arguments(parser)
     args = parser.parse_args(argv)
     if max(args.shots) > args.pool:

@@ -57,6 +57,7 @@ from common.imagenette import (
 )
 from common.inference import run_model
 from common.position_table import as_parameter_rows, bilinear_table, model_table
+from common.reference import article_values
 from common.run import Run, check_output_dir, check_output_file, guarded, run_sections
 from common.schedules import warmup_cosine_lr
 
@@ -67,6 +68,7 @@ MOMENTUM, WEIGHT_DECAY, CLIP_NORM, AVERAGE_FACTOR, WARMUP_FRACTION = 0.9, 0.0, 1
 MONITOR_PER_CLASS = 100  # the fixed validation subset watched during the run
 RANDOM_HEAD_STD = 0.02
 CHECKPOINT = "checkpoint.pt"
+FIGURE = "finetune_curves.png"
 
 
 # ---------------------------------------------------------------- the recipe, as pure functions
@@ -628,24 +630,12 @@ def finish_run(run, report, data, training, warmup):
     report.line(f"on all {len(data['val']):,} validation pictures: the weight average (factor {AVERAGE_FACTOR}) "
                 f"{n('average accuracy', averaged, '.2f')}%, the last weights "
                 f"{n('last accuracy', last_weights, '.2f')}%")
+    report.keep("training loss", history["losses"])
+    report.keep("gradient norm", history["norms"])
+    report.keep("learning rate", [warmup_cosine_lr(s, args.lr, args.steps, warmup) for s in range(args.steps)])
     if args.plots and run.rank == 0:
-        lrs = [warmup_cosine_lr(s, args.lr, args.steps, warmup) for s in range(args.steps)]
-        save_curves(history, lrs, args.plots, report.say)
-
-
-def save_curves(history, lrs, plots_dir, say):
-    plt = figures.pyplot(say)
-    if plt is None:
-        return
-    figure, (loss_axis, accuracy_axis, lr_axis) = plt.subplots(1, 3, figsize=(15, 4))
-    loss_axis.plot(range(1, len(history["losses"]) + 1), history["losses"])
-    loss_axis.set(title="training loss", xlabel="step")
-    rows = history["rows"]
-    accuracy_axis.plot([0] + [r["step"] for r in rows], [history["step 0"]] + [r["accuracy"] for r in rows], "o-")
-    accuracy_axis.set(title="validation accuracy (%)", xlabel="step")
-    lr_axis.plot(range(1, len(lrs) + 1), lrs)
-    lr_axis.set(title="learning rate", xlabel="step")
-    figures.save(figure, plots_dir, "finetune_curves.png", say)
+        figures.finetune_curves(report.series, report.values(), article_values("finetune"), CLIP_NORM,
+                                Path(args.plots) / FIGURE, report.say)
 
 
 SECTIONS = [section_data_and_model, section_zero_head, section_finetune]

@@ -15,6 +15,7 @@ Section 1 needs nothing; sections 2-4 need the checkpoint, section 4 the picture
 """
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import scipy.ndimage
@@ -37,10 +38,12 @@ from common.position_table import (
     split_table,
     stretch_positions,
 )
+from common.reference import article_values
 from common.run import Run, guarded, run_sections
 
 DEFAULT_MODEL = "google/vit-base-patch16-224"
 ARTICLE_PLACE = (3, 10)  # the position row of section 3, on the 14x14 grid
+COSINE_FIGURE, ACCURACY_FIGURE = "posemb_cosine_similarity.png", "posemb_accuracy.png"
 
 
 def accuracy_counts(logits, labels, imagenet_classes):
@@ -181,20 +184,10 @@ def section_cosine(run, report):
                     f"({report.num(f'{name} neighbours min', min(neighbours.values()), '.2f')} to "
                     f"{report.num(f'{name} neighbours max', max(neighbours.values()), '.2f')}); far corner {corner}: "
                     f"{report.num(f'{name} far corner', similarity[corner], '.2f')}")
-        maps[name] = similarity
+        maps[name] = similarity.tolist()
+    report.keep("cosine maps", maps)
     if run.args.plots:
-        save_similarity_plot(maps, run.args.plots, report.say)
-
-
-def save_similarity_plot(maps, plots_dir, say):
-    plt = figures.pyplot(say)
-    if plt is None:
-        return
-    figure, axes = plt.subplots(1, len(maps), figsize=(4 * len(maps), 4))
-    for axis, (name, similarity) in zip(axes, maps.items()):
-        axis.imshow(similarity, cmap="viridis", vmin=-1, vmax=1)
-        axis.set_title(f"cosine similarity, {name} grid")
-    figures.save(figure, plots_dir, "posemb_cosine_similarity.png", say)
+        figures.cosine_maps(maps, Path(run.args.plots) / COSINE_FIGURE, report.say)
 
 
 def evaluate(model, images, labels, resolution, device, batch_size, imagenet_classes, desc="", autocast=None):
@@ -242,6 +235,9 @@ def section_accuracy(run, report):
         embeddings.position_embeddings.data = original
     report.line(f"zeros: all {n('zeros rows', n_new * n_new + 1)} rows of E_pos set to 0, the [class] row included; "
                 f"1D and 2D tables keep the [class] row as it is")
+    if args.plots:
+        figures.accuracy_bars(report.values(), article_values("posemb"), Path(args.plots) / ACCURACY_FIGURE,
+                              report.say)
 
 
 SECTIONS = [section_tiny_grid, section_position_table, section_cosine, section_accuracy]
@@ -251,7 +247,8 @@ def main(argv=None):
     parser = script_parser(__doc__)
     add_data_arguments(parser, DEFAULT_MODEL, "with an ImageNet-1k head")
     parser.add_argument("--resolution", type=side_pixels, default=384, help="the higher resolution")
-    parser.add_argument("--plots", metavar="DIR", help="save the similarity maps as PNG (needs matplotlib)")
+    parser.add_argument("--plots", metavar="DIR",
+                        help="save the similarity maps and the accuracy bars as PNG (needs matplotlib)")
     add_common_arguments(parser)
     args = parser.parse_args(argv)
     config = checkpoint_config(args.model)

@@ -33,7 +33,7 @@ from common.cli import positive_int, script_parser
 from common.compute import config_forward_flops
 from common.device import DEVICE_CHOICES, PRECISIONS
 from common.inference import run_model
-from common.report import Report
+from common.output import Report
 from common.run import Run, check_output_file, device_name, guarded, write_json
 from common.standins import smooth_pictures, vit_config
 

@@ -27,6 +27,11 @@ def load_reference(script):
         return json.load(f)["numbers"]
 
 
+def article_values(script):
+    """{name: the article's number as a float}: the marks on the figures."""
+    return {name: article_value(entry["article"]) for name, entry in load_reference(script).items()}
+
+
 def article_value(text):
     return float(Decimal(text.replace(",", "")))
 

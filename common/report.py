@@ -1,87 +1,146 @@
-"""What a run prints, with every number it prints recorded under a name in the same call.
+"""A reproduction report: the four scripts against the article on one page, with figures and the environment.
 
-Sections print through a Report. `report.num(name, value, spec)` formats one number and records it;
-`report.nums(name, values, spec)` does the same for a list as the article prints lists. The name
-stands next to the format, so the recorded text is exactly the printed one, and --compare, --json
-and the exit status read the numbers from here; no results dict is typed beside the printing.
+    python vit_part3_setup.py --json results/setup.json
+    python vit_part3_posemb.py --json results/posemb.json
+    python vit_part3_fewshot.py --json results/fewshot.json
+    python vit_part3_finetune.py --json results/finetune.json
+    python -m common.report results        # writes results/report.md, its figures in results/figures/
+
+The page compares each run's numbers with the article's again (data/reference_<script>.json), with
+the verdicts of --compare, so the runs need not have used --compare. A script with no JSON in the
+folder is listed as not run, with the command that runs it. matplotlib is optional.
 """
+import json
 import sys
+from pathlib import Path
+
+from common import figures
+from common.cli import script_parser
+from common.errors import UserError
+from common.reference import LEGEND, VERDICTS, article_values, compare, load_reference, verdict_counts
+from common.run import guarded
+
+SCRIPTS = ("setup", "posemb", "fewshot", "finetune")
+CLIP_NORM = 1.0  # the fine-tuning recipe's clipping threshold, drawn on its gradient-norm panel
 
 
-def short(x, digits=4):
-    """A float as Python prints it after rounding: 0.1875, -0.7, 1.0."""
-    return repr(round(float(x), digits) + 0.0)  # + 0.0 turns -0.0 into 0.0
+def read_record(path):
+    """The JSON a script wrote with --json, or None when there is none."""
+    if not path.exists():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise UserError(f"{path} is not a JSON file that a script wrote ({error}): run the script again") from error
+    if not isinstance(record, dict) or "numbers" not in record:
+        raise UserError(f"{path} was not written by a vit_part3 script's --json: run the script again")
+    return record
 
 
-def render(value, spec):
-    """format(value, spec); spec may also be a function of the value, such as short."""
-    return spec(value) if callable(spec) else format(value, spec)
+def command(script, folder):
+    return f"python vit_part3_{script}.py --json {folder / f'{script}.json'}"
 
 
-def flat_entries(values, index=()):
-    """[(index tuple, value)] of a number, a list, nested lists or an array, in printing order."""
-    if hasattr(values, "tolist"):
-        values = values.tolist()
-    if isinstance(values, (list, tuple)):
-        return [entry for i, v in enumerate(values, 1) for entry in flat_entries(v, index + (i,))]
-    return [(index, values)]
+def cell(text):
+    """Text for a Markdown table cell: a | inside a name would end the cell."""
+    return str(text).replace("|", "\\|")
 
 
-class Report:
-    """The printed lines of one script's run and the numbers on them, by name."""
+def draw_figures(script, record, folder, say):
+    """The script's figures as PNGs in folder/figures; [(title, file name)] of those saved."""
+    values = {name: number["value"] for name, number in record["numbers"].items()}
+    article, series = article_values(script), record.get("series", {})
+    out = folder / "figures"
+    drawn = []
+    if script == "posemb":
+        if series.get("cosine maps"):
+            drawn.append(("cosine similarity of one position row, before and after the stretch",
+                          figures.cosine_maps(series["cosine maps"], out / "posemb_cosine_similarity.png", say)))
+        if figures.accuracy_rows(values):
+            drawn.append(("accuracy of the five versions of the table",
+                          figures.accuracy_bars(values, article, out / "posemb_accuracy.png", say)))
+    elif script == "fewshot" and figures.fewshot_cells(values):
+        drawn.append(("few-shot accuracy against shots",
+                      figures.fewshot_accuracy(values, article, out / "fewshot_accuracy.png", say)))
+    elif script == "finetune" and series.get("training loss"):
+        drawn.append(("the fine-tuning run", figures.finetune_curves(series, values, article, CLIP_NORM,
+                                                                     out / "finetune_curves.png", say)))
+    return [(title, path.name) for title, path in drawn if path is not None]
 
-    def __init__(self, script, quiet=False):
-        self.script = script
-        self.quiet = quiet           # a process other than the first under torchrun prints nothing
-        self.numbers = {}            # name -> {"value": float, "text": as printed}
-        self.could_not_run = []      # (section title, the one-line reason)
-        self.lines = []              # every printed line, in order
-        self.line_of = {}            # name -> index in lines of the line that printed it
-        self.pending = []            # names recorded for the line being built
 
-    def print(self, text=""):
-        self.lines += text.split("\n")
-        self.line_of.update((name, len(self.lines) - 1) for name in self.pending)
-        self.pending = []
-        if not self.quiet:
-            print(text, flush=True)
+def environment_lines(record):
+    env, flags = record.get("environment", {}), record.get("flags", {})
+    versions = ", ".join(f"{name} {env[name]}" for name in ("python", "torch", "transformers", "numpy", "scipy",
+                                                             "pillow") if env.get(name))
+    shown = " ".join(f"--{key.replace('_', '-')} {value}" for key, value in flags.items()
+                     if value not in (None, False) and key not in ("compare", "json"))
+    return [f"- run: started {env.get('started', '?')}, {env.get('seconds', '?')} s; commit {env.get('commit') or '?'}",
+            f"- {env.get('device', '?')}; precision {env.get('precision', '?')}; seed {env.get('seed', '-')}; "
+            f"processes {env.get('processes', 1)}",
+            f"- {versions}", f"- flags: `{shown or '(defaults)'}`"]
 
-    def header(self, title):
-        self.print(f"\n== {title} ==")
 
-    def subheader(self, title):
-        self.print(f"\n-- {title} --")
+def script_section(script, record, rows, drawn):
+    """The Markdown of one script: environment, verdict counts, figures, and every compared number."""
+    lines = [f"## vit_part3_{script}.py", ""]
+    lines += environment_lines(record)
+    for problem in record.get("could_not_run", []):
+        lines.append(f"- could not run section \"{problem['section']}\": {problem['why']}")
+    counts = verdict_counts(rows)
+    lines += ["", "Verdicts: " + ", ".join(f"{counts[word]} {word}" for word in VERDICTS), ""]
+    for title, name in drawn:
+        lines += [f"![{title}](figures/{name})", ""]
+    lines += ["| number | article | this run | difference | kind | verdict | band and reason |",
+              "| --- | ---: | ---: | ---: | --- | --- | --- |"]
+    for row in rows:
+        difference = "" if row["difference"] is None else f"{row['difference']:+.3g}"
+        reason = f"±{row['band']:g}: {row['why']}" if "band" in row else row.get("why", "")
+        lines.append(f"| {cell(row['name'])} | {row['article']} | {row['run'] or '-'} | {difference} | "
+                     f"{row['kind']} | {row['verdict']} | {cell(reason)} |")
+    return lines + [""]
 
-    def line(self, text=""):
-        self.print(f"  {text}")
 
-    def num(self, name, value, spec=""):
-        """The number formatted with spec, recorded as `name` with the text it prints as."""
-        if name in self.numbers:
-            raise ValueError(f"{self.script}: the number {name!r} is printed twice")
-        text = render(value, spec)
-        self.numbers[name] = {"value": float(value), "text": text.strip()}
-        self.pending.append(name)
-        return text
+def build(folder, say=print):
+    """report.md in folder from the scripts' JSON files there; returns its path."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise UserError(f"{folder} is not a folder: pass the folder the scripts wrote their --json files into")
+    records = {script: read_record(folder / f"{script}.json") for script in SCRIPTS}
+    if figures.pyplot(lambda text: None) is None:
+        say(f"report: {figures.INSTALL_HINT}; the page is written without figures")
+    summary = ["| script | verdicts | time |", "| --- | --- | --- |"]
+    body = []
+    for script in SCRIPTS:
+        record = records[script]
+        if record is None:
+            summary.append(f"| vit_part3_{script}.py | not run: `{command(script, folder)}` | |")
+            body += [f"## vit_part3_{script}.py", "", f"Not run. `{command(script, folder)}`", ""]
+            continue
+        rows = compare(record["numbers"], load_reference(script))
+        counts = verdict_counts(rows)
+        summary.append(f"| vit_part3_{script}.py | " + ", ".join(f"{counts[word]} {word}" for word in VERDICTS)
+                       + f" | {record.get('environment', {}).get('seconds', '?')} s |")
+        body += script_section(script, record, rows, draw_figures(script, record, folder, lambda text: None))
+    head = ["# The article's numbers, reproduced", "",
+            "Each number of the article's logged lines beside this run's. " + LEGEND + ".", ""]
+    if figures.pyplot(lambda text: None) is None:
+        head += [f"No figures: {figures.INSTALL_HINT}; run `python -m common.report {folder}` again after "
+                 f"installing it.", ""]
+    page = folder / "report.md"
+    part = folder / ".report.md.part"
+    part.write_text("\n".join(head + summary + [""] + body))
+    part.replace(page)
+    say(f"wrote {page}")
+    return page
 
-    def nums(self, name, values, spec=short, brackets="[]"):
-        """A (nested) list as the article prints it, '[[7.0, 5.0], [5.0, 15.0]]'; entry (i, j) is 'name[i,j]'."""
-        entries = flat_entries(values)
-        texts = {index: self.num(f"{name}[{','.join(map(str, index))}]", value, spec) for index, value in entries}
 
-        def nested(items, prefix):
-            if prefix in texts:
-                return texts[prefix]
-            children = sorted({index[:len(prefix) + 1] for index in texts if index[:len(prefix)] == prefix})
-            return brackets[0] + ", ".join(nested(items, child) for child in children) + brackets[1]
+def main(argv=None):
+    parser = script_parser(__doc__)
+    parser.add_argument("folder", help="the folder the scripts wrote their --json files into")
+    args = parser.parse_args(argv)
+    build(args.folder)
+    return 0
 
-        return nested(entries, ())
 
-    def cannot_run(self, title, problem):
-        self.line(f"cannot run section \"{title}\": {problem}")
-        self.could_not_run.append((title, str(problem)))
-
-    def say(self, text):
-        """A message for the person at the terminal (stderr), once under torchrun."""
-        if not self.quiet:
-            print(text, file=sys.stderr, flush=True)
+if __name__ == "__main__":
+    sys.exit(guarded(main))

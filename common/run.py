@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from common.errors import UserError
+from common.output import Report
 from common.reference import compare, load_reference, print_comparison
-from common.report import Report
 
 
 class Run:
@@ -100,6 +100,7 @@ def run_record(run, report, rows):
               "environment": environment(run), "printed": report.lines,
               "numbers": {name: {**number, "line": report.line_of.get(name)}
                           for name, number in report.numbers.items()},
+              "series": report.series,
               "could_not_run": [{"section": title, "why": why} for title, why in report.could_not_run]}
     if rows is not None:
         record["comparison"] = rows
@@ -118,7 +119,7 @@ def environment(run):
     return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
             "numpy": numpy.__version__, "scipy": scipy.__version__, "pillow": PIL.__version__,
             "device": device_name(run.device), "processes": run.world,
-            "precision": getattr(args, "precision", "fp32"), "seed": getattr(args, "seed", None),
+            "precision": getattr(args, "precision", "fp32"), "seed": getattr(args, "seed", "-"),
             "commit": git_commit(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(run.started)),
             "seconds": round(time.time() - run.started, 1)}
 

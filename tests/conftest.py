@@ -58,3 +58,41 @@ def script_output(main, argv, capsys):
         status = stopped.code
     captured = capsys.readouterr()
     return status, captured.out, captured.err
+
+
+# ---------------------------------------------------------------- the weight-dependent scripts on stand-ins
+
+@pytest.fixture(scope="session")
+def standins(tmp_path_factory):
+    """Two of each checkpoint with different random weights, and a folder with 12 pictures per class."""
+    from common.standins import imagenette_folder, vit_classifier, vit_in21k
+
+    root = tmp_path_factory.mktemp("standins")
+    return {"data": imagenette_folder(root / "nette", per_class=12),
+            "classifier": [vit_classifier(root / f"classifier-{seed}", seed=seed) for seed in (0, 1)],
+            "in21k": [vit_in21k(root / f"in21k-{seed}", seed=seed) for seed in (0, 1)]}
+
+
+@pytest.fixture(scope="session")
+def weight_runs(standins, tmp_path_factory):
+    """The JSON of posemb, fewshot and finetune, each on both stand-ins: {script: [record, record]}."""
+    import json
+
+    import vit_part3_fewshot
+    import vit_part3_finetune
+    import vit_part3_posemb
+
+    out = tmp_path_factory.mktemp("runs")
+    data = str(standins["data"])
+    flags = {"posemb": (vit_part3_posemb.main, "classifier", ["--batch-size", "16"]),
+             "fewshot": (vit_part3_fewshot.main, "in21k", ["--no-cache"]),
+             "finetune": (vit_part3_finetune.main, "in21k", ["--resolution", "32", "--device", "cpu"])}
+    records = {}
+    for script, (main, kind, extra) in flags.items():
+        records[script] = []
+        for seed, model in enumerate(standins[kind]):
+            path = out / f"{script}-{seed}.json"
+            status = main(["--model", str(model), "--data-dir", data, *extra, "--compare", "--json", str(path)])
+            assert status == 0, script
+            records[script].append(json.loads(path.read_text()))
+    return records

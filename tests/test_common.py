@@ -8,8 +8,8 @@ import torch
 from common.checkpoints import load_pretrained
 from common.device import pick_device
 from common.errors import UserError
+from common.output import Report
 from common.reference import KINDS, compare, format_like, load_reference, verdict
-from common.report import Report
 from common.run import Run, guarded
 
 

@@ -10,7 +10,7 @@ from PIL import Image
 
 import vit_part3_fewshot as fewshot
 from common.imagenette import list_split
-from common.report import Report
+from common.output import Report
 from common.standins import imagenette_folder
 
 
@@ -139,9 +139,10 @@ def test_no_cache_neither_reads_nor_writes(tiny_in21k, pictures, tmp_path, monke
     assert status == 0 and "features computed" in out and not (tmp_path / "cache").exists()
 
 
-def test_script_end_to_end_on_stand_ins(tiny_in21k, pictures):
+def test_script_end_to_end_on_stand_ins(tiny_in21k, pictures, tmp_path):
     command = [sys.executable, "vit_part3_fewshot.py", "--model", str(tiny_in21k), "--data-dir", str(pictures),
-               "--pool", "3", "--shots", "1", "3", "--draws", "2", "--batch-size", "16", "--compare", "--no-cache"]
+               "--pool", "3", "--shots", "1", "3", "--draws", "2", "--batch-size", "16", "--compare", "--no-cache",
+               "--plots", str(tmp_path)]
     run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False, timeout=300)
     assert run.returncode == 0, run.stderr
     assert "features computed" in run.stdout
@@ -149,6 +150,12 @@ def test_script_end_to_end_on_stand_ins(tiny_in21k, pictures):
     assert sum(text_line.strip().startswith(("pre-logits  lambda", "class token lambda"))
                for text_line in table.splitlines()) == 6
     assert "per-class accuracy (1-shot, draw 0): tench" in run.stdout and "-> class" in run.stdout
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "matplotlib is not installed (pip install matplotlib)" in run.stderr
+    else:
+        assert (tmp_path / fewshot.FIGURE).stat().st_size > 0
 
 
 def test_script_offline_without_weights_runs_section_1():

@@ -13,7 +13,7 @@ import vit_part3_posemb as posemb
 from common import position_table
 from common.device import set_precision
 from common.imagenette import imagenet_indices, list_split, load_all
-from common.report import Report
+from common.output import Report
 from common.standins import vit_classifier
 
 

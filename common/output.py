@@ -1,0 +1,96 @@
+"""A run's output: what it prints, with every number it prints recorded under a name in the same call.
+
+Sections print through a Report. `report.num(name, value, spec)` formats one number and records it;
+`report.nums(name, values, spec)` does the same for a list as the article prints lists. The name
+stands next to the format, so the recorded text is exactly the printed one, and --compare, --json
+and the exit status read the numbers from here; no results dict is typed beside the printing.
+"""
+import sys
+
+
+def short(x, digits=4):
+    """A float as Python prints it after rounding: 0.1875, -0.7, 1.0."""
+    return repr(round(float(x), digits) + 0.0)  # + 0.0 turns -0.0 into 0.0
+
+
+def render(value, spec):
+    """format(value, spec); spec may also be a function of the value, such as short."""
+    return spec(value) if callable(spec) else format(value, spec)
+
+
+def flat_entries(values, index=()):
+    """[(index tuple, value)] of a number, a list, nested lists or an array, in printing order."""
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    if isinstance(values, (list, tuple)):
+        return [entry for i, v in enumerate(values, 1) for entry in flat_entries(v, index + (i,))]
+    return [(index, values)]
+
+
+class Report:
+    """The printed lines of one script's run and the numbers on them, by name."""
+
+    def __init__(self, script, quiet=False):
+        self.script = script
+        self.quiet = quiet           # a process other than the first under torchrun prints nothing
+        self.numbers = {}            # name -> {"value": float, "text": as printed}
+        self.could_not_run = []      # (section title, the one-line reason)
+        self.lines = []              # every printed line, in order
+        self.line_of = {}            # name -> index in lines of the line that printed it
+        self.pending = []            # names recorded for the line being built
+        self.series = {}             # what a figure needs beyond the printed numbers (maps, curves)
+
+    def print(self, text=""):
+        self.lines += text.split("\n")
+        self.line_of.update((name, len(self.lines) - 1) for name in self.pending)
+        self.pending = []
+        if not self.quiet:
+            print(text, flush=True)
+
+    def header(self, title):
+        self.print(f"\n== {title} ==")
+
+    def subheader(self, title):
+        self.print(f"\n-- {title} --")
+
+    def line(self, text=""):
+        self.print(f"  {text}")
+
+    def num(self, name, value, spec=""):
+        """The number formatted with spec, recorded as `name` with the text it prints as."""
+        if name in self.numbers:
+            raise ValueError(f"{self.script}: the number {name!r} is printed twice")
+        text = render(value, spec)
+        self.numbers[name] = {"value": float(value), "text": text.strip()}
+        self.pending.append(name)
+        return text
+
+    def nums(self, name, values, spec=short, brackets="[]"):
+        """A (nested) list as the article prints it, '[[7.0, 5.0], [5.0, 15.0]]'; entry (i, j) is 'name[i,j]'."""
+        entries = flat_entries(values)
+        texts = {index: self.num(f"{name}[{','.join(map(str, index))}]", value, spec) for index, value in entries}
+
+        def nested(items, prefix):
+            if prefix in texts:
+                return texts[prefix]
+            children = sorted({index[:len(prefix) + 1] for index in texts if index[:len(prefix)] == prefix})
+            return brackets[0] + ", ".join(nested(items, child) for child in children) + brackets[1]
+
+        return nested(entries, ())
+
+    def values(self):
+        """{name: value} of every number printed so far."""
+        return {name: number["value"] for name, number in self.numbers.items()}
+
+    def keep(self, name, values):
+        """Data for the figures (--plots, and the reproduction report): plain lists, written to --json."""
+        self.series[name] = values.tolist() if hasattr(values, "tolist") else values
+
+    def cannot_run(self, title, problem):
+        self.line(f"cannot run section \"{title}\": {problem}")
+        self.could_not_run.append((title, str(problem)))
+
+    def say(self, text):
+        """A message for the person at the terminal (stderr), once under torchrun."""
+        if not self.quiet:
+            print(text, file=sys.stderr, flush=True)

@@ -1,0 +1,74 @@
+"""common/report.py: the scripts' JSON files in, one page out, with every compared number and its figures."""
+import json
+import sys
+
+import pytest
+from PIL import Image
+
+import vit_part3_setup
+from common import report
+from common.errors import UserError
+from common.reference import compare, load_reference
+
+
+@pytest.fixture(scope="module")
+def four_runs(weight_runs, tmp_path_factory):
+    """A folder with the JSON of all four scripts: setup offline, the others on a random-weight stand-in."""
+    folder = tmp_path_factory.mktemp("results")
+    assert vit_part3_setup.main(["--json", str(folder / "setup.json")]) == 0
+    for script in ("posemb", "fewshot", "finetune"):
+        (folder / f"{script}.json").write_text(json.dumps(weight_runs[script][0]))
+    return folder
+
+
+def test_every_compared_number_is_on_the_page_with_its_verdict(four_runs):
+    page = report.build(four_runs, say=lambda text: None).read_text()
+    for script in report.SCRIPTS:
+        record = json.loads((four_runs / f"{script}.json").read_text())
+        rows = compare(record["numbers"], load_reference(script))
+        assert len(rows) > 50
+        for row in rows:
+            assert f"| {report.cell(row['name'])} | {row['article']} | {row['run']} |" in page, row["name"]
+            line = next(text for text in page.splitlines() if text.startswith(f"| {report.cell(row['name'])} |"))
+            assert f"| {row['kind']} | {row['verdict']} |" in line
+        assert f"## vit_part3_{script}.py" in page and record["environment"]["torch"] in page
+    assert "211 same, 0 close, 0 differs, 0 varies, 0 not run" in page  # the setup script offline
+
+
+def test_each_figure_is_a_png_that_opens(four_runs):
+    pytest.importorskip("matplotlib")
+    page = report.build(four_runs, say=lambda text: None).read_text()
+    names = ["posemb_cosine_similarity.png", "posemb_accuracy.png", "fewshot_accuracy.png", "finetune_curves.png"]
+    for name in names:
+        assert f"(figures/{name})" in page
+        with Image.open(four_runs / "figures" / name) as picture:
+            picture.verify()
+            assert picture.format == "PNG" and picture.size[0] > 300
+
+
+def test_a_missing_script_is_listed_as_not_run(tmp_path):
+    assert vit_part3_setup.main(["--json", str(tmp_path / "setup.json")]) == 0
+    page = report.build(tmp_path, say=lambda text: None).read_text()
+    for script in ("posemb", "fewshot", "finetune"):
+        assert f"Not run. `python vit_part3_{script}.py --json {tmp_path / f'{script}.json'}`" in page
+
+
+def test_without_matplotlib_the_page_is_written_and_says_how_to_get_figures(four_runs, tmp_path, monkeypatch):
+    for script in report.SCRIPTS:
+        (tmp_path / f"{script}.json").write_text((four_runs / f"{script}.json").read_text())
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    said = []
+    page = report.build(tmp_path, say=said.append).read_text()
+    assert "No figures: matplotlib is not installed (pip install matplotlib)" in page and "![" not in page
+    assert not (tmp_path / "figures").exists() and any("without figures" in text for text in said)
+
+
+@pytest.mark.parametrize("content,refused", [(None, "is not a folder"), ("{not json", "is not a JSON file"),
+                                             ('{"script": "setup"}', "was not written by")])
+def test_a_bad_folder_or_file_is_one_line(tmp_path, content, refused):
+    folder = tmp_path / "results"
+    if content is not None:
+        folder.mkdir()
+        (folder / "setup.json").write_text(content)
+    with pytest.raises(UserError, match=refused):
+        report.build(folder)
