@@ -91,7 +91,7 @@ def accuracy_bars(values, article, path, say):
         marked = [i for i, label in enumerate(labels) if label in article_rows]
         axis.plot(marked, [article_rows[labels[i]][k] for i in marked], **ARTICLE_STYLE)
         axis.set_xticks(range(len(labels)), labels, rotation=20)
-        axis.set(title=f"accuracy {title}", ylabel="%", ylim=(0, 100))
+        axis.set(title=f"accuracy {title}", ylabel="%", ylim=(0, 105))
         axis.legend()
     return save(figure, path, say)
 
