@@ -506,18 +506,8 @@ def section_finetune(run, report):
         report.line(f"{args.resolution} pixels; batch {args.batch_size} = {run.world} process(es) x {args.accum_steps} "
                     f"accumulation step(s) x {micro} pictures")
     training = prepare_training(run, report, model)
-    monitor_items = list_split(data["root"], "val", min(MONITOR_PER_CLASS, args.per_class or MONITOR_PER_CLASS))
-    monitor = (*decode_share(monitor_items, run.rank, run.world), micro)
-    history = training["history"]
-    if training["start"] == 0:
-        model.eval()
-        history["step 0"] = accuracy(model, *monitor, run, "step 0")
-        ties = not model.classifier.weight.any() and not model.classifier.bias.any()
-        history["tie note"] = "  (zero head: every class ties, the first wins)" if ties else ""
-    report.line(f"step   0: validation accuracy ({report.num('monitor pictures', len(monitor_items), ',')} pictures, "
-                f"{report.num('monitor per class', len(monitor_items) // data['classes'])} per class) "
-                f"{report.num('step 0 validation', history['step 0'], '.1f')}%{history['tie note']}")
-    for row in history["rows"]:
+    monitor = report_step_0(run, report, data, training, micro)
+    for row in training["history"]["rows"]:
         report_line(report, row)
     last_step = min(args.pause_at or args.steps, args.steps)
     train_steps(run, report, data, training, monitor, warmup, last_step)
@@ -526,6 +516,25 @@ def section_finetune(run, report):
                     f"--resume to continue")
         return
     finish_run(run, report, data, training, warmup)
+
+
+def report_step_0(run, report, data, training, batch_size):
+    """The validation subset watched during the run, and its accuracy before the first step.
+
+    Returns the subset as (pictures, labels, batch size) for accuracy(); on --resume, step 0 comes from the history.
+    """
+    args, model, history = run.args, training["model"], training["history"]
+    monitor_items = list_split(data["root"], "val", min(MONITOR_PER_CLASS, args.per_class or MONITOR_PER_CLASS))
+    monitor = (*decode_share(monitor_items, run.rank, run.world), batch_size)
+    if training["start"] == 0:
+        model.eval()
+        history["step 0"] = accuracy(model, *monitor, run, "step 0")
+        ties = not model.classifier.weight.any() and not model.classifier.bias.any()
+        history["tie note"] = "  (zero head: every class ties, the first wins)" if ties else ""
+    report.line(f"step   0: validation accuracy ({report.num('monitor pictures', len(monitor_items), ',')} pictures, "
+                f"{report.num('monitor per class', len(monitor_items) // data['classes'])} per class) "
+                f"{report.num('step 0 validation', history['step 0'], '.1f')}%{history['tie note']}")
+    return monitor
 
 
 def prepare_training(run, report, model):

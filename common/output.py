@@ -67,16 +67,16 @@ class Report:
 
     def nums(self, name, values, spec=short, brackets="[]"):
         """A (nested) list as the article prints it, '[[7.0, 5.0], [5.0, 15.0]]'; entry (i, j) is 'name[i,j]'."""
-        entries = flat_entries(values)
-        texts = {index: self.num(f"{name}[{','.join(map(str, index))}]", value, spec) for index, value in entries}
+        texts = {index: self.num(f"{name}[{','.join(map(str, index))}]", value, spec)
+                 for index, value in flat_entries(values)}
 
-        def nested(items, prefix):
+        def nested(prefix):
             if prefix in texts:
                 return texts[prefix]
             children = sorted({index[:len(prefix) + 1] for index in texts if index[:len(prefix)] == prefix})
-            return brackets[0] + ", ".join(nested(items, child) for child in children) + brackets[1]
+            return brackets[0] + ", ".join(nested(child) for child in children) + brackets[1]
 
-        return nested(entries, ())
+        return nested(())
 
     def values(self):
         """{name: value} of every number printed so far."""

@@ -43,7 +43,8 @@ class Run:
                     self.loaded[name] = self.loaders[name](self)
                 except UserError as problem:
                     self.loaded[name] = problem
-            if isinstance(self.loaded[name], UserError):
+            if isinstance(self.loaded[name], UserError):  # a loader that needs other resources says their
+                # reasons too: split them, so that each missing thing is named once
                 problems += [p for p in str(self.loaded[name]).split("; also ") if p not in problems]
         if problems:
             raise UserError("; also ".join(problems))
