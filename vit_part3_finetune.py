@@ -34,7 +34,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from common import figures
-from common.checkpoints import check_model_flag, checkpoint_config, load_pretrained
+from common.checkpoints import checkpoint_config, load_pretrained
 from common.cli import (
     add_common_arguments,
     add_data_arguments,
@@ -677,14 +677,13 @@ def check_before_work(args, world):
     if args.batch_size % (world * args.accum_steps):
         raise UserError(f"--batch-size {args.batch_size} does not split into {world} process(es) x {args.accum_steps} "
                         f"accumulation step(s); use a multiple of {world * args.accum_steps}")
-    config = checkpoint_config(args.model)
+    config = checkpoint_config(args.model)  # refuses a --model path that does not exist
     if config is not None:
         check_resolution(config, args.resolution)
     if args.json:
         check_output_file(args.json, "--json")  # before torchrun starts its processes
     if args.save_dir:
         check_output_dir(args.save_dir, "--save-dir")
-    check_model_flag(args.model)
 
 
 def main(argv=None):
