@@ -695,7 +695,10 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     loaders = {"data": load_data, "checkpoint": load_checkpoint_model, "classifier": load_the_classifier}
     try:
-        return run_sections("finetune", Run(args, loaders, device, rank, world), SECTIONS)
+        status = run_sections("finetune", Run(args, loaders, device, rank, world), SECTIONS)
+        if world > 1:  # leave together: a process that exits while the first still writes its JSON can abort in gloo
+            dist.barrier()
+        return status
     finally:
         if world > 1:
             dist.destroy_process_group()
