@@ -202,6 +202,16 @@ def load_data(run):
     return {"root": root, "pool": pool, "val": list_split(root, "val", args.per_class), "names": class_names(root)}
 
 
+def data_or_every_missing_thing(run):
+    """The data. The model is loaded only when the features are not cached; but when the data is
+    missing, the checkpoint is tried too, so that one line names everything an offline run lacks."""
+    try:
+        return run.need("data")
+    except UserError:
+        run.need("data", "model")  # raises, naming the data and, if missing, the checkpoint
+        raise
+
+
 def load_features(run):
     """The features of the pool and of the validation pictures, from the cache or one forward pass each."""
     args, data = run.args, run.need("data")
@@ -249,7 +259,7 @@ def section_by_hand(run, report):
 
 def section_frozen(run, report):
     """2. few-shot accuracy"""
-    args, data = run.args, run.need("data", "model")[0]
+    args, data = run.args, data_or_every_missing_thing(run)
     n = report.num
     what = "ViT-B/16 (ImageNet-21k weights)" if args.model == DEFAULT_MODEL else args.model
     report.header(f"2. frozen {what}, device {run.device.type}: features of {n('pool pictures', len(data['pool']))} "
@@ -284,7 +294,8 @@ def section_frozen(run, report):
 
 def section_one_solve(run, report):
     """2b. one solve in detail"""
-    args, (data, _, features) = run.args, run.need("data", "model", "features")
+    args, data = run.args, data_or_every_missing_thing(run)
+    features = run.need("features")
     names, n = data["names"], report.num
     shots = 5 if 5 in args.shots else args.shots[0]
     lam = 1.0 if 1.0 in args.lambdas else args.lambdas[0]

@@ -106,7 +106,8 @@ def build(folder, say=print):
     if not folder.is_dir():
         raise UserError(f"{folder} is not a folder: pass the folder the scripts wrote their --json files into")
     records = {script: read_record(folder / f"{script}.json") for script in SCRIPTS}
-    if figures.pyplot(lambda text: None) is None:
+    with_figures = figures.pyplot(lambda text: None) is not None
+    if not with_figures:
         say(f"report: {figures.INSTALL_HINT}; the page is written without figures")
     summary = ["| script | verdicts | time |", "| --- | --- | --- |"]
     body = []
@@ -123,7 +124,7 @@ def build(folder, say=print):
         body += script_section(script, record, rows, draw_figures(script, record, folder, lambda text: None))
     head = ["# The article's numbers, reproduced", "",
             "Each number of the article's logged lines beside this run's. " + LEGEND + ".", ""]
-    if figures.pyplot(lambda text: None) is None:
+    if not with_figures:
         head += [f"No figures: {figures.INSTALL_HINT}; run `python -m common.report {folder}` again after "
                  f"installing it.", ""]
     page = folder / "report.md"

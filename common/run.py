@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from common import figures
 from common.errors import UserError
 from common.output import Report
 from common.reference import compare, load_reference, print_comparison
@@ -67,6 +68,9 @@ def run_sections(script, run, sections):
     if run.args.json:  # a typo in the path must not cost the run
         check_output_file(run.args.json, "--json")
     report = Report(script, quiet=run.rank != 0)
+    if getattr(run.args, "plots", None):
+        check_output_dir(run.args.plots, "--plots")
+        figures.pyplot(report.say)  # without matplotlib, say so now, not after the long work
     for section in sections:
         try:
             section(run, report)

@@ -62,6 +62,7 @@ CASES = [
     ("posemb", ["--device", "tpu"], 2, "--device"),
     ("posemb", ["--model", "{classifier}", "--data-dir", "{folder}/nowhere"], 1, "--data-dir"),
     ("posemb", ["--model", "{classifier}", "--data-dir", "{file}"], 1, "is a file"),
+    ("posemb", ["--model", "{classifier}", "--plots", "{file}/figures"], 2, "--plots"),
     ("fewshot", ["--lambdas", "-1"], 2, "--lambdas"),
     ("fewshot", ["--lambdas", "nan"], 2, "--lambdas"),
     ("fewshot", ["--lambdas", "1", "inf"], 2, "--lambdas"),
@@ -70,6 +71,7 @@ CASES = [
     ("fewshot", ["--draws", "0"], 2, "--draws"),
     ("fewshot", ["--pool", "many"], 2, "--pool"),
     ("fewshot", ["--json", "{file}/f.json"], 2, "--json"),
+    ("fewshot", ["--plots", "{file}"], 2, "--plots"),
     ("fewshot", ["--model", "{in21k}", "--data-dir", "{empty class}", "--no-cache", "--pool", "2", "--shots", "1"], 1,
      "n03888257"),
     ("fewshot", ["--model", "{in21k}", "--data-dir", "{one split}", "--no-cache", "--pool", "2", "--shots", "1"], 1,
@@ -83,6 +85,7 @@ CASES = [
     ("finetune", ["--save-dir", "{file}"], 2, "--save-dir"),
     ("finetune", ["--save-dir", "{file}/run"], 2, "--save-dir"),
     ("finetune", ["--json", "{folder}"], 2, "--json"),
+    ("finetune", ["--plots", "{file}/figures"], 2, "--plots"),
     ("finetune", ["--batch-size", "10", "--accum-steps", "4"], 2, "--batch-size 10"),
     ("finetune", ["--model", "{small}", "--resolution", "32"], 0, None),  # the smallest grid it can serve: runs
     ("finetune", ["--model", "./typo"], 2, "--model ./typo"),

@@ -119,10 +119,13 @@ def test_a_picture_changed_under_the_same_name_is_recomputed(tiny_in21k, tmp_pat
     monkeypatch.setenv("TQDM_DISABLE", "1")
     first = imagenette_folder(tmp_path / "first", per_class=2)
     second = imagenette_folder(tmp_path / "second", per_class=2)
+    loads = []
+    load = fewshot.load_frozen_model
+    monkeypatch.setattr(fewshot, "load_frozen_model", lambda *args: loads.append(1) or load(*args))
     status, out = few_shot_run(tiny_in21k, first, tmp_path, capsys)
-    assert status == 0 and "features computed" in out
+    assert status == 0 and "features computed" in out and len(loads) == 1
     status, out = few_shot_run(tiny_in21k, second, tmp_path, capsys)  # same names, same bytes: same features
-    assert status == 0 and "features read from the cache" in out
+    assert status == 0 and "features read from the cache" in out and len(loads) == 1  # the model is not loaded
     picture = sorted((second / "val" / "n01440764").iterdir())[0]
     Image.open(picture).rotate(90).save(picture)  # same name, other contents
     status, out = few_shot_run(tiny_in21k, second, tmp_path, capsys)
