@@ -32,6 +32,7 @@ from common.cli import (
     side_pixels,
 )
 from common.errors import UserError
+from common.feature_cache import cached_arrays
 from common.imagenette import class_names, ensure_imagenette, list_split
 from common.inference import run_model
 from common.reference import article_values
@@ -140,36 +141,16 @@ def cache_key(model_name, resolution, precision, items, root):
     return hashlib.sha256(text.encode()).hexdigest()[:20], text
 
 
-def read_cached(path, description, count):
-    """The features stored at path when they were made for exactly this description, else None."""
-    try:
-        with np.load(path) as stored:
-            features = {name: stored[name] for name in REPRESENTATIONS}
-            if str(stored["key"]) == description and all(len(f) == count for f in features.values()):
-                return features
-    except Exception:  # noqa: BLE001 - a truncated or foreign file is recomputed, never used
-        return None
-    return None
-
-
 def cached_features(compute, key, items, desc, use_cache=True):
     """(features, source): from data/features/<desc>-<hash>.npz when it matches exactly, else compute()d and saved.
 
-    use_cache False, or no key, neither reads nor writes the cache.
+    use_cache False, or no key, neither reads nor writes the cache; a cache that cannot be read or
+    written is a warning (common/feature_cache.py).
     """
     if not use_cache or key is None:
         return compute(), "computed"
     short_key, description = key
-    path = CACHE_DIR / f"{desc}-{short_key}.npz"
-    features = read_cached(path, description, len(items)) if path.exists() else None
-    if features is not None:
-        return features, "cache"
-    features = compute()
-    CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    part = path.with_name(path.name + ".part.npz")
-    np.savez(part, key=description, **features)
-    part.replace(path)
-    return features, "computed"
+    return cached_arrays(compute, CACHE_DIR / f"{desc}-{short_key}.npz", description, REPRESENTATIONS, len(items))
 
 
 def shown_path(path):

@@ -9,7 +9,7 @@ Reproduces the article's sections "Fine-tuning: a new head for a new task" and "
      horizontal flips; validation along the way, then the averaged and the last weights on all pictures.
 
     python vit_part3_finetune.py                              # downloads ViT-B/16 in21k (346 MB), Imagenette (94 MB)
-    python vit_part3_finetune.py --save-dir runs/ft           # a checkpoint every 50 steps and on Ctrl-C ...
+    python vit_part3_finetune.py --save-dir runs/ft           # a checkpoint every 50 steps, on Ctrl-C and SIGTERM
     python vit_part3_finetune.py --save-dir runs/ft --resume  # ... and the run continues where it stopped
     python vit_part3_finetune.py --batch-size 512 --accum-steps 16 --resolution 384   # the paper's batch and size
     torchrun --nproc_per_node 4 vit_part3_finetune.py         # the batch split over 4 processes (DDP)
@@ -20,6 +20,7 @@ process's share over --accum-steps passes, so every setting follows the same mat
 """
 import contextlib
 import copy
+import hashlib
 import math
 import os
 import signal
@@ -45,6 +46,7 @@ from common.cli import (
 )
 from common.device import pick_device
 from common.errors import UserError
+from common.files import write_atomic
 from common.imagenette import (
     class_folders,
     ensure_imagenette,
@@ -58,7 +60,7 @@ from common.imagenette import (
 from common.inference import run_model
 from common.position_table import as_parameter_rows, bilinear_table, model_table
 from common.reference import article_values
-from common.run import Run, check_output_dir, check_output_file, guarded, run_sections
+from common.run import Run, Terminated, check_output_dir, check_output_file, guarded, run_sections
 from common.schedules import warmup_cosine_lr
 
 DEFAULT_MODEL = "google/vit-base-patch16-224-in21k"
@@ -294,22 +296,48 @@ def run_settings(args, world):
             "processes": world}
 
 
+CHECKPOINT_FORMAT = "vit_part3_finetune checkpoint, v2"
+
+
+def state_digest(state):
+    """blake2b over every value of the checkpoint, in a fixed order: a flipped bit in any weight changes it.
+
+    Tensors are hashed by their dtype, shape and bytes (viewed as uint8, so bfloat16 works too),
+    everything else by its repr, so the digest is the same after torch.load as before torch.save.
+    """
+    digest = hashlib.blake2b(digest_size=16)
+
+    def feed(value):
+        if isinstance(value, dict):
+            for key in sorted(value, key=str):
+                digest.update(repr(key).encode())
+                feed(value[key])
+        elif isinstance(value, (list, tuple)):
+            digest.update(b"[")
+            for item in value:
+                feed(item)
+            digest.update(b"]")
+        elif isinstance(value, torch.Tensor):
+            flat = value.detach().cpu().contiguous().reshape(-1)
+            digest.update(f"{value.dtype}{tuple(value.shape)}".encode())
+            digest.update(flat.view(torch.uint8).numpy().tobytes())
+        else:
+            digest.update(repr(value).encode())
+
+    feed(state)
+    return digest.hexdigest()
+
+
 def save_checkpoint(save_dir, model, average, optimizer, step, history, settings):
-    """Weights, average, optimizer, step, history and RNG states, written whole (a .part file, then a rename)."""
+    """Weights, average, optimizer, step, history, RNG states and their digest, written whole or not at all."""
     path = Path(save_dir) / CHECKPOINT
     rng = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
     state = {"model": model.state_dict(), "average": average.state_dict(), "optimizer": optimizer.state_dict(),
              "step": step, "history": history, "settings": settings, "rng": rng}
-    part = path.with_name(path.name + ".part")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(state, part)
-        part.replace(path)
-    except OSError as error:
-        raise UserError(f"cannot write the checkpoint {path} ({error}): pass another --save-dir") from error
-    return path
+    checked = {"format": CHECKPOINT_FORMAT, "digest": state_digest(state), "state": state}
+    return write_atomic(path, lambda f: torch.save(checked, f), what="checkpoint")
 
 
 def restore(save_dir, settings, model, average, optimizer):
@@ -324,15 +352,27 @@ def restore(save_dir, settings, model, average, optimizer):
     return state["step"], state["history"]
 
 
+def read_checkpoint(path):
+    """The state saved at path, refused in one line when it is not this script's or changed since it was written."""
+    try:
+        checked = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises several types for a truncated or foreign file
+        raise UserError(f"--resume: {path} is truncated or not a checkpoint of this script ({type(error).__name__}); "
+                        f"start again without --resume, or pass another --save-dir") from error
+    if not isinstance(checked, dict) or checked.get("format") != CHECKPOINT_FORMAT:
+        raise UserError(f"--resume: {path} is a torch file but not a checkpoint of this version of "
+                        f"vit_part3_finetune.py: start again without --resume, or pass another --save-dir")
+    if state_digest(checked["state"]) != checked["digest"]:
+        raise UserError(f"--resume: {path} has changed since it was written (its contents no longer match their "
+                        f"digest): the file is damaged; start again without --resume, or restore a copy of it")
+    return checked["state"]
+
+
 def load_checkpoint(save_dir, settings):
     path = Path(save_dir) / CHECKPOINT
     if not path.is_file():
         raise UserError(f"--resume: no {CHECKPOINT} in {save_dir}; start without --resume")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # torch raises several types for a truncated or foreign file
-        raise UserError(f"--resume: {path} is truncated or not a checkpoint of this script ({type(error).__name__}); "
-                        f"start again without --resume, or pass another --save-dir") from error
+    state = read_checkpoint(path)
     changed = [f"{key} {state['settings'].get(key)} -> {value}" for key, value in settings.items()
                if key != "processes" and state["settings"].get(key) != value]
     if changed:
@@ -367,24 +407,34 @@ def train_step(model, optimizer, pixels, labels, lr, run):
     return loss, norm
 
 
-class StopOnCtrlC:
-    """Within the block, a first Ctrl-C asks to stop after the current step (saved whole); a second, at once."""
+class StopOnSignal:
+    """In the block, a first Ctrl-C or SIGTERM asks to stop after the current step (saved whole); a second, at once.
 
+    SIGTERM is what schedulers (SLURM), `timeout`, `docker stop` and systemd send some seconds before
+    they kill a job: the step in flight is finished and saved in that time, as on Ctrl-C.
+    """
     def __init__(self):
-        self.asked = False
+        self.names = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+        self.asked = None  # the name of the first signal
 
     def _handler(self, signum, frame):
         if self.asked:
-            raise KeyboardInterrupt
-        self.asked = True
-        print("\nCtrl-C: stopping after this step (again: at once)", file=sys.stderr)
+            raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+        self.asked = self.names[signum]
+        if os.environ.get("RANK", "0") == "0":  # one process speaks for all
+            print(f"\n{self.asked}: stopping after this step (again: at once)", file=sys.stderr)
+
+    def stop(self):
+        """Leave the run as the signal asked: exit status 143 for SIGTERM, 130 for Ctrl-C."""
+        raise Terminated if self.asked == "SIGTERM" else KeyboardInterrupt
 
     def __enter__(self):
-        self.previous = signal.signal(signal.SIGINT, self._handler)
+        self.previous = {signum: signal.signal(signum, self._handler) for signum in self.names}
         return self
 
     def __exit__(self, *exc):
-        signal.signal(signal.SIGINT, self.previous)
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
 
 
 # ---------------------------------------------------------------- sections
@@ -565,7 +615,7 @@ def step_batches(run, data, first, last):
 
 
 def train_steps(run, report, data, training, monitor, warmup, last_step):
-    """Steps start+1 .. last_step: the NaN stop, the logged rows, checkpoints, and Ctrl-C."""
+    """Steps start+1 .. last_step: the NaN stop, the logged rows, checkpoints, Ctrl-C and SIGTERM."""
     from tqdm import tqdm
 
     args, model, history = run.args, training["model"], training["history"]
@@ -573,7 +623,7 @@ def train_steps(run, report, data, training, monitor, warmup, last_step):
     steps = tqdm(range(training["start"] + 1, last_step + 1), desc="fine-tuning", unit="step", file=sys.stderr,
                  initial=training["start"], total=args.steps)
     reports = report_steps(args.steps)
-    with StopOnCtrlC() as stop:
+    with StopOnSignal() as stop:
         for step, pixels, (indices, _) in zip(steps, batches, shares):
             training["trained"].train()
             labels = torch.tensor([data["train"][i][1] for i in indices], device=run.device)
@@ -592,7 +642,7 @@ def train_steps(run, report, data, training, monitor, warmup, last_step):
                        "seconds": time.perf_counter() - training["clock"]}
                 history["rows"].append(row)
                 report_line(report, row)
-            save_or_stop(run, report, training, step, last_step, interrupted=sum_over_processes(stop.asked, run) > 0)
+            save_or_stop(run, report, training, step, last_step, stop)
 
 
 def stop_diverged(args, loss, step, lr):
@@ -602,18 +652,28 @@ def stop_diverged(args, loss, step, lr):
                     f"it{where_saved}; lower --lr")
 
 
-def save_or_stop(run, report, training, step, last_step, interrupted):
-    """A checkpoint every --save-every steps, at the last step and on Ctrl-C; then stop if asked."""
+def save_or_stop(run, report, training, step, last_step, stop):
+    """A checkpoint every --save-every steps, at the last step and on a stop signal; then stop if asked.
+
+    Every process learns of a signal that reached any of them and of a checkpoint that could not be
+    written, so all stop at the same step.
+    """
     args = run.args
-    path = None
+    interrupted = sum_over_processes(bool(stop.asked), run) > 0
+    path, problem = None, None
     if args.save_dir and run.rank == 0 and (step % args.save_every == 0 or step == last_step or interrupted):
         training["history"]["seconds"] = time.perf_counter() - training["clock"]
-        path = save_checkpoint(args.save_dir, training["model"], training["average"], training["optimizer"], step,
-                               training["history"], training["settings"])
+        try:
+            path = save_checkpoint(args.save_dir, training["model"], training["average"], training["optimizer"], step,
+                                   training["history"], training["settings"])
+        except UserError as error:
+            problem = error
+    if sum_over_processes(problem is not None, run) > 0:
+        raise problem or UserError("the first process could not write its checkpoint (it names the reason)")
     if interrupted:
-        saved = f"; saved {path}: add --resume to continue" if path else " (no --save-dir)"
-        report.say(f"\nstopped after step {step}{saved}")
-        raise KeyboardInterrupt
+        saved = f"; saved {path}: add --resume to continue" if path else " (no --save-dir: nothing saved)"
+        report.say(f"\nstopped after step {step}{' on ' + stop.asked if stop.asked else ''}{saved}")
+        stop.stop()
 
 
 def finish_run(run, report, data, training, warmup):
@@ -659,7 +719,7 @@ def parse_flags(argv):
     parser.add_argument("--resolution", type=side_pixels, default=224, help="fine-tuning resolution (384: the paper's)")
     parser.add_argument("--accum-steps", type=positive_int, default=1, help="split each process's batch into N passes")
     parser.add_argument("--save-dir", metavar="DIR", help=f"write DIR/{CHECKPOINT} every --save-every steps, at the "
-                                                          "end and on Ctrl-C")
+                                                          "end and on Ctrl-C or SIGTERM")
     parser.add_argument("--save-every", type=positive_int, default=50, help="steps between checkpoints")
     parser.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.pt of --save-dir")
     parser.add_argument("--pause-at", type=positive_int, metavar="STEP", help="save and stop after STEP; --resume "

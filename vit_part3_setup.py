@@ -394,7 +394,7 @@ def section_adam(run, report):
                   "clipping, Table 4")
     rows = adam_by_hand(GRADIENTS)
     for t, g, m, v, m_hat, v_hat, step, w in rows:
-        def n(what, value, spec):
+        def n(what, value, spec, t=t):
             return report.num(f"Adam t={t} {what}", value, spec)
 
         report.line(f"Adam t={t}: g={g:5.2f}  m={n('m', m, '.4f')}  v={n('v', v, '.6f')}  "

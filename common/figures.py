@@ -6,6 +6,8 @@ script draws its figure at the end of a run and common/report.py draws the same 
 import re
 from pathlib import Path
 
+from common.files import write_atomic
+
 INSTALL_HINT = "matplotlib is not installed (pip install matplotlib)"
 ARTICLE_STYLE = {"marker": "x", "color": "black", "linestyle": "none", "markersize": 8, "label": "article"}
 
@@ -24,12 +26,13 @@ def pyplot(say):
 
 
 def save(figure, path, say):
-    """Save the figure as a PNG at path and say where."""
+    """Save the figure as a PNG at path (whole or not at all) and say where; UserError when it cannot be written."""
     import matplotlib.pyplot as plt
 
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(figure)
+    try:
+        write_atomic(path, lambda f: figure.savefig(f, format="png", dpi=100, bbox_inches="tight"), what="figure")
+    finally:
+        plt.close(figure)
     say(f"saved {path}")
     return Path(path)
 

@@ -19,6 +19,7 @@ import numpy as np
 from PIL import Image
 
 from common.errors import UserError
+from common.files import reason, write_atomic
 
 URL = "https://s3.amazonaws.com/fast-ai-imageclas/imagenette2-160.tgz"
 ARCHIVE_MB = 94
@@ -89,7 +90,7 @@ def check_layout(root):
                             f"pictures (.JPEG, .jpg or .png) in both splits")
 
 
-def check_counts(root, strict):
+def check_counts(root, strict, fix=None):
     """The layout; then Imagenette's counts: strict for the copy we download, a warning for a user's own copy.
 
     Returns the warning for a partial copy of Imagenette (its numbers cannot match the article's), else None.
@@ -103,44 +104,86 @@ def check_counts(root, strict):
     counts = ", ".join(f"{found[split]:,} of {expected:,} {'training' if split == 'train' else 'validation'}"
                        for split, expected in SPLIT_COUNTS.items())
     if strict:
-        raise UserError(f"found {counts} pictures in {root}: delete the folder to download it again, or pass "
-                        f"--data-dir with a complete copy")
+        fix = (": delete the folder to download it again, or pass --data-dir with a complete copy" if fix is None
+               else fix)
+        raise UserError(f"found {counts} pictures in {root}{fix}")
     return f"{root} holds {counts} pictures of Imagenette: a partial copy, so its numbers cannot match the article's"
+
+
+class DownloadError(Exception):
+    """The network failed while the archive was being written (not the disk)."""
+
+
+def download(url, archive, progress=True):
+    """url into the file archive, whole or not at all (common/files.py)."""
+    from tqdm import tqdm
+
+    def fetch(out):
+        try:
+            with urllib.request.urlopen(url, timeout=60) as response:
+                total = int(response.headers.get("Content-Length") or 0) or None
+                with tqdm(total=total, unit="B", unit_scale=True, desc=f"downloading {archive.name}",
+                          disable=not progress, file=sys.stderr) as bar:
+                    while chunk := response.read(1 << 20):
+                        out.write(chunk)
+                        bar.update(len(chunk))
+        except (OSError, EOFError) as error:  # URLError, a dropped connection, a timeout
+            raise DownloadError(reason(error)) from error
+
+    write_atomic(archive, fetch, what="download")
+
+
+def scratch_prefix(target):
+    return f".{Path(target).name}-extracting-"
+
+
+def remove_abandoned_scratch(target):
+    """Folders left by an extraction that was killed: their process (the number in the name) is gone."""
+    for folder in Path(target).parent.glob(scratch_prefix(target) + "*"):
+        pid = folder.name[len(scratch_prefix(target)):].split("-")[0]
+        if folder.is_dir() and pid.isdigit() and not process_alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def process_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # it exists, but belongs to someone else
+    return True
 
 
 def download_and_extract(url, target, progress=True):
     """Download url (.tgz) and extract it so that target appears whole or not at all.
 
-    The archive goes to target.tgz.part and is renamed when complete; it is extracted into a
-    temporary folder beside target, and only the finished folder is renamed into place.
+    The archive is written whole or not at all; it is extracted into a scratch folder beside target
+    (named with this process's number, so that the next run can remove it if this one is killed),
+    its counts checked, and only then renamed into place. An archive that fails any check is
+    deleted, so that the next run downloads it anew.
     """
-    from tqdm import tqdm
-
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
+    remove_abandoned_scratch(target)
     archive = target.with_name(target.name + ".tgz")
     if not archive.exists():
-        part = archive.with_name(archive.name + ".part")
-        with urllib.request.urlopen(url, timeout=60) as response, open(part, "wb") as out:
-            total = int(response.headers.get("Content-Length") or 0) or None
-            with tqdm(total=total, unit="B", unit_scale=True, desc=f"downloading {target.name}",
-                      disable=not progress) as bar:
-                while chunk := response.read(1 << 20):
-                    out.write(chunk)
-                    bar.update(len(chunk))
-        part.rename(archive)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+        download(url, archive, progress)
+    scratch = Path(tempfile.mkdtemp(prefix=f"{scratch_prefix(target)}{os.getpid()}-", dir=target.parent))
     try:
         with tarfile.open(archive) as tar:
             tar.extractall(scratch, filter="data")
         extracted = scratch / target.name
         if not extracted.is_dir():
-            raise UserError(f"{archive} does not contain a folder {target.name}")
-        check_counts(extracted, strict=True)
+            raise UserError(f"it holds no folder {target.name}")
+        check_counts(extracted, strict=True, fix="")
         extracted.rename(target)
-    except (tarfile.TarError, EOFError, OSError) as error:
-        archive.unlink(missing_ok=True)  # a broken archive is downloaded again next time
-        raise UserError(f"could not extract {archive} ({error}); run again to download it anew") from error
+    except (tarfile.TarError, EOFError, OSError, UserError) as error:
+        archive.unlink(missing_ok=True)  # a wrong or broken archive is downloaded again next time
+        what = (f"its contents are not the release ({error})" if isinstance(error, UserError) else
+                f"could not extract it ({reason(error)})")
+        raise UserError(f"the archive downloaded from {url}: {what}; removed {archive}: run again to download it "
+                        f"anew, or pass --data-dir with a complete copy") from error
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     archive.unlink()
@@ -162,7 +205,7 @@ def ensure_imagenette(data_dir=None, url=URL):
                             f"({ARCHIVE_MB} MB) and extract it into {root.parent}, or pass --data-dir")
         try:
             download_and_extract(url, root)
-        except OSError as error:
+        except DownloadError as error:
             raise UserError(f"Imagenette is not in {root} and could not be downloaded ({error}): download {url} "
                             f"({ARCHIVE_MB} MB) and extract it into {root.parent}, or pass --data-dir") from error
     if not root.is_dir():
@@ -174,10 +217,17 @@ def ensure_imagenette(data_dir=None, url=URL):
 
 
 def load_rgb(path):
-    """The picture as RGB (Imagenette has grayscale and CMYK JPEGs); unreadable files stop the run."""
+    """The picture as RGB (Imagenette has grayscale and CMYK JPEGs); unreadable files stop the run.
+
+    PIL refuses to decode a picture of over 2 x Image.MAX_IMAGE_PIXELS (179 million) pixels, which
+    could take gigabytes (a "decompression bomb"): it is named like any other unreadable picture.
+    """
     try:
         with Image.open(path) as image:
             return image.convert("RGB")
+    except Image.DecompressionBombError as error:
+        raise UserError(f"cannot read picture {path}: it is too large to decode safely ({error}); remove it from "
+                        f"the data folder or shrink it") from error
     except (OSError, ValueError) as error:
         raise UserError(f"cannot read picture {path}: {error}") from error
 

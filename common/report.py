@@ -17,6 +17,7 @@ from pathlib import Path
 from common import figures
 from common.cli import script_parser
 from common.errors import UserError
+from common.files import write_text
 from common.reference import LEGEND, VERDICTS, article_values, compare, load_reference, verdict_counts
 from common.run import guarded
 
@@ -75,8 +76,8 @@ def environment_lines(record):
     shown = " ".join(f"--{key.replace('_', '-')} {value}" for key, value in flags.items()
                      if value not in (None, False) and key not in ("compare", "json"))
     return [f"- run: started {env.get('started', '?')}, {env.get('seconds', '?')} s; commit {env.get('commit') or '?'}",
-            f"- {env.get('device', '?')}; precision {env.get('precision', '?')}; seed {env.get('seed', '-')}; "
-            f"processes {env.get('processes', 1)}",
+            (f"- {env.get('device', '?')}; precision {env.get('precision', '?')}; seed {env.get('seed', '-')}; "
+             f"processes {env.get('processes', 1)}"),
             f"- {versions}", f"- flags: `{shown or '(defaults)'}`"]
 
 
@@ -125,12 +126,9 @@ def build(folder, say=print):
     head = ["# The article's numbers, reproduced", "",
             "Each number of the article's logged lines beside this run's. " + LEGEND + ".", ""]
     if not with_figures:
-        head += [f"No figures: {figures.INSTALL_HINT}; run `python -m common.report {folder}` again after "
-                 f"installing it.", ""]
-    page = folder / "report.md"
-    part = folder / ".report.md.part"
-    part.write_text("\n".join(head + summary + [""] + body))
-    part.replace(page)
+        head += [(f"No figures: {figures.INSTALL_HINT}; run `python -m common.report {folder}` again after "
+                  f"installing it."), ""]
+    page = write_text(folder / "report.md", "\n".join(head + summary + [""] + body), what="report")
     say(f"wrote {page}")
     return page
 

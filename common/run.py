@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from common import figures
 from common.errors import UserError
+from common.files import write_text
 from common.output import Report
 from common.reference import compare, load_reference, print_comparison
 
@@ -91,12 +93,17 @@ def finish(run, report):
     rows = compare(report.numbers, load_reference(report.script)) if args.compare else None
     if rows:
         print_comparison(rows, report)
-    if args.json and run.rank == 0:
-        write_json(args.json, run_record(run, report, rows))
+    status = 1 if report.could_not_run else 0
     if report.could_not_run:
         titles = ", ".join(title for title, _ in report.could_not_run)
         report.say(f"\n{len(report.could_not_run)} section(s) could not run ({titles}); see the lines 'cannot run'")
-    return 1 if report.could_not_run else 0
+    if args.json and run.rank == 0:
+        try:  # the numbers are printed above whatever happens here
+            write_json(args.json, run_record(run, report, rows))
+        except UserError as problem:
+            report.say(f"error: {problem}; every number is printed above")
+            status = 1
+    return status
 
 
 def run_record(run, report, rows):
@@ -182,21 +189,37 @@ def check_writable(folder, flag, path):
 
 
 def write_json(path, record):
-    """Written whole or not at all: a hidden .part file, then a rename."""
-    target = Path(path)
-    part = target.with_name(f".{target.name}.part")
-    part.write_text(json.dumps(record, indent=2, default=str))
-    part.replace(target)
+    """Written whole or not at all (common/files.py); a failure is a UserError naming the path and the reason."""
+    write_text(path, json.dumps(record, indent=2, default=str), what="--json file")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's stop, `timeout`, `docker stop`), raised where the program is, as Ctrl-C is."""
+
+
+def raise_terminated(signum, frame):
+    raise Terminated
 
 
 def guarded(main):
-    """Run main(); a UserError outside the sections ends in one line (once under torchrun) and exit status 2."""
+    """Run main(); a UserError outside the sections ends in one line (once under torchrun) and exit status 2.
+
+    Ctrl-C ends with status 130 and SIGTERM with 143 (128 + the signal's number), each in one line,
+    after the code in between has cleaned up (temporary files, the process group).
+    """
+    signal.signal(signal.SIGTERM, raise_terminated)
+    first = os.environ.get("RANK", "0") == "0"
     try:
         return main()
     except UserError as problem:
-        if os.environ.get("RANK", "0") == "0":
+        if first:
             print(f"error: {problem}", file=sys.stderr)
         return 2
+    except Terminated:
+        if first:
+            print("stopped by SIGTERM", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        if first:
+            print("interrupted", file=sys.stderr)
         return 130

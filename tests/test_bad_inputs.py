@@ -4,6 +4,7 @@ Each case runs a script's main() in this process, as the shell would, and checks
 one line that names the flag or path (on stderr before any work, or a 'cannot run section' line
 when only a section is refused), no traceback, and no output file left behind.
 """
+import itertools
 import shutil
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ from common.run import guarded
 from common.standins import imagenette_folder, vit_classifier
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-import throughput  # noqa: E402
+import throughput
 
 SCRIPTS = {"setup": vit_part3_setup.main, "posemb": vit_part3_posemb.main, "fewshot": vit_part3_fewshot.main,
            "finetune": vit_part3_finetune.main, "benchmark": throughput.main}
@@ -123,7 +124,7 @@ def test_a_bad_input_is_one_line_and_a_non_zero_exit(script, flags, status, name
     elif status == 1:
         refused = [text for text in out.splitlines() if "cannot run section" in text]
         assert refused and all(names in text for text in refused), out
-    for flag, value in zip(argv, argv[1:]):
+    for flag, value in itertools.pairwise(argv):
         if flag == "--json" and status and value.endswith(".json"):
             assert not Path(value).exists(), value  # a refused run leaves no output file behind
 

@@ -126,7 +126,7 @@ def test_a_picture_changed_under_the_same_name_is_recomputed(tiny_in21k, tmp_pat
     assert status == 0 and "features computed" in out and len(loads) == 1
     status, out = few_shot_run(tiny_in21k, second, tmp_path, capsys)  # same names, same bytes: same features
     assert status == 0 and "features read from the cache" in out and len(loads) == 1  # the model is not loaded
-    picture = sorted((second / "val" / "n01440764").iterdir())[0]
+    picture = min((second / "val" / "n01440764").iterdir())
     Image.open(picture).rotate(90).save(picture)  # same name, other contents
     status, out = few_shot_run(tiny_in21k, second, tmp_path, capsys)
     assert status == 0 and "features computed" in out

@@ -107,7 +107,7 @@ def common_flags(model, data, save_dir, steps=4, batch=8):
 
 
 def final_weights(save_dir):
-    state = torch.load(save_dir / finetune.CHECKPOINT, weights_only=True)
+    state = finetune.read_checkpoint(save_dir / finetune.CHECKPOINT)
     return state["model"], state["average"]
 
 
@@ -200,7 +200,7 @@ def test_a_diverging_run_stops_with_the_step(tiny_in21k, pictures, tmp_path, cap
     status, out = run_main(flags, capsys)
     stopped = re.search(r"the training loss is (nan|inf) at step (\d+)", out)
     assert status == 1 and stopped
-    kept = torch.load(tmp_path / finetune.CHECKPOINT, weights_only=True)
+    kept = finetune.read_checkpoint(tmp_path / finetune.CHECKPOINT)
     assert kept["step"] == int(stopped.group(2)) - 1
     assert all(torch.isfinite(w).all() for w in kept["model"].values())
 

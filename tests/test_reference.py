@@ -71,7 +71,7 @@ def test_every_number_on_a_logged_line_has_a_reference_entry(script):
 # ---------------------------------------------------------------- the scripts on stand-ins
 
 def test_setup_offline_produces_every_reference_number_and_all_are_same(tmp_path, capsys):
-    status, out, err = script_output(vit_part3_setup.main, ["--compare", "--json", str(tmp_path / "s.json")], capsys)
+    status, _, err = script_output(vit_part3_setup.main, ["--compare", "--json", str(tmp_path / "s.json")], capsys)
     assert status == 0, err
     record = json.loads((tmp_path / "s.json").read_text())
     assert set(load_reference("setup")) <= set(record["numbers"])
