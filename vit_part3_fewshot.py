@@ -7,7 +7,7 @@ Reproduces the article's section "Metrics: fine-tuning accuracy and few-shot acc
 
     python vit_part3_fewshot.py                  # downloads the checkpoint (346 MB) and Imagenette (94 MB) once
     python vit_part3_fewshot.py --lambdas 0.1 10 --draws 20     # a second run reads the cached features
-    python vit_part3_fewshot.py --per-class 20 --compare
+    python vit_part3_fewshot.py --per-class 20 --compare     # 200 validation pictures, the article's pool
 
 Features are cached in data/features/, keyed by everything that decides them: the checkpoint's
 weight file, the resolution, the precision and each picture's name and contents. --no-cache neither
@@ -33,9 +33,10 @@ from common.cli import (
 )
 from common.errors import UserError
 from common.feature_cache import cached_arrays
-from common.imagenette import class_names, ensure_imagenette, list_split
+from common.imagenette import DEFAULT_DIR as DEFAULT_DATA_DIR
+from common.imagenette import class_names, data_differences, ensure_imagenette, list_split
 from common.inference import run_model
-from common.reference import article_values
+from common.reference import article_values, flag_differences
 from common.run import Run, guarded, run_sections
 
 DEFAULT_MODEL = "google/vit-base-patch16-224-in21k"
@@ -175,11 +176,11 @@ def load_data(run):
     """The data folder, the seeded pool of training pictures, the validation pictures and the class names."""
     args = run.args
     root = ensure_imagenette(args.data_dir)
-    pool = draw_pool(list_split(root, "train", args.per_class), args.pool, args.seed)
+    pool = draw_pool(list_split(root, "train"), args.pool, args.seed)  # the article's pool whatever --per-class
     smallest = min(np.bincount([label for _, label in pool]))
     if smallest < max(args.shots):
         raise UserError(f"a class has only {smallest} training pictures in the pool, fewer than --shots "
-                        f"{max(args.shots)}: lower --shots or raise --per-class")
+                        f"{max(args.shots)}: lower --shots")
     return {"root": root, "pool": pool, "val": list_split(root, "val", args.per_class), "names": class_names(root)}
 
 
@@ -300,11 +301,30 @@ def section_one_solve(run, report):
 
 
 SECTIONS = [section_by_hand, section_frozen, section_one_solve]
+ARTICLE_FLAGS = {"pool": ("pool", 50), "draws": ("draws", 5), "resolution": ("resolution", 224),
+                 "precision": ("precision", "fp32")}
+
+
+def setup_differences(run):
+    """How this run's setup differs from the article's: the validation pictures, the pool, draws, the solve shown."""
+    args, data = run.args, run.loaded.get("data")
+    count = len(data["val"]) if isinstance(data, dict) else None
+    differences = {**data_differences(args, args.data_dir or DEFAULT_DATA_DIR, {"val": count}),
+                   **flag_differences(args, ARTICLE_FLAGS)}
+    if 5 not in args.shots:
+        differences["solve shots"] = {"flag": f"--shots {' '.join(map(str, args.shots))}",
+                                      "why": f"--shots without 5: the solve in detail is {args.shots[0]}-shot"}
+    if 1.0 not in args.lambdas:
+        differences["solve lambda"] = {"flag": f"--lambdas {' '.join(f'{lam:g}' for lam in args.lambdas)}",
+                                       "why": f"--lambdas without 1: the solve in detail has lambda {args.lambdas[0]:g}"}
+    return differences
 
 
 def main(argv=None):
     parser = script_parser(__doc__)
-    add_data_arguments(parser, DEFAULT_MODEL, "with its pre-logits layer")
+    add_data_arguments(parser, DEFAULT_MODEL, "with its pre-logits layer",
+                       "keep the first N validation pictures of each class (default: all); the pool is drawn from "
+                       "every training picture, as in a full run")
     parser.add_argument("--shots", type=positive_int, nargs="+", default=[1, 5, 10], help="pictures per class")
     parser.add_argument("--lambdas", type=nonnegative_float, nargs="+", default=[0.01, 1.0, 100.0],
                         help="ridge penalties, finite and >= 0 (0: plain least squares, the minimum-norm solution when "
@@ -323,7 +343,7 @@ def main(argv=None):
     check_model_flag(args.model)
     loaders = {"model": lambda run: load_frozen_model(args.model, run.device), "data": load_data,
                "features": load_features}
-    return run_sections("fewshot", Run(args, loaders), SECTIONS)
+    return run_sections("fewshot", Run(args, loaders), SECTIONS, setup_differences)
 
 
 if __name__ == "__main__":

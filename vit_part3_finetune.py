@@ -47,8 +47,10 @@ from common.cli import (
 from common.device import pick_device
 from common.errors import UserError
 from common.files import write_atomic
+from common.imagenette import DEFAULT_DIR as DEFAULT_DATA_DIR
 from common.imagenette import (
     class_folders,
+    data_differences,
     ensure_imagenette,
     is_imagenette,
     list_split,
@@ -59,7 +61,7 @@ from common.imagenette import (
 )
 from common.inference import run_model
 from common.position_table import as_parameter_rows, bilinear_table, model_table
-from common.reference import article_values
+from common.reference import article_values, flag_differences
 from common.run import Run, Terminated, check_output_dir, check_output_file, guarded, run_sections
 from common.schedules import warmup_cosine_lr
 
@@ -708,6 +710,18 @@ def finish_run(run, report, data, training, warmup):
 
 
 SECTIONS = [section_data_and_model, section_zero_head, section_finetune]
+# The article's recipe; --accum-steps and torchrun's processes keep its arithmetic, so they are not here.
+ARTICLE_FLAGS = {"steps": ("steps", ARTICLE_STEPS), "batch": ("batch_size", 32), "lr": ("lr", 0.003),
+                 "resolution": ("resolution", 224), "precision": ("precision", "fp32")}
+
+
+def setup_differences(run):
+    """How this run's setup differs from the article's: the pictures and the recipe."""
+    args, data = run.args, run.loaded.get("data")
+    loaded = isinstance(data, dict)
+    counts = {"train": len(data["train"]) if loaded else None, "val": len(data["val"]) if loaded else None}
+    return {**data_differences(args, args.data_dir or DEFAULT_DATA_DIR, counts),
+            **flag_differences(args, ARTICLE_FLAGS)}
 
 
 def parse_flags(argv):
@@ -755,7 +769,7 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     loaders = {"data": load_data, "checkpoint": load_checkpoint_model, "classifier": load_the_classifier}
     try:
-        status = run_sections("finetune", Run(args, loaders, device, rank, world), SECTIONS)
+        status = run_sections("finetune", Run(args, loaders, device, rank, world), SECTIONS, setup_differences)
         if world > 1:  # leave together: a process that exits while the first still writes its JSON can abort in gloo
             dist.barrier()
         return status

@@ -25,7 +25,8 @@ from common import figures
 from common.checkpoints import checkpoint_config, load_pretrained
 from common.cli import add_common_arguments, add_data_arguments, script_parser, side_pixels
 from common.errors import UserError
-from common.imagenette import ensure_imagenette, imagenet_indices, list_split, load_all
+from common.imagenette import DEFAULT_DIR as DEFAULT_DATA_DIR
+from common.imagenette import data_differences, ensure_imagenette, imagenet_indices, list_split, load_all
 from common.inference import run_model
 from common.position_table import (
     as_parameter_rows,
@@ -38,7 +39,7 @@ from common.position_table import (
     split_table,
     stretch_positions,
 )
-from common.reference import article_values
+from common.reference import article_values, flag_differences
 from common.run import Run, guarded, run_sections
 
 DEFAULT_MODEL = "google/vit-base-patch16-224"
@@ -241,6 +242,15 @@ def section_accuracy(run, report):
 
 
 SECTIONS = [section_tiny_grid, section_position_table, section_cosine, section_accuracy]
+ARTICLE_FLAGS = {"resolution": ("resolution", 384), "precision": ("precision", "fp32")}
+
+
+def setup_differences(run):
+    """How this run's setup differs from the article's: the pictures, the resolution, the precision."""
+    pictures = run.loaded.get("pictures")
+    count = len(pictures[1]) if isinstance(pictures, tuple) else None
+    return {**data_differences(run.args, run.args.data_dir or DEFAULT_DATA_DIR, {"val": count}),
+            **flag_differences(run.args, ARTICLE_FLAGS)}
 
 
 def main(argv=None):
@@ -254,7 +264,8 @@ def main(argv=None):
     config = checkpoint_config(args.model)
     if config is not None:  # a checkpoint on disk: refuse a resolution it cannot serve before any work
         check_resolution(config, args.resolution)
-    return run_sections("posemb", Run(args, {"model": load_model, "pictures": load_pictures}), SECTIONS)
+    return run_sections("posemb", Run(args, {"model": load_model, "pictures": load_pictures}), SECTIONS,
+                        setup_differences)
 
 
 if __name__ == "__main__":

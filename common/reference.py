@@ -9,16 +9,27 @@ An entry holds the number exactly as the article prints it ("article", a string)
            gradient norms, timings): close or differs where the entry states a measured band,
            otherwise varies: both numbers and their difference are shown, with no claim.
 "same" means equal at the article's printed digits.
+
+A verdict needs the article's inputs. Each script says how a run's setup differs from the article's
+(setup_differences: {item: {"flag", "why"}}, e.g. "validation pictures": "--per-class 6: 60 of 3,925
+validation pictures"). An entry's "inputs" lists the items its number depends on; without it, a
+number of kind nothing depends on none and any other number on all of them. A number whose inputs
+differ is "not comparable", with the flag, never "differs"; except an accuracy that is a sample of
+the article's ("sample": "validation pictures") when only that subset differs: it gets the 95%
+interval that the subset's size implies, and is close inside it, differs outside.
 """
 import json
+import math
 from decimal import Decimal
 from pathlib import Path
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 KINDS = ("nothing", "weights", "chance")
-VERDICTS = ("same", "close", "differs", "varies", "not run")
+VERDICTS = ("same", "close", "differs", "varies", "not comparable", "not run")
 LEGEND = ("same: equal at the article's digits; close: within the band the reference states, for the reason it "
-          "states; differs: outside it; varies: depends on chance, spread unmeasured, no claim")
+          "states; differs: outside it; varies: depends on chance, spread unmeasured, no claim; not comparable: "
+          "this run's setup differs from the article's in an input of the number (the flag is named)")
+ARTICLE_SETUP = "the article's"
 
 
 def load_reference(script):
@@ -60,32 +71,114 @@ def verdict(entry, value):
     return "differs"
 
 
-def compare(numbers, reference):
-    """[{name, article, run, difference, kind, verdict, band, why}] for every reference number."""
+def depends_on(entry, item):
+    inputs = entry.get("inputs")
+    if inputs is None:
+        return entry["kind"] != "nothing"
+    return item in inputs
+
+
+def sampling_interval(article_percent, n, total, band=0.0):
+    """The 95% interval (%) of an accuracy on n of total pictures when the whole set's is article_percent.
+
+    n pictures drawn without replacement from total, of which K = article% x total are right: the
+    count right among them is hypergeometric(total, K, n). A band (pictures that round-off may flip,
+    or the spread over draws) widens K by band% x total on each side.
+    """
+    from scipy.stats import hypergeom
+
+    right, slack = article_percent * total / 100, math.ceil(band * total / 100 - 1e-9)
+    low = hypergeom.ppf(0.025, total, max(0, math.floor(right + 1e-9) - slack), n)
+    high = hypergeom.ppf(0.975, total, min(total, math.ceil(right - 1e-9) + slack), n)
+    return 100 * low / n, 100 * high / n
+
+
+def verdict_in_setup(entry, value, differences):
+    """(verdict, what to add to the row) for this run's value under this run's setup differences."""
+    if value is None:
+        return "not run", {}
+    moved = {item: difference for item, difference in differences.items() if depends_on(entry, item)}
+    sample = entry.get("sample")
+    if moved and set(moved) == {sample} and moved[sample].get("of"):
+        n, total = moved[sample]["n"], moved[sample]["of"]
+        low, high = sampling_interval(article_value(entry["article"]), n, total, entry.get("band", 0.0))
+        why = (f"{n:,} of {total:,} pictures (the first of each class, taken as a random sample): the 95% "
+               f"hypergeometric interval of the article's number" + (", widened by its band" if "band" in entry
+                                                                      else ""))
+        return ("close" if low - 1e-9 <= value <= high + 1e-9 else "differs"), {"interval": [low, high], "why": why}
+    if moved:
+        return "not comparable", {"why": "; ".join(difference["why"] for difference in moved.values()),
+                                  "flags": list(dict.fromkeys(difference["flag"] for difference in moved.values()))}
+    return verdict(entry, value), {}
+
+
+def compare(numbers, reference, differences=None):
+    """[{name, article, run, difference, kind, verdict, band, why}] for every reference number.
+
+    differences: this run's setup against the article's, {item: {"flag", "why", and "n", "of" for a subset}}.
+    """
     rows = []
     for name, entry in reference.items():
         value = numbers[name]["value"] if name in numbers else None
-        row = {"name": name, "article": entry["article"], "kind": entry["kind"], "verdict": verdict(entry, value),
+        word, extra = verdict_in_setup(entry, value, differences or {})
+        row = {"name": name, "article": entry["article"], "kind": entry["kind"], "verdict": word,
                "run": None if value is None else format_like(entry["article"], value),
                "value": value, "difference": None if value is None else value - article_value(entry["article"])}
         row.update({key: entry[key] for key in ("band", "why") if key in entry})
+        row.update(extra)
         rows.append(row)
     return rows
+
+
+def flag_differences(args, article_flags):
+    """{item: difference} for each flag whose value is not the article's.
+
+    article_flags: {item: (argparse dest, the article's value)}, e.g. {"steps": ("steps", 300)}.
+    """
+    differences = {}
+    for item, (dest, article) in article_flags.items():
+        value = getattr(args, dest)
+        if value != article:
+            flag = f"--{dest.replace('_', '-')} {value:g}" if isinstance(value, float) else f"--{dest.replace('_', '-')} {value}"
+            differences[item] = {"flag": flag, "why": f"{flag}: the article's is {article:g}"
+                                 if isinstance(article, float) else f"{flag}: the article's is {article}"}
+    return differences
+
+
+def setup_text(differences):
+    """One line: "the article's", or each difference's why."""
+    return "; ".join(difference["why"] for difference in differences.values()) if differences else ARTICLE_SETUP
+
+
+def verdict_text(row):
+    """The verdict as the table prints it: with the interval of a sample, or the flags that made it not comparable."""
+    if "interval" in row:
+        return f"{row['verdict']} (95% interval {row['interval'][0]:.1f} to {row['interval'][1]:.1f})"
+    if row["verdict"] == "not comparable":
+        return f"not comparable: {', '.join(row['flags'])}"
+    return row["verdict"]
 
 
 def verdict_counts(rows):
     return {word: sum(row["verdict"] == word for row in rows) for word in VERDICTS}
 
 
-def print_comparison(rows, report):
-    """article | this run | difference | verdict, then the count of each verdict."""
+def print_comparison(rows, report, differences=None):
+    """The setup, then article | this run | difference | verdict, then the count of each verdict."""
     width = max(len(row["name"]) for row in rows)
     report.header("comparison with the article")
+    if differences:
+        report.line("setup: this run differs from the article's, so the numbers that depend on these are not "
+                    "comparable:")
+        for difference in differences.values():
+            report.line(f"  {difference['why']}")
+    else:
+        report.line("setup: the article's")
     report.line(f"{'number':<{width}}  {'article':>14}  {'this run':>14}  {'difference':>11}  verdict")
     for row in rows:
         difference = "" if row["difference"] is None else f"{row['difference']:+.3g}"
         report.line(f"{row['name']:<{width}}  {row['article']:>14}  {row['run'] or '-':>14}  {difference:>11}  "
-                    f"{row['verdict']}")
+                    f"{verdict_text(row)}")
     counts = verdict_counts(rows)
     report.line(", ".join(f"{counts[word]} {word}" for word in VERDICTS) + f" (of {len(rows)} article numbers)")
     report.line(LEGEND)

@@ -18,7 +18,16 @@ from common import figures
 from common.cli import script_parser
 from common.errors import UserError
 from common.files import write_text
-from common.reference import LEGEND, VERDICTS, article_values, compare, load_reference, verdict_counts
+from common.reference import (
+    ARTICLE_SETUP,
+    LEGEND,
+    VERDICTS,
+    article_values,
+    compare,
+    load_reference,
+    verdict_counts,
+    verdict_text,
+)
 from common.run import guarded
 
 SCRIPTS = ("setup", "posemb", "fewshot", "finetune")
@@ -69,6 +78,14 @@ def draw_figures(script, record, folder, say):
     return [(title, path.name) for title, path in drawn if path is not None]
 
 
+def setup_cell(differences):
+    """The article's setup, or a quick check: the flags that made it another setup."""
+    if not differences:
+        return ARTICLE_SETUP
+    flags = ", ".join(dict.fromkeys(difference["flag"] for difference in differences.values()))
+    return f"a quick check, not the article's setup: {flags}"
+
+
 def environment_lines(record):
     env, flags = record.get("environment", {}), record.get("flags", {})
     versions = ", ".join(f"{name} {env[name]}" for name in ("python", "torch", "transformers", "numpy", "scipy",
@@ -85,6 +102,13 @@ def script_section(script, record, rows, drawn):
     """The Markdown of one script: environment, verdict counts, figures, and every compared number."""
     lines = [f"## vit_part3_{script}.py", ""]
     lines += environment_lines(record)
+    differences = record.get("setup differences", {})
+    if differences:
+        lines.append("- setup: not the article's, so the numbers that depend on these are not comparable (or, for an "
+                     "accuracy on a subset, judged by the interval the subset's size implies):")
+        lines += [f"  - {difference['why']}" for difference in differences.values()]
+    else:
+        lines.append(f"- setup: {ARTICLE_SETUP}")
     for problem in record.get("could_not_run", []):
         lines.append(f"- could not run section \"{problem['section']}\": {problem['why']}")
     counts = verdict_counts(rows)
@@ -95,9 +119,10 @@ def script_section(script, record, rows, drawn):
               "| --- | ---: | ---: | ---: | --- | --- | --- |"]
     for row in rows:
         difference = "" if row["difference"] is None else f"{row['difference']:+.3g}"
-        reason = f"±{row['band']:g}: {row['why']}" if "band" in row else row.get("why", "")
+        reason = (f"±{row['band']:g}: {row['why']}" if "band" in row and row["verdict"] != "not comparable"
+                  else row.get("why", ""))
         lines.append(f"| {cell(row['name'])} | {row['article']} | {row['run'] or '-'} | {difference} | "
-                     f"{row['kind']} | {row['verdict']} | {cell(reason)} |")
+                     f"{row['kind']} | {cell(verdict_text(row))} | {cell(reason)} |")
     return lines + [""]
 
 
@@ -110,17 +135,19 @@ def build(folder, say=print):
     with_figures = figures.pyplot(lambda text: None) is not None
     if not with_figures:
         say(f"report: {figures.INSTALL_HINT}; the page is written without figures")
-    summary = ["| script | verdicts | time |", "| --- | --- | --- |"]
+    summary = ["| script | setup | verdicts | time |", "| --- | --- | --- | --- |"]
     body = []
     for script in SCRIPTS:
         record = records[script]
         if record is None:
-            summary.append(f"| vit_part3_{script}.py | not run: `{command(script, folder)}` | |")
+            summary.append(f"| vit_part3_{script}.py | | not run: `{command(script, folder)}` | |")
             body += [f"## vit_part3_{script}.py", "", f"Not run. `{command(script, folder)}`", ""]
             continue
-        rows = compare(record["numbers"], load_reference(script))
+        differences = record.get("setup differences", {})
+        rows = compare(record["numbers"], load_reference(script), differences)
         counts = verdict_counts(rows)
-        summary.append(f"| vit_part3_{script}.py | " + ", ".join(f"{counts[word]} {word}" for word in VERDICTS)
+        summary.append(f"| vit_part3_{script}.py | {cell(setup_cell(differences))} | "
+                       + ", ".join(f"{counts[word]} {word}" for word in VERDICTS)
                        + f" | {record.get('environment', {}).get('seconds', '?')} s |")
         body += script_section(script, record, rows, draw_figures(script, record, folder, lambda text: None))
     head = ["# The article's numbers, reproduced", "",

@@ -65,8 +65,12 @@ def section_title(section):
     return section.__doc__.strip().splitlines()[0]
 
 
-def run_sections(script, run, sections):
-    """Run each section in order, then --compare and --json; exit status 1 when a section could not run."""
+def run_sections(script, run, sections, setup_differences=None):
+    """Run each section in order, then --compare and --json; exit status 1 when a section could not run.
+
+    setup_differences(run) says how this run's setup differs from the article's (common/reference.py);
+    it is asked after the sections, when the data they loaded is known.
+    """
     if run.args.json:  # a typo in the path must not cost the run
         check_output_file(run.args.json, "--json")
     report = Report(script, quiet=run.rank != 0)
@@ -85,30 +89,30 @@ def run_sections(script, run, sections):
                 f"an operation is missing from Apple's mps backend in torch {torch_version()} "
                 f"({str(missing).splitlines()[0][:120]}): run with PYTORCH_ENABLE_MPS_FALLBACK=1 to do it on the CPU, "
                 f"or upgrade torch"))
-    return finish(run, report)
+    return finish(run, report, setup_differences(run) if setup_differences else {})
 
 
-def finish(run, report):
+def finish(run, report, differences):
     args = run.args
-    rows = compare(report.numbers, load_reference(report.script)) if args.compare else None
+    rows = compare(report.numbers, load_reference(report.script), differences) if args.compare else None
     if rows:
-        print_comparison(rows, report)
+        print_comparison(rows, report, differences)
     status = 1 if report.could_not_run else 0
     if report.could_not_run:
         titles = ", ".join(title for title, _ in report.could_not_run)
         report.say(f"\n{len(report.could_not_run)} section(s) could not run ({titles}); see the lines 'cannot run'")
     if args.json and run.rank == 0:
         try:  # the numbers are printed above whatever happens here
-            write_json(args.json, run_record(run, report, rows))
+            write_json(args.json, run_record(run, report, rows, differences))
         except UserError as problem:
             report.say(f"error: {problem}; every number is printed above")
             status = 1
     return status
 
 
-def run_record(run, report, rows):
-    """What --json writes: the flags, the environment, every printed number, and the comparison."""
-    record = {"script": report.script, "flags": vars(run.args),
+def run_record(run, report, rows, differences):
+    """What --json writes: the flags, the environment, the setup, every printed number, and the comparison."""
+    record = {"script": report.script, "flags": vars(run.args), "setup differences": differences,
               "environment": environment(run), "printed": report.lines,
               "numbers": {name: {**number, "line": report.line_of.get(name)}
                           for name, number in report.numbers.items()},
@@ -207,7 +211,7 @@ def guarded(main):
     Ctrl-C ends with status 130 and SIGTERM with 143 (128 + the signal's number), each in one line,
     after the code in between has cleaned up (temporary files, the process group).
     """
-    signal.signal(signal.SIGTERM, raise_terminated)
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
     first = os.environ.get("RANK", "0") == "0"
     try:
         return main()
@@ -223,3 +227,5 @@ def guarded(main):
         if first:
             print("interrupted", file=sys.stderr)
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,210 @@
+"""Verdicts that know the run's setup: a number whose inputs differ from the article's is "not comparable",
+with the flag; an accuracy on a subset of the article's pictures is judged by the interval that the
+subset's size implies.
+
+On stand-ins, a full run of a stand-in is taken as if it were the article (its printed numbers in a
+temporary reference, its data folder as the release), so that "same" and "close" can be earned.
+"""
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import vit_part3_fewshot as fewshot
+import vit_part3_finetune as finetune
+import vit_part3_posemb as posemb
+from common import imagenette, reference
+from common.imagenette import CLASSES, list_split, load_rgb, preprocess
+from common.reference import compare, format_like, load_reference, sampling_interval
+from common.standins import imagenette_folder, vit_classifier
+
+PER_CLASS = 6  # pictures of each class in each split of the stand-in "release"
+
+
+def hypergeometric_interval_by_counting(right, total, n):
+    """The 2.5% and 97.5% quantiles of the count right among n of total, by summing the pmf with math.comb."""
+    pmf = [math.comb(right, k) * math.comb(total - right, n - k) / math.comb(total, n) for k in range(n + 1)]
+    cumulative = np.cumsum(pmf)
+    return int(np.searchsorted(cumulative, 0.025 - 1e-12)), int(np.searchsorted(cumulative, 0.975 - 1e-12))
+
+
+@pytest.mark.parametrize("percent,total,n", [(99.54, 3925, 60), (83.13, 3925, 60), (52.64, 3925, 200),
+                                             (10.0, 1000, 100), (50.0, 120, 40)])
+def test_the_sampling_interval_is_the_hypergeometric_one(percent, total, n):
+    low, high = hypergeometric_interval_by_counting(round(percent * total / 100), total, n)
+    assert sampling_interval(percent, n, total) == pytest.approx((100 * low / n, 100 * high / n))
+    assert sampling_interval(percent, total, total) == pytest.approx((percent, percent), abs=100 / total)
+
+
+def test_a_band_widens_the_interval_by_its_pictures():
+    plain, widened = sampling_interval(99.54, 60, 3925), sampling_interval(99.54, 60, 3925, band=2.0)
+    assert widened[0] < plain[0] and widened[1] >= plain[1]
+
+
+@pytest.mark.parametrize("entry,differences,expected", [
+    ({"article": "0.5", "kind": "nothing"}, {"validation pictures": {"flag": "--per-class 2", "why": "w"}}, "same"),
+    ({"article": "0.00296", "kind": "nothing", "inputs": ["steps", "lr"]}, {"steps": {"flag": "--steps 30", "why": "w"}},
+     "not comparable"),
+    ({"article": "768", "kind": "weights", "inputs": []}, {"steps": {"flag": "--steps 30", "why": "w"}}, "same"),
+    ({"article": "99.54", "kind": "weights"}, {"resolution": {"flag": "--resolution 288", "why": "w"}},
+     "not comparable"),
+    ({"article": "99.54", "kind": "weights", "sample": "validation pictures"},
+     {"validation pictures": {"flag": "--per-class 6", "why": "w"}, "precision": {"flag": "--precision bf16",
+                                                                                  "why": "w"}}, "not comparable"),
+    ({"article": "65", "kind": "chance"}, {}, "varies"),
+], ids=["arithmetic on the article's inputs", "an lr under other steps", "an input that did not change",
+        "weights under another resolution", "a subset and another precision", "no difference"])
+def test_the_verdict_follows_the_inputs(entry, differences, expected):
+    value = {"0.5": 0.5, "0.00296": 0.0029, "768": 768, "99.54": 99.54, "65": 70}[entry["article"]]
+    assert compare({"x": {"value": value}}, {"x": entry}, differences)[0]["verdict"] == expected
+
+
+# ---------------------------------------------------------------- the scripts, a stand-in as the article
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory):
+    """The stand-in's data taken as the release: its own counts in place of Imagenette's."""
+    return imagenette_folder(tmp_path_factory.mktemp("release") / "nette", per_class=PER_CLASS)
+
+
+@pytest.fixture
+def as_the_release(monkeypatch, release):
+    counts = {"train": 10 * PER_CLASS, "val": 10 * PER_CLASS}
+    monkeypatch.setattr(imagenette, "SPLIT_COUNTS", counts)
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+
+
+def as_the_article(record, script, monkeypatch):
+    """A reference whose numbers are this run's, as printed, with the real entries' kinds, inputs and bands."""
+    printed = record["numbers"]
+    pseudo = {name: {**entry, "article": printed[name]["text"]} for name, entry in load_reference(script).items()
+              if name in printed and format_like(printed[name]["text"], printed[name]["value"]) == printed[name]["text"]}
+    assert len(pseudo) >= 30  # all but the steps and shots not run, and counts printed in full
+    monkeypatch.setattr(reference, "load_reference", lambda name: pseudo)
+    return pseudo
+
+
+def run_json(main, argv, path):
+    assert main([*argv, "--json", str(path)]) == 0
+    return json.loads(path.read_text())
+
+
+def check_moved_numbers(base, changed, pseudo, flag):
+    """Every number that moved is not comparable (naming the flag), close within a stated band or interval,
+    or arithmetic on the article's inputs and same."""
+    rows = compare(changed["numbers"], pseudo, changed["setup differences"])
+    moved = [row for row in rows if row["value"] is not None and row["value"] != base["numbers"][row["name"]]["value"]]
+    for row in moved:
+        fine = (row["verdict"] == "not comparable" and any(flag in f for f in row["flags"])
+                or row["verdict"] == "close" and ("band" in row or "interval" in row)
+                or row["kind"] == "nothing" and row["verdict"] == "same")
+        assert fine, (flag, row)
+    return moved
+
+
+def with_flag(argv, flag):
+    """argv with flag[0] given the values flag[1:], in place of those it had."""
+    kept, dropping = [], False
+    for word in argv:
+        if word.startswith("--"):
+            dropping = word == flag[0]
+        if not dropping:
+            kept.append(word)
+    return kept + flag
+
+
+# The stand-ins' recipe taken as the article's, so that the base run has the article's setup.
+TINY_RECIPE = {"steps": ("steps", 4), "batch": ("batch_size", 8), "lr": ("lr", 0.003), "resolution": ("resolution", 32),
+               "precision": ("precision", "fp32")}
+
+
+@pytest.mark.parametrize("main,base_flags,variants", [
+    (posemb.main, ["--batch-size", "30"], [["--per-class", "3"], ["--resolution", "288"]]),
+    (fewshot.main, ["--shots", "1", "5", "--no-cache"],
+     [["--per-class", "3"], ["--pool", "5"], ["--draws", "2"], ["--shots", "1", "2"], ["--lambdas", "0.01", "100"],
+      ["--resolution", "256"]]),
+    (finetune.main, ["--steps", "4", "--batch-size", "8", "--device", "cpu", "--resolution", "32"],
+     [["--per-class", "4"], ["--steps", "3"], ["--batch-size", "4"], ["--lr", "0.01"]]),
+], ids=["posemb", "fewshot", "finetune"])
+def test_each_setup_flag_makes_what_it_moves_not_comparable(main, base_flags, variants, release, tiny_in21k,
+                                                            tiny_classifier, as_the_release, tmp_path, monkeypatch):
+    script = main.__module__.removeprefix("vit_part3_")
+    monkeypatch.setattr(finetune, "ARTICLE_FLAGS", TINY_RECIPE)
+    model = tiny_classifier if script == "posemb" else tiny_in21k
+    argv = ["--model", str(model), "--data-dir", str(release), *base_flags]
+    base = run_json(main, argv, tmp_path / "base.json")
+    assert base["setup differences"] == {}  # the stand-in's own release, the script's defaults
+    pseudo = as_the_article(base, script, monkeypatch)
+    assert {row["verdict"] for row in compare(base["numbers"], pseudo, {})} <= {"same", "varies"}
+    for k, flag in enumerate(variants):
+        changed = run_json(main, with_flag(argv, flag), tmp_path / f"{k}.json")
+        assert changed["setup differences"], flag
+        assert check_moved_numbers(base, changed, pseudo, flag[0]), flag
+
+
+@pytest.fixture(scope="module")
+def tiny_classifier(tmp_path_factory):
+    return vit_classifier(tmp_path_factory.mktemp("classifier"))
+
+
+def fitted_classifier(directory, data, seed):
+    """A tiny ViT whose head is fitted (least squares) to the stand-in's validation pictures at 224: right on
+    most of them, as a trained checkpoint is, so that its accuracies can be told from a random one's."""
+    from transformers import ViTForImageClassification
+
+    model = ViTForImageClassification.from_pretrained(vit_classifier(directory, seed=seed)).eval()
+    items = list_split(data, "val")
+    pixels = torch.from_numpy(np.stack([preprocess(load_rgb(path), 224) for path, _ in items]))
+    with torch.no_grad():
+        features = model.vit(pixel_values=pixels).last_hidden_state[:, 0].numpy().astype(np.float64)
+    x = np.hstack([features, np.ones((len(items), 1))])
+    y = -np.ones((len(items), len(CLASSES)))
+    y[np.arange(len(items)), [label for _, label in items]] = 1
+    w = np.linalg.lstsq(x, y, rcond=None)[0]
+    with torch.no_grad():
+        model.classifier.weight.zero_()
+        model.classifier.bias.fill_(-100.0)  # the 990 other classes never win
+        index = [i for _, _, i in CLASSES]
+        model.classifier.weight[index] = torch.from_numpy(w[:-1].T).float()
+        model.classifier.bias[index] = torch.from_numpy(w[-1]).float()
+    model.save_pretrained(directory)
+    return directory
+
+
+def test_subset_accuracies_are_close_for_the_same_weights_and_differ_for_others(release, as_the_release, tmp_path,
+                                                                              monkeypatch):
+    good = fitted_classifier(tmp_path / "fitted", release, seed=0)
+    other = vit_classifier(tmp_path / "random", seed=1)
+    full = run_json(posemb.main, ["--model", str(good), "--data-dir", str(release)], tmp_path / "full.json")
+    pseudo = as_the_article(full, "posemb", monkeypatch)
+    accuracies = [name for name, entry in pseudo.items() if entry.get("sample")]
+    assert len(accuracies) == 10 and full["numbers"]["224 of 10"]["value"] > 80
+    subset = ["--data-dir", str(release), "--per-class", "3"]
+    same_weights = run_json(posemb.main, ["--model", str(good), *subset], tmp_path / "same.json")
+    rows = {row["name"]: row for row in compare(same_weights["numbers"], pseudo, same_weights["setup differences"])}
+    assert all(rows[name]["verdict"] == "close" and "interval" in rows[name] for name in accuracies), \
+        [(name, rows[name]["run"], rows[name].get("interval")) for name in accuracies]
+    other_weights = run_json(posemb.main, ["--model", str(other), *subset], tmp_path / "other.json")
+    rows = {row["name"]: row for row in compare(other_weights["numbers"], pseudo, other_weights["setup differences"])}
+    far = [name for name in accuracies if abs(rows[name]["value"] - full["numbers"][name]["value"]) > 30]
+    assert len(far) >= 4 and all(rows[name]["verdict"] == "differs" for name in far)
+
+
+def test_the_comparison_names_the_setup_at_the_top(release, tiny_classifier, as_the_release, capsys):
+    assert posemb.main(["--model", str(tiny_classifier), "--data-dir", str(release), "--per-class", "2",
+                        "--compare"]) == 0
+    comparison = capsys.readouterr().out.split("== comparison with the article ==")[1].splitlines()
+    assert comparison[1].startswith("  setup: this run differs from the article's")
+    assert comparison[2].strip() == "--per-class 2: 20 of 60 validation pictures (the first 2 of each class)"
+    assert any("not comparable: --per-class 2" in text for text in comparison)
+    assert any("(95% interval" in text for text in comparison)
+
+
+def test_a_user_copy_of_another_data_set_is_not_comparable(tmp_path, tiny_classifier, monkeypatch):
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    other = imagenette_folder(tmp_path / "cats", per_class=2, classes=["cats", "dogs"])
+    differences = imagenette.data_differences(type("Args", (), {"data_dir": str(other), "per_class": None})(), other,
+                                              {"val": 4})
+    assert list(differences) == ["data set"] and "another data set than Imagenette" in differences["data set"]["why"]
