@@ -2,19 +2,17 @@
 whole script on stand-ins (a beans-shaped dataset in the Hub's layout and tiny classifiers)."""
 import argparse
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import scipy.linalg
 import torch
-from conftest import BACKBONE_ARTICLE, ROOT
+from conftest import BACKBONE_ARTICLE, script_output
 from PIL import Image
 
 import vit_backbone as backbone
 from common.output import Report
-from common.run import Run
+from common.run import Run, guarded
 
 
 def article_output(pattern):
@@ -173,15 +171,13 @@ def test_figures_are_pngs_that_open(backbone_runs):
             assert picture.format == "PNG"
 
 
-def test_offline_without_data_or_checkpoint_runs_sections_1_and_2(tmp_path):
-    environment = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "PATH": "/usr/bin:/bin",
-                   "TQDM_DISABLE": "1"}
-    run = subprocess.run([sys.executable, "vit_backbone.py"], cwd=ROOT, capture_output=True, text=True, check=False,
-                         timeout=300, env=environment)
-    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr[-2000:]
-    assert "Feature map shape: torch.Size([2, 64, 4, 4])" in run.stdout
-    assert "google/vit-large-patch32-384" in run.stdout
-    refused = [text for text in run.stdout.splitlines() if "cannot run section" in text]
+def test_offline_without_data_or_checkpoint_runs_sections_1_and_2(capsys, monkeypatch):
+    """In the tests' own empty Hugging Face cache, offline (conftest): nothing of the article's data is there."""
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    status, out, err = script_output(lambda argv: guarded(lambda: backbone.main(argv)), [], capsys)
+    assert status == 1 and "Traceback" not in out + err
+    assert "Feature map shape: torch.Size([2, 64, 4, 4])" in out and "google/vit-large-patch32-384" in out
+    refused = [text for text in out.splitlines() if "cannot run section" in text]
     assert len(refused) == 3
     for text in refused:
         assert "dataset AI-Lab-Makerere/beans" in text and "checkpoint google/vit-base-patch16-224" in text
