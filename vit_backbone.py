@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from common import figures
-from common.checkpoints import check_model_flag, load_pretrained, looks_like_a_path
+from common.checkpoints import check_model_flag, hub_offline, load_pretrained, looks_like_a_path
 from common.cli import add_common_arguments, nonnegative_float, positive_float, positive_int, script_parser
 from common.closed_form import closed_form, targets, with_bias
 from common.device import PRECISIONS
@@ -56,6 +56,9 @@ ARTICLE = {"seed": 42, "batch_size": 16, "epochs": 5, "lr": 2e-5, "logging_steps
 TABLE = [("google/vit-base-patch16-224", 86), ("google/vit-base-patch32-224", 86),
          ("google/vit-large-patch16-224", 307), ("google/vit-large-patch32-384", 307)]
 SIZES = {"base": "B", "large": "L", "huge": "H"}
+TABLE_COLUMNS = [("patch size", "patch_size", 5), ("input resolution", "image_size", 5),
+                 ("embedding dimension", "hidden_size", 5), ("layers", "num_hidden_layers", 6),
+                 ("heads", "num_attention_heads", 5)]  # (number name, config field, printed width)
 CONFIG_LINES = [("Image size", "image_size"), ("Patch size", "patch_size"), ("Hidden size", "hidden_size"),
                 ("Number of hidden layers", "num_hidden_layers"), ("Number of attention heads", "num_attention_heads"),
                 ("Intermediate size", "intermediate_size")]
@@ -226,8 +229,6 @@ def hub_dataset(name):
     """load_dataset(name) from the Hub or the local cache; offline and not cached, one line with the fixes."""
     from datasets import load_dataset
 
-    from common.checkpoints import hub_offline
-
     fix = (f"connect to the internet once to download it ({DATASET_SIZE}) into the Hugging Face cache, or pass "
            f"--data-dir with a local copy of its files")
     if hub_offline():
@@ -351,26 +352,24 @@ def last_hidden_states(backbone, pixels, run):
 
 # ---------------------------------------------------------------- the article's fine-tuning
 
-class StderrProgress:
-    """A tqdm bar on stderr in place of the Trainer's, whose log lines would land on stdout."""
+def stderr_progress():
+    """A tqdm bar on stderr in place of the Trainer's own, whose log lines would land on stdout."""
+    from tqdm import tqdm
+    from transformers import TrainerCallback
 
-    def __new__(cls):
-        from tqdm import tqdm
-        from transformers import TrainerCallback
+    class Progress(TrainerCallback):
+        bar = None
 
-        class Progress(TrainerCallback):
-            bar = None
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.bar = tqdm(total=state.max_steps, desc="fine-tuning", unit="step", file=sys.stderr, leave=False)
 
-            def on_train_begin(self, args, state, control, **kwargs):
-                self.bar = tqdm(total=state.max_steps, desc="fine-tuning", unit="step", file=sys.stderr, leave=False)
+        def on_step_end(self, args, state, control, **kwargs):
+            self.bar.update(1)
 
-            def on_step_end(self, args, state, control, **kwargs):
-                self.bar.update(1)
+        def on_train_end(self, args, state, control, **kwargs):
+            self.bar.close()
 
-            def on_train_end(self, args, state, control, **kwargs):
-                self.bar.close()
-
-        return Progress()
+    return Progress()
 
 
 def article_trainer(run, model, train_ds, val_ds, processor, output_dir):
@@ -386,7 +385,7 @@ def article_trainer(run, model, train_ds, val_ds, processor, output_dir):
     trainer = Trainer(model=model, args=training_args, train_dataset=train_ds, eval_dataset=val_ds,
                       processing_class=processor, data_collator=collate_fn, compute_metrics=accuracy_metrics)
     trainer.remove_callback(ProgressCallback)
-    trainer.add_callback(StderrProgress())
+    trainer.add_callback(stderr_progress())
     return trainer
 
 
@@ -558,10 +557,7 @@ def section_table(run, report):
     for name, table_millions in TABLE:
         config = table_row_config(name)
         whole, backbone = counted_parameters(config)
-        columns = " ".join(n(f"{name} {what}", getattr(config, key), f">{width}") for what, key, width in (
-            ("patch size", "patch_size", 5), ("input resolution", "image_size", 5), ("embedding dimension",
-                                                                                        "hidden_size", 5),
-            ("layers", "num_hidden_layers", 6), ("heads", "num_attention_heads", 5)))
+        columns = " ".join(n(f"{name} {what}", getattr(config, key), f">{width}") for what, key, width in TABLE_COLUMNS)
         rounded = round(whole / 1e6)
         verdict = ("agrees" if rounded == table_millions else
                    "agrees for the backbone alone" if round(backbone / 1e6) == table_millions else "disagrees")
