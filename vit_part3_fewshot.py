@@ -31,6 +31,7 @@ from common.cli import (
     script_parser,
     side_pixels,
 )
+from common.closed_form import closed_form, targets, with_bias
 from common.errors import UserError
 from common.feature_cache import cached_arrays
 from common.imagenette import DEFAULT_DIR as DEFAULT_DATA_DIR
@@ -48,30 +49,6 @@ FIGURE = "fewshot_accuracy.png"
 HAND_X = [[2.0, 1.0], [1.0, 0.0], [0.0, 2.0], [1.0, 3.0]]
 HAND_LABELS = [0, 0, 1, 1]
 HAND_NEW = [1.5, 0.5]
-
-
-def targets(labels, classes):
-    """Y (n, K): +1 in the column of each picture's class, -1 in the other K - 1 columns."""
-    y = -np.ones((len(labels), classes))
-    y[np.arange(len(labels)), labels] = 1
-    return y
-
-
-def closed_form(x, y, lam):
-    """W = (X^T X + lambda I)^-1 X^T Y, found by one linear solve of (X^T X + lambda I) W = X^T Y.
-
-    It minimises ||X W - Y||^2 + lambda ||W||^2: the gradient 2 X^T (X W - Y) + 2 lambda W is 0 there.
-    lambda = 0 is plain least squares; with fewer pictures than features X^T X is singular, and the
-    answer is the limit as lambda -> 0, the minimum-norm solution X^+ Y (pseudo-inverse).
-    """
-    if lam == 0:
-        return np.linalg.lstsq(x, y, rcond=None)[0]
-    return np.linalg.solve(x.T @ x + lam * np.eye(x.shape[1]), x.T @ y)
-
-
-def with_bias(features):
-    """X = [features, 1]: the bias column."""
-    return np.hstack([features, np.ones((len(features), 1))])
 
 
 def draw_shots(labels, shots, draw, seed):
@@ -151,7 +128,8 @@ def cached_features(compute, key, items, desc, use_cache=True):
     if not use_cache or key is None:
         return compute(), "computed"
     short_key, description = key
-    return cached_arrays(compute, CACHE_DIR / f"{desc}-{short_key}.npz", description, REPRESENTATIONS, len(items))
+    return cached_arrays(compute, CACHE_DIR / f"{desc}-{short_key}.npz", description,
+                         dict.fromkeys(REPRESENTATIONS, len(items)))
 
 
 def shown_path(path):

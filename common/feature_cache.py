@@ -18,22 +18,22 @@ def warn(text):
     print(f"warning: {text}", file=sys.stderr, flush=True)
 
 
-def read_arrays(path, description, names, count, say=warn):
-    """{name: array} stored at path for exactly this description (each of count rows), else None."""
+def read_arrays(path, description, rows, say=warn):
+    """{name: array} stored at path for exactly this description, with rows[name] rows each, else None."""
     if not path.exists():
         return None
     try:
         with np.load(path) as stored:
             if str(stored["key"]) != description:
                 return None  # made for other pictures or weights: a hash collision of the short name
-            arrays = {name: stored[name] for name in names}
+            arrays = {name: stored[name] for name in rows}
     except OSError as error:
         say(f"cannot read the cached features {path} ({reason(error)}): computing them")
         return None
     except Exception:  # noqa: BLE001 - a truncated or foreign file is recomputed, never used
         say(f"the cached features {path} are damaged: computing them again")
         return None
-    if any(len(array) != count for array in arrays.values()):
+    if any(len(array) != rows[name] for name, array in arrays.items()):
         return None
     return arrays
 
@@ -48,9 +48,9 @@ def write_arrays(path, description, arrays, say=warn):
     return True
 
 
-def cached_arrays(compute, path, description, names, count, say=warn):
-    """(arrays, "cache" or "computed"): read when they match exactly, else compute()d and stored."""
-    arrays = read_arrays(path, description, names, count, say)
+def cached_arrays(compute, path, description, rows, say=warn):
+    """(arrays, "cache" or "computed"): read when they match exactly ({name: rows}), else compute()d and stored."""
+    arrays = read_arrays(path, description, rows, say)
     if arrays is not None:
         return arrays, "cache"
     arrays = compute()

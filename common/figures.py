@@ -145,3 +145,44 @@ def finetune_curves(series, values, article, clip_norm, path, say):
             axis.plot(list(marks[key]), list(marks[key].values()), **ARTICLE_STYLE)
         axis.legend()
     return save(figure, path, say)
+
+
+def backbone_curves(series, path, say):
+    """backbone: the article's figure, the training loss and (on a second axis) the evaluation accuracy against step.
+
+    series: {"training loss": [[step, loss]], "evaluation accuracy": [[step, accuracy]]}.
+    """
+    plt = pyplot(say)
+    if plt is None:
+        return None
+    figure = plt.figure(figsize=(6, 4))
+    ax1 = figure.add_subplot(1, 1, 1)
+    loss, accuracy = series.get("training loss", []), series.get("evaluation accuracy", [])
+    line1 = ax1.plot(*zip(*loss), color="tab:blue", marker="o", label="Training Loss") if loss else []
+    ax1.set(xlabel="Step", ylabel="Training Loss", title="ViT Training Loss Curve")
+    ax2 = ax1.twinx()
+    line2 = ax2.plot(*zip(*accuracy), color="tab:orange", marker="o", label="Evaluation Accuracy") if accuracy else []
+    ax2.set_ylabel("Evaluation Accuracy", rotation=-90, labelpad=12)
+    lines = line1 + line2
+    ax1.legend(lines, [line.get_label() for line in lines], loc="center right")
+    return save(figure, path, say)
+
+
+def backbone_feature_maps(maps, path, say):
+    """backbone: each picture beside its patch tokens' first three principal components as RGB, before and after.
+
+    maps: {"pictures": [h x w x 3 uint8], "before", "after": [H_p x W_p x 3 in [0, 1]], "labels": [name]}.
+    """
+    plt = pyplot(say)
+    if plt is None:
+        return None
+    rows = len(maps["pictures"])
+    figure, axes = plt.subplots(rows, 3, figsize=(7.5, 2.5 * rows), squeeze=False)
+    for row in range(rows):
+        for axis, image, title in zip(axes[row], (maps["pictures"][row], maps["before"][row], maps["after"][row]),
+                                      (maps["labels"][row], "patch tokens before", "after fine-tuning")):
+            axis.imshow(image, interpolation="nearest")
+            axis.set_title(title, fontsize=9)
+            axis.axis("off")
+    figure.suptitle("patch tokens on their first 3 principal components (RGB)")
+    return save(figure, path, say)

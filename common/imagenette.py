@@ -117,23 +117,15 @@ def data_differences(args, root, counts):
     """{item: difference} of this run's pictures against the article's, Imagenette as released.
 
     counts: {split: pictures this run used, or None when the data did not load} of the splits it uses.
-    A subset of a split carries its size n of the release's, for the sampling interval of its accuracies.
     """
+    from common.reference import subset_differences
+
     if root is not None and Path(root).is_dir() and class_folders(root, "val") != sorted(IMAGENETTE_WNIDS):
         return {"data set": {"flag": f"--data-dir {args.data_dir}",
                              "why": f"--data-dir {args.data_dir}: another data set than Imagenette"}}
-    differences = {}
-    for split, count in counts.items():
-        item, expected = f"{SPLIT_WORDS[split]} pictures", SPLIT_COUNTS[split]
-        if args.per_class and count is None:
-            differences[item] = {"flag": f"--per-class {args.per_class}", "why": f"--per-class {args.per_class}: the "
-                                 f"first {args.per_class} {SPLIT_WORDS[split]} pictures of each class"}
-        elif count is not None and count != expected:
-            flag = f"--per-class {args.per_class}" if args.per_class else f"--data-dir {args.data_dir}"
-            how = f"the first {args.per_class} of each class" if args.per_class else "a partial copy"
-            differences[item] = {"flag": flag, "why": f"{flag}: {count:,} of {expected:,} {SPLIT_WORDS[split]} "
-                                 f"pictures ({how})", "n": count, "of": expected}
-    return differences
+    items = {split: f"{SPLIT_WORDS[split]} pictures" for split in counts}
+    return subset_differences(args, {items[split]: count for split, count in counts.items()},
+                              {items[split]: SPLIT_COUNTS[split] for split in counts})
 
 
 class DownloadError(Exception):

@@ -145,6 +145,26 @@ def flag_differences(args, article_flags):
     return differences
 
 
+def subset_differences(args, counts, released, how_chosen="the first {n} of each class"):
+    """{item: difference} for each split of which this run used another number of pictures than the release.
+
+    counts: {item ("validation pictures"): pictures this run used, or None when the data did not load};
+    released: {item: the release's count}. A subset carries n of the release's count, for the sampling
+    interval of its accuracies (see verdict_in_setup).
+    """
+    differences = {}
+    for item, count in counts.items():
+        if args.per_class and count is None:
+            differences[item] = {"flag": f"--per-class {args.per_class}",
+                                 "why": f"--per-class {args.per_class}: the first {args.per_class} {item} of each class"}
+        elif count is not None and count != released[item]:
+            flag = f"--per-class {args.per_class}" if args.per_class else f"--data-dir {args.data_dir}"
+            how = how_chosen.format(n=args.per_class) if args.per_class else "a partial copy"
+            differences[item] = {"flag": flag, "why": f"{flag}: {count:,} of {released[item]:,} {item} ({how})",
+                                 "n": count, "of": released[item]}
+    return differences
+
+
 def setup_text(differences):
     """One line: "the article's", or each difference's why."""
     return "; ".join(difference["why"] for difference in differences.values()) if differences else ARTICLE_SETUP

@@ -1,10 +1,13 @@
-"""A reproduction report: the four scripts against the article on one page, with figures and the environment.
+"""A reproduction report: the five scripts against the two articles on one page, with figures and the environment.
 
     python vit_part3_setup.py --json results/setup.json
     python vit_part3_posemb.py --json results/posemb.json
     python vit_part3_fewshot.py --json results/fewshot.json
     python vit_part3_finetune.py --json results/finetune.json
+    python vit_backbone.py --json results/backbone.json
     python -m common.report results        # writes results/report.md, its figures in results/figures/
+
+The first four reproduce "ViT, explained · Part 3", the fifth the companion article "ViT as a backbone".
 
 The page compares each run's numbers with the article's again (data/reference_<script>.json), with
 the verdicts of --compare, so the runs need not have used --compare. A script with no JSON in the
@@ -30,7 +33,8 @@ from common.reference import (
 )
 from common.run import guarded
 
-SCRIPTS = ("setup", "posemb", "fewshot", "finetune")
+SCRIPTS = ("setup", "posemb", "fewshot", "finetune", "backbone")
+ARTICLES = {"backbone": "ViT as a backbone"}  # the others: "ViT, explained · Part 3"
 CLIP_NORM = 1.0  # the fine-tuning recipe's clipping threshold, drawn on its gradient-norm panel
 
 
@@ -43,12 +47,16 @@ def read_record(path):
     except (OSError, ValueError) as error:
         raise UserError(f"{path} is not a JSON file that a script wrote ({error}): run the script again") from error
     if not isinstance(record, dict) or "numbers" not in record:
-        raise UserError(f"{path} was not written by a vit_part3 script's --json: run the script again")
+        raise UserError(f"{path} was not written by the --json of vit_part3_*.py or vit_backbone.py: run the script again")
     return record
 
 
+def script_file(script):
+    return "vit_backbone.py" if script == "backbone" else f"vit_part3_{script}.py"
+
+
 def command(script, folder):
-    return f"python vit_part3_{script}.py --json {folder / f'{script}.json'}"
+    return f"python {script_file(script)} --json {folder / f'{script}.json'}"
 
 
 def cell(text):
@@ -75,6 +83,13 @@ def draw_figures(script, record, folder, say):
     elif script == "finetune" and series.get("training loss"):
         drawn.append(("the fine-tuning run", figures.finetune_curves(series, values, article, CLIP_NORM,
                                                                      out / "finetune_curves.png", say)))
+    elif script == "backbone" and series.get("training loss"):
+        drawn.append(("training loss and evaluation accuracy against step",
+                      figures.backbone_curves(series, out / "backbone_curves.png", say)))
+        if series.get("feature maps"):
+            drawn.append(("patch tokens on their first three principal components, before and after fine-tuning",
+                          figures.backbone_feature_maps(series["feature maps"], out / "backbone_feature_maps.png",
+                                                        say)))
     return [(title, path.name) for title, path in drawn if path is not None]
 
 
@@ -89,7 +104,7 @@ def setup_cell(differences):
 def environment_lines(record):
     env, flags = record.get("environment", {}), record.get("flags", {})
     versions = ", ".join(f"{name} {env[name]}" for name in ("python", "torch", "transformers", "numpy", "scipy",
-                                                             "pillow") if env.get(name))
+                                                             "pillow", "datasets", "accelerate") if env.get(name))
     shown = " ".join(f"--{key.replace('_', '-')} {value}" for key, value in flags.items()
                      if value not in (None, False) and key not in ("compare", "json"))
     return [f"- run: started {env.get('started', '?')}, {env.get('seconds', '?')} s; commit {env.get('commit') or '?'}",
@@ -100,7 +115,7 @@ def environment_lines(record):
 
 def script_section(script, record, rows, drawn):
     """The Markdown of one script: environment, verdict counts, figures, and every compared number."""
-    lines = [f"## vit_part3_{script}.py", ""]
+    lines = [f"## {script_file(script)}", "", f"Article: \"{ARTICLES.get(script, 'ViT, explained · Part 3')}\"", ""]
     lines += environment_lines(record)
     differences = record.get("setup differences", {})
     if differences:
@@ -140,18 +155,19 @@ def build(folder, say=print):
     for script in SCRIPTS:
         record = records[script]
         if record is None:
-            summary.append(f"| vit_part3_{script}.py | | not run: `{command(script, folder)}` | |")
-            body += [f"## vit_part3_{script}.py", "", f"Not run. `{command(script, folder)}`", ""]
+            summary.append(f"| {script_file(script)} | | not run: `{command(script, folder)}` | |")
+            body += [f"## {script_file(script)}", "", f"Not run. `{command(script, folder)}`", ""]
             continue
         differences = record.get("setup differences", {})
         rows = compare(record["numbers"], load_reference(script), differences)
         counts = verdict_counts(rows)
-        summary.append(f"| vit_part3_{script}.py | {cell(setup_cell(differences))} | "
+        summary.append(f"| {script_file(script)} | {cell(setup_cell(differences))} | "
                        + ", ".join(f"{counts[word]} {word}" for word in VERDICTS)
                        + f" | {record.get('environment', {}).get('seconds', '?')} s |")
         body += script_section(script, record, rows, draw_figures(script, record, folder, lambda text: None))
-    head = ["# The article's numbers, reproduced", "",
-            "Each number of the article's logged lines beside this run's. " + LEGEND + ".", ""]
+    head = ["# The two articles' numbers, reproduced", "",
+            "Each number of the logged lines of \"ViT, explained · Part 3\" (the vit_part3_* scripts) and of \"ViT as "
+            "a backbone\" (vit_backbone.py) beside this run's. " + LEGEND + ".", ""]
     if not with_figures:
         head += [(f"No figures: {figures.INSTALL_HINT}; run `python -m common.report {folder}` again after "
                   f"installing it."), ""]

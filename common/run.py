@@ -134,10 +134,24 @@ def environment(run):
     args = run.args
     return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
             "numpy": numpy.__version__, "scipy": scipy.__version__, "pillow": PIL.__version__,
+            **optional_versions("datasets", "accelerate"),
             "device": device_name(run.device), "processes": run.world,
             "precision": getattr(args, "precision", "fp32"), "seed": getattr(args, "seed", "-"),
             "commit": git_commit(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(run.started)),
             "seconds": round(time.time() - run.started, 1)}
+
+
+def optional_versions(*names):
+    """{name: version} of the libraries only some scripts need (the backbone's Trainer), where installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in names:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return found
 
 
 def device_name(device):

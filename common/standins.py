@@ -27,16 +27,24 @@ def vit_config(size="tiny", num_labels=1000, **overrides):
     return config
 
 
-def vit_classifier(directory, num_labels=1000, seed=0, size="tiny", **overrides):
-    """An ImageNet-1k-shaped ViTForImageClassification of random weights, saved with save_pretrained."""
+def vit_classifier(directory, num_labels=1000, seed=0, size="tiny", processor=False, **overrides):
+    """An ImageNet-1k-shaped ViTForImageClassification of random weights, saved with save_pretrained.
+
+    processor: also save the image processor of google/vit-base-patch16-224 (resize to the model's size,
+    rescale to [0, 1], normalise with mean 0.5 and std 0.5), for code that loads AutoImageProcessor.
+    """
     import torch
-    from transformers import ViTForImageClassification
+    from transformers import ViTForImageClassification, ViTImageProcessor
 
     torch.manual_seed(seed)
     model = ViTForImageClassification(vit_config(size, num_labels, **overrides))
     with torch.no_grad():  # position rows with structure, as a trained table has
         model.vit.embeddings.position_embeddings.normal_(0, 0.1)
     model.save_pretrained(directory)
+    if processor:
+        side = model.config.image_size
+        ViTImageProcessor(size={"height": side, "width": side}, image_mean=[0.5] * 3,
+                          image_std=[0.5] * 3).save_pretrained(directory)
     return Path(directory)
 
 
@@ -87,3 +95,66 @@ def smooth_pictures(folder, count, seed=0):
         image.save(path, quality=90)
         paths.append(path)
     return paths
+
+
+BEANS_CLASSES = ("angular_leaf_spot", "bean_rust", "healthy")
+BEANS_CARD = """---
+pretty_name: Beans (stand-in)
+dataset_info:
+  features:
+  - name: image_file_path
+    dtype: string
+  - name: image
+    dtype: image
+  - name: labels
+    dtype:
+      class_label:
+        names:
+          '0': angular_leaf_spot
+          '1': bean_rust
+          '2': healthy
+configs:
+- config_name: default
+  data_files:
+  - split: train
+    path: data/train-*
+  - split: validation
+    path: data/validation-*
+  - split: test
+    path: data/test-*
+---
+A stand-in for AI-Lab-Makerere/beans in the Hub's own file layout: generated pictures, not leaves.
+"""
+
+
+def beans_folder(root, per_class=None, seed=0, side=64):
+    """A copy of AI-Lab-Makerere/beans's files, in its layout, with generated pictures.
+
+    The Hub stores the dataset as README.md (its card: features and splits) and one parquet file per
+    split, data/{train,validation,test}-00000-of-00001.parquet, with the columns image_file_path
+    (string), image (JPEG bytes) and labels (ClassLabel angular_leaf_spot, bean_rust, healthy).
+    per_class: {split: pictures of each class}; the pictures are JPEGs of side x side pixels.
+    """
+    import io
+
+    from datasets import ClassLabel, Dataset, Features, Image, Value
+
+    per_class = per_class or {"train": 4, "validation": 2, "test": 1}
+    rng = np.random.default_rng(seed)
+    root = Path(root)
+    (root / "data").mkdir(parents=True, exist_ok=True)
+    features = Features({"image_file_path": Value("string"), "image": Image(),
+                         "labels": ClassLabel(names=list(BEANS_CLASSES))})
+    for split, count in per_class.items():
+        rows = {"image_file_path": [], "image": [], "labels": []}
+        for k, name in enumerate(BEANS_CLASSES):
+            for i in range(count):
+                buffer = io.BytesIO()
+                picture(rng, 70 * k, width=side, height=side).save(buffer, format="JPEG", quality=90)
+                path = f"{split}/{name}/{name}_{split}.{i}.jpg"
+                rows["image_file_path"].append(path)
+                rows["image"].append({"bytes": buffer.getvalue(), "path": path})
+                rows["labels"].append(k)
+        Dataset.from_dict(rows, features=features).to_parquet(root / "data" / f"{split}-00000-of-00001.parquet")
+    (root / "README.md").write_text(BEANS_CARD)
+    return root

@@ -96,3 +96,44 @@ def weight_runs(standins, tmp_path_factory):
             assert status == 0, script
             records[script].append(json.loads(path.read_text()))
     return records
+
+
+# ---------------------------------------------------------------- the backbone script on stand-ins
+
+BACKBONE_ARTICLE = ROOT.parent / "shared" / "article" / "vit-as-backbone.txt"
+BACKBONE_FLAGS = ["--batch-size", "4", "--probe-epochs", "20", "--device", "cpu"]  # 15 steps: an evaluation at 10
+
+
+@pytest.fixture(scope="session")
+def beans_standins(tmp_path_factory):
+    """A beans-shaped dataset in the Hub's layout and two 32-px classifiers (with their image processor)."""
+    from common.standins import beans_folder, vit_classifier
+
+    root = tmp_path_factory.mktemp("beans-standins")
+    return {"data": beans_folder(root / "beans"),
+            "models": [vit_classifier(root / f"classifier-{seed}", seed=seed, image_size=32, processor=True)
+                       for seed in (0, 1)]}
+
+
+@pytest.fixture(scope="session")
+def backbone_runs(beans_standins, tmp_path_factory):
+    """The backbone script's JSON: the first stand-in twice (features computed, then read from the cache), then
+    the second stand-in; with --compare, and --plots on the first run."""
+    import json
+
+    import vit_backbone
+
+    out = tmp_path_factory.mktemp("backbone-runs")
+    saved, vit_backbone.CACHE_DIR = vit_backbone.CACHE_DIR, out / "features"
+    records = []
+    try:
+        for k, model in enumerate([beans_standins["models"][0], *beans_standins["models"]]):
+            path = out / f"backbone-{k}.json"
+            extra = ["--plots", str(out / "figures")] if k == 0 else []
+            status = vit_backbone.main(["--model", str(model), "--data-dir", str(beans_standins["data"]),
+                                        *BACKBONE_FLAGS, *extra, "--compare", "--json", str(path)])
+            assert status == 0
+            records.append(json.loads(path.read_text()))
+    finally:
+        vit_backbone.CACHE_DIR = saved
+    return {"records": records, "figures": out / "figures", "cache": out / "features"}

@@ -12,18 +12,19 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, script_output
 
+import vit_backbone
 import vit_part3_fewshot
 import vit_part3_finetune
 import vit_part3_posemb
 import vit_part3_setup
 from common.run import guarded
-from common.standins import imagenette_folder, vit_classifier
+from common.standins import beans_folder, imagenette_folder, vit_classifier
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import throughput
 
 SCRIPTS = {"setup": vit_part3_setup.main, "posemb": vit_part3_posemb.main, "fewshot": vit_part3_fewshot.main,
-           "finetune": vit_part3_finetune.main, "benchmark": throughput.main}
+           "finetune": vit_part3_finetune.main, "benchmark": throughput.main, "backbone": vit_backbone.main}
 
 
 @pytest.fixture(scope="module")
@@ -37,11 +38,16 @@ def places(tmp_path_factory, tiny_in21k):
     one_split = imagenette_folder(root / "one-split", per_class=2)
     shutil.rmtree(one_split / "val" / "n01440764")
     (root / "a-file").write_text("not a folder")
+    bad_beans = root / "bad-beans" / "data"
+    bad_beans.mkdir(parents=True)
+    for split in ("train", "validation"):
+        (bad_beans / f"{split}-00000-of-00001.parquet").write_bytes(b"not parquet")
     return {"{classifier}": str(vit_classifier(root / "classifier")),
             "{small}": str(vit_classifier(root / "small", image_size=32)),
             "{in21k}": str(tiny_in21k), "{data}": str(good), "{empty class}": str(empty_class),
             "{one split}": str(one_split), "{file}": str(root / "a-file"), "{out}": str(root / "out"),
-            "{folder}": str(root)}
+            "{folder}": str(root), "{beans}": str(beans_folder(root / "beans")),
+            "{bad beans}": str(root / "bad-beans")}
 
 
 # (script, flags, exit status, what the one line must name); {key} is a place from the fixture.
@@ -93,6 +99,19 @@ CASES = [
     ("finetune", ["--model", "{in21k}", "--data-dir", "{data}", "--save-dir", "{out}/empty", "--resume"], 1,
      "--resume"),
     ("finetune", ["--model", "{in21k}", "--data-dir", "{empty class}", "--steps", "1"], 1, "n03888257"),
+    ("backbone", ["--data-dir", "{folder}/nowhere"], 2, "/nowhere does not exist"),
+    ("backbone", ["--data-dir", "{file}"], 2, "is a file, not a folder"),
+    ("backbone", ["--data-dir", "{data}"], 2, "no parquet file for the split(s) train, validation"),
+    ("backbone", ["--model", "./no-such-checkpoint"], 2, "--model ./no-such-checkpoint"),
+    ("backbone", ["--model", "{folder}"], 2, "has no config.json"),
+    ("backbone", ["--epochs", "0"], 2, "--epochs"),
+    ("backbone", ["--lr", "nan"], 2, "--lr"),
+    ("backbone", ["--lambdas", "-1"], 2, "--lambdas"),
+    ("backbone", ["--probe-epochs", "many"], 2, "--probe-epochs"),
+    ("backbone", ["--json", "{folder}"], 2, "--json"),
+    ("backbone", ["--plots", "{file}/figures"], 2, "--plots"),
+    ("backbone", ["--model", "{classifier}", "--data-dir", "{bad beans}"], 1, "cannot read it as AI-Lab-Makerere/beans"),
+    ("backbone", ["--model", "{in21k}", "--data-dir", "{beans}"], 1, "image processor"),
     ("benchmark", ["--batch-size", "0"], 2, "--batch-size"),
     ("benchmark", ["--json", "{folder}"], 2, "--json"),
     ("benchmark", ["--size", "huge"], 2, "--size"),

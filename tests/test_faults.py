@@ -204,7 +204,8 @@ def test_two_runs_filling_the_same_cache_at_once(tmp_path):
     def fill():
         try:
             for _ in range(30):
-                cached_arrays(lambda: arrays, path, "the same description", tuple(arrays), 4, warnings.append)
+                cached_arrays(lambda: arrays, path, "the same description", dict.fromkeys(arrays, 4),
+                              warnings.append)
                 path.unlink(missing_ok=True)  # the other run finds it gone and writes again
         except Exception as error:  # noqa: BLE001 - any exception is the failure this test looks for
             problems.append(error)

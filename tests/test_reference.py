@@ -5,7 +5,7 @@ import re
 from collections import Counter
 
 import pytest
-from conftest import ARTICLE, script_output
+from conftest import ARTICLE, BACKBONE_ARTICLE, script_output
 
 import vit_part3_setup
 from common.reference import load_reference
@@ -104,3 +104,45 @@ def test_json_holds_the_comparison_and_the_run(weight_runs):
     assert set(row) >= {"article", "run", "value", "kind", "verdict", "band", "why"}
     assert record["flags"]["batch_size"] == 16 and record["environment"]["torch"]
     assert record["numbers"]["224 of 10"]["line"] is not None
+
+
+# ---------------------------------------------------------------- the second article, "ViT as a backbone"
+
+# Its logged output follows the code on the same line of the text; these are the fragments it prints, and the
+# rows of its table of configurations. "PyTorch version: 2.11.0+cu128" is the environment, not a result.
+BACKBONE_LOGGED = [r"(?:Patch tokens|Feature map) shape: torch\.Size\(\[[\d, ]+\]\)",
+                   (r"(?:Image size|Patch size|Hidden size|Number of hidden layers|Number of attention heads|"
+                    r"Intermediate size): \d+"),
+                   r"\{'eval_loss': [\d.e-]+, 'eval_accuracy': [\d.e-]+\}"]
+
+
+def backbone_logged_numbers():
+    text = BACKBONE_ARTICLE.read_text()
+    fragments = [found for pattern in BACKBONE_LOGGED for found in re.findall(pattern, text)]
+    for row in re.findall(r"^\| google/vit-.*$", text, flags=re.MULTILINE):
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        fragments.append(" ".join(cells[1:7]))  # the name and the prose at the end are labels
+    return Counter(token for fragment in fragments for token in NUMBER.findall(fragment)), len(fragments)
+
+
+@pytest.mark.skipif(not BACKBONE_ARTICLE.exists(), reason="the article is not beside the checkout")
+def test_every_number_the_backbone_article_logs_has_a_reference_entry():
+    on_lines, fragments = backbone_logged_numbers()
+    assert fragments == 2 + 6 + 2 + 4 and sum(on_lines.values()) == 7 + 6 + 4 + 4 * 6
+    entries = Counter(entry["article"] for entry in load_reference("backbone").values())
+    assert on_lines - entries == Counter()
+
+
+def test_every_backbone_reference_number_is_produced_on_stand_ins(backbone_runs):
+    for record in backbone_runs["records"]:
+        assert sorted(set(load_reference("backbone")) - set(record["numbers"])) == []
+        assert "not run" not in {row["verdict"] for row in record["comparison"]}
+
+
+def test_no_backbone_number_that_moves_with_the_weights_is_called_same_or_close(backbone_runs):
+    first, _, second = backbone_runs["records"]
+    moved = {name for name, number in first["numbers"].items() if number["value"] != second["numbers"][name]["value"]}
+    assert len(moved) > 10 and {"before eval_loss", "after eval_loss"} <= moved
+    for record in (first, second):
+        claimed = {row["name"] for row in record["comparison"] if row["verdict"] in ("same", "close")}
+        assert sorted(claimed & moved) == []

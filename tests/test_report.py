@@ -12,12 +12,13 @@ from common.reference import compare, load_reference, verdict_text
 
 
 @pytest.fixture(scope="module")
-def four_runs(weight_runs, tmp_path_factory):
-    """A folder with the JSON of all four scripts: setup offline, the others on a random-weight stand-in."""
+def four_runs(weight_runs, backbone_runs, tmp_path_factory):
+    """A folder with the JSON of all five scripts: setup offline, the others on a random-weight stand-in."""
     folder = tmp_path_factory.mktemp("results")
     assert vit_part3_setup.main(["--json", str(folder / "setup.json")]) == 0
     for script in ("posemb", "fewshot", "finetune"):
         (folder / f"{script}.json").write_text(json.dumps(weight_runs[script][0]))
+    (folder / "backbone.json").write_text(json.dumps(backbone_runs["records"][0]))
     return folder
 
 
@@ -26,12 +27,12 @@ def test_every_compared_number_is_on_the_page_with_its_verdict(four_runs):
     for script in report.SCRIPTS:
         record = json.loads((four_runs / f"{script}.json").read_text())
         rows = compare(record["numbers"], load_reference(script), record["setup differences"])
-        assert len(rows) > 50
+        assert len(rows) == len(load_reference(script)) > 40
         for row in rows:
             assert f"| {report.cell(row['name'])} | {row['article']} | {row['run']} |" in page, row["name"]
             line = next(text for text in page.splitlines() if text.startswith(f"| {report.cell(row['name'])} |"))
             assert f"| {row['kind']} | {report.cell(verdict_text(row))} |" in line
-        assert f"## vit_part3_{script}.py" in page and record["environment"]["torch"] in page
+        assert f"## {report.script_file(script)}" in page and record["environment"]["torch"] in page
     assert "211 same, 0 close, 0 differs, 0 varies, 0 not comparable, 0 not run" in page  # setup offline
     assert "| vit_part3_setup.py | the article's |" in page
     assert "| vit_part3_posemb.py | a quick check, not the article's setup: --data-dir " in page
@@ -40,7 +41,8 @@ def test_every_compared_number_is_on_the_page_with_its_verdict(four_runs):
 def test_each_figure_is_a_png_that_opens(four_runs):
     pytest.importorskip("matplotlib")
     page = report.build(four_runs, say=lambda text: None).read_text()
-    names = ["posemb_cosine_similarity.png", "posemb_accuracy.png", "fewshot_accuracy.png", "finetune_curves.png"]
+    names = ["posemb_cosine_similarity.png", "posemb_accuracy.png", "fewshot_accuracy.png", "finetune_curves.png",
+             "backbone_curves.png", "backbone_feature_maps.png"]
     for name in names:
         assert f"(figures/{name})" in page
         with Image.open(four_runs / "figures" / name) as picture:
@@ -53,6 +55,8 @@ def test_a_missing_script_is_listed_as_not_run(tmp_path):
     page = report.build(tmp_path, say=lambda text: None).read_text()
     for script in ("posemb", "fewshot", "finetune"):
         assert f"Not run. `python vit_part3_{script}.py --json {tmp_path / f'{script}.json'}`" in page
+    assert f"Not run. `python vit_backbone.py --json {tmp_path / 'backbone.json'}`" in page
+    assert page.startswith("# The two articles' numbers, reproduced") and '"ViT as a backbone"' in page
 
 
 def test_without_matplotlib_the_page_is_written_and_says_how_to_get_figures(four_runs, tmp_path, monkeypatch):

@@ -1,0 +1,191 @@
+"""vit_backbone.py: the article's function and lines, the counts, the probes against independent solves, and the
+whole script on stand-ins (a beans-shaped dataset in the Hub's layout and tiny classifiers)."""
+import argparse
+import re
+
+import numpy as np
+import pytest
+import scipy.linalg
+import torch
+from conftest import BACKBONE_ARTICLE, script_output
+from PIL import Image
+
+import vit_backbone as backbone
+from common.output import Report
+from common.run import Run, guarded
+
+
+def article_output(pattern):
+    """The article's logged text that matches pattern (its output follows the code on the same line)."""
+    return re.findall(pattern, BACKBONE_ARTICLE.read_text())
+
+
+# ---------------------------------------------------------------- the article's function
+
+def test_feature_map_on_a_hand_built_example():
+    """Token k of picture b is [100 b + k, -(100 b + k)]: on a 2x3 grid it sits at row k // 3, column k % 3."""
+    tokens = torch.tensor([[[100.0 * b + k, -(100.0 * b + k)] for k in range(6)] for b in range(2)])
+    expected = [[[[0, 1, 2], [3, 4, 5]], [[0, -1, -2], [-3, -4, -5]]],
+                [[[100, 101, 102], [103, 104, 105]], [[-100, -101, -102], [-103, -104, -105]]]]
+    assert backbone.patch_tokens_to_feature_map(tokens, (2, 3)).tolist() == expected
+
+
+def test_a_grid_that_does_not_match_is_refused():
+    with pytest.raises(AssertionError, match=r"`num_patches` must be equal to `grid_h \* grid_w`"):
+        backbone.patch_tokens_to_feature_map(torch.zeros(1, 6, 2), (2, 2))
+
+
+@pytest.mark.skipif(not BACKBONE_ARTICLE.exists(), reason="the article is not beside the checkout")
+def test_section_1_prints_the_article_lines(capsys):
+    report = Report("backbone")
+    backbone.section_feature_map(Run(argparse.Namespace(seed=42)), report)
+    printed = [text.strip() for text in capsys.readouterr().out.splitlines()]
+    logged = article_output(r"(?:Patch tokens|Feature map) shape: torch\.Size\(\[[\d, ]+\]\)")
+    assert len(logged) == 2 and all(text in printed for text in logged)
+    assert report.values()["positions that agree"] == 32
+
+
+# ---------------------------------------------------------------- the table, counted
+
+def vit_parameters_by_hand(patch, resolution, width, layers, mlp, classes=1000):
+    """A ViT classifier's parameters from its shapes: embedding, [class], positions, layers, final norm, head."""
+    tokens = (resolution // patch) ** 2 + 1
+    embedding = 3 * patch * patch * width + width
+    layer = 4 * (width * width + width) + (width * mlp + mlp) + (mlp * width + width) + 2 * 2 * width
+    backbone_count = embedding + width + tokens * width + layers * layer + 2 * width
+    return backbone_count + width * classes + classes, backbone_count
+
+
+@pytest.mark.parametrize("name,shape", [("google/vit-base-patch16-224", (16, 224, 768, 12, 3072)),
+                                        ("google/vit-base-patch32-224", (32, 224, 768, 12, 3072)),
+                                        ("google/vit-large-patch16-224", (16, 224, 1024, 24, 4096)),
+                                        ("google/vit-large-patch32-384", (32, 384, 1024, 24, 4096))])
+def test_table_rows_are_counted_as_by_hand(name, shape):
+    assert backbone.counted_parameters(backbone.table_row_config(name)) == vit_parameters_by_hand(*shape)
+
+
+def test_the_well_known_count_of_vit_base_16():
+    assert vit_parameters_by_hand(16, 224, 768, 12, 3072) == (86_567_656, 85_798_656)
+
+
+# ---------------------------------------------------------------- the probes
+
+@pytest.mark.parametrize("lam", [0.01, 1.0, 100.0])
+def test_closed_form_probe_equals_an_independent_solve(lam):
+    """Ridge as least squares on [X; sqrt(lambda) I] W = [Y; 0], solved by SciPy."""
+    rng = np.random.default_rng(3)
+    train, labels, val = rng.normal(size=(40, 8)), rng.integers(0, 3, 40), rng.normal(size=(7, 8))
+    x = np.hstack([train, np.ones((40, 1))])
+    y = np.where(np.arange(3) == labels[:, None], 1.0, -1.0)
+    expected = scipy.linalg.lstsq(np.vstack([x, np.sqrt(lam) * np.eye(9)]), np.vstack([y, np.zeros((9, 3))]))[0]
+    w, scores = backbone.closed_form_probe(train, labels, val, 3, lam)
+    assert np.allclose(w, expected, atol=1e-9)
+    assert np.allclose(scores, np.hstack([val, np.ones((7, 1))]) @ expected, atol=1e-9)
+
+
+def test_linear_probe_first_step_by_hand():
+    """One epoch, one batch: W1 = W0 - lr (softmax(X W0^T + b0) - Y)^T X / n, lr = 0.001 x batch / 256."""
+    rng = np.random.default_rng(4)
+    x, labels = rng.normal(size=(10, 5)).astype(np.float32), rng.integers(0, 3, 10)
+    generator = torch.Generator().manual_seed(7)
+    w0 = torch.empty(3, 5).normal_(0.0, 0.01, generator=generator).double().numpy()  # the probe's first draw
+    layer = backbone.linear_probe(x, labels, 3, epochs=1, seed=7, batch_size=16)
+    logits = x @ w0.T
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    error = p - np.eye(3)[labels]
+    lr = 0.001 * 16 / 256
+    assert np.allclose(layer.weight.detach().numpy(), w0 - lr * error.T @ x / 10, atol=1e-7)
+    assert np.allclose(layer.bias.detach().numpy(), -lr * error.mean(0), atol=1e-7)
+
+
+def test_linear_probe_learns_separable_features():
+    rng = np.random.default_rng(5)
+    labels = np.repeat(np.arange(3), 30)
+    x = (np.eye(3)[labels] * 3 + rng.normal(scale=0.3, size=(90, 3))).astype(np.float32)
+    layer = backbone.linear_probe(x, labels, 3, epochs=100, seed=0, batch_size=16)
+    accuracy, loss = backbone.scores_accuracy_loss(layer(torch.from_numpy(x)).detach(), labels)
+    assert accuracy == 1.0 and loss < np.log(3) - 0.2  # below the loss of a zero head, ln 3
+
+
+def test_pca_rgb_against_numpy_eigh():
+    rng = np.random.default_rng(6)
+    tokens = rng.normal(size=(2, 6, 5)) * np.array([5.0, 3.0, 2.0, 0.5, 0.1])
+    x = tokens.reshape(-1, 5) - tokens.reshape(-1, 5).mean(0)
+    _, vectors = np.linalg.eigh(x.T @ x)  # eigenvalues in ascending order
+    top = vectors[:, ::-1][:, :3].T
+    top *= np.sign(top[np.arange(3), np.abs(top).argmax(1)])[:, None]
+    projected = x @ top.T
+    expected = (projected - projected.min(0)) / (projected.max(0) - projected.min(0))
+    assert np.allclose(backbone.pca_rgb(tokens, (2, 3)), expected.reshape(2, 2, 3, 3), atol=1e-9)
+
+
+def differences(argv, counts=None):
+    """setup_differences of a run with these flags, its data loaded with (training, validation) pictures."""
+    loaded = {"beans": {"train": range(counts[0]), "validation": range(counts[1])}} if counts else {}
+    return backbone.setup_differences(argparse.Namespace(args=backbone.parse_args(argv), loaded=loaded))
+
+
+def test_setup_differences_name_the_flags():
+    assert differences([]) == {} and differences([], (1034, 133)) == {}
+    changed = differences(["--epochs", "1", "--per-class", "20", "--lr", "1e-4"])
+    assert set(changed) == {"epochs", "lr", "training pictures", "validation pictures"}
+    assert changed["epochs"]["why"] == "--epochs 1: the article's is 5"
+    assert changed["lr"]["why"] == "--lr 0.0001: the article's is 2e-05"
+    partial = differences(["--data-dir", "x"], (100, 133))
+    assert list(partial) == ["training pictures"]
+    assert partial["training pictures"]["why"] == "--data-dir x: 100 of 1,034 training pictures (a partial copy)"
+
+
+def test_accuracy_metric_is_the_share_of_argmax_hits():
+    logits = np.array([[2.0, 1.0, 0.0], [0.0, 3.0, 1.0], [1.0, 0.0, 5.0], [4.0, 0.0, 0.0]])
+    assert backbone.accuracy_metrics((logits, np.array([0, 1, 1, 2]))) == {"accuracy": 0.5}
+
+
+# ---------------------------------------------------------------- the script on stand-ins
+
+def numbers(record):
+    return {name: number["value"] for name, number in record["numbers"].items() if "seconds" not in name}
+
+
+def test_a_rerun_gives_the_same_numbers_and_reads_the_cache(backbone_runs):
+    first, again, _ = backbone_runs["records"]
+    assert numbers(first) == numbers(again)
+    texts = [" ".join(record["printed"]) for record in (first, again)]
+    assert "computed in" in texts[0] and "read from the cache in" in texts[1]
+    assert len(list(backbone_runs["cache"].glob("backbone-*.npz"))) == 2  # one per checkpoint
+
+
+def test_the_run_prints_the_article_dicts_and_the_four_ways(backbone_runs):
+    printed = backbone_runs["records"][0]["printed"]
+    dicts = [text.strip() for text in printed if text.strip().startswith("{'eval_loss': ")]
+    assert len(dicts) == 2 and all(re.fullmatch(r"\{'eval_loss': [\d.e-]+, 'eval_accuracy': [\d.e-]+\}", d)
+                                   for d in dicts)
+    table = printed[next(i for i, text in enumerate(printed) if text.strip().startswith("way ")):]
+    ways = [text.split()[0] for text in table if re.search(r"%\s", text)]
+    assert ways == ["random", "linear", "closed", "closed", "closed", "full"]
+    values = numbers(backbone_runs["records"][0])
+    assert values["full fine-tuning (the article's after): accuracy (%)"] == pytest.approx(
+        100 * values["after eval_accuracy"])
+    assert values["linear probe: trained parameters"] == 3 * 64 + 3  # class token + mean patch token, width 32
+
+
+def test_figures_are_pngs_that_open(backbone_runs):
+    pytest.importorskip("matplotlib")
+    for name in (backbone.CURVES_FIGURE, backbone.MAPS_FIGURE):
+        with Image.open(backbone_runs["figures"] / name) as picture:
+            picture.verify()
+            assert picture.format == "PNG"
+
+
+def test_offline_without_data_or_checkpoint_runs_sections_1_and_2(capsys, monkeypatch):
+    """In the tests' own empty Hugging Face cache, offline (conftest): nothing of the article's data is there."""
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    status, out, err = script_output(lambda argv: guarded(lambda: backbone.main(argv)), [], capsys)
+    assert status == 1 and "Traceback" not in out + err
+    assert "Feature map shape: torch.Size([2, 64, 4, 4])" in out and "google/vit-large-patch32-384" in out
+    refused = [text for text in out.splitlines() if "cannot run section" in text]
+    assert len(refused) == 3
+    for text in refused:
+        assert "dataset AI-Lab-Makerere/beans" in text and "checkpoint google/vit-base-patch16-224" in text
+        assert "--data-dir" in text
