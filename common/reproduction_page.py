@@ -5,7 +5,7 @@
     python vit_part3_fewshot.py --json results/fewshot.json
     python vit_part3_finetune.py --json results/finetune.json
     python vit_backbone.py --json results/backbone.json
-    python -m common.report results        # writes results/report.md, its figures in results/figures/
+    python -m common.reproduction_page results        # writes results/report.md, its figures in results/figures/
 
 The first four reproduce "ViT, explained · Part 3", the fifth the companion article "ViT as a backbone".
 
@@ -169,7 +169,7 @@ def build(folder, say=print):
             "Each number of the logged lines of \"ViT, explained · Part 3\" (the vit_part3_* scripts) and of \"ViT as "
             "a backbone\" (vit_backbone.py) beside this run's. " + LEGEND + ".", ""]
     if not with_figures:
-        head += [(f"No figures: {figures.INSTALL_HINT}; run `python -m common.report {folder}` again after "
+        head += [(f"No figures: {figures.INSTALL_HINT}; run `python -m common.reproduction_page {folder}` again after "
                   f"installing it."), ""]
     page = write_text(folder / "report.md", "\n".join(head + summary + [""] + body), what="report")
     say(f"wrote {page}")

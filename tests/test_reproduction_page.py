@@ -1,4 +1,4 @@
-"""common/report.py: the scripts' JSON files in, one page out, with every compared number and its figures."""
+"""common/reproduction_page.py: the scripts' JSON files in, one page out, with every compared number and its figures."""
 import json
 import sys
 
@@ -6,7 +6,7 @@ import pytest
 from PIL import Image
 
 import vit_part3_setup
-from common import report
+from common import reproduction_page as page_maker
 from common.errors import UserError
 from common.reference import compare, load_reference, verdict_text
 
@@ -23,16 +23,16 @@ def four_runs(weight_runs, backbone_runs, tmp_path_factory):
 
 
 def test_every_compared_number_is_on_the_page_with_its_verdict(four_runs):
-    page = report.build(four_runs, say=lambda text: None).read_text()
-    for script in report.SCRIPTS:
+    page = page_maker.build(four_runs, say=lambda text: None).read_text()
+    for script in page_maker.SCRIPTS:
         record = json.loads((four_runs / f"{script}.json").read_text())
         rows = compare(record["numbers"], load_reference(script), record["setup differences"])
         assert len(rows) == len(load_reference(script)) > 40
         for row in rows:
-            assert f"| {report.cell(row['name'])} | {row['article']} | {row['run']} |" in page, row["name"]
-            line = next(text for text in page.splitlines() if text.startswith(f"| {report.cell(row['name'])} |"))
-            assert f"| {row['kind']} | {report.cell(verdict_text(row))} |" in line
-        assert f"## {report.script_file(script)}" in page and record["environment"]["torch"] in page
+            assert f"| {page_maker.cell(row['name'])} | {row['article']} | {row['run']} |" in page, row["name"]
+            line = next(text for text in page.splitlines() if text.startswith(f"| {page_maker.cell(row['name'])} |"))
+            assert f"| {row['kind']} | {page_maker.cell(verdict_text(row))} |" in line
+        assert f"## {page_maker.script_file(script)}" in page and record["environment"]["torch"] in page
     assert "211 same, 0 close, 0 differs, 0 varies, 0 not comparable, 0 not run" in page  # setup offline
     assert "| vit_part3_setup.py | the article's |" in page
     assert "| vit_part3_posemb.py | a quick check, not the article's setup: --data-dir " in page
@@ -40,7 +40,7 @@ def test_every_compared_number_is_on_the_page_with_its_verdict(four_runs):
 
 def test_each_figure_is_a_png_that_opens(four_runs):
     pytest.importorskip("matplotlib")
-    page = report.build(four_runs, say=lambda text: None).read_text()
+    page = page_maker.build(four_runs, say=lambda text: None).read_text()
     names = ["posemb_cosine_similarity.png", "posemb_accuracy.png", "fewshot_accuracy.png", "finetune_curves.png",
              "backbone_curves.png", "backbone_feature_maps.png"]
     for name in names:
@@ -52,7 +52,7 @@ def test_each_figure_is_a_png_that_opens(four_runs):
 
 def test_a_missing_script_is_listed_as_not_run(tmp_path):
     assert vit_part3_setup.main(["--json", str(tmp_path / "setup.json")]) == 0
-    page = report.build(tmp_path, say=lambda text: None).read_text()
+    page = page_maker.build(tmp_path, say=lambda text: None).read_text()
     for script in ("posemb", "fewshot", "finetune"):
         assert f"Not run. `python vit_part3_{script}.py --json {tmp_path / f'{script}.json'}`" in page
     assert f"Not run. `python vit_backbone.py --json {tmp_path / 'backbone.json'}`" in page
@@ -60,11 +60,11 @@ def test_a_missing_script_is_listed_as_not_run(tmp_path):
 
 
 def test_without_matplotlib_the_page_is_written_and_says_how_to_get_figures(four_runs, tmp_path, monkeypatch):
-    for script in report.SCRIPTS:
+    for script in page_maker.SCRIPTS:
         (tmp_path / f"{script}.json").write_text((four_runs / f"{script}.json").read_text())
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
     said = []
-    page = report.build(tmp_path, say=said.append).read_text()
+    page = page_maker.build(tmp_path, say=said.append).read_text()
     assert "No figures: matplotlib is not installed (pip install matplotlib)" in page and "![" not in page
     assert not (tmp_path / "figures").exists() and any("without figures" in text for text in said)
 
@@ -77,4 +77,4 @@ def test_a_bad_folder_or_file_is_one_line(tmp_path, content, refused):
         folder.mkdir()
         (folder / "setup.json").write_text(content)
     with pytest.raises(UserError, match=refused):
-        report.build(folder)
+        page_maker.build(folder)
