@@ -37,8 +37,16 @@ import torch
 import torch.nn.functional as F
 
 from common import figures
-from common.checkpoints import check_model_flag, hub_offline, load_pretrained, looks_like_a_path
-from common.cli import add_common_arguments, nonnegative_float, positive_float, positive_int, script_parser
+from common.checkpoints import check_model_flag, checkpoint_config, hub_offline, load_pretrained, looks_like_a_path
+from common.cli import (
+    add_common_arguments,
+    distinct,
+    nonnegative_float,
+    positive_float,
+    positive_int,
+    script_parser,
+    seed,
+)
 from common.closed_form import closed_form, targets, with_bias
 from common.device import PRECISIONS
 from common.errors import UserError
@@ -144,6 +152,13 @@ def pca_rgb(tokens, grid):
     low, high = projected.min(0), projected.max(0)
     scaled = (projected - low) / np.where(high > low, high - low, 1.0)
     return scaled.reshape(tokens.shape[0], *grid, 3)
+
+
+def one_per_class(labels, count):
+    """Indices of up to count pictures: the first of each class in turn, then the second of each, and so on."""
+    labels = np.asarray(labels)
+    order = np.argsort([np.sum(labels[:i] == label) for i, label in enumerate(labels)], kind="stable")
+    return [int(i) for i in order[:count]]
 
 
 def setup_differences(run):
@@ -323,7 +338,11 @@ def load_checkpoint(run):
 
     run.need("processor")
     with quiet_loading():
-        return load_pretrained(AutoModelForImageClassification, run.args.model).to(run.device).eval()
+        model, info = load_pretrained(AutoModelForImageClassification, run.args.model, output_loading_info=True)
+    if any(key.startswith("classifier.") for key in info.get("missing_keys", ())):
+        raise UserError(f"{run.args.model} has no classification head (the library would draw one at random): "
+                        f"pass an image classifier such as {DEFAULT_MODEL}")
+    return model.to(run.device).eval()
 
 
 def load_backbone(run):
@@ -417,7 +436,8 @@ def finetune(run):
         inputs["labels"] = batch["labels"]
         return inputs
 
-    map_pixels = pixels_of(processor, beans["validation"][:MAP_PICTURES]["image"])
+    map_indices = one_per_class(beans["validation"]["labels"], MAP_PICTURES)
+    map_pixels = pixels_of(processor, [beans["validation"][i]["image"] for i in map_indices])
     with tempfile.TemporaryDirectory(prefix="vit-backbone-trainer-") as output_dir:
         trainer = article_trainer(run, model, train_ds.with_transform(transform), val_ds.with_transform(transform),
                                   processor, output_dir)
@@ -429,7 +449,7 @@ def finetune(run):
         after = trainer.evaluate()
     model.eval()
     return {"before": before, "after": after, "seconds": seconds, "history": trainer.state.log_history,
-            "steps": trainer.state.max_steps, "model": model, "map pixels": map_pixels,
+            "steps": trainer.state.max_steps, "model": model, "map pixels": map_pixels, "map indices": map_indices,
             "tokens before": tokens_before, "tokens after": last_hidden_states(model.vit, map_pixels, run)[:, 1:],
             "trained parameters": sum(p.numel() for p in model.parameters() if p.requires_grad)}
 
@@ -531,9 +551,10 @@ def section_table(run, report):
         rounded = round(whole / 1e6)
         verdict = ("agrees" if rounded == table_millions else
                    "agrees for the backbone alone" if round(backbone / 1e6) == table_millions else "disagrees")
-        report.line(f"{name:<30} {columns}  {table_millions:>4}M  {whole:,} = "
-                    f"{n(f'{name} parameters (M)', whole / 1e6, '.0f')}M ({backbone:,} = {backbone / 1e6:.0f}M)  "
-                    f"{verdict}")
+        report.line(f"{name:<30} {columns}  {table_millions:>4}M  {n(f'{name} parameters', whole, ',')} = "
+                    f"{n(f'{name} parameters (M)', whole / 1e6, '.0f')}M "
+                    f"({n(f'{name} backbone parameters', backbone, ',')} = "
+                    f"{n(f'{name} backbone parameters (M)', backbone / 1e6, '.0f')}M)  {verdict}")
     report.line("the table's 86M and 307M are the ViT paper's Table 1 figures for ViT-Base and ViT-Large, given "
                 "there for every patch size and resolution; the position table (N+1 rows) and the patch embedding "
                 "(3 P^2 D) make the counts differ by patch and resolution")
@@ -541,10 +562,23 @@ def section_table(run, report):
 
 def section_checkpoint(run, report):
     """3. the checkpoint as backbone + head"""
-    beans, processor, model = run.need("beans", "processor", "checkpoint")
+    try:  # the configuration and the counts need no data; the one picture does
+        processor, model = run.need("processor", "checkpoint")
+    except UserError:
+        run.need("beans", "processor", "checkpoint")  # one line that names the data too, when it is missing as well
+        raise
     report.header(f"3. {run.args.model}: backbone + head")
     for label, key in CONFIG_LINES:
         report.line(f"{label}: {report.num(label, getattr(model.config, key))}")
+    backbone = sum(p.numel() for p in model.vit.parameters())
+    head = sum(p.numel() for p in model.classifier.parameters())
+    report.line(f"parameters: backbone (patch embedding, class token, position embedding, encoder, final "
+                f"LayerNorm) {report.num('backbone parameters', backbone, ',')}; head Linear("
+                f"{report.num('head in features', model.classifier.in_features)}, "
+                f"{report.num('head out features', model.classifier.out_features)}) "
+                f"{report.num('head parameters', head, ',')} "
+                f"({report.num('backbone share (%)', 100 * backbone / (backbone + head), '.2f')}% in the backbone)")
+    beans = run.need("beans")
     picture = beans["validation"][0]
     pixels = pixels_of(processor, [picture["image"]])
     tokens = last_hidden_states(model.vit, pixels, run)  # Z_L: the encoder's output after its final LayerNorm
@@ -561,13 +595,6 @@ def section_checkpoint(run, report):
                 f"map {shape_text(report, 'feature map shape (picture)', feature_map.shape)}")
     report.line(f"the head on the class token, h_cls W + b, gives the model's logits within "
                 f"{report.num('head on the class token vs logits', (by_hand - logits).abs().max().item(), '.1e')}")
-    backbone = sum(p.numel() for p in model.vit.parameters())
-    head = sum(p.numel() for p in model.classifier.parameters())
-    report.line(f"parameters: backbone (patch embedding, class token, position embedding, encoder, final "
-                f"LayerNorm) {report.num('backbone parameters', backbone, ',')}; head Linear("
-                f"{model.classifier.in_features}, {model.classifier.out_features}) "
-                f"{report.num('head parameters', head, ',')} "
-                f"({report.num('backbone share (%)', 100 * backbone / (backbone + head), '.2f')}% in the backbone)")
     run.loaded.pop("checkpoint")  # its memory back: the fine-tuning loads the checkpoint with a new head
 
 
@@ -605,8 +632,10 @@ def section_finetune(run, report):
     """4. the article's fine-tuning"""
     args = run.args
     beans = run.need("beans", "processor")[0]
-    report.header(f"4. fine-tuning on beans with transformers.Trainer, as the article: batch {args.batch_size}, "
-                  f"{args.epochs} epochs, learning rate {args.lr:g}, evaluation every {ARTICLE['logging_steps']} steps")
+    recipe = {"batch_size", "epochs", "lr"} & set(flag_differences(args, ARTICLE_FLAGS))
+    report.header(f"4. fine-tuning on beans with transformers.Trainer, {'not ' * bool(recipe)}as the article: batch "
+                  f"{args.batch_size}, {args.epochs} epoch{'s' * (args.epochs != 1)}, learning rate {args.lr:g}, "
+                  f"evaluation every {ARTICLE['logging_steps']} steps")
     report.line(f"PyTorch version: {torch.__version__}")
     report.line(f"Using device: {run.device.type}")
     n, names = report.num, beans["names"]
@@ -615,18 +644,20 @@ def section_finetune(run, report):
                 f" validation pictures, {n('classes', len(names))} classes ({', '.join(names)}); seed {args.seed}")
     result = run.need("finetune")
     report.line(f"new head Linear({result['model'].config.hidden_size}, {len(names)}), random; "
-                f"{n('training steps', result['steps'])} steps ({math.ceil(train_count / args.batch_size)} per epoch)")
+                f"{n('training steps', result['steps'])} steps "
+                f"({n('steps per epoch', math.ceil(train_count / args.batch_size))} per epoch)")
     before = print_eval(report, "before", result["before"], val_count)
     report.line()
     after = print_eval(report, "after", result["after"], val_count)
-    report.line(f"({before} validation pictures right before, {after} after; training took "
-                f"{n('training seconds', result['seconds'], ',.0f')} s)")
+    report.line(f"({before} validation pictures right before, {after} after; training, with its evaluations every "
+                f"{ARTICLE['logging_steps']} steps, took {n('training seconds', result['seconds'], ',.0f')} s)")
     print_history(report, result["history"])
-    maps = {"before": pca_rgb(result["tokens before"].numpy(), feature_grid(result["model"])),
-            "after": pca_rgb(result["tokens after"].numpy(), feature_grid(result["model"]))}
+    # one basis for both, so that a colour means the same direction before and after
+    both = pca_rgb(torch.cat([result["tokens before"], result["tokens after"]]).numpy(), feature_grid(result["model"]))
+    maps = {"before": both[:len(both) // 2], "after": both[len(both) // 2:]}
     report.keep("feature maps", {**{key: value.round(3).tolist() for key, value in maps.items()},
                                  "pictures": thumbnails(result["map pixels"], processor_stats(run)),
-                                 "labels": [names[k] for k in beans["validation"][:MAP_PICTURES]["labels"]]})
+                                 "labels": [names[beans["validation"][i]["labels"]] for i in result["map indices"]]})
     if args.plots:
         figures.backbone_curves(report.series, Path(args.plots) / CURVES_FIGURE, report.say)
         figures.backbone_feature_maps(report.series["feature maps"], Path(args.plots) / MAPS_FIGURE, report.say)
@@ -696,7 +727,7 @@ def print_ways(report, rows):
                     f"{n(f'{way}: trained parameters', parameters, '18,')}  {seconds_text:>8}")
     report.line("accuracy and loss (cross-entropy) on the validation pictures; the closed form fits squared error to "
                 "targets in {-1, +1} and gives no probabilities, so it has no cross-entropy; fine-tuning's time is its "
-                "training, the probes' their fit on the features")
+                "training with its evaluations, the probes' their fit on the features")
 
 
 SECTIONS = [section_feature_map, section_table, section_checkpoint, section_finetune, section_three_ways]
@@ -713,7 +744,7 @@ def parse_args(argv):
     parser.add_argument("--epochs", type=positive_int, default=ARTICLE["epochs"], help="fine-tuning epochs")
     parser.add_argument("--batch-size", type=positive_int, default=ARTICLE["batch_size"], help="pictures per step")
     parser.add_argument("--lr", type=positive_float, default=ARTICLE["lr"], help="fine-tuning learning rate")
-    parser.add_argument("--seed", type=int, default=ARTICLE["seed"], help="every random draw (the article: 42)")
+    parser.add_argument("--seed", type=seed, default=ARTICLE["seed"], help="every random draw (the article: 42)")
     parser.add_argument("--probe-epochs", type=positive_int, default=100, help="epochs of the linear probe (DINO: 100)")
     parser.add_argument("--lambdas", type=nonnegative_float, nargs="+", default=[0.01, 1.0, 100.0],
                         help="ridge penalties of the closed-form probe, finite and >= 0")
@@ -723,7 +754,22 @@ def parse_args(argv):
     parser.add_argument("--plots", metavar="DIR", help="save the training curves and the feature maps as PNG "
                                                        "(needs matplotlib)")
     add_common_arguments(parser)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    distinct(parser, "--lambdas", args.lambdas)
+    return args
+
+
+def check_checkpoint_files(name):
+    """A local --model must be a ViT saved with its image processor; a cached one must be a ViT. Before any work."""
+    folder = Path(name).expanduser()
+    if looks_like_a_path(name):
+        for file, what in (("config.json", "save_pretrained"), ("preprocessor_config.json", "its image processor")):
+            if not (folder / file).exists():
+                raise UserError(f"--model {name} has no {file}: pass a checkpoint saved with {what}")
+    config = checkpoint_config(name)
+    if config is not None and config.model_type != "vit":
+        raise UserError(f"--model {name} is a {config.model_type} checkpoint, not a ViT: the article's backbone is "
+                        f"ViTModel (pass e.g. {DEFAULT_MODEL})")
 
 
 def main(argv=None):
@@ -731,8 +777,7 @@ def main(argv=None):
     check_model_flag(args.model)
     if args.data_dir:
         check_data_dir(args.data_dir)
-    if looks_like_a_path(args.model) and not (Path(args.model).expanduser() / "config.json").exists():
-        raise UserError(f"--model {args.model} has no config.json: pass a checkpoint saved with save_pretrained")
+    check_checkpoint_files(args.model)
     loaders = {"beans": load_beans, "processor": load_processor, "checkpoint": load_checkpoint,
                "finetune": finetune, "features": load_features}
     return run_sections("backbone", Run(args, loaders), SECTIONS, setup_differences)

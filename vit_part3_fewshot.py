@@ -26,9 +26,11 @@ from common.checkpoints import cached_weight_file, check_model_flag, load_pretra
 from common.cli import (
     add_common_arguments,
     add_data_arguments,
+    distinct,
     nonnegative_float,
     positive_int,
     script_parser,
+    seed,
     side_pixels,
 )
 from common.closed_form import closed_form, targets, with_bias
@@ -310,7 +312,7 @@ def main(argv=None):
     parser.add_argument("--draws", type=positive_int, default=5,
                         help="random draws of the training pictures per setting")
     parser.add_argument("--pool", type=positive_int, default=50, help="training pictures per class to draw from")
-    parser.add_argument("--seed", type=int, default=0, help="the pool and the draws")
+    parser.add_argument("--seed", type=seed, default=0, help="the pool and the draws")
     parser.add_argument("--resolution", type=side_pixels, default=224, help="pixels on a side")
     parser.add_argument("--no-cache", action="store_true", help="neither read nor write data/features/")
     parser.add_argument("--plots", metavar="DIR", help="save accuracy against shots as PNG (needs matplotlib)")
@@ -318,6 +320,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if max(args.shots) > args.pool:
         parser.error(f"--shots {max(args.shots)} is more than the pool of {args.pool} per class")
+    distinct(parser, "--shots", args.shots)
+    distinct(parser, "--lambdas", args.lambdas)
     check_model_flag(args.model)
     loaders = {"model": lambda run: load_frozen_model(args.model, run.device), "data": load_data,
                "features": load_features}

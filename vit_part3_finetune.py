@@ -42,6 +42,7 @@ from common.cli import (
     positive_float,
     positive_int,
     script_parser,
+    seed,
     side_pixels,
 )
 from common.device import pick_device
@@ -729,7 +730,7 @@ def parse_flags(argv):
     add_data_arguments(parser, DEFAULT_MODEL, "the body to fine-tune; its head is replaced")
     parser.add_argument("--steps", type=positive_int, default=ARTICLE_STEPS, help="optimizer steps; warm-up stays 10%%")
     parser.add_argument("--lr", type=positive_float, default=0.003, help="base learning rate, finite and > 0")
-    parser.add_argument("--seed", type=int, default=0, help="the order and flips of the pictures, the random head")
+    parser.add_argument("--seed", type=seed, default=0, help="the order and flips of the pictures, the random head")
     parser.add_argument("--resolution", type=side_pixels, default=224, help="fine-tuning resolution (384: the paper's)")
     parser.add_argument("--accum-steps", type=positive_int, default=1, help="split each process's batch into N passes")
     parser.add_argument("--save-dir", metavar="DIR", help=f"write DIR/{CHECKPOINT} every --save-every steps, at the "

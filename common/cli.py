@@ -47,6 +47,25 @@ def side_pixels(text):
     return value
 
 
+def seed(text):
+    """argparse type: a seed numpy and torch both take, 0 to 2^32 - 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a seed: a whole number from 0 to {2**32 - 1}")
+    return value
+
+
+def distinct(parser, flag, values):
+    """Refuse a value given twice (as printed, with :g): each names the numbers it prints."""
+    printed = [f"{value:g}" if isinstance(value, float) else str(value) for value in values]
+    twice = sorted({text for text in printed if printed.count(text) > 1})
+    if twice:
+        parser.error(f"{flag}: {', '.join(twice)} given twice; give each value once")
+
+
 def finite_float(text, low, allow_low):
     try:
         value = float(text)

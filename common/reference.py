@@ -51,6 +51,8 @@ def format_like(article_text, value):
     """This run's value printed with the article's digits: '34.9', '1,035,645', '4.0e-04'."""
     mantissa, _, power = article_text.lower().partition("e")
     decimals = len(mantissa.partition(".")[2])
+    if decimals >= 15:  # Python's repr of a float (the backbone's eval dicts): more digits would be invented
+        return repr(float(value))
     if power:
         text = f"{value:.{decimals}e}"
     else:

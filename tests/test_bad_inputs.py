@@ -18,7 +18,7 @@ import vit_part3_finetune
 import vit_part3_posemb
 import vit_part3_setup
 from common.run import guarded
-from common.standins import beans_folder, imagenette_folder, vit_classifier
+from common.standins import beans_folder, imagenette_folder, vit_classifier, vit_in21k
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import throughput
@@ -47,7 +47,25 @@ def places(tmp_path_factory, tiny_in21k):
             "{in21k}": str(tiny_in21k), "{data}": str(good), "{empty class}": str(empty_class),
             "{one split}": str(one_split), "{file}": str(root / "a-file"), "{out}": str(root / "out"),
             "{folder}": str(root), "{beans}": str(beans_folder(root / "beans")),
-            "{bad beans}": str(root / "bad-beans")}
+            "{bad beans}": str(root / "bad-beans"), "{classifier+processor}": str(vit_classifier(root / "cp", processor=True)),
+            "{resnet}": str(resnet_classifier(root / "resnet")),
+            "{headless}": str(with_processor(vit_in21k(root / "headless")))}
+
+
+def with_processor(directory):
+    from transformers import ViTImageProcessor
+
+    ViTImageProcessor().save_pretrained(directory)
+    return directory
+
+
+def resnet_classifier(directory):
+    """A tiny image classifier that is not a ViT, saved with its image processor."""
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    config = ResNetConfig(embedding_size=8, hidden_sizes=[8, 8], depths=[1, 1], num_labels=3)
+    ResNetForImageClassification(config).save_pretrained(directory)
+    return with_processor(directory)
 
 
 # (script, flags, exit status, what the one line must name); {key} is a place from the fixture.
@@ -110,8 +128,17 @@ CASES = [
     ("backbone", ["--probe-epochs", "many"], 2, "--probe-epochs"),
     ("backbone", ["--json", "{folder}"], 2, "--json"),
     ("backbone", ["--plots", "{file}/figures"], 2, "--plots"),
-    ("backbone", ["--model", "{classifier}", "--data-dir", "{bad beans}"], 1, "cannot read it as AI-Lab-Makerere/beans"),
-    ("backbone", ["--model", "{in21k}", "--data-dir", "{beans}"], 1, "image processor"),
+    ("backbone", ["--model", "{classifier+processor}", "--data-dir", "{bad beans}"], 1, "cannot read it as AI-Lab-Makerere/beans"),
+    ("backbone", ["--model", "{in21k}", "--data-dir", "{beans}"], 2, "has no preprocessor_config.json"),
+    ("backbone", ["--model", "{resnet}"], 2, "is a resnet checkpoint, not a ViT"),
+    ("backbone", ["--model", "{headless}", "--data-dir", "{beans}", "--epochs", "1"], 1,
+     "has no classification head"),
+    ("backbone", ["--seed", "-1"], 2, "--seed"),
+    ("backbone", ["--seed", "4294967296"], 2, "--seed"),
+    ("backbone", ["--lambdas", "1", "1.0"], 2, "--lambdas: 1 given twice"),
+    ("fewshot", ["--lambdas", "0.01", "1e-2"], 2, "--lambdas: 0.01 given twice"),
+    ("fewshot", ["--seed", "x"], 2, "--seed"),
+    ("finetune", ["--seed", "-1"], 2, "--seed"),
     ("benchmark", ["--batch-size", "0"], 2, "--batch-size"),
     ("benchmark", ["--json", "{folder}"], 2, "--json"),
     ("benchmark", ["--size", "huge"], 2, "--size"),
