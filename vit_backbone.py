@@ -239,22 +239,18 @@ def hub_dataset(name):
     fix = (f"connect to the internet once to download it ({DATASET_SIZE}) into the Hugging Face cache, or pass "
            f"--data-dir with a local copy of its files")
     if hub_offline():
-        try:
-            return load_dataset(name)
-        except (OSError, ValueError) as error:
-            raise UserError(f"dataset {name} is not in the local Hugging Face cache and HF_HUB_OFFLINE=1 forbids "
-                            f"downloads: {fix}") from error
+        return cached_dataset(name, "HF_HUB_OFFLINE=1 forbids downloads", fix)
     from huggingface_hub import HfApi
 
     try:
         HfApi().dataset_info(name, timeout=10)
     except Exception:  # noqa: BLE001 - unreachable: read the cache only, without the library's minute of retries
-        return cached_dataset(name, fix)
+        return cached_dataset(name, "the Hugging Face Hub cannot be reached", fix)
     return load_dataset(name)
 
 
-def cached_dataset(name, fix):
-    """The dataset from the cache with downloads switched off for this one call."""
+def cached_dataset(name, why, fix):
+    """The dataset from the cache with downloads switched off for this one call; else one line with the fixes."""
     import datasets
     from datasets import load_dataset
     from huggingface_hub import constants
@@ -264,8 +260,7 @@ def cached_dataset(name, fix):
     try:
         return load_dataset(name)
     except (OSError, ValueError) as error:
-        raise UserError(f"dataset {name} is not in the local Hugging Face cache and the Hugging Face Hub cannot be "
-                        f"reached: {fix}") from error
+        raise UserError(f"dataset {name} is not in the local Hugging Face cache and {why}: {fix}") from error
     finally:
         datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE = saved
 
