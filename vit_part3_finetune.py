@@ -56,11 +56,10 @@ from common.imagenette import (
     is_imagenette,
     list_split,
     load_all,
-    loader_workers,
-    picture_batches,
     to_pixels,
 )
 from common.inference import run_model
+from common.loader import picture_batches, picture_loader
 from common.position_table import as_parameter_rows, bilinear_table, model_table
 from common.reference import article_values, flag_differences
 from common.run import Run, Terminated, check_output_dir, check_output_file, guarded, run_sections
@@ -270,12 +269,12 @@ def sum_over_processes(value, run):
     return total.item()
 
 
-def accuracy(model, pictures, labels, batch_size, run, desc):
-    """Per cent right over all processes' shares of the pictures (each process holds its own share)."""
-    predicted = run_model(model, pictures, run.args.resolution, run.device, batch_size,
+def accuracy(model, loader, labels, batch_size, run, desc):
+    """Per cent right over all processes' shares of the pictures (each process holds its own share in its loader)."""
+    predicted = run_model(model, loader, run.args.resolution, run.device, batch_size,
                           lambda out: out.logits.argmax(1).cpu(), desc, run.autocast)
-    correct = int((torch.cat(predicted) == torch.as_tensor(labels)).sum()) if pictures else 0
-    return 100 * sum_over_processes(correct, run) / sum_over_processes(len(pictures), run)
+    correct = int((torch.cat(predicted) == torch.as_tensor(labels)).sum()) if labels else 0
+    return 100 * sum_over_processes(correct, run) / sum_over_processes(len(labels), run)
 
 
 def process_share(step_batch, rank, share):
@@ -284,10 +283,13 @@ def process_share(step_batch, rank, share):
     return indices[rank * share:(rank + 1) * share], flips[rank * share:(rank + 1) * share]
 
 
-def decode_share(items, rank, world):
-    """This process's share of the pictures (every world-th), decoded once: (images, labels)."""
-    share = items[rank::world]
-    return load_all([path for path, _ in share]), [label for _, label in share]
+def decode_share(items, run):
+    """This process's share of the pictures (every world-th), decoded once: (their loader, labels).
+
+    The loader's workers, if any, persist: every check of the run reads the same pictures.
+    """
+    share = items[run.rank::run.world]
+    return picture_loader(load_all([path for path, _ in share]), run.device), [label for _, label in share]
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -474,7 +476,8 @@ def first_step_batch(run, data):
     """The pictures and labels of step 1, on the device."""
     indices, flips = step_pictures(1, run.args.batch_size, len(data["train"]), run.args.seed)
     items = [data["train"][i] for i in indices]
-    pixels = next(picture_batches([path for path, _ in items], run.args.resolution, len(items), flips))
+    loader = picture_loader([path for path, _ in items], run.device, workers=0)
+    pixels = next(picture_batches(loader, run.args.resolution, len(items), flips))
     labels = torch.tensor([label for _, label in items], device=run.device)
     return to_pixels(pixels, run.device), labels
 
@@ -574,11 +577,11 @@ def section_finetune(run, report):
 def report_step_0(run, report, data, training, batch_size):
     """The validation subset watched during the run, and its accuracy before the first step.
 
-    Returns the subset as (pictures, labels, batch size) for accuracy(); on --resume, step 0 comes from the history.
+    Returns the subset as (loader, labels, batch size) for accuracy(); on --resume, step 0 comes from the history.
     """
     args, model, history = run.args, training["model"], training["history"]
     monitor_items = list_split(data["root"], "val", min(MONITOR_PER_CLASS, args.per_class or MONITOR_PER_CLASS))
-    monitor = (*decode_share(monitor_items, run.rank, run.world), batch_size)
+    monitor = (*decode_share(monitor_items, run), batch_size)
     if training["start"] == 0:
         model.eval()
         history["step 0"] = accuracy(model, *monitor, run, "step 0")
@@ -614,7 +617,7 @@ def step_batches(run, data, first, last):
               for s in range(first, last + 1)]
     paths = [data["train"][i][0] for indices, _ in shares for i in indices]
     flips = np.concatenate([f for _, f in shares]) if shares else None
-    return shares, picture_batches(paths, args.resolution, share, flips, loader_workers(run.device))
+    return shares, picture_batches(picture_loader(paths, run.device), args.resolution, share, flips)
 
 
 def train_steps(run, report, data, training, monitor, warmup, last_step):
@@ -694,11 +697,11 @@ def finish_run(run, report, data, training, warmup):
                 f"{args.steps} {n('mean loss last', stats['mean loss last'], '.3f')}; pictures seen "
                 f"{n('pictures seen', seen, ',')} = {n('passes', seen / len(data['train']), '.2f')} "
                 f"passes over the training set")
-    pictures, labels = decode_share(data["val"], run.rank, run.world)
+    loader, labels = decode_share(data["val"], run)
     micro = args.batch_size // (run.world * args.accum_steps)
     model, average = training["model"].eval(), training["average"].eval()
-    last_weights = accuracy(model, pictures, labels, micro, run, "last weights")
-    averaged = accuracy(average, pictures, labels, micro, run, "averaged weights")
+    last_weights = accuracy(model, loader, labels, micro, run, "last weights")
+    averaged = accuracy(average, loader, labels, micro, run, "averaged weights")
     report.line(f"on all {len(data['val']):,} validation pictures: the weight average (factor {AVERAGE_FACTOR}) "
                 f"{n('average accuracy', averaged, '.2f')}%, the last weights "
                 f"{n('last accuracy', last_weights, '.2f')}%")

@@ -28,6 +28,7 @@ from common.errors import UserError
 from common.imagenette import DEFAULT_DIR as DEFAULT_DATA_DIR
 from common.imagenette import data_differences, ensure_imagenette, imagenet_indices, list_split, load_all
 from common.inference import run_model
+from common.loader import picture_loader
 from common.position_table import (
     as_parameter_rows,
     bicubic_resize,
@@ -219,6 +220,7 @@ def section_accuracy(run, report):
     original = embeddings.position_embeddings.data.clone()
     n_old, n_new = grids(model.config, args.resolution)
     tables = position_tables(model_table(model), n_new)
+    loader = picture_loader(images, run.device)  # its workers, if any, serve all five rows
     try:
         for key, label, table_name in accuracy_rows(n_old, args.resolution):
             table = tables.get(table_name) if table_name else None
@@ -226,7 +228,7 @@ def section_accuracy(run, report):
                                                    as_parameter_rows(table, original.device))
             size = model.config.image_size if table_name is None else args.resolution
             start = time.perf_counter()
-            of_10, of_1000 = evaluate(model, images, labels, size, run.device, args.batch_size, imagenet_classes, key,
+            of_10, of_1000 = evaluate(model, loader, labels, size, run.device, args.batch_size, imagenet_classes, key,
                                       run.autocast)
             seconds = time.perf_counter() - start
             report.line(f"{label:<46} accuracy {n(f'{key} of 10', 100 * of_10 / len(images), '.2f')}% (of 10)   "

@@ -9,30 +9,38 @@ downloaded) and a generated folder of 160-px JPEGs:
   3. end-to-end evaluation with the project's loader (decode, resize, normalise, batch, forward);
   4. the transformers pipeline("image-classification") on the same pictures, as a peer;
   5. a training step (forward, backward, SGD with momentum): pictures/s and peak memory;
-  6. scaling: the time ratio 384/224 beside the compute ratio.
+  6. scaling: the time ratio 384/224 beside the compute ratio;
+  7. the loader alone at 224 and 384: the scripts' loader inline and with N worker processes, beside
+     a plain torch DataLoader over the same pictures and the same resize with as many workers.
 
     python benchmarks/throughput.py                       # about 4 min on a 2-core CPU
     python benchmarks/throughput.py --json throughput.json
     python benchmarks/throughput.py --device cuda --precision bf16
     python benchmarks/throughput.py --size tiny           # a seconds-long smoke run (the test suite's)
+    python benchmarks/throughput.py --loader-only         # figure 7 alone, about 1 min on a 2-core CPU
 
-Times are medians over --repeats timed batches after one warm-up batch.
+Times are medians over --repeats timed batches after one warm-up batch; the loader's, best of 3 rounds.
 """
 import math
+import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
+from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root, for common/
 
 from common.cli import positive_int, script_parser
 from common.compute import config_forward_flops
 from common.device import DEVICE_CHOICES, PRECISIONS
+from common.imagenette import load_all, resized_rgb
 from common.inference import run_model
+from common.loader import PREFETCH, picture_batches, picture_loader
 from common.output import Report
 from common.run import Run, check_output_file, device_name, guarded, write_json
 from common.standins import smooth_pictures, vit_config
@@ -194,6 +202,43 @@ def training_step(model, resolution, batch_size, device, autocast, repeats):
     return (speed, *peak_memory_gb(device))
 
 
+class Resized(Dataset):
+    """The reference: picture i resized, as a PyTorch user would write it for a plain DataLoader."""
+
+    def __init__(self, pictures, resolution):
+        self.pictures, self.resolution = pictures, resolution
+
+    def __len__(self):
+        return len(self.pictures)
+
+    def __getitem__(self, i):
+        return torch.from_numpy(np.array(resized_rgb(self.pictures[i], self.resolution)))
+
+
+def loader_alone(pictures, resolution, batch_size, workers, rounds=3):
+    """Pictures/s, best of `rounds`, of the scripts' loader inline and with `workers` processes, and of the reference.
+
+    Nothing consumes the batches: this is how fast the loader can feed a model that waits for it
+    (beside a GPU), not how it shares the cores with a model on the CPU. In each round the three
+    run in turn, so that the machine's drift falls on all three; the workers of both loaders
+    persist, so only the first round pays for starting them.
+    """
+    cpu = torch.device("cpu")
+    inline, ours = picture_loader(pictures, cpu, workers=0), picture_loader(pictures, cpu, workers=workers)
+    plain = DataLoader(Resized(pictures, resolution), batch_size=batch_size, num_workers=workers,
+                       persistent_workers=True, prefetch_factor=PREFETCH)
+    passes = {"inline": lambda: picture_batches(inline, resolution, batch_size),
+              "workers": lambda: picture_batches(ours, resolution, batch_size),
+              "DataLoader": lambda: iter(plain)}
+    best = dict.fromkeys(passes, 0.0)
+    for _ in range(rounds):
+        for name, one_pass in passes.items():
+            start = time.perf_counter()
+            count = sum(len(batch) for batch in one_pass())
+            best[name] = max(best[name], count / (time.perf_counter() - start))
+    return best
+
+
 # ---------------------------------------------------------------- the sections
 
 def benchmark_model(size):
@@ -274,6 +319,35 @@ def section_scaling(run, figures, report):
     figures.update({"time ratio 384/224": time_ratio, "compute ratio 384/224": compute_ratio})
 
 
+def section_loader(run, figures, report):
+    """The loader alone on pictures decoded once, as posemb and fine-tuning's checks hold them."""
+    args, workers = run.args, run.args.workers
+    with tempfile.TemporaryDirectory(prefix="vit-bench-") as folder:
+        pictures = load_all(smooth_pictures(folder, args.loader_pictures))
+    report.header(f"7. the loader alone: {args.loader_pictures} pictures decoded once (160 px high), batch "
+                  f"{args.batch_size}, best of 3 rounds; the reference is a plain DataLoader with {workers} workers")
+    loader = {}
+    for resolution in (224, 384):
+        speed = loader_alone(pictures, resolution, args.batch_size, workers)
+        loader[str(resolution)] = {"inline pictures/s": speed["inline"], "workers": workers,
+                                   "workers pictures/s": speed["workers"], "DataLoader pictures/s": speed["DataLoader"],
+                                   "loader / inline": speed["workers"] / speed["inline"],
+                                   "loader / DataLoader": speed["workers"] / speed["DataLoader"]}
+        report.line(f"{resolution} px: inline {speed['inline']:8,.0f} pictures/s; {workers} workers "
+                    f"{speed['workers']:8,.0f}; plain DataLoader, {workers} workers {speed['DataLoader']:8,.0f}")
+    figures["loader-only"] = loader
+
+
+def loader_lines(figures):
+    """The ratio lines a script can read: the loader with workers against inline and against the reference."""
+    lines = []
+    for resolution, figure in figures["loader-only"].items():
+        for what in ("inline", "DataLoader"):
+            lines.append(f"loader / {what} at {resolution} with {figure['workers']} workers: "
+                         f"{figure[f'loader / {what}']:.2f}")
+    return lines
+
+
 def main(argv=None):
     parser = script_parser(__doc__)
     parser.add_argument("--device", default="auto", choices=DEVICE_CHOICES, help="auto picks cuda, then mps, then cpu")
@@ -284,6 +358,11 @@ def main(argv=None):
                         help="timed batches per figure (default: 2 on a CPU, 10 on a GPU)")
     parser.add_argument("--pictures", type=positive_int,
                         help="JPEGs for the end-to-end figures (default: 2 batches on a CPU, 30 on a GPU)")
+    parser.add_argument("--workers", type=positive_int, default=min(8, os.cpu_count() or 1),
+                        help="worker processes for the loader-only figures (default: the cores, at most 8)")
+    parser.add_argument("--loader-pictures", type=positive_int, default=1024,
+                        help="pictures for the loader-only figures (default 1024)")
+    parser.add_argument("--loader-only", action="store_true", help="run the loader-only figures alone")
     parser.add_argument("--json", metavar="PATH", help="also write the figures to PATH as JSON")
     args = parser.parse_args(argv)
     if args.json:
@@ -292,14 +371,18 @@ def main(argv=None):
     run.repeats = args.repeats or (2 if run.device.type == "cpu" else 10)
     figures = {"device": device_name(run.device), "torch": torch.__version__, "precision": args.precision,
                "model": "ViT-B/16" if args.size == "B" else "tiny ViT", "batch": args.batch_size}
-    section_roofline(run, figures, report)
-    model = section_model_only(run, figures, report)
-    section_end_to_end(run, figures, report, model)
-    section_training(run, figures, report, model)
-    section_scaling(run, figures, report)
+    if not args.loader_only:
+        section_roofline(run, figures, report)
+        model = section_model_only(run, figures, report)
+        section_end_to_end(run, figures, report, model)
+        section_training(run, figures, report, model)
+        section_scaling(run, figures, report)
+    section_loader(run, figures, report)
     if args.json:
         write_json(args.json, figures)
-    print(f"\nend-to-end / model-only at 224: {figures['end-to-end / model-only']:.2f}")
+    print("\n" + "\n".join(loader_lines(figures)))
+    if not args.loader_only:
+        print(f"end-to-end / model-only at 224: {figures['end-to-end / model-only']:.2f}")
     return 0
 
 

@@ -78,8 +78,11 @@ def mps_has_bfloat16(device):
 
 
 def to_device(array, device):
-    """A numpy batch on the device; on a GPU through pinned memory, so the copy does not block."""
-    tensor = torch.from_numpy(array)
+    """A batch (numpy or torch) on the device; on a GPU through pinned memory, so the copy does not block.
+
+    A batch the loader has pinned already is not copied again (pin_memory() of a pinned tensor is itself).
+    """
+    tensor = torch.as_tensor(array)
     if device.type == "cuda":
         return tensor.pin_memory().to(device, non_blocking=True)
     return tensor.to(device)

@@ -1,18 +1,17 @@
-"""Imagenette (imagenette2-160): find or download it, list its pictures, decode, preprocess and batch them.
+"""Imagenette (imagenette2-160): find or download it, list its pictures, decode and preprocess them
+(common/loader.py batches them).
 
 Layout: imagenette2-160/{train,val}/<wnid>/*.JPEG, 160 px on the short side. A folder in the same
 layout with other classes works too (class names from the folders); the Imagenette counts are
 checked only when the folders are Imagenette's ten WordNet ids.
 """
-import multiprocessing
 import os
 import shutil
 import sys
 import tarfile
 import tempfile
 import urllib.request
-from collections import deque
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -268,7 +267,7 @@ def resized_rgb(picture, resolution, flip=False):
 
 
 def to_pixels(batch, device):
-    """uint8 (B, R, R, 3) -> float32 (B, 3, R, R) on the device: (x/255 - 0.5) / 0.5, as preprocess().
+    """uint8 (B, R, R, 3), a tensor or an array -> float32 (B, 3, R, R) on the device: (x/255 - 0.5) / 0.5, as preprocess().
 
     The copy moves a quarter of the bytes of float32, and the arithmetic runs where the model runs.
     """
@@ -278,15 +277,6 @@ def to_pixels(batch, device):
     return (x * (1 / 255) - 0.5) / 0.5
 
 
-def loader_workers(device):
-    """Processes that build batches ahead of the model: none on a CPU, half the cores beside a GPU.
-
-    On a CPU the model's threads already use every core, so building ahead hides nothing; beside a
-    GPU the cores are otherwise idle (the README's performance section has the measurements).
-    """
-    return 0 if device.type == "cpu" else max(1, min(8, (os.cpu_count() or 2) // 2))
-
-
 def load_all(paths, desc="decoding"):
     """Every picture decoded (RGB), in order; by threads (PIL decodes outside the GIL)."""
     from tqdm import tqdm
@@ -294,45 +284,3 @@ def load_all(paths, desc="decoding"):
     with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
         return list(tqdm(pool.map(load_rgb, paths), total=len(paths), desc=desc, unit="picture", file=sys.stderr,
                          leave=False))
-
-
-def _resized_batch(pictures, resolution, flips):
-    return np.stack([resized_rgb(picture, resolution, flip) for picture, flip in zip(pictures, flips)])
-
-
-def batch_pool(workers):
-    """Forked processes on Linux; threads elsewhere.
-
-    Processes because the model's Python code holds the GIL, which starves threads beside a fast GPU;
-    forked because a spawned worker re-imports torch. Not on macOS: forking a process whose system
-    libraries have started threads (Metal has, once mps is in use) can crash the child, and Python's
-    default there has been spawn since 3.8. PIL decodes and resizes outside the GIL, so threads work.
-    """
-    if workers > 1 and sys.platform.startswith("linux"):
-        return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
-    return ThreadPoolExecutor(max_workers=workers)
-
-
-def picture_batches(pictures, resolution, batch_size, flips=None, workers=0):
-    """uint8 batches (B, R, R, 3) of the pictures (PIL images, or paths to decode), in order; see to_pixels().
-
-    workers=0 builds each batch when it is asked for; more build the next batches ahead, in the
-    pool that batch_pool() picks. flips[i] True mirrors picture i left to right.
-    """
-    flips = np.zeros(len(pictures), dtype=bool) if flips is None else np.asarray(flips)
-    starts = range(0, len(pictures), batch_size)
-    if workers == 0:
-        for start in starts:
-            yield _resized_batch(pictures[start:start + batch_size], resolution, flips[start:start + batch_size])
-        return
-    ahead = max(2, workers)
-    with batch_pool(workers) as pool:
-        def submit(start):
-            end = start + batch_size
-            return pool.submit(_resized_batch, pictures[start:end], resolution, flips[start:end])
-
-        pending = deque(submit(start) for start in starts[:ahead])
-        for k in range(len(starts)):
-            if k + ahead < len(starts):
-                pending.append(submit(starts[k + ahead]))
-            yield pending.popleft().result()

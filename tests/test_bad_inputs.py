@@ -143,6 +143,8 @@ CASES = [
     ("benchmark", ["--json", "{folder}"], 2, "--json"),
     ("benchmark", ["--size", "huge"], 2, "--size"),
     ("benchmark", ["--repeats", "-1"], 2, "--repeats"),
+    ("benchmark", ["--loader-only", "--workers", "0"], 2, "--workers"),
+    ("benchmark", ["--loader-only", "--loader-pictures", "many"], 2, "--loader-pictures"),
 ]
 
 

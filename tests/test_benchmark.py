@@ -59,12 +59,37 @@ def test_tiny_model_figures(tmp_path):
 def test_whole_run_on_a_tiny_vit(tmp_path, precision):
     out = tmp_path / "figures.json"
     run = subprocess.run([sys.executable, "benchmarks/throughput.py", "--size", "tiny", "--batch-size", "4",
-                          "--repeats", "1", "--pictures", "8", "--precision", precision, "--json", str(out)],
+                          "--repeats", "1", "--pictures", "8", "--loader-pictures", "12", "--workers", "2",
+                          "--precision", precision, "--json", str(out)],
                          cwd=ROOT, capture_output=True, text=True, check=False, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     figures = json.loads(out.read_text())
     assert set(figures["model-only"]) == {"224 sdpa", "224 eager", "384 sdpa", "384 eager"}
     assert figures["faster attention"] in ("sdpa", "eager") and figures["precision"] == precision
-    last = run.stdout.strip().splitlines()[-1]
-    assert last.startswith("end-to-end / model-only at 224: ")
-    assert float(last.rsplit(" ", 1)[1]) == pytest.approx(figures["end-to-end / model-only"], abs=0.005)
+    lines = run.stdout.strip().splitlines()
+    assert lines[-1].startswith("end-to-end / model-only at 224: ")
+    assert float(lines[-1].rsplit(" ", 1)[1]) == pytest.approx(figures["end-to-end / model-only"], abs=0.005)
+    assert_loader_lines(lines[-5:-1], figures)
+
+
+def assert_loader_lines(lines, figures):
+    """The four ratio lines, in the issue's order, each the ratio of the pictures/s in the JSON."""
+    expected = [(resolution, what) for resolution in ("224", "384") for what in ("inline", "DataLoader")]
+    assert len(lines) == 4
+    for line, (resolution, what) in zip(lines, expected):
+        assert line.startswith(f"loader / {what} at {resolution} with 2 workers: "), line
+        figure = figures["loader-only"][resolution]
+        ratio = figure["workers pictures/s"] / figure[f"{what} pictures/s"]
+        assert float(line.rsplit(" ", 1)[1]) == pytest.approx(ratio, abs=0.005)
+
+
+def test_loader_only_runs_just_the_loader_figures(tmp_path):
+    out = tmp_path / "figures.json"
+    run = subprocess.run([sys.executable, "benchmarks/throughput.py", "--loader-only", "--loader-pictures", "12",
+                          "--workers", "2", "--json", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, check=False, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    assert "model-only" not in figures and "end-to-end / model-only" not in run.stdout
+    assert "== 7. the loader alone" in run.stdout and run.stdout.count("== ") == 1
+    assert_loader_lines(run.stdout.strip().splitlines()[-4:], figures)

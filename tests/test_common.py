@@ -142,18 +142,109 @@ def test_script_with_a_missing_device_exits_2(capsys):
     assert capsys.readouterr().err.startswith("error: --device cuda")
 
 
-@pytest.mark.parametrize("workers", [0, 1, 2])  # inline; one thread; two worker processes
-def test_picture_batches_keep_the_order_and_flip_what_they_are_told(pictures, workers):
-    from common.imagenette import list_split, load_rgb, picture_batches, preprocess, to_pixels
+def expected_batch(paths, resolution, flips):
+    """The inline path, picture by picture: the processor's arithmetic (preprocess), mirrored where told."""
+    from common.imagenette import load_rgb, preprocess
+
+    expected = [preprocess(load_rgb(path), resolution) for path in paths]
+    return np.stack([np.flip(a, axis=2) if flip else a for a, flip in zip(expected, flips)])  # axis 2: left-right
+
+
+@pytest.mark.parametrize("decoded", [False, True])  # paths decoded in the workers; pictures decoded once beforehand
+@pytest.mark.parametrize("workers", [0, 1, 2])  # inline; one worker process; two
+def test_picture_batches_keep_the_order_and_flip_what_they_are_told(pictures, workers, decoded):
+    from common.imagenette import list_split, load_all, to_pixels
+    from common.loader import picture_batches, picture_loader
 
     paths = [path for path, _ in list_split(pictures, "val", per_class=1)]  # 10 pictures, gray and CMYK among them
     flips = np.arange(10) % 3 == 0
-    batches = list(picture_batches(paths, 32, 4, flips, workers))
-    assert [len(b) for b in batches] == [4, 4, 2] and batches[0].dtype == np.uint8
+    loader = picture_loader(load_all(paths) if decoded else paths, torch.device("cpu"), workers)
+    batches = list(picture_batches(loader, 32, 4, flips))
+    assert [len(b) for b in batches] == [4, 4, 2] and batches[0].dtype == torch.uint8
     batches = [to_pixels(batch, torch.device("cpu")).numpy() for batch in batches]
-    expected = [preprocess(load_rgb(path), 32) for path in paths]
-    expected = [np.flip(a, axis=2) if flip else a for a, flip in zip(expected, flips)]  # axis 2: left-right
-    assert np.array_equal(np.concatenate(batches), np.stack(expected))
+    assert np.array_equal(np.concatenate(batches), expected_batch(paths, 32, flips))
+
+
+def test_persistent_workers_serve_passes_at_other_resolutions_and_flips(pictures):
+    """posemb's rows (224, then 384) and fine-tuning's checks read the same pictures through the same workers."""
+    from common.imagenette import list_split, load_all, to_pixels
+    from common.loader import picture_batches, picture_loader
+
+    paths = [path for path, _ in list_split(pictures, "val", per_class=1)]
+    loader = picture_loader(load_all(paths), torch.device("cpu"), workers=2)
+    rng = np.random.default_rng(0)
+    for resolution, batch_size in ((32, 4), (48, 3), (32, 10)):
+        flips = rng.random(10) < 0.5
+        batches = [to_pixels(b, torch.device("cpu")).numpy() for b in picture_batches(loader, resolution, batch_size,
+                                                                                       flips)]
+        assert np.array_equal(np.concatenate(batches), expected_batch(paths, resolution, flips))
+    workers = {worker.pid for worker in loader._iterator._workers}
+    next(picture_batches(loader, 32, 4))  # a pass left unfinished, as fine-tuning's first step leaves it
+    batches = list(picture_batches(loader, 32, 4))
+    assert sum(len(b) for b in batches) == 10 and {worker.pid for worker in loader._iterator._workers} == workers
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_picture_a_worker_cannot_read_is_one_line_naming_it(pictures, tmp_path, workers):
+    from common.imagenette import list_split
+    from common.loader import picture_batches, picture_loader
+
+    bad = tmp_path / "broken.JPEG"
+    bad.write_bytes(b"not a jpeg")
+    paths = [path for path, _ in list_split(pictures, "val", per_class=1)][:5] + [bad]
+    with pytest.raises(UserError) as problem:
+        list(picture_batches(picture_loader(paths, torch.device("cpu"), workers), 32, 2))
+    assert str(problem.value).startswith(f"cannot read picture {bad}: ") and "\n" not in str(problem.value)
+
+
+def test_a_script_whose_worker_cannot_read_a_picture_says_so_in_one_line(tiny_in21k, tmp_path, monkeypatch, capsys):
+    """As beside a GPU: few-shot's pictures are read by two worker processes, and one of them is broken."""
+    import vit_part3_fewshot
+    from common import loader
+    from common.standins import imagenette_folder
+
+    monkeypatch.setattr(loader, "loader_workers", lambda device: 2)
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    data = imagenette_folder(tmp_path / "nette", per_class=2)
+    picture = min((data / "val" / "n01440764").iterdir())
+    picture.write_bytes(picture.read_bytes()[:-200])
+    status = vit_part3_fewshot.main(["--model", str(tiny_in21k), "--data-dir", str(data), "--pool", "2", "--shots", "1",
+                                     "--draws", "1", "--no-cache", "--device", "cpu"])
+    out, err = capsys.readouterr()
+    refused = [line for line in out.splitlines() if "cannot run section" in line]
+    assert status == 1 and refused, out  # each section that needs the features says it
+    assert all(f": cannot read picture {picture}: image file is truncated" in line for line in refused), out
+    assert "Traceback" not in out + err and "worker process" not in out + err
+
+
+def test_workers_outlive_a_ctrl_c(pictures):
+    """The terminal sends Ctrl-C to every process; fine-tuning then finishes its step, checks included, and saves."""
+    import os
+    import signal
+    import time
+
+    from common.imagenette import list_split
+    from common.loader import picture_batches, picture_loader
+
+    paths = [path for path, _ in list_split(pictures, "val", per_class=1)]
+    loader = picture_loader(paths, torch.device("cpu"), workers=2)
+    list(picture_batches(loader, 32, 4))
+    for worker in loader._iterator._workers:
+        os.kill(worker.pid, signal.SIGINT)
+    time.sleep(0.5)
+    assert sum(len(batch) for batch in picture_batches(loader, 32, 4)) == 10
+
+
+def test_a_pass_leaves_the_global_random_state_as_it_was(pictures):
+    """Fine-tuning saves torch's RNG state in its checkpoints: reading batches must not move it."""
+    from common.imagenette import list_split
+    from common.loader import picture_batches, picture_loader
+
+    paths = [path for path, _ in list_split(pictures, "val", per_class=1)]
+    state = torch.get_rng_state()
+    for workers in (0, 2):
+        list(picture_batches(picture_loader(paths, torch.device("cpu"), workers), 32, 4))
+    assert torch.equal(torch.get_rng_state(), state)
 
 
 def test_precision_flags():

@@ -5,7 +5,6 @@ refuses every float64 result plays that part here, on the CPU. numpy's float64 i
 """
 import argparse
 import sys
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
 import pytest
 import torch
@@ -17,7 +16,7 @@ import vit_part3_finetune
 import vit_part3_posemb
 from common.device import set_precision
 from common.errors import UserError
-from common.imagenette import batch_pool
+from common.loader import picture_loader
 from common.run import Run, run_sections
 from common.standins import vit_classifier
 
@@ -72,14 +71,30 @@ def test_the_weight_dependent_scripts_use_no_float64_tensor(script, classifier, 
 
 def test_the_loader_does_not_fork_on_macos(monkeypatch):
     monkeypatch.setattr(sys, "platform", "darwin")
-    with batch_pool(8) as pool:
-        assert isinstance(pool, ThreadPoolExecutor)
+    loader = picture_loader([], torch.device("cpu"), workers=2)
+    assert loader.multiprocessing_context.get_start_method() == "spawn"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork is the Linux choice")
 def test_the_loader_forks_on_linux():
-    with batch_pool(2) as pool:
-        assert isinstance(pool, ProcessPoolExecutor) and pool._mp_context.get_start_method() == "fork"
+    loader = picture_loader([], torch.device("cpu"), workers=2)
+    assert loader.multiprocessing_context.get_start_method() == "fork"
+
+
+def test_spawned_workers_build_the_same_batches(pictures, monkeypatch):
+    """What macOS runs: the dataset, its collation and the workers' set-up must survive pickling into a new process."""
+    import numpy as np
+
+    from common import loader as loaders
+    from common.imagenette import list_split, load_all
+    from common.loader import picture_batches
+
+    paths = [path for path, _ in list_split(pictures, "val", per_class=1)]
+    flips = np.arange(10) % 2 == 0
+    inline = list(picture_batches(picture_loader(load_all(paths), torch.device("cpu"), 0), 32, 4, flips))
+    monkeypatch.setattr(loaders, "worker_start", lambda: "spawn")
+    spawned = list(picture_batches(picture_loader(load_all(paths), torch.device("cpu"), 1), 32, 4, flips))
+    assert all(torch.equal(a, b) for a, b in zip(inline, spawned, strict=True))
 
 
 @pytest.mark.parametrize("device,precision,refused", [

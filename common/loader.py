@@ -1,0 +1,106 @@
+"""Batches for the model: torch's DataLoader over the pictures, with worker processes beside a GPU.
+
+A batch is uint8 (B, R, R, 3), the pictures resized by resized_rgb(); to_pixels() normalises it on
+the model's device. Workers hand their batches back through shared memory, not a pipe.
+"""
+import os
+import signal
+import sys
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from common.errors import UserError
+from common.imagenette import resized_rgb
+
+PREFETCH = 4  # batches each worker builds ahead
+
+
+def loader_workers(device):
+    """Processes that build batches ahead of the model: none on a CPU, half the cores beside a GPU.
+
+    On a CPU the model's threads already use every core, so building ahead hides nothing; beside a
+    GPU the cores are otherwise idle (the README's performance section has the measurements).
+    """
+    return 0 if device.type == "cpu" else max(1, min(8, (os.cpu_count() or 2) // 2))
+
+
+def worker_start():
+    """fork on Linux, so that pictures decoded in the main process are shared with the workers, not copied.
+
+    spawn elsewhere: forking a process whose system libraries have started threads (Metal has, once
+    mps is in use) can crash the child, and spawn is Python's default on macOS. A spawned worker
+    receives the pictures pickled, once, since the workers persist.
+    """
+    return "fork" if sys.platform.startswith("linux") else "spawn"
+
+
+class Pictures(Dataset):
+    """The pictures (PIL images, or paths decoded at each read), read by key (index, resolution, flip).
+
+    The resolution and the flip travel in the key, not in the dataset, so that one set of persistent
+    workers serves passes at several resolutions (posemb's rows) and with any flips (fine-tuning).
+    """
+
+    def __init__(self, pictures):
+        self.pictures = pictures
+
+    def __len__(self):
+        return len(self.pictures)
+
+    def __getitem__(self, key):
+        index, resolution, flip = key
+        try:
+            return resized_rgb(self.pictures[index], resolution, flip)
+        except UserError as error:
+            return error  # a value, not raised: raised in a worker it would reach the user as the worker's traceback
+
+
+def stack_or_error(items):
+    """The batch as a uint8 tensor, or the first picture's UserError for picture_batches() to raise as itself.
+
+    numpy stacks in one thread: torch.stack would spread the copy over torch's threads, and in the
+    main process they wait for every core, busy ones included (20 times slower on a loaded 2-core machine).
+    """
+    errors = [item for item in items if isinstance(item, UserError)]
+    return errors[0] if errors else torch.from_numpy(np.stack(items))
+
+
+def ignore_ctrl_c(worker_id):
+    """The main process alone decides what Ctrl-C does (fine-tuning finishes its step, saves, then stops).
+
+    A worker that died of the terminal's SIGINT would break that step.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def picture_loader(pictures, device, workers=None):
+    """A DataLoader over the pictures; picture_batches() says what each pass reads.
+
+    workers: loader_workers(device) unless given. They persist, so several passes (posemb's five
+    rows, fine-tuning's checks) start them once; they end with the loader. Batches bound for a CUDA
+    GPU are pinned, so that the copy does not block.
+    """
+    workers = loader_workers(device) if workers is None else workers
+    return DataLoader(Pictures(pictures), batch_sampler=[], collate_fn=stack_or_error, num_workers=workers,
+                      pin_memory=device.type == "cuda", persistent_workers=workers > 0,
+                      prefetch_factor=PREFETCH if workers else None, worker_init_fn=ignore_ctrl_c,
+                      multiprocessing_context=worker_start() if workers else None,
+                      generator=torch.Generator())  # each pass draws a seed from it: the global RNG stays as it was
+
+
+def picture_batches(loader, resolution, batch_size, flips=None):
+    """uint8 batches (B, R, R, 3) of the loader's pictures, in order; flips[i] True mirrors picture i left to right.
+
+    A DataLoader's batch sampler cannot be replaced, so this pass's batches of keys are put into
+    the list it was given (picture_loader's batch_sampler).
+    """
+    count = len(loader.dataset)
+    flips = np.zeros(count, dtype=bool) if flips is None else np.asarray(flips)
+    keys = [(i, resolution, bool(flip)) for i, flip in enumerate(flips)]
+    loader.batch_sampler[:] = [keys[start:start + batch_size] for start in range(0, count, batch_size)]
+    for batch in loader:
+        if isinstance(batch, UserError):
+            raise batch
+        yield batch
