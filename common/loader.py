@@ -70,7 +70,8 @@ def stack_or_error(items):
 def ignore_ctrl_c(worker_id):
     """The main process alone decides what Ctrl-C does (fine-tuning finishes its step, saves, then stops).
 
-    A worker that died of the terminal's SIGINT would break that step.
+    A worker that died of the terminal's SIGINT would break that step. SIGTERM is left as it is: the
+    DataLoader ends its workers with it when it shuts down.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
