@@ -15,6 +15,7 @@ reads nor writes the cache.
 """
 import hashlib
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -39,7 +40,7 @@ from common.feature_cache import cached_arrays
 from common.imagenette import DEFAULT_DIR as DEFAULT_DATA_DIR
 from common.imagenette import class_names, data_differences, ensure_imagenette, list_split
 from common.inference import run_model
-from common.reference import article_values, flag_differences
+from common.reference import article_values, flag_differences, load_reference
 from common.run import Run, guarded, run_sections
 
 DEFAULT_MODEL = "google/vit-base-patch16-224-in21k"
@@ -285,12 +286,37 @@ ARTICLE_FLAGS = {"pool": ("pool", 50), "draws": ("draws", 5), "resolution": ("re
                  "precision": ("precision", "fp32")}
 
 
+ARTICLE_TABLE = {"shots": [1, 5, 10], "lambdas": [0.01, 1.0, 100.0]}
+
+
+def table_differences(args, names):
+    """--shots and --lambdas other than the article's: its cells this run does not fill are not comparable.
+
+    A cell depends on its own shots and lambda alone (each draw is seeded by [seed, shots, draw]), so the
+    cells this run does fill stay comparable ("moves": False).
+    """
+    cells = [cell for cell in (re.fullmatch(r".* lambda (\S+) (\d+)-shot (?:mean|std)", name) for name in names)
+             if cell]
+    differences = {}
+    for flag, run_values, of_cell in (("shots", args.shots, lambda cell: int(cell[2])),
+                                      ("lambdas", args.lambdas, lambda cell: float(cell[1]))):
+        article = ARTICLE_TABLE[flag]
+        if sorted(run_values) == article:
+            continue
+        shown = [f"{value:g}" for value in run_values]
+        removes = [cell[0] for cell in cells if of_cell(cell) not in run_values]
+        differences[flag] = {"flag": f"--{flag} {' '.join(shown)}", "moves": False, "removes": removes,
+                             "why": f"--{flag} {' '.join(shown)}: the article's are {', '.join(f'{v:g}' for v in article)}"}
+    return differences
+
+
 def setup_differences(run):
     """How this run's setup differs from the article's: the validation pictures, the pool, draws, the solve shown."""
     args, data = run.args, run.loaded.get("data")
     count = len(data["val"]) if isinstance(data, dict) else None
     differences = {**data_differences(args, args.data_dir or DEFAULT_DATA_DIR, {"val": count}),
                    **flag_differences(args, ARTICLE_FLAGS)}
+    differences.update(table_differences(args, load_reference("fewshot")))
     if 5 not in args.shots:
         differences["solve shots"] = {"flag": f"--shots {' '.join(map(str, args.shots))}",
                                       "why": f"--shots without 5: the solve in detail is {args.shots[0]}-shot"}

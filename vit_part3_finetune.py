@@ -61,7 +61,7 @@ from common.imagenette import (
 from common.inference import run_model
 from common.loader import picture_batches, picture_loader
 from common.position_table import as_parameter_rows, bilinear_table, model_table
-from common.reference import article_values, flag_differences
+from common.reference import article_values, flag_differences, load_reference
 from common.run import Run, Terminated, check_output_dir, check_output_file, guarded, run_sections
 from common.schedules import warmup_cosine_lr
 
@@ -719,13 +719,25 @@ ARTICLE_FLAGS = {"steps": ("steps", ARTICLE_STEPS), "batch": ("batch_size", 32),
                  "resolution": ("resolution", 224), "precision": ("precision", "fp32")}
 
 
+def unreached_steps(names, steps):
+    """The names of the article's logged steps ("step 250 loss") that a run of `steps` steps never logs."""
+    logged = set(report_steps(steps))
+    return [name for name in names if name.startswith("step ") and int(name.split()[1]) not in logged]
+
+
 def setup_differences(run):
-    """How this run's setup differs from the article's: the pictures and the recipe."""
+    """How this run's setup differs from the article's: the pictures and the recipe.
+
+    Another --steps also removes the article's rows of the steps this run never logs: not comparable, not "not run".
+    """
     args, data = run.args, run.loaded.get("data")
     loaded = isinstance(data, dict)
     counts = {"train": len(data["train"]) if loaded else None, "val": len(data["val"]) if loaded else None}
-    return {**data_differences(args, args.data_dir or DEFAULT_DATA_DIR, counts),
-            **flag_differences(args, ARTICLE_FLAGS)}
+    differences = {**data_differences(args, args.data_dir or DEFAULT_DATA_DIR, counts),
+                   **flag_differences(args, ARTICLE_FLAGS)}
+    if "steps" in differences:
+        differences["steps"]["removes"] = unreached_steps(load_reference("finetune"), args.steps)
+    return differences
 
 
 def parse_flags(argv):

@@ -17,6 +17,11 @@ number of kind nothing depends on none and any other number on all of them. A nu
 differ is "not comparable", with the flag, never "differs"; except an accuracy that is a sample of
 the article's ("sample": "validation pictures") when only that subset differs: it gets the 95%
 interval that the subset's size implies, and is close inside it, differs outside.
+
+A difference may also name the reference numbers this setup never produces ("removes": a 6-step
+fine-tuning run has no step 300): those are "not comparable" with its flag, not "not run", which is
+kept for what could have run and did not (a section that could not start, a run paused to be
+resumed). A difference with "moves": False (few-shot's --shots 1 5) changes no number it produces.
 """
 import json
 import math
@@ -95,11 +100,19 @@ def sampling_interval(article_percent, n, total, band=0.0):
     return 100 * low / n, 100 * high / n
 
 
-def verdict_in_setup(entry, value, differences):
+def not_comparable(differences):
+    """What a row says of the differences that make its number not comparable."""
+    return {"why": "; ".join(difference["why"] for difference in differences),
+            "flags": list(dict.fromkeys(difference["flag"] for difference in differences))}
+
+
+def verdict_in_setup(name, entry, value, differences):
     """(verdict, what to add to the row) for this run's value under this run's setup differences."""
     if value is None:
-        return "not run", {}
-    moved = {item: difference for item, difference in differences.items() if depends_on(entry, item)}
+        removed = [difference for difference in differences.values() if name in difference.get("removes", ())]
+        return ("not comparable", not_comparable(removed)) if removed else ("not run", {})
+    moved = {item: difference for item, difference in differences.items()
+             if difference.get("moves", True) and depends_on(entry, item)}
     sample = entry.get("sample")
     if moved and set(moved) == {sample} and moved[sample].get("of"):
         n, total = moved[sample]["n"], moved[sample]["of"]
@@ -109,8 +122,7 @@ def verdict_in_setup(entry, value, differences):
                                                                       else ""))
         return ("close" if low - 1e-9 <= value <= high + 1e-9 else "differs"), {"interval": [low, high], "why": why}
     if moved:
-        return "not comparable", {"why": "; ".join(difference["why"] for difference in moved.values()),
-                                  "flags": list(dict.fromkeys(difference["flag"] for difference in moved.values()))}
+        return "not comparable", not_comparable(moved.values())
     return verdict(entry, value), {}
 
 
@@ -122,7 +134,7 @@ def compare(numbers, reference, differences=None):
     rows = []
     for name, entry in reference.items():
         value = numbers[name]["value"] if name in numbers else None
-        word, extra = verdict_in_setup(entry, value, differences or {})
+        word, extra = verdict_in_setup(name, entry, value, differences or {})
         row = {"name": name, "article": entry["article"], "kind": entry["kind"], "verdict": word,
                "run": None if value is None else format_like(entry["article"], value),
                "value": value, "difference": None if value is None else value - article_value(entry["article"])}

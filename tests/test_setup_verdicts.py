@@ -61,6 +61,53 @@ def test_the_verdict_follows_the_inputs(entry, differences, expected):
     assert compare({"x": {"value": value}}, {"x": entry}, differences)[0]["verdict"] == expected
 
 
+STEPS_6 = {"flag": "--steps 6", "why": "--steps 6: the article's is 300", "removes": ["step 10 loss"]}
+SHOTS = {"flag": "--shots 1 5", "why": "w", "moves": False, "removes": ["pre-logits lambda 1 10-shot mean"]}
+
+
+@pytest.mark.parametrize("name,value,differences,expected", [
+    ("step 10 loss", None, {"steps": STEPS_6}, ("not comparable", ["--steps 6"])),
+    ("step 5 loss", None, {"steps": STEPS_6}, ("not run", None)),
+    ("step 10 loss", None, {}, ("not run", None)),
+    ("pre-logits lambda 1 10-shot mean", None, {"shots": SHOTS}, ("not comparable", ["--shots 1 5"])),
+    ("pre-logits lambda 1 1-shot mean", 97.0, {"shots": SHOTS}, ("varies", None)),
+    ("pre-logits lambda 1 1-shot mean", 97.0, {"shots": {**SHOTS, "moves": True}}, ("not comparable", ["--shots 1 5"])),
+], ids=["a step a 6-step run never logs", "a step it logs, missing (paused)", "a step missing from the article's setup",
+        "a cell --shots leaves out", "a cell it fills moves not", "a difference that moves numbers"])
+def test_a_number_the_setup_never_produces_is_not_comparable_and_one_that_could_be_is_not_run(name, value, differences,
+                                                                                                expected):
+    entry = {"article": "1.0", "kind": "chance"}
+    row = compare({} if value is None else {name: {"value": value}}, {name: entry}, differences)[0]
+    assert (row["verdict"], row.get("flags")) == expected
+
+
+def test_a_completed_6_step_run_has_no_number_not_run(tiny_in21k, pictures, tmp_path, capsys):
+    """The article logs steps 5, 10, ..., 300; a 6-step run logs steps 1 to 6 (scaled), so the 8 steps from 10 on,
+    5 numbers each, are never produced: 40 rows not comparable with --steps 6, and nothing is "not run"."""
+    path = tmp_path / "six.json"
+    argv = ["--model", str(tiny_in21k), "--data-dir", str(pictures), "--steps", "6", "--batch-size", "8",
+            "--resolution", "32", "--device", "cpu", "--compare", "--json", str(path)]
+    assert finetune.main(argv) == 0
+    rows = json.loads(path.read_text())["comparison"]
+    assert [row["name"] for row in rows if row["verdict"] == "not run"] == []
+    absent = [row for row in rows if row["value"] is None]
+    assert len(absent) == 8 * 5 and all("--steps 6" in row["flags"] for row in absent)
+    assert "0 not run (of 86 article numbers)" in capsys.readouterr().out
+
+
+def test_few_shots_table_differences_leave_out_only_the_cells_not_run():
+    args = type("Args", (), {"shots": [1, 5], "lambdas": [0.01, 1.0, 100.0]})()
+    differences = fewshot.table_differences(args, load_reference("fewshot"))
+    assert list(differences) == ["shots"] and differences["shots"]["moves"] is False
+    # 2 representations x 3 lambdas x (mean, std) of the 10-shot column
+    assert sorted(differences["shots"]["removes"]) == sorted(
+        f"{representation} lambda {lam} 10-shot {what}" for representation in ("pre-logits", "class token")
+        for lam in ("0.01", "1", "100") for what in ("mean", "std"))
+    args.shots, args.lambdas = [10, 5, 1], [1.0]
+    assert sorted(len(d["removes"]) for d in fewshot.table_differences(args, load_reference("fewshot")).values()) == [
+        2 * 2 * 3 * 2]
+
+
 # ---------------------------------------------------------------- the scripts, a stand-in as the article
 
 @pytest.fixture(scope="module")
@@ -135,7 +182,8 @@ def test_each_setup_flag_makes_what_it_moves_not_comparable(main, base_flags, va
     model = tiny_classifier if script == "posemb" else tiny_in21k
     argv = ["--model", str(model), "--data-dir", str(release), *base_flags]
     base = run_json(main, argv, tmp_path / "base.json")
-    assert base["setup differences"] == {}  # the stand-in's own release, the script's defaults
+    # the stand-in's own release, the script's defaults; few-shot's --shots 1 5 only leaves the 10-shot cells out
+    assert [item for item, d in base["setup differences"].items() if d.get("moves", True)] == []
     pseudo = as_the_article(base, script, monkeypatch)
     assert {row["verdict"] for row in compare(base["numbers"], pseudo, {})} <= {"same", "varies"}
     for k, flag in enumerate(variants):
