@@ -48,10 +48,10 @@ from common.cli import (
     seed,
 )
 from common.closed_form import closed_form, targets, with_bias
-from common.device import PRECISIONS
+from common.device import PRECISIONS, float32_arithmetic
 from common.errors import UserError
 from common.feature_cache import cached_arrays
-from common.reference import flag_differences, subset_differences
+from common.reference import flag_differences, subset_differences, verdict
 from common.run import Run, guarded, run_sections
 
 DEFAULT_MODEL = "google/vit-base-patch16-224"
@@ -63,6 +63,9 @@ ARTICLE = {"seed": 42, "batch_size": 16, "epochs": 5, "lr": 2e-5, "logging_steps
            "train pictures": 1034, "validation pictures": 133}
 ARTICLE_FLAGS = {item: (item, ARTICLE[item]) for item in ("seed", "batch_size", "epochs", "lr")}
 ARTICLE_FLAGS["precision"] = ("precision", "fp32")
+# The article ran on a CUDA GPU ("Using device: cuda") with torch's defaults: float32 with TF32 convolutions
+# (its patch embedding) on Ampere and later GPUs. So --precision fp32 means that here (common/device.py).
+ARTICLE_FP32_RULE = "torch defaults"
 # The article's table: model name, then its Parameters column in millions.
 TABLE = [("google/vit-base-patch16-224", 86), ("google/vit-base-patch32-224", 86),
          ("google/vit-large-patch16-224", 307), ("google/vit-large-patch32-384", 307)]
@@ -387,7 +390,7 @@ def article_trainer(run, model, train_ds, val_ds, processor, output_dir):
         output_dir=output_dir, per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=args.batch_size,
         num_train_epochs=args.epochs, learning_rate=args.lr, logging_steps=ARTICLE["logging_steps"],
         save_strategy="no", eval_strategy="steps", remove_unused_columns=False, seed=args.seed, report_to="none",
-        use_cpu=run.device.type == "cpu", bf16=args.precision == "bf16", tf32=args.precision == "tf32" or None)
+        use_cpu=run.device.type == "cpu", bf16=args.precision == "bf16")  # tf32 left unset: Run set float32's rule
     trainer = Trainer(model=model, args=training_args, train_dataset=train_ds, eval_dataset=val_ds,
                       processing_class=processor, data_collator=collate_fn, compute_metrics=accuracy_metrics)
     trainer.remove_callback(ProgressCallback)
@@ -533,6 +536,12 @@ def section_feature_map(run, report):
     report.line(f"grid (4, 5) for 16 patch tokens: {refused}")
 
 
+def table_verdict(table_millions, whole):
+    """The table's Parameters column against the whole classifier's count, by --compare's rule (its reference entry
+    is the column's number, kind nothing): same when the count in millions prints as the column does, else differs."""
+    return verdict({"article": str(table_millions), "kind": "nothing"}, whole / 1e6)
+
+
 def section_table(run, report):
     """2. the table of configurations"""
     report.header("2. the table of common ViT configurations, counted on torch's meta device (no download)")
@@ -543,13 +552,15 @@ def section_table(run, report):
         config = table_row_config(name)
         whole, backbone = counted_parameters(config)
         columns = " ".join(n(f"{name} {what}", getattr(config, key), f">{width}") for what, key, width in TABLE_COLUMNS)
-        rounded = round(whole / 1e6)
-        verdict = ("agrees" if rounded == table_millions else
-                   "agrees for the backbone alone" if round(backbone / 1e6) == table_millions else "disagrees")
         report.line(f"{name:<30} {columns}  {table_millions:>4}M  {n(f'{name} parameters', whole, ',')} = "
                     f"{n(f'{name} parameters (M)', whole / 1e6, '.0f')}M "
                     f"({n(f'{name} backbone parameters', backbone, ',')} = "
-                    f"{n(f'{name} backbone parameters (M)', backbone / 1e6, '.0f')}M)  {verdict}")
+                    f"{n(f'{name} backbone parameters (M)', backbone / 1e6, '.0f')}M)  "
+                    f"{table_verdict(table_millions, whole)}")
+    report.line("same / differs: the table's Parameters column read as the whole classifier its row names (with its "
+                "1000-class head), the number --compare compares. A row is the architecture its name stands for "
+                "(vit-<size>-patch<P>-<resolution>), counted, not a released checkpoint: the Hub need not hold one of "
+                "that exact name (ViT-B/32 was released as google/vit-base-patch32-224-in21k and -384)")
     report.line("the table's 86M and 307M are the ViT paper's Table 1 figures for ViT-Base and ViT-Large, given "
                 "there for every patch size and resolution; the position table (N+1 rows) and the patch embedding "
                 "(3 P^2 D) make the counts differ by patch and resolution")
@@ -633,10 +644,15 @@ def section_finetune(run, report):
                   f"evaluation every {ARTICLE['logging_steps']} steps")
     report.line(f"PyTorch version: {torch.__version__}")
     report.line(f"Using device: {run.device.type}")
+    report.line(float32_text(float32_arithmetic(run.device, args.precision, run.fp32_rule)))
     n, names = report.num, beans["names"]
     train_count, val_count = len(beans["train"]), len(beans["validation"])
     report.line(f"beans: {n('training pictures', train_count, ',')} training and {n('validation pictures', val_count)}"
-                f" validation pictures, {n('classes', len(names))} classes ({', '.join(names)}); seed {args.seed}")
+                f" validation pictures, {n('classes', len(names))} classes ({', '.join(names)})")
+    report.line(f"seed {args.seed}: random, numpy and torch, as dnnlpy.set_seed does in its releases 2026.6.11 and "
+                f"2026.7.21 (2026.8.24 and later seed torch alone; the article's release is unknown). The shuffles "
+                f"draw from numpy: if the article's numpy was not seeded, its training order, and so its after "
+                f"numbers, cannot be reproduced by anyone")
     result = run.need("finetune")
     report.line(f"new head Linear({result['model'].config.hidden_size}, {len(names)}), random; "
                 f"{n('training steps', result['steps'])} steps "
@@ -656,6 +672,18 @@ def section_finetune(run, report):
     if args.plots:
         figures.backbone_curves(report.series, Path(args.plots) / CURVES_FIGURE, report.say)
         figures.backbone_feature_maps(report.series["feature maps"], Path(args.plots) / MAPS_FIGURE, report.say)
+
+
+def float32_text(arithmetic):
+    """One line on how float32 was computed: the rule, and whether TF32 could act here."""
+    if arithmetic["rule"] == "torch defaults":
+        text = ("float32: torch's defaults, as the article ran: convolutions (the patch embedding) in TF32 on NVIDIA "
+                "GPUs since Ampere, matrix multiplies in IEEE float32")
+    elif arithmetic["rule"] == "strict":
+        text = "float32: strict, no TF32 anywhere (--precision fp32-strict; the article's run allowed TF32 convolutions)"
+    else:
+        text = "float32: TF32 in matrix multiplies and convolutions (--precision tf32)"
+    return text + ("" if arithmetic["TF32 on this device"] else "; this device has no TF32, so all of it is IEEE float32")
 
 
 def feature_grid(model):
@@ -690,8 +718,11 @@ def section_three_ways(run, report):
                 f"{n('features seconds', frozen['seconds'], '.1f')} s (--no-cache recomputes)")
     report.line(f"linear probe: DINO's linear evaluation (Caron et al. 2021): normal(0, {PROBE['std']}) weights, SGD "
                 f"momentum {PROBE['momentum']}, no weight decay, learning rate {PROBE['base_lr']} x batch "
-                f"{PROBE['batch_size']}/256, cosine to 0 over {args.probe_epochs} epochs; without its random crops "
-                f"and flips, since the features are computed once")
+                f"{PROBE['batch_size']}/256, cosine to 0 over {args.probe_epochs} epochs. Unlike DINO: no random crops "
+                f"and flips (the features are computed once); the pictures preprocessed as the checkpoint's processor "
+                f"does ({preprocessing_text(run.need('processor'))}), not Resize 256 + CenterCrop 224 with ImageNet's "
+                f"mean and std; and the accuracy is the last epoch's, where DINO reports the best over its epochs "
+                f"(chosen on the validation pictures)")
     report.line("closed form: Part 3's W = (X^T X + lambda I)^-1 X^T Y on the same features with a bias column, "
                 "targets in {-1, +1}")
     rows = [("random new head (the article's before)", result["before"]["eval_accuracy"],
@@ -710,6 +741,15 @@ def section_three_ways(run, report):
     rows.append(("full fine-tuning (the article's after)", result["after"]["eval_accuracy"],
                  result["after"]["eval_loss"], result["trained parameters"], result["seconds"]))
     print_ways(report, rows)
+
+
+def preprocessing_text(processor):
+    """The image processor's resize and normalisation in words: 'resized to 224x224, mean 0.5 and std 0.5'."""
+    size = getattr(processor, "size", None) or {}
+    side = f"{size['height']}x{size['width']}" if "height" in size else str(size.get("shortest_edge", "?"))
+    mean, std = (", ".join(f"{v:g}" for v in dict.fromkeys(values)) for values in (processor.image_mean,
+                                                                                    processor.image_std))
+    return f"resized to {side}, mean {mean} and std {std}"
 
 
 def print_ways(report, rows):
@@ -744,8 +784,10 @@ def parse_args(argv):
     parser.add_argument("--lambdas", type=nonnegative_float, nargs="+", default=[0.01, 1.0, 100.0],
                         help="ridge penalties of the closed-form probe, finite and >= 0")
     parser.add_argument("--no-cache", action="store_true", help="neither read nor write data/features/")
-    parser.add_argument("--precision", default="fp32", choices=PRECISIONS,
-                        help="fp32 gives the article's numbers; bf16 is faster on recent GPUs")
+    parser.add_argument("--precision", default="fp32", choices=PRECISIONS + ("fp32-strict",),
+                        help="fp32 is torch's defaults, as the article ran (on NVIDIA GPUs since Ampere, convolutions "
+                             "in TF32); fp32-strict allows no TF32; tf32 allows it in matrix multiplies too; bf16 is "
+                             "faster on recent GPUs")
     parser.add_argument("--plots", metavar="DIR", help="save the training curves and the feature maps as PNG "
                                                        "(needs matplotlib)")
     add_common_arguments(parser)
@@ -775,7 +817,8 @@ def main(argv=None):
     check_checkpoint_files(args.model)
     loaders = {"beans": load_beans, "processor": load_processor, "checkpoint": load_checkpoint,
                "finetune": finetune, "features": load_features}
-    return run_sections("backbone", Run(args, loaders), SECTIONS, setup_differences)
+    run = Run(args, loaders, fp32_rule=ARTICLE_FP32_RULE)
+    return run_sections("backbone", run, SECTIONS, setup_differences)
 
 
 if __name__ == "__main__":

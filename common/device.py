@@ -48,25 +48,45 @@ def pick_device(name="auto"):
 
 
 PRECISIONS = ("fp32", "tf32", "bf16")
+# What float32 means on NVIDIA GPUs of the Ampere generation and later, which can multiply float32 with
+# TF32's 10-bit mantissas: (matrix multiplies, cuDNN convolutions) in TF32 or not. "strict" is IEEE float32
+# everywhere; "torch defaults" is what a program that sets nothing gets (TF32 convolutions, such as ViT's
+# patch embedding, and IEEE matrix multiplies). Elsewhere (CPUs, Apple's mps) there is no TF32 and both
+# rules are IEEE float32.
+FP32_RULES = {"strict": (False, False), "torch defaults": (False, True)}
 
 
-def set_precision(device, precision="fp32"):
-    """The arithmetic of matrix multiplies; returns the context to run forward passes in.
+def set_precision(device, precision="fp32", fp32_rule="strict"):
+    """The arithmetic of matrix multiplies and convolutions; returns the context to run forward passes in.
 
-    fp32 gives the article's numbers. tf32 keeps float32 weights but lets Ampere and later GPUs
-    multiply with 10-bit mantissas. bf16 runs the forward pass under autocast in bfloat16.
+    fp32 follows fp32_rule, the rule of the article the script reproduces: Part 3 ran on Apple's mps,
+    which has no TF32 (strict), the backbone article on a CUDA GPU with torch's defaults. fp32-strict
+    is strict whatever the article. tf32 multiplies and convolves in TF32 on NVIDIA GPUs. bf16 runs the
+    forward pass under autocast in bfloat16.
     """
-    if precision not in PRECISIONS:
+    if precision not in PRECISIONS + ("fp32-strict",):
         raise UserError(f"--precision {precision}: choose one of {', '.join(PRECISIONS)}")
     if precision == "tf32" and device.type != "cuda":
         raise UserError(f"--precision tf32 exists on NVIDIA GPUs only, not on {device.type}: use fp32 or bf16")
     if precision == "bf16" and device.type == "mps" and not mps_has_bfloat16(device):
         raise UserError("--precision bf16: this Mac's Metal backend has no bfloat16 (it needs macOS 14 or later): "
                         "use fp32")
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    rule = "strict" if precision == "fp32-strict" else fp32_rule
+    matmul, convolutions = (True, True) if precision == "tf32" else FP32_RULES[rule]
+    # The flags whose defaults are the rule "torch defaults"; torch's newer fp32_precision API is left alone, since
+    # reading these after mixing the two raises. The Trainer's tf32=None leaves them as set here.
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, convolutions
     if precision == "bf16":
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def float32_arithmetic(device, precision, fp32_rule):
+    """What the run record says of float32: the rule, and whether TF32 was allowed and could act on this device."""
+    rule = "tf32" if precision == "tf32" else "strict" if precision == "fp32-strict" else fp32_rule
+    tf32_hardware = device is not None and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8
+    return {"rule": rule, "TF32 matrix multiplies": torch.backends.cuda.matmul.allow_tf32,
+            "TF32 cuDNN convolutions": torch.backends.cudnn.allow_tf32, "TF32 on this device": tf32_hardware}
 
 
 def mps_has_bfloat16(device):

@@ -25,12 +25,14 @@ from common.reference import compare, load_reference, print_comparison
 class Run:
     """The parsed flags, the device and its arithmetic, the processes, and the resources of one run."""
 
-    def __init__(self, args, loaders=None, device=None, rank=0, world=1):
+    def __init__(self, args, loaders=None, device=None, rank=0, world=1, fp32_rule="strict"):
+        """fp32_rule: what --precision fp32 means on GPUs with TF32 (common/device.py), the rule of the article's run."""
         from common.device import pick_device, set_precision
 
         self.args = args
         self.device = device or (pick_device(args.device) if "device" in args else None)
-        self.autocast = (set_precision(self.device, args.precision) if "precision" in args
+        self.fp32_rule = fp32_rule
+        self.autocast = (set_precision(self.device, args.precision, fp32_rule) if "precision" in args
                          else contextlib.nullcontext())
         self.rank, self.world = rank, world
         self.loaders = loaders or {}
@@ -131,12 +133,16 @@ def environment(run):
     import torch
     import transformers
 
+    from common.device import float32_arithmetic
+
     args = run.args
+    precision = getattr(args, "precision", "fp32")
     return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
             "numpy": numpy.__version__, "scipy": scipy.__version__, "pillow": PIL.__version__,
             **optional_versions("datasets", "accelerate"),
             "device": device_name(run.device), "processes": run.world,
-            "precision": getattr(args, "precision", "fp32"), "seed": getattr(args, "seed", "-"),
+            "precision": precision, "float32": float32_arithmetic(run.device, precision, run.fp32_rule),
+            "seed": getattr(args, "seed", "-"),
             "commit": git_commit(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(run.started)),
             "seconds": round(time.time() - run.started, 1)}
 

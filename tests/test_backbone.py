@@ -12,6 +12,7 @@ from PIL import Image
 
 import vit_backbone as backbone
 from common.output import Report
+from common.reference import compare, load_reference
 from common.run import Run, guarded
 
 
@@ -66,6 +67,26 @@ def test_table_rows_are_counted_as_by_hand(name, shape):
 
 def test_the_well_known_count_of_vit_base_16():
     assert vit_parameters_by_hand(16, 224, 768, 12, 3072) == (86_567_656, 85_798_656)
+
+
+TABLE_SHAPES = {"google/vit-base-patch16-224": (16, 224, 768, 12, 3072), "google/vit-base-patch32-224": (32, 224, 768, 12, 3072),
+                "google/vit-large-patch16-224": (16, 224, 1024, 24, 4096),
+                "google/vit-large-patch32-384": (32, 384, 1024, 24, 4096)}
+
+
+def test_the_tables_printed_word_and_the_comparisons_verdict_are_one_rule(capsys):
+    """Each row's word is --compare's verdict for its count, and both are the whole classifier's count by hand,
+    rounded to millions, against the article's column: 87 against 86 differs, 307 against 307 is the same."""
+    report = Report("backbone")
+    backbone.section_table(Run(argparse.Namespace(seed=42)), report)
+    printed = capsys.readouterr().out.splitlines()
+    verdicts = {row["name"]: row["verdict"] for row in compare(report.numbers, load_reference("backbone"))}
+    for name, table_millions in backbone.TABLE:
+        word = next(text for text in printed if text.strip().startswith(name + " ")).split()[-1]
+        by_hand = "same" if round(vit_parameters_by_hand(*TABLE_SHAPES[name])[0] / 1e6) == table_millions else "differs"
+        assert word == verdicts[f"{name} parameters (M)"] == by_hand, name
+    assert [verdicts[f"{name} parameters (M)"] for name, _ in backbone.TABLE] == ["differs"] * 3 + ["same"]
+    assert any("the architecture its name stands for" in text for text in printed)
 
 
 # ---------------------------------------------------------------- the probes
@@ -168,6 +189,22 @@ def test_the_run_prints_the_article_dicts_and_the_four_ways(backbone_runs):
     assert values["full fine-tuning (the article's after): accuracy (%)"] == pytest.approx(
         100 * values["after eval_accuracy"])
     assert values["linear probe: trained parameters"] == 3 * 64 + 3  # class token + mean patch token, width 32
+
+
+def test_the_run_record_says_float32_is_torch_defaults_as_the_article_ran(backbone_runs):
+    """The backbone article ran on CUDA with torch's defaults (TF32 convolutions); Part 3 on mps (strict)."""
+    arithmetic = backbone_runs["records"][0]["environment"]["float32"]
+    assert arithmetic["rule"] == "torch defaults"
+    assert (arithmetic["TF32 matrix multiplies"], arithmetic["TF32 cuDNN convolutions"]) == (False, True)
+    assert arithmetic["TF32 on this device"] is False  # --device cpu
+    printed = " ".join(backbone_runs["records"][0]["printed"])
+    assert "float32: torch's defaults, as the article ran" in printed and "seed 42: random, numpy and torch" in printed
+
+
+def test_the_probe_line_says_how_it_differs_from_dinos_protocol(backbone_runs):
+    line = next(text for text in backbone_runs["records"][0]["printed"] if "linear probe: DINO's" in text)
+    assert "Resize 256 + CenterCrop 224" in line and "the last epoch's" in line
+    assert "resized to 32x32, mean 0.5 and std 0.5" in line  # the stand-in's processor (common/standins.py)
 
 
 def test_figures_are_pngs_that_open(backbone_runs):

@@ -1,4 +1,5 @@
 """common/: device picking and precision, batches of pictures, checkpoint errors, the comparison with the article."""
+import subprocess
 import sys
 
 import numpy as np
@@ -257,6 +258,19 @@ def test_precision_flags():
         assert torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype == torch.float32
     with pytest.raises(UserError, match="--precision fp16"):
         set_precision(cpu, "fp16")
+
+
+def test_the_fp32_rule_torch_defaults_is_what_a_fresh_torch_has_and_strict_allows_no_tf32():
+    from common.device import FP32_RULES, set_precision
+
+    read = "import torch; print(torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)"
+    fresh = subprocess.run([sys.executable, "-c", read], capture_output=True, text=True, check=True)
+    assert fresh.stdout.split() == [str(flag) for flag in FP32_RULES["torch defaults"]]
+    cpu = torch.device("cpu")
+    for precision, rule, expected in (("fp32", "strict", (False, False)), ("fp32", "torch defaults", (False, True)),
+                                      ("fp32-strict", "torch defaults", (False, False)), ("bf16", "strict", (False, False))):
+        set_precision(cpu, precision, rule)
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == expected, (precision, rule)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")

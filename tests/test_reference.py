@@ -146,3 +146,10 @@ def test_no_backbone_number_that_moves_with_the_weights_is_called_same_or_close(
     for record in (first, second):
         claimed = {row["name"] for row in record["comparison"] if row["verdict"] in ("same", "close")}
         assert sorted(claimed & moved) == []
+
+
+def test_the_part_3_scripts_record_strict_float32(weight_runs):
+    """Part 3's article ran on Apple's mps, which has no TF32: its scripts' fp32 is strict (the backbone's: torch's
+    defaults, tests/test_backbone.py)."""
+    for script, records in weight_runs.items():
+        assert records[0]["environment"]["float32"]["rule"] == "strict", script
