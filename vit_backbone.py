@@ -22,6 +22,7 @@ The frozen features of section 5 are cached in data/features/, keyed by the chec
 the pictures' bytes and the precision; --no-cache neither reads nor writes the cache.
 """
 import contextlib
+import functools
 import hashlib
 import json
 import math
@@ -51,6 +52,7 @@ from common.closed_form import closed_form, targets, with_bias
 from common.device import PRECISIONS, float32_arithmetic
 from common.errors import UserError
 from common.feature_cache import cached_arrays
+from common.loader import PREFETCH, TimedLoader, loader_workers, pass_timing, timed
 from common.reference import flag_differences, subset_differences, verdict
 from common.run import Run, guarded, run_sections
 
@@ -381,8 +383,14 @@ def stderr_progress():
     return Progress()
 
 
-def article_trainer(run, model, train_ds, val_ds, processor, output_dir):
-    """The article's TrainingArguments and Trainer; nothing saved, nothing reported, progress on stderr."""
+def article_trainer(run, model, train_ds, val_ds, processor, output_dir, workers):
+    """The article's TrainingArguments and Trainer; nothing saved, nothing reported, progress on stderr.
+
+    Beyond the article: `workers` processes decode and preprocess the pictures ahead of the model
+    (the library's default, none, does it in the main process while a GPU waits); they persist over
+    the epochs and the evaluations, and their batches are pinned for the copy to a GPU. They change
+    no number: the order comes from the sampler's own seed, the pictures from the same processor.
+    """
     from transformers import ProgressCallback, Trainer, TrainingArguments
 
     args = run.args
@@ -390,12 +398,69 @@ def article_trainer(run, model, train_ds, val_ds, processor, output_dir):
         output_dir=output_dir, per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=args.batch_size,
         num_train_epochs=args.epochs, learning_rate=args.lr, logging_steps=ARTICLE["logging_steps"],
         save_strategy="no", eval_strategy="steps", remove_unused_columns=False, seed=args.seed, report_to="none",
-        use_cpu=run.device.type == "cpu", bf16=args.precision == "bf16")  # tf32 left unset: Run set float32's rule
+        use_cpu=run.device.type == "cpu", bf16=args.precision == "bf16",  # tf32 left unset: Run set float32's rule
+        dataloader_num_workers=workers, dataloader_persistent_workers=workers > 0,
+        dataloader_pin_memory=run.device.type == "cuda")
     trainer = Trainer(model=model, args=training_args, train_dataset=train_ds, eval_dataset=val_ds,
                       processing_class=processor, data_collator=collate_fn, compute_metrics=accuracy_metrics)
     trainer.remove_callback(ProgressCallback)
     trainer.add_callback(stderr_progress())
     return trainer
+
+
+def time_the_trainers_passes(trainer):
+    """{"training", "evaluations": pass timings}, filled as the Trainer runs. Its loop hides the wait for pictures,
+    so it is measured from outside: every next() of the data loaders it makes is timed, and every evaluate()."""
+    timings = {"training": pass_timing(), "evaluations": pass_timing()}
+    for method, name in (("get_train_dataloader", "training"), ("get_eval_dataloader", "evaluations")):
+        make = getattr(trainer, method)
+        setattr(trainer, method, lambda *a, make=make, name=name, **k: TimedLoader(make(*a, **k), timings[name],
+                                                                                   count=labels_in))
+    evaluate = trainer.evaluate
+
+    def timed_evaluate(*a, **k):
+        begun = time.perf_counter()
+        try:
+            return evaluate(*a, **k)
+        finally:
+            timings["evaluations"]["seconds"] += time.perf_counter() - begun
+
+    trainer.evaluate = timed_evaluate
+    return timings
+
+
+def labels_in(batch):
+    return len(batch["labels"])
+
+
+def article_transform(processor, batch):
+    """The article's transform (its `transform`), a module-level function so that spawned workers can unpickle it."""
+    inputs = processor([image.convert("RGB") for image in batch["image"]], return_tensors="pt")
+    inputs["labels"] = batch["labels"]
+    return inputs
+
+
+def as_list(items):
+    return items
+
+
+def preprocessed(dataset, workers):
+    """([every item of a dataset with a transform], the seconds it took): the transform computed once, in order.
+
+    Items are the transform's own output ({"pixel_values", "labels"}), so a Trainer fed with them sees
+    exactly what it sees through the dataset; `workers` processes share the work (the Trainer's rule).
+    """
+    from torch.utils.data import DataLoader
+
+    begun = time.perf_counter()
+    loader = DataLoader(dataset, batch_size=32, num_workers=workers, collate_fn=as_list)
+    items = [item for batch in loader for item in batch]
+    return items, time.perf_counter() - begun
+
+
+def trainer_workers(device):
+    """The Trainer's data-loader workers: the scripts' rule (common/loader.py), none on a CPU."""
+    return loader_workers(device)
 
 
 def replay_the_articles_first_draws(run):
@@ -429,24 +494,27 @@ def finetune(run):
                                 id2label=id2label, label2id={label: i for i, label in id2label.items()},
                                 ignore_mismatched_sizes=True, device_map=run.device)
 
-    def transform(batch):
-        inputs = processor([image.convert("RGB") for image in batch["image"]], return_tensors="pt")
-        inputs["labels"] = batch["labels"]
-        return inputs
-
+    transform = functools.partial(article_transform, processor)
     map_indices = one_per_class(beans["validation"]["labels"], MAP_PICTURES)
     map_pixels = pixels_of(processor, [beans["validation"][i]["image"] for i in map_indices])
+    workers = trainer_workers(run.device)
+    # The validation pictures through the article's transform once, not at each of the evaluations: an evaluation
+    # is a few batches, and a loader that starts afresh for each keeps a GPU waiting for its first batch.
+    val_items, preprocessing = preprocessed(val_ds.with_transform(transform), workers)
     with tempfile.TemporaryDirectory(prefix="vit-backbone-trainer-") as output_dir:
-        trainer = article_trainer(run, model, train_ds.with_transform(transform), val_ds.with_transform(transform),
-                                  processor, output_dir)
+        trainer = article_trainer(run, model, train_ds.with_transform(transform), val_items, processor, output_dir,
+                                  workers)
+        timings = time_the_trainers_passes(trainer)
         before = trainer.evaluate()
         tokens_before = last_hidden_states(model.vit, map_pixels, run)[:, 1:]
-        start = time.perf_counter()
+        start, evaluating = time.perf_counter(), timings["evaluations"]["seconds"]
         trainer.train()
         seconds = time.perf_counter() - start
+        timings["training"]["seconds"] = seconds - (timings["evaluations"]["seconds"] - evaluating)
         after = trainer.evaluate()
     model.eval()
     return {"before": before, "after": after, "seconds": seconds, "history": trainer.state.log_history,
+            "passes": timings, "workers": workers, "preprocessing seconds": preprocessing,
             "steps": trainer.state.max_steps, "model": model, "map pixels": map_pixels, "map indices": map_indices,
             "tokens before": tokens_before, "tokens after": last_hidden_states(model.vit, map_pixels, run)[:, 1:],
             "trained parameters": sum(p.numel() for p in model.parameters() if p.requires_grad)}
@@ -480,36 +548,52 @@ def feature_key(run, beans):
     return f"backbone-{hashlib.sha256(text.encode()).hexdigest()[:20]}.npz", text
 
 
-def compute_features(run, beans):
-    """[class token, mean of the patch tokens] of the last layer (after its LayerNorm), for both splits."""
+def stack_pixel_values(items):
+    return torch.stack([item["pixel_values"] for item in items])
+
+
+def compute_features(run, beans, timing):
+    """[class token, mean of the patch tokens] of the last layer (after its LayerNorm), for both splits.
+
+    One pass over both splits, the pictures preprocessed by the article's transform in worker processes
+    beside a GPU (the Trainer's rule); its time and wait go to timing.
+    """
+    from datasets import concatenate_datasets
+    from torch.utils.data import DataLoader
     from tqdm import tqdm
 
+    begun = time.perf_counter()
     backbone, processor = load_backbone(run), run.need("processor")
-    features = {}
-    for split in ("train", "validation"):
-        parts = []
-        for start in tqdm(range(0, len(beans[split]), 32), desc=f"frozen features, {split}", unit="batch",
-                          file=sys.stderr, leave=False):
-            tokens = last_hidden_states(backbone, pixels_of(processor, beans[split][start:start + 32]["image"]), run)
-            class_token, patch_tokens = split_tokens(tokens)
-            parts.append(torch.cat([class_token, patch_tokens.mean(1)], 1).numpy())
-        features[split] = np.concatenate(parts)
-    return features
+    both = concatenate_datasets([beans["train"], beans["validation"]]).with_transform(
+        functools.partial(article_transform, processor))
+    workers = trainer_workers(run.device)
+    loader = DataLoader(both, batch_size=32, num_workers=workers, collate_fn=stack_pixel_values,
+                        pin_memory=run.device.type == "cuda", prefetch_factor=PREFETCH if workers else None)
+    parts = []
+    for pixels in tqdm(timed(loader, timing), desc="frozen features", unit="batch", file=sys.stderr, leave=False,
+                       total=len(loader)):
+        class_token, patch_tokens = split_tokens(last_hidden_states(backbone, pixels, run))
+        parts.append(torch.cat([class_token, patch_tokens.mean(1)], 1).numpy())
+    features = np.concatenate(parts)
+    timing["seconds"] = time.perf_counter() - begun
+    return {"train": features[:len(beans["train"])], "validation": features[len(beans["train"]):]}
 
 
 def load_features(run):
     """The frozen features of both splits, from data/features/ when they match exactly, else computed and saved."""
     beans = run.need("beans")
-    start = time.perf_counter()
+    start, timing = time.perf_counter(), pass_timing()
     key = None if run.args.no_cache else feature_key(run, beans)
     if key:
         rows = {split: len(beans[split]) for split in ("train", "validation")}
-        features, source = cached_arrays(lambda: compute_features(run, beans), CACHE_DIR / key[0], key[1], rows)
+        features, source = cached_arrays(lambda: compute_features(run, beans, timing), CACHE_DIR / key[0], key[1],
+                                         rows)
     else:
-        features, source = compute_features(run, beans), "computed"
+        features, source = compute_features(run, beans, timing), "computed"
     source = "read from the cache" if source == "cache" else source
     labels = {split: np.array(beans[split]["labels"]) for split in ("train", "validation")}
-    return {"features": features, "labels": labels, "source": source, "seconds": time.perf_counter() - start}
+    return {"features": features, "labels": labels, "source": source, "seconds": time.perf_counter() - start,
+            "pass": timing if source == "computed" else None}
 
 
 # ---------------------------------------------------------------- sections
@@ -662,6 +746,16 @@ def section_finetune(run, report):
     after = print_eval(report, "after", result["after"], val_count)
     report.line(f"({before} validation pictures right before, {after} after; training, with its evaluations every "
                 f"{ARTICLE['logging_steps']} steps, took {n('training seconds', result['seconds'], ',.0f')} s)")
+    passes = result["passes"]
+    evaluations = passes["evaluations"]["pictures"] // max(1, val_count)
+    workers = (f"{result['workers']} worker processes decode and preprocess" if result["workers"] else
+               "the main process decodes and preprocesses (no workers on a CPU)")
+    report.line(f"passes over pictures: the training steps {report.pass_text('training steps', passes['training'])}; "
+                f"the {evaluations} evaluations {report.pass_text('evaluations', passes['evaluations'])}, their "
+                f"{val_count} pictures preprocessed once, before the Trainer, in "
+                f"{n('validation preprocessing seconds', result['preprocessing seconds'], '.1f')} s (the Trainer's "
+                f"loop hides its wait, so every next() of its data loaders is timed from outside; {workers} the "
+                f"pictures)")
     print_history(report, result["history"])
     # one basis for both, so that a colour means the same direction before and after
     both = pca_rgb(torch.cat([result["tokens before"], result["tokens after"]]).numpy(), feature_grid(result["model"]))
@@ -715,7 +809,8 @@ def section_three_ways(run, report):
     y_train, y_val = frozen["labels"]["train"], frozen["labels"]["validation"]
     report.line(f"frozen features: the last layer's class token beside the mean of its patch tokens, "
                 f"{n('feature width', x_train.shape[1], ',')} numbers per picture, {frozen['source']} in "
-                f"{n('features seconds', frozen['seconds'], '.1f')} s (--no-cache recomputes)")
+                f"{n('features seconds', frozen['seconds'], '.1f')} s (--no-cache recomputes)"
+                + (f" {report.pass_text('frozen features', frozen['pass'])}" if frozen["pass"] else ""))
     report.line(f"linear probe: DINO's linear evaluation (Caron et al. 2021): normal(0, {PROBE['std']}) weights, SGD "
                 f"momentum {PROBE['momentum']}, no weight decay, learning rate {PROBE['base_lr']} x batch "
                 f"{PROBE['batch_size']}/256, cosine to 0 over {args.probe_epochs} epochs. Unlike DINO: no random crops "

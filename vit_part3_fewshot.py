@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from common import figures
 from common.checkpoints import cached_weight_file, check_model_flag, load_pretrained
@@ -40,12 +41,14 @@ from common.feature_cache import cached_arrays
 from common.imagenette import DEFAULT_DIR as DEFAULT_DATA_DIR
 from common.imagenette import class_names, data_differences, ensure_imagenette, list_split
 from common.inference import run_model
+from common.loader import picture_loader, start_workers, workers_text
 from common.reference import article_values, flag_differences, load_reference
 from common.run import Run, guarded, run_sections
 
 DEFAULT_MODEL = "google/vit-base-patch16-224-in21k"
 CACHE_DIR = Path(__file__).resolve().parent / "data" / "features"
 REPRESENTATIONS = ("pre-logits", "class token")
+WHAT = {"pool": "the pool", "val": "the validation pictures"}
 FIGURE = "fewshot_accuracy.png"
 
 # The article's tiny example: pictures A1, A2 (class A) and B1, B2 (class B), two features each.
@@ -83,15 +86,18 @@ def few_shot_accuracies(x_pool, pool_labels, x_val, val_labels, shots, lam, draw
 
 # ---------------------------------------------------------------- features and their cache
 
-def extract_features(model, items, resolution, device, batch_size, desc, autocast=None):
-    """{"pre-logits", "class token"}: (n, d) float32 each, both from one forward pass per batch."""
-    def both_representations(out):
-        return (out.pooler_output.float().cpu().numpy(),             # tanh(dense(class token))
-                out.last_hidden_state[:, 0].float().cpu().numpy())   # after the final LayerNorm
+def extract_features(model, pictures, resolution, device, batch_size, desc, autocast=None, indices=None):
+    """({"pre-logits", "class token"}: (n, d) float32 each, both from one forward pass per batch; the pass's timing).
 
-    batches = run_model(model, [path for path, _ in items], resolution, device, batch_size, both_representations, desc,
-                        autocast)
-    return {name: np.concatenate(part) for name, part in zip(REPRESENTATIONS, zip(*batches))}
+    pictures: paths, or a picture_loader() shared by several passes (indices: which of its pictures).
+    """
+    def both_representations(out):
+        return (out.pooler_output.float(),             # tanh(dense(class token))
+                out.last_hidden_state[:, 0].float())   # after the final LayerNorm
+
+    batches, timing = run_model(model, pictures, resolution, device, batch_size, both_representations, desc, autocast,
+                                indices)
+    return {name: torch.cat(part).numpy() for name, part in zip(REPRESENTATIONS, zip(*batches))}, timing
 
 
 def checkpoint_identity(model_name):
@@ -176,20 +182,35 @@ def data_or_every_missing_thing(run):
 
 
 def load_features(run):
-    """The features of the pool and of the validation pictures, from the cache or one forward pass each."""
+    """The features of the pool and of the validation pictures, from the cache or one forward pass each.
+
+    The passes share one loader over both sets, made on the first cache miss, so that its worker
+    processes (beside a GPU) start once; each picture is read once, so the workers decode it.
+    """
     args, data = run.args, run.need("data")
     start = time.perf_counter()
+    sets = {"pool": data["pool"], "val": data["val"]}
+    paths = [path for items in sets.values() for path, _ in items]
+    shared, timings = {}, {}
 
-    def features_of(items, desc):
+    def features_of(desc, first):
+        items = sets[desc]
+
         def compute():
-            return extract_features(run.need("model"), items, args.resolution, run.device, args.batch_size, desc,
-                                    run.autocast)
+            if "loader" not in shared:
+                shared["loader"] = picture_loader(paths, run.device)
+                shared["started"] = workers_text(shared["loader"], start_workers(shared["loader"]))
+            features, timings[desc] = extract_features(run.need("model"), shared["loader"], args.resolution,
+                                                       run.device, args.batch_size, desc, run.autocast,
+                                                       range(first, first + len(items)))
+            return features
 
         key = cache_key(args.model, args.resolution, args.precision, items, data["root"]) if not args.no_cache else None
         return cached_features(compute, key, items, desc, not args.no_cache)
 
-    (pool, pool_source), (val, val_source) = features_of(data["pool"], "pool"), features_of(data["val"], "val")
-    return {"pool": pool, "val": val, "seconds": time.perf_counter() - start,
+    (pool, pool_source), (val, val_source) = features_of("pool", 0), features_of("val", len(data["pool"]))
+    return {"pool": pool, "val": val, "seconds": time.perf_counter() - start, "passes": timings,
+            "loader": shared.get("started"),
             "source": "read from the cache" if pool_source == val_source == "cache" else "computed",
             "pool labels": np.array([label for _, label in data["pool"]]),
             "val labels": np.array([label for _, label in data["val"]])}
@@ -230,8 +251,11 @@ def section_frozen(run, report):
                   f"{n('validation pictures', len(data['val']))} validation pictures")
     features = run.need("features")
     cache_note = "--no-cache: the cache was neither read nor written" if args.no_cache else "--no-cache recomputes"
+    passes = "".join(f"; {WHAT[desc]} {report.pass_text(f'{desc} features', timing)}"
+                     for desc, timing in features["passes"].items())
+    passes += f"; the loader: {features['loader']}" if features["loader"] else ""
     report.line(f"features {features['source']} in {n('features seconds', features['seconds'], '.1f')} s "
-                f"({shown_path(CACHE_DIR)}/; {cache_note})")
+                f"({shown_path(CACHE_DIR)}/; {cache_note}){passes}")
     report.line(f'representation "pre-logits": the tanh layer on the [class] token, '
                 f'{n("feature width", features["pool"]["pre-logits"].shape[1])} numbers;  '
                 f'"class token": the final LayerNorm output (Eq. 4)')

@@ -59,7 +59,7 @@ from common.imagenette import (
     to_pixels,
 )
 from common.inference import run_model
-from common.loader import picture_batches, picture_loader
+from common.loader import pass_timing, picture_batches, picture_loader, start_workers, timed
 from common.position_table import as_parameter_rows, bilinear_table, model_table
 from common.reference import article_values, flag_differences, load_reference
 from common.run import Run, Terminated, check_output_dir, check_output_file, guarded, run_sections
@@ -140,19 +140,28 @@ def body_gradient_norm(model):
     return math.sqrt(squares)
 
 
-def head_step(model, pixels, labels):
-    """One forward and backward pass on a batch: what the head and the body receive. Leaves .grad set."""
-    captured = []
-    hook = model.classifier.register_forward_hook(lambda module, inputs, output: captured.append(inputs[0]))
+def head_step(model, pixels, labels, passes=1):
+    """One forward and backward pass on a batch: what the head and the body receive. Leaves .grad set.
+
+    The batch goes through in `passes` micro-batches, as training's --accum-steps does, so that the
+    peak memory is a micro-batch's: each micro-batch's mean loss is weighted by its share of the batch,
+    so the losses add up to the batch's mean loss and the gradients to its gradients.
+    """
+    captured, logits, loss = [], [], 0.0
+    hook = model.classifier.register_forward_hook(lambda module, inputs, output: captured.append(inputs[0].detach()))
     model.zero_grad(set_to_none=True)
     try:
-        logits = model(pixel_values=pixels, interpolate_pos_encoding=True).logits
+        for x, y in zip(pixels.chunk(passes), labels.chunk(passes)):
+            part = model(pixel_values=x, interpolate_pos_encoding=True).logits
+            share = F.cross_entropy(part, y) * (len(y) / len(labels))
+            share.backward()
+            logits.append(part.detach())
+            loss += share.item()
     finally:
         hook.remove()
-    loss = F.cross_entropy(logits, labels)
-    loss.backward()
-    by_hand = head_gradient_by_hand(captured[0].detach(), logits.detach(), labels)
-    return {"logits": logits.detach(), "loss": loss.item(), "head by hand": by_hand,
+    logits = torch.cat(logits)
+    by_hand = head_gradient_by_hand(torch.cat(captured), logits, labels)
+    return {"logits": logits, "loss": loss, "head by hand": by_hand,
             "head autograd": model.classifier.weight.grad.detach().clone(), "body norm": body_gradient_norm(model)}
 
 
@@ -270,11 +279,20 @@ def sum_over_processes(value, run):
 
 
 def accuracy(model, loader, labels, batch_size, run, desc):
-    """Per cent right over all processes' shares of the pictures (each process holds its own share in its loader)."""
-    predicted = run_model(model, loader, run.args.resolution, run.device, batch_size,
-                          lambda out: out.logits.argmax(1).cpu(), desc, run.autocast)
+    """(per cent right over all processes' shares of the pictures, this process's pass timing).
+
+    Each process holds its own share in its loader.
+    """
+    predicted, timing = run_model(model, loader, run.args.resolution, run.device, batch_size,
+                                  lambda out: out.logits.argmax(1), desc, run.autocast)
     correct = int((torch.cat(predicted) == torch.as_tensor(labels)).sum()) if labels else 0
-    return 100 * sum_over_processes(correct, run) / sum_over_processes(len(labels), run)
+    return 100 * sum_over_processes(correct, run) / sum_over_processes(len(labels), run), timing
+
+
+def add_timing(total, timing):
+    """Add one pass's seconds, waiting seconds and pictures to a running total (common/loader.py's pass_timing)."""
+    for key, value in timing.items():
+        total[key] += value
 
 
 def process_share(step_batch, rank, share):
@@ -283,13 +301,16 @@ def process_share(step_batch, rank, share):
     return indices[rank * share:(rank + 1) * share], flips[rank * share:(rank + 1) * share]
 
 
-def decode_share(items, run):
+def decode_share(items, run, history):
     """This process's share of the pictures (every world-th), decoded once: (their loader, labels).
 
-    The loader's workers, if any, persist: every check of the run reads the same pictures.
+    The loader's workers, if any, persist: every check of the run reads the same pictures. They are
+    started here, before the first pass, and the seconds that took are kept apart from the passes.
     """
     share = items[run.rank::run.world]
-    return picture_loader(load_all([path for path, _ in share]), run.device), [label for _, label in share]
+    loader = picture_loader(load_all([path for path, _ in share]), run.device)
+    history["loader start-up seconds"] = history.get("loader start-up seconds", 0.0) + start_workers(loader)
+    return loader, [label for _, label in share]
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -301,7 +322,7 @@ def run_settings(args, world):
             "processes": world}
 
 
-CHECKPOINT_FORMAT = "vit_part3_finetune checkpoint, v2"
+CHECKPOINT_FORMAT = "vit_part3_finetune checkpoint, v3"  # v3: the history holds the passes' timings
 
 
 def state_digest(state):
@@ -499,8 +520,9 @@ def section_zero_head(run, report):
     model, n = classifier["model"], report.num
     report.header("1. step 0 with the zero head")
     pixels, labels = first_step_batch(run, data)
+    passes = run.world * run.args.accum_steps  # the micro-batch of a training step, so the peak is training's
     with run.autocast:
-        zero = head_step(model, pixels, labels)
+        zero = head_step(model, pixels, labels, passes)
     classes, first = data["classes"], zero["logits"][0]
     probabilities = torch.softmax(first.float(), 0)
     spread = (f"softmax gives {n('zero head probability', round(probabilities[0].item(), 6), 'g')} to each of the "
@@ -518,17 +540,17 @@ def section_zero_head(run, report):
     report.line(f"gradient reaching the body (all {n('body numbers (M)', body / 1e6, millions_or_count)} "
                 f"other numbers): norm {n('zero head body gradient norm', zero['body norm'], norm_text)}  "
                 f"(W_head^T (softmax - one_hot) = 0 because W_head = 0)")
-    report_random_head(run, report, model, pixels, labels)
+    report_random_head(run, report, model, pixels, labels, passes)
 
 
-def report_random_head(run, report, model, pixels, labels):
+def report_random_head(run, report, model, pixels, labels, passes):
     """For comparison: a random head's loss and the gradient it sends into the body; the zero head is restored."""
     generator = torch.Generator().manual_seed(run.args.seed)
     with torch.no_grad():
         head = model.classifier
         head.weight.copy_(torch.randn(head.weight.shape, generator=generator) * RANDOM_HEAD_STD)
     with run.autocast:
-        random_head = head_step(model, pixels, labels)
+        random_head = head_step(model, pixels, labels, passes)
     zero_head(model)
     model.zero_grad(set_to_none=True)
     logits, n = random_head["logits"][0], report.num
@@ -545,7 +567,8 @@ def report_line(report, row):
         return report.num(f"step {row['step']} {what}", row[what], spec)
 
     report.line(f"step {row['step']:3d}: lr {n('lr', '.5f')}  loss {n('loss', '.4f')}  gradient norm before clipping "
-                f"{n('norm', '7.3f')}  validation {n('accuracy', '5.1f')}%   [{n('seconds', '.0f')} s]")
+                f"{n('norm', '7.3f')}  validation {n('accuracy', '5.1f')}%   [{n('seconds', '.0f')} s, "
+                f"{n('waiting seconds', '.1f')} s waiting for pictures]")
 
 
 def section_finetune(run, report):
@@ -568,6 +591,7 @@ def section_finetune(run, report):
     last_step = min(args.pause_at or args.steps, args.steps)
     train_steps(run, report, data, training, monitor, warmup, last_step)
     if last_step < args.steps:
+        report_passes(report, training["history"], last_step)
         report.line(f"paused after step {last_step} of {args.steps}; saved {Path(args.save_dir) / CHECKPOINT}: add "
                     f"--resume to continue")
         return
@@ -581,10 +605,11 @@ def report_step_0(run, report, data, training, batch_size):
     """
     args, model, history = run.args, training["model"], training["history"]
     monitor_items = list_split(data["root"], "val", min(MONITOR_PER_CLASS, args.per_class or MONITOR_PER_CLASS))
-    monitor = (*decode_share(monitor_items, run), batch_size)
+    monitor = (*decode_share(monitor_items, run, history), batch_size)
     if training["start"] == 0:
         model.eval()
-        history["step 0"] = accuracy(model, *monitor, run, "step 0")
+        history["step 0"], timing = accuracy(model, *monitor, run, "step 0")
+        add_timing(history["passes"]["checks"], timing)
         ties = not model.classifier.weight.any() and not model.classifier.bias.any()
         history["tie note"] = "  (zero head: every class ties, the first wins)" if ties else ""
     report.line(f"step   0: validation accuracy ({report.num('monitor pictures', len(monitor_items), ',')} pictures, "
@@ -603,13 +628,15 @@ def prepare_training(run, report, model):
     if args.resume:
         start, history = restore(args.save_dir, settings, model, average, optimizer)
         report.line(f"resumed from {Path(args.save_dir) / CHECKPOINT} at step {start}")
+    # the passes over pictures so far: the training steps' batches and the checks of the validation subset
+    history.setdefault("passes", {"training": pass_timing(), "checks": pass_timing()})
     ids = [run.device.index] if run.device.type == "cuda" else None
     trained = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids) if run.world > 1 else model
     return {"model": model, "trained": trained, "average": average, "optimizer": optimizer, "settings": settings,
             "start": start, "history": history, "clock": time.perf_counter() - history["seconds"]}
 
 
-def step_batches(run, data, first, last):
+def step_batches(run, data, first, last, history):
     """This process's (indices, flips) of steps first..last, and their pixel batches, built ahead on a GPU."""
     args = run.args
     share = args.batch_size // run.world
@@ -617,7 +644,9 @@ def step_batches(run, data, first, last):
               for s in range(first, last + 1)]
     paths = [data["train"][i][0] for indices, _ in shares for i in indices]
     flips = np.concatenate([f for _, f in shares]) if shares else None
-    return shares, picture_batches(picture_loader(paths, run.device), args.resolution, share, flips)
+    loader = picture_loader(paths, run.device)
+    history["loader start-up seconds"] = history.get("loader start-up seconds", 0.0) + start_workers(loader)
+    return shares, picture_batches(loader, args.resolution, share, flips)
 
 
 def train_steps(run, report, data, training, monitor, warmup, last_step):
@@ -625,12 +654,16 @@ def train_steps(run, report, data, training, monitor, warmup, last_step):
     from tqdm import tqdm
 
     args, model, history = run.args, training["model"], training["history"]
-    shares, batches = step_batches(run, data, training["start"] + 1, last_step)
+    passes = history["passes"]
+    shares, batches = step_batches(run, data, training["start"] + 1, last_step, history)
+    batches = timed(batches, passes["training"])
     steps = tqdm(range(training["start"] + 1, last_step + 1), desc="fine-tuning", unit="step", file=sys.stderr,
                  initial=training["start"], total=args.steps)
     reports = report_steps(args.steps)
     with StopOnSignal() as stop:
-        for step, pixels, (indices, _) in zip(steps, batches, shares):
+        for step, (indices, _) in zip(steps, shares):
+            begun = time.perf_counter()
+            pixels = next(batches)  # the wait for it is timed
             training["trained"].train()
             labels = torch.tensor([data["train"][i][1] for i in indices], device=run.device)
             lr = warmup_cosine_lr(step - 1, args.lr, args.steps, warmup)
@@ -641,11 +674,14 @@ def train_steps(run, report, data, training, monitor, warmup, last_step):
             update_average(training["average"], model)
             history["losses"].append(loss)
             history["norms"].append(norm)
+            passes["training"]["seconds"] += time.perf_counter() - begun
             if step in reports:
                 model.eval()
-                row = {"step": step, "lr": lr, "loss": loss, "norm": norm,
-                       "accuracy": accuracy(model, *monitor, run, f"step {step}"),
-                       "seconds": time.perf_counter() - training["clock"]}
+                percent, timing = accuracy(model, *monitor, run, f"step {step}")
+                add_timing(passes["checks"], timing)
+                row = {"step": step, "lr": lr, "loss": loss, "norm": norm, "accuracy": percent,
+                       "seconds": time.perf_counter() - training["clock"],
+                       "waiting seconds": passes["training"]["waiting seconds"] + passes["checks"]["waiting seconds"]}
                 history["rows"].append(row)
                 report_line(report, row)
             save_or_stop(run, report, training, step, last_step, stop)
@@ -682,6 +718,18 @@ def save_or_stop(run, report, training, step, last_step, stop):
         stop.stop()
 
 
+def report_passes(report, history, steps, final=None):
+    """One line: each pass over pictures with its time and the part of it the model waited for pictures."""
+    passes = history["passes"]
+    checks = passes["checks"]
+    checked = f"the checks of the validation subset, {checks['pictures']:,} pictures in all"
+    parts = [f"training, {steps} steps {report.pass_text('training', passes['training'])}",
+             f"{checked} {report.pass_text('checks', checks)}"]
+    parts += [f"{what} {report.pass_text(what, timing)}" for what, timing in (final or {}).items()]
+    report.line("passes over pictures (this process's): " + "; ".join(parts) + f"; starting the loaders' worker "
+                f"processes took {history.get('loader start-up seconds', 0.0):.1f} s, outside the passes")
+
+
 def finish_run(run, report, data, training, warmup):
     """How often clipping acted, the losses at both ends, and both sets of weights on every validation picture."""
     args, history, n = run.args, training["history"], report.num
@@ -697,14 +745,16 @@ def finish_run(run, report, data, training, warmup):
                 f"{args.steps} {n('mean loss last', stats['mean loss last'], '.3f')}; pictures seen "
                 f"{n('pictures seen', seen, ',')} = {n('passes', seen / len(data['train']), '.2f')} "
                 f"passes over the training set")
-    loader, labels = decode_share(data["val"], run)
+    loader, labels = decode_share(data["val"], run, history)
     micro = args.batch_size // (run.world * args.accum_steps)
     model, average = training["model"].eval(), training["average"].eval()
-    last_weights = accuracy(model, loader, labels, micro, run, "last weights")
-    averaged = accuracy(average, loader, labels, micro, run, "averaged weights")
+    last_weights, last_timing = accuracy(model, loader, labels, micro, run, "last weights")
+    averaged, average_timing = accuracy(average, loader, labels, micro, run, "averaged weights")
     report.line(f"on all {len(data['val']):,} validation pictures: the weight average (factor {AVERAGE_FACTOR}) "
                 f"{n('average accuracy', averaged, '.2f')}%, the last weights "
                 f"{n('last accuracy', last_weights, '.2f')}%")
+    report_passes(report, history, args.steps, {"the last weights": last_timing,
+                                                          "the weight average": average_timing})
     report.keep("training loss", history["losses"])
     report.keep("gradient norm", history["norms"])
     report.keep("learning rate", [warmup_cosine_lr(s, args.lr, args.steps, warmup) for s in range(args.steps)])

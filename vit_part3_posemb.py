@@ -14,7 +14,6 @@ Reproduces the article's section "Fine-tuning at a higher resolution":
 Section 1 needs nothing; sections 2-4 need the checkpoint, section 4 the pictures too.
 """
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +27,7 @@ from common.errors import UserError
 from common.imagenette import DEFAULT_DIR as DEFAULT_DATA_DIR
 from common.imagenette import data_differences, ensure_imagenette, imagenet_indices, list_split, load_all
 from common.inference import run_model
-from common.loader import picture_loader
+from common.loader import picture_loader, start_workers, workers_text
 from common.position_table import (
     as_parameter_rows,
     bicubic_resize,
@@ -193,10 +192,10 @@ def section_cosine(run, report):
 
 
 def evaluate(model, images, labels, resolution, device, batch_size, imagenet_classes, desc="", autocast=None):
-    """(right of 10, right of 1000) over all pictures."""
-    logits = run_model(model, images, resolution, device, batch_size, lambda out: out.logits.float().cpu(), desc,
-                       autocast)
-    return accuracy_counts(torch.cat(logits), labels, imagenet_classes)
+    """(right of 10, right of 1000) over all pictures, and the pass's timing (common/loader.py)."""
+    logits, timing = run_model(model, images, resolution, device, batch_size, lambda out: out.logits.float(), desc,
+                               autocast)
+    return (*accuracy_counts(torch.cat(logits), labels, imagenet_classes), timing)
 
 
 def accuracy_rows(n_old, resolution):
@@ -221,19 +220,18 @@ def section_accuracy(run, report):
     n_old, n_new = grids(model.config, args.resolution)
     tables = position_tables(model_table(model), n_new)
     loader = picture_loader(images, run.device)  # its workers, if any, serve all five rows
+    report.line(f"the loader: {workers_text(loader, start_workers(loader))}; each row's wait for pictures is its own")
     try:
         for key, label, table_name in accuracy_rows(n_old, args.resolution):
             table = tables.get(table_name) if table_name else None
             embeddings.position_embeddings.data = (original if table is None else
                                                    as_parameter_rows(table, original.device))
             size = model.config.image_size if table_name is None else args.resolution
-            start = time.perf_counter()
-            of_10, of_1000 = evaluate(model, loader, labels, size, run.device, args.batch_size, imagenet_classes, key,
-                                      run.autocast)
-            seconds = time.perf_counter() - start
+            of_10, of_1000, timing = evaluate(model, loader, labels, size, run.device, args.batch_size,
+                                              imagenet_classes, key, run.autocast)
             report.line(f"{label:<46} accuracy {n(f'{key} of 10', 100 * of_10 / len(images), '.2f')}% (of 10)   "
                         f"{n(f'{key} of 1000', 100 * of_1000 / len(images), '.2f')}% (of 1000)   "
-                        f"[{n(f'{key} seconds', seconds, '.0f')} s]")
+                        f"{report.pass_text(key, timing)}")
     finally:
         embeddings.position_embeddings.data = original
     report.line(f"zeros: all {n('zeros rows', n_new * n_new + 1)} rows of E_pos set to 0, the [class] row included; "

@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
-# The GPU figures of the README in one call, on a machine without a network: stand-ins (random
-# ViT-B/16 checkpoints, generated pictures), the benchmark in fp32 and bf16, the full posemb run,
-# the few-shot features, 300 fine-tuning steps, torchrun with nccl, and fp32 vs bf16 posemb accuracy
-# on the tiny stand-ins. Logs, JSON and times.txt go to $OUT.
+# The GPU figures of the README in one call, on a machine without a network: stand-ins (random ViT-B/16
+# checkpoints, generated pictures, a beans-shaped dataset of the release's size), the benchmark in fp32
+# and bf16, each script whole (posemb, few-shot, fine-tuning in bf16, the backbone's Trainer on beans),
+# then, with PYTEST=N, the test suite with N parallel workers. Logs, JSON and times.txt go to $OUT; it
+# ends with one table: script, whole time, the model's share, the longest wait of a pass.
 #
 #     OUT=gpu-results bash benchmarks/gpu_timings.sh
-#     SMOKE=1 OUT=/tmp/smoke bash benchmarks/gpu_timings.sh    # the plumbing, with tiny models, on a CPU
+#     PYTEST=8 OUT=gpu-results bash benchmarks/gpu_timings.sh            # and the suite, 8 workers
+#     SMOKE=1 OUT=/tmp/smoke bash benchmarks/gpu_timings.sh              # the plumbing, with tiny models, on a CPU
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-results}
 WORK=${WORK:-/tmp/vit-timing}
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TQDM_DISABLE=1
 if [ "${SMOKE:-0}" = 1 ]; then
-    size=tiny; in21k=$WORK/tiny-in21k; in1k=$WORK/tiny-1k; data=$WORK/nette; per_class=12; steps=(--steps 6)
+    size=tiny; in21k=$WORK/tiny-in21k; in1k=$WORK/tiny-1k; standins=(--per-class 12 --beans-per-class 4 --beans-side 64)
+    quick=(--steps 6); small=(--batch-size 4 --probe-epochs 5); device=(--device cpu)
 else
-    size=B; in21k=$WORK/vit-b16-in21k; in1k=$WORK/vit-b16-1k; data=$WORK/nette; per_class=393; steps=()
+    size=B; in21k=$WORK/vit-b16-in21k; in1k=$WORK/vit-b16-1k; standins=(--per-class 393); quick=(); small=()
+    device=(--device cuda)
 fi
 
 timed() {  # timed NAME COMMAND...: the command's output to NAME.log, its wall time to times.txt
@@ -29,39 +34,56 @@ timed() {  # timed NAME COMMAND...: the command's output to NAME.log, its wall t
     return 0
 }
 
-{ nvidia-smi -L || true; python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"; nproc; } | tee "$OUT/machine.txt"
-timed standins python3 benchmarks/timing_standins.py "$WORK" --per-class "$per_class"
-timed bench_fp32 python3 benchmarks/throughput.py --size "$size" --json "$OUT/bench_fp32.json"
-timed posemb python3 vit_part3_posemb.py --model "$in1k" --data-dir "$data" --json "$OUT/posemb.json"
-timed finetune python3 vit_part3_finetune.py --model "$in21k" --data-dir "$data" "${steps[@]}" --json "$OUT/finetune.json"
-timed fewshot python3 vit_part3_fewshot.py --model "$in21k" --data-dir "$data" --no-cache --json "$OUT/fewshot.json"
-timed bench_bf16 python3 benchmarks/throughput.py --size "$size" --precision bf16 --json "$OUT/bench_bf16.json"
-timed finetune_bf16 python3 vit_part3_finetune.py --model "$in21k" --data-dir "$data" "${steps[@]}" --precision bf16 \
-    --json "$OUT/finetune_bf16.json"
-timed torchrun python3 -m torch.distributed.run --standalone --nproc_per_node 1 vit_part3_finetune.py \
-    --model "$WORK/tiny-in21k" --data-dir "$WORK/tiny-nette" --steps 3 --batch-size 8
-for precision in fp32 bf16; do
-    timed "tiny_$precision" python3 vit_part3_posemb.py --model "$WORK/tiny-1k" --data-dir "$WORK/tiny-nette" \
-        --precision "$precision" --json "$OUT/tiny_posemb_$precision.json"
-done
-python3 - "$OUT" <<'PY' | tee -a "$OUT/times.txt"
+{ nvidia-smi -L || true; python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+  python3 -c "import datasets, pyarrow; print('datasets', datasets.__version__, 'pyarrow', pyarrow.__version__)"; nproc; } \
+    2>&1 | tee "$OUT/machine.txt"
+timed standins python3 benchmarks/timing_standins.py "$WORK" "${standins[@]}"
+timed bench_fp32 python3 benchmarks/throughput.py --size "$size" "${device[@]}" --json "$OUT/bench_fp32.json"
+timed bench_bf16 python3 benchmarks/throughput.py --size "$size" "${device[@]}" --precision bf16 \
+    --json "$OUT/bench_bf16.json"
+timed posemb python3 vit_part3_posemb.py --model "$in1k" --data-dir "$WORK/nette" "${device[@]}" --json "$OUT/posemb.json"
+timed fewshot python3 vit_part3_fewshot.py --model "$in21k" --data-dir "$WORK/nette" "${device[@]}" --no-cache \
+    --json "$OUT/fewshot.json"
+timed finetune_bf16 python3 vit_part3_finetune.py --model "$in21k" --data-dir "$WORK/nette" "${quick[@]}" \
+    "${device[@]}" --precision bf16 --json "$OUT/finetune_bf16.json"
+timed backbone python3 vit_backbone.py --model "$in1k" --data-dir "$WORK/beans" "${small[@]}" "${device[@]}" \
+    --no-cache --json "$OUT/backbone.json"
+python3 - "$OUT" <<'PY' | tee "$OUT/table.txt"
 import json, sys
 out = sys.argv[1]
-def results(name):
+def record(name):
     try:
         return json.load(open(f"{out}/{name}.json"))
     except (OSError, ValueError):
         return None
-fp32, bf16 = (results(f"tiny_posemb_{p}")["results"] for p in ("fp32", "bf16"))
-keys = [k for k in fp32 if k.endswith(("of 10", "of 1000"))]
-print("bf16 - fp32 posemb accuracy on the tiny stand-ins, points: max |difference|",
-      max(abs(bf16[k] - fp32[k]) for k in keys), "over", len(keys), "figures")
+wall = {line.split()[0]: float(line.split()[-2]) for line in open(f"{out}/times.txt") if line.strip()}
+print(f"{'script':<14} {'whole (s)':>9} {'model share':>11}  longest wait of a pass")
+for name in ("posemb", "fewshot", "finetune_bf16", "backbone"):
+    r = record(name)
+    if r is None or not r.get("passes"):
+        print(f"{name:<14} {wall.get(name, float('nan')):9.1f}  no JSON with passes: see {name}.log")
+        continue
+    passes = r["passes"]
+    model = sum(p["seconds"] - p["waiting seconds"] for p in passes.values())
+    worst = max(passes, key=lambda k: passes[k]["waiting seconds"] / max(passes[k]["seconds"], 1e-9))
+    p = passes[worst]
+    print(f"{name:<14} {wall[name]:9.1f} {model / wall[name]:11.2f}  {worst}: {p['waiting seconds']:.2f} of "
+          f"{p['seconds']:.1f} s ({100 * p['waiting seconds'] / max(p['seconds'], 1e-9):.1f}%)")
 for name in ("bench_fp32", "bench_bf16"):
-    b = results(name)
+    b = record(name)
     if b is None:
         continue
     print(name, b["device"], {k: round(v["pictures/s"], 1) for k, v in b["model-only"].items()},
-          "end-to-end/model-only", round(b["end-to-end / model-only"], 3), "train s/step",
-          round(b["training seconds/step"], 4))
+          "end-to-end/model-only", round(b["end-to-end / model-only"], 3), "waiting share",
+          round(b["end-to-end waiting share"], 3), "start-up s", round(b["end-to-end start-up seconds"], 2),
+          "train s/step", round(b["training seconds/step"], 4))
+for name in ("posemb", "fewshot", "finetune_bf16", "backbone"):
+    r = record(name)
+    if r is not None:
+        print(name, "peak memory GB", r["environment"].get("peak memory GB"), "seconds", r["environment"]["seconds"])
 PY
-grep -h "step 300:\|step   6:\|on all\|(of 10)\|features computed" "$OUT"/*.log | head -20
+if [ -n "${PYTEST:-}" ]; then
+    start=$(date +%s)
+    timeout "${PYTEST_LIMIT:-240}" python3 -m pytest -n "$PYTEST" -p no:cacheprovider -q -rs >"$OUT/pytest.log" 2>&1
+    echo "pytest -n $PYTEST: rc $?, $(( $(date +%s) - start )) s; $(tail -1 "$OUT/pytest.log")" | tee -a "$OUT/times.txt"
+fi

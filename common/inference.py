@@ -1,30 +1,49 @@
-"""Running a model over a list of pictures: batched, under inference_mode, batches built ahead."""
+"""Running a model over a list of pictures: batched, under inference_mode, batches built ahead, the wait timed."""
 import contextlib
 import math
 import sys
+import time
 
 import torch
 from torch.utils.data import DataLoader
 
 from common.imagenette import to_pixels
-from common.loader import picture_batches, picture_loader
+from common.loader import pass_timing, picture_batches, picture_loader, timed
 
 
-def run_model(model, pictures, resolution, device, batch_size, what_to_keep, desc="", autocast=None):
-    """[what_to_keep(model output) for each batch of the pictures, in order], each on the host.
+def on_host(value):
+    """A tensor, or a tuple or list of them, copied to the host."""
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, (tuple, list)):
+        return type(value)(on_host(item) for item in value)
+    return value
+
+
+def run_model(model, pictures, resolution, device, batch_size, what_to_keep, desc="", autocast=None, indices=None):
+    """([what_to_keep(model output) for each batch of the pictures, in order, on the host], the pass's timing).
 
     pictures: a list (PIL images or paths), or a picture_loader() made once for several passes, so
-    that its workers start once. interpolate_pos_encoding=True lets the model take any resolution:
-    the library stretches the position table (bicubic) only when its row count differs from the
-    sequence, so a table that was already stretched is used as it is.
+    that its workers start once; indices: which of its pictures (default: all). The timing
+    (common/loader.py's pass_timing) holds the pass's seconds, start-up included, and the seconds the
+    model waited for pictures. What is kept stays on the device until the pass ends: a copy to the
+    host after each batch would make the host wait for the GPU, which then waits for the host to queue
+    the next batch. interpolate_pos_encoding=True lets the model take any resolution: the library
+    stretches the position table (bicubic) only when its row count differs from the sequence, so a
+    table that was already stretched is used as it is.
     """
     from tqdm import tqdm
 
+    start = time.perf_counter()
     loader = pictures if isinstance(pictures, DataLoader) else picture_loader(pictures, device)
-    batches = picture_batches(loader, resolution, batch_size)
+    count = len(loader.dataset) if indices is None else len(indices)
+    timing = pass_timing()
+    batches = timed(picture_batches(loader, resolution, batch_size, indices=indices), timing)
     outputs = []
     with torch.inference_mode(), autocast or contextlib.nullcontext():
         for pixels in tqdm(batches, desc=desc, unit="batch", file=sys.stderr, leave=False,
-                           total=math.ceil(len(loader.dataset) / batch_size)):
+                           total=math.ceil(count / batch_size)):
             outputs.append(what_to_keep(model(pixel_values=to_pixels(pixels, device), interpolate_pos_encoding=True)))
-    return outputs
+        outputs = on_host(outputs)
+    timing["seconds"] = time.perf_counter() - start
+    return outputs, timing

@@ -6,6 +6,7 @@ the model's device. Workers hand their batches back through shared memory, not a
 import os
 import signal
 import sys
+import time
 
 import numpy as np
 import torch
@@ -91,17 +92,84 @@ def picture_loader(pictures, device, workers=None):
                       generator=torch.Generator())  # each pass draws a seed from it: the global RNG stays as it was
 
 
-def picture_batches(loader, resolution, batch_size, flips=None):
-    """uint8 batches (B, R, R, 3) of the loader's pictures, in order; flips[i] True mirrors picture i left to right.
+def picture_batches(loader, resolution, batch_size, flips=None, indices=None):
+    """uint8 batches (B, R, R, 3) of the loader's pictures, in order; flips[i] True mirrors the i-th left to right.
 
+    indices: which of the loader's pictures, in this order (default: all), so that one loader, its
+    workers started once, serves passes over several sets (few-shot's pool and validation pictures).
     A DataLoader's batch sampler cannot be replaced, so this pass's batches of keys are put into
     the list it was given (picture_loader's batch_sampler).
     """
-    count = len(loader.dataset)
-    flips = np.zeros(count, dtype=bool) if flips is None else np.asarray(flips)
-    keys = [(i, resolution, bool(flip)) for i, flip in enumerate(flips)]
-    loader.batch_sampler[:] = [keys[start:start + batch_size] for start in range(0, count, batch_size)]
+    indices = range(len(loader.dataset)) if indices is None else indices
+    flips = np.zeros(len(indices), dtype=bool) if flips is None else np.asarray(flips)
+    keys = [(int(i), resolution, bool(flip)) for i, flip in zip(indices, flips)]
+    loader.batch_sampler[:] = [keys[start:start + batch_size] for start in range(0, len(keys), batch_size)]
     for batch in loader:
         if isinstance(batch, UserError):
             raise batch
         yield batch
+
+
+def start_workers(loader):
+    """Start the loader's worker processes now, before any timed pass; the seconds it took (0 without workers).
+
+    They persist, so a run pays this once; the first pass would otherwise show it as its wait for pictures.
+    """
+    begun = time.perf_counter()
+    if loader.num_workers:
+        loader.batch_sampler[:] = []
+        for _ in loader:  # no batches: this only makes the persistent iterator, which starts the workers
+            pass
+    return time.perf_counter() - begun
+
+
+def workers_text(loader, seconds):
+    """'8 worker processes started in 0.4 s' or, without workers, where the batches are built."""
+    if not loader.num_workers:
+        return "the main process builds the batches (no worker processes on a CPU)"
+    return f"{loader.num_workers} worker processes started in {seconds:.1f} s, before the passes"
+
+
+def pass_timing():
+    """A pass over pictures: its seconds, the seconds the model waited for its next batch, the pictures it got."""
+    return {"seconds": 0.0, "waiting seconds": 0.0, "pictures": 0}
+
+
+def timed(batches, timing, count=len):
+    """The batches, in order; each one's wait (the time until it arrived) and its pictures added to timing.
+
+    The wait is timm's data time: the model is idle while the loader decodes (inline) or while its
+    workers are behind. Beside a GPU the host may also wait there while the GPU still works on the last
+    batch, so on a GPU the wait is at most this.
+    """
+    iterator = iter(batches)
+    while True:
+        start = time.perf_counter()
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            return
+        finally:
+            timing["waiting seconds"] += time.perf_counter() - start
+        timing["pictures"] += count(batch)
+        yield batch
+
+
+class TimedLoader:
+    """A data loader whose every next() is timed into a pass timing; all else is the loader's own.
+
+    For loops that a library runs (transformers' Trainer), where the wait cannot be timed inside.
+    count(batch): the pictures in a batch.
+    """
+
+    def __init__(self, loader, timing, count=len):
+        self.loader, self.timing, self.count = loader, timing, count
+
+    def __iter__(self):
+        return timed(self.loader, self.timing, self.count)
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)

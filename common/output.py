@@ -39,6 +39,7 @@ class Report:
         self.line_of = {}            # name -> index in lines of the line that printed it
         self.pending = []            # names recorded for the line being built
         self.series = {}             # what a figure needs beyond the printed numbers (maps, curves)
+        self.passes = {}             # name -> a pass over pictures: its seconds, waiting seconds, pictures
 
     def print(self, text=""):
         self.lines += text.split("\n")
@@ -77,6 +78,15 @@ class Report:
             return brackets[0] + ", ".join(nested(child) for child in children) + brackets[1]
 
         return nested(())
+
+    def pass_text(self, name, timing):
+        """'[12 s, 0.2 s waiting for pictures]': a pass's time and the part of it the model waited for pictures.
+
+        Both are named numbers ("<name> seconds", "<name> waiting seconds"); --json keeps the pass whole.
+        """
+        self.passes[name] = dict(timing)
+        return (f"[{self.num(f'{name} seconds', timing['seconds'], '.0f')} s, "
+                f"{self.num(f'{name} waiting seconds', timing['waiting seconds'], '.1f')} s waiting for pictures]")
 
     def values(self):
         """{name: value} of every number printed so far."""

@@ -118,7 +118,7 @@ def run_record(run, report, rows, differences):
               "environment": environment(run), "printed": report.lines,
               "numbers": {name: {**number, "line": report.line_of.get(name)}
                           for name, number in report.numbers.items()},
-              "series": report.series,
+              "series": report.series, "passes": report.passes,
               "could_not_run": [{"section": title, "why": why} for title, why in report.could_not_run]}
     if rows is not None:
         record["comparison"] = rows
@@ -144,7 +144,20 @@ def environment(run):
             "precision": precision, "float32": float32_arithmetic(run.device, precision, run.fp32_rule),
             "seed": getattr(args, "seed", "-"),
             "commit": git_commit(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(run.started)),
-            "seconds": round(time.time() - run.started, 1)}
+            "seconds": round(time.time() - run.started, 1), "peak memory GB": peak_memory(run.device)}
+
+
+def peak_memory(device):
+    """The process's peak resident memory and, on a CUDA GPU, the most torch held allocated there, in GB."""
+    import resource
+
+    import torch
+
+    resident = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kB on Linux, bytes on macOS
+    peak = {"resident": round(resident / (1e9 if sys.platform == "darwin" else 1e6), 2)}
+    if device is not None and device.type == "cuda":
+        peak["GPU"] = round(torch.cuda.max_memory_allocated(device) / 1e9, 2)
+    return peak
 
 
 def optional_versions(*names):

@@ -127,13 +127,25 @@ A stand-in for AI-Lab-Makerere/beans in the Hub's own file layout: generated pic
 """
 
 
-def beans_folder(root, per_class=None, seed=0, side=64):
+# The released dataset's pictures of each class (angular_leaf_spot, bean_rust, healthy): 1,034 training, 133
+# validation and 128 test pictures of 500 x 500 px.
+BEANS_SIZE = {"train": (345, 348, 341), "validation": (44, 45, 44), "test": (43, 43, 42)}
+
+
+def smooth_picture(rng, side):
+    """A side x side picture of smooth random colour: it decodes like a photo, not like noise."""
+    small = rng.integers(0, 256, size=(12, 12, 3), dtype=np.uint8)
+    return Image.fromarray(small).resize((side, side), Image.BICUBIC)
+
+
+def beans_folder(root, per_class=None, seed=0, side=64, smooth=False):
     """A copy of AI-Lab-Makerere/beans's files, in its layout, with generated pictures.
 
     The Hub stores the dataset as README.md (its card: features and splits) and one parquet file per
     split, data/{train,validation,test}-00000-of-00001.parquet, with the columns image_file_path
     (string), image (JPEG bytes) and labels (ClassLabel angular_leaf_spot, bean_rust, healthy).
-    per_class: {split: pictures of each class}; the pictures are JPEGs of side x side pixels.
+    per_class: {split: pictures of each class, or a count per class (BEANS_SIZE is the release's)}; the
+    pictures are JPEGs of side x side pixels, noisy, or smooth (photo-like to decode, for timing runs).
     """
     import io
 
@@ -145,12 +157,14 @@ def beans_folder(root, per_class=None, seed=0, side=64):
     (root / "data").mkdir(parents=True, exist_ok=True)
     features = Features({"image_file_path": Value("string"), "image": Image(),
                          "labels": ClassLabel(names=list(BEANS_CLASSES))})
-    for split, count in per_class.items():
+    for split, counts in per_class.items():
+        counts = [counts] * len(BEANS_CLASSES) if isinstance(counts, int) else counts
         rows = {"image_file_path": [], "image": [], "labels": []}
-        for k, name in enumerate(BEANS_CLASSES):
+        for k, (name, count) in enumerate(zip(BEANS_CLASSES, counts)):
             for i in range(count):
                 buffer = io.BytesIO()
-                picture(rng, 70 * k, width=side, height=side).save(buffer, format="JPEG", quality=90)
+                image = smooth_picture(rng, side) if smooth else picture(rng, 70 * k, width=side, height=side)
+                image.save(buffer, format="JPEG", quality=90)
                 path = f"{split}/{name}/{name}_{split}.{i}.jpg"
                 rows["image_file_path"].append(path)
                 rows["image"].append({"bytes": buffer.getvalue(), "path": path})

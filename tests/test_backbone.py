@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import scipy.linalg
 import torch
-from conftest import BACKBONE_ARTICLE, script_output
+from conftest import BACKBONE_ARTICLE, BACKBONE_FLAGS, script_output
 from PIL import Image
 
 import vit_backbone as backbone
@@ -205,6 +205,45 @@ def test_the_probe_line_says_how_it_differs_from_dinos_protocol(backbone_runs):
     line = next(text for text in backbone_runs["records"][0]["printed"] if "linear probe: DINO's" in text)
     assert "Resize 256 + CenterCrop 224" in line and "the last epoch's" in line
     assert "resized to 32x32, mean 0.5 and std 0.5" in line  # the stand-in's processor (common/standins.py)
+
+
+def test_the_trainer_with_2_workers_gives_the_numbers_it_gives_with_none(beans_standins, monkeypatch):
+    """Worker processes beside a GPU must not move the article's numbers: the same evaluation dicts to the last
+    digit and the same training losses as the main process alone."""
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    args = backbone.parse_args(["--model", str(beans_standins["models"][0]), "--data-dir", str(beans_standins["data"]),
+                                *BACKBONE_FLAGS])
+    results = []
+    for workers in (0, 2):
+        monkeypatch.setattr(backbone, "trainer_workers", lambda device, workers=workers: workers)
+        run = Run(args, {"beans": backbone.load_beans, "processor": backbone.load_processor},
+                  fp32_rule=backbone.ARTICLE_FP32_RULE)
+        result = backbone.finetune(run)
+        assert result["workers"] == workers and result["passes"]["training"]["pictures"] == 15 * 4  # 15 steps of 4
+        results.append(result)
+    without, with_workers = ([{key: entry[key] for key in ("step", "loss", "eval_loss", "eval_accuracy") if key in entry}
+                              for entry in result["history"]] for result in results)
+    assert without == with_workers and any("loss" in entry for entry in without)
+    for when in ("before", "after"):
+        assert [results[0][when][key] for key in ("eval_loss", "eval_accuracy")] == [
+            results[1][when][key] for key in ("eval_loss", "eval_accuracy")]
+
+
+def test_the_validation_pictures_preprocessed_once_are_what_the_processor_makes(beans_standins):
+    """The evaluations read the validation pictures preprocessed once (by 2 worker processes here): each is the
+    image processor's own output for that picture, with its label, in the dataset's order."""
+    import functools
+
+    from datasets import load_dataset
+    from transformers import AutoImageProcessor
+
+    split = load_dataset(str(beans_standins["data"]))["validation"]
+    processor = AutoImageProcessor.from_pretrained(beans_standins["models"][0])
+    items, _ = backbone.preprocessed(split.with_transform(functools.partial(backbone.article_transform, processor)), 2)
+    assert len(items) == len(split) == 6
+    for item, row in zip(items, split):
+        expected = processor(row["image"].convert("RGB"), return_tensors="pt")["pixel_values"][0]
+        assert torch.equal(item["pixel_values"], expected) and item["labels"] == row["labels"]
 
 
 def test_figures_are_pngs_that_open(backbone_runs):

@@ -48,8 +48,9 @@ def test_tiny_model_figures(tmp_path):
     assert model.config._attn_implementation == "eager"
     assert throughput.model_only(model, 224, 2, CPU, torch.autocast("cpu", enabled=False), repeats=1) > 0
     paths = smooth_pictures(tmp_path, 5)
-    ours, alone, ratio = throughput.end_to_end(model, paths, 224, 2, CPU, torch.autocast("cpu", enabled=False), 2)
-    assert ours > 0 and alone > 0 and ratio > 0
+    loop = throughput.end_to_end(model, paths, 224, 2, CPU, torch.autocast("cpu", enabled=False), 2)
+    assert loop["pictures/s"] > 0 and loop["model-only pictures/s"] > 0 and loop["ratio"] > 0
+    assert loop["start-up seconds"] > 0 and 0 <= loop["waiting share"] <= 1 and loop["workers"] == 0  # a CPU
     speed, peak, what = throughput.training_step(model, 224, 2, CPU, torch.autocast("cpu", enabled=False), repeats=1)
     assert speed > 0 and peak > 0 and what
     assert not model.training

@@ -71,7 +71,8 @@ def test_draws_are_reproducible_with_shots_per_class():
 def test_pre_logits_is_tanh_of_dense_of_the_class_token(tiny_in21k, pictures):
     model = fewshot.load_frozen_model(str(tiny_in21k), torch.device("cpu"))
     items = list_split(pictures, "val", per_class=1)
-    features = fewshot.extract_features(model, items, 224, torch.device("cpu"), 4, "test")
+    features, timing = fewshot.extract_features(model, [path for path, _ in items], 224, torch.device("cpu"), 4, "test")
+    assert timing["pictures"] == len(items) and 0 <= timing["waiting seconds"] <= timing["seconds"]
     dense = model.pooler.dense
     with torch.no_grad():
         expected = torch.tanh(dense(torch.from_numpy(features["class token"]))).numpy()
@@ -88,7 +89,7 @@ def test_features_are_cached_and_invalidated(tiny_in21k, pictures, tmp_path, mon
 
     def features(items, precision="fp32"):
         def compute():
-            return fewshot.extract_features(loader(), items, 224, torch.device("cpu"), 8, "val")
+            return fewshot.extract_features(loader(), [path for path, _ in items], 224, torch.device("cpu"), 8, "val")[0]
 
         key = fewshot.cache_key(str(tiny_in21k), 224, precision, items, pictures)
         return fewshot.cached_features(compute, key, items, "val")

@@ -88,6 +88,22 @@ def test_zero_head_gives_ln_10_and_no_gradient_to_the_body(tiny_in21k):
     assert torch.allclose(step["head by hand"], step["head autograd"], atol=1e-6)
 
 
+def test_the_zero_head_step_in_micro_batches_is_the_batchs_step(tiny_in21k):
+    """--accum-steps 4 in section 1: four passes of 2 pictures give the batch's loss and gradients (so the peak
+    memory is a micro-batch's and the printed numbers the article's arithmetic)."""
+    model, _ = finetune.load_classifier(str(tiny_in21k), 10, 224)
+    with torch.no_grad():
+        model.classifier.weight.normal_(0, 0.02, generator=torch.Generator().manual_seed(1))  # a head that learns
+    pixels = torch.randn(8, 3, 224, 224, generator=torch.Generator().manual_seed(0))
+    labels = torch.tensor([0, 3, 5, 9, 1, 1, 2, 7])
+    whole, parts = (finetune.head_step(model, pixels, labels, passes) for passes in (1, 4))
+    assert parts["loss"] == pytest.approx(whole["loss"], abs=1e-6)
+    assert torch.allclose(parts["logits"], whole["logits"], atol=1e-5)
+    assert torch.allclose(parts["head autograd"], whole["head autograd"], atol=1e-6)
+    assert torch.allclose(parts["head by hand"], parts["head autograd"], atol=1e-6)
+    assert parts["body norm"] == pytest.approx(whole["body norm"], rel=1e-5) and whole["body norm"] > 0
+
+
 def test_resolution_384_stretches_the_table_with_the_official_rule(tiny_in21k):
     model, _ = finetune.load_classifier(str(tiny_in21k), 10, 384)
     assert model.vit.embeddings.position_embeddings.shape == (1, 577, 32)
@@ -220,8 +236,11 @@ def test_script_end_to_end_on_stand_ins(tiny_in21k, pictures, tmp_path):
     for text in article_block("== 1. step 0 with the zero head")[1:]:
         expected = numbers_as_hash(text).replace("#M other", "# other")  # a tiny body is counted in full
         assert expected in printed, expected
-    step_line = numbers_as_hash(article_block("== 2. fine-tuning")[2])
+    # the article's step line, with the part of the time the run waited for pictures beside its seconds
+    step_line = numbers_as_hash(article_block("== 2. fine-tuning")[2]).replace(" s]", " s, # s waiting for pictures]")
     assert sum(text == step_line for text in printed) == 6
+    passes = next(text for text in printed if text.startswith("  passes over pictures"))
+    assert passes.count("s waiting for pictures]") == 4  # training, the checks, the last weights, the average
     for text in article_block("== 2. fine-tuning")[-2:] + article_block("== 0. data")[2:]:
         assert numbers_as_hash(text) in printed, text
     assert "(of 86 article numbers)" in run.stdout

@@ -153,3 +153,20 @@ def test_the_part_3_scripts_record_strict_float32(weight_runs):
     defaults, tests/test_backbone.py)."""
     for script, records in weight_runs.items():
         assert records[0]["environment"]["float32"]["rule"] == "strict", script
+
+
+def test_every_pass_over_pictures_carries_its_wait_in_its_line_and_the_json(weight_runs, backbone_runs):
+    """Each pass: its seconds, the part of them the model waited for pictures, its pictures, on its printed line
+    (the number named "<pass> waiting seconds") and in --json's passes."""
+    records = {**{script: runs[0] for script, runs in weight_runs.items()}, "backbone": backbone_runs["records"][0]}
+    for script, record in records.items():
+        assert record["passes"], script
+        for name, timing in record["passes"].items():
+            assert 0 <= timing["waiting seconds"] <= timing["seconds"] and timing["pictures"] > 0, (script, name)
+            waited = record["numbers"][f"{name} waiting seconds"]
+            assert waited["value"] == timing["waiting seconds"]
+            assert "s waiting for pictures]" in record["printed"][waited["line"]]
+    flags, finetune = records["finetune"]["flags"], records["finetune"]["passes"]
+    assert finetune["training"]["pictures"] == flags["steps"] * flags["batch_size"]
+    validation = records["posemb"]["numbers"]["validation pictures"]["value"]
+    assert [timing["pictures"] for timing in records["posemb"]["passes"].values()] == [validation] * 5
