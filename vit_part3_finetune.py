@@ -309,8 +309,15 @@ def decode_share(items, run, history):
     """
     share = items[run.rank::run.world]
     loader = picture_loader(load_all([path for path, _ in share]), run.device)
-    history["loader start-up seconds"] = history.get("loader start-up seconds", 0.0) + start_workers(loader)
+    count_start_up(history, loader)
     return loader, [label for _, label in share]
+
+
+def count_start_up(history, loader):
+    """Start the loader's worker processes (if any) and add the seconds it took to the history's, outside the passes."""
+    seconds = start_workers(loader)
+    if loader.num_workers:
+        history["loader start-up seconds"] = history.get("loader start-up seconds", 0.0) + seconds
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -645,7 +652,7 @@ def step_batches(run, data, first, last, history):
     paths = [data["train"][i][0] for indices, _ in shares for i in indices]
     flips = np.concatenate([f for _, f in shares]) if shares else None
     loader = picture_loader(paths, run.device)
-    history["loader start-up seconds"] = history.get("loader start-up seconds", 0.0) + start_workers(loader)
+    count_start_up(history, loader)
     return shares, picture_batches(loader, args.resolution, share, flips)
 
 
@@ -726,8 +733,10 @@ def report_passes(report, history, steps, final=None):
     parts = [f"training, {steps} steps {report.pass_text('training', passes['training'])}",
              f"{checked} {report.pass_text('checks', checks)}"]
     parts += [f"{what} {report.pass_text(what, timing)}" for what, timing in (final or {}).items()]
-    report.line("passes over pictures (this process's): " + "; ".join(parts) + f"; starting the loaders' worker "
-                f"processes took {history.get('loader start-up seconds', 0.0):.1f} s, outside the passes")
+    if "loader start-up seconds" in history:
+        parts.append(f"starting the loaders' worker processes took {history['loader start-up seconds']:.1f} s, "
+                     f"outside the passes")
+    report.line("passes over pictures (this process's): " + "; ".join(parts))
 
 
 def finish_run(run, report, data, training, warmup):
