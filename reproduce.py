@@ -84,11 +84,11 @@ QUICK_FLAGS = {"setup": [], "posemb": ["--per-class", "20"], "fewshot": ["--per-
 
 # What the estimate starts from: the README's times of each script on a 2-core CPU (a test holds
 # them equal to its tables) and that CPU's matrix-multiply speed, measured as probe_gflops does.
-# The quick checks were timed on this project's 2-core AMD EPYC, where the probe read 50 to 104
-# GFLOP/s in twelve runs, with other sessions' work beside it (its ViT-B/16 forward pass, 3.3
-# pictures/s of 17.6 GFLOP, is 58 GFLOP/s); the full runs were extrapolated for the 2-core Xeon of
-# "How long will it take", whose roofline is 264 to 334 GFLOP/s (benchmarks/throughput.py, the same
-# 2048 x 2048 products).
+# The quick checks were timed on this project's 2-core AMD EPYC while its ViT-B/16 forward pass ran
+# 3.3 pictures/s of 17.6 GFLOP, 58 GFLOP/s, which at the 0.74 to 0.86 of the roofline that the
+# benchmark measures is about 80 GFLOP/s (the probe reads 50 to 205 there, as other sessions' work
+# beside it comes and goes); the full runs were extrapolated for the 2-core Xeon of "How long will it
+# take", whose roofline is 264 to 334 GFLOP/s (benchmarks/throughput.py, the same 2048 x 2048 products).
 MINUTE, HOUR = 60, 3600
 REFERENCE = {
     "quick": {"machine": "the Quick check table's 2-core CPU", "gflops": 80,
@@ -451,7 +451,7 @@ def disk_lines(need):
     parts = []
     for entry in by_disk.values():
         free_mb = entry["free"] / 1e6
-        where = " and ".join(entry["folders"])
+        where = ", ".join(entry["folders"][:-1]) + " and " * (len(entry["folders"]) > 1) + entry["folders"][-1]
         if entry["mb"] > free_mb:
             raise UserError(f"not enough room on the disk of {where}: the job needs about {mb_text(entry['mb'])} "
                             f"there and {mb_text(free_mb)} is free; free space, or set HF_HOME (the caches) or OUT "
@@ -462,19 +462,18 @@ def disk_lines(need):
 
 # ---------------------------------------------------------------- the estimate
 
-def probe_gflops(device_name, precision):
-    """GFLOP/s of a 2048 x 2048 matrix product on the device (8192 on a GPU, as the benchmark's roofline), the best
-    of three after a warm-up; bf16 when the scripts will compute in it."""
+def probe_gflops(device_name):
+    """GFLOP/s of a 2048 x 2048 float32 matrix product on the device (8192 on a GPU), the better of two after a
+    warm-up: the benchmark's roofline, whose figures the reference machines have. float32 as the README's times
+    are; what bf16 gains on whole scripts the first finished one tells (a CPU without bf16 units would crawl here)."""
     import torch
 
     device = torch.device(device_name)
     n = 2048 if device.type == "cpu" else 8192
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
+    a = torch.randn(n, n, device=device)
+    b = torch.randn(n, n, device=device)
     best = float("inf")
-    for attempt in range(4):
+    for attempt in range(3):
         start = time.perf_counter()
         torch.mm(a, b)
         if device.type == "cuda":
@@ -486,19 +485,19 @@ def probe_gflops(device_name, precision):
     return 2 * n**3 / best / 1e9
 
 
-PROBE = "import sys, reproduce; print(reproduce.probe_gflops(sys.argv[1], sys.argv[2]))"
+PROBE = "import sys, reproduce; print(reproduce.probe_gflops(sys.argv[1]))"
 
 
-def measure_speed(device, precision):
+def measure_speed(device):
     """This machine's GFLOP/s on the scripts' device, or None. A GPU is measured in a process of its own, so that
     this job holds no GPU memory while the scripts run."""
     if device.type == "cpu":
-        return probe_gflops("cpu", precision)
-    done = subprocess.run([sys.executable, "-c", PROBE, str(device), precision], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, check=False)
+        return probe_gflops("cpu")
     try:
+        done = subprocess.run([sys.executable, "-c", PROBE, str(device)], cwd=ROOT, capture_output=True, text=True,
+                              timeout=300, check=False)
         return float(done.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
+    except (subprocess.TimeoutExpired, ValueError, IndexError):
         return None
 
 
@@ -519,9 +518,9 @@ def estimate_seconds(scripts, reference, gflops, finished):
     return correction * sum(predicted(script) for script in scripts)
 
 
-def how_estimated(reference, gflops, device, precision):
-    speed = (f"this machine's matrix-multiply speed, {gflops:,.0f} GFLOP/s measured now on {device} in "
-             f"{'bf16' if precision == 'bf16' else 'fp32'}" if gflops else "no speed measured on this machine")
+def how_estimated(reference, gflops, device):
+    speed = (f"this machine's matrix-multiply speed, {gflops:,.0f} GFLOP/s measured now on {device}" if gflops
+             else "no speed measured on this machine")
     return (f"an estimate: the README's times on {reference['machine']} ({reference['gflops']} GFLOP/s), scaled by "
             f"{speed}, then by each finished script's time against its estimate")
 
@@ -657,7 +656,7 @@ def plan(args, out, manifest):
         say("to download, once (the scripts keep them in the caches): "
             + ", ".join(f"{piece} ({PIECES[piece][0]} MB)" for piece in downloads)
             + f"; {mb_text(sum(PIECES[piece][0] for piece in downloads))} in all")
-    elif runnable:
+    elif runnable and not cannot:
         say("to download: nothing, the checkpoints and datasets the job needs are here")
     for script, lacking in cannot.items():
         hosts = " and ".join(sorted({PIECES[piece][2] for piece in lacking}))
@@ -712,9 +711,9 @@ def main(argv=None):
 
         device = pick_device(args.device or "auto")
         set_precision(device, args.precision or "fp32")  # tf32 off an NVIDIA GPU is refused now, not in a script
-        gflops = measure_speed(device, args.precision or "fp32")
+        gflops = measure_speed(device)
         say(f"time: about {duration(estimate_seconds(runnable, reference, gflops, {}))} for {len(runnable)} "
-            f"script(s), {how_estimated(reference, gflops, device, args.precision)}")
+            f"script(s), {how_estimated(reference, gflops, device)}")
 
     times, finished = {}, {}
     with StopRequests() as stop:
