@@ -32,6 +32,7 @@ number differs from the article's); 2 for a bad flag or path (one line, before a
 143 after Ctrl-C and SIGTERM.
 """
 import ast
+import functools
 import hashlib
 import json
 import os
@@ -251,24 +252,31 @@ def checkpoint_key(command, out):
     return key
 
 
+@functools.cache
+def common_imports(path):
+    """The files of the common/ modules that one file imports, anywhere in it (lazy imports too). Parsed once."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module == "common":  # from common import figures
+            names = [f"common.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module or ""]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            continue
+        found += [ROOT / f"{name.replace('.', '/')}.py" for name in names if name.startswith("common.")]
+    return tuple(found)
+
+
 def code_files(script):
     """The script and every module of common/ it imports, directly or through another one."""
     found, todo = set(), [ROOT / script_file(script)]
     while todo:
         path = todo.pop()
-        if path in found or not path.is_file():
-            continue
-        found.add(path)
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.ImportFrom) and node.module == "common":  # from common import figures
-                names = [f"common.{alias.name}" for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                names = [node.module or ""]
-            elif isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            else:
-                continue
-            todo += [ROOT / f"{name.replace('.', '/')}.py" for name in names if name.startswith("common.")]
+        if path not in found and path.is_file():
+            found.add(path)
+            todo += common_imports(path)
     return sorted(found)
 
 
