@@ -16,6 +16,13 @@ os.environ["HF_HOME"] = _cache
 os.environ["HF_HUB_CACHE"] = os.path.join(_cache, "hub")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+try:  # the datasets library's log handler keeps the sys.stderr of its first import: here, the session's. First
+    # imported in a test with capsys, it would keep that test's stream, closed after it, and a later test's log line
+    # would print "--- Logging error ---" and a traceback (an order of tests that xdist made).
+    import datasets  # noqa: F401
+except ImportError:  # vit_backbone.py's tests need it; the others run without
+    pass
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 ARTICLE = ROOT.parent / "shared" / "article" / "vit-explained-part3.txt"
