@@ -57,6 +57,16 @@ def tiny_in21k(tmp_path_factory):
     return vit_in21k(tmp_path_factory.mktemp("vit21k"))
 
 
+def expected_batch(paths, resolution, flips):
+    """The inline path, picture by picture: the processor's arithmetic (preprocess), mirrored where told."""
+    import numpy as np
+
+    from common.imagenette import load_rgb, preprocess
+
+    expected = [preprocess(load_rgb(path), resolution) for path in paths]
+    return np.stack([np.flip(a, axis=2) if flip else a for a, flip in zip(expected, flips)])  # axis 2: left-right
+
+
 def script_output(main, argv, capsys):
     """(exit status, stdout, stderr) of a script's main(argv) run in this process; argparse exits count too."""
     try:
@@ -91,8 +101,10 @@ def weight_runs(standins, tmp_path_factory):
 
     out = tmp_path_factory.mktemp("runs")
     data = str(standins["data"])
-    flags = {"posemb": (vit_part3_posemb.main, "classifier", ["--batch-size", "16"]),
-             "fewshot": (vit_part3_fewshot.main, "in21k", ["--no-cache"]),
+    # On the CPU wherever the tests run: the two stand-ins' numbers are told apart by their values, and CUDA's
+    # runs in this process would fork the loader's workers after CUDA started (the GPU layer, test_gpu.py, runs them).
+    flags = {"posemb": (vit_part3_posemb.main, "classifier", ["--batch-size", "16", "--device", "cpu"]),
+             "fewshot": (vit_part3_fewshot.main, "in21k", ["--no-cache", "--device", "cpu"]),
              "finetune": (vit_part3_finetune.main, "in21k", ["--resolution", "32", "--device", "cpu"])}
     records = {}
     for script, (main, kind, extra) in flags.items():
