@@ -2,6 +2,12 @@
 
 HF_HUB_OFFLINE and the cache paths are read when huggingface_hub is imported, so they are set here,
 before any test module imports it.
+
+Under pytest-xdist (`pytest -n N`), each of the N workers runs torch on its share of the cores, so
+that workers x threads do not exceed them: torch.set_num_threads here, OMP_NUM_THREADS and
+MKL_NUM_THREADS for the scripts the tests start as subprocesses. The tests that share an expensive
+session fixture (the stand-in runs) are grouped onto one worker (--dist loadgroup), so that it is
+built once, not once per worker.
 """
 import os
 import sys
@@ -22,6 +28,46 @@ try:  # the datasets library's log handler keeps the sys.stderr of its first imp
     import datasets  # noqa: F401
 except ImportError:  # vit_backbone.py's tests need it; the others run without
     pass
+
+
+def usable_cores():
+    """The cores this process may run on (a container's or taskset's share), not all the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS has no sched_getaffinity
+        return os.cpu_count() or 1
+
+
+def threads_per_worker(cores, workers):
+    """torch threads for each of `workers` parallel test processes: workers x threads <= cores, at least 1."""
+    return max(1, cores // max(1, workers))
+
+
+XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))  # set in each worker by pytest-xdist
+if XDIST_WORKERS:
+    THREADS = threads_per_worker(usable_cores(), XDIST_WORKERS)
+    _given = os.environ.get("OMP_NUM_THREADS", "")
+    if _given.isdigit() and int(_given) > 0:  # a lower limit set by the person running the tests is kept
+        THREADS = min(THREADS, int(_given))
+    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # read by torch in the subprocesses the tests start
+        os.environ[variable] = str(THREADS)
+    import torch
+
+    torch.set_num_threads(THREADS)
+
+# Fixtures that run the scripts on stand-ins, once per process: the tests that use one share an xdist worker.
+SHARED_RUNS = {"standins": "standins", "weight_runs": "standins", "beans_standins": "standins",
+               "backbone_runs": "standins", "four_runs": "standins"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group markers
+def pytest_collection_modifyitems(config, items):
+    """Group the tests of the shared stand-in runs."""
+    for item in items:
+        groups = {SHARED_RUNS[name] for name in getattr(item, "fixturenames", ()) if name in SHARED_RUNS}
+        for group in groups:
+            item.add_marker(pytest.mark.xdist_group(group))
+
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
