@@ -7,7 +7,7 @@ Under pytest-xdist (`pytest -n N`), each of the N workers runs torch on its shar
 that workers x threads do not exceed them: torch.set_num_threads here, OMP_NUM_THREADS and
 MKL_NUM_THREADS for the scripts the tests start as subprocesses. The tests that share an expensive
 session fixture (the stand-in runs) are grouped onto one worker (--dist loadgroup), so that it is
-built once, not once per worker.
+built once, not once per worker. Tests marked `gpu` run only where torch sees a CUDA GPU.
 """
 import os
 import sys
@@ -57,16 +57,25 @@ if XDIST_WORKERS:
 
 # Fixtures that run the scripts on stand-ins, once per process: the tests that use one share an xdist worker.
 SHARED_RUNS = {"standins": "standins", "weight_runs": "standins", "beans_standins": "standins",
-               "backbone_runs": "standins", "four_runs": "standins"}
+               "backbone_runs": "standins", "four_runs": "standins", "script_runs": "gpu-runs"}
+
+
+def cuda_available():
+    import torch
+
+    return torch.cuda.is_available()
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group markers
 def pytest_collection_modifyitems(config, items):
-    """Group the tests of the shared stand-in runs."""
+    """Group the tests of the shared stand-in runs; the GPU layer runs where CUDA is, and is skipped elsewhere."""
+    no_gpu = pytest.mark.skip(reason="the GPU layer needs a CUDA GPU: torch.cuda.is_available() is False here")
     for item in items:
         groups = {SHARED_RUNS[name] for name in getattr(item, "fixturenames", ()) if name in SHARED_RUNS}
         for group in groups:
             item.add_marker(pytest.mark.xdist_group(group))
+        if item.get_closest_marker("gpu") and not cuda_available():
+            item.add_marker(no_gpu)
 
 
 ROOT = Path(__file__).resolve().parent.parent
