@@ -1,8 +1,9 @@
 """The GPU layer: each script on the stand-ins with --device cuda, in fp32 and bf16, beside the same run on the CPU.
 
-It runs only where torch sees a CUDA GPU (marker `gpu`; conftest.py skips it elsewhere and says why). Each
-script runs as a user runs it, a process of its own (tests/batch_counter.py counts the batches the loader
-hands over), three times at once: --device cpu, --device cuda, --device cuda --precision bf16. Then:
+It runs only where torch sees a CUDA GPU (marker `gpu`; conftest.py skips it elsewhere and says why; the test
+of layout() itself runs everywhere). Each script runs as a user runs it, a process of its own
+(tests/batch_counter.py counts the batches the loader hands over), three times at once: --device cpu,
+--device cuda, --device cuda --precision bf16. Then:
   - no traceback, exit status 0, the JSON names the GPU;
   - the printed layout is the CPU run's (each line with its numbers and the device's name masked);
   - the loader handed over every batch: the sizes of each pass, counted from the pictures on disk;
@@ -28,7 +29,7 @@ import pytest
 import torch
 from conftest import ROOT, expected_batch
 
-pytestmark = pytest.mark.gpu
+GPU = pytest.mark.gpu  # every test here but the one of layout() itself
 
 CUDA = torch.device("cuda")
 RUNS = (("cpu", "fp32"), ("cuda", "fp32"), ("cuda", "bf16"))  # the CPU run is the reference of the other two
@@ -131,6 +132,7 @@ BOTH = pytest.mark.parametrize("precision", ON_CUDA)
 EACH_SCRIPT = pytest.mark.parametrize("script", list(SCRIPTS))
 
 
+@GPU
 @EACH_SCRIPT
 @BOTH
 def test_each_script_runs_on_cuda_without_a_traceback(script_runs, script, precision):
@@ -160,6 +162,7 @@ def test_the_layout_masks_numbers_the_device_and_a_predicted_class_only():
     assert layout(cpu) != layout(cuda.replace("loss", "accuracy"))
 
 
+@GPU
 @EACH_SCRIPT
 @BOTH
 def test_the_printed_layout_is_the_cpu_runs(script_runs, script, precision):
@@ -193,6 +196,7 @@ def expected_passes(script, places):
     return [[12], sizes(val, 12), [12] * 4] + [sizes(val, 12)] * 4 + [sizes(val, 12)] * 2
 
 
+@GPU
 @EACH_SCRIPT
 @BOTH
 def test_the_loader_hands_over_every_batch(script_runs, places, script, precision):
@@ -214,6 +218,7 @@ def verdicts_of_nothing(record):
     return {row["name"]: row["verdict"] for row in record["comparison"] if row["kind"] == "nothing"}
 
 
+@GPU
 @EACH_SCRIPT
 @BOTH
 def test_numbers_that_depend_on_nothing_are_still_same(script_runs, script, precision):
@@ -228,6 +233,7 @@ def test_numbers_that_depend_on_nothing_are_still_same(script_runs, script, prec
         assert {name for name in on_the_gpu if found[name] == "same"} == on_the_gpu
 
 
+@GPU
 def test_posemb_stretches_the_table_on_cuda_as_the_library_does(script_runs):
     """The script's bicubic stretch (on the host) against the library's interpolate_pos_encoding (on the GPU): the
     article printed 0.0e+00, and the CPU run does; a round-off here would read "differs" on the released weights."""
@@ -238,6 +244,7 @@ def test_posemb_stretches_the_table_on_cuda_as_the_library_does(script_runs):
 
 # ---------------------------------------------------------------- the loader
 
+@GPU
 @pytest.mark.parametrize("decoded", [False, True], ids=["paths", "decoded"])  # decoded in the workers, or before
 def test_the_loaders_batches_on_cuda_are_pinned_and_equal_the_cpus(pictures, decoded):
     from common.imagenette import list_split, load_all, to_pixels
@@ -309,6 +316,7 @@ def under_deterministic_algorithms(tmp, data, model, precision):
     return f"under torch.use_deterministic_algorithms(True) they {'agree' if agree else 'differ too'}"
 
 
+@GPU
 @BOTH
 def test_a_resumed_run_on_cuda_ends_bit_for_bit_like_an_uninterrupted_one(pictures, tiny_in21k, tmp_path, precision):
     """As tests/test_finetune.py's on the CPU: paused after step 3 and resumed, it ends with the weights, the average
@@ -329,6 +337,7 @@ def test_a_resumed_run_on_cuda_ends_bit_for_bit_like_an_uninterrupted_one(pictur
 
 # ---------------------------------------------------------------- the benchmark, and the device itself
 
+@GPU
 @BOTH
 def test_the_benchmarks_tiny_run_on_cuda(tmp_path, precision):
     from test_benchmark import assert_loader_lines
@@ -352,6 +361,7 @@ def test_the_benchmarks_tiny_run_on_cuda(tmp_path, precision):
     assert_loader_lines(lines[-5:-1], figures)
 
 
+@GPU
 def test_auto_and_cuda_pick_the_gpu():
     from common.device import pick_device
 
