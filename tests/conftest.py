@@ -2,6 +2,12 @@
 
 HF_HUB_OFFLINE and the cache paths are read when huggingface_hub is imported, so they are set here,
 before any test module imports it.
+
+Under pytest-xdist (`pytest -n N`), each of the N workers runs torch on its share of the cores, so
+that workers x threads do not exceed them: torch.set_num_threads here, OMP_NUM_THREADS and
+MKL_NUM_THREADS for the scripts the tests start as subprocesses. The tests that share an expensive
+session fixture (the stand-in runs) are grouped onto one worker (--dist loadgroup), so that it is
+built once, not once per worker. Tests marked `gpu` run only where torch sees a CUDA GPU.
 """
 import os
 import sys
@@ -15,6 +21,62 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_HOME"] = _cache
 os.environ["HF_HUB_CACHE"] = os.path.join(_cache, "hub")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+try:  # the datasets library's log handler keeps the sys.stderr of its first import: here, the session's. First
+    # imported in a test with capsys, it would keep that test's stream, closed after it, and a later test's log line
+    # would print "--- Logging error ---" and a traceback (an order of tests that xdist made).
+    import datasets  # noqa: F401
+except ImportError:  # vit_backbone.py's tests need it; the others run without
+    pass
+
+
+def usable_cores():
+    """The cores this process may run on (a container's or taskset's share), not all the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS has no sched_getaffinity
+        return os.cpu_count() or 1
+
+
+def threads_per_worker(cores, workers):
+    """torch threads for each of `workers` parallel test processes: workers x threads <= cores, at least 1."""
+    return max(1, cores // max(1, workers))
+
+
+XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))  # set in each worker by pytest-xdist
+if XDIST_WORKERS:
+    THREADS = threads_per_worker(usable_cores(), XDIST_WORKERS)
+    _given = os.environ.get("OMP_NUM_THREADS", "")
+    if _given.isdigit() and int(_given) > 0:  # a lower limit set by the person running the tests is kept
+        THREADS = min(THREADS, int(_given))
+    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # read by torch in the subprocesses the tests start
+        os.environ[variable] = str(THREADS)
+    import torch
+
+    torch.set_num_threads(THREADS)
+
+# Fixtures that run the scripts on stand-ins, once per process: the tests that use one share an xdist worker.
+SHARED_RUNS = {"standins": "standins", "weight_runs": "standins", "beans_standins": "standins",
+               "backbone_runs": "standins", "four_runs": "standins", "script_runs": "gpu-runs"}
+
+
+def cuda_available():
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group markers
+def pytest_collection_modifyitems(config, items):
+    """Group the tests of the shared stand-in runs; the GPU layer runs where CUDA is, and is skipped elsewhere."""
+    no_gpu = pytest.mark.skip(reason="the GPU layer needs a CUDA GPU: torch.cuda.is_available() is False here")
+    for item in items:
+        groups = {SHARED_RUNS[name] for name in getattr(item, "fixturenames", ()) if name in SHARED_RUNS}
+        for group in groups:
+            item.add_marker(pytest.mark.xdist_group(group))
+        if item.get_closest_marker("gpu") and not cuda_available():
+            item.add_marker(no_gpu)
+
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -48,6 +110,16 @@ def tiny_in21k(tmp_path_factory):
     from common.standins import vit_in21k
 
     return vit_in21k(tmp_path_factory.mktemp("vit21k"))
+
+
+def expected_batch(paths, resolution, flips):
+    """The inline path, picture by picture: the processor's arithmetic (preprocess), mirrored where told."""
+    import numpy as np
+
+    from common.imagenette import load_rgb, preprocess
+
+    expected = [preprocess(load_rgb(path), resolution) for path in paths]
+    return np.stack([np.flip(a, axis=2) if flip else a for a, flip in zip(expected, flips)])  # axis 2: left-right
 
 
 def script_output(main, argv, capsys):
@@ -84,8 +156,10 @@ def weight_runs(standins, tmp_path_factory):
 
     out = tmp_path_factory.mktemp("runs")
     data = str(standins["data"])
-    flags = {"posemb": (vit_part3_posemb.main, "classifier", ["--batch-size", "16"]),
-             "fewshot": (vit_part3_fewshot.main, "in21k", ["--no-cache"]),
+    # On the CPU wherever the tests run: the two stand-ins' numbers are told apart by their values, and CUDA's
+    # runs in this process would fork the loader's workers after CUDA started (the GPU layer, test_gpu.py, runs them).
+    flags = {"posemb": (vit_part3_posemb.main, "classifier", ["--batch-size", "16", "--device", "cpu"]),
+             "fewshot": (vit_part3_fewshot.main, "in21k", ["--no-cache", "--device", "cpu"]),
              "finetune": (vit_part3_finetune.main, "in21k", ["--resolution", "32", "--device", "cpu"])}
     records = {}
     for script, (main, kind, extra) in flags.items():

@@ -58,15 +58,17 @@ def test_tiny_model_figures(tmp_path):
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_whole_run_on_a_tiny_vit(tmp_path, precision):
+    """On the CPU wherever the tests run (test_gpu.py makes the same run on CUDA)."""
     out = tmp_path / "figures.json"
     run = subprocess.run([sys.executable, "benchmarks/throughput.py", "--size", "tiny", "--batch-size", "4",
                           "--repeats", "1", "--pictures", "8", "--loader-pictures", "12", "--workers", "2",
-                          "--precision", precision, "--json", str(out)],
+                          "--device", "cpu", "--precision", precision, "--json", str(out)],
                          cwd=ROOT, capture_output=True, text=True, check=False, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     figures = json.loads(out.read_text())
     assert set(figures["model-only"]) == {"224 sdpa", "224 eager", "384 sdpa", "384 eager"}
     assert figures["faster attention"] in ("sdpa", "eager") and figures["precision"] == precision
+    assert figures["device"].startswith("CPU: ")
     lines = run.stdout.strip().splitlines()
     assert lines[-1].startswith("end-to-end / model-only at 224: ")
     assert float(lines[-1].rsplit(" ", 1)[1]) == pytest.approx(figures["end-to-end / model-only"], abs=0.005)

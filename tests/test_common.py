@@ -1,10 +1,12 @@
 """common/: device picking and precision, batches of pictures, checkpoint errors, the comparison with the article."""
+import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 import torch
+from conftest import ROOT, expected_batch
 
 from common.checkpoints import load_pretrained
 from common.device import pick_device
@@ -19,10 +21,18 @@ def test_auto_device_is_one_that_exists():
     assert pick_device("cpu") == torch.device("cpu")
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is there")
+def without_a_gpu(command):
+    """command run in a process of its own in which CUDA sees no GPU (CUDA_VISIBLE_DEVICES empty): a machine
+    without one, on any machine, GPU or not; torch.cuda.is_available() is really False there, not patched."""
+    return subprocess.run(command, cwd=ROOT, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, capture_output=True,
+                          text=True, check=False, timeout=120)
+
+
 def test_missing_gpu_is_a_one_line_error():
-    with pytest.raises(UserError, match="--device cuda"):
-        pick_device("cuda")
+    code = "import torch\nfrom common.device import pick_device\nprint(torch.cuda.is_available())\npick_device('cuda')"
+    run = without_a_gpu([sys.executable, "-c", code])
+    assert run.stdout == "False\n" and run.returncode == 1, run.stderr[-2000:]
+    assert run.stderr.strip().splitlines()[-1].startswith("common.errors.UserError: --device cuda: ")
 
 
 def test_unknown_device_is_a_one_line_error():
@@ -135,20 +145,10 @@ def argparse_namespace(**flags):
     return argparse.Namespace(compare=False, json=None, **flags)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is there")
-def test_script_with_a_missing_device_exits_2(capsys):
-    import vit_part3_fewshot
-
-    assert guarded(lambda: vit_part3_fewshot.main(["--device", "cuda"])) == 2
-    assert capsys.readouterr().err.startswith("error: --device cuda")
-
-
-def expected_batch(paths, resolution, flips):
-    """The inline path, picture by picture: the processor's arithmetic (preprocess), mirrored where told."""
-    from common.imagenette import load_rgb, preprocess
-
-    expected = [preprocess(load_rgb(path), resolution) for path in paths]
-    return np.stack([np.flip(a, axis=2) if flip else a for a, flip in zip(expected, flips)])  # axis 2: left-right
+def test_script_with_a_missing_device_exits_2():
+    run = without_a_gpu([sys.executable, "vit_part3_fewshot.py", "--device", "cuda"])
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr.startswith("error: --device cuda: ") and run.stderr.count("\n") == 1, run.stderr
 
 
 @pytest.mark.parametrize("decoded", [False, True])  # paths decoded in the workers; pictures decoded once beforehand

@@ -81,8 +81,9 @@ def test_accuracy_of_10_and_of_1000_by_hand():
 # ---------------------------------------------------------------- the script
 
 def test_script_end_to_end_on_stand_ins(tiny_classifier, pictures, tmp_path):
+    """On the CPU: "max |difference| 0.0e+00" is the CPU's arithmetic (test_gpu.py runs the script on CUDA)."""
     run = subprocess.run([sys.executable, "vit_part3_posemb.py", "--model", str(tiny_classifier), "--data-dir",
-                          str(pictures), "--per-class", "2", "--batch-size", "8", "--compare",
+                          str(pictures), "--per-class", "2", "--batch-size", "8", "--device", "cpu", "--compare",
                           "--json", str(tmp_path / "r.json")], cwd=ROOT, capture_output=True, text=True, check=False,
                          timeout=300)
     assert run.returncode == 0, run.stderr

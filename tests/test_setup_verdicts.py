@@ -3,7 +3,8 @@ with the flag; an accuracy on a subset of the article's pictures is judged by th
 subset's size implies.
 
 On stand-ins, a full run of a stand-in is taken as if it were the article (its printed numbers in a
-temporary reference, its data folder as the release), so that "same" and "close" can be earned.
+temporary reference, its data folder as the release), so that "same" and "close" can be earned. Every run
+is on the CPU, with a GPU or without: the "article" and the runs judged against it share one arithmetic.
 """
 import json
 import math
@@ -168,8 +169,8 @@ TINY_RECIPE = {"steps": ("steps", 4), "batch": ("batch_size", 8), "lr": ("lr", 0
 
 
 @pytest.mark.parametrize("main,base_flags,variants", [
-    (posemb.main, ["--batch-size", "30"], [["--per-class", "3"], ["--resolution", "288"]]),
-    (fewshot.main, ["--shots", "1", "5", "--no-cache"],
+    (posemb.main, ["--batch-size", "30", "--device", "cpu"], [["--per-class", "3"], ["--resolution", "288"]]),
+    (fewshot.main, ["--shots", "1", "5", "--no-cache", "--device", "cpu"],
      [["--per-class", "3"], ["--pool", "5"], ["--draws", "2"], ["--shots", "1", "2"], ["--lambdas", "0.01", "100"],
       ["--resolution", "256"]]),
     (finetune.main, ["--steps", "4", "--batch-size", "8", "--device", "cpu", "--resolution", "32"],
@@ -225,11 +226,12 @@ def test_subset_accuracies_are_close_for_the_same_weights_and_differ_for_others(
                                                                               monkeypatch):
     good = fitted_classifier(tmp_path / "fitted", release, seed=0)
     other = vit_classifier(tmp_path / "random", seed=1)
-    full = run_json(posemb.main, ["--model", str(good), "--data-dir", str(release)], tmp_path / "full.json")
+    full = run_json(posemb.main, ["--model", str(good), "--data-dir", str(release), "--device", "cpu"],
+                    tmp_path / "full.json")
     pseudo = as_the_article(full, "posemb", monkeypatch)
     accuracies = [name for name, entry in pseudo.items() if entry.get("sample")]
     assert len(accuracies) == 10 and full["numbers"]["224 of 10"]["value"] > 80
-    subset = ["--data-dir", str(release), "--per-class", "3"]
+    subset = ["--data-dir", str(release), "--per-class", "3", "--device", "cpu"]
     same_weights = run_json(posemb.main, ["--model", str(good), *subset], tmp_path / "same.json")
     rows = {row["name"]: row for row in compare(same_weights["numbers"], pseudo, same_weights["setup differences"])}
     assert all(rows[name]["verdict"] == "close" and "interval" in rows[name] for name in accuracies), \
@@ -242,7 +244,7 @@ def test_subset_accuracies_are_close_for_the_same_weights_and_differ_for_others(
 
 def test_the_comparison_names_the_setup_at_the_top(release, tiny_classifier, as_the_release, capsys):
     assert posemb.main(["--model", str(tiny_classifier), "--data-dir", str(release), "--per-class", "2",
-                        "--compare"]) == 0
+                        "--device", "cpu", "--compare"]) == 0
     comparison = capsys.readouterr().out.split("== comparison with the article ==")[1].splitlines()
     assert comparison[1].startswith("  setup: this run differs from the article's")
     assert comparison[2].strip() == "--per-class 2: 20 of 60 validation pictures (the first 2 of each class)"

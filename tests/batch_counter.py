@@ -1,0 +1,44 @@
+"""python tests/batch_counter.py SIZES.json SCRIPT [FLAGS...]: SCRIPT run as `python SCRIPT FLAGS` runs it, and
+the size of every batch that common.loader.picture_batches() hands over written to SIZES.json when it exits.
+
+SIZES.json holds one list per pass (a call of picture_batches), in the order of the calls: [[16, 16, 8], ...].
+Only the main process counts: the loader's worker processes build the batches, the main process receives them.
+"""
+import atexit
+import json
+import runpy
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root, for common/
+
+from common import loader
+
+PASSES = []
+
+
+def counted_batches(*args, **kwargs):
+    """picture_batches(), with the size of each batch it yields appended to this pass's list."""
+    sizes = []
+    PASSES.append(sizes)
+    batches = loader.real_picture_batches(*args, **kwargs)
+
+    def each():
+        for batch in batches:
+            sizes.append(len(batch))
+            yield batch
+
+    return each()
+
+
+def main():
+    sizes_file, script, *flags = sys.argv[1:]
+    loader.real_picture_batches = loader.picture_batches
+    loader.picture_batches = counted_batches  # before the script imports it by name
+    atexit.register(lambda: Path(sizes_file).write_text(json.dumps(PASSES)))
+    sys.argv = [script, *flags]
+    runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()
