@@ -748,8 +748,7 @@ def section_finetune(run, report):
                 f"{ARTICLE['logging_steps']} steps, took {n('training seconds', result['seconds'], ',.0f')} s)")
     passes = result["passes"]
     evaluations = passes["evaluations"]["pictures"] // max(1, val_count)
-    workers = (f"{result['workers']} worker processes decode and preprocess" if result["workers"] else
-               "the main process decodes and preprocesses (no workers on a CPU)")
+    workers = f"{result['workers']} worker processes (none on a CPU: the main process) decode and preprocess"
     report.line(f"passes over pictures: the training steps {report.pass_text('training steps', passes['training'])}; "
                 f"the {evaluations} evaluations {report.pass_text('evaluations', passes['evaluations'])}, their "
                 f"{val_count} pictures preprocessed once, before the Trainer, in "
@@ -777,7 +776,7 @@ def float32_text(arithmetic):
         text = "float32: strict, no TF32 anywhere (--precision fp32-strict; the article's run allowed TF32 convolutions)"
     else:
         text = "float32: TF32 in matrix multiplies and convolutions (--precision tf32)"
-    return text + ("" if arithmetic["TF32 on this device"] else "; this device has no TF32, so all of it is IEEE float32")
+    return text + f"; TF32 on this device: {'yes' if arithmetic['TF32 on this device'] else 'no (all IEEE float32)'}"
 
 
 def feature_grid(model):

@@ -315,9 +315,8 @@ def decode_share(items, run, history):
 
 def count_start_up(history, loader):
     """Start the loader's worker processes (if any) and add the seconds it took to the history's, outside the passes."""
-    seconds = start_workers(loader)
-    if loader.num_workers:
-        history["loader start-up seconds"] = history.get("loader start-up seconds", 0.0) + seconds
+    history["loader start-up seconds"] = history.get("loader start-up seconds", 0.0) + start_workers(loader)
+    history["loader workers"] = loader.num_workers
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -733,9 +732,8 @@ def report_passes(report, history, steps, final=None):
     parts = [f"training, {steps} steps {report.pass_text('training', passes['training'])}",
              f"{checked} {report.pass_text('checks', checks)}"]
     parts += [f"{what} {report.pass_text(what, timing)}" for what, timing in (final or {}).items()]
-    if "loader start-up seconds" in history:
-        parts.append(f"starting the loaders' worker processes took {history['loader start-up seconds']:.1f} s, "
-                     f"outside the passes")
+    parts.append(f"the loaders' {history['loader workers']} worker processes each (none on a CPU, whose cores the "
+                 f"model uses) started in {history['loader start-up seconds']:.1f} s, outside the passes")
     report.line("passes over pictures (this process's): " + "; ".join(parts))
 
 

@@ -124,10 +124,9 @@ def start_workers(loader):
 
 
 def workers_text(loader, seconds):
-    """'8 worker processes started in 0.4 s' or, without workers, where the batches are built."""
-    if not loader.num_workers:
-        return "the main process builds the batches (no worker processes on a CPU)"
-    return f"{loader.num_workers} worker processes started in {seconds:.1f} s, before the passes"
+    """'8 worker processes (...) started in 0.4 s, before the passes': the same words on every device."""
+    return (f"{loader.num_workers} worker processes (none on a CPU, whose cores the model uses), started in "
+            f"{seconds:.1f} s, before the passes")
 
 
 def pass_timing():

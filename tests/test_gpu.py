@@ -150,14 +150,18 @@ def layout(stdout):
     first validation picture, "-> class tench") as CLASS and runs of spaces as one: what no round-off can change."""
     lines = stdout.split("\n== comparison with the article ==")[0].replace(torch.__version__, "TORCH").splitlines()
     masked = (re.sub(r"-> class .+$", "-> class CLASS", re.sub(r"\b(cpu|cuda)\b", "DEVICE", line)) for line in lines)
+    masked = (re.sub(r"TF32 on this device: (yes|no \(all IEEE float32\))", "TF32 on this device: ANSWER", line)
+              for line in masked)  # the backbone's float32 line: whether the device has TF32 at all
     return [" ".join(NUMBER.sub("#", line).split()) for line in masked]
 
 
 def test_the_layout_masks_numbers_the_device_and_a_predicted_class_only():
     cpu = ("== 0. data: 40 pictures; device cpu ==\n  step   5: lr 0.00040  loss 2.30e-01\n  scores -0.12 -> class tench\n"
-           "== comparison with the article ==")
-    cuda = "== 0. data: 40 pictures; device cuda ==\n  step  10: lr 0.00090  loss 1.5e+00\n  scores +0.2 -> class gas pump"
-    expected = ["== # data: # pictures; device DEVICE ==", "step #: lr # loss #", "scores # -> class CLASS"]
+           "  float32: rule; TF32 on this device: no (all IEEE float32)\n== comparison with the article ==")
+    cuda = ("== 0. data: 40 pictures; device cuda ==\n  step  10: lr 0.00090  loss 1.5e+00\n  scores +0.2 -> class gas pump\n"
+            "  float32: rule; TF32 on this device: yes")
+    expected = ["== # data: # pictures; device DEVICE ==", "step #: lr # loss #", "scores # -> class CLASS",
+                "float#: rule; TF# on this device: ANSWER"]  # digits inside words are masked too, alike
     assert layout(cpu) == layout(cuda) == expected
     assert layout(cpu) != layout(cuda.replace("loss", "accuracy"))
 
