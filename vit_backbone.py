@@ -408,14 +408,33 @@ def article_trainer(run, model, train_ds, val_ds, processor, output_dir, workers
     return trainer
 
 
-def time_the_trainers_passes(trainer):
-    """{"training", "evaluations": pass timings}, filled as the Trainer runs. Its loop hides the wait for pictures,
-    so it is measured from outside: every next() of the data loaders it makes is timed, and every evaluate()."""
-    timings = {"training": pass_timing(), "evaluations": pass_timing()}
-    for method, name in (("get_train_dataloader", "training"), ("get_eval_dataloader", "evaluations")):
-        make = getattr(trainer, method)
-        setattr(trainer, method, lambda *a, make=make, name=name, **k: TimedLoader(make(*a, **k), timings[name],
-                                                                                   count=labels_in))
+def time_the_trainers_passes(trainer, device):
+    """({"training", "evaluations": pass timings}, filled as the Trainer runs; [the data loaders it made]).
+
+    Its loop hides the wait for pictures, so it is measured from outside: every next() of the data
+    loaders it makes is timed (common/loader.py's timed: on a CUDA GPU the GPU's own idle time), and
+    every evaluate(). Its evaluation loaders get no worker processes: their pictures are preprocessed
+    already (finetune()), and an evaluation is a few batches, which workers started afresh for each
+    pass would keep the GPU waiting for; so only the training loader has them.
+    """
+    timings, made = {"training": pass_timing(), "evaluations": pass_timing()}, []
+    make_train, make_eval = trainer.get_train_dataloader, trainer.get_eval_dataloader
+
+    def train_loader(*a, **k):
+        made.append(make_train(*a, **k))
+        return TimedLoader(made[-1], timings["training"], count=labels_in, device=device)
+
+    def eval_loader(*a, **k):
+        args = trainer.args
+        kept = args.dataloader_num_workers, args.dataloader_persistent_workers
+        args.dataloader_num_workers, args.dataloader_persistent_workers = 0, False
+        try:
+            made.append(make_eval(*a, **k))
+        finally:
+            args.dataloader_num_workers, args.dataloader_persistent_workers = kept
+        return TimedLoader(made[-1], timings["evaluations"], count=labels_in, device=device)
+
+    trainer.get_train_dataloader, trainer.get_eval_dataloader = train_loader, eval_loader
     evaluate = trainer.evaluate
 
     def timed_evaluate(*a, **k):
@@ -426,7 +445,16 @@ def time_the_trainers_passes(trainer):
             timings["evaluations"]["seconds"] += time.perf_counter() - begun
 
     trainer.evaluate = timed_evaluate
-    return timings
+    return timings, made
+
+
+def end_workers(loaders):
+    """End the worker processes of persistent data loaders now. At the interpreter's exit torch would wait up to
+    5 s for each (seen on a GPU machine: 87 s after the last line); dropping the persistent iterator, which a
+    DataLoader keeps in its _iterator, shuts them down at once."""
+    for loader in loaders:
+        if getattr(loader, "_iterator", None) is not None:
+            loader._iterator = None
 
 
 def labels_in(batch):
@@ -504,7 +532,7 @@ def finetune(run):
     with tempfile.TemporaryDirectory(prefix="vit-backbone-trainer-") as output_dir:
         trainer = article_trainer(run, model, train_ds.with_transform(transform), val_items, processor, output_dir,
                                   workers)
-        timings = time_the_trainers_passes(trainer)
+        timings, loaders = time_the_trainers_passes(trainer, run.device)
         before = trainer.evaluate()
         tokens_before = last_hidden_states(model.vit, map_pixels, run)[:, 1:]
         start, evaluating = time.perf_counter(), timings["evaluations"]["seconds"]
@@ -512,6 +540,7 @@ def finetune(run):
         seconds = time.perf_counter() - start
         timings["training"]["seconds"] = seconds - (timings["evaluations"]["seconds"] - evaluating)
         after = trainer.evaluate()
+        end_workers(loaders)
     model.eval()
     return {"before": before, "after": after, "seconds": seconds, "history": trainer.state.log_history,
             "passes": timings, "workers": workers, "preprocessing seconds": preprocessing,
@@ -570,8 +599,8 @@ def compute_features(run, beans, timing):
     loader = DataLoader(both, batch_size=32, num_workers=workers, collate_fn=stack_pixel_values,
                         pin_memory=run.device.type == "cuda", prefetch_factor=PREFETCH if workers else None)
     parts = []
-    for pixels in tqdm(timed(loader, timing), desc="frozen features", unit="batch", file=sys.stderr, leave=False,
-                       total=len(loader)):
+    for pixels in tqdm(timed(loader, timing, device=run.device), desc="frozen features", unit="batch", file=sys.stderr,
+                       leave=False, total=len(loader)):
         class_token, patch_tokens = split_tokens(last_hidden_states(backbone, pixels, run))
         parts.append(torch.cat([class_token, patch_tokens.mean(1)], 1).numpy())
     features = np.concatenate(parts)
@@ -748,13 +777,14 @@ def section_finetune(run, report):
                 f"{ARTICLE['logging_steps']} steps, took {n('training seconds', result['seconds'], ',.0f')} s)")
     passes = result["passes"]
     evaluations = passes["evaluations"]["pictures"] // max(1, val_count)
-    workers = f"{result['workers']} worker processes (none on a CPU: the main process) decode and preprocess"
-    report.line(f"passes over pictures: the training steps {report.pass_text('training steps', passes['training'])}; "
-                f"the {evaluations} evaluations {report.pass_text('evaluations', passes['evaluations'])}, their "
-                f"{val_count} pictures preprocessed once, before the Trainer, in "
-                f"{n('validation preprocessing seconds', result['preprocessing seconds'], '.1f')} s (the Trainer's "
-                f"loop hides its wait, so every next() of its data loaders is timed from outside; {workers} the "
-                f"pictures)")
+    report.line(f"passes over pictures: the training steps {report.pass_text('training steps', passes['training'])}, "
+                f"their pictures decoded and preprocessed by {result['workers']} worker processes (none on a CPU: the "
+                f"main process); the {evaluations} evaluations "
+                f"{report.pass_text('evaluations', passes['evaluations'])}, their {val_count} pictures preprocessed "
+                f"once, before the Trainer, in "
+                f"{n('validation preprocessing seconds', result['preprocessing seconds'], '.1f')} s. The Trainer's loop "
+                f"hides its wait, so every next() of its data loaders is timed from outside (on a CUDA GPU, the GPU's "
+                f"idle time, with CUDA events)")
     print_history(report, result["history"])
     # one basis for both, so that a colour means the same direction before and after
     both = pca_rgb(torch.cat([result["tokens before"], result["tokens after"]]).numpy(), feature_grid(result["model"]))

@@ -662,7 +662,7 @@ def train_steps(run, report, data, training, monitor, warmup, last_step):
     args, model, history = run.args, training["model"], training["history"]
     passes = history["passes"]
     shares, batches = step_batches(run, data, training["start"] + 1, last_step, history)
-    batches = timed(batches, passes["training"])
+    batches = timed(batches, passes["training"])  # each step ends in loss.item(): the host's wait is the device's
     steps = tqdm(range(training["start"] + 1, last_step + 1), desc="fine-tuning", unit="step", file=sys.stderr,
                  initial=training["start"], total=args.steps)
     reports = report_steps(args.steps)

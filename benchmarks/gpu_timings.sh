@@ -8,6 +8,7 @@
 #     OUT=gpu-results bash benchmarks/gpu_timings.sh
 #     PYTEST=8 OUT=gpu-results bash benchmarks/gpu_timings.sh            # and the suite, 8 workers
 #     SMOKE=1 OUT=/tmp/smoke bash benchmarks/gpu_timings.sh              # the plumbing, with tiny models, on a CPU
+#     ONLY="standins backbone" PER_CLASS=100 bash benchmarks/gpu_timings.sh   # some steps, fewer pictures
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-results}
@@ -19,7 +20,7 @@ if [ "${SMOKE:-0}" = 1 ]; then
     size=tiny; in21k=$WORK/tiny-in21k; in1k=$WORK/tiny-1k; standins=(--per-class 12 --beans-per-class 4 --beans-side 64)
     quick=(--steps 6); small=(--batch-size 4 --probe-epochs 5); device=(--device cpu)
 else
-    size=B; in21k=$WORK/vit-b16-in21k; in1k=$WORK/vit-b16-1k; standins=(--per-class 393); quick=(); small=()
+    size=B; in21k=$WORK/vit-b16-in21k; in1k=$WORK/vit-b16-1k; standins=(--per-class "${PER_CLASS:-393}"); quick=(); small=()
     device=(--device cuda)
 fi
 

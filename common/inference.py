@@ -38,7 +38,7 @@ def run_model(model, pictures, resolution, device, batch_size, what_to_keep, des
     loader = pictures if isinstance(pictures, DataLoader) else picture_loader(pictures, device)
     count = len(loader.dataset) if indices is None else len(indices)
     timing = pass_timing()
-    batches = timed(picture_batches(loader, resolution, batch_size, indices=indices), timing)
+    batches = timed(picture_batches(loader, resolution, batch_size, indices=indices), timing, device=device)
     outputs = []
     with torch.inference_mode(), autocast or contextlib.nullcontext():
         for pixels in tqdm(batches, desc=desc, unit="batch", file=sys.stderr, leave=False,

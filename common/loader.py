@@ -134,24 +134,46 @@ def pass_timing():
     return {"seconds": 0.0, "waiting seconds": 0.0, "pictures": 0}
 
 
-def timed(batches, timing, count=len):
-    """The batches, in order; each one's wait (the time until it arrived) and its pictures added to timing.
+def timed(batches, timing, count=len, device=None):
+    """The batches, in order; each one's wait for pictures and its pictures added to timing.
 
-    The wait is timm's data time: the model is idle while the loader decodes (inline) or while its
-    workers are behind. Beside a GPU the host may also wait there while the GPU still works on the last
-    batch, so on a GPU the wait is at most this.
+    On a CPU (and Apple's mps) the wait is timm's data time, the host's time in next(): the model
+    computes on the host, so it idles while the loader decodes or its workers are behind. On a CUDA GPU
+    the host runs ahead of the GPU, and its time in next() may overlap the GPU's work on the last batch;
+    the GPU's own idle time is measured instead, with CUDA events: one recorded when the host asks for
+    the next batch (the GPU reaches it once the work queued so far is done) and one when it has the
+    batch, with nothing queued between them: their elapsed time is the GPU idling for want of it.
     """
+    on_cuda = device is not None and device.type == "cuda"
+    pairs = []
     iterator = iter(batches)
-    while True:
-        start = time.perf_counter()
-        try:
-            batch = next(iterator)
-        except StopIteration:
-            return
-        finally:
-            timing["waiting seconds"] += time.perf_counter() - start
-        timing["pictures"] += count(batch)
-        yield batch
+    try:
+        while True:
+            asked = record_event() if on_cuda else None
+            start = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            finally:
+                if on_cuda:
+                    pairs.append((asked, record_event()))
+                else:
+                    timing["waiting seconds"] += time.perf_counter() - start
+            timing["pictures"] += count(batch)
+            yield batch
+    finally:  # the pass ended, or its consumer stopped early: the GPU's idle times are known once it gets there
+        if pairs:
+            pairs[-1][1].synchronize()
+            timing["waiting seconds"] += sum(asked.elapsed_time(arrived) for asked, arrived in pairs) / 1000
+
+
+def record_event():
+    import torch
+
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
 
 
 class TimedLoader:
@@ -161,11 +183,11 @@ class TimedLoader:
     count(batch): the pictures in a batch.
     """
 
-    def __init__(self, loader, timing, count=len):
-        self.loader, self.timing, self.count = loader, timing, count
+    def __init__(self, loader, timing, count=len, device=None):
+        self.loader, self.timing, self.count, self.device = loader, timing, count, device
 
     def __iter__(self):
-        return timed(self.loader, self.timing, self.count)
+        return timed(self.loader, self.timing, self.count, self.device)
 
     def __len__(self):
         return len(self.loader)
