@@ -148,11 +148,12 @@ def head_step(model, pixels, labels, passes=1):
     so the losses add up to the batch's mean loss and the gradients to its gradients.
     """
     captured, logits, loss = [], [], 0.0
-    hook = model.classifier.register_forward_hook(lambda module, inputs, output: captured.append(inputs[0].detach()))
+    hook = model.classifier.register_forward_hook(
+        lambda module, inputs, output: captured.append(inputs[0].detach().float()))
     model.zero_grad(set_to_none=True)
     try:
         for x, y in zip(pixels.chunk(passes), labels.chunk(passes)):
-            part = model(pixel_values=x, interpolate_pos_encoding=True).logits
+            part = model(pixel_values=x, interpolate_pos_encoding=True).logits.float()  # the loss in float32, bf16 too
             share = F.cross_entropy(part, y) * (len(y) / len(labels))
             share.backward()
             logits.append(part.detach())
@@ -427,8 +428,8 @@ def train_step(model, optimizer, pixels, labels, lr, run):
     for k, (x, y) in enumerate(zip(pixels.chunk(passes), labels.chunk(passes))):
         gradients_wait = run.world > 1 and k < passes - 1  # DDP averages over processes after the last pass only
         with model.no_sync() if gradients_wait else contextlib.nullcontext(), run.autocast:
-            logits = model(pixel_values=x, interpolate_pos_encoding=True).logits
-            loss = F.cross_entropy(logits, y) * (len(y) / len(labels))  # this pass's share of the mean
+            logits = model(pixel_values=x, interpolate_pos_encoding=True).logits.float()  # on CUDA, autocast would
+            loss = F.cross_entropy(logits, y) * (len(y) / len(labels))  # give a bf16 loss; this pass's share of the mean
             loss.backward()
         loss_sum += loss.item()
     loss = sum_over_processes(loss_sum, run) / run.world
