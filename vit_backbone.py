@@ -413,9 +413,9 @@ def time_the_trainers_passes(trainer, device):
 
     Its loop hides the wait for pictures, so it is measured from outside: every next() of the data
     loaders it makes is timed (common/loader.py's timed: on a CUDA GPU the GPU's own idle time), and
-    every evaluate(). Its evaluation loaders get no worker processes: their pictures are preprocessed
-    already (finetune()), and an evaluation is a few batches, which workers started afresh for each
-    pass would keep the GPU waiting for; so only the training loader has them.
+    every evaluate(). Its evaluation loaders get no worker processes and no pinning: their pictures are
+    preprocessed already, on the model's device (finetune()), and an evaluation is a few batches, which
+    workers started afresh for each would keep a GPU waiting for; so only the training loader has them.
     """
     timings, made = {"training": pass_timing(), "evaluations": pass_timing()}, []
     make_train, make_eval = trainer.get_train_dataloader, trainer.get_eval_dataloader
@@ -426,12 +426,12 @@ def time_the_trainers_passes(trainer, device):
 
     def eval_loader(*a, **k):
         args = trainer.args
-        kept = args.dataloader_num_workers, args.dataloader_persistent_workers
-        args.dataloader_num_workers, args.dataloader_persistent_workers = 0, False
+        kept = args.dataloader_num_workers, args.dataloader_persistent_workers, args.dataloader_pin_memory
+        args.dataloader_num_workers, args.dataloader_persistent_workers, args.dataloader_pin_memory = 0, False, False
         try:
             made.append(make_eval(*a, **k))
         finally:
-            args.dataloader_num_workers, args.dataloader_persistent_workers = kept
+            args.dataloader_num_workers, args.dataloader_persistent_workers, args.dataloader_pin_memory = kept
         return TimedLoader(made[-1], timings["evaluations"], count=labels_in, device=device)
 
     trainer.get_train_dataloader, trainer.get_eval_dataloader = train_loader, eval_loader
@@ -449,11 +449,13 @@ def time_the_trainers_passes(trainer, device):
 
 
 def end_workers(loaders):
-    """End the worker processes of persistent data loaders now. At the interpreter's exit torch would wait up to
-    5 s for each (seen on a GPU machine: 87 s after the last line); dropping the persistent iterator, which a
-    DataLoader keeps in its _iterator, shuts them down at once."""
+    """End the worker processes of persistent data loaders now. At the interpreter's exit torch waits up to 5 s
+    for each (seen on an H200: 87 s after the last line), so the persistent iterator that a DataLoader keeps in
+    its _iterator is shut down here, while the workers still answer."""
     for loader in loaders:
-        if getattr(loader, "_iterator", None) is not None:
+        iterator = getattr(loader, "_iterator", None)
+        if iterator is not None:
+            iterator._shutdown_workers()
             loader._iterator = None
 
 
@@ -529,6 +531,7 @@ def finetune(run):
     # The validation pictures through the article's transform once, not at each of the evaluations: an evaluation
     # is a few batches, and a loader that starts afresh for each keeps a GPU waiting for its first batch.
     val_items, preprocessing = preprocessed(val_ds.with_transform(transform), workers)
+    val_items = [{**item, "pixel_values": item["pixel_values"].to(run.device)} for item in val_items]  # 80 MB
     with tempfile.TemporaryDirectory(prefix="vit-backbone-trainer-") as output_dir:
         trainer = article_trainer(run, model, train_ds.with_transform(transform), val_items, processor, output_dir,
                                   workers)
@@ -598,9 +601,12 @@ def compute_features(run, beans, timing):
     workers = trainer_workers(run.device)
     loader = DataLoader(both, batch_size=32, num_workers=workers, collate_fn=stack_pixel_values,
                         pin_memory=run.device.type == "cuda", prefetch_factor=PREFETCH if workers else None)
+    started = time.perf_counter()
+    batches = iter(loader)  # starts the worker processes, outside the pass, as the scripts' own loaders do
+    timing["start-up seconds"], timing["workers"] = time.perf_counter() - started, workers
     parts = []
-    for pixels in tqdm(timed(loader, timing, device=run.device), desc="frozen features", unit="batch", file=sys.stderr,
-                       leave=False, total=len(loader)):
+    for pixels in tqdm(timed(batches, timing, device=run.device), desc="frozen features", unit="batch",
+                       file=sys.stderr, leave=False, total=len(loader)):
         class_token, patch_tokens = split_tokens(last_hidden_states(backbone, pixels, run))
         parts.append(torch.cat([class_token, patch_tokens.mean(1)], 1).numpy())
     features = np.concatenate(parts)
@@ -839,7 +845,9 @@ def section_three_ways(run, report):
     report.line(f"frozen features: the last layer's class token beside the mean of its patch tokens, "
                 f"{n('feature width', x_train.shape[1], ',')} numbers per picture, {frozen['source']} in "
                 f"{n('features seconds', frozen['seconds'], '.1f')} s (--no-cache recomputes)"
-                + (f" {report.pass_text('frozen features', frozen['pass'])}" if frozen["pass"] else ""))
+                + (f" {report.pass_text('frozen features', frozen['pass'])}, the loader's {frozen['pass']['workers']} "
+                   f"worker processes (none on a CPU) started in {frozen['pass']['start-up seconds']:.1f} s, outside the "
+                   f"pass" if frozen["pass"] else ""))
     report.line(f"linear probe: DINO's linear evaluation (Caron et al. 2021): normal(0, {PROBE['std']}) weights, SGD "
                 f"momentum {PROBE['momentum']}, no weight decay, learning rate {PROBE['base_lr']} x batch "
                 f"{PROBE['batch_size']}/256, cosine to 0 over {args.probe_epochs} epochs. Unlike DINO: no random crops "
