@@ -40,19 +40,22 @@ import selectors
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from common.checkpoints import hub_offline
 from common.cli import script_parser
 from common.device import DEVICE_CHOICES, PRECISIONS
 from common.errors import UserError
 from common.files import write_atomic, write_text
-from common.reference import VERDICTS, compare, load_reference, verdict_counts
+from common.reference import VERDICTS, compare, counts_text, load_reference, verdict_counts
 from common.reproduction_page import SCRIPTS, script_file
+from common.reproduction_page import read_record as page_record
 from common.run import check_output_dir, guarded
 
 ROOT = Path(__file__).resolve().parent
@@ -111,7 +114,7 @@ PIECES = {VIT: (346, 346, "huggingface.co"), IN21K: (346, 346, "huggingface.co")
 NEEDS = {"setup": [], "posemb": [VIT, IMAGENETTE], "fewshot": [IN21K, IMAGENETTE],
          "finetune": [IN21K, IMAGENETTE], "backbone": [VIT, BEANS]}
 OPTIONAL = {"setup": [RESNET]}  # setup uses the architecture with random weights without it
-MODEL_OF = {"posemb": VIT, "fewshot": IN21K, "finetune": IN21K, "backbone": VIT}
+MODEL_OF = {script: pieces[0] for script, pieces in NEEDS.items() if pieces}  # each script's checkpoint
 LIBRARIES = ("torch", "transformers", "datasets", "accelerate", "safetensors", "huggingface_hub", "numpy", "scipy",
              "pillow", "tqdm")
 
@@ -321,12 +324,11 @@ def write_manifest(out, manifest):
 
 
 def read_record(path):
-    """A script's --json record, or None when it is missing or not one."""
+    """A script's --json record, or None when it is missing or not one (the page's reading of it)."""
     try:
-        record = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
+        return page_record(Path(path))
+    except UserError:
         return None
-    return record if isinstance(record, dict) and "numbers" in record else None
 
 
 def is_complete(out, script, key, manifest):
@@ -346,12 +348,6 @@ def hf_home():
     from huggingface_hub import constants
 
     return Path(constants.HF_HOME)
-
-
-def hub_offline():
-    from huggingface_hub import constants
-
-    return bool(constants.HF_HUB_OFFLINE)
 
 
 def beans_cached():
@@ -378,10 +374,13 @@ def piece_is_here(piece, args):
 
 
 def reachable(host):
-    """Can this machine open a connection to host? A few seconds at most without a network."""
+    """Does host answer over HTTPS, through the proxies the environment names as the downloads do? A few seconds at
+    most without a network; any HTTP answer, an error status too, means it is there."""
     try:
-        socket.create_connection((host, 443), timeout=5).close()
-    except OSError:
+        urllib.request.urlopen(urllib.request.Request(f"https://{host}/", method="HEAD"), timeout=5).close()
+    except urllib.error.HTTPError:
+        return True
+    except (OSError, ValueError):
         return False
     return True
 
@@ -618,14 +617,21 @@ def result_row(script, record):
     """{sections: (run, of all), counts: {verdict: n}} of one script from its JSON (None: no JSON)."""
     reference, total = load_reference(script), SECTION_COUNTS[script]
     if record is None:
-        return {"sections": (0, total), "counts": {**dict.fromkeys(VERDICTS, 0), "not run": len(reference)}}
+        return {"sections": (0, total), "counts": verdict_counts(compare({}, reference))}
     rows = compare(record["numbers"], reference, record.get("setup differences", {}))
     return {"sections": (total - len(record.get("could_not_run", [])), total), "counts": verdict_counts(rows)}
 
 
-def counts_text(row):
+def row_text(row):
     done, total = row["sections"]
-    return f"{done} of {total} sections; " + ", ".join(f"{row['counts'][word]} {word}" for word in VERDICTS)
+    return f"{done} of {total} sections; " + counts_text(row["counts"])
+
+
+def paused(record):
+    """What a paused fine-tuning run's "not run" rows mean (--quick pauses it after step 1)."""
+    line = next((text for text in record.get("printed", []) if text.strip().startswith("paused after step")), None)
+    return (f" ({line.strip().split(';')[0]}: its later rows are not run until `python reproduce.py` without --quick "
+            f"continues it)") if line else ""
 
 
 def final_table(rows):
@@ -676,14 +682,18 @@ def plan(args, out, manifest):
 
 def prepare(script, args, out, keys, manifest):
     """The script's command. Fine-tuning: --resume from OUT/finetune-run when its checkpoint was made by the same
-    command and code, else a fresh start with the old checkpoint removed. A stale JSON is moved to OUT/logs/."""
+    command and code, else a fresh start, the old checkpoint kept as checkpoint.previous.pt. A stale JSON is moved to
+    OUT/logs/."""
     resume = False
     if script == "finetune":
         checkpoint = out / FINETUNE_RUN / CHECKPOINT
         made_by = {"command": checkpoint_key(script_command(script, args, out), out), "code": keys[script]["code"]}
         resume = not args.force and checkpoint.is_file() and manifest.get("finetune checkpoint") == made_by
-        if not resume and checkpoint.is_file():
-            checkpoint.unlink()
+        if not resume and checkpoint.is_file():  # hours of training may be in it: kept aside, not deleted
+            kept = checkpoint.with_name("checkpoint.previous.pt")
+            os.replace(checkpoint, kept)
+            say(f"{script_file(script)} starts afresh: its checkpoint was made by another command or code (or "
+                f"--force); the old one is kept as {kept}")
         manifest["finetune checkpoint"] = made_by  # every checkpoint there from now on is this command's
     move_stale(out, script, manifest)
     return script_command(script, args, out, resume)
@@ -745,14 +755,15 @@ def main(argv=None):
             record = read_record(out / f"{script}.json")
             if record is not None:  # written by this run: move_stale took any older one away
                 manifest[script] = {"key": keys[script], "json": file_digest(out / f"{script}.json"),
-                                    "seconds": round(seconds, 1), "status": status}
+                                    "seconds": round(seconds, 1)}
                 write_manifest(out, manifest)
             if stop.asked:
                 say(stopped_line(stop.asked[0], script, argv))
                 return 128 + stop.asked[0]
             finished[script], times[script] = seconds, duration(seconds)
-            print(f"{name}: {duration(seconds)}, " + (counts_text(result_row(script, record)) if record else
-                  f"exit status {status} and no JSON: see the lines above, kept in OUT/logs/{script}.log"), flush=True)
+            print(f"{name}: {duration(seconds)}, " + (row_text(result_row(script, record)) + paused(record) if record
+                  else f"exit status {status} and no JSON: see the lines above, kept in OUT/logs/{script}.log"),
+                  flush=True)
     if stop.asked:
         say(stopped_line(stop.asked[0], None, argv))
         return 128 + stop.asked[0]

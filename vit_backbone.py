@@ -386,10 +386,11 @@ def stderr_progress():
 def article_trainer(run, model, train_ds, val_ds, processor, output_dir, workers):
     """The article's TrainingArguments and Trainer; nothing saved, nothing reported, progress on stderr.
 
-    Beyond the article: `workers` processes decode and preprocess the pictures ahead of the model
-    (the library's default, none, does it in the main process while a GPU waits); they persist over
-    the epochs and the evaluations, and their batches are pinned for the copy to a GPU. They change
-    no number: the order comes from the sampler's own seed, the pictures from the same processor.
+    Beyond the article: `workers` processes decode and preprocess the training pictures ahead of the
+    model (the library's default, none, does it in the main process while a GPU waits); they persist
+    over the epochs, and their batches are pinned for the copy to a GPU (the evaluations' loaders get
+    neither: time_the_trainers_passes). They change no number: the order comes from the sampler's own
+    seed, the pictures from the same processor.
     """
     from transformers import ProgressCallback, Trainer, TrainingArguments
 

@@ -169,8 +169,6 @@ def timed(batches, timing, count=len, device=None):
 
 
 def record_event():
-    import torch
-
     event = torch.cuda.Event(enable_timing=True)
     event.record()
     return event

@@ -197,6 +197,11 @@ def verdict_counts(rows):
     return {word: sum(row["verdict"] == word for row in rows) for word in VERDICTS}
 
 
+def counts_text(counts):
+    """'211 same, 0 close, 0 differs, 0 varies, 0 not comparable, 0 not run'."""
+    return ", ".join(f"{counts[word]} {word}" for word in VERDICTS)
+
+
 def print_comparison(rows, report, differences=None):
     """The setup, then article | this run | difference | verdict, then the count of each verdict."""
     width = max(len(row["name"]) for row in rows)
@@ -214,5 +219,5 @@ def print_comparison(rows, report, differences=None):
         report.line(f"{row['name']:<{width}}  {row['article']:>14}  {row['run'] or '-':>14}  {difference:>11}  "
                     f"{verdict_text(row)}")
     counts = verdict_counts(rows)
-    report.line(", ".join(f"{counts[word]} {word}" for word in VERDICTS) + f" (of {len(rows)} article numbers)")
+    report.line(counts_text(counts) + f" (of {len(rows)} article numbers)")
     report.line(LEGEND)

@@ -24,9 +24,9 @@ from common.files import write_text
 from common.reference import (
     ARTICLE_SETUP,
     LEGEND,
-    VERDICTS,
     article_values,
     compare,
+    counts_text,
     load_reference,
     verdict_counts,
     verdict_text,
@@ -127,7 +127,7 @@ def script_section(script, record, rows, drawn):
     for problem in record.get("could_not_run", []):
         lines.append(f"- could not run section \"{problem['section']}\": {problem['why']}")
     counts = verdict_counts(rows)
-    lines += ["", "Verdicts: " + ", ".join(f"{counts[word]} {word}" for word in VERDICTS), ""]
+    lines += ["", "Verdicts: " + counts_text(counts), ""]
     for title, name in drawn:
         lines += [f"![{title}](figures/{name})", ""]
     lines += ["| number | article | this run | difference | kind | verdict | band and reason |",
@@ -162,7 +162,7 @@ def build(folder, say=print):
         rows = compare(record["numbers"], load_reference(script), differences)
         counts = verdict_counts(rows)
         summary.append(f"| {script_file(script)} | {cell(setup_cell(differences))} | "
-                       + ", ".join(f"{counts[word]} {word}" for word in VERDICTS)
+                       + counts_text(counts)
                        + f" | {record.get('environment', {}).get('seconds', '?')} s |")
         body += script_section(script, record, rows, draw_figures(script, record, folder, lambda text: None))
     head = ["# The two articles' numbers, reproduced", "",

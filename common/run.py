@@ -148,13 +148,18 @@ def environment(run):
 
 
 def peak_memory(device):
-    """The process's peak resident memory and, on a CUDA GPU, the most torch held allocated there, in GB."""
-    import resource
-
+    """The process's peak resident memory (not on Windows, which has no getrusage) and, on a CUDA GPU, the most
+    torch held allocated there, in GB."""
     import torch
 
-    resident = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kB on Linux, bytes on macOS
-    peak = {"resident": round(resident / (1e9 if sys.platform == "darwin" else 1e6), 2)}
+    peak = {}
+    try:
+        import resource
+    except ImportError:
+        resource = None
+    if resource is not None:
+        resident = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kB on Linux, bytes on macOS
+        peak["resident"] = round(resident / (1e9 if sys.platform == "darwin" else 1e6), 2)
     if device is not None and device.type == "cuda":
         peak["GPU"] = round(torch.cuda.max_memory_allocated(device) / 1e9, 2)
     return peak

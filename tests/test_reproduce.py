@@ -45,19 +45,19 @@ EXTRA = ["--extra", "posemb=--batch-size 16", "--extra", "fewshot=--no-cache --s
 
 
 @pytest.fixture(scope="module")
-def standins(tmp_path_factory):
+def job_standins(tmp_path_factory):
     """Checkpoints laid out by Hub id (a 48-px classifier, the smallest posemb's neighbours allow, serves posemb and
     the backbone), an Imagenette-shaped folder and a beans-shaped one."""
-    root = tmp_path_factory.mktemp("reproduce-standins")
+    root = tmp_path_factory.mktemp("reproduce-job_standins")
     vit_classifier(root / "models" / VIT, image_size=48, processor=True)
     vit_in21k(root / "models" / IN21K)
     return {"models": root / "models", "nette": imagenette_folder(root / "nette", per_class=4),
             "beans": beans_folder(root / "beans")}
 
 
-def job_flags(standins):
-    return ["--models", str(standins["models"]), "--imagenette", str(standins["nette"]), "--beans",
-            str(standins["beans"]), "--device", "cpu", *EXTRA]
+def job_flags(job_standins):
+    return ["--models", str(job_standins["models"]), "--imagenette", str(job_standins["nette"]), "--beans",
+            str(job_standins["beans"]), "--device", "cpu", *EXTRA]
 
 
 def reproduce_run(out, flags):
@@ -67,13 +67,13 @@ def reproduce_run(out, flags):
 
 
 @pytest.fixture(scope="module")
-def job(standins, tmp_path_factory):
+def job(job_standins, tmp_path_factory):
     """One job as a reader meets it: offline with nothing (setup runs, the four others are named), then with the
     stand-ins, stopped by SIGTERM as the third script starts, then the same command to the end."""
     out = tmp_path_factory.mktemp("job") / "results"
     offline = reproduce_run(out, ["--device", "cpu"])  # conftest: HF_HUB_OFFLINE=1 and an empty Hugging Face cache
     after_offline = {"json": sorted(path.name for path in out.glob("*.json")), "page": (out / "report.md").read_text()}
-    flags = job_flags(standins)
+    flags = job_flags(job_standins)
     with open(out.parent / "stopped.out", "w+") as stdout:
         running = subprocess.Popen([sys.executable, "reproduce.py", str(out), *flags], cwd=ROOT, stdout=stdout,
                                    stderr=subprocess.PIPE, text=True)
@@ -344,7 +344,7 @@ def test_a_script_is_skipped_only_when_its_json_is_complete_and_made_by_the_same
 def test_the_code_of_a_script_follows_its_imports():
     posemb = {str(path.relative_to(ROOT)) for path in reproduce.code_files("posemb")}
     assert {"vit_part3_posemb.py", "common/position_table.py", "common/loader.py", "common/files.py"} <= posemb
-    assert not {"common/standins.py", "common/reproduction_page.py", "vit_part3_setup.py"} & posemb
+    assert not {"common/job_standins.py", "common/reproduction_page.py", "vit_part3_setup.py"} & posemb
     setup = {str(path.relative_to(ROOT)) for path in reproduce.code_files("setup")}
     assert {"common/compute.py", "common/schedules.py"} <= setup and "common/position_table.py" not in setup
 
@@ -453,9 +453,30 @@ def test_out_that_is_a_file_is_refused(places, capsys):
                                                f"which is created if needed")
 
 
-def test_too_little_room_on_the_disk_is_refused_before_any_work(standins, tmp_path, monkeypatch, capsys):
+def test_too_little_room_on_the_disk_is_refused_before_any_work(job_standins, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(reproduce.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9, 0))
-    status = guarded(lambda: reproduce.main([str(tmp_path / "out"), *job_flags(standins)]))
+    status = guarded(lambda: reproduce.main([str(tmp_path / "out"), *job_flags(job_standins)]))
     err = capsys.readouterr().err
     assert status == 2 and "error: not enough room on the disk of " in err and "0 MB is free" in err
     assert not (tmp_path / "out" / "reproduce.json").exists() and not list((tmp_path / "out" / "logs").iterdir())
+
+
+@pytest.mark.parametrize("made_by_this_command,kept", [(True, False), (False, True)])
+def test_a_checkpoint_of_another_command_is_kept_aside_not_deleted(tmp_path, capsys, made_by_this_command, kept):
+    """A checkpoint this command made is resumed; one made otherwise (other flags or code) may hold hours of training:
+    it is moved to checkpoint.previous.pt, with a line saying so, and the run starts afresh."""
+    out = tmp_path / "out"
+    (out / "logs").mkdir(parents=True)
+    checkpoint = out / "finetune-run" / "checkpoint.pt"
+    checkpoint.parent.mkdir()
+    checkpoint.write_bytes(b"weights")
+    args, keys = namespace(), {"finetune": {"code": "code digest"}}
+    made_by = {"command": reproduce.checkpoint_key(reproduce.script_command("finetune", args, out), out),
+               "code": "code digest"}
+    manifest = {"finetune checkpoint": made_by if made_by_this_command else {**made_by, "code": "other code"}}
+    command = reproduce.prepare("finetune", args, out, keys, manifest)
+    assert ("--resume" in command) is made_by_this_command
+    assert checkpoint.is_file() is made_by_this_command
+    previous = checkpoint.with_name("checkpoint.previous.pt")
+    assert previous.is_file() is kept and (not kept or previous.read_bytes() == b"weights")
+    assert ("starts afresh" in capsys.readouterr().err) is kept
