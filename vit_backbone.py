@@ -52,7 +52,7 @@ from common.closed_form import closed_form, targets, with_bias
 from common.device import PRECISIONS, float32_arithmetic
 from common.errors import UserError
 from common.feature_cache import cached_arrays
-from common.loader import PREFETCH, TimedLoader, loader_workers, pass_timing, timed
+from common.loader import PREFETCH, TimedLoader, end_workers, loader_workers, pass_timing, timed
 from common.reference import flag_differences, subset_differences, verdict
 from common.run import Run, guarded, run_sections
 
@@ -449,17 +449,6 @@ def time_the_trainers_passes(trainer, device):
     return timings, made
 
 
-def end_workers(loaders):
-    """End the worker processes of persistent data loaders now. At the interpreter's exit torch waits up to 5 s
-    for each (seen on an H200: 87 s after the last line), so the persistent iterator that a DataLoader keeps in
-    its _iterator is shut down here, while the workers still answer."""
-    for loader in loaders:
-        iterator = getattr(loader, "_iterator", None)
-        if iterator is not None:
-            iterator._shutdown_workers()
-            loader._iterator = None
-
-
 def labels_in(batch):
     return len(batch["labels"])
 
@@ -544,7 +533,7 @@ def finetune(run):
         seconds = time.perf_counter() - start
         timings["training"]["seconds"] = seconds - (timings["evaluations"]["seconds"] - evaluating)
         after = trainer.evaluate()
-        end_workers(loaders)
+        end_workers(*loaders)
     model.eval()
     return {"before": before, "after": after, "seconds": seconds, "history": trainer.state.log_history,
             "passes": timings, "workers": workers, "preprocessing seconds": preprocessing,

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.utils.data import DataLoader
 
 from common import figures
 from common.checkpoints import checkpoint_config, load_pretrained
@@ -55,11 +56,10 @@ from common.imagenette import (
     ensure_imagenette,
     is_imagenette,
     list_split,
-    load_all,
     to_pixels,
 )
 from common.inference import run_model
-from common.loader import pass_timing, picture_batches, picture_loader, start_workers, timed
+from common.loader import end_workers, pass_timing, picture_batches, picture_loader, start_workers, timed
 from common.position_table import as_parameter_rows, bilinear_table, model_table
 from common.reference import article_values, flag_differences, load_reference
 from common.run import Run, Terminated, check_output_dir, check_output_file, guarded, run_sections
@@ -279,15 +279,38 @@ def sum_over_processes(value, run):
     return total.item()
 
 
-def accuracy(model, loader, labels, batch_size, run, desc):
-    """(per cent right over all processes' shares of the pictures, this process's pass timing).
+def accuracies(models, pictures, labels, batch_size, run, desc, keep=None):
+    """([per cent right of each model, over all processes' shares of the pictures], this process's pass timing).
 
-    Each process holds its own share in its loader.
+    One pass: each batch goes through every model. Each process holds its own share of the pictures
+    (a loader, or the batches a first pass kept on the device: run_model's keep).
     """
-    predicted, timing = run_model(model, loader, run.args.resolution, run.device, batch_size,
-                                  lambda out: out.logits.argmax(1), desc, run.autocast)
-    correct = int((torch.cat(predicted) == torch.as_tensor(labels)).sum()) if labels else 0
-    return 100 * sum_over_processes(correct, run) / sum_over_processes(len(labels), run), timing
+    def predictions(**inputs):
+        return [model(**inputs).logits.argmax(1) for model in models]
+
+    predicted, timing = run_model(predictions, pictures, run.args.resolution, run.device, batch_size, list, desc,
+                                  run.autocast, keep=keep)
+    percents = []
+    for k in range(len(models)):
+        correct = int((torch.cat([batch[k] for batch in predicted]) == torch.as_tensor(labels)).sum()) if labels else 0
+        percents.append(100 * sum_over_processes(correct, run) / sum_over_processes(len(labels), run))
+    return percents, timing
+
+
+def check_accuracy(model, monitor, run, desc):
+    """(per cent right on the validation subset, the check's pass timing).
+
+    The checks read the same pictures at the same size every time: the first one that runs reads
+    them through the loader and keeps its batches on the model's device (150 MB at 224), and ends
+    the loader's workers; the later ones read the kept batches, with no loader to wait for.
+    """
+    keep = [] if isinstance(monitor["pictures"], DataLoader) else None
+    (percent,), timing = accuracies([model], monitor["pictures"], monitor["labels"], monitor["batch size"], run, desc,
+                                    keep)
+    if keep is not None:
+        end_workers(monitor["pictures"])
+        monitor["pictures"] = keep
+    return percent, timing
 
 
 def add_timing(total, timing):
@@ -302,14 +325,15 @@ def process_share(step_batch, rank, share):
     return indices[rank * share:(rank + 1) * share], flips[rank * share:(rank + 1) * share]
 
 
-def decode_share(items, run, history):
-    """This process's share of the pictures (every world-th), decoded once: (their loader, labels).
+def share_loader(items, run, history):
+    """(A loader over this process's share of the pictures (every world-th), their labels).
 
-    The loader's workers, if any, persist: every check of the run reads the same pictures. They are
-    started here, before the first pass, and the seconds that took are kept apart from the passes.
+    Each picture is read once (the checks keep their batches; both final weights share a pass), so
+    the loader reads the files itself, in its workers beside a GPU. The workers are started here,
+    before the pass, and the seconds that took are kept apart from the passes.
     """
     share = items[run.rank::run.world]
-    loader = picture_loader(load_all([path for path, _ in share]), run.device)
+    loader = picture_loader([path for path, _ in share], run.device)
     count_start_up(history, loader)
     return loader, [label for _, label in share]
 
@@ -608,14 +632,16 @@ def section_finetune(run, report):
 def report_step_0(run, report, data, training, batch_size):
     """The validation subset watched during the run, and its accuracy before the first step.
 
-    Returns the subset as (loader, labels, batch size) for accuracy(); on --resume, step 0 comes from the history.
+    Returns the subset as {"pictures": its loader, "labels", "batch size"} for check_accuracy(); on --resume,
+    step 0 comes from the history.
     """
     args, model, history = run.args, training["model"], training["history"]
     monitor_items = list_split(data["root"], "val", min(MONITOR_PER_CLASS, args.per_class or MONITOR_PER_CLASS))
-    monitor = (*decode_share(monitor_items, run, history), batch_size)
+    loader, labels = share_loader(monitor_items, run, history)
+    monitor = {"pictures": loader, "labels": labels, "batch size": batch_size}
     if training["start"] == 0:
         model.eval()
-        history["step 0"], timing = accuracy(model, *monitor, run, "step 0")
+        history["step 0"], timing = check_accuracy(model, monitor, run, "step 0")
         add_timing(history["passes"]["checks"], timing)
         ties = not model.classifier.weight.any() and not model.classifier.bias.any()
         history["tie note"] = "  (zero head: every class ties, the first wins)" if ties else ""
@@ -684,7 +710,7 @@ def train_steps(run, report, data, training, monitor, warmup, last_step):
             passes["training"]["seconds"] += time.perf_counter() - begun
             if step in reports:
                 model.eval()
-                percent, timing = accuracy(model, *monitor, run, f"step {step}")
+                percent, timing = check_accuracy(model, monitor, run, f"step {step}")
                 add_timing(passes["checks"], timing)
                 row = {"step": step, "lr": lr, "loss": loss, "norm": norm, "accuracy": percent,
                        "seconds": time.perf_counter() - training["clock"],
@@ -753,16 +779,15 @@ def finish_run(run, report, data, training, warmup):
                 f"{args.steps} {n('mean loss last', stats['mean loss last'], '.3f')}; pictures seen "
                 f"{n('pictures seen', seen, ',')} = {n('passes', seen / len(data['train']), '.2f')} "
                 f"passes over the training set")
-    loader, labels = decode_share(data["val"], run, history)
+    loader, labels = share_loader(data["val"], run, history)
     micro = args.batch_size // (run.world * args.accum_steps)
     model, average = training["model"].eval(), training["average"].eval()
-    last_weights, last_timing = accuracy(model, loader, labels, micro, run, "last weights")
-    averaged, average_timing = accuracy(average, loader, labels, micro, run, "averaged weights")
+    (last_weights, averaged), final = accuracies([model, average], loader, labels, micro, run, "both weights")
+    end_workers(loader)
     report.line(f"on all {len(data['val']):,} validation pictures: the weight average (factor {AVERAGE_FACTOR}) "
                 f"{n('average accuracy', averaged, '.2f')}%, the last weights "
                 f"{n('last accuracy', last_weights, '.2f')}%")
-    report_passes(report, history, args.steps, {"the last weights": last_timing,
-                                                          "the weight average": average_timing})
+    report_passes(report, history, args.steps, {"both weights on all validation pictures": final})
     report.keep("training loss", history["losses"])
     report.keep("gradient norm", history["norms"])
     report.keep("learning rate", [warmup_cosine_lr(s, args.lr, args.steps, warmup) for s in range(args.steps)])

@@ -100,9 +100,10 @@ def mps_has_bfloat16(device):
 def to_device(array, device):
     """A batch (numpy or torch) on the device; on a GPU through pinned memory, so the copy does not block.
 
-    A batch the loader has pinned already is not copied again (pin_memory() of a pinned tensor is itself).
+    A batch the loader has pinned already is not copied again (pin_memory() of a pinned tensor is itself),
+    nor is one on the device already (fine-tuning's checks keep their batches there).
     """
     tensor = torch.as_tensor(array)
-    if device.type == "cuda":
+    if device.type == "cuda" and tensor.device.type == "cpu":
         return tensor.pin_memory().to(device, non_blocking=True)
     return tensor.to(device)

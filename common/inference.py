@@ -7,6 +7,7 @@ import time
 import torch
 from torch.utils.data import DataLoader
 
+from common.device import to_device
 from common.imagenette import to_pixels
 from common.loader import pass_timing, picture_batches, picture_loader, timed
 
@@ -20,29 +21,39 @@ def on_host(value):
     return value
 
 
-def run_model(model, pictures, resolution, device, batch_size, what_to_keep, desc="", autocast=None, indices=None):
+def run_model(model, pictures, resolution, device, batch_size, what_to_keep, desc="", autocast=None, indices=None,
+              keep=None):
     """([what_to_keep(model output) for each batch of the pictures, in order, on the host], the pass's timing).
 
-    pictures: a list (PIL images or paths), or a picture_loader() made once for several passes, so
-    that its workers start once; indices: which of its pictures (default: all). The timing
-    (common/loader.py's pass_timing) holds the pass's seconds, start-up included, and the seconds the
-    model waited for pictures. What is kept stays on the device until the pass ends: a copy to the
-    host after each batch would make the host wait for the GPU, which then waits for the host to queue
-    the next batch. interpolate_pos_encoding=True lets the model take any resolution: the library
-    stretches the position table (bicubic) only when its row count differs from the sequence, so a
-    table that was already stretched is used as it is.
+    pictures: a list (PIL images or paths); or a picture_loader() made once for several passes, so
+    that its workers start once, and indices: which of its pictures (default: all); or the batches
+    an earlier pass kept. keep: a list that receives this pass's uint8 batches on the model's device,
+    for passes that read the same pictures again at the same resolution and batch size (fine-tuning's
+    checks): they read them from there, with no wait for a loader. The timing (common/loader.py's
+    pass_timing) holds the pass's seconds, start-up included, and the seconds the model waited for
+    pictures. What is kept stays on the device until the pass ends: a copy to the host after each
+    batch would make the host wait for the GPU, which then waits for the host to queue the next
+    batch. interpolate_pos_encoding=True lets the model take any resolution: the library stretches
+    the position table (bicubic) only when its row count differs from the sequence, so a table that
+    was already stretched is used as it is.
     """
     from tqdm import tqdm
 
     start = time.perf_counter()
-    loader = pictures if isinstance(pictures, DataLoader) else picture_loader(pictures, device)
-    count = len(loader.dataset) if indices is None else len(indices)
     timing = pass_timing()
-    batches = timed(picture_batches(loader, resolution, batch_size, indices=indices), timing, device=device)
+    if isinstance(pictures, list) and all(isinstance(item, torch.Tensor) for item in pictures):  # batches kept before
+        batches, count = pictures, sum(len(batch) for batch in pictures)
+    else:
+        loader = pictures if isinstance(pictures, DataLoader) else picture_loader(pictures, device)
+        count = len(loader.dataset) if indices is None else len(indices)
+        batches = picture_batches(loader, resolution, batch_size, indices=indices)
     outputs = []
     with torch.inference_mode(), autocast or contextlib.nullcontext():
-        for pixels in tqdm(batches, desc=desc, unit="batch", file=sys.stderr, leave=False,
-                           total=math.ceil(count / batch_size)):
+        for pixels in tqdm(timed(batches, timing, device=device), desc=desc, unit="batch", file=sys.stderr,
+                           leave=False, total=math.ceil(count / batch_size)):
+            pixels = to_device(pixels, device)
+            if keep is not None:
+                keep.append(pixels)
             outputs.append(what_to_keep(model(pixel_values=to_pixels(pixels, device), interpolate_pos_encoding=True)))
         outputs = on_host(outputs)
     timing["seconds"] = time.perf_counter() - start

@@ -104,6 +104,41 @@ def test_the_zero_head_step_in_micro_batches_is_the_batchs_step(tiny_in21k):
     assert parts["body norm"] == pytest.approx(whole["body norm"], rel=1e-5) and whole["body norm"] > 0
 
 
+def test_one_pass_gives_each_models_accuracy_and_later_checks_read_the_kept_batches(tiny_in21k, pictures):
+    """accuracies(): one pass, each batch through both models, each model's accuracy as a model run alone on every
+    picture gives it. check_accuracy(): the first check reads the loader and keeps its batches, a second one reads
+    those (nothing from the loader) and gives the same accuracy."""
+    from types import SimpleNamespace
+
+    from common.imagenette import list_split, preprocess
+    from common.loader import picture_loader
+
+    models = []
+    for seed in (1, 2):
+        model, _ = finetune.load_classifier(str(tiny_in21k), 10, 224)
+        with torch.no_grad():
+            model.classifier.weight.normal_(0, 1, generator=torch.Generator().manual_seed(seed))
+        models.append(model.eval())
+    items = list_split(pictures, "val")
+    labels = np.array([label for _, label in items])
+    pixels = torch.from_numpy(np.stack([preprocess(path, 224) for path, _ in items]))
+    with torch.no_grad():
+        by_hand = [100 * np.mean(m(pixel_values=pixels).logits.argmax(1).numpy() == labels) for m in models]
+    assert by_hand[0] != by_hand[1]  # the two heads are told apart
+    run = SimpleNamespace(args=SimpleNamespace(resolution=224), device=torch.device("cpu"), autocast=None, world=1,
+                          rank=0)
+    loader = picture_loader([path for path, _ in items], run.device)
+    percents, timing = finetune.accuracies(models, loader, list(labels), 16, run, "both")
+    assert percents == pytest.approx(by_hand, abs=1e-9) and timing["pictures"] == len(items)
+
+    monitor = {"pictures": loader, "labels": list(labels), "batch size": 16}
+    first, _ = finetune.check_accuracy(models[0], monitor, run, "first")
+    assert [len(batch) for batch in monitor["pictures"]] == [16, 16, 8]  # kept, in the loader's batches
+    loader.dataset.pictures = []  # a second check that read the loader again would fail
+    second, timing = finetune.check_accuracy(models[0], monitor, run, "second")
+    assert first == second == pytest.approx(by_hand[0], abs=1e-9) and timing["pictures"] == len(items)
+
+
 def test_resolution_384_stretches_the_table_with_the_official_rule(tiny_in21k):
     model, _ = finetune.load_classifier(str(tiny_in21k), 10, 384)
     assert model.vit.embeddings.position_embeddings.shape == (1, 577, 32)
@@ -227,8 +262,10 @@ def numbers_as_hash(text):
 
 @pytest.mark.skipif(not ARTICLE.exists(), reason="needs ../shared/article")
 def test_script_end_to_end_on_stand_ins(tiny_in21k, pictures, tmp_path):
-    command = [sys.executable, "vit_part3_finetune.py", "--model", str(tiny_in21k), "--data-dir", str(pictures),
-               "--steps", "6", "--batch-size", "8", "--compare", "--plots", str(tmp_path)]
+    sizes = tmp_path / "batches.json"  # the sizes of the batches the loader hands over, pass by pass
+    command = [sys.executable, "tests/batch_counter.py", str(sizes), "vit_part3_finetune.py", "--model",
+               str(tiny_in21k), "--data-dir", str(pictures), "--steps", "6", "--batch-size", "8", "--compare",
+               "--plots", str(tmp_path)]
     run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     printed = [numbers_as_hash(text) for text in run.stdout.splitlines()]
@@ -240,7 +277,10 @@ def test_script_end_to_end_on_stand_ins(tiny_in21k, pictures, tmp_path):
     step_line = numbers_as_hash(article_block("== 2. fine-tuning")[2]).replace(" s]", " s, # s waiting for pictures]")
     assert sum(text == step_line for text in printed) == 6
     passes = next(text for text in printed if text.startswith("  passes over pictures"))
-    assert passes.count("s waiting for pictures]") == 4  # training, the checks, the last weights, the average
+    assert passes.count("s waiting for pictures]") == 3  # training, the checks, both weights on all pictures
+    # step 1's batch (section 1); the 40 validation pictures read once for the 7 checks (kept after step 0's); the
+    # 6 steps; both final weights in one pass over the 40
+    assert json.loads(sizes.read_text()) == [[8], [8] * 5, [8] * 6, [8] * 5]
     for text in article_block("== 2. fine-tuning")[-2:] + article_block("== 0. data")[2:]:
         assert numbers_as_hash(text) in printed, text
     assert "(of 86 article numbers)" in run.stdout

@@ -195,9 +195,9 @@ def expected_passes(script, places):
     if script == "fewshot":  # the pool (--pool 4 of the 4 per class: all 40), then the validation pictures
         return [sizes(train, 16), sizes(val, 16)]
     # finetune, 4 steps of batch 12: step 1's batch alone (the zero head); the step-0 check on the validation
-    # pictures (at most 100 per class: all 40); one pass for the 4 steps; with 4 steps every step is a logged
-    # one, so 4 more checks; the last and the averaged weights on all validation pictures
-    return [[12], sizes(val, 12), [12] * 4] + [sizes(val, 12)] * 4 + [sizes(val, 12)] * 2
+    # pictures (at most 100 per class: all 40), whose batches the 4 later checks read from the device; one pass
+    # for the 4 steps; the last and the averaged weights on all validation pictures, in one pass
+    return [[12], sizes(val, 12), [12] * 4, sizes(val, 12)]
 
 
 @GPU
