@@ -62,6 +62,7 @@ ROOT = Path(__file__).resolve().parent
 MANIFEST = "reproduce.json"    # what this job ran, for the next one to skip
 FINETUNE_RUN = "finetune-run"  # fine-tuning's --save-dir inside OUT
 CHECKPOINT = "checkpoint.pt"   # the file vit_part3_finetune.py writes there
+KEPT_ASIDE = "checkpoint.previous.pt"  # a checkpoint of another command or code, kept there, not deleted
 LOG_EVERY = 30                 # seconds between snapshots of a running script's log
 
 # The sections of each script (len(SECTIONS) in it; a test holds them equal), for "sections run of all".
@@ -428,8 +429,12 @@ def existing_ancestor(path):
     return path
 
 
-def room_needed(downloads, out, finetune_runs, args):
-    """{folder: MB} the job will write there: downloads into the caches and data/, the checkpoint into OUT."""
+def room_needed(downloads, out, finetune_runs, args, resumes=True):
+    """{folder: MB} the job will write there: downloads into the caches and data/, the checkpoint into OUT.
+
+    resumes: whether fine-tuning continues from OUT's checkpoint (finetune_resumes()); if not, that file is
+    kept aside, in the place of an earlier one kept aside, and the run writes a new one beside it.
+    """
     from common.checkpoints import cached_weight_file
 
     need = {}
@@ -440,10 +445,10 @@ def room_needed(downloads, out, finetune_runs, args):
         local = Path(args.models) / IN21K / "model.safetensors" if args.models else None
         weights = local if local and local.is_file() else cached_weight_file(IN21K)
         weights_mb = Path(weights).stat().st_size / 1e6 if weights else PIECES[IN21K][0]
-        checkpoint = out / FINETUNE_RUN / CHECKPOINT
-        existing = checkpoint.stat().st_size / 1e6 if checkpoint.is_file() else 0
+        checkpoint = out / FINETUNE_RUN / (CHECKPOINT if resumes else KEPT_ASIDE)
+        freed = checkpoint.stat().st_size / 1e6 if checkpoint.is_file() else 0  # overwritten by the run's files
         # the weights, their average and the momentum; a new file is written whole beside the old one
-        need[out] = need.get(out, 0) + max(0.0, 2 * 3 * weights_mb - existing)
+        need[out] = need.get(out, 0) + max(0.0, 2 * 3 * weights_mb - freed)
     return need
 
 
@@ -676,7 +681,8 @@ def plan(args, out, manifest):
         hosts = " and ".join(sorted({PIECES[piece][2] for piece in lacking}))
         say(missing_line(script, lacking, "HF_HUB_OFFLINE=1 forbids downloads" if offline else f"{hosts} cannot be "
                                                                                              f"reached"))
-    say(disk_lines(room_needed(downloads, out, "finetune" in runnable, args)))
+    resumes = finetune_resumes(args, out, keys["finetune"], manifest)
+    say(disk_lines(room_needed(downloads, out, "finetune" in runnable, args, resumes)))
     return keys, done, cannot, runnable
 
 
@@ -687,16 +693,25 @@ def prepare(script, args, out, keys, manifest):
     resume = False
     if script == "finetune":
         checkpoint = out / FINETUNE_RUN / CHECKPOINT
-        made_by = {"command": checkpoint_key(script_command(script, args, out), out), "code": keys[script]["code"]}
-        resume = not args.force and checkpoint.is_file() and manifest.get("finetune checkpoint") == made_by
+        resume = finetune_resumes(args, out, keys[script], manifest)
         if not resume and checkpoint.is_file():  # hours of training may be in it: kept aside, not deleted
-            kept = checkpoint.with_name("checkpoint.previous.pt")
+            kept = checkpoint.with_name(KEPT_ASIDE)
             os.replace(checkpoint, kept)
             say(f"{script_file(script)} starts afresh: its checkpoint was made by another command or code (or "
                 f"--force); the old one is kept as {kept}")
-        manifest["finetune checkpoint"] = made_by  # every checkpoint there from now on is this command's
+        manifest["finetune checkpoint"] = checkpoint_maker(args, out, keys[script])  # every checkpoint from now on
     move_stale(out, script, manifest)
     return script_command(script, args, out, resume)
+
+
+def checkpoint_maker(args, out, key):
+    return {"command": checkpoint_key(script_command("finetune", args, out), out), "code": key["code"]}
+
+
+def finetune_resumes(args, out, key, manifest):
+    """Whether fine-tuning continues from OUT's checkpoint: it is there and was made by the same command and code."""
+    return (not args.force and (out / FINETUNE_RUN / CHECKPOINT).is_file()
+            and manifest.get("finetune checkpoint") == checkpoint_maker(args, out, key))
 
 
 def move_stale(out, script, manifest):

@@ -461,6 +461,24 @@ def test_too_little_room_on_the_disk_is_refused_before_any_work(job_standins, tm
     assert not (tmp_path / "out" / "reproduce.json").exists() and not list((tmp_path / "out" / "logs").iterdir())
 
 
+@pytest.mark.parametrize("resumes,files,needed_mb", [
+    (True, {}, 6.0),  # no checkpoint yet: the weights (1 MB), their average and the momentum, twice while one is saved
+    (True, {"checkpoint.pt": 2.5}, 3.5),  # resumed: the run's saves overwrite it
+    (False, {"checkpoint.pt": 2.5}, 6.0),  # kept aside: its room stays taken
+    (False, {"checkpoint.pt": 2.5, "checkpoint.previous.pt": 1.5}, 4.5),  # ... in the place of the one kept before
+])
+def test_the_room_for_fine_tunings_checkpoint_counts_what_is_overwritten_and_what_is_kept(tmp_path, resumes, files,
+                                                                                          needed_mb):
+    models, out = tmp_path / "models", tmp_path / "out"
+    (models / IN21K).mkdir(parents=True)
+    (models / IN21K / "model.safetensors").write_bytes(bytes(10**6))
+    (out / "finetune-run").mkdir(parents=True)
+    for name, mb in files.items():
+        (out / "finetune-run" / name).write_bytes(bytes(int(mb * 10**6)))
+    need = reproduce.room_needed([], out, True, namespace(models=str(models)), resumes)
+    assert need == {out: pytest.approx(needed_mb)}
+
+
 @pytest.mark.parametrize("made_by_this_command,kept", [(True, False), (False, True)])
 def test_a_checkpoint_of_another_command_is_kept_aside_not_deleted(tmp_path, capsys, made_by_this_command, kept):
     """A checkpoint this command made is resumed; one made otherwise (other flags or code) may hold hours of training:
