@@ -578,22 +578,23 @@ def compute_features(run, beans, timing):
     """[class token, mean of the patch tokens] of the last layer (after its LayerNorm), for both splits.
 
     One pass over both splits, the pictures preprocessed by the article's transform in worker processes
-    beside a GPU (the Trainer's rule); its time and wait go to timing.
+    beside a GPU (the Trainer's rule); its time and wait go to timing. The workers start before the
+    backbone is loaded, so that their first batches are built while it loads.
     """
     from datasets import concatenate_datasets
     from torch.utils.data import DataLoader
     from tqdm import tqdm
 
     begun = time.perf_counter()
-    backbone, processor = load_backbone(run), run.need("processor")
     both = concatenate_datasets([beans["train"], beans["validation"]]).with_transform(
-        functools.partial(article_transform, processor))
+        functools.partial(article_transform, run.need("processor")))
     workers = trainer_workers(run.device)
     loader = DataLoader(both, batch_size=32, num_workers=workers, collate_fn=stack_pixel_values,
                         pin_memory=run.device.type == "cuda", prefetch_factor=PREFETCH if workers else None)
     started = time.perf_counter()
     batches = iter(loader)  # starts the worker processes, outside the pass, as the scripts' own loaders do
     timing["start-up seconds"], timing["workers"] = time.perf_counter() - started, workers
+    backbone = load_backbone(run)
     parts = []
     for pixels in tqdm(timed(batches, timing, device=run.device), desc="frozen features", unit="batch",
                        file=sys.stderr, leave=False, total=len(loader)):
