@@ -429,11 +429,12 @@ def existing_ancestor(path):
     return path
 
 
-def room_needed(downloads, out, finetune_runs, args, resumes=True):
+def room_needed(downloads, out, finetune_runs, args, resumes):
     """{folder: MB} the job will write there: downloads into the caches and data/, the checkpoint into OUT.
 
-    resumes: whether fine-tuning continues from OUT's checkpoint (finetune_resumes()); if not, that file is
-    kept aside, in the place of an earlier one kept aside, and the run writes a new one beside it.
+    resumes: whether fine-tuning continues from OUT's checkpoint (finetune_resumes()); if not, a checkpoint
+    there is kept aside by prepare(), in the place of an earlier one kept aside (if both exist), and the run
+    writes a new one beside it.
     """
     from common.checkpoints import cached_weight_file
 
@@ -445,11 +446,18 @@ def room_needed(downloads, out, finetune_runs, args, resumes=True):
         local = Path(args.models) / IN21K / "model.safetensors" if args.models else None
         weights = local if local and local.is_file() else cached_weight_file(IN21K)
         weights_mb = Path(weights).stat().st_size / 1e6 if weights else PIECES[IN21K][0]
-        checkpoint = out / FINETUNE_RUN / (CHECKPOINT if resumes else KEPT_ASIDE)
-        freed = checkpoint.stat().st_size / 1e6 if checkpoint.is_file() else 0  # overwritten by the run's files
+        checkpoint, kept = out / FINETUNE_RUN / CHECKPOINT, out / FINETUNE_RUN / KEPT_ASIDE
+        if resumes:
+            freed = file_mb(checkpoint)  # the run's saves overwrite it
+        else:  # prepare() moves the checkpoint, if any, over the one kept before: the checkpoint's room stays taken
+            freed = file_mb(kept) if checkpoint.is_file() else 0
         # the weights, their average and the momentum; a new file is written whole beside the old one
         need[out] = need.get(out, 0) + max(0.0, 2 * 3 * weights_mb - freed)
     return need
+
+
+def file_mb(path):
+    return path.stat().st_size / 1e6 if path.is_file() else 0
 
 
 def disk_lines(need):

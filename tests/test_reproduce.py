@@ -466,6 +466,7 @@ def test_too_little_room_on_the_disk_is_refused_before_any_work(job_standins, tm
     (True, {"checkpoint.pt": 2.5}, 3.5),  # resumed: the run's saves overwrite it
     (False, {"checkpoint.pt": 2.5}, 6.0),  # kept aside: its room stays taken
     (False, {"checkpoint.pt": 2.5, "checkpoint.previous.pt": 1.5}, 4.5),  # ... in the place of the one kept before
+    (False, {"checkpoint.previous.pt": 1.5}, 6.0),  # no checkpoint to move: the one kept before stays
 ])
 def test_the_room_for_fine_tunings_checkpoint_counts_what_is_overwritten_and_what_is_kept(tmp_path, resumes, files,
                                                                                           needed_mb):
