@@ -578,8 +578,8 @@ def compute_features(run, beans, timing):
     """[class token, mean of the patch tokens] of the last layer (after its LayerNorm), for both splits.
 
     One pass over both splits, the pictures preprocessed by the article's transform in worker processes
-    beside a GPU (the Trainer's rule); its time and wait go to timing. The workers start before the
-    backbone is loaded, so that their first batches are built while it loads.
+    beside a GPU (the Trainer's rule); its time and wait go to timing. The workers (none on a CPU) start
+    before the backbone is loaded, so that their first batches are built while it loads.
     """
     from datasets import concatenate_datasets
     from torch.utils.data import DataLoader

@@ -33,7 +33,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.utils.data import DataLoader
 
 from common import figures
 from common.checkpoints import checkpoint_config, load_pretrained
@@ -46,7 +45,7 @@ from common.cli import (
     seed,
     side_pixels,
 )
-from common.device import pick_device
+from common.device import pick_device, to_device
 from common.errors import UserError
 from common.files import write_atomic
 from common.imagenette import DEFAULT_DIR as DEFAULT_DATA_DIR
@@ -279,17 +278,17 @@ def sum_over_processes(value, run):
     return total.item()
 
 
-def accuracies(models, pictures, labels, batch_size, run, desc, keep=None):
+def accuracies(models, pictures, labels, batch_size, run, desc):
     """([per cent right of each model, over all processes' shares of the pictures], this process's pass timing).
 
     One pass: each batch goes through every model. Each process holds its own share of the pictures
-    (a loader, or the batches a first pass kept on the device: run_model's keep).
+    (a loader, or its batches kept on the device: read_monitor()).
     """
     def predictions(**inputs):
         return [model(**inputs).logits.argmax(1) for model in models]
 
     predicted, timing = run_model(predictions, pictures, run.args.resolution, run.device, batch_size, list, desc,
-                                  run.autocast, keep=keep)
+                                  run.autocast)
     percents = []
     for k in range(len(models)):
         correct = int((torch.cat([batch[k] for batch in predicted]) == torch.as_tensor(labels)).sum()) if labels else 0
@@ -297,19 +296,28 @@ def accuracies(models, pictures, labels, batch_size, run, desc, keep=None):
     return percents, timing
 
 
-def check_accuracy(model, monitor, run, desc):
-    """(per cent right on the validation subset, the check's pass timing).
+def read_monitor(items, batch_size, run, history):
+    """The validation subset watched during the run: {"pictures": its batches on the model's device, "labels",
+    "batch size"}, and the timing of reading them (pictures: 0, none is checked yet).
 
-    The checks read the same pictures at the same size every time: the first one that runs reads
-    them through the loader and keeps its batches on the model's device (150 MB at 224), and ends
-    the loader's workers; the later ones read the kept batches, with no loader to wait for.
+    The checks read the same pictures at the same size every time, so they are read once, before the
+    first step (a picture that cannot be read stops the run there, resumed or not), and kept as uint8
+    batches on the model's device: 150 MB at 224, 442 MB at 384, each process its share. The checks
+    then wait for no loader; the loader's workers end here.
     """
-    keep = [] if isinstance(monitor["pictures"], DataLoader) else None
-    (percent,), timing = accuracies([model], monitor["pictures"], monitor["labels"], monitor["batch size"], run, desc,
-                                    keep)
-    if keep is not None:
-        end_workers(monitor["pictures"])
-        monitor["pictures"] = keep
+    loader, labels = share_loader(items, run, history)
+    timing, kept, begun = pass_timing(), [], time.perf_counter()
+    for pixels in timed(picture_batches(loader, run.args.resolution, batch_size), timing, count=lambda batch: 0,
+                        device=run.device):
+        kept.append(to_device(pixels, run.device))
+    end_workers(loader)
+    timing["seconds"] = time.perf_counter() - begun
+    return {"pictures": kept, "labels": labels, "batch size": batch_size}, timing
+
+
+def check_accuracy(model, monitor, run, desc):
+    """(per cent right on the validation subset, the check's pass timing), from the batches read_monitor() kept."""
+    (percent,), timing = accuracies([model], monitor["pictures"], monitor["labels"], monitor["batch size"], run, desc)
     return percent, timing
 
 
@@ -632,13 +640,13 @@ def section_finetune(run, report):
 def report_step_0(run, report, data, training, batch_size):
     """The validation subset watched during the run, and its accuracy before the first step.
 
-    Returns the subset as {"pictures": its loader, "labels", "batch size"} for check_accuracy(); on --resume,
-    step 0 comes from the history.
+    Returns the subset (read_monitor()) for check_accuracy(); the time it took to read its pictures counts
+    as the checks' wait. On --resume, step 0 comes from the history.
     """
     args, model, history = run.args, training["model"], training["history"]
     monitor_items = list_split(data["root"], "val", min(MONITOR_PER_CLASS, args.per_class or MONITOR_PER_CLASS))
-    loader, labels = share_loader(monitor_items, run, history)
-    monitor = {"pictures": loader, "labels": labels, "batch size": batch_size}
+    monitor, reading = read_monitor(monitor_items, batch_size, run, history)
+    add_timing(history["passes"]["checks"], reading)
     if training["start"] == 0:
         model.eval()
         history["step 0"], timing = check_accuracy(model, monitor, run, "step 0")

@@ -7,7 +7,6 @@ import time
 import torch
 from torch.utils.data import DataLoader
 
-from common.device import to_device
 from common.imagenette import to_pixels
 from common.loader import pass_timing, picture_batches, picture_loader, timed
 
@@ -21,27 +20,25 @@ def on_host(value):
     return value
 
 
-def run_model(model, pictures, resolution, device, batch_size, what_to_keep, desc="", autocast=None, indices=None,
-              keep=None):
+def run_model(model, pictures, resolution, device, batch_size, what_to_keep, desc="", autocast=None, indices=None):
     """([what_to_keep(model output) for each batch of the pictures, in order, on the host], the pass's timing).
 
     pictures: a list (PIL images or paths); or a picture_loader() made once for several passes, so
-    that its workers start once, and indices: which of its pictures (default: all); or the batches
-    an earlier pass kept. keep: a list that receives this pass's uint8 batches on the model's device,
-    for passes that read the same pictures again at the same resolution and batch size (fine-tuning's
-    checks): they read them from there, with no wait for a loader. The timing (common/loader.py's
-    pass_timing) holds the pass's seconds, start-up included, and the seconds the model waited for
-    pictures. What is kept stays on the device until the pass ends: a copy to the host after each
-    batch would make the host wait for the GPU, which then waits for the host to queue the next
-    batch. interpolate_pos_encoding=True lets the model take any resolution: the library stretches
-    the position table (bicubic) only when its row count differs from the sequence, so a table that
-    was already stretched is used as it is.
+    that its workers start once, and indices: which of its pictures (default: all); or a list of
+    uint8 batches already read, on the model's device or the host (fine-tuning's checks read the
+    same pictures ten times). The timing (common/loader.py's pass_timing) holds the pass's seconds,
+    start-up included, and the seconds the model waited for pictures. The outputs (what_to_keep's)
+    stay on the device until the pass ends: a copy to the host after each batch would make the host
+    wait for the GPU, which then waits for the host to queue the next batch.
+    interpolate_pos_encoding=True lets the model take any resolution: the library stretches the
+    position table (bicubic) only when its row count differs from the sequence, so a table that was
+    already stretched is used as it is.
     """
     from tqdm import tqdm
 
     start = time.perf_counter()
     timing = pass_timing()
-    if isinstance(pictures, list) and all(isinstance(item, torch.Tensor) for item in pictures):  # batches kept before
+    if isinstance(pictures, list) and all(isinstance(item, torch.Tensor) for item in pictures):  # batches read before
         batches, count = pictures, sum(len(batch) for batch in pictures)
     else:
         loader = pictures if isinstance(pictures, DataLoader) else picture_loader(pictures, device)
@@ -51,9 +48,6 @@ def run_model(model, pictures, resolution, device, batch_size, what_to_keep, des
     with torch.inference_mode(), autocast or contextlib.nullcontext():
         for pixels in tqdm(timed(batches, timing, device=device), desc=desc, unit="batch", file=sys.stderr,
                            leave=False, total=math.ceil(count / batch_size)):
-            pixels = to_device(pixels, device)
-            if keep is not None:
-                keep.append(pixels)
             outputs.append(what_to_keep(model(pixel_values=to_pixels(pixels, device), interpolate_pos_encoding=True)))
         outputs = on_host(outputs)
     timing["seconds"] = time.perf_counter() - start

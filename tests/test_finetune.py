@@ -104,10 +104,10 @@ def test_the_zero_head_step_in_micro_batches_is_the_batchs_step(tiny_in21k):
     assert parts["body norm"] == pytest.approx(whole["body norm"], rel=1e-5) and whole["body norm"] > 0
 
 
-def test_one_pass_gives_each_models_accuracy_and_later_checks_read_the_kept_batches(tiny_in21k, pictures):
+def test_one_pass_gives_each_models_accuracy_and_the_checks_read_the_kept_batches(tiny_in21k, pictures):
     """accuracies(): one pass, each batch through both models, each model's accuracy as a model run alone on every
-    picture gives it. check_accuracy(): the first check reads the loader and keeps its batches, a second one reads
-    those (nothing from the loader) and gives the same accuracy."""
+    picture gives it. read_monitor() reads the checks' pictures once, in the checks' batches; check_accuracy() reads
+    those, twice with the same result."""
     from types import SimpleNamespace
 
     from common.imagenette import list_split, preprocess
@@ -131,12 +131,12 @@ def test_one_pass_gives_each_models_accuracy_and_later_checks_read_the_kept_batc
     percents, timing = finetune.accuracies(models, loader, list(labels), 16, run, "both")
     assert percents == pytest.approx(by_hand, abs=1e-9) and timing["pictures"] == len(items)
 
-    monitor = {"pictures": loader, "labels": list(labels), "batch size": 16}
-    first, _ = finetune.check_accuracy(models[0], monitor, run, "first")
-    assert [len(batch) for batch in monitor["pictures"]] == [16, 16, 8]  # kept, in the loader's batches
-    loader.dataset.pictures = []  # a second check that read the loader again would fail
-    second, timing = finetune.check_accuracy(models[0], monitor, run, "second")
-    assert first == second == pytest.approx(by_hand[0], abs=1e-9) and timing["pictures"] == len(items)
+    monitor, reading = finetune.read_monitor(items, 16, run, {})
+    assert [len(batch) for batch in monitor["pictures"]] == [16, 16, 8] and reading["pictures"] == 0
+    assert monitor["labels"] == list(labels)
+    for _ in range(2):
+        percent, timing = finetune.check_accuracy(models[0], monitor, run, "check")
+        assert percent == pytest.approx(by_hand[0], abs=1e-9) and timing["pictures"] == len(items)
 
 
 def test_resolution_384_stretches_the_table_with_the_official_rule(tiny_in21k):
@@ -278,8 +278,8 @@ def test_script_end_to_end_on_stand_ins(tiny_in21k, pictures, tmp_path):
     assert sum(text == step_line for text in printed) == 6
     passes = next(text for text in printed if text.startswith("  passes over pictures"))
     assert passes.count("s waiting for pictures]") == 3  # training, the checks, both weights on all pictures
-    # step 1's batch (section 1); the 40 validation pictures read once for the 7 checks (kept after step 0's); the
-    # 6 steps; both final weights in one pass over the 40
+    # step 1's batch (section 1); the 40 validation pictures read once for the 7 checks; the 6 steps; both final
+    # weights in one pass over the 40
     assert json.loads(sizes.read_text()) == [[8], [8] * 5, [8] * 6, [8] * 5]
     for text in article_block("== 2. fine-tuning")[-2:] + article_block("== 0. data")[2:]:
         assert numbers_as_hash(text) in printed, text

@@ -194,8 +194,8 @@ def expected_passes(script, places):
         return [sizes(val, 16)] * 5
     if script == "fewshot":  # the pool (--pool 4 of the 4 per class: all 40), then the validation pictures
         return [sizes(train, 16), sizes(val, 16)]
-    # finetune, 4 steps of batch 12: step 1's batch alone (the zero head); the step-0 check on the validation
-    # pictures (at most 100 per class: all 40), whose batches the 4 later checks read from the device; one pass
+    # finetune, 4 steps of batch 12: step 1's batch alone (the zero head); the checks' validation pictures (at
+    # most 100 per class: all 40), read once and kept on the device for the step-0 check and 4 more; one pass
     # for the 4 steps; the last and the averaged weights on all validation pictures, in one pass
     return [[12], sizes(val, 12), [12] * 4, sizes(val, 12)]
 
@@ -268,6 +268,28 @@ def test_the_loaders_batches_on_cuda_are_pinned_and_equal_the_cpus(pictures, dec
         assert all(torch.equal(a, b) for a, b in zip(expected, handed, strict=True))
         on_device = np.concatenate([to_pixels(b, CUDA).cpu().numpy() for b in handed])
         assert np.array_equal(on_device, expected_batch(paths, resolution, flips))  # the arithmetic too, bit for bit
+
+
+@GPU
+def test_fine_tunings_checks_keep_their_batches_on_the_gpu(pictures):
+    """read_monitor() on CUDA (the loader's workers and pinning): the batches the checks read are on the GPU, in the
+    checks' batch sizes, and equal to the CPU's."""
+    from types import SimpleNamespace
+
+    from common.imagenette import list_split
+    from vit_part3_finetune import read_monitor
+
+    items = list_split(pictures, "val")
+    kept = {}
+    for device in (torch.device("cpu"), CUDA):
+        run = SimpleNamespace(args=SimpleNamespace(resolution=32), device=device, world=1, rank=0)
+        history = {}
+        monitor, reading = read_monitor(items, 16, run, history)
+        assert reading["pictures"] == 0 and (history["loader workers"] > 0) is (device.type == "cuda")
+        kept[device.type] = monitor["pictures"]
+    assert all(batch.device.type == "cuda" for batch in kept["cuda"])
+    assert all(torch.equal(a, b.cpu()) for a, b in zip(kept["cpu"], kept["cuda"], strict=True))
+    assert [len(batch) for batch in kept["cuda"]] == sizes(len(items), 16)
 
 
 # ---------------------------------------------------------------- fine-tuning's resume
