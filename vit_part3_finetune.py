@@ -885,5 +885,24 @@ def main(argv=None):
             dist.destroy_process_group()
 
 
+def leave(status):
+    """End the process with `status`; a successful one under torchrun without the interpreter's finalization.
+
+    Measured on a 2-core CPU under load: about 4 in 100 runs of 2 gloo processes ended with SIGABRT after
+    their last line, all their files written ("terminate called without an active exception"). The core
+    dump shows why: a gloo worker thread was still dropping the work of the last collective, whose tensor
+    is a Python object; it needs the GIL for that, the finalizing interpreter ends such a thread, and
+    the unwinding through a destructor calls std::terminate. destroy_process_group() does not end
+    those threads. Everything is written (atomically) and printed by then, so the process leaves at once.
+    A failed process leaves as usual: torchrun stops the others when one fails, and a process that left
+    at once could have the first one stopped before it prints the error.
+    """
+    if status != 0 or int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        sys.exit(status)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(guarded(main))
+    leave(guarded(main))
