@@ -231,6 +231,22 @@ def test_a_decompression_bomb_is_named(tiny_in21k, tmp_path, capsys, monkeypatch
     assert "Traceback" not in err
 
 
+def test_a_checks_picture_damaged_before_a_resume_stops_it_before_any_step(tiny_in21k, tmp_path, capsys,
+                                                                            monkeypatch):
+    """The checks' pictures are read before the first step, resumed or not: a damaged one costs no step's work."""
+    data = imagenette_folder(tmp_path / "nette", per_class=2)
+    flags = tune_flags(tiny_in21k, data, tmp_path / "run", steps=4)
+    status, _, _ = run(finetune.main, flags + ["--pause-at", "2"], capsys, monkeypatch)
+    assert status == 0
+    damaged = min((data / "val" / IMAGENETTE_WNIDS[5]).iterdir())
+    damaged.write_bytes(b"not a picture")
+    steps, real_step = [], finetune.train_step
+    monkeypatch.setattr(finetune, "train_step", lambda *args: steps.append(1) or real_step(*args))
+    status, out, err = run(finetune.main, flags + ["--resume"], capsys, monkeypatch)
+    assert status == 1 and f"cannot read picture {damaged}" in out and "Traceback" not in err
+    assert steps == [] and finetune.read_checkpoint(tmp_path / "run" / finetune.CHECKPOINT)["step"] == 2
+
+
 # ---------------------------------------------------------------- 7., 8. foreign and damaged checkpoints
 
 def flip_a_bit_in_the_largest_tensor(path):
