@@ -310,8 +310,8 @@ def read_monitor(items, batch_size, run, history):
     for pixels in timed(picture_batches(loader, run.args.resolution, batch_size), timing, count=lambda batch: 0,
                         device=run.device):
         kept.append(to_device(pixels, run.device))
-    end_workers(loader)
     timing["seconds"] = time.perf_counter() - begun
+    end_workers(loader)
     return {"pictures": kept, "labels": labels, "batch size": batch_size}, timing
 
 
@@ -879,14 +879,19 @@ def main(argv=None):
         status = run_sections("finetune", Run(args, loaders, device, rank, world), SECTIONS, setup_differences)
         if world > 1:  # leave together: a process that exits while the first still writes its JSON can abort in gloo
             dist.barrier()
+            LEAVING["together"] = True
         return status
     finally:
         if world > 1:
             dist.destroy_process_group()
 
 
+LEAVING = {"together": False}  # main() sets it once the torchrun processes have all finished their sections
+
+
 def leave(status):
-    """End the process with `status`; a successful one under torchrun without the interpreter's finalization.
+    """End the process with `status`; under torchrun, once all processes have finished their sections (main() has
+    passed its barrier, whatever the status), without the interpreter's finalization.
 
     Measured on a 2-core CPU under load: about 4 in 100 runs of 2 gloo processes ended with SIGABRT after
     their last line, all their files written ("terminate called without an active exception"). The core
@@ -894,10 +899,10 @@ def leave(status):
     is a Python object; it needs the GIL for that, the finalizing interpreter ends such a thread, and
     the unwinding through a destructor calls std::terminate. destroy_process_group() does not end
     those threads. Everything is written (atomically) and printed by then, so the process leaves at once.
-    A failed process leaves as usual: torchrun stops the others when one fails, and a process that left
-    at once could have the first one stopped before it prints the error.
+    A process that stopped before the barrier (a refused flag, a signal) leaves as usual: torchrun stops
+    the others when one fails, and one that left at once could have the first stopped before it prints.
     """
-    if status != 0 or int(os.environ.get("WORLD_SIZE", "1")) == 1:
+    if not LEAVING["together"]:
         sys.exit(status)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -139,6 +139,51 @@ def test_one_pass_gives_each_models_accuracy_and_the_checks_read_the_kept_batche
         assert percent == pytest.approx(by_hand[0], abs=1e-9) and timing["pictures"] == len(items)
 
 
+def test_reading_the_checks_pictures_counts_as_the_checks_wait(tiny_in21k, pictures, tmp_path, capsys, monkeypatch):
+    """The checks' pictures are read before the first step; that time is the checks' (seconds and wait)."""
+    real_read = finetune.read_monitor
+
+    def slow_read(*args):
+        monitor, timing = real_read(*args)
+        return monitor, {**timing, "seconds": timing["seconds"] + 1000, "waiting seconds": timing["waiting seconds"] +
+                         1000}
+
+    monkeypatch.setattr(finetune, "read_monitor", slow_read)
+    status, _ = run_main(common_flags(tiny_in21k, pictures, tmp_path, steps=2) + ["--json", str(tmp_path / "a.json")],
+                         capsys)
+    checks = json.loads((tmp_path / "a.json").read_text())["passes"]["checks"]
+    assert status == 0 and checks["waiting seconds"] >= 1000 and checks["seconds"] >= checks["waiting seconds"]
+    assert checks["pictures"] == 3 * 40  # steps 0, 1 and 2 checked the 40; the reading adds none
+
+
+@pytest.mark.parametrize("together,status,how", [
+    (False, 0, "sys.exit"),  # one process, or torchrun's processes stopped before they met
+    (False, 2, "sys.exit"),
+    (True, 0, "os._exit"),  # all finished their sections: leave at once, output flushed
+    (True, 1, "os._exit"),  # a section could not run, everything printed and written
+])
+def test_leave_skips_the_interpreters_finalization_only_once_all_processes_are_done(together, status, how,
+                                                                                   monkeypatch):
+    calls, flushed = [], []
+
+    class Left(Exception):
+        pass
+
+    def leaving(name):
+        def exit_with(code):
+            calls.append((name, code))
+            raise Left
+        return exit_with
+
+    monkeypatch.setattr(finetune.sys, "exit", leaving("sys.exit"))
+    monkeypatch.setattr(finetune.os, "_exit", leaving("os._exit"))
+    monkeypatch.setattr(finetune.sys.stdout, "flush", lambda: flushed.append("stdout"), raising=False)
+    monkeypatch.setitem(finetune.LEAVING, "together", together)
+    with pytest.raises(Left):
+        finetune.leave(status)
+    assert calls == [(how, status)] and ("stdout" in flushed) is (how == "os._exit")
+
+
 def test_resolution_384_stretches_the_table_with_the_official_rule(tiny_in21k):
     model, _ = finetune.load_classifier(str(tiny_in21k), 10, 384)
     assert model.vit.embeddings.position_embeddings.shape == (1, 577, 32)
