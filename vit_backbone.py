@@ -49,10 +49,10 @@ from common.cli import (
     seed,
 )
 from common.closed_form import closed_form, targets, with_bias
-from common.device import PRECISIONS, float32_arithmetic
+from common.device import PRECISIONS, float32_arithmetic, float32_rule, to_device
 from common.errors import UserError
 from common.feature_cache import cached_arrays
-from common.loader import PREFETCH, TimedLoader, end_workers, loader_workers, pass_timing, timed
+from common.loader import TimedLoader, dataset_loader, end_workers, loader_workers, pass_timing, timed
 from common.reference import flag_differences, subset_differences, verdict
 from common.run import Run, guarded, run_sections
 
@@ -460,21 +460,14 @@ def article_transform(processor, batch):
     return inputs
 
 
-def as_list(items):
-    return items
-
-
 def preprocessed(dataset, workers):
     """([every item of a dataset with a transform], the seconds it took): the transform computed once, in order.
 
     Items are the transform's own output ({"pixel_values", "labels"}), so a Trainer fed with them sees
     exactly what it sees through the dataset; `workers` processes share the work (the Trainer's rule).
     """
-    from torch.utils.data import DataLoader
-
     begun = time.perf_counter()
-    loader = DataLoader(dataset, batch_size=32, num_workers=workers, collate_fn=as_list)
-    items = [item for batch in loader for item in batch]
+    items = [item for batch in dataset_loader(dataset, list, workers) for item in batch]
     return items, time.perf_counter() - begun
 
 
@@ -526,14 +519,16 @@ def finetune(run):
         trainer = article_trainer(run, model, train_ds.with_transform(transform), val_items, processor, output_dir,
                                   workers)
         timings, loaders = time_the_trainers_passes(trainer, run.device)
-        before = trainer.evaluate()
-        tokens_before = last_hidden_states(model.vit, map_pixels, run)[:, 1:]
-        start, evaluating = time.perf_counter(), timings["evaluations"]["seconds"]
-        trainer.train()
-        seconds = time.perf_counter() - start
-        timings["training"]["seconds"] = seconds - (timings["evaluations"]["seconds"] - evaluating)
-        after = trainer.evaluate()
-        end_workers(*loaders)
+        try:
+            before = trainer.evaluate()
+            tokens_before = last_hidden_states(model.vit, map_pixels, run)[:, 1:]
+            start, evaluating = time.perf_counter(), timings["evaluations"]["seconds"]
+            trainer.train()
+            seconds = time.perf_counter() - start
+            timings["training"]["seconds"] = seconds - (timings["evaluations"]["seconds"] - evaluating)
+            after = trainer.evaluate()
+        finally:  # on an error or a signal too: the workers would otherwise hold the process at its exit
+            end_workers(*loaders)
     model.eval()
     return {"before": before, "after": after, "seconds": seconds, "history": trainer.state.log_history,
             "passes": timings, "workers": workers, "preprocessing seconds": preprocessing,
@@ -565,7 +560,8 @@ def feature_key(run, beans):
     stat = Path(weights).stat()
     text = json.dumps({"model": run.args.model, "weights": [str(Path(weights).resolve()), stat.st_size,
                                                             stat.st_mtime_ns],
-                       "precision": run.args.precision, "features": "class token + mean of the patch tokens",
+                       "precision": run.args.precision, "float32": float32_rule(run.args.precision, run.fp32_rule),
+                       "features": "class token + mean of the patch tokens",
                        "data": {split: dataset_digest(beans[split]) for split in ("train", "validation")}})
     return f"backbone-{hashlib.sha256(text.encode()).hexdigest()[:20]}.npz", text
 
@@ -579,28 +575,28 @@ def compute_features(run, beans, timing):
 
     One pass over both splits, the pictures preprocessed by the article's transform in worker processes
     beside a GPU (the Trainer's rule); its time and wait go to timing. The workers (none on a CPU) start
-    before the backbone is loaded, so that their first batches are built while it loads.
+    before the backbone is loaded, so that their first batches are built while it loads. The features
+    stay on the model's device until the pass ends (common/inference.py's run_model says why).
     """
     from datasets import concatenate_datasets
-    from torch.utils.data import DataLoader
     from tqdm import tqdm
 
-    begun = time.perf_counter()
     both = concatenate_datasets([beans["train"], beans["validation"]]).with_transform(
         functools.partial(article_transform, run.need("processor")))
     workers = trainer_workers(run.device)
-    loader = DataLoader(both, batch_size=32, num_workers=workers, collate_fn=stack_pixel_values,
-                        pin_memory=run.device.type == "cuda", prefetch_factor=PREFETCH if workers else None)
+    loader = dataset_loader(both, stack_pixel_values, workers, pin_memory=run.device.type == "cuda")
     started = time.perf_counter()
     batches = iter(loader)  # starts the worker processes, outside the pass, as the scripts' own loaders do
     timing["start-up seconds"], timing["workers"] = time.perf_counter() - started, workers
     backbone = load_backbone(run)
-    parts = []
-    for pixels in tqdm(timed(batches, timing, device=run.device), desc="frozen features", unit="batch",
-                       file=sys.stderr, leave=False, total=len(loader)):
-        class_token, patch_tokens = split_tokens(last_hidden_states(backbone, pixels, run))
-        parts.append(torch.cat([class_token, patch_tokens.mean(1)], 1).numpy())
-    features = np.concatenate(parts)
+    begun, parts = time.perf_counter(), []
+    with torch.inference_mode(), run.autocast:
+        for pixels in tqdm(timed(batches, timing, device=run.device), desc="frozen features", unit="batch",
+                           file=sys.stderr, leave=False, total=len(loader)):
+            tokens = backbone(pixel_values=to_device(pixels, run.device)).last_hidden_state.float()
+            class_token, patch_tokens = split_tokens(tokens)
+            parts.append(torch.cat([class_token, patch_tokens.mean(1)], 1))
+        features = torch.cat(parts).cpu().numpy()
     timing["seconds"] = time.perf_counter() - begun
     return {"train": features[:len(beans["train"])], "validation": features[len(beans["train"]):]}
 

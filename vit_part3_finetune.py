@@ -289,10 +289,10 @@ def accuracies(models, pictures, labels, batch_size, run, desc):
 
     predicted, timing = run_model(predictions, pictures, run.args.resolution, run.device, batch_size, list, desc,
                                   run.autocast)
-    percents = []
+    total, percents = sum_over_processes(len(labels), run), []
     for k in range(len(models)):
         correct = int((torch.cat([batch[k] for batch in predicted]) == torch.as_tensor(labels)).sum()) if labels else 0
-        percents.append(100 * sum_over_processes(correct, run) / sum_over_processes(len(labels), run))
+        percents.append(100 * sum_over_processes(correct, run) / total)
     return percents, timing
 
 

@@ -15,6 +15,7 @@ OUT=${OUT:-gpu-results}
 WORK=${WORK:-/tmp/vit-timing}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
+: >"$OUT/times.txt"  # this call's times only: a reused OUT keeps no older lines
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TQDM_DISABLE=1
 if [ "${SMOKE:-0}" = 1 ]; then
     size=tiny; in21k=$WORK/tiny-in21k; in1k=$WORK/tiny-1k; standins=(--per-class 12 --beans-per-class 4 --beans-side 64)
@@ -27,6 +28,7 @@ fi
 timed() {  # timed NAME COMMAND...: the command's output to NAME.log, its wall time to times.txt
     local name=$1; shift
     if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then return 0; fi
+    rm -f "$OUT/$name.json"  # the table reads only what this call made
     local start; start=$(date +%s%N)
     timeout "${LIMIT:-180}" "$@" >"$OUT/$name.log" 2>&1
     local rc=$?
@@ -52,17 +54,22 @@ timed backbone python3 vit_backbone.py --model "$in1k" --data-dir "$WORK/beans" 
 python3 - "$OUT" <<'PY' | tee "$OUT/table.txt"
 import json, sys
 out = sys.argv[1]
+wall = {fields[0]: float(fields[3]) for fields in map(str.split, open(f"{out}/times.txt"))
+        if len(fields) > 3 and fields[1] == "rc"}  # the steps' lines: NAME rc CODE SECONDS s
 def record(name):
+    if name not in wall:  # not run by this call (ONLY): an older call's file is not this call's figure
+        return None
     try:
         return json.load(open(f"{out}/{name}.json"))
     except (OSError, ValueError):
         return None
-wall = {line.split()[0]: float(line.split()[-2]) for line in open(f"{out}/times.txt") if line.strip()}
 print(f"{'script':<14} {'whole (s)':>9} {'model share':>11}  longest wait of a pass")
 for name in ("posemb", "fewshot", "finetune_bf16", "backbone"):
+    if name not in wall:
+        continue
     r = record(name)
     if r is None or not r.get("passes"):
-        print(f"{name:<14} {wall.get(name, float('nan')):9.1f}  no JSON with passes: see {name}.log")
+        print(f"{name:<14} {wall[name]:9.1f}  no JSON with passes: see {name}.log")
         continue
     passes = r["passes"]
     model = sum(p["seconds"] - p["waiting seconds"] for p in passes.values())

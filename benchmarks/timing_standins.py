@@ -33,6 +33,10 @@ def main(argv=None):
                         help="pictures of each class in each split of the beans stand-in (default: the release's)")
     parser.add_argument("--beans-side", type=positive_int, default=500, help="the beans stand-in's pictures, px")
     args = parser.parse_args(argv)
+    try:
+        import datasets  # noqa: F401 - the beans stand-in needs it; said now, not after the pictures are made
+    except ImportError:
+        parser.error("the beans stand-in needs the datasets library: pip install datasets")
     out = Path(args.directory)
     jobs = [(out / "nette", args.per_class, wnid, seed) for seed, (wnid, _, _) in enumerate(CLASSES)]
     with ProcessPoolExecutor() as pool:

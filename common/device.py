@@ -56,6 +56,11 @@ PRECISIONS = ("fp32", "tf32", "bf16")
 FP32_RULES = {"strict": (False, False), "torch defaults": (False, True)}
 
 
+def float32_rule(precision, fp32_rule):
+    """The rule float32 follows under --precision: tf32's own, strict for fp32-strict, else the article's."""
+    return "tf32" if precision == "tf32" else "strict" if precision == "fp32-strict" else fp32_rule
+
+
 def set_precision(device, precision="fp32", fp32_rule="strict"):
     """The arithmetic of matrix multiplies and convolutions; returns the context to run forward passes in.
 
@@ -65,14 +70,14 @@ def set_precision(device, precision="fp32", fp32_rule="strict"):
     forward pass under autocast in bfloat16.
     """
     if precision not in PRECISIONS + ("fp32-strict",):
-        raise UserError(f"--precision {precision}: choose one of {', '.join(PRECISIONS)}")
+        raise UserError(f"--precision {precision}: choose one of {', '.join(PRECISIONS + ('fp32-strict',))}")
     if precision == "tf32" and device.type != "cuda":
         raise UserError(f"--precision tf32 exists on NVIDIA GPUs only, not on {device.type}: use fp32 or bf16")
     if precision == "bf16" and device.type == "mps" and not mps_has_bfloat16(device):
         raise UserError("--precision bf16: this Mac's Metal backend has no bfloat16 (it needs macOS 14 or later): "
                         "use fp32")
-    rule = "strict" if precision == "fp32-strict" else fp32_rule
-    matmul, convolutions = (True, True) if precision == "tf32" else FP32_RULES[rule]
+    rule = float32_rule(precision, fp32_rule)
+    matmul, convolutions = (True, True) if rule == "tf32" else FP32_RULES[rule]
     # The flags whose defaults are the rule "torch defaults"; torch's newer fp32_precision API is left alone, since
     # reading these after mixing the two raises. The Trainer's tf32=None leaves them as set here.
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, convolutions
@@ -83,7 +88,7 @@ def set_precision(device, precision="fp32", fp32_rule="strict"):
 
 def float32_arithmetic(device, precision, fp32_rule):
     """What the run record says of float32: the rule, and whether TF32 was allowed and could act on this device."""
-    rule = "tf32" if precision == "tf32" else "strict" if precision == "fp32-strict" else fp32_rule
+    rule = float32_rule(precision, fp32_rule)
     tf32_hardware = device is not None and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8
     return {"rule": rule, "TF32 matrix multiplies": torch.backends.cuda.matmul.allow_tf32,
             "TF32 cuDNN convolutions": torch.backends.cudnn.allow_tf32, "TF32 on this device": tf32_hardware}
