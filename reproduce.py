@@ -56,7 +56,7 @@ from common.files import write_atomic, write_text
 from common.reference import VERDICTS, compare, counts_text, load_reference, verdict_counts
 from common.reproduction_page import SCRIPTS, script_file
 from common.reproduction_page import read_record as page_record
-from common.run import check_output_dir, guarded
+from common.run import CHECK_ONLY, check_output_dir, guarded
 
 ROOT = Path(__file__).resolve().parent
 MANIFEST = "reproduce.json"    # what this job ran, for the next one to skip
@@ -164,6 +164,26 @@ def extra_flags(texts):
                                 f"{', '.join(sorted(SCRIPT_FLAGS[script] - set(SET_BY_THE_JOB)))})")
         extra[script] += tokens
     return extra
+
+
+def check_extra_values(args, out, scripts):
+    """Each script to run with --extra flags checks its whole command now (values and paths too), in a process of
+    its own that stops before its sections (common/run.py's CHECK_ONLY), all at once: a typo costs seconds, not a
+    job that has run for hours and then moved fine-tuning's checkpoint aside for a command that cannot start."""
+    checks = {script: subprocess.Popen(script_command(script, args, out), cwd=ROOT, stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.PIPE, text=True, env={**os.environ, CHECK_ONLY: "1"})
+              for script in scripts if args.extra[script]}
+    try:
+        for script, check in checks.items():
+            _, err = check.communicate()
+            if check.returncode != 0:
+                last = [line for line in err.splitlines() if line.strip()][-1:] or [f"exit status {check.returncode}"]
+                raise UserError(f"--extra for {script_file(script)}: {last[0].removeprefix('error: ')}")
+    finally:
+        for check in checks.values():
+            if check.poll() is None:
+                check.kill()
+                check.wait()
 
 
 def check_folders(args):
@@ -745,6 +765,7 @@ def main(argv=None):
     check_output_dir(out / "logs", "OUT")
     manifest = read_manifest(out)
     keys, done, cannot, runnable = plan(args, out, manifest)
+    check_extra_values(args, out, runnable)
 
     gflops, reference = None, REFERENCE["quick" if args.quick else "full"]
     if runnable:  # the device is checked, and measured for the estimate, only when a script will use it

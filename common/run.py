@@ -67,6 +67,9 @@ def section_title(section):
     return section.__doc__.strip().splitlines()[0]
 
 
+CHECK_ONLY = "VIT_PART3_CHECK_ONLY"  # set to 1: a script checks its flags and paths, then stops before its sections
+
+
 def run_sections(script, run, sections, setup_differences=None):
     """Run each section in order, then --compare and --json; exit status 1 when a section could not run.
 
@@ -79,6 +82,8 @@ def run_sections(script, run, sections, setup_differences=None):
     if getattr(run.args, "plots", None):
         check_output_dir(run.args.plots, "--plots")
         figures.pyplot(report.say)  # without matplotlib, say so now, not after the long work
+    if os.environ.get(CHECK_ONLY) == "1":  # reproduce.py asks, before its job, whether this command would start
+        return 0
     for section in sections:
         try:
             section(run, report)

@@ -447,6 +447,22 @@ def test_a_bad_flag_or_path_is_one_line_before_any_work(places, capsys, argv, sa
     assert "Traceback" not in err and not list(Path(places["{out}"]).glob("*.json"))
 
 
+@pytest.mark.parametrize("extra,says", [
+    ("finetune=--steps abc", "--extra for vit_part3_finetune.py: argument --steps: 'abc' is not a whole number"),
+    ("fewshot=--shots 60", "--shots 60 is more than the pool of 50 per class"),
+    ("posemb=--resolution 40", "--resolution 40"),  # the checkpoint's patch grid is checked too
+])
+def test_a_bad_extra_value_is_one_line_before_any_script_runs(job_standins, tmp_path, capsys, extra, says):
+    """The values of --extra, and what each script checks of its whole command, are checked before the job: a typo
+    found when fine-tuning starts would cost the scripts before it and move its checkpoint aside."""
+    out = tmp_path / "out"
+    status = guarded(lambda: reproduce.main([str(out), *job_flags(job_standins), "--extra", extra]))
+    err = capsys.readouterr().err
+    errors = [text for text in err.splitlines() if text.startswith("error:")]
+    assert status == 2 and len(errors) == 1 and says in errors[0], err
+    assert "[1/5]" not in err and not list(out.glob("*.json")) and not list((out / "logs").iterdir())
+
+
 def test_out_that_is_a_file_is_refused(places, capsys):
     assert guarded(lambda: reproduce.main([places["{file}"]])) == 2
     assert capsys.readouterr().err.strip() == (f"error: OUT {places['{file}']} is a file, not a folder: pass a folder, "
