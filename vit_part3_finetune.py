@@ -476,16 +476,23 @@ class StopOnSignal:
     """In the block, a first Ctrl-C or SIGTERM asks to stop after the current step (saved whole); a second, at once.
 
     SIGTERM is what schedulers (SLURM), `timeout`, `docker stop` and systemd send some seconds before
-    they kill a job: the step in flight is finished and saved in that time, as on Ctrl-C.
+    they kill a job: the step in flight is finished and saved in that time, as on Ctrl-C. A SIGTERM
+    that follows the first within REPEAT_SECONDS is the same stop delivered twice (systemd and SLURM
+    signal every process of a job, and reproduce.py passes its own on), not a second request.
     """
+    REPEAT_SECONDS = 2.0
+
     def __init__(self):
         self.names = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
         self.asked = None  # the name of the first signal
+        self.asked_at = None
 
     def _handler(self, signum, frame):
         if self.asked:
+            if signum == signal.SIGTERM == self.first and time.monotonic() - self.asked_at < self.REPEAT_SECONDS:
+                return
             raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
-        self.asked = self.names[signum]
+        self.asked, self.first, self.asked_at = self.names[signum], signum, time.monotonic()
         if os.environ.get("RANK", "0") == "0":  # one process speaks for all
             print(f"\n{self.asked}: stopping after this step (again: at once)", file=sys.stderr)
 

@@ -231,6 +231,27 @@ def test_a_decompression_bomb_is_named(tiny_in21k, tmp_path, capsys, monkeypatch
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("first,second,seconds_between,stops_at_once", [
+    (signal.SIGTERM, signal.SIGTERM, 0.1, False),  # one stop delivered twice: by systemd/SLURM and by reproduce.py
+    (signal.SIGTERM, signal.SIGTERM, 5.0, True),   # a second request
+    (signal.SIGINT, signal.SIGINT, 0.1, True),     # Ctrl-C twice: at once
+    (signal.SIGINT, signal.SIGTERM, 0.1, True),
+])
+def test_a_second_signal_stops_at_once_unless_it_repeats_the_first_sigterm(first, second, seconds_between,
+                                                                           stops_at_once, monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(finetune.time, "monotonic", lambda: clock[0])
+    stop = finetune.StopOnSignal()
+    stop._handler(first, None)
+    clock[0] += seconds_between
+    if stops_at_once:
+        with pytest.raises(KeyboardInterrupt):  # Terminated is one
+            stop._handler(second, None)
+    else:
+        stop._handler(second, None)
+    assert stop.asked == {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}[first]
+
+
 def test_a_checks_picture_damaged_before_a_resume_stops_it_before_any_step(tiny_in21k, tmp_path, capsys,
                                                                             monkeypatch):
     """The checks' pictures are read before the first step, resumed or not: a damaged one costs no step's work."""
