@@ -52,7 +52,7 @@ from common.checkpoints import hub_offline
 from common.cli import script_parser
 from common.device import DEVICE_CHOICES, PRECISIONS
 from common.errors import UserError
-from common.files import write_atomic, write_text
+from common.files import reason, write_atomic, write_text
 from common.reference import VERDICTS, compare, counts_text, load_reference, verdict_counts
 from common.reproduction_page import SCRIPTS, script_file
 from common.reproduction_page import read_record as page_record
@@ -204,6 +204,13 @@ def check_folders(args):
     if args.imagenette and not all((Path(args.imagenette) / split).is_dir() for split in ("train", "val")):
         raise UserError(f"--imagenette {args.imagenette} has no train/ and val/ folders: pass a folder in "
                         f"Imagenette's layout, {{train,val}}/<class>/*.JPEG (e.g. imagenette2-160/)")
+    if args.imagenette:
+        from common.imagenette import check_layout
+
+        try:
+            check_layout(args.imagenette)
+        except UserError as problem:
+            raise UserError(f"--imagenette {args.imagenette}: {problem}") from problem
     if args.beans:
         names = [path.name for path in Path(args.beans).rglob("*.parquet")] if Path(args.beans).is_dir() else []
         if not all(any(name.startswith(split) for name in names) for split in ("train", "validation")):
@@ -646,6 +653,15 @@ def run_logged(command, log_path, stop):
 
 # ---------------------------------------------------------------- the results
 
+def page_is_stale(page, out):
+    """No page, or a JSON newer than it (a job whose page could not be written, or that a signal stopped after it)."""
+    if not page.is_file():
+        return True
+    made = page.stat().st_mtime_ns
+    return any(path.stat().st_mtime_ns > made for path in (out / f"{script}.json" for script in SCRIPTS)
+               if path.is_file())
+
+
 def result_row(script, record):
     """{sections: (run, of all), counts: {verdict: n}} of one script from its JSON (None: no JSON)."""
     reference, total = load_reference(script), SECTION_COUNTS[script]
@@ -724,7 +740,7 @@ def prepare(script, args, out, keys, manifest):
         resume = finetune_resumes(args, out, keys[script], manifest)
         if not resume and checkpoint.is_file():  # hours of training may be in it: kept aside, not deleted
             kept = checkpoint.with_name(KEPT_ASIDE)
-            os.replace(checkpoint, kept)
+            move(checkpoint, kept)
             say(f"{script_file(script)} starts afresh: its checkpoint was made by another command or code (or "
                 f"--force); the old one is kept as {kept}")
         manifest["finetune checkpoint"] = checkpoint_maker(args, out, keys[script])  # every checkpoint from now on
@@ -742,11 +758,37 @@ def finetune_resumes(args, out, key, manifest):
             and manifest.get("finetune checkpoint") == checkpoint_maker(args, out, key))
 
 
+def only_job_on(out):
+    """An exclusive lock on OUT/.reproduce.lock, or one line: two jobs on one OUT would move each other's JSON aside
+    and write one fine-tuning folder. The open file is returned: the lock lasts while it is open (where the
+    system has flock; elsewhere nothing is locked)."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    handle = open(out / ".reproduce.lock", "a")  # noqa: SIM115 - held open for the whole job
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        handle.close()
+        raise UserError(f"another reproduce.py is running on {out}: wait for it, or give this one another OUT") \
+            from error
+    return handle
+
+
+def move(source, target):
+    """os.replace, its failure (a read-only disk) one line naming both."""
+    try:
+        os.replace(source, target)
+    except OSError as error:
+        raise UserError(f"cannot move {source} to {target} ({reason(error)}): make OUT writable") from error
+
+
 def move_stale(out, script, manifest):
     """OUT keeps only the JSON of this job's commands, so the page never mixes two setups; the old one is kept aside."""
     stale = out / f"{script}.json"
     if stale.is_file():
-        os.replace(stale, out / "logs" / f"{script}.previous.json")
+        move(stale, out / "logs" / f"{script}.previous.json")
     manifest.pop(script, None)
     write_manifest(out, manifest)
 
@@ -763,6 +805,7 @@ def main(argv=None):
     check_output_dir(args.out, "OUT")
     out = Path(args.out).resolve()
     check_output_dir(out / "logs", "OUT")
+    _lock = only_job_on(out)  # held while main() runs: a local keeps the file open
     manifest = read_manifest(out)
     keys, done, cannot, runnable = plan(args, out, manifest)
     check_extra_values(args, out, runnable)
@@ -793,6 +836,8 @@ def main(argv=None):
                 move_stale(out, script, manifest)
                 continue
             command = prepare(script, args, out, keys, manifest)
+            if stop.asked:  # it came while the command was prepared: not passed to a script that has just started
+                break
             left = estimate_seconds([s for s in runnable if s not in finished], reference, gflops, finished)
             say(f"\n[{index}/5] {name} ... about {duration(left)} left in the job (estimate)")
             status, seconds = run_logged(command, out / "logs" / f"{script}.log", stop)
@@ -816,7 +861,7 @@ def main(argv=None):
             for script in SCRIPTS}
     print("\n" + "\n".join(final_table(rows)), flush=True)  # the results first: the page can still fail
     page = out / "report.md"
-    if finished or cannot or not page.is_file():
+    if finished or cannot or page_is_stale(page, out):
         from common.reproduction_page import build
 
         try:

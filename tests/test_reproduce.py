@@ -6,6 +6,7 @@ same command to the end. The variants (a second call, a JSON removed) run on cop
 functions with inputs whose answers are worked out here by hand.
 """
 import json
+import os
 import re
 import shlex
 import shutil
@@ -344,7 +345,7 @@ def test_a_script_is_skipped_only_when_its_json_is_complete_and_made_by_the_same
 def test_the_code_of_a_script_follows_its_imports():
     posemb = {str(path.relative_to(ROOT)) for path in reproduce.code_files("posemb")}
     assert {"vit_part3_posemb.py", "common/position_table.py", "common/loader.py", "common/files.py"} <= posemb
-    assert not {"common/job_standins.py", "common/reproduction_page.py", "vit_part3_setup.py"} & posemb
+    assert not {"common/standins.py", "common/reproduction_page.py", "vit_part3_setup.py"} & posemb
     setup = {str(path.relative_to(ROOT)) for path in reproduce.code_files("setup")}
     assert {"common/compute.py", "common/schedules.py"} <= setup and "common/position_table.py" not in setup
 
@@ -403,9 +404,12 @@ def places(tmp_path):
     (tmp_path / "no-config" / VIT).mkdir(parents=True)
     (tmp_path / "a-file").write_text("not a folder")
     (tmp_path / "nette" / "train").mkdir(parents=True)  # no val/
+    for split in ("train", "val"):
+        (tmp_path / "empty-nette" / split).mkdir(parents=True)  # no class folders
     return {"{empty}": str(tmp_path / "empty"), "{no config}": str(tmp_path / "no-config"),
             "{file}": str(tmp_path / "a-file"), "{missing}": str(tmp_path / "missing"),
-            "{half nette}": str(tmp_path / "nette"), "{out}": str(tmp_path / "out")}
+            "{half nette}": str(tmp_path / "nette"), "{empty nette}": str(tmp_path / "empty-nette"),
+            "{out}": str(tmp_path / "out")}
 
 
 BAD = [
@@ -423,6 +427,7 @@ BAD = [
     (["--models", "{no config}"], "has no config.json"),
     (["--imagenette", "{missing}"], "--imagenette {missing} has no train/ and val/ folders"),
     (["--imagenette", "{half nette}"], "--imagenette {half nette} has no train/ and val/ folders"),
+    (["--imagenette", "{empty nette}"], "--imagenette {empty nette}: no class folders in {empty nette}/train"),
     (["--beans", "{empty}"], "--beans {empty} has no parquet files"),
     (["--beans", "{file}"], "--beans {file} has no parquet files"),
     (["--device", "gpu"], "argument --device: invalid choice: 'gpu'"),
@@ -461,6 +466,31 @@ def test_a_bad_extra_value_is_one_line_before_any_script_runs(job_standins, tmp_
     errors = [text for text in err.splitlines() if text.startswith("error:")]
     assert status == 2 and len(errors) == 1 and says in errors[0], err
     assert "[1/5]" not in err and not list(out.glob("*.json")) and not list((out / "logs").iterdir())
+
+
+def test_a_second_job_on_the_same_out_is_one_line(tmp_path, capsys):
+    fcntl = pytest.importorskip("fcntl")
+    out = tmp_path / "out"
+    (out / "logs").mkdir(parents=True)
+    with open(out / ".reproduce.lock", "a") as held:  # the first job
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert guarded(lambda: reproduce.main([str(out), "--quick"])) == 2
+    assert capsys.readouterr().err.strip() == (f"error: another reproduce.py is running on {out}: wait for it, or "
+                                               f"give this one another OUT")
+    assert not (out / "reproduce.json").exists()
+
+
+@pytest.mark.parametrize("files,stale", [
+    ({}, True),                                          # no page yet
+    ({"report.md": 1, "posemb.json": 2}, True),          # a JSON newer than the page: it was never built from it
+    ({"posemb.json": 1, "report.md": 2}, False),
+    ({"report.md": 2}, False),
+])
+def test_the_page_is_built_again_when_a_json_is_newer(tmp_path, files, stale):
+    for name, second in files.items():
+        (tmp_path / name).write_text("{}")
+        os.utime(tmp_path / name, ns=(second * 10**9, second * 10**9))
+    assert reproduce.page_is_stale(tmp_path / "report.md", tmp_path) is stale
 
 
 def test_out_that_is_a_file_is_refused(places, capsys):
