@@ -47,12 +47,17 @@ import urllib.error
 import urllib.request
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from urllib.parse import urlparse
+
+from huggingface_hub.constants import ENDPOINT as HF_ENDPOINT
 
 from common.checkpoints import hub_offline
 from common.cli import script_parser
 from common.device import DEVICE_CHOICES, PRECISIONS
 from common.errors import UserError
 from common.files import reason, write_atomic, write_text
+from common.imagenette import ARCHIVE_MB, check_layout
+from common.imagenette import URL as IMAGENETTE_URL
 from common.reference import VERDICTS, compare, counts_text, load_reference, verdict_counts
 from common.reproduction_page import SCRIPTS, script_file
 from common.reproduction_page import read_record as page_record
@@ -108,10 +113,11 @@ NO_MODEL = {"setup"}  # its time is start-up and arithmetic: it says nothing of 
 # What the scripts download when it is not here: (size in MB, MB on disk at most, where it comes from).
 VIT, IN21K, RESNET = "google/vit-base-patch16-224", "google/vit-base-patch16-224-in21k", "microsoft/resnet-50"
 IMAGENETTE, BEANS = "Imagenette", "AI-Lab-Makerere/beans"
-PIECES = {VIT: (346, 346, "huggingface.co"), IN21K: (346, 346, "huggingface.co"),
-          IMAGENETTE: (94, 2 * 94, "s3.amazonaws.com"),        # the archive beside its extraction
-          BEANS: (180, 2 * 180, "huggingface.co"),             # the parquet files and the library's Arrow copy
-          RESNET: (100, 100, "huggingface.co")}
+HUB = urlparse(HF_ENDPOINT).hostname  # huggingface.co, or the mirror HF_ENDPOINT names
+PIECES = {VIT: (346, 346, HUB), IN21K: (346, 346, HUB),
+          IMAGENETTE: (ARCHIVE_MB, 2 * ARCHIVE_MB, urlparse(IMAGENETTE_URL).hostname),  # the archive and its extraction
+          BEANS: (180, 2 * 180, HUB),             # the parquet files and the library's Arrow copy
+          RESNET: (100, 100, HUB)}
 NEEDS = {"setup": [], "posemb": [VIT, IMAGENETTE], "fewshot": [IN21K, IMAGENETTE],
          "finetune": [IN21K, IMAGENETTE], "backbone": [VIT, BEANS]}
 OPTIONAL = {"setup": [RESNET]}  # setup uses the architecture with random weights without it
@@ -205,8 +211,6 @@ def check_folders(args):
         raise UserError(f"--imagenette {args.imagenette} has no train/ and val/ folders: pass a folder in "
                         f"Imagenette's layout, {{train,val}}/<class>/*.JPEG (e.g. imagenette2-160/)")
     if args.imagenette:
-        from common.imagenette import check_layout
-
         try:
             check_layout(args.imagenette)
         except UserError as problem:
@@ -276,11 +280,13 @@ def command_key(command, out):
 
 def checkpoint_key(command, out):
     """What fine-tuning's checkpoint must have been made by to be continued: the command, --pause-at aside."""
-    key = command_key(command, out)
-    if "--pause-at" in key:
-        at = key.index("--pause-at")
-        key = key[:at] + key[at + 2:]
-    return key
+    key, kept = command_key(command, out), []
+    for token in key:
+        if kept and kept[-1] == "--pause-at":  # its value
+            kept.pop()
+        elif not token.startswith("--pause-at="):
+            kept.append(token)
+    return kept
 
 
 @functools.cache

@@ -311,6 +311,9 @@ def test_a_quick_check_of_fine_tuning_is_continued_by_the_full_run(tmp_path):
     assert reproduce.checkpoint_key(quick, out) == reproduce.checkpoint_key(full, out) == [
         "python", "vit_part3_finetune.py", "--save-dir", "OUT/finetune-run", "--json", "OUT/finetune.json",
         "--plots", "OUT/figures", "--compare"]
+    extra = {"finetune": ["--pause-at=2"]}  # the flag's other spelling, through --extra
+    assert reproduce.checkpoint_key(reproduce.script_command("finetune", namespace(extra=extra), out), out) == \
+        reproduce.checkpoint_key(full, out)
 
 
 @pytest.mark.parametrize("change,complete", [
