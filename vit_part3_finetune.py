@@ -139,6 +139,13 @@ def body_gradient_norm(model):
     return math.sqrt(squares)
 
 
+def micro_batches(pixels, labels, passes):
+    """(pictures, labels, weight) of each of `passes` parts of a batch; weight = the part's share of the batch, so
+    that the parts' mean losses, each times its weight, add up to the batch's mean loss (and so the gradients)."""
+    for x, y in zip(pixels.chunk(passes), labels.chunk(passes)):
+        yield x, y, len(y) / len(labels)
+
+
 def head_step(model, pixels, labels, passes=1):
     """One forward and backward pass on a batch: what the head and the body receive. Leaves .grad set.
 
@@ -151,9 +158,9 @@ def head_step(model, pixels, labels, passes=1):
         lambda module, inputs, output: captured.append(inputs[0].detach().float()))
     model.zero_grad(set_to_none=True)
     try:
-        for x, y in zip(pixels.chunk(passes), labels.chunk(passes)):
+        for x, y, weight in micro_batches(pixels, labels, passes):
             part = model(pixel_values=x, interpolate_pos_encoding=True).logits.float()  # the loss in float32, bf16 too
-            share = F.cross_entropy(part, y) * (len(y) / len(labels))
+            share = F.cross_entropy(part, y) * weight
             share.backward()
             logits.append(part.detach())
             loss += share.item()
@@ -457,11 +464,11 @@ def train_step(model, optimizer, pixels, labels, lr, run):
         group["lr"] = lr
     optimizer.zero_grad(set_to_none=True)
     loss_sum, passes = 0.0, run.args.accum_steps
-    for k, (x, y) in enumerate(zip(pixels.chunk(passes), labels.chunk(passes))):
+    for k, (x, y, weight) in enumerate(micro_batches(pixels, labels, passes)):
         gradients_wait = run.world > 1 and k < passes - 1  # DDP averages over processes after the last pass only
         with model.no_sync() if gradients_wait else contextlib.nullcontext(), run.autocast:
             logits = model(pixel_values=x, interpolate_pos_encoding=True).logits.float()  # on CUDA, autocast would
-            loss = F.cross_entropy(logits, y) * (len(y) / len(labels))  # give a bf16 loss; this pass's share of the mean
+            loss = F.cross_entropy(logits, y) * weight  # give a bf16 loss; this pass's share of the mean
             loss.backward()
         loss_sum += loss.item()
     loss = sum_over_processes(loss_sum, run) / run.world

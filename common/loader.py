@@ -200,7 +200,8 @@ class TimedLoader:
     """A data loader whose every next() is timed into a pass timing; all else is the loader's own.
 
     For loops that a library runs (transformers' Trainer), where the wait cannot be timed inside.
-    count(batch): the pictures in a batch.
+    count(batch): the pictures in a batch. Through the Trainer, accelerate's loader copies each batch to
+    the GPU inside next(), so there the measured wait includes queuing that copy.
     """
 
     def __init__(self, loader, timing, count=len, device=None):

@@ -260,8 +260,12 @@ def test_precision_flags():
         set_precision(cpu, "fp16")
 
 
-def test_the_fp32_rule_torch_defaults_is_what_a_fresh_torch_has_and_strict_allows_no_tf32():
+def test_the_fp32_rule_torch_defaults_is_what_a_fresh_torch_has_and_strict_allows_no_tf32(monkeypatch):
     from common.device import FP32_RULES, set_precision
+
+    # the flags this test sets are given back to the tests after it in this process
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", torch.backends.cuda.matmul.allow_tf32)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", torch.backends.cudnn.allow_tf32)
 
     read = "import torch; print(torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)"
     fresh = subprocess.run([sys.executable, "-c", read], capture_output=True, text=True, check=True)
