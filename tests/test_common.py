@@ -260,21 +260,25 @@ def test_precision_flags():
         set_precision(cpu, "fp16")
 
 
-def test_the_fp32_rule_torch_defaults_is_what_a_fresh_torch_has_and_strict_allows_no_tf32(monkeypatch):
+def test_the_fp32_rule_torch_defaults_is_what_a_fresh_torch_has_and_strict_allows_no_tf32():
     from common.device import FP32_RULES, set_precision
-
-    # the flags this test sets are given back to the tests after it in this process
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", torch.backends.cuda.matmul.allow_tf32)
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", torch.backends.cudnn.allow_tf32)
 
     read = "import torch; print(torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)"
     fresh = subprocess.run([sys.executable, "-c", read], capture_output=True, text=True, check=True)
     assert fresh.stdout.split() == [str(flag) for flag in FP32_RULES["torch defaults"]]
     cpu = torch.device("cpu")
-    for precision, rule, expected in (("fp32", "strict", (False, False)), ("fp32", "torch defaults", (False, True)),
-                                      ("fp32-strict", "torch defaults", (False, False)), ("bf16", "strict", (False, False))):
-        set_precision(cpu, precision, rule)
-        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == expected, (precision, rule)
+    # given back by hand, not by monkeypatch: torch's cuBLAS module answers allow_tf32 through __getattr__, and
+    # pytest 9.2's undo deletes an attribute it did not find in the object's __dict__ (AttributeError at teardown)
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        for precision, rule, expected in (("fp32", "strict", (False, False)), ("fp32", "torch defaults", (False, True)),
+                                          ("fp32-strict", "torch defaults", (False, False)),
+                                          ("bf16", "strict", (False, False))):
+            set_precision(cpu, precision, rule)
+            assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == expected, (precision,
+                                                                                                         rule)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
