@@ -81,6 +81,16 @@ def scaled(article_step, total_steps):
     return max(1, round(article_step * total_steps / ARTICLE_STEPS))
 
 
+def warmup_steps(total_steps):
+    """The linear warm-up: the first 10% of the steps (30 of the article's 300)."""
+    return round(WARMUP_FRACTION * total_steps)
+
+
+def lr_at(step, base_lr, total_steps):
+    """The learning rate of step s = 1 .. T, the one it applies and logs: the schedule after s - 1 finished steps."""
+    return warmup_cosine_lr(step - 1, base_lr, total_steps, warmup_steps(total_steps))
+
+
 def report_steps(total_steps):
     return sorted({0} | {scaled(s, total_steps) for s in REPORT_STEPS[1:]})
 
@@ -628,7 +638,7 @@ def section_finetune(run, report):
     """2. fine-tuning"""
     data, classifier = run.need("data", "classifier")
     args, model = run.args, classifier["model"]
-    warmup = round(WARMUP_FRACTION * args.steps)
+    warmup = warmup_steps(args.steps)
     micro = args.batch_size // (run.world * args.accum_steps)
     report.header(f"2. fine-tuning: {args.steps} steps, batch {args.batch_size}, SGD momentum {MOMENTUM}, no weight "
                   f"decay, base LR {args.lr:g}, linear warm-up {report.num('warm-up steps', warmup)} "
@@ -721,7 +731,7 @@ def train_steps(run, report, data, training, monitor, warmup, last_step):
             pixels = next(batches)  # the wait for it is timed
             training["trained"].train()
             labels = torch.tensor([data["train"][i][1] for i in indices], device=run.device)
-            lr = warmup_cosine_lr(step - 1, args.lr, args.steps, warmup)
+            lr = lr_at(step, args.lr, args.steps)
             loss, norm = train_step(training["trained"], training["optimizer"], to_pixels(pixels, run.device), labels,
                                     lr, run)
             if not math.isfinite(loss):
@@ -812,7 +822,7 @@ def finish_run(run, report, data, training, warmup):
     report_passes(report, history, args.steps, {"both weights on all validation pictures": final})
     report.keep("training loss", history["losses"])
     report.keep("gradient norm", history["norms"])
-    report.keep("learning rate", [warmup_cosine_lr(s, args.lr, args.steps, warmup) for s in range(args.steps)])
+    report.keep("learning rate", [lr_at(step, args.lr, args.steps) for step in range(1, args.steps + 1)])
     if args.plots and run.rank == 0:
         figures.finetune_curves(report.series, report.values(), article_values("finetune"), CLIP_NORM,
                                 Path(args.plots) / FIGURE, report.say)
