@@ -712,10 +712,8 @@ def section_checkpoint(run, report):
 
 def print_eval(report, what, metrics, pictures):
     """The article's dict of loss and accuracy, then the count it stands for."""
-    loss = report.num(f"{what} eval_loss", metrics["eval_loss"], repr)
-    accuracy = report.num(f"{what} eval_accuracy", metrics["eval_accuracy"], repr)
-    report.line(f"{what.capitalize()} fine-tuning:")
-    report.line(f"{{'eval_loss': {loss}, 'eval_accuracy': {accuracy}}}")
+    report.line("{What} fine-tuning:", What=what.capitalize())
+    report.line("{{'eval_loss': {eval_loss:repr}, 'eval_accuracy': {eval_accuracy:repr}}}", metrics, prefix=f"{what} ")
     right = round(metrics["eval_accuracy"] * pictures)
     return f"{report.num(f'{what} right', right)} of {pictures}"
 
@@ -843,7 +841,7 @@ def section_three_ways(run, report):
                 f"mean and std; and the accuracy is the last epoch's, where DINO reports the best over its epochs "
                 f"(chosen on the validation pictures)")
     report.line("closed form: Part 3's W = (X^T X + lambda I)^-1 X^T Y on the same features with a bias column, "
-                "targets in {-1, +1}")
+                "targets in {{-1, +1}}")
     rows = [("random new head (the article's before)", result["before"]["eval_accuracy"],
              result["before"]["eval_loss"], 0, None)]
     start = time.perf_counter()
@@ -880,7 +878,7 @@ def print_ways(report, rows):
         report.line(f"{way:<40} {n(f'{way}: accuracy (%)', 100 * accuracy, '7.2f')}%  {loss_text:>7}  "
                     f"{n(f'{way}: trained parameters', parameters, '18,')}  {seconds_text:>8}")
     report.line("accuracy and loss (cross-entropy) on the validation pictures; the closed form fits squared error to "
-                "targets in {-1, +1} and gives no probabilities, so it has no cross-entropy; fine-tuning's time is its "
+                "targets in {{-1, +1}} and gives no probabilities, so it has no cross-entropy; fine-tuning's time is its "
                 "training with its evaluations, the probes' their fit on the features")
 
 

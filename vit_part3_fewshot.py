@@ -228,7 +228,7 @@ def section_by_hand(run, report):
     w = closed_form(x, y, 1.0)
     new_scores, train_scores = np.array(HAND_NEW) @ w, x @ w
     report.line(f"X (rows = pictures A1, A2, B1, B2) = {report.nums('X', x)}")
-    report.line(f"Y (targets in {{-1, 1}}: class A = [1, -1], class B = [-1, 1]) = {report.nums('Y', y)}")
+    report.line("Y (targets in {{-1, 1}}: class A = [1, -1], class B = [-1, 1]) = {Y}", {"Y": y})
     report.line(f"X^T X = {report.nums('X^T X', gram)}   + lambda I = {report.nums('X^T X + I', regularised)}   "
                 f"det = {report.num('det', round(np.linalg.det(regularised), 6), 'g')}")
     report.line(f"(X^T X + I)^-1 = {report.nums('inverse', inverse)}")

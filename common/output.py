@@ -1,10 +1,17 @@
-"""A run's output: what it prints, with every number it prints recorded under a name in the same call.
+"""A run's output: what it prints, with every number it prints recorded under a name as it is printed.
 
-Sections print through a Report. `report.num(name, value, spec)` formats one number and records it;
-`report.nums(name, values, spec)` does the same for a list as the article prints lists. The name
-stands next to the format, so the recorded text is exactly the printed one, and --compare, --json
-and the exit status read the numbers from here; no results dict is typed beside the printing.
+A section computes its numbers first, then prints each line from one template, as the article prints it:
+
+    report.line("(0+1)/2 = {2x2 top middle:g}, (0+2)/2 = {2x2 middle left:g}", numbers)
+
+A field {name:spec} is filled from `numbers` (recorded as prefix + name, with the text it prints as) or
+from the keyword words (text, not recorded). spec is a format spec or a name of FORMATS; a name holding
+":" needs its spec (or an empty one) after a last ":". A list or array prints as the article prints
+lists, "[[7.0, 5.0], [5.0, 15.0]]" (a tuple, a shape, in parentheses), entry (i, j) recorded as
+"name[i,j]". --compare, --json and the exit status read the numbers from here; no results dict is
+typed beside the printing.
 """
+import re
 import sys
 
 
@@ -13,9 +20,28 @@ def short(x, digits=4):
     return repr(round(float(x), digits) + 0.0)  # + 0.0 turns -0.0 into 0.0
 
 
+def millions(value):
+    """85.8M as the article prints ViT-B's body of 85,798,656 numbers; a small stand-in's count in full."""
+    return f"{value / 1e6:.1f}M" if value >= 1e5 else f"{value:,.0f}"
+
+
+def zero_or_3g(value):
+    """An exact zero as 0.0 (the zero head's body gradient), anything else to 3 significant digits."""
+    return "0.0" if value == 0 else f"{value:.3g}"
+
+
+FORMATS = {"short": short, "repr": repr, "millions": millions, "zero or 3g": zero_or_3g}
+FIELD = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
+
+
 def render(value, spec):
-    """format(value, spec); spec may also be a function of the value, such as short."""
+    """format(value, spec); spec may also be a name of FORMATS or a function of the value, such as short."""
+    spec = FORMATS.get(spec, spec)
     return spec(value) if callable(spec) else format(value, spec)
+
+
+def is_list(value):
+    return isinstance(value, (list, tuple)) or getattr(value, "ndim", 0) > 0
 
 
 def flat_entries(values, index=()):
@@ -48,14 +74,36 @@ class Report:
         if not self.quiet:
             print(text, flush=True)
 
-    def header(self, title):
-        self.print(f"\n== {title} ==")
+    def header(self, template, numbers=None, prefix="", **words):
+        self.print(f"\n== {self.fill(template, numbers, prefix, words)} ==")
 
-    def subheader(self, title):
-        self.print(f"\n-- {title} --")
+    def subheader(self, template, numbers=None, prefix="", **words):
+        self.print(f"\n-- {self.fill(template, numbers, prefix, words)} --")
 
-    def line(self, text=""):
-        self.print(f"  {text}")
+    def line(self, template="", numbers=None, prefix="", **words):
+        """One logged line, indented as the article's: the template's fields filled, the numbers recorded."""
+        self.print(f"  {self.fill(template, numbers, prefix, words)}")
+
+    def fill(self, template, numbers, prefix, words):
+        """The template's {name:spec} fields filled: from numbers (each recorded once, as prefix + name), else words."""
+        numbers, texts = numbers or {}, {}
+
+        def field(match):
+            if match[1] is None:  # {{ or }}
+                return match[0][0]
+            name, colon, spec = match[1].rpartition(":")
+            name, spec = (name, spec) if colon else (match[1], "")
+            if name in numbers:
+                if name not in texts:
+                    value = numbers[name]
+                    texts[name] = (self.nums(prefix + name, value, spec or short) if is_list(value) else
+                                   self.num(prefix + name, value, spec))
+                return texts[name]
+            if name not in words:
+                raise KeyError(f"{self.script}: the template {template!r} has a field {name!r} with no value")
+            return render(words[name], spec)
+
+        return FIELD.sub(field, template)
 
     def num(self, name, value, spec=""):
         """The number formatted with spec, recorded as `name` with the text it prints as."""
@@ -66,8 +114,10 @@ class Report:
         self.pending.append(name)
         return text
 
-    def nums(self, name, values, spec=short, brackets="[]"):
-        """A (nested) list as the article prints it, '[[7.0, 5.0], [5.0, 15.0]]'; entry (i, j) is 'name[i,j]'."""
+    def nums(self, name, values, spec=short, brackets=None):
+        """A (nested) list as the article prints it, '[[7.0, 5.0], [5.0, 15.0]]', a tuple (a shape) as '(197, 768)';
+        entry (i, j) is recorded as 'name[i,j]'."""
+        brackets = brackets or ("()" if isinstance(values, tuple) else "[]")
         texts = {index: self.num(f"{name}[{','.join(map(str, index))}]", value, spec)
                  for index, value in flat_entries(values)}
 
