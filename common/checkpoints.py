@@ -3,6 +3,7 @@
 Loading tries the local cache first, so a checkpoint downloaded once works offline. When it is
 neither cached nor reachable, the error names the checkpoint and the two ways to fix it.
 """
+import contextlib
 import os
 
 from common.errors import UserError
@@ -56,8 +57,26 @@ def checkpoint_config(name):
         return None
 
 
+@contextlib.contextmanager
+def quiet_loading():
+    """The library's notes on loading (its LOAD REPORT of a replaced head) are what the scripts print in their words."""
+    from transformers.utils import logging
+
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
+
+
 def load_pretrained(model_class, name, **kwargs):
-    """model_class.from_pretrained(name) from a local directory, the cache, or the Hub, in that order."""
+    """model_class.from_pretrained(name) from a local directory, the cache, or the Hub, in that order; quietly."""
+    with quiet_loading():
+        return load_from_where_it_is(model_class, name, **kwargs)
+
+
+def load_from_where_it_is(model_class, name, **kwargs):
     check_model_flag(name)
     name = os.path.expanduser(name)
     if os.path.isdir(name):

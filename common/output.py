@@ -21,8 +21,8 @@ def short(x, digits=4):
 
 
 def millions(value):
-    """85.8M as the article prints ViT-B's body of 85,798,656 numbers; a small stand-in's count in full."""
-    return f"{value / 1e6:.1f}M" if value >= 1e5 else f"{value:,.0f}"
+    """A count in millions as the article prints ViT-B's body, 85.8M; a small stand-in's count in full."""
+    return f"{value:.1f}M" if value >= 0.1 else f"{value * 1e6:,.0f}"
 
 
 def zero_or_3g(value):

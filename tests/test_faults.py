@@ -27,7 +27,7 @@ from PIL import Image
 import vit_part3_fewshot as fewshot
 import vit_part3_finetune as finetune
 import vit_part3_setup as setup
-from common import files
+from common import files, training
 from common.errors import UserError
 from common.feature_cache import cached_arrays
 from common.imagenette import IMAGENETTE_WNIDS, download_and_extract, scratch_prefix
@@ -84,22 +84,27 @@ def run(main, argv, capsys, monkeypatch):
     return script_output(lambda a: guarded(lambda: main(a)), argv, capsys)
 
 
+def read_checkpoint(path):
+    return training.read_checkpoint(path, finetune.CHECKPOINT_FORMAT, "vit_part3_finetune.py")
+
+
 def tune_flags(model, data, save_dir, steps=6):
     return ["--model", str(model), "--data-dir", str(data), "--steps", str(steps), "--batch-size", "8", "--device",
             "cpu", "--save-dir", str(save_dir)]
 
 
 def signal_at_step(monkeypatch, step, signum=signal.SIGTERM):
-    """The process receives signum while it computes `step` (as a scheduler's stop arrives mid-step)."""
-    real, calls = finetune.train_step, []
+    """The process receives signum while it computes `step` (as a scheduler's stop arrives mid-step): at the step's
+    learning rate, which the loop asks for once a step."""
+    real, calls = finetune.lr_at, []
 
-    def train_step(*args):
+    def lr_at(*args):
         calls.append(1)
         if len(calls) == step:
             os.kill(os.getpid(), signum)
         return real(*args)
 
-    monkeypatch.setattr(finetune, "train_step", train_step)
+    monkeypatch.setattr(finetune, "lr_at", lr_at)
 
 
 # ---------------------------------------------------------------- 1. SIGTERM
@@ -114,12 +119,12 @@ def test_sigterm_saves_the_step_and_resume_ends_like_an_uninterrupted_run(tiny_i
     saved = tmp_path / "cut" / finetune.CHECKPOINT
     assert status == 143 and "Traceback" not in err
     assert f"stopped after step 3 on SIGTERM; saved {saved}: add --resume to continue" in err
-    assert finetune.read_checkpoint(saved)["step"] == 3 and "step   5:" not in out
+    assert read_checkpoint(saved)["step"] == 3 and "step   5:" not in out
     status, out, _ = run(finetune.main, tune_flags(tiny_in21k, pictures, tmp_path / "cut") + ["--resume"], capsys,
                          monkeypatch)
     assert status == 0 and "resumed from" in out
-    whole = finetune.read_checkpoint(tmp_path / "whole" / finetune.CHECKPOINT)
-    cut = finetune.read_checkpoint(saved)
+    whole = read_checkpoint(tmp_path / "whole" / finetune.CHECKPOINT)
+    cut = read_checkpoint(saved)
     for key in ("model", "average"):
         assert all(torch.equal(whole[key][name], cut[key][name]) for name in whole[key])
     assert leftovers(tmp_path) == []
@@ -149,7 +154,7 @@ def test_a_full_disk_while_saving_keeps_the_last_good_checkpoint(tiny_in21k, pic
     assert status == 1 and "Traceback" not in out + err
     line = next(text for text in out.splitlines() if "cannot run section" in text)
     assert f"cannot write the checkpoint {tmp_path / finetune.CHECKPOINT}: {ENOSPC}" in line
-    assert finetune.read_checkpoint(tmp_path / finetune.CHECKPOINT)["step"] == 2  # the good one, whole
+    assert read_checkpoint(tmp_path / finetune.CHECKPOINT)["step"] == 2  # the good one, whole
     assert leftovers(tmp_path) == []
 
 
@@ -240,8 +245,8 @@ def test_a_decompression_bomb_is_named(tiny_in21k, tmp_path, capsys, monkeypatch
 def test_a_second_signal_stops_at_once_unless_it_repeats_the_first_sigterm(first, second, seconds_between,
                                                                            stops_at_once, monkeypatch):
     clock = [100.0]
-    monkeypatch.setattr(finetune.time, "monotonic", lambda: clock[0])
-    stop = finetune.StopOnSignal()
+    monkeypatch.setattr(training.time, "monotonic", lambda: clock[0])
+    stop = training.StopOnSignal()
     stop._handler(first, None)
     clock[0] += seconds_between
     if stops_at_once:
@@ -261,11 +266,11 @@ def test_a_checks_picture_damaged_before_a_resume_stops_it_before_any_step(tiny_
     assert status == 0
     damaged = min((data / "val" / IMAGENETTE_WNIDS[5]).iterdir())
     damaged.write_bytes(b"not a picture")
-    steps, real_step = [], finetune.train_step
-    monkeypatch.setattr(finetune, "train_step", lambda *args: steps.append(1) or real_step(*args))
+    steps, real_lr = [], finetune.lr_at
+    monkeypatch.setattr(finetune, "lr_at", lambda *args: steps.append(1) or real_lr(*args))
     status, out, err = run(finetune.main, flags + ["--resume"], capsys, monkeypatch)
     assert status == 1 and f"cannot read picture {damaged}" in out and "Traceback" not in err
-    assert steps == [] and finetune.read_checkpoint(tmp_path / "run" / finetune.CHECKPOINT)["step"] == 2
+    assert steps == [] and read_checkpoint(tmp_path / "run" / finetune.CHECKPOINT)["step"] == 2
 
 
 # ---------------------------------------------------------------- 7., 8. foreign and damaged checkpoints
@@ -351,6 +356,6 @@ def test_sigterm_under_torchrun_stops_every_process_at_one_step(tiny_in21k, pict
     assert job.returncode != 0 and "vit_part3_finetune.py\", line" not in err, err[-3000:]
     stopped = [text for text in err.splitlines() if "on SIGTERM; saved" in text]
     assert len(stopped) == 1, err[-3000:]
-    step = finetune.read_checkpoint(tmp_path / finetune.CHECKPOINT)["step"]
+    step = read_checkpoint(tmp_path / finetune.CHECKPOINT)["step"]
     assert f"stopped after step {step} on SIGTERM" in stopped[0] and step < 200
     assert leftovers(tmp_path) == []

@@ -12,6 +12,8 @@ import torch
 from conftest import ARTICLE, ROOT, article_block
 
 import vit_part3_finetune as finetune
+from common import distributed, training
+from common.inference import accuracies
 from common.schedules import warmup_cosine_lr
 
 # The article's step lines: step, lr as printed.
@@ -128,7 +130,7 @@ def test_one_pass_gives_each_models_accuracy_and_the_checks_read_the_kept_batche
     run = SimpleNamespace(args=SimpleNamespace(resolution=224), device=torch.device("cpu"), autocast=None, world=1,
                           rank=0)
     loader = picture_loader([path for path, _ in items], run.device)
-    percents, timing = finetune.accuracies(models, loader, list(labels), 16, run, "both")
+    percents, timing = accuracies(models, loader, list(labels), run, 16, "both")
     assert percents == pytest.approx(by_hand, abs=1e-9) and timing["pictures"] == len(items)
 
     monitor, reading = finetune.read_monitor(items, 16, run, {})
@@ -175,12 +177,12 @@ def test_leave_skips_the_interpreters_finalization_only_once_all_processes_are_d
             raise Left
         return exit_with
 
-    monkeypatch.setattr(finetune.sys, "exit", leaving("sys.exit"))
-    monkeypatch.setattr(finetune.os, "_exit", leaving("os._exit"))
-    monkeypatch.setattr(finetune.sys.stdout, "flush", lambda: flushed.append("stdout"), raising=False)
-    monkeypatch.setitem(finetune.LEAVING, "together", together)
+    monkeypatch.setattr(distributed.sys, "exit", leaving("sys.exit"))
+    monkeypatch.setattr(distributed.os, "_exit", leaving("os._exit"))
+    monkeypatch.setattr(distributed.sys.stdout, "flush", lambda: flushed.append("stdout"), raising=False)
+    monkeypatch.setitem(distributed.LEAVING, "together", together)
     with pytest.raises(Left):
-        finetune.leave(status)
+        distributed.leave(status)
     assert calls == [(how, status)] and ("stdout" in flushed) is (how == "os._exit")
 
 
@@ -189,6 +191,10 @@ def test_resolution_384_stretches_the_table_with_the_official_rule(tiny_in21k):
     assert model.vit.embeddings.position_embeddings.shape == (1, 577, 32)
     logits = model(pixel_values=torch.zeros(1, 3, 384, 384), interpolate_pos_encoding=True).logits
     assert logits.shape == (1, 10)
+
+
+def read_checkpoint(path):
+    return training.read_checkpoint(path, finetune.CHECKPOINT_FORMAT, "vit_part3_finetune.py")
 
 
 def run_main(argv, capsys):
@@ -203,7 +209,7 @@ def common_flags(model, data, save_dir, steps=4, batch=8):
 
 
 def final_weights(save_dir):
-    state = finetune.read_checkpoint(save_dir / finetune.CHECKPOINT)
+    state = read_checkpoint(save_dir / finetune.CHECKPOINT)
     return state["model"], state["average"]
 
 
@@ -296,7 +302,7 @@ def test_a_diverging_run_stops_with_the_step(tiny_in21k, pictures, tmp_path, cap
     status, out = run_main(flags, capsys)
     stopped = re.search(r"the training loss is (nan|inf) at step (\d+)", out)
     assert status == 1 and stopped
-    kept = finetune.read_checkpoint(tmp_path / finetune.CHECKPOINT)
+    kept = read_checkpoint(tmp_path / finetune.CHECKPOINT)
     assert kept["step"] == int(stopped.group(2)) - 1
     assert all(torch.isfinite(w).all() for w in kept["model"].values())
 

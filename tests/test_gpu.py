@@ -313,8 +313,9 @@ def tuned(tmp, runs, python=(sys.executable,)):
 def final_state(tmp, name):
     """(weights, average, the numbers it printed but its timings) at the end of run `name`."""
     import vit_part3_finetune as finetune
+    from common.training import read_checkpoint
 
-    state = finetune.read_checkpoint(tmp / name / finetune.CHECKPOINT)
+    state = read_checkpoint(tmp / name / finetune.CHECKPOINT, finetune.CHECKPOINT_FORMAT, "vit_part3_finetune.py")
     numbers = json.loads((tmp / f"{name}.json").read_text())["numbers"]
     return state["model"], state["average"], {key: n["value"] for key, n in numbers.items() if "seconds" not in key}
 

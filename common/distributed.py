@@ -1,0 +1,86 @@
+"""torchrun: the processes' start, the first process before the others, sums over the processes, leaving together.
+
+Under `torchrun --nproc_per_node N`, each process runs the whole script on its share of each batch; with one
+process (plain `python`) every function here is the identity.
+"""
+import contextlib
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+from common.device import pick_device
+from common.errors import UserError
+
+
+def start(device_name):
+    """(rank, world size, device). Under torchrun (WORLD_SIZE > 1): gloo on the CPU, nccl on GPUs."""
+    device = pick_device(device_name)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 0, 1, device
+    if device.type == "mps":
+        raise UserError("torchrun with --device mps: torch.distributed does not support Apple's backend; "
+                        "use --device cpu, or one process")
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return dist.get_rank(), world, device
+
+
+def first_process_first(run, load):
+    """load() on process 0 first (it downloads), then on the others; an error there stops every process."""
+    result, problem = None, None
+    if run.rank == 0:
+        try:
+            result = load()
+        except UserError as error:
+            problem = str(error)
+    if run.world > 1:
+        message = [problem]
+        dist.broadcast_object_list(message, src=0)
+        problem = message[0]
+    if problem:
+        raise UserError(problem)
+    return result if run.rank == 0 else load()
+
+
+def sum_over_processes(value, run):
+    if run.world == 1:
+        return float(value)
+    total = torch.tensor(float(value), dtype=torch.float64, device=run.device)
+    dist.all_reduce(total)
+    return total.item()
+
+
+def accumulating(model, run, last):
+    """The context of one micro-batch's backward pass: DDP averages the gradients over processes after the last."""
+    return model.no_sync() if run.world > 1 and not last else contextlib.nullcontext()
+
+
+LEAVING = {"together": False}  # set once every process has finished its sections (finish_together)
+
+
+def finish_together(world):
+    """Every process waits here for the others; then each may leave at once (leave)."""
+    if world > 1:
+        dist.barrier()
+        LEAVING["together"] = True
+
+
+def end(world):
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def leave(status):
+    """End the process with `status`: at once, without the interpreter's finalization, once every torchrun process
+    has finished its sections (a gloo thread still releasing the last collective can abort a finalizing interpreter:
+    docs/performance.md); otherwise as usual, so that a first process stopped early still prints its line."""
+    if not LEAVING["together"]:
+        sys.exit(status)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

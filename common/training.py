@@ -1,0 +1,151 @@
+"""A training run's plumbing: its checkpoint, written whole with a digest and refused when foreign, changed or made
+with other settings; and the stop that Ctrl-C or SIGTERM asks for, after the step in flight is saved."""
+import hashlib
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from common.distributed import sum_over_processes
+from common.errors import UserError
+from common.files import write_atomic
+from common.run import Terminated
+
+
+def state_digest(state):
+    """blake2b over every value of the state in a fixed order: a flipped bit in any weight changes it.
+
+    Tensors are hashed by their dtype, shape and bytes (viewed as uint8, so bfloat16 works too), everything else
+    by its repr, so the digest is the same after torch.load as before torch.save.
+    """
+    digest = hashlib.blake2b(digest_size=16)
+
+    def feed(value):
+        if isinstance(value, dict):
+            for key in sorted(value, key=str):
+                digest.update(repr(key).encode())
+                feed(value[key])
+        elif isinstance(value, (list, tuple)):
+            digest.update(b"[")
+            for item in value:
+                feed(item)
+            digest.update(b"]")
+        elif isinstance(value, torch.Tensor):
+            flat = value.detach().cpu().contiguous().reshape(-1)
+            digest.update(f"{value.dtype}{tuple(value.shape)}".encode())
+            digest.update(flat.view(torch.uint8).numpy().tobytes())
+        else:
+            digest.update(repr(value).encode())
+
+    feed(state)
+    return digest.hexdigest()
+
+
+def rng_states():
+    """torch's generators (the CPU's, and each GPU's), for a resumed run to draw what the uninterrupted one drew."""
+    states = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states):
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def save_checkpoint(path, state, version):
+    """The state, its format `version` and its digest, written whole or not at all; returns the path."""
+    checked = {"format": version, "digest": state_digest(state), "state": state}
+    return write_atomic(path, lambda f: torch.save(checked, f), what="checkpoint")
+
+
+def read_checkpoint(path, version, program):
+    """The state saved at path, refused in one line when it is not a `version` file of `program` or has changed."""
+    try:
+        checked = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises several types for a truncated or foreign file
+        raise UserError(f"--resume: {path} is truncated or not a checkpoint of this script ({type(error).__name__}); "
+                        f"start again without --resume, or pass another --save-dir") from error
+    if not isinstance(checked, dict) or checked.get("format") != version:
+        raise UserError(f"--resume: {path} is a torch file but not a checkpoint of this version of {program}: start "
+                        f"again without --resume, or pass another --save-dir")
+    if state_digest(checked["state"]) != checked["digest"]:
+        raise UserError(f"--resume: {path} has changed since it was written (its contents no longer match their "
+                        f"digest): the file is damaged; start again without --resume, or restore a copy of it")
+    return checked["state"]
+
+
+def resume_state(save_dir, name, version, program, settings, free=("processes",)):
+    """The state in save_dir/name, refused when it is missing, foreign, changed, or made with other settings than
+    these (the keys in `free` may change between a run and its resume)."""
+    path = Path(save_dir) / name
+    if not path.is_file():
+        raise UserError(f"--resume: no {name} in {save_dir}; start without --resume")
+    state = read_checkpoint(path, version, program)
+    changed = [f"{key} {state['settings'].get(key)} -> {value}" for key, value in settings.items()
+               if key not in free and state["settings"].get(key) != value]
+    if changed:
+        raise UserError(f"--resume: {path} was made with other settings ({'; '.join(changed)}); "
+                        f"pass the same flags, or a new --save-dir")
+    return state
+
+
+class StopOnSignal:
+    """In the block, a first Ctrl-C or SIGTERM asks to stop after the current step (saved whole); a second, at once.
+
+    SIGTERM is what schedulers (SLURM), `timeout`, `docker stop` and systemd send some seconds before they kill a
+    job. A SIGTERM that follows the first within REPEAT_SECONDS is the same stop delivered twice (systemd and SLURM
+    signal every process of a job, and reproduce.py passes its own on), not a second request.
+    """
+    REPEAT_SECONDS = 2.0
+
+    def __init__(self):
+        self.names = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+        self.asked = None  # the name of the first signal
+        self.asked_at = None
+
+    def _handler(self, signum, frame):
+        if self.asked:
+            if signum == signal.SIGTERM == self.first and time.monotonic() - self.asked_at < self.REPEAT_SECONDS:
+                return
+            raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+        self.asked, self.first, self.asked_at = self.names[signum], signum, time.monotonic()
+        if os.environ.get("RANK", "0") == "0":  # one process speaks for all
+            print(f"\n{self.asked}: stopping after this step (again: at once)", file=sys.stderr)
+
+    def stop(self):
+        """Leave the run as the signal asked: exit status 143 for SIGTERM, 130 for Ctrl-C."""
+        raise Terminated if self.asked == "SIGTERM" else KeyboardInterrupt
+
+    def __enter__(self):
+        self.previous = {signum: signal.signal(signum, self._handler) for signum in self.names}
+        return self
+
+    def __exit__(self, *exc):
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+
+def save_or_stop(run, stop, step, last_step, save, say):
+    """save() the checkpoint every --save-every steps, at the last step and on a stop signal (the first process
+    alone); then stop if a signal asked. Every process learns of a signal that reached any of them and of a
+    checkpoint that could not be written, so all stop at the same step."""
+    args = run.args
+    interrupted = sum_over_processes(bool(stop.asked), run) > 0
+    path, problem = None, None
+    if args.save_dir and run.rank == 0 and (step % args.save_every == 0 or step == last_step or interrupted):
+        try:
+            path = save()
+        except UserError as error:
+            problem = error
+    if sum_over_processes(problem is not None, run) > 0:
+        raise problem or UserError("the first process could not write its checkpoint (it names the reason)")
+    if interrupted:
+        saved = f"; saved {path}: add --resume to continue" if path else " (no --save-dir: nothing saved)"
+        say(f"\nstopped after step {step}{' on ' + stop.asked if stop.asked else ''}{saved}")
+        stop.stop()
