@@ -1,0 +1,225 @@
+"""The README kept true: one page, set-up early, links that lead somewhere, commands the scripts accept, the
+articles' headline numbers as the reference files hold them, and the tables reproduce.py's --quick flags and
+estimates are read from.
+
+Nothing here runs a script: each command shown is handed to its script's own argparse parser, captured as
+tests/test_reproduce.py captures it (ScriptParser.parse_args patched to raise before any work).
+"""
+import argparse
+import importlib
+import json
+import re
+import shlex
+
+import pytest
+from conftest import ROOT
+
+import reproduce
+from common.cli import ScriptParser
+from common.errors import UserError
+
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+NAMES = {"setup": "vit_part3_setup.py", "posemb": "vit_part3_posemb.py", "fewshot": "vit_part3_fewshot.py",
+         "finetune": "vit_part3_finetune.py", "backbone": "vit_backbone.py"}
+MAX_LINES, SET_UP_BEFORE = 200, 40
+
+
+def without_code_blocks(text):
+    return re.sub(r"^```.*?^```", "", text, flags=re.DOTALL | re.MULTILINE)
+
+
+def section(path, title):
+    """The text under the heading `## title` of a Markdown file, up to the next `## ` heading."""
+    text = path.read_text()
+    assert f"\n## {title}\n" in text, f"{path.name} has no heading '## {title}'"
+    return text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def table(path, title, column):
+    """{script: cell} of the table under `## title`, its rows naming a script in the first cell."""
+    cells = {}
+    for line in section(path, title).splitlines():
+        if not line.startswith("|"):
+            continue
+        parts = [part.strip() for part in line.strip().strip("|").split("|")]
+        script = next((s for s, name in NAMES.items() if parts and name in parts[0]), None)
+        if script and len(parts) > column:
+            cells[script] = parts[0].strip("`") if column == 0 else parts[column]
+    return cells
+
+
+def seconds_of(cell):
+    """'11 s', '4.2 min', 'about 2.3 h (extrapolated)' -> seconds."""
+    number, unit = re.search(r"([\d.]+) (s|min|h)\b", cell).groups()
+    return float(number) * {"s": 1, "min": 60, "h": 3600}[unit]
+
+
+# ---------------------------------------------------------------- one page
+
+def test_the_readme_is_one_page_with_the_set_up_before_line_40():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= MAX_LINES
+    assert lines.index("## Set-up") + 1 < SET_UP_BEFORE
+
+
+def test_the_set_up_installs_the_lock_after_the_cpu_only_torch_of_the_same_version():
+    block = section(README, "Set-up").split("```")[1]
+    commands = [line.split("#")[0].strip() for line in block.splitlines()]
+    cpu = next(line for line in commands if "download.pytorch.org/whl/cpu" in line)
+    locked = re.search(r"^torch==(\S+)$", (ROOT / "requirements.lock").read_text(), re.MULTILINE).group(1)
+    assert cpu.startswith(f"pip install torch=={locked} ")
+    assert commands.index(cpu) < commands.index("pip install -r requirements.lock")
+    assert "pytest -n auto --dist loadgroup" in commands
+
+
+def test_the_headline_numbers_are_the_articles():
+    """Each bold number of the headline column is an article number of that script's reference file, as shown."""
+    headlines = table(README, "What it reproduces", 2)
+    assert sorted(headlines) == sorted(NAMES)
+    for script, cell in headlines.items():
+        article = json.loads((ROOT / "data" / f"reference_{script}.json").read_text())["numbers"]
+        values = [float(entry["article"].replace(",", "")) for entry in article.values()
+                  if re.fullmatch(r"-?[\d,]+(\.\d+)?", entry["article"])]
+        shown = re.findall(r"\*\*(-?[\d,]+(?:\.\d+)?)%?\*\*", cell)
+        assert shown, script
+        for text in shown:
+            digits = len(text.partition(".")[2])
+            assert any(round(value, digits) == float(text.replace(",", "")) for value in values), (script, text)
+
+
+# ---------------------------------------------------------------- links
+
+def slug(heading):
+    """GitHub's anchor of a Markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(path):
+    return {slug(line.lstrip("#")) for line in without_code_blocks(path.read_text()).splitlines()
+            if line.startswith("#")}
+
+
+def test_every_relative_link_of_the_readme_leads_to_a_file_and_heading_that_exist():
+    links = re.findall(r"\]\(([^)\s]+)\)", without_code_blocks(README.read_text()))
+    relative = [link for link in links if not re.match(r"[a-z]+:", link)]
+    assert any(link.startswith("docs/") for link in relative)
+    for link in relative:
+        target, _, anchor = link.partition("#")
+        path = (README.parent / target) if target else README
+        assert path.is_file(), link
+        assert not anchor or anchor in anchors(path), link
+
+
+# ---------------------------------------------------------------- the commands shown
+
+def shown_commands(path):
+    """(script, its arguments, the command as shown) of every `python SCRIPT ...` and `torchrun ... SCRIPT ...` in
+    the file's code blocks and code spans; `python -m MODULE` when MODULE is the repository's."""
+    text = path.read_text()
+    blocks = re.findall(r"^```[^\n]*\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE)
+    candidates = [line for block in blocks for line in block.splitlines()]
+    candidates += re.findall(r"`([^`\n]+)`", without_code_blocks(text))
+    for candidate in candidates:
+        for part in re.split(r"&&|;|\|\|", candidate):
+            try:
+                tokens = shlex.split(part, comments=True)
+            except ValueError:
+                continue
+            while tokens and re.fullmatch(r"[A-Z_]+=\S*", tokens[0]):  # HF_HUB_OFFLINE=1 python ...
+                tokens.pop(0)
+            if len(tokens) < 2:
+                continue
+            shown = shlex.join(tokens)
+            if tokens[0] in ("python", "python3") and tokens[1] == "-m":
+                module = tokens[2] if len(tokens) > 2 else ""
+                if (ROOT / (module.replace(".", "/") + ".py")).is_file():
+                    yield module, tokens[3:], shown
+            elif tokens[0] in ("python", "python3"):
+                yield tokens[1], tokens[2:], shown
+            elif tokens[0] == "torchrun":
+                at = next(i for i, token in enumerate(tokens) if token.endswith(".py"))
+                yield tokens[at], tokens[at + 1:], shown
+
+
+COMMANDS = [(path.relative_to(ROOT).as_posix(), *command) for path in PAGES
+            for command in dict.fromkeys((script, tuple(arguments), shown)
+                                         for script, arguments, shown in shown_commands(path))]
+
+
+class Parsed(Exception):
+    pass
+
+
+class Refused(Exception):
+    pass
+
+
+def script_parser_of(script, monkeypatch):
+    """The argparse parser a script's main() builds, caught before it parses anything."""
+    if script.endswith(".py"):
+        assert (ROOT / script).is_file(), f"{script}: no such script in the repository"
+        script = script.removesuffix(".py").replace("/", ".")
+    module = importlib.import_module(script)
+
+    def capture(parser, argv=None, namespace=None):
+        raise Parsed(parser)
+
+    monkeypatch.setattr(ScriptParser, "parse_args", capture)
+    with pytest.raises(Parsed) as parsed:
+        module.main([])
+    return parsed.value.args[0]
+
+
+def parse(parser, arguments, monkeypatch):
+    def refuse(parser, message):
+        raise Refused(message)
+
+    monkeypatch.setattr(ScriptParser, "error", refuse)
+    return argparse.ArgumentParser.parse_args(parser, arguments)
+
+
+def test_the_readme_shows_a_command_of_each_script():
+    shown = {script for page, script, arguments, command in COMMANDS if page == "README.md"}
+    assert set(NAMES.values()) | {"reproduce.py"} <= shown
+
+
+@pytest.mark.parametrize(("page", "script", "arguments", "command"), COMMANDS,
+                         ids=[f"{page}: {command}" for page, _, _, command in COMMANDS])
+def test_every_command_shown_is_one_its_script_accepts(page, script, arguments, command, monkeypatch):
+    try:
+        args = parse(script_parser_of(script, monkeypatch), list(arguments), monkeypatch)
+        if script == "reproduce.py":  # each --extra SCRIPT=FLAGS: its script's flags, and their values
+            for name, flags in reproduce.extra_flags(args.extra).items():
+                if flags:
+                    parse(script_parser_of(NAMES[name], monkeypatch), flags, monkeypatch)
+    except (Refused, UserError) as refused:
+        pytest.fail(f"{page}: `{command}` is refused: {refused}")
+
+
+# ---------------------------------------------------------------- the tables reproduce.py reads
+
+def test_quick_flags_equal_the_readme_quick_check_table():
+    commands = table(README, "Quick check", 0)
+    assert sorted(commands) == sorted(NAMES)
+    for script, command in commands.items():
+        tokens = shlex.split(command)[2:]  # after "python vit_....py"
+        tokens.remove("--compare")  # the job always compares
+        if "--save-dir" in tokens:  # fine-tuning's checkpoint goes to OUT/finetune-run in the job
+            at = tokens.index("--save-dir")
+            del tokens[at:at + 2]
+        assert reproduce.QUICK_FLAGS[script] == tokens, script
+
+
+def test_the_estimates_start_from_the_readme_times():
+    quick, full = table(README, "Quick check", 3), table(ROOT / "docs" / "performance.md", "How long will it take", 1)
+    for script in NAMES:
+        assert reproduce.REFERENCE["quick"]["seconds"][script] == pytest.approx(seconds_of(quick[script]))
+        assert reproduce.REFERENCE["full"]["seconds"][script] == pytest.approx(seconds_of(full[script]))
+
+
+def test_the_quick_jobs_time_is_the_sum_of_the_table_as_the_job_would_print_it():
+    row = next(line for line in section(README, "Quick check").splitlines()
+               if line.startswith("| `python reproduce.py --quick`"))
+    total = reproduce.duration(sum(reproduce.REFERENCE["quick"]["seconds"].values()))
+    assert row.strip().strip("|").split("|")[3].strip().startswith(total)
