@@ -216,44 +216,8 @@ def test_offline_with_nothing_setup_runs_and_the_four_others_are_named_once(job)
     assert job["after offline"]["page"].count("Not run.") == 4
 
 
-# ---------------------------------------------------------------- one source of truth
-
-def readme_table(title, column):
-    """{script: cell} of a README table under the heading `## title`, its rows naming a script in the first cell."""
-    text = (ROOT / "README.md").read_text().split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
-    cells = {}
-    for line in text.splitlines():
-        parts = [part.strip() for part in line.strip("|").split("|")]
-        script = next((s for s, name in NAMES.items() if parts and name in parts[0]), None)
-        if script and len(parts) > column:
-            cells[script] = parts[0].strip("`") if column == 0 else parts[column]
-    return cells
-
-
-def seconds_of(cell):
-    """'11 s', '4.2 min', 'about 2.3 h (extrapolated)' -> seconds."""
-    number, unit = re.search(r"([\d.]+) (s|min|h)\b", cell).groups()
-    return float(number) * {"s": 1, "min": 60, "h": 3600}[unit]
-
-
-def test_quick_flags_equal_the_readme_quick_check_table():
-    commands = readme_table("Quick check", 0)
-    assert sorted(commands) == sorted(NAMES)
-    for script, command in commands.items():
-        tokens = shlex.split(command)[2:]  # after "python vit_....py"
-        tokens.remove("--compare")  # the job always compares
-        if "--save-dir" in tokens:  # fine-tuning's checkpoint goes to OUT/finetune-run in the job
-            at = tokens.index("--save-dir")
-            del tokens[at:at + 2]
-        assert reproduce.QUICK_FLAGS[script] == tokens, script
-
-
-def test_the_estimates_start_from_the_readme_times():
-    quick, full = readme_table("Quick check", 3), readme_table("How long will it take", 1)
-    for script in NAMES:
-        assert reproduce.REFERENCE["quick"]["seconds"][script] == pytest.approx(seconds_of(quick[script]))
-        assert reproduce.REFERENCE["full"]["seconds"][script] == pytest.approx(seconds_of(full[script]))
-
+# ---------------------------------------------------------------- one source of truth (the README's tables:
+# tests/test_readme.py)
 
 def test_the_flags_and_sections_the_job_knows_are_the_scripts_own(monkeypatch):
     class Parsed(Exception):
