@@ -210,14 +210,15 @@ def print_comparison(rows, report, differences=None):
         report.line("setup: this run differs from the article's, so the numbers that depend on these are not "
                     "comparable:")
         for difference in differences.values():
-            report.line(f"  {difference['why']}")
+            report.line("  {why}", why=difference["why"])
     else:
         report.line("setup: the article's")
-    report.line(f"{'number':<{width}}  {'article':>14}  {'this run':>14}  {'difference':>11}  verdict")
+    row_line = f"{{name:<{width}}}  {{article:>14}}  {{run:>14}}  {{difference:>11}}  {{verdict}}"
+    report.line(row_line, name="number", article="article", run="this run", difference="difference", verdict="verdict")
     for row in rows:
         difference = "" if row["difference"] is None else f"{row['difference']:+.3g}"
-        report.line(f"{row['name']:<{width}}  {row['article']:>14}  {row['run'] or '-':>14}  {difference:>11}  "
-                    f"{verdict_text(row)}")
+        report.line(row_line, name=row["name"], article=row["article"], run=row["run"] or "-", difference=difference,
+                    verdict=verdict_text(row))
     counts = verdict_counts(rows)
-    report.line(counts_text(counts) + f" (of {len(rows)} article numbers)")
-    report.line(LEGEND)
+    report.line("{counts} (of {total} article numbers)", counts=counts_text(counts), total=len(rows))
+    report.line("{legend}", legend=LEGEND)

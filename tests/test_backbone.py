@@ -215,7 +215,7 @@ def test_the_trainer_with_2_workers_gives_the_numbers_it_gives_with_none(beans_s
                                 *BACKBONE_FLAGS])
     results = []
     for workers in (0, 2):
-        monkeypatch.setattr(backbone, "trainer_workers", lambda device, workers=workers: workers)
+        monkeypatch.setattr(backbone, "loader_workers", lambda device, workers=workers: workers)
         run = Run(args, {"beans": backbone.load_beans, "processor": backbone.load_processor},
                   fp32_rule=backbone.ARTICLE_FP32_RULE)
         result = backbone.finetune(run)

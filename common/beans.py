@@ -1,0 +1,94 @@
+"""The beans dataset (AI-Lab-Makerere/beans) of the backbone article: through the Hugging Face cache, downloaded
+once, or from a local copy of its files in the Hub's layout (README.md, data/<split>-*.parquet)."""
+from pathlib import Path
+
+import numpy as np
+
+from common.checkpoints import hub_offline
+from common.errors import UserError
+
+DATASET = "AI-Lab-Makerere/beans"
+SIZE = "about 180 MB"
+SPLITS = ("train", "validation")
+
+
+def check_dir(path):
+    """A local copy must be a folder holding the parquet files of the train and validation splits; checked first."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        what = "is a file, not a folder" if folder.exists() else "does not exist"
+        raise UserError(f"--data-dir {path} {what}: pass a local copy of {DATASET}'s files "
+                        f"(README.md and data/train-*.parquet, data/validation-*.parquet)")
+    names = [file.name for file in folder.rglob("*.parquet")]
+    missing = [split for split in SPLITS if not any(name.startswith(split) for name in names)]
+    if missing:
+        raise UserError(f"--data-dir {path} has no parquet file for the split(s) {', '.join(missing)}: pass a local "
+                        f"copy of {DATASET}'s files (data/train-*.parquet, data/validation-*.parquet)")
+
+
+def from_hub(name):
+    """load_dataset(name) from the Hub or the local cache; offline and not cached, one line with the fixes."""
+    from datasets import load_dataset
+
+    fix = (f"connect to the internet once to download it ({SIZE}) into the Hugging Face cache, or pass --data-dir "
+           f"with a local copy of its files")
+    if hub_offline():
+        return from_cache(name, "HF_HUB_OFFLINE=1 forbids downloads", fix)
+    from huggingface_hub import HfApi
+
+    try:
+        HfApi().dataset_info(name, timeout=10)
+    except Exception:  # noqa: BLE001 - unreachable: read the cache only, without the library's minute of retries
+        return from_cache(name, "the Hugging Face Hub cannot be reached", fix)
+    return load_dataset(name)
+
+
+def from_cache(name, why, fix):
+    """The dataset from the cache with downloads switched off for this one call; else one line with the fixes."""
+    import datasets
+    from datasets import load_dataset
+    from huggingface_hub import constants
+
+    saved = datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE = True
+    try:
+        return load_dataset(name)
+    except (OSError, ValueError) as error:
+        raise UserError(f"dataset {name} is not in the local Hugging Face cache and {why}: {fix}") from error
+    finally:
+        datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE = saved
+
+
+def first_per_class(split, per_class):
+    """The first per_class pictures of each class, in the split's order."""
+    labels = np.array(split["labels"])
+    keep = np.sort(np.concatenate([np.flatnonzero(labels == c)[:per_class] for c in np.unique(labels)]))
+    return split.select(keep.tolist(), keep_in_memory=True)
+
+
+def load(data_dir=None, per_class=None):
+    """{"train", "validation": datasets.Dataset as stored (not shuffled), "names": the class names}."""
+    if data_dir:
+        from datasets import load_dataset
+        from datasets.exceptions import DatasetGenerationError
+
+        try:
+            dataset = load_dataset(str(Path(data_dir).expanduser()))
+        except (OSError, ValueError, DatasetGenerationError) as error:
+            raise UserError(f"--data-dir {data_dir}: cannot read it as {DATASET} "
+                            f"({str(error).splitlines()[0][:160]})") from error
+    else:
+        dataset = from_hub(DATASET)
+    where = data_dir or DATASET
+    for split in SPLITS:
+        if split not in dataset:
+            raise UserError(f"{where} has no {split} split: pass a complete copy of {DATASET}")
+        if not {"image", "labels"} <= set(dataset[split].column_names):
+            raise UserError(f"{where}: the {split} split lacks the columns image and labels of {DATASET}")
+    names = getattr(dataset["train"].features["labels"], "names", None)
+    if not names:
+        raise UserError(f"{where}: its labels column has no class names (a ClassLabel), unlike {DATASET}")
+    splits = {split: dataset[split] for split in SPLITS}
+    if per_class:
+        splits = {split: first_per_class(data, per_class) for split, data in splits.items()}
+    return {**splits, "names": list(names)}
