@@ -525,6 +525,7 @@ def section_finetune(run, report):
         report_passes(report, training["history"], last_step)
         report.line("paused after step {step} of {steps}; saved {path}: add --resume to continue", step=last_step,
                     steps=args.steps, path=Path(args.save_dir) / CHECKPOINT)
+        keep_curves(run, report, training["history"], last_step)
         return
     finish_run(run, report, data, training)
 
@@ -585,12 +586,17 @@ def finish_run(run, report, data, training):
                 {"average accuracy": averaged, "last accuracy": last}, pictures=len(data["val"]),
                 factor=AVERAGE_FACTOR)
     report_passes(report, history, args.steps, {"both weights on all validation pictures": final})
+    keep_curves(run, report, history, args.steps)
+
+
+def keep_curves(run, report, history, steps):
+    """The curves of steps 1 .. steps, a paused run's too: kept for the page, drawn with --plots."""
     report.keep("training loss", history["losses"])
     report.keep("gradient norm", history["norms"])
-    report.keep("learning rate", [lr_at(step, args.lr, args.steps) for step in range(1, args.steps + 1)])
-    if args.plots and run.rank == 0:
+    report.keep("learning rate", [lr_at(step, run.args.lr, run.args.steps) for step in range(1, steps + 1)])
+    if run.args.plots and run.rank == 0:
         figures.finetune_curves(report.series, report.values(), article_values("finetune"), CLIP_NORM,
-                                Path(args.plots) / FIGURE, report.say)
+                                Path(run.args.plots) / FIGURE, report.say)
 
 
 SECTIONS = [section_data_and_model, section_zero_head, section_finetune]

@@ -1,4 +1,5 @@
 """vit_part3_finetune.py: the zero head, the schedule, the average, and runs that must give equal weights."""
+import importlib.util
 import json
 import math
 import os
@@ -226,8 +227,15 @@ def test_resumed_run_ends_like_an_uninterrupted_one(tiny_in21k, pictures, tmp_pa
                          capsys)
     assert status == 0
     parts = tmp_path / "parts"
-    status, out = run_main(common_flags(tiny_in21k, pictures, parts, steps=6) + ["--pause-at", "3"], capsys)
+    paused = ["--pause-at", "3", "--json", str(tmp_path / "paused.json"), "--plots", str(tmp_path / "figures")]
+    status, out = run_main(common_flags(tiny_in21k, pictures, parts, steps=6) + paused, capsys)
     assert status == 0 and "paused after step 3 of 6" in out
+    curves = json.loads((tmp_path / "paused.json").read_text())["series"]  # a paused run's figure: its steps so far
+    assert len(curves["training loss"]) == len(curves["gradient norm"]) == 3
+    assert curves["learning rate"] == [0.003 * t / 1 if t < 1 else 0.0015 * (1 + math.cos(math.pi * (t - 1) / 5))
+                                       for t in range(3)]  # warm-up of round(0.6) = 1 step, then cosine over 5
+    if importlib.util.find_spec("matplotlib"):
+        assert (tmp_path / "figures" / finetune.FIGURE).stat().st_size > 0
     status, out = run_main(common_flags(tiny_in21k, pictures, parts, steps=6) + ["--resume", "--json",
                                                                                   str(tmp_path / "b.json")], capsys)
     assert status == 0 and "resumed from" in out and "step   6:" in out
