@@ -47,12 +47,12 @@ from common.errors import UserError
 from common.imagenette import DEFAULT_DIR as DEFAULT_DATA_DIR
 from common.imagenette import class_folders, data_differences, ensure_imagenette, is_imagenette, list_split, to_pixels
 from common.inference import accuracies, kept_batches
-from common.loader import end_workers, pass_timing, picture_batches, picture_loader, start_workers, timed
+from common.loader import add_timing, end_workers, pass_timing, picture_batches, picture_loader, started, timed
 from common.position_table import as_parameter_rows, bilinear_table, model_table
 from common.reference import article_values, flag_differences, load_reference
 from common.run import Run, check_output_dir, check_output_file, guarded, run_sections
 from common.schedules import warmup_cosine_lr
-from common.training import StopOnSignal, resume_state, rng_states, save_checkpoint, save_or_stop, set_rng_states
+from common.training import StopOnSignal, resume, rng_states, save_checkpoint, save_or_stop
 
 # ---------------------------------------------------------------- the recipe
 # The article's run ("Our fine-tuning run"), the pieces of the paper's Table 4 at a smaller scale.
@@ -259,17 +259,9 @@ def load_the_classifier(run):
 
 
 def share_loader(items, run, history):
-    """(A loader over this process's share of the pictures, every world-th, their labels); its workers (beside a GPU)
-    start here, the seconds that took kept apart from the passes."""
+    """(A loader over this process's share of the pictures, every world-th, its workers started; their labels)."""
     share = items[run.rank::run.world]
-    loader = picture_loader([path for path, _ in share], run.device)
-    count_start_up(history, loader)
-    return loader, [label for _, label in share]
-
-
-def count_start_up(history, loader):
-    history["loader start-up seconds"] = history.get("loader start-up seconds", 0.0) + start_workers(loader)
-    history["loader workers"] = loader.num_workers
+    return started(picture_loader([path for path, _ in share], run.device), history), [label for _, label in share]
 
 
 def read_monitor(items, batch_size, run, history):
@@ -287,18 +279,13 @@ def check_accuracy(model, monitor, run, desc):
     return percent, timing
 
 
-def add_timing(total, timing):
-    for key, value in timing.items():
-        total[key] += value
-
-
 def training_batches(run, data, first, last, history):
     """This process's (indices, flips) of steps first..last, and their pixel batches, built ahead beside a GPU."""
     args = run.args
     shares = [process_share(step_pictures(s, args.batch_size, len(data["train"]), args.seed), run.rank, run.world)
               for s in range(first, last + 1)]
-    loader = picture_loader([data["train"][i][0] for indices, _ in shares for i in indices], run.device)
-    count_start_up(history, loader)
+    loader = started(picture_loader([data["train"][i][0] for indices, _ in shares for i in indices], run.device),
+                     history)
     flips = np.concatenate([f for _, f in shares]) if shares else None
     return shares, picture_batches(loader, args.resolution, args.batch_size // run.world, flips)
 
@@ -315,10 +302,8 @@ def prepare_training(run, report, model):
                 "precision": args.precision, "processes": run.world}  # all but the processes must stay on --resume
     start, history = 0, {"losses": [], "norms": [], "rows": [], "seconds": 0.0}
     if args.resume:
-        state = resume_state(args.save_dir, CHECKPOINT, CHECKPOINT_FORMAT, "vit_part3_finetune.py", settings)
-        for part, into in (("model", model), ("average", average), ("optimizer", optimizer)):
-            into.load_state_dict(state[part])
-        set_rng_states(state["rng"])
+        state = resume(args.save_dir, CHECKPOINT, CHECKPOINT_FORMAT, "vit_part3_finetune.py", settings,
+                       {"model": model, "average": average, "optimizer": optimizer})
         start, history = state["step"], state["history"]
         report.line("resumed from {path} at step {start}", path=Path(args.save_dir) / CHECKPOINT, start=start)
     history.setdefault("passes", {"training": pass_timing(), "checks": pass_timing()})

@@ -145,6 +145,20 @@ def end_workers(*loaders):
             loader._iterator = None
 
 
+def started(loader, counts):
+    """The loader, its workers (if any) started now; the seconds that took added to counts' "loader start-up seconds",
+    apart from the passes, and its workers in counts' "loader workers"."""
+    counts["loader start-up seconds"] = counts.get("loader start-up seconds", 0.0) + start_workers(loader)
+    counts["loader workers"] = loader.num_workers
+    return loader
+
+
+def add_timing(total, timing):
+    """Add one pass's seconds, waiting seconds and pictures to a running total (pass_timing)."""
+    for key, value in timing.items():
+        total[key] += value
+
+
 def workers_text(loader, seconds):
     """'8 worker processes (...) started in 0.4 s, before the passes': the same words on every device."""
     return (f"{loader.num_workers} worker processes (none on a CPU, whose cores the model uses), started in "

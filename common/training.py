@@ -95,6 +95,16 @@ def resume_state(save_dir, name, version, program, settings, free=("processes",)
     return state
 
 
+def resume(save_dir, name, version, program, settings, into):
+    """resume_state(), its parts loaded into the modules and optimizers `into` ({part: module}) and its RNG states
+    set; returns the state."""
+    state = resume_state(save_dir, name, version, program, settings)
+    for part, module in into.items():
+        module.load_state_dict(state[part])
+    set_rng_states(state["rng"])
+    return state
+
+
 class StopOnSignal:
     """In the block, a first Ctrl-C or SIGTERM asks to stop after the current step (saved whole); a second, at once.
 
