@@ -116,6 +116,19 @@ def test_report_records_what_it_prints(capsys):
         report.num("loss", 1.0)
 
 
+def test_a_template_prints_the_articles_line_and_records_its_fields(capsys):
+    report = Report("test")
+    numbers = {"grid": 7, "B/16 over B/32 compute": 4.0573, "shape": (197, 768)}
+    report.line("grid {grid:>2}x{grid:<2} N, x{B/16 over B/32 compute:.2f}, {shape:d}, {time}, {{-1, 1}}", numbers,
+                prefix="ViT-B/32: ", time=lambda: report.pass_text("224", {"seconds": 65.2, "waiting seconds": 0.04}))
+    assert capsys.readouterr().out == "  grid  7x7  N, x4.06, (197, 768), [65 s, 0.0 s waiting for pictures], {-1, 1}\n"
+    assert list(report.numbers) == ["ViT-B/32: grid", "ViT-B/32: B/16 over B/32 compute", "ViT-B/32: shape[1]",
+                                    "ViT-B/32: shape[2]", "224 seconds", "224 waiting seconds"]
+    assert report.numbers["ViT-B/32: grid"] == {"value": 7.0, "text": "7"}
+    with pytest.raises(KeyError, match="'missing'"):
+        report.line("{missing}", numbers)
+
+
 def test_run_loads_a_resource_once_and_remembers_a_failure():
     calls = []
 
