@@ -13,8 +13,6 @@ Features are cached in data/features/, keyed by everything that decides them: th
 weight file, the resolution, the precision and each picture's name and contents. --no-cache neither
 reads nor writes the cache.
 """
-import hashlib
-import json
 import re
 import sys
 import time
@@ -24,7 +22,7 @@ import numpy as np
 import torch
 
 from common import figures
-from common.checkpoints import cached_weight_file, check_model_flag, load_pretrained
+from common.checkpoints import check_model_flag, load_pretrained
 from common.cli import (
     add_common_arguments,
     add_data_arguments,
@@ -37,7 +35,7 @@ from common.cli import (
 )
 from common.closed_form import closed_form, targets, with_bias
 from common.errors import UserError
-from common.feature_cache import cached_arrays
+from common.feature_cache import CACHE_DIR, cache_key, cached, picture_digests, shown
 from common.imagenette import DEFAULT_DIR as DEFAULT_DATA_DIR
 from common.imagenette import class_names, data_differences, ensure_imagenette, list_split
 from common.inference import run_model
@@ -46,7 +44,6 @@ from common.reference import article_values, flag_differences, load_reference
 from common.run import Run, guarded, run_sections
 
 DEFAULT_MODEL = "google/vit-base-patch16-224-in21k"
-CACHE_DIR = Path(__file__).resolve().parent / "data" / "features"
 REPRESENTATIONS = ("pre-logits", "class token")
 WHAT = {"pool": "the pool", "val": "the validation pictures"}
 FIGURE = "fewshot_accuracy.png"
@@ -84,7 +81,7 @@ def few_shot_accuracies(x_pool, pool_labels, x_val, val_labels, shots, lam, draw
     return accuracies
 
 
-# ---------------------------------------------------------------- features and their cache
+# ---------------------------------------------------------------- features
 
 def extract_features(model, pictures, resolution, device, batch_size, desc, autocast=None, indices=None):
     """({"pre-logits", "class token"}: (n, d) float32 each, both from one forward pass per batch; the pass's timing).
@@ -98,53 +95,6 @@ def extract_features(model, pictures, resolution, device, batch_size, desc, auto
     batches, timing = run_model(model, pictures, resolution, device, batch_size, both_representations, desc, autocast,
                                 indices)
     return {name: torch.cat(part).numpy() for name, part in zip(REPRESENTATIONS, zip(*batches))}, timing
-
-
-def checkpoint_identity(model_name):
-    """The weight file's path, size and modification time (a Hub snapshot's path holds its revision), or None."""
-    path = cached_weight_file(model_name)
-    if path is None:
-        return None
-    stat = Path(path).stat()
-    return [str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns]
-
-
-def picture_identities(items, root):
-    """Each picture's path under the data folder and a digest of its bytes (about 40 MB for Imagenette)."""
-    return [[str(Path(path).relative_to(root)), hashlib.blake2b(Path(path).read_bytes(), digest_size=12).hexdigest()]
-            for path, _ in items]
-
-
-def cache_key(model_name, resolution, precision, items, root):
-    """(a short hash, the full description stored beside the features and checked on reading), or None.
-
-    None when the checkpoint's weight file is not on disk: features cannot be matched to it.
-    """
-    weights = checkpoint_identity(model_name)
-    if weights is None:
-        return None
-    text = json.dumps({"model": model_name, "weights": weights, "resolution": resolution, "precision": precision,
-                       "pictures": picture_identities(items, root)})
-    return hashlib.sha256(text.encode()).hexdigest()[:20], text
-
-
-def cached_features(compute, key, items, desc, use_cache=True):
-    """(features, source): from data/features/<desc>-<hash>.npz when it matches exactly, else compute()d and saved.
-
-    use_cache False, or no key, neither reads nor writes the cache; a cache that cannot be read or
-    written is a warning (common/feature_cache.py).
-    """
-    if not use_cache or key is None:
-        return compute(), "computed"
-    short_key, description = key
-    return cached_arrays(compute, CACHE_DIR / f"{desc}-{short_key}.npz", description,
-                         dict.fromkeys(REPRESENTATIONS, len(items)))
-
-
-def shown_path(path):
-    """The path from the checkout when it lies inside it (data/features), else in full."""
-    root = Path(__file__).resolve().parent
-    return path.relative_to(root) if path.is_relative_to(root) else path
 
 
 # ---------------------------------------------------------------- resources
@@ -205,8 +155,9 @@ def load_features(run):
                                                        range(first, first + len(items)))
             return features
 
-        key = cache_key(args.model, args.resolution, args.precision, items, data["root"]) if not args.no_cache else None
-        return cached_features(compute, key, items, desc, not args.no_cache)
+        key = None if args.no_cache else cache_key(desc, args.model, resolution=args.resolution, precision=args.precision,
+                                                   pictures=picture_digests([path for path, _ in items], data["root"]))
+        return cached(compute, key, dict.fromkeys(REPRESENTATIONS, len(items)), CACHE_DIR)
 
     (pool, pool_source), (val, val_source) = features_of("pool", 0), features_of("val", len(data["pool"]))
     return {"pool": pool, "val": val, "seconds": time.perf_counter() - start, "passes": timings,
@@ -255,7 +206,7 @@ def section_frozen(run, report):
                      for desc, timing in features["passes"].items())
     passes += f"; the loader: {features['loader']}" if features["loader"] else ""
     report.line(f"features {features['source']} in {n('features seconds', features['seconds'], '.1f')} s "
-                f"({shown_path(CACHE_DIR)}/; {cache_note}){passes}")
+                f"({shown(CACHE_DIR)}/; {cache_note}){passes}")
     report.line(f'representation "pre-logits": the tanh layer on the [class] token, '
                 f'{n("feature width", features["pool"]["pre-logits"].shape[1])} numbers;  '
                 f'"class token": the final LayerNorm output (Eq. 4)')

@@ -1,4 +1,6 @@
 """common/: device picking and precision, batches of pictures, checkpoint errors, the comparison with the article."""
+import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -11,6 +13,7 @@ from conftest import ROOT, expected_batch
 from common.checkpoints import load_pretrained
 from common.device import pick_device
 from common.errors import UserError
+from common.feature_cache import cache_key, cached
 from common.output import Report
 from common.reference import KINDS, compare, format_like, load_reference, verdict
 from common.run import Run, guarded
@@ -127,6 +130,23 @@ def test_a_template_prints_the_articles_line_and_records_its_fields(capsys):
     assert report.numbers["ViT-B/32: grid"] == {"value": 7.0, "text": "7"}
     with pytest.raises(KeyError, match="'missing'"):
         report.line("{missing}", numbers)
+
+
+def test_a_cache_key_holds_the_weight_file_and_what_decides_the_features(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"12345")
+    stat = (tmp_path / "model.safetensors").stat()
+    name, text = cache_key("val", str(tmp_path), resolution=224, precision="fp32")
+    weights = str((tmp_path / "model.safetensors").resolve())
+    assert json.loads(text) == {"model": str(tmp_path), "weights": [weights, 5, stat.st_mtime_ns],
+                                "resolution": 224, "precision": "fp32"}
+    assert name == f"val-{hashlib.sha256(text.encode()).hexdigest()[:20]}.npz"
+    assert cache_key("val", str(tmp_path), resolution=384, precision="fp32")[0] != name
+    (tmp_path / "model.safetensors").write_bytes(b"123456")  # the same path, other weights
+    assert cache_key("val", str(tmp_path), resolution=224, precision="fp32")[0] != name
+    (tmp_path / "empty").mkdir()
+    assert cache_key("val", str(tmp_path / "empty"), resolution=224) is None  # no weight file: no cache
+    assert cached(lambda: {"x": np.ones(2)}, None, {"x": 2}, tmp_path)[1] == "computed"
+    assert list(tmp_path.glob("*.npz")) == []
 
 
 def test_run_loads_a_resource_once_and_remembers_a_failure():

@@ -9,6 +9,7 @@ from conftest import ARTICLE, ROOT, article_block
 from PIL import Image
 
 import vit_part3_fewshot as fewshot
+from common.feature_cache import cache_key, cached, picture_digests
 from common.imagenette import list_split
 from common.output import Report
 from common.standins import imagenette_folder
@@ -79,8 +80,7 @@ def test_pre_logits_is_tanh_of_dense_of_the_class_token(tiny_in21k, pictures):
     assert np.allclose(features["pre-logits"], expected, atol=1e-6)
 
 
-def test_features_are_cached_and_invalidated(tiny_in21k, pictures, tmp_path, monkeypatch):
-    monkeypatch.setattr(fewshot, "CACHE_DIR", tmp_path)
+def test_features_are_cached_and_invalidated(tiny_in21k, pictures, tmp_path):
     loads = []
 
     def loader():
@@ -91,8 +91,9 @@ def test_features_are_cached_and_invalidated(tiny_in21k, pictures, tmp_path, mon
         def compute():
             return fewshot.extract_features(loader(), [path for path, _ in items], 224, torch.device("cpu"), 8, "val")[0]
 
-        key = fewshot.cache_key(str(tiny_in21k), 224, precision, items, pictures)
-        return fewshot.cached_features(compute, key, items, "val")
+        key = cache_key("val", str(tiny_in21k), resolution=224, precision=precision,
+                        pictures=picture_digests([path for path, _ in items], pictures))
+        return cached(compute, key, dict.fromkeys(fewshot.REPRESENTATIONS, len(items)), tmp_path)
 
     items = list_split(pictures, "val", per_class=2)
     first, source = features(items)
