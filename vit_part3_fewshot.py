@@ -15,7 +15,6 @@ reads nor writes the cache.
 """
 import re
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -35,12 +34,11 @@ from common.cli import (
 )
 from common.closed_form import closed_form, targets, with_bias
 from common.errors import UserError
-from common.feature_cache import CACHE_DIR, cache_key, cached, picture_digests, shown
+from common.feature_cache import CACHE_DIR, cache_key, cached_passes, picture_digests, shown
 from common.imagenette import DEFAULT_DIR as DEFAULT_DATA_DIR
 from common.imagenette import class_names, data_differences, ensure_imagenette, list_split
 from common.inference import run_model
-from common.loader import picture_loader, start_workers, workers_text
-from common.reference import article_values, flag_differences, load_reference
+from common.reference import article_values, cell_differences, flag_differences, load_reference
 from common.run import Run, guarded, run_sections
 
 DEFAULT_MODEL = "google/vit-base-patch16-224-in21k"
@@ -81,7 +79,7 @@ def few_shot_accuracies(x_pool, pool_labels, x_val, val_labels, shots, lam, draw
     return accuracies
 
 
-# ---------------------------------------------------------------- features
+# ---------------------------------------------------------------- resources
 
 def extract_features(model, pictures, resolution, device, batch_size, desc, autocast=None, indices=None):
     """({"pre-logits", "class token"}: (n, d) float32 each, both from one forward pass per batch; the pass's timing).
@@ -96,8 +94,6 @@ def extract_features(model, pictures, resolution, device, batch_size, desc, auto
                                 indices)
     return {name: torch.cat(part).numpy() for name, part in zip(REPRESENTATIONS, zip(*batches))}, timing
 
-
-# ---------------------------------------------------------------- resources
 
 def load_frozen_model(name, device):
     from transformers import ViTModel
@@ -121,50 +117,21 @@ def load_data(run):
     return {"root": root, "pool": pool, "val": list_split(root, "val", args.per_class), "names": class_names(root)}
 
 
-def data_or_every_missing_thing(run):
-    """The data. The model is loaded only when the features are not cached; but when the data is
-    missing, the checkpoint is tried too, so that one line names everything an offline run lacks."""
-    try:
-        return run.need("data")
-    except UserError:
-        run.need("data", "model")  # raises, naming the data and, if missing, the checkpoint
-        raise
-
-
 def load_features(run):
-    """The features of the pool and of the validation pictures, from the cache or one forward pass each.
-
-    The passes share one loader over both sets, made on the first cache miss, so that its worker
-    processes (beside a GPU) start once; each picture is read once, so the workers decode it.
-    """
+    """The features of the pool and of the validation pictures, each read from the cache or computed in one pass."""
     args, data = run.args, run.need("data")
-    start = time.perf_counter()
-    sets = {"pool": data["pool"], "val": data["val"]}
-    paths = [path for items in sets.values() for path, _ in items]
-    shared, timings = {}, {}
 
-    def features_of(desc, first):
-        items = sets[desc]
+    def one_pass(loader, indices, desc):
+        return extract_features(run.need("model"), loader, args.resolution, run.device, args.batch_size, desc,
+                                run.autocast, indices)
 
-        def compute():
-            if "loader" not in shared:
-                shared["loader"] = picture_loader(paths, run.device)
-                shared["started"] = workers_text(shared["loader"], start_workers(shared["loader"]))
-            features, timings[desc] = extract_features(run.need("model"), shared["loader"], args.resolution,
-                                                       run.device, args.batch_size, desc, run.autocast,
-                                                       range(first, first + len(items)))
-            return features
+    def key(desc, paths):  # everything that decides the features; None: neither read nor write the cache
+        return None if args.no_cache else cache_key(desc, args.model, resolution=args.resolution,
+                                                    precision=args.precision, pictures=picture_digests(paths, data["root"]))
 
-        key = None if args.no_cache else cache_key(desc, args.model, resolution=args.resolution, precision=args.precision,
-                                                   pictures=picture_digests([path for path, _ in items], data["root"]))
-        return cached(compute, key, dict.fromkeys(REPRESENTATIONS, len(items)), CACHE_DIR)
-
-    (pool, pool_source), (val, val_source) = features_of("pool", 0), features_of("val", len(data["pool"]))
-    return {"pool": pool, "val": val, "seconds": time.perf_counter() - start, "passes": timings,
-            "loader": shared.get("started"),
-            "source": "read from the cache" if pool_source == val_source == "cache" else "computed",
-            "pool labels": np.array([label for _, label in data["pool"]]),
-            "val labels": np.array([label for _, label in data["val"]])}
+    sets = {desc: [path for path, _ in data[desc]] for desc in ("pool", "val")}
+    return {**cached_passes(sets, one_pass, key, REPRESENTATIONS, run.device, CACHE_DIR),
+            **{f"{desc} labels": np.array([label for _, label in data[desc]]) for desc in sets}}
 
 
 # ---------------------------------------------------------------- sections
@@ -194,7 +161,7 @@ def section_by_hand(run, report):
 
 def section_frozen(run, report):
     """2. few-shot accuracy"""
-    args, data = run.args, data_or_every_missing_thing(run)
+    args, data = run.args, run.need("data", also=["model"])
     n = report.num
     what = "ViT-B/16 (ImageNet-21k weights)" if args.model == DEFAULT_MODEL else args.model
     report.header(f"2. frozen {what}, device {run.device.type}: features of {n('pool pictures', len(data['pool']))} "
@@ -232,7 +199,7 @@ def section_frozen(run, report):
 
 def section_one_solve(run, report):
     """2b. one solve in detail"""
-    args, data = run.args, data_or_every_missing_thing(run)
+    args, data = run.args, run.need("data", also=["model"])
     features = run.need("features")
     names, n = data["names"], report.num
     shots = 5 if 5 in args.shots else args.shots[0]
@@ -259,30 +226,15 @@ def section_one_solve(run, report):
 SECTIONS = [section_by_hand, section_frozen, section_one_solve]
 ARTICLE_FLAGS = {"pool": ("pool", 50), "draws": ("draws", 5), "resolution": ("resolution", 224),
                  "precision": ("precision", "fp32")}
-
-
 ARTICLE_TABLE = {"shots": [1, 5, 10], "lambdas": [0.01, 1.0, 100.0]}
 
 
 def table_differences(args, names):
-    """--shots and --lambdas other than the article's: its cells this run does not fill are not comparable.
-
-    A cell depends on its own shots and lambda alone (each draw is seeded by [seed, shots, draw]), so the
-    cells this run does fill stay comparable ("moves": False).
-    """
-    cells = [cell for cell in (re.fullmatch(r".* lambda (\S+) (\d+)-shot (?:mean|std)", name) for name in names)
-             if cell]
-    differences = {}
-    for flag, run_values, of_cell in (("shots", args.shots, lambda cell: int(cell[2])),
-                                      ("lambdas", args.lambdas, lambda cell: float(cell[1]))):
-        article = ARTICLE_TABLE[flag]
-        if sorted(run_values) == article:
-            continue
-        shown = [f"{value:g}" for value in run_values]
-        removes = [cell[0] for cell in cells if of_cell(cell) not in run_values]
-        differences[flag] = {"flag": f"--{flag} {' '.join(shown)}", "moves": False, "removes": removes,
-                             "why": f"--{flag} {' '.join(shown)}: the article's are {', '.join(f'{v:g}' for v in article)}"}
-    return differences
+    """--shots and --lambdas other than the article's: the accuracy table's cells this run does not fill (a draw is
+    seeded by [seed, shots, draw], so a cell depends on its own shots and lambda alone)."""
+    cells = (re.fullmatch(r".* lambda (\S+) (\d+)-shot (?:mean|std)", name) for name in names)
+    return cell_differences(args, ARTICLE_TABLE, {cell[0]: {"lambdas": float(cell[1]), "shots": int(cell[2])}
+                                                  for cell in cells if cell})
 
 
 def setup_differences(run):

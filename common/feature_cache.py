@@ -8,10 +8,12 @@ warning line, and the run goes on as if there were no cache. Files are written b
 whole or not at all, under a unique temporary name, so two runs filling the same cache never trip over
 each other.
 """
+import functools
 import hashlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +21,7 @@ import numpy as np
 from common.checkpoints import cached_weight_file
 from common.errors import UserError
 from common.files import reason, write_atomic
+from common.loader import picture_loader, start_workers, workers_text
 
 CHECKOUT = Path(__file__).resolve().parent.parent
 CACHE_DIR = CHECKOUT / "data" / "features"
@@ -109,3 +112,31 @@ def cached(compute, key, rows, cache_dir=CACHE_DIR):
     if key is None:
         return compute(), "computed"
     return cached_arrays(compute, cache_dir / key[0], key[1], rows)
+
+
+def cached_passes(sets, one_pass, key_of, names, device, cache_dir=CACHE_DIR):
+    """Each set of pictures' arrays ({set: paths}): from the cache when key_of(set, paths) is found there, else from
+    one_pass(loader, indices, set) -> ({name: array, a row per picture}, the pass's timing). The passes share one
+    loader over all the sets, made on the first cache miss: its worker processes (beside a GPU) start once, and
+    decode each picture once.
+
+    Returns {set: arrays, "seconds", "passes": {set: timing}, "loader": its start-up text or None (no pass),
+    "source": "read from the cache" when every set was, else "computed"}.
+    """
+    start, paths = time.perf_counter(), [path for set_paths in sets.values() for path in set_paths]
+    shared, found, passes, sources, first = {}, {}, {}, set(), 0
+
+    def compute(name, indices):
+        if not shared:
+            shared["loader"] = picture_loader(paths, device)
+            shared["started"] = workers_text(shared["loader"], start_workers(shared["loader"]))
+        arrays, passes[name] = one_pass(shared["loader"], indices, name)
+        return arrays
+
+    for name, set_paths in sets.items():
+        indices, first = range(first, first + len(set_paths)), first + len(set_paths)
+        found[name], source = cached(functools.partial(compute, name, indices), key_of(name, set_paths),
+                                     dict.fromkeys(names, len(set_paths)), cache_dir)
+        sources.add(source)
+    return {**found, "seconds": time.perf_counter() - start, "passes": passes, "loader": shared.get("started"),
+            "source": "read from the cache" if sources == {"cache"} else "computed"}

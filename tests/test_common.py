@@ -170,6 +170,9 @@ def test_run_loads_a_resource_once_and_remembers_a_failure():
             run.need("data", "checkpoint", "model")
         assert str(problem.value) == "no data here; pass --data-dir; also no checkpoint here; pass --model"
     assert calls == ["model", "data"]
+    assert run.need("model", also=["data"]) == "the model"  # also: named only when a needed one is missing
+    with pytest.raises(UserError, match="^no data here; pass --data-dir; also no checkpoint here; pass --model$"):
+        run.need("data", also=["checkpoint", "model"])
 
 
 def argparse_namespace(**flags):

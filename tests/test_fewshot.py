@@ -144,6 +144,13 @@ def test_no_cache_neither_reads_nor_writes(tiny_in21k, pictures, tmp_path, monke
     assert status == 0 and "features computed" in out and not (tmp_path / "cache").exists()
 
 
+def test_missing_data_names_the_missing_checkpoint_too(tmp_path, capsys):
+    """The checkpoint is loaded only for features not cached; an offline run without the data hears of both at once."""
+    assert fewshot.main(["--data-dir", str(tmp_path / "nowhere"), "--device", "cpu"]) == 1
+    line = next(text for text in capsys.readouterr().out.splitlines() if "cannot run section" in text)
+    assert f"--data-dir {tmp_path / 'nowhere'} does not exist; also checkpoint {fewshot.DEFAULT_MODEL}" in line
+
+
 def test_script_end_to_end_on_stand_ins(tiny_in21k, pictures, tmp_path):
     command = [sys.executable, "vit_part3_fewshot.py", "--model", str(tiny_in21k), "--data-dir", str(pictures),
                "--pool", "3", "--shots", "1", "3", "--draws", "2", "--batch-size", "16", "--compare", "--no-cache",
