@@ -140,45 +140,47 @@ def section_by_hand(run, report):
     """1. the closed form by hand"""
     report.header("1. the closed form by hand: 4 pictures, 2 features, K = 2 classes, lambda = 1")
     x, y = np.array(HAND_X), targets(HAND_LABELS, 2)
-    gram = x.T @ x
-    regularised = gram + np.eye(2)
-    inverse = np.linalg.inv(regularised)  # printed for the pencil check; the fit itself solves
+    regularised = x.T @ x + np.eye(2)
     w = closed_form(x, y, 1.0)
-    new_scores, train_scores = np.array(HAND_NEW) @ w, x @ w
-    report.line(f"X (rows = pictures A1, A2, B1, B2) = {report.nums('X', x)}")
-    report.line("Y (targets in {{-1, 1}}: class A = [1, -1], class B = [-1, 1]) = {Y}", {"Y": y})
-    report.line(f"X^T X = {report.nums('X^T X', gram)}   + lambda I = {report.nums('X^T X + I', regularised)}   "
-                f"det = {report.num('det', round(np.linalg.det(regularised), 6), 'g')}")
-    report.line(f"(X^T X + I)^-1 = {report.nums('inverse', inverse)}")
-    report.line(f"X^T Y = {report.nums('X^T Y', x.T @ y)}")
-    report.line(f"W = (X^T X + I)^-1 X^T Y = {report.nums('W', w)}")
-    report.line(f"new picture x = {report.nums('new picture', HAND_NEW)}: scores x W = "
-                f"{report.nums('new picture scores', new_scores)} -> class {'AB'[int(new_scores.argmax())]}")
-    right_side = all(np.sign(train_scores[i]) @ np.sign(y[i]) == 2 for i in range(len(x)))
-    report.line(f"training scores X W = {report.nums('training scores', train_scores)} "
-                f"({'all on the right side of 0' if right_side else 'not all on the right side of 0'})")
+    numbers = {"X": x, "Y": y, "X^T X": x.T @ x, "X^T X + I": regularised,
+               "det": round(np.linalg.det(regularised), 6),
+               "inverse": np.linalg.inv(regularised),  # printed for the pencil check; the fit itself solves
+               "X^T Y": x.T @ y, "W": w, "new picture": HAND_NEW, "new picture scores": np.array(HAND_NEW) @ w,
+               "training scores": x @ w}
+    right_side = all(np.sign(numbers["training scores"][i]) @ np.sign(y[i]) == 2 for i in range(len(x)))
+    report.line("X (rows = pictures A1, A2, B1, B2) = {X}", numbers)
+    report.line("Y (targets in {{-1, 1}}: class A = [1, -1], class B = [-1, 1]) = {Y}", numbers)
+    report.line("X^T X = {X^T X}   + lambda I = {X^T X + I}   det = {det:g}", numbers)
+    report.line("(X^T X + I)^-1 = {inverse}", numbers)
+    report.line("X^T Y = {X^T Y}", numbers)
+    report.line("W = (X^T X + I)^-1 X^T Y = {W}", numbers)
+    report.line("new picture x = {new picture}: scores x W = {new picture scores} -> class {winner}", numbers,
+                winner="AB"[int(numbers["new picture scores"].argmax())])
+    report.line("training scores X W = {training scores} ({sides})", numbers,
+                sides="all on the right side of 0" if right_side else "not all on the right side of 0")
 
 
 def section_frozen(run, report):
     """2. few-shot accuracy"""
-    args, data = run.args, run.need("data", also=["model"])
-    n = report.num
-    what = "ViT-B/16 (ImageNet-21k weights)" if args.model == DEFAULT_MODEL else args.model
-    report.header(f"2. frozen {what}, device {run.device.type}: features of {n('pool pictures', len(data['pool']))} "
-                  f"training pictures (a pool of {args.pool} per class) and "
-                  f"{n('validation pictures', len(data['val']))} validation pictures")
+    args, data = run.args, run.need("data", also=["model"])  # the model is loaded only for features not cached
+    report.header("2. frozen {model}, device {device}: features of {pool pictures} training pictures (a pool of "
+                  "{pool} per class) and {validation pictures} validation pictures",
+                  {"pool pictures": len(data["pool"]), "validation pictures": len(data["val"])},
+                  model="ViT-B/16 (ImageNet-21k weights)" if args.model == DEFAULT_MODEL else args.model,
+                  device=run.device.type, pool=args.pool)
     features = run.need("features")
-    cache_note = "--no-cache: the cache was neither read nor written" if args.no_cache else "--no-cache recomputes"
     passes = "".join(f"; {WHAT[desc]} {report.pass_text(f'{desc} features', timing)}"
                      for desc, timing in features["passes"].items())
     passes += f"; the loader: {features['loader']}" if features["loader"] else ""
-    report.line(f"features {features['source']} in {n('features seconds', features['seconds'], '.1f')} s "
-                f"({shown(CACHE_DIR)}/; {cache_note}){passes}")
-    report.line(f'representation "pre-logits": the tanh layer on the [class] token, '
-                f'{n("feature width", features["pool"]["pre-logits"].shape[1])} numbers;  '
-                f'"class token": the final LayerNorm output (Eq. 4)')
-    report.line(f"accuracy on the {n('validation pictures (table)', len(data['val']), ',')} validation pictures, "
-                f"mean +- std over {args.draws} random draws of the training pictures")
+    report.line("features {source} in {features seconds:.1f} s ({cache}/; {cache_note}){passes}",
+                {"features seconds": features["seconds"]}, source=features["source"], cache=shown(CACHE_DIR),
+                cache_note="--no-cache: the cache was neither read nor written" if args.no_cache else "--no-cache recomputes",
+                passes=passes)
+    report.line('representation "pre-logits": the tanh layer on the [class] token, {feature width} numbers;  '
+                '"class token": the final LayerNorm output (Eq. 4)',
+                {"feature width": features["pool"]["pre-logits"].shape[1]})
+    report.line("accuracy on the {validation pictures (table):,} validation pictures, mean +- std over {draws} random "
+                "draws of the training pictures", {"validation pictures (table)": len(data["val"])}, draws=args.draws)
     for representation in REPRESENTATIONS:
         x_pool, x_val = with_bias(features["pool"][representation]), with_bias(features["val"][representation])
         for lam in args.lambdas:
@@ -186,13 +188,14 @@ def section_frozen(run, report):
             for shots in args.shots:
                 accuracies = few_shot_accuracies(x_pool, features["pool labels"], x_val, features["val labels"], shots,
                                                  lam, args.draws, args.seed)
-                key = f"{representation} lambda {lam:g} {shots}-shot"
-                cells.append(f"{shots}-shot {n(f'{key} mean', np.mean(accuracies), '5.1f')} +- "
-                             f"{n(f'{key} std', np.std(accuracies), '4.1f')}%")  # std over the draws, ddof=0
-            report.line(f"{representation:<11} lambda {lam:>6g}:  " + "   ".join(cells))
+                cells.append(report.fill("{shots}-shot {mean:5.1f} +- {std:4.1f}%",
+                                         {"mean": np.mean(accuracies), "std": np.std(accuracies)},  # std: ddof=0
+                                         f"{representation} lambda {lam:g} {shots}-shot ", {"shots": shots}))
+            report.line("{representation:<11} lambda {lam:>6g}:  {cells}", representation=representation, lam=lam,
+                        cells="   ".join(cells))
     classes = len(data["names"])
-    report.line(f"chance is {n('chance (%)', 100 / classes, '.0f')}%; 1-shot means "
-                f"{n('1-shot pictures', classes)} training pictures in total, one per class")
+    report.line("chance is {chance (%):.0f}%; 1-shot means {1-shot pictures} training pictures in total, one per class",
+                {"chance (%)": 100 / classes, "1-shot pictures": classes})
     if args.plots:
         figures.fewshot_accuracy(report.values(), article_values("fewshot"), Path(args.plots) / FIGURE, report.say)
 
@@ -200,27 +203,27 @@ def section_frozen(run, report):
 def section_one_solve(run, report):
     """2b. one solve in detail"""
     args, data = run.args, run.need("data", also=["model"])
-    features = run.need("features")
-    names, n = data["names"], report.num
+    features, names = run.need("features"), data["names"]
     shots = 5 if 5 in args.shots else args.shots[0]
     lam = 1.0 if 1.0 in args.lambdas else args.lambdas[0]
     pool_labels, val_labels = features["pool labels"], features["val labels"]
     chosen = draw_shots(pool_labels, shots, 0, args.seed)
     x = with_bias(features["pool"]["pre-logits"])[chosen]
     w = closed_form(x, targets(pool_labels[chosen], len(names)), lam)
-    report.line(f"{shots}-shot, draw 0, pre-logits, lambda {lam:g}: X is {report.nums('X shape', x.shape, 'd', '()')} "
-                f"({n('solve pictures', len(x))} pictures x {n('solve features', x.shape[1] - 1)} features + bias), "
-                f"Y is {report.nums('Y shape', (len(x), len(names)), 'd', '()')}, W is "
-                f"{report.nums('W shape', w.shape, 'd', '()')}; one solve of a "
-                f"{n('system size', w.shape[0])}x{w.shape[0]} system")
     scores = with_bias(features["val"]["pre-logits"]) @ w
     predicted = scores.argmax(1)
     per_class = [100 * np.mean(predicted[val_labels == c] == c) for c in range(len(names))]
-    report.line(f"per-class accuracy ({shots}-shot, draw 0): "
-                + ", ".join(f"{name} {n(f'per-class {name}', acc, '.0f')}%" for name, acc in zip(names, per_class)))
-    report.line(f"scores of the first validation picture (a {names[val_labels[0]]}): "
-                + " ".join(n(f"first picture score {i}", s, "+.2f") for i, s in enumerate(scores[0], 1))
-                + f"  -> class {names[predicted[0]]}")
+    report.line("{shots}-shot, draw 0, pre-logits, lambda {lam:g}: X is {X shape:d} ({solve pictures} pictures x "
+                "{solve features} features + bias), Y is {Y shape:d}, W is {W shape:d}; one solve of a "
+                "{system size}x{system size} system",
+                {"X shape": x.shape, "solve pictures": len(x), "solve features": x.shape[1] - 1,
+                 "Y shape": (len(x), len(names)), "W shape": w.shape, "system size": w.shape[0]}, shots=shots, lam=lam)
+    report.line("per-class accuracy ({shots}-shot, draw 0): {classes}", shots=shots,
+                classes=", ".join(f"{name} {report.num(f'per-class {name}', accuracy, '.0f')}%"
+                                  for name, accuracy in zip(names, per_class)))
+    report.line("scores of the first validation picture (a {truth}): {scores}  -> class {predicted}",
+                truth=names[val_labels[0]], predicted=names[predicted[0]],
+                scores=" ".join(report.num(f"first picture score {i}", s, "+.2f") for i, s in enumerate(scores[0], 1)))
 
 
 SECTIONS = [section_by_hand, section_frozen, section_one_solve]

@@ -21,6 +21,9 @@ FIELD = re.compile(r"\{\{|\}\}|\{[^{}]*\}")
 
 # The lines that are the project's own, not the articles': template -> why it is printed.
 PROJECT_LINES = {
+    # vit_part3_fewshot.py
+    "features {source} in {features seconds:.1f} s ({cache}/; {cache_note}){passes}":
+        "where the features came from (the cache or a pass), in how long, and each pass's wait for pictures",
 }
 
 
