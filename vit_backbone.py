@@ -575,8 +575,9 @@ def load_features(run):
     """The frozen features of both splits, from data/features/ when they match exactly, else computed and saved."""
     beans = run.need("beans")
     start, timing = time.perf_counter(), pass_timing()
+    precision = run.args.precision
     key = None if run.args.no_cache else cache_key(
-        "backbone", run.args.model, precision=run.args.precision, float32=float32_rule(run.args.precision, run.fp32_rule),
+        "backbone", run.args.model, precision=precision, float32=float32_rule(precision, run.fp32_rule),
         features="class token + mean of the patch tokens",
         data={split: dataset_digest(beans[split]) for split in ("train", "validation")})
     rows = {split: len(beans[split]) for split in ("train", "validation")}

@@ -127,7 +127,8 @@ def load_features(run):
 
     def key(desc, paths):  # everything that decides the features; None: neither read nor write the cache
         return None if args.no_cache else cache_key(desc, args.model, resolution=args.resolution,
-                                                    precision=args.precision, pictures=picture_digests(paths, data["root"]))
+                                                    precision=args.precision,
+                                                    pictures=picture_digests(paths, data["root"]))
 
     sets = {desc: [path for path, _ in data[desc]] for desc in ("pool", "val")}
     return {**cached_passes(sets, one_pass, key, REPRESENTATIONS, run.device, CACHE_DIR),
@@ -174,8 +175,8 @@ def section_frozen(run, report):
     passes += f"; the loader: {features['loader']}" if features["loader"] else ""
     report.line("features {source} in {features seconds:.1f} s ({cache}/; {cache_note}){passes}",
                 {"features seconds": features["seconds"]}, source=features["source"], cache=shown(CACHE_DIR),
-                cache_note="--no-cache: the cache was neither read nor written" if args.no_cache else "--no-cache recomputes",
-                passes=passes)
+                passes=passes, cache_note=("--no-cache: the cache was neither read nor written" if args.no_cache
+                                           else "--no-cache recomputes"))
     report.line('representation "pre-logits": the tanh layer on the [class] token, {feature width} numbers;  '
                 '"class token": the final LayerNorm output (Eq. 4)',
                 {"feature width": features["pool"]["pre-logits"].shape[1]})
