@@ -21,6 +21,26 @@ FIELD = re.compile(r"\{\{|\}\}|\{[^{}]*\}")
 
 # The lines that are the project's own, not the articles': template -> why it is printed.
 PROJECT_LINES = {
+    # vit_part3_setup.py
+    "ViT-B/16 from 224 to 384: sequence {s224} -> {s384} = x{sequence 384 over 224:.1f}, pairs per head "
+    "x{pairs 384 over 224:.1f}, compute x{compute 384 over 224:.2f}":
+        "the prose's \"about 2.9 times longer\" and \"about 8.6 times\" the pairs, computed",
+    "the extra {B/16 over B/32 compute above 4:.2f} over x4: the per-token parts grow x{per-token compute ratio:.2f} "
+    "({s16}/{s32} tokens; the [class] token keeps it under 4), attention's pairs x{attention compute ratio:.2f}; "
+    "attention is {attention share of B/32 (%):.1f}% of ViT-B/32's compute, {attention share of B/16 (%):.1f}% of "
+    "ViT-B/16's": "the prose's \"the extra 0.06 comes from attention\", computed",
+    "the patch embedding, left out above, costs both {patch embedding GFLOPs:.2f} GFLOPs "
+    "({patch embedding share of B/32 (%):.1f}% of ViT-B/32); with it the ratio is "
+    "x{B/16 over B/32 compute with the embedding:.2f}":
+        "what the compute estimate leaves out (the patch embedding) and what it would change",
+    "parameters of the released checkpoints (no head, no pre-logits layer); \"meta device\" = counted from the "
+    "Table 1 architecture, the weight file not being cached":
+        "the subheader of a run without the weight files: says where its counts come from instead",
+    "(picture: {picture}, resized to 224x224)": "which picture gave the stage shapes (Imagenette's, or generated noise)",
+    "torch BatchNorm (training mode, batch statistics) agrees with both Batch Norm lines: {agrees}":
+        "the by-hand Batch Norm checked against torch, as the article's Group Norm line checks GroupNorm",
+    "4. pre-training and fine-tuning by hand: Adam, Table 3, SGD with momentum, Polyak averaging, clipping, "
+    "Table 4": "section 4's header: the article prints its lines in blocks between its prose, without one",
     # vit_part3_posemb.py
     "3. cosine similarity of position row {place} with its four neighbours and the far corner":
         "section 3: the article gives these similarities in its prose (0.79 to 0.81, -0.29; 0.92 to 0.95)",
