@@ -151,7 +151,7 @@ class Report:
         self.series[name] = values.tolist() if hasattr(values, "tolist") else values
 
     def cannot_run(self, title, problem):
-        self.line(f"cannot run section \"{title}\": {problem}")
+        self.line('cannot run section "{title}": {problem}', title=title, problem=problem)
         self.could_not_run.append((title, str(problem)))
 
     def say(self, text):

@@ -228,14 +228,14 @@ def print_comparison(rows, report, differences=None):
         report.line("setup: this run differs from the article's, so the numbers that depend on these are not "
                     "comparable:")
         for difference in differences.values():
-            report.line(f"  {difference['why']}")
+            report.line("  {why}", why=difference["why"])  # a word, not a template: a path may hold braces
     else:
         report.line("setup: the article's")
     report.line(f"{'number':<{width}}  {'article':>14}  {'this run':>14}  {'difference':>11}  verdict")
     for row in rows:
         difference = "" if row["difference"] is None else f"{row['difference']:+.3g}"
-        report.line(f"{row['name']:<{width}}  {row['article']:>14}  {row['run'] or '-':>14}  {difference:>11}  "
-                    f"{verdict_text(row)}")
+        report.line("{text}", text=f"{row['name']:<{width}}  {row['article']:>14}  {row['run'] or '-':>14}  "
+                                   f"{difference:>11}  {verdict_text(row)}")
     counts = verdict_counts(rows)
     report.line(counts_text(counts) + f" (of {len(rows)} article numbers)")
     report.line(LEGEND)

@@ -130,6 +130,9 @@ def test_a_template_prints_the_articles_line_and_records_its_fields(capsys):
     assert report.numbers["ViT-B/32: grid"] == {"value": 7.0, "text": "7"}
     with pytest.raises(KeyError, match="'missing'"):
         report.line("{missing}", numbers)
+    report.cannot_run("4. accuracy", UserError("--data-dir x is a file, not a folder of {train,val}/<class>/"))
+    assert capsys.readouterr().out.endswith('section "4. accuracy": --data-dir x is a file, not a folder of '
+                                            '{train,val}/<class>/\n')  # a reason is text, not a template
 
 
 def test_a_cache_key_holds_the_weight_file_and_what_decides_the_features(tmp_path):
