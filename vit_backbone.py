@@ -22,10 +22,7 @@ The frozen features of section 5 are cached in data/features/, keyed by the chec
 the pictures' bytes and the precision; --no-cache neither reads nor writes the cache.
 """
 import functools
-import hashlib
-import json
 import math
-import os
 import re
 import sys
 import tempfile
@@ -51,7 +48,7 @@ from common.cli import (
 from common.closed_form import closed_form, targets, with_bias
 from common.device import PRECISIONS, float32_arithmetic, float32_rule, to_device
 from common.errors import UserError
-from common.feature_cache import cached_arrays
+from common.feature_cache import cache_key, cached, dataset_digest
 from common.loader import dataset_loader, end_workers, loader_workers, pass_timing, timed
 from common.reference import flag_differences, subset_differences, verdict
 from common.run import Run, guarded, run_sections
@@ -345,33 +342,6 @@ def finetune(run):
 
 # ---------------------------------------------------------------- frozen features and their cache
 
-def dataset_digest(split):
-    """A digest of a split's picture bytes and labels, in order: the features' key to the data."""
-    from datasets import Image
-
-    digest = hashlib.blake2b(digest_size=16)
-    for row in split.cast_column("image", Image(decode=False)):
-        digest.update(row["image"]["bytes"] or Path(row["image"]["path"]).read_bytes())
-        digest.update(str(row["labels"]).encode())
-    return digest.hexdigest()
-
-
-def feature_key(run, beans):
-    """(file name, description) of the features' cache entry, or None when the weight file is not on disk."""
-    from common.checkpoints import cached_weight_file
-
-    weights = cached_weight_file(os.path.expanduser(run.args.model))
-    if weights is None:
-        return None
-    stat = Path(weights).stat()
-    text = json.dumps({"model": run.args.model, "weights": [str(Path(weights).resolve()), stat.st_size,
-                                                            stat.st_mtime_ns],
-                       "precision": run.args.precision, "float32": float32_rule(run.args.precision, run.fp32_rule),
-                       "features": "class token + mean of the patch tokens",
-                       "data": {split: dataset_digest(beans[split]) for split in ("train", "validation")}})
-    return f"backbone-{hashlib.sha256(text.encode()).hexdigest()[:20]}.npz", text
-
-
 def stack_pixel_values(items):
     return torch.stack([item["pixel_values"] for item in items])
 
@@ -411,13 +381,13 @@ def load_features(run):
     """The frozen features of both splits, from data/features/ when they match exactly, else computed and saved."""
     beans = run.need("beans")
     start, timing = time.perf_counter(), pass_timing()
-    key = None if run.args.no_cache else feature_key(run, beans)
-    if key:
-        rows = {split: len(beans[split]) for split in ("train", "validation")}
-        features, source = cached_arrays(lambda: compute_features(run, beans, timing), CACHE_DIR / key[0], key[1],
-                                         rows)
-    else:
-        features, source = compute_features(run, beans, timing), "computed"
+    precision = run.args.precision
+    key = None if run.args.no_cache else cache_key(
+        "backbone", run.args.model, precision=precision, float32=float32_rule(precision, run.fp32_rule),
+        features="class token + mean of the patch tokens",
+        data={split: dataset_digest(beans[split]) for split in ("train", "validation")})
+    rows = {split: len(beans[split]) for split in ("train", "validation")}
+    features, source = cached(lambda: compute_features(run, beans, timing), key, rows, CACHE_DIR)
     source = "read from the cache" if source == "cache" else source
     labels = {split: np.array(beans[split]["labels"]) for split in ("train", "validation")}
     return {"features": features, "labels": labels, "source": source, "seconds": time.perf_counter() - start,
@@ -596,9 +566,11 @@ def section_finetune(run, report):
                 "{evaluating}, their {pictures} pictures preprocessed once, before the Trainer, in "
                 "{validation preprocessing seconds:.1f} s. The Trainer's loop hides its wait, so every next() of its "
                 "data loaders is timed from outside (on a CUDA GPU, the GPU's idle time, with CUDA events)", numbers,
-                training=report.pass_text("training steps", passes["training"]), workers=result["workers"],
+                training=functools.partial(report.pass_text, "training steps", passes["training"]),
+                workers=result["workers"],
                 evaluations=passes["evaluations"]["pictures"] // max(1, val_count),
-                evaluating=report.pass_text("evaluations", passes["evaluations"]), pictures=val_count)
+                evaluating=functools.partial(report.pass_text, "evaluations", passes["evaluations"]),
+                pictures=val_count)
     print_history(report, result["history"])
     # one basis for both, so that a colour means the same direction before and after
     both = pca_rgb(torch.cat([result["tokens before"], result["tokens after"]]).numpy(), feature_grid(result["model"]))
@@ -646,9 +618,9 @@ def section_three_ways(run, report):
     report.line("frozen features: the last layer's class token beside the mean of its patch tokens, "
                 "{feature width:,} numbers per picture, {source} in {features seconds:.1f} s (--no-cache recomputes)"
                 "{pass_}", {"feature width": x_train.shape[1], "features seconds": frozen["seconds"]},
-                source=frozen["source"], pass_="" if not timing else
+                source=frozen["source"], pass_=functools.partial(lambda: "" if not timing else
                 f" {report.pass_text('frozen features', timing)}, the loader's {timing['workers']} worker processes "
-                f"(none on a CPU) started in {timing['start-up seconds']:.1f} s, outside the pass")
+                f"(none on a CPU) started in {timing['start-up seconds']:.1f} s, outside the pass"))
     report.line("linear probe: DINO's linear evaluation (Caron et al. 2021): normal(0, {std}) weights, SGD momentum "
                 "{momentum}, no weight decay, learning rate {base_lr} x batch {batch_size}/256, cosine to 0 over "
                 "{epochs} epochs. Unlike DINO: no random crops and flips (the features are computed once); the "

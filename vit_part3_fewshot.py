@@ -13,18 +13,15 @@ Features are cached in data/features/, keyed by everything that decides them: th
 weight file, the resolution, the precision and each picture's name and contents. --no-cache neither
 reads nor writes the cache.
 """
-import hashlib
-import json
 import re
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from common import figures
-from common.checkpoints import cached_weight_file, check_model_flag, load_pretrained
+from common.checkpoints import check_model_flag, load_pretrained
 from common.cli import (
     add_common_arguments,
     add_data_arguments,
@@ -37,16 +34,14 @@ from common.cli import (
 )
 from common.closed_form import closed_form, targets, with_bias
 from common.errors import UserError
-from common.feature_cache import cached_arrays
+from common.feature_cache import CACHE_DIR, cache_key, cached_passes, picture_digests, shown
 from common.imagenette import DEFAULT_DIR as DEFAULT_DATA_DIR
 from common.imagenette import class_names, data_differences, ensure_imagenette, list_split
 from common.inference import run_model
-from common.loader import picture_loader, start_workers, workers_text
-from common.reference import article_values, flag_differences, load_reference
+from common.reference import article_values, cell_differences, flag_differences, load_reference
 from common.run import Run, guarded, run_sections
 
 DEFAULT_MODEL = "google/vit-base-patch16-224-in21k"
-CACHE_DIR = Path(__file__).resolve().parent / "data" / "features"
 REPRESENTATIONS = ("pre-logits", "class token")
 WHAT = {"pool": "the pool", "val": "the validation pictures"}
 FIGURE = "fewshot_accuracy.png"
@@ -84,7 +79,7 @@ def few_shot_accuracies(x_pool, pool_labels, x_val, val_labels, shots, lam, draw
     return accuracies
 
 
-# ---------------------------------------------------------------- features and their cache
+# ---------------------------------------------------------------- resources
 
 def extract_features(model, pictures, resolution, device, batch_size, desc, autocast=None, indices=None):
     """({"pre-logits", "class token"}: (n, d) float32 each, both from one forward pass per batch; the pass's timing).
@@ -99,55 +94,6 @@ def extract_features(model, pictures, resolution, device, batch_size, desc, auto
                                 indices)
     return {name: torch.cat(part).numpy() for name, part in zip(REPRESENTATIONS, zip(*batches))}, timing
 
-
-def checkpoint_identity(model_name):
-    """The weight file's path, size and modification time (a Hub snapshot's path holds its revision), or None."""
-    path = cached_weight_file(model_name)
-    if path is None:
-        return None
-    stat = Path(path).stat()
-    return [str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns]
-
-
-def picture_identities(items, root):
-    """Each picture's path under the data folder and a digest of its bytes (about 40 MB for Imagenette)."""
-    return [[str(Path(path).relative_to(root)), hashlib.blake2b(Path(path).read_bytes(), digest_size=12).hexdigest()]
-            for path, _ in items]
-
-
-def cache_key(model_name, resolution, precision, items, root):
-    """(a short hash, the full description stored beside the features and checked on reading), or None.
-
-    None when the checkpoint's weight file is not on disk: features cannot be matched to it.
-    """
-    weights = checkpoint_identity(model_name)
-    if weights is None:
-        return None
-    text = json.dumps({"model": model_name, "weights": weights, "resolution": resolution, "precision": precision,
-                       "pictures": picture_identities(items, root)})
-    return hashlib.sha256(text.encode()).hexdigest()[:20], text
-
-
-def cached_features(compute, key, items, desc, use_cache=True):
-    """(features, source): from data/features/<desc>-<hash>.npz when it matches exactly, else compute()d and saved.
-
-    use_cache False, or no key, neither reads nor writes the cache; a cache that cannot be read or
-    written is a warning (common/feature_cache.py).
-    """
-    if not use_cache or key is None:
-        return compute(), "computed"
-    short_key, description = key
-    return cached_arrays(compute, CACHE_DIR / f"{desc}-{short_key}.npz", description,
-                         dict.fromkeys(REPRESENTATIONS, len(items)))
-
-
-def shown_path(path):
-    """The path from the checkout when it lies inside it (data/features), else in full."""
-    root = Path(__file__).resolve().parent
-    return path.relative_to(root) if path.is_relative_to(root) else path
-
-
-# ---------------------------------------------------------------- resources
 
 def load_frozen_model(name, device):
     from transformers import ViTModel
@@ -171,49 +117,22 @@ def load_data(run):
     return {"root": root, "pool": pool, "val": list_split(root, "val", args.per_class), "names": class_names(root)}
 
 
-def data_or_every_missing_thing(run):
-    """The data. The model is loaded only when the features are not cached; but when the data is
-    missing, the checkpoint is tried too, so that one line names everything an offline run lacks."""
-    try:
-        return run.need("data")
-    except UserError:
-        run.need("data", "model")  # raises, naming the data and, if missing, the checkpoint
-        raise
-
-
 def load_features(run):
-    """The features of the pool and of the validation pictures, from the cache or one forward pass each.
-
-    The passes share one loader over both sets, made on the first cache miss, so that its worker
-    processes (beside a GPU) start once; each picture is read once, so the workers decode it.
-    """
+    """The features of the pool and of the validation pictures, each read from the cache or computed in one pass."""
     args, data = run.args, run.need("data")
-    start = time.perf_counter()
-    sets = {"pool": data["pool"], "val": data["val"]}
-    paths = [path for items in sets.values() for path, _ in items]
-    shared, timings = {}, {}
 
-    def features_of(desc, first):
-        items = sets[desc]
+    def one_pass(loader, indices, desc):
+        return extract_features(run.need("model"), loader, args.resolution, run.device, args.batch_size, desc,
+                                run.autocast, indices)
 
-        def compute():
-            if "loader" not in shared:
-                shared["loader"] = picture_loader(paths, run.device)
-                shared["started"] = workers_text(shared["loader"], start_workers(shared["loader"]))
-            features, timings[desc] = extract_features(run.need("model"), shared["loader"], args.resolution,
-                                                       run.device, args.batch_size, desc, run.autocast,
-                                                       range(first, first + len(items)))
-            return features
+    def key(desc, paths):  # everything that decides the features; None: neither read nor write the cache
+        return None if args.no_cache else cache_key(desc, args.model, resolution=args.resolution,
+                                                    precision=args.precision,
+                                                    pictures=picture_digests(paths, data["root"]))
 
-        key = cache_key(args.model, args.resolution, args.precision, items, data["root"]) if not args.no_cache else None
-        return cached_features(compute, key, items, desc, not args.no_cache)
-
-    (pool, pool_source), (val, val_source) = features_of("pool", 0), features_of("val", len(data["pool"]))
-    return {"pool": pool, "val": val, "seconds": time.perf_counter() - start, "passes": timings,
-            "loader": shared.get("started"),
-            "source": "read from the cache" if pool_source == val_source == "cache" else "computed",
-            "pool labels": np.array([label for _, label in data["pool"]]),
-            "val labels": np.array([label for _, label in data["val"]])}
+    sets = {desc: [path for path, _ in data[desc]] for desc in ("pool", "val")}
+    return {**cached_passes(sets, one_pass, key, REPRESENTATIONS, run.device, CACHE_DIR),
+            **{f"{desc} labels": np.array([label for _, label in data[desc]]) for desc in sets}}
 
 
 # ---------------------------------------------------------------- sections
@@ -222,45 +141,47 @@ def section_by_hand(run, report):
     """1. the closed form by hand"""
     report.header("1. the closed form by hand: 4 pictures, 2 features, K = 2 classes, lambda = 1")
     x, y = np.array(HAND_X), targets(HAND_LABELS, 2)
-    gram = x.T @ x
-    regularised = gram + np.eye(2)
-    inverse = np.linalg.inv(regularised)  # printed for the pencil check; the fit itself solves
+    regularised = x.T @ x + np.eye(2)
     w = closed_form(x, y, 1.0)
-    new_scores, train_scores = np.array(HAND_NEW) @ w, x @ w
-    report.line(f"X (rows = pictures A1, A2, B1, B2) = {report.nums('X', x)}")
-    report.line("Y (targets in {{-1, 1}}: class A = [1, -1], class B = [-1, 1]) = {Y}", {"Y": y})
-    report.line(f"X^T X = {report.nums('X^T X', gram)}   + lambda I = {report.nums('X^T X + I', regularised)}   "
-                f"det = {report.num('det', round(np.linalg.det(regularised), 6), 'g')}")
-    report.line(f"(X^T X + I)^-1 = {report.nums('inverse', inverse)}")
-    report.line(f"X^T Y = {report.nums('X^T Y', x.T @ y)}")
-    report.line(f"W = (X^T X + I)^-1 X^T Y = {report.nums('W', w)}")
-    report.line(f"new picture x = {report.nums('new picture', HAND_NEW)}: scores x W = "
-                f"{report.nums('new picture scores', new_scores)} -> class {'AB'[int(new_scores.argmax())]}")
-    right_side = all(np.sign(train_scores[i]) @ np.sign(y[i]) == 2 for i in range(len(x)))
-    report.line(f"training scores X W = {report.nums('training scores', train_scores)} "
-                f"({'all on the right side of 0' if right_side else 'not all on the right side of 0'})")
+    numbers = {"X": x, "Y": y, "X^T X": x.T @ x, "X^T X + I": regularised,
+               "det": round(np.linalg.det(regularised), 6),
+               "inverse": np.linalg.inv(regularised),  # printed for the pencil check; the fit itself solves
+               "X^T Y": x.T @ y, "W": w, "new picture": HAND_NEW, "new picture scores": np.array(HAND_NEW) @ w,
+               "training scores": x @ w}
+    right_side = all(np.sign(numbers["training scores"][i]) @ np.sign(y[i]) == 2 for i in range(len(x)))
+    report.line("X (rows = pictures A1, A2, B1, B2) = {X}", numbers)
+    report.line("Y (targets in {{-1, 1}}: class A = [1, -1], class B = [-1, 1]) = {Y}", numbers)
+    report.line("X^T X = {X^T X}   + lambda I = {X^T X + I}   det = {det:g}", numbers)
+    report.line("(X^T X + I)^-1 = {inverse}", numbers)
+    report.line("X^T Y = {X^T Y}", numbers)
+    report.line("W = (X^T X + I)^-1 X^T Y = {W}", numbers)
+    report.line("new picture x = {new picture}: scores x W = {new picture scores} -> class {winner}", numbers,
+                winner="AB"[int(numbers["new picture scores"].argmax())])
+    report.line("training scores X W = {training scores} ({sides})", numbers,
+                sides="all on the right side of 0" if right_side else "not all on the right side of 0")
 
 
 def section_frozen(run, report):
     """2. few-shot accuracy"""
-    args, data = run.args, data_or_every_missing_thing(run)
-    n = report.num
-    what = "ViT-B/16 (ImageNet-21k weights)" if args.model == DEFAULT_MODEL else args.model
-    report.header(f"2. frozen {what}, device {run.device.type}: features of {n('pool pictures', len(data['pool']))} "
-                  f"training pictures (a pool of {args.pool} per class) and "
-                  f"{n('validation pictures', len(data['val']))} validation pictures")
+    args, data = run.args, run.need("data", also=["model"])  # the model is loaded only for features not cached
+    report.header("2. frozen {model}, device {device}: features of {pool pictures} training pictures (a pool of "
+                  "{pool} per class) and {validation pictures} validation pictures",
+                  {"pool pictures": len(data["pool"]), "validation pictures": len(data["val"])},
+                  model="ViT-B/16 (ImageNet-21k weights)" if args.model == DEFAULT_MODEL else args.model,
+                  device=run.device.type, pool=args.pool)
     features = run.need("features")
-    cache_note = "--no-cache: the cache was neither read nor written" if args.no_cache else "--no-cache recomputes"
     passes = "".join(f"; {WHAT[desc]} {report.pass_text(f'{desc} features', timing)}"
                      for desc, timing in features["passes"].items())
     passes += f"; the loader: {features['loader']}" if features["loader"] else ""
-    report.line(f"features {features['source']} in {n('features seconds', features['seconds'], '.1f')} s "
-                f"({shown_path(CACHE_DIR)}/; {cache_note}){passes}")
-    report.line(f'representation "pre-logits": the tanh layer on the [class] token, '
-                f'{n("feature width", features["pool"]["pre-logits"].shape[1])} numbers;  '
-                f'"class token": the final LayerNorm output (Eq. 4)')
-    report.line(f"accuracy on the {n('validation pictures (table)', len(data['val']), ',')} validation pictures, "
-                f"mean +- std over {args.draws} random draws of the training pictures")
+    report.line("features {source} in {features seconds:.1f} s ({cache}/; {cache_note}){passes}",
+                {"features seconds": features["seconds"]}, source=features["source"], cache=shown(CACHE_DIR),
+                passes=passes, cache_note=("--no-cache: the cache was neither read nor written" if args.no_cache
+                                           else "--no-cache recomputes"))
+    report.line('representation "pre-logits": the tanh layer on the [class] token, {feature width} numbers;  '
+                '"class token": the final LayerNorm output (Eq. 4)',
+                {"feature width": features["pool"]["pre-logits"].shape[1]})
+    report.line("accuracy on the {validation pictures (table):,} validation pictures, mean +- std over {draws} random "
+                "draws of the training pictures", {"validation pictures (table)": len(data["val"])}, draws=args.draws)
     for representation in REPRESENTATIONS:
         x_pool, x_val = with_bias(features["pool"][representation]), with_bias(features["val"][representation])
         for lam in args.lambdas:
@@ -268,70 +189,56 @@ def section_frozen(run, report):
             for shots in args.shots:
                 accuracies = few_shot_accuracies(x_pool, features["pool labels"], x_val, features["val labels"], shots,
                                                  lam, args.draws, args.seed)
-                key = f"{representation} lambda {lam:g} {shots}-shot"
-                cells.append(f"{shots}-shot {n(f'{key} mean', np.mean(accuracies), '5.1f')} +- "
-                             f"{n(f'{key} std', np.std(accuracies), '4.1f')}%")  # std over the draws, ddof=0
-            report.line(f"{representation:<11} lambda {lam:>6g}:  " + "   ".join(cells))
+                cells.append(report.fill("{shots}-shot {mean:5.1f} +- {std:4.1f}%",
+                                         {"mean": np.mean(accuracies), "std": np.std(accuracies)},  # std: ddof=0
+                                         f"{representation} lambda {lam:g} {shots}-shot ", {"shots": shots}))
+            report.line("{representation:<11} lambda {lam:>6g}:  {cells}", representation=representation, lam=lam,
+                        cells="   ".join(cells))
     classes = len(data["names"])
-    report.line(f"chance is {n('chance (%)', 100 / classes, '.0f')}%; 1-shot means "
-                f"{n('1-shot pictures', classes)} training pictures in total, one per class")
+    report.line("chance is {chance (%):.0f}%; 1-shot means {1-shot pictures} training pictures in total, one per class",
+                {"chance (%)": 100 / classes, "1-shot pictures": classes})
     if args.plots:
         figures.fewshot_accuracy(report.values(), article_values("fewshot"), Path(args.plots) / FIGURE, report.say)
 
 
 def section_one_solve(run, report):
     """2b. one solve in detail"""
-    args, data = run.args, data_or_every_missing_thing(run)
-    features = run.need("features")
-    names, n = data["names"], report.num
+    args, data = run.args, run.need("data", also=["model"])
+    features, names = run.need("features"), data["names"]
     shots = 5 if 5 in args.shots else args.shots[0]
     lam = 1.0 if 1.0 in args.lambdas else args.lambdas[0]
     pool_labels, val_labels = features["pool labels"], features["val labels"]
     chosen = draw_shots(pool_labels, shots, 0, args.seed)
     x = with_bias(features["pool"]["pre-logits"])[chosen]
     w = closed_form(x, targets(pool_labels[chosen], len(names)), lam)
-    report.line(f"{shots}-shot, draw 0, pre-logits, lambda {lam:g}: X is {report.nums('X shape', x.shape, 'd', '()')} "
-                f"({n('solve pictures', len(x))} pictures x {n('solve features', x.shape[1] - 1)} features + bias), "
-                f"Y is {report.nums('Y shape', (len(x), len(names)), 'd', '()')}, W is "
-                f"{report.nums('W shape', w.shape, 'd', '()')}; one solve of a "
-                f"{n('system size', w.shape[0])}x{w.shape[0]} system")
     scores = with_bias(features["val"]["pre-logits"]) @ w
     predicted = scores.argmax(1)
     per_class = [100 * np.mean(predicted[val_labels == c] == c) for c in range(len(names))]
-    report.line(f"per-class accuracy ({shots}-shot, draw 0): "
-                + ", ".join(f"{name} {n(f'per-class {name}', acc, '.0f')}%" for name, acc in zip(names, per_class)))
-    report.line(f"scores of the first validation picture (a {names[val_labels[0]]}): "
-                + " ".join(n(f"first picture score {i}", s, "+.2f") for i, s in enumerate(scores[0], 1))
-                + f"  -> class {names[predicted[0]]}")
+    report.line("{shots}-shot, draw 0, pre-logits, lambda {lam:g}: X is {X shape:d} ({solve pictures} pictures x "
+                "{solve features} features + bias), Y is {Y shape:d}, W is {W shape:d}; one solve of a "
+                "{system size}x{system size} system",
+                {"X shape": x.shape, "solve pictures": len(x), "solve features": x.shape[1] - 1,
+                 "Y shape": (len(x), len(names)), "W shape": w.shape, "system size": w.shape[0]}, shots=shots, lam=lam)
+    report.line("per-class accuracy ({shots}-shot, draw 0): {classes}", shots=shots,
+                classes=", ".join(f"{name} {report.num(f'per-class {name}', accuracy, '.0f')}%"
+                                  for name, accuracy in zip(names, per_class)))
+    report.line("scores of the first validation picture (a {truth}): {scores}  -> class {predicted}",
+                truth=names[val_labels[0]], predicted=names[predicted[0]],
+                scores=" ".join(report.num(f"first picture score {i}", s, "+.2f") for i, s in enumerate(scores[0], 1)))
 
 
 SECTIONS = [section_by_hand, section_frozen, section_one_solve]
 ARTICLE_FLAGS = {"pool": ("pool", 50), "draws": ("draws", 5), "resolution": ("resolution", 224),
                  "precision": ("precision", "fp32")}
-
-
 ARTICLE_TABLE = {"shots": [1, 5, 10], "lambdas": [0.01, 1.0, 100.0]}
 
 
 def table_differences(args, names):
-    """--shots and --lambdas other than the article's: its cells this run does not fill are not comparable.
-
-    A cell depends on its own shots and lambda alone (each draw is seeded by [seed, shots, draw]), so the
-    cells this run does fill stay comparable ("moves": False).
-    """
-    cells = [cell for cell in (re.fullmatch(r".* lambda (\S+) (\d+)-shot (?:mean|std)", name) for name in names)
-             if cell]
-    differences = {}
-    for flag, run_values, of_cell in (("shots", args.shots, lambda cell: int(cell[2])),
-                                      ("lambdas", args.lambdas, lambda cell: float(cell[1]))):
-        article = ARTICLE_TABLE[flag]
-        if sorted(run_values) == article:
-            continue
-        shown = [f"{value:g}" for value in run_values]
-        removes = [cell[0] for cell in cells if of_cell(cell) not in run_values]
-        differences[flag] = {"flag": f"--{flag} {' '.join(shown)}", "moves": False, "removes": removes,
-                             "why": f"--{flag} {' '.join(shown)}: the article's are {', '.join(f'{v:g}' for v in article)}"}
-    return differences
+    """--shots and --lambdas other than the article's: the accuracy table's cells this run does not fill (a draw is
+    seeded by [seed, shots, draw], so a cell depends on its own shots and lambda alone)."""
+    cells = (re.fullmatch(r".* lambda (\S+) (\d+)-shot (?:mean|std)", name) for name in names)
+    return cell_differences(args, ARTICLE_TABLE, {cell[0]: {"lambdas": float(cell[1]), "shots": int(cell[2])}
+                                                  for cell in cells if cell})
 
 
 def setup_differences(run):

@@ -538,9 +538,10 @@ def report_step_0(run, report, data, training, batch_size):
 def report_passes(report, history, steps, final=None):
     """One line: each pass over pictures with its time and the part of it the model waited for pictures."""
     passes = history["passes"]
-    words = {"training": report.pass_text("training", passes["training"]),
-             "checks": report.pass_text("checks", passes["checks"]),
-             "finals": "".join(f"; {what} {report.pass_text(what, timing)}" for what, timing in (final or {}).items())}
+    words = {"training": functools.partial(report.pass_text, "training", passes["training"]),
+             "checks": functools.partial(report.pass_text, "checks", passes["checks"]),
+             "finals": functools.partial(lambda: "".join(f"; {what} {report.pass_text(what, timing)}"
+                                                         for what, timing in (final or {}).items()))}
     report.line("passes over pictures (this process's): training, {steps} steps {training}; the checks of the "
                 "validation subset, {checked:,} pictures in all {checks}{finals}; the loaders' {workers} worker "
                 "processes each (none on a CPU, whose cores the model uses) started in {start_up:.1f} s, outside "

@@ -14,6 +14,7 @@ Reproduces the article's section "Fine-tuning at a higher resolution":
 Section 1 needs nothing; sections 2-4 need the checkpoint, section 4 the pictures too.
 """
 import copy
+import functools
 import sys
 from pathlib import Path
 
@@ -108,51 +109,50 @@ def section_tiny_grid(run, report):
     report.header("1. resize a 2x2 grid to 3x3 the way the official code does (scipy.ndimage.zoom, order=1 = linear)")
     grid = np.array([[0.0, 1.0], [2.0, 3.0]])
     resized = scipy.ndimage.zoom(grid, 1.5, order=1)
-    report.line(f"grid 2x2: {report.nums('2x2 grid', grid)}")
+    report.line("grid 2x2: {2x2 grid}", {"2x2 grid": grid})
     for i, row in enumerate(resized, 1):
-        report.line("  " + "  ".join(report.num(f"3x3 grid[{i},{j}]", v, ".2f") for j, v in enumerate(row, 1)))
-    report.line(f"corners stay, the new middle row and column are averages of their neighbours: (0+1)/2 = "
-                f"{report.num('2x2 top middle', resized[0, 1], 'g')}, (0+2)/2 = "
-                f"{report.num('2x2 middle left', resized[1, 0], 'g')}, (0+1+2+3)/4 = "
-                f"{report.num('2x2 centre', resized[1, 1], 'g')}")
+        cells = [report.num(f"3x3 grid[{i},{j}]", v, ".2f") for j, v in enumerate(row, 1)]
+        report.line("  {cells}", cells="  ".join(cells))
+    report.line("corners stay, the new middle row and column are averages of their neighbours: (0+1)/2 = "
+                "{2x2 top middle:g}, (0+2)/2 = {2x2 middle left:g}, (0+1+2+3)/4 = {2x2 centre:g}",
+                {"2x2 top middle": resized[0, 1], "2x2 middle left": resized[1, 0], "2x2 centre": resized[1, 1]})
 
 
 def section_position_table(run, report):
     """2. the position table"""
     model = run.need("model")
-    n, config = report.num, model.config
+    config, resolution = model.config, run.args.resolution
     table = model_table(model)
-    n_old, n_new = grids(config, run.args.resolution)
-    report.header(f"2. the position table of {run.args.model}")
-    report.line(f"E_pos {report.nums('E_pos shape', table.shape, 'd', '()')} = 1 row for [class] + "
-                f"{n('grid rows', n_old * n_old)} rows = a {n('old grid side', n_old)}x{n_old} grid of "
-                f"{n('row width', table.shape[1])} numbers")
-    needed = n_new * n_new + 1
-    report.line(f"at {run.args.resolution} pixels: {run.args.resolution}/{n('patch size', config.patch_size)} = "
-                f"{n('new grid side', n_new)} patches per side, N = {n('new N', n_new * n_new)}, so "
-                f"{n('rows needed', needed)} rows are needed: {n('rows missing', needed - len(table))} rows do not "
-                f"exist")
+    n_old, n_new = grids(config, resolution)
     _, grid = split_table(table)
     ours = bilinear_resize_loop(grid, n_new)
-    report.line(f"our bilinear {n_old}x{n_old} -> {n_new}x{n_new}: "
-                f"{report.nums('bilinear shape', ours.shape, 'd', '()')}; max |difference| vs "
-                f"scipy.ndimage.zoom(order=1): "
-                f"{n('bilinear vs scipy max diff', np.abs(ours - scipy_resize(grid, n_new)).max(), '.1e')}")
+    bicubic = bicubic_resize(grid.astype(np.float32), n_new).numpy().astype(np.float64)
     row = 5 if n_new > 6 else n_new - 2
     lower, delta = stretch_positions(n_old, n_new)[row]
-    report.line(f"new row {row} sits at old position {row} x {n_old - 1}/{n_new - 1} = "
-                f"{n(f'new row {row} position', lower + delta, '.4f')}: "
-                f"{n(f'new row {row} weight of the lower row', 1 - delta, '.4f')} of old row {lower} + "
-                f"{n(f'new row {row} weight of the upper row', delta, '.4f')} of old row {lower + 1}")
-    bicubic = bicubic_resize(grid.astype(np.float32), n_new).numpy().astype(np.float64)
-    library = library_table(model, run.args.resolution)
-    report.line(f"library interpolate_pos_encoding: bicubic, align_corners=False; our bicubic call matches it: "
-                f"max |difference| {n('bicubic vs library max diff', np.abs(bicubic - library).max(), '.1e')}")
-    report.line(f"bilinear (official) vs bicubic (library) position rows: mean |difference| "
-                f"{n('bilinear vs bicubic mean diff', np.abs(ours - bicubic).mean(), '.4f')}, mean |value| "
-                f"{n('mean |value|', np.abs(ours).mean(), '.4f')}")
-    report.line(f"corner row (0,0) kept by bilinear: max |difference| "
-                f"{n('corner max diff', np.abs(ours[0, 0] - grid[0, 0]).max(), '.1e')}")
+    numbers = {"E_pos shape": table.shape, "grid rows": n_old * n_old, "old grid side": n_old,
+               "row width": table.shape[1], "patch size": config.patch_size, "new grid side": n_new,
+               "new N": n_new * n_new, "rows needed": n_new * n_new + 1,
+               "rows missing": n_new * n_new + 1 - len(table), "bilinear shape": ours.shape,
+               "bilinear vs scipy max diff": np.abs(ours - scipy_resize(grid, n_new)).max(),
+               "bicubic vs library max diff": np.abs(bicubic - library_table(model, resolution)).max(),
+               "bilinear vs bicubic mean diff": np.abs(ours - bicubic).mean(), "mean |value|": np.abs(ours).mean(),
+               "corner max diff": np.abs(ours[0, 0] - grid[0, 0]).max()}
+    report.header("2. the position table of {model}", model=run.args.model)
+    report.line("E_pos {E_pos shape:d} = 1 row for [class] + {grid rows} rows = a {old grid side}x{old grid side} grid "
+                "of {row width} numbers", numbers)
+    report.line("at {resolution} pixels: {resolution}/{patch size} = {new grid side} patches per side, N = {new N}, so "
+                "{rows needed} rows are needed: {rows missing} rows do not exist", numbers, resolution=resolution)
+    report.line("our bilinear {n_old}x{n_old} -> {n_new}x{n_new}: {bilinear shape:d}; max |difference| vs "
+                "scipy.ndimage.zoom(order=1): {bilinear vs scipy max diff:.1e}", numbers, n_old=n_old, n_new=n_new)
+    report.line("new row {row} sits at old position {row} x {old_last}/{new_last} = {position:.4f}: "
+                "{weight of the lower row:.4f} of old row {lower} + {weight of the upper row:.4f} of old row {upper}",
+                {"position": lower + delta, "weight of the lower row": 1 - delta, "weight of the upper row": delta},
+                prefix=f"new row {row} ", row=row, old_last=n_old - 1, new_last=n_new - 1, lower=lower, upper=lower + 1)
+    report.line("library interpolate_pos_encoding: bicubic, align_corners=False; our bicubic call matches it: "
+                "max |difference| {bicubic vs library max diff:.1e}", numbers)
+    report.line("bilinear (official) vs bicubic (library) position rows: mean |difference| "
+                "{bilinear vs bicubic mean diff:.4f}, mean |value| {mean |value|:.4f}", numbers)
+    report.line("corner row (0,0) kept by bilinear: max |difference| {corner max diff:.1e}", numbers)
 
 
 def library_table(model, resolution):
@@ -175,21 +175,21 @@ def section_cosine(run, report):
     n_old, n_new = grids(model.config, run.args.resolution)
     _, grid = split_table(model_table(model))
     old_place, new_place = example_places(n_old, n_new)
-    report.header(f"3. cosine similarity of position row {old_place} with its four neighbours and the far corner")
+    report.header("3. cosine similarity of position row {place} with its four neighbours and the far corner",
+                  place=old_place)
     maps = {}
     for name, g, (r, c) in ((f"{n_old}x{n_old}", grid, old_place),
                             (f"{n_new}x{n_new}", bilinear_resize_loop(grid, n_new), new_place)):
         size = g.shape[0]
         similarity = cosine_similarities(g, (r, c))
         corner = (size - 1 if r < size / 2 else 0, size - 1 if c < size / 2 else 0)
-        neighbours = {"up": similarity[r - 1, c], "down": similarity[r + 1, c], "left": similarity[r, c - 1],
-                      "right": similarity[r, c + 1]}
-        around = ", ".join(f"{side} {report.num(f'{name} neighbour {side}', v, '.2f')}"
-                           for side, v in neighbours.items())
-        report.line(f"{name} grid, row ({r}, {c}): neighbours {around} "
-                    f"({report.num(f'{name} neighbours min', min(neighbours.values()), '.2f')} to "
-                    f"{report.num(f'{name} neighbours max', max(neighbours.values()), '.2f')}); far corner {corner}: "
-                    f"{report.num(f'{name} far corner', similarity[corner], '.2f')}")
+        neighbours = [similarity[r - 1, c], similarity[r + 1, c], similarity[r, c - 1], similarity[r, c + 1]]
+        report.line("{grid} grid, row ({r}, {c}): neighbours up {neighbour up:.2f}, down {neighbour down:.2f}, left "
+                    "{neighbour left:.2f}, right {neighbour right:.2f} ({neighbours min:.2f} to {neighbours max:.2f}); "
+                    "far corner {corner}: {far corner:.2f}",
+                    {**{f"neighbour {side}": v for side, v in zip(("up", "down", "left", "right"), neighbours)},
+                     "neighbours min": min(neighbours), "neighbours max": max(neighbours),
+                     "far corner": similarity[corner]}, prefix=f"{name} ", grid=name, r=r, c=c, corner=corner)
         maps[name] = similarity.tolist()
     report.keep("cosine maps", maps)
     if run.args.plots:
@@ -215,9 +215,9 @@ def accuracy_rows(n_old, resolution):
 def section_accuracy(run, report):
     """4. accuracy at both resolutions"""
     model, (images, labels, imagenet_classes) = run.need("model", "pictures")
-    args, n = run.args, report.num
-    report.header(f"4. accuracy on the Imagenette validation set: {n('validation pictures', len(images))} pictures "
-                  f"(160 px on the short side), device {run.device.type}")
+    args = run.args
+    report.header("4. accuracy on the Imagenette validation set: {validation pictures} pictures (160 px on the short "
+                  "side), device {device}", {"validation pictures": len(images)}, device=run.device.type)
     report.line('the ImageNet head of the checkpoint is read at the 10 Imagenette classes; no training; '
                 '"of 1000" = the top class of all 1000 must be right')
     embeddings = model.vit.embeddings
@@ -225,7 +225,8 @@ def section_accuracy(run, report):
     n_old, n_new = grids(model.config, args.resolution)
     tables = position_tables(model_table(model), n_new)
     loader = picture_loader(images, run.device)  # its workers, if any, serve all five rows
-    report.line(f"the loader: {workers_text(loader, start_workers(loader))}; each row's wait for pictures is its own")
+    report.line("the loader: {loader}; each row's wait for pictures is its own",
+                loader=workers_text(loader, start_workers(loader)))
     try:
         for key, label, table_name in accuracy_rows(n_old, args.resolution):
             table = tables.get(table_name) if table_name else None
@@ -234,13 +235,13 @@ def section_accuracy(run, report):
             size = model.config.image_size if table_name is None else args.resolution
             of_10, of_1000, timing = evaluate(model, loader, labels, size, run.device, args.batch_size,
                                               imagenet_classes, key, run.autocast)
-            report.line(f"{label:<46} accuracy {n(f'{key} of 10', 100 * of_10 / len(images), '.2f')}% (of 10)   "
-                        f"{n(f'{key} of 1000', 100 * of_1000 / len(images), '.2f')}% (of 1000)   "
-                        f"{report.pass_text(key, timing)}")
+            report.line("{label:<46} accuracy {of 10:.2f}% (of 10)   {of 1000:.2f}% (of 1000)   {time}",
+                        {"of 10": 100 * of_10 / len(images), "of 1000": 100 * of_1000 / len(images)},
+                        prefix=f"{key} ", label=label, time=functools.partial(report.pass_text, key, timing))
     finally:
         embeddings.position_embeddings.data = original
-    report.line(f"zeros: all {n('zeros rows', n_new * n_new + 1)} rows of E_pos set to 0, the [class] row included; "
-                f"1D and 2D tables keep the [class] row as it is")
+    report.line("zeros: all {zeros rows} rows of E_pos set to 0, the [class] row included; 1D and 2D tables keep the "
+                "[class] row as it is", {"zeros rows": n_new * n_new + 1})
     if args.plots:
         figures.accuracy_bars(report.values(), article_values("posemb"), Path(args.plots) / ACCURACY_FIGURE,
                               report.say)

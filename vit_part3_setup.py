@@ -83,60 +83,60 @@ def checkpoint_shapes(name, size, patch, pre_logits):
         return shapes, "header from the Hub"
     return meta_parameter_shapes(table1_config(size, patch), pre_logits), "meta device"
 
+
 def section_table1(run, report):
     """1. Table 1: sequence, attention pairs and forward compute"""
     report.header("1. Table 1 and the patch-size notation: ViT-<size>/<patch>")
     report.line("N = (resolution / patch)^2 patches, plus 1 [class] token; attention compares every pair: "
                 "(N+1)^2 pairs per head")
-    n = report.num
     for size, patch in TABLE1_ROWS:
         for resolution in (224, 384):
             grid, patches, seq, pairs = sequence_shape(resolution, patch)
             key = f"ViT-{size}/{patch} at {resolution}"
-            gflops = forward_gflops(size, patch, resolution)
-            report.line(f"{key}: grid {n(f'{key}: grid', grid, '>2')}x{grid:<2} N = {n(f'{key}: N', patches, '>4')}  "
-                        f"sequence {n(f'{key}: sequence', seq, '>4')}  pairs per head "
-                        f"{n(f'{key}: pairs', pairs, '>9,')}  forward compute about "
-                        f"{n(f'{key}: GFLOPs', gflops, '6.1f')} GFLOPs")
+            report.line("{key}: grid {grid:>2}x{grid:<2} N = {N:>4}  sequence {sequence:>4}  pairs per head "
+                        "{pairs:>9,}  forward compute about {GFLOPs:6.1f} GFLOPs",
+                        {"grid": grid, "N": patches, "sequence": seq, "pairs": pairs,
+                         "GFLOPs": forward_gflops(size, patch, resolution)}, prefix=f"{key}: ", key=key)
     n16, n32 = sequence_shape(224, 16)[1], sequence_shape(224, 32)[1]
-    ratio = forward_gflops("B", 16, 224) / forward_gflops("B", 32, 224)
-    report.line(f"ViT-B/16 vs ViT-B/32 at 224: {n('B/16 patches at 224', n16)} vs {n('B/32 patches at 224', n32)} "
-                f"patches = x{n('B/16 over B/32 patches', n16 // n32)} (patch side halved, so (1/2)^-2 = 4); compute "
-                f"x{n('B/16 over B/32 compute at 224', ratio, '.2f')}")
+    report.line("ViT-B/16 vs ViT-B/32 at 224: {B/16 patches at 224} vs {B/32 patches at 224} patches = "
+                "x{B/16 over B/32 patches} (patch side halved, so (1/2)^-2 = 4); compute "
+                "x{B/16 over B/32 compute at 224:.2f}",
+                {"B/16 patches at 224": n16, "B/32 patches at 224": n32, "B/16 over B/32 patches": n16 // n32,
+                 "B/16 over B/32 compute at 224": forward_gflops("B", 16, 224) / forward_gflops("B", 32, 224)})
     report_where_the_ratio_comes_from(report)
     for size, patch, resolution in (("L", 16, 512), ("H", 14, 518)):
         grid, patches, seq, _ = sequence_shape(resolution, patch)
         key = f"ViT-{size}/{patch} at {resolution}"
-        report.line(f"Table 2 fine-tuning resolution: {key}: grid {n(f'{key}: grid', grid)}x{grid}, "
-                    f"N = {n(f'{key}: N', patches)}, sequence {n(f'{key}: sequence', seq)}")
+        report.line("Table 2 fine-tuning resolution: {key}: grid {grid}x{grid}, N = {N}, sequence {sequence}",
+                    {"grid": grid, "N": patches, "sequence": seq}, prefix=f"{key}: ", key=key)
 
 
 def report_where_the_ratio_comes_from(report):
     """The prose's "x2.9 longer", "x8.6 the pairs" and "the extra 0.06 comes from attention", computed."""
-    n = report.num
     layers, width, mlp, _ = VIT_SIZES["B"]
     (_, _, s224, p224), (_, _, s384, p384) = sequence_shape(224, 16), sequence_shape(384, 16)
-    compute_ratio = forward_gflops("B", 16, 384) / forward_gflops("B", 16, 224)
-    report.line(f"ViT-B/16 from 224 to 384: sequence {s224} -> {s384} = "
-                f"x{n('sequence 384 over 224', s384 / s224, '.1f')}, pairs per head "
-                f"x{n('pairs 384 over 224', p384 / p224, '.1f')}, compute "
-                f"x{n('compute 384 over 224', compute_ratio, '.2f')}")
     s16, s32 = sequence_shape(224, 16)[2], sequence_shape(224, 32)[2]
     total16, total32 = forward_gflops("B", 16, 224) * 1e9, forward_gflops("B", 32, 224) * 1e9
     embedding = patch_embedding_flops(224, 16, width)  # 2 N 3 P^2 D with N P^2 = 224^2: the same for /32
-    per_token = token_flops(layers, width, mlp, s16) / token_flops(layers, width, mlp, s32)
-    share32 = 100 * attention_flops(layers, width, s32) / total32
-    share16 = 100 * attention_flops(layers, width, s16) / total16
-    report.line(f"the extra {n('B/16 over B/32 compute above 4', total16 / total32 - 4, '.2f')} over x4: the per-token "
-                f"parts grow x{n('per-token compute ratio', per_token, '.2f')} ({s16}/{s32} tokens; the [class] token "
-                f"keeps it under 4), attention's pairs x{n('attention compute ratio', (s16 / s32) ** 2, '.2f')}; "
-                f"attention is {n('attention share of B/32 (%)', share32, '.1f')}% of ViT-B/32's compute, "
-                f"{n('attention share of B/16 (%)', share16, '.1f')}% of ViT-B/16's")
-    with_embedding = (total16 + embedding) / (total32 + embedding)
-    report.line(f"the patch embedding, left out above, costs both "
-                f"{n('patch embedding GFLOPs', embedding / 1e9, '.2f')} GFLOPs "
-                f"({n('patch embedding share of B/32 (%)', 100 * embedding / total32, '.1f')}% of ViT-B/32); "
-                f"with it the ratio is x{n('B/16 over B/32 compute with the embedding', with_embedding, '.2f')}")
+    numbers = {"sequence 384 over 224": s384 / s224, "pairs 384 over 224": p384 / p224,
+               "compute 384 over 224": forward_gflops("B", 16, 384) / forward_gflops("B", 16, 224),
+               "B/16 over B/32 compute above 4": total16 / total32 - 4,
+               "per-token compute ratio": token_flops(layers, width, mlp, s16) / token_flops(layers, width, mlp, s32),
+               "attention compute ratio": (s16 / s32) ** 2,
+               "attention share of B/32 (%)": 100 * attention_flops(layers, width, s32) / total32,
+               "attention share of B/16 (%)": 100 * attention_flops(layers, width, s16) / total16,
+               "patch embedding GFLOPs": embedding / 1e9,
+               "patch embedding share of B/32 (%)": 100 * embedding / total32,
+               "B/16 over B/32 compute with the embedding": (total16 + embedding) / (total32 + embedding)}
+    report.line("ViT-B/16 from 224 to 384: sequence {s224} -> {s384} = x{sequence 384 over 224:.1f}, pairs per head "
+                "x{pairs 384 over 224:.1f}, compute x{compute 384 over 224:.2f}", numbers, s224=s224, s384=s384)
+    report.line("the extra {B/16 over B/32 compute above 4:.2f} over x4: the per-token parts grow "
+                "x{per-token compute ratio:.2f} ({s16}/{s32} tokens; the [class] token keeps it under 4), attention's "
+                "pairs x{attention compute ratio:.2f}; attention is {attention share of B/32 (%):.1f}% of ViT-B/32's "
+                "compute, {attention share of B/16 (%):.1f}% of ViT-B/16's", numbers, s16=s16, s32=s32)
+    report.line("the patch embedding, left out above, costs both {patch embedding GFLOPs:.2f} GFLOPs "
+                "({patch embedding share of B/32 (%):.1f}% of ViT-B/32); with it the ratio is "
+                "x{B/16 over B/32 compute with the embedding:.2f}", numbers)
 
 
 def section_parameters(run, report):
@@ -151,31 +151,32 @@ def section_parameters(run, report):
     else:
         report.subheader("parameters of the released checkpoints (no head, no pre-logits layer); \"meta device\" = "
                          "counted from the Table 1 architecture, the weight file not being cached")
-    n = report.num
     for size, patch, name, _ in RELEASED:
         backbone, pre_logits = counts[size, patch]
         key = f"ViT-{size}/{patch}"
-        report.line(f"{key} ({name.split('/')[-1]}, {sources[size, patch]}): backbone "
-                    f"{n(f'{key} backbone', backbone, '>11,')}  = "
-                    f"{n(f'{key} backbone (M)', backbone / 1e6, '6.1f')}M   "
-                    f"pre-logits layer {n(f'{key} pre-logits', pre_logits, '>9,')}   Table 1: {TABLE1_MILLIONS[size]}M")
+        report.line("{key} ({checkpoint}, {source}): backbone {backbone:>11,}  = {backbone (M):6.1f}M   pre-logits "
+                    "layer {pre-logits:>9,}   Table 1: {table1}M",
+                    {"backbone": backbone, "backbone (M)": backbone / 1e6, "pre-logits": pre_logits},
+                    prefix=f"{key} ", key=key, checkpoint=name.split("/")[-1], source=sources[size, patch],
+                    table1=TABLE1_MILLIONS[size])
     report_patch_size_difference(report, counts["B", 32][0], counts["B", 16][0])
-    l32, l16 = sum(counts["L", 32]) / 1e6, counts["L", 16][0] / 1e6
-    report.line(f"ViT-L/32 with its pre-logits layer: {n('ViT-L/32 with pre-logits (M)', l32, '.1f')}M; ViT-L/16 has "
-                f"{n('ViT-L/16 without (M)', l16, '.1f')}M without one")
+    report.line("ViT-L/32 with its pre-logits layer: {ViT-L/32 with pre-logits (M):.1f}M; ViT-L/16 has "
+                "{ViT-L/16 without (M):.1f}M without one",
+                {"ViT-L/32 with pre-logits (M)": sum(counts["L", 32]) / 1e6,
+                 "ViT-L/16 without (M)": counts["L", 16][0] / 1e6})
 
 
 def report_patch_size_difference(report, b32, b16):
     """ViT-B/32 and ViT-B/16 differ only in the patch embedding E (P*P*3 x D) and the position table ((N+1) x D)."""
-    n = report.num
     width = VIT_SIZES["B"][1]
     rows16, rows32 = sequence_shape(224, 16)[2], sequence_shape(224, 32)[2]
-    report.line(f"ViT-B/32 minus ViT-B/16: {n('B/32 minus B/16', b32 - b16, ',')} parameters "
-                f"({n('B/32 over B/16 percent', 100 * (b32 - b16) / b16, '.1f')}% more), because E grows from "
-                f"{n('E rows at /16', 16 * 16 * 3)}x{width} to {n('E rows at /32', 32 * 32 * 3)}x{width} "
-                f"(+{n('E growth', (32 * 32 * 3 - 16 * 16 * 3) * width, ',')}) and the position table shrinks from "
-                f"{n('position rows at /16', rows16)} to {n('position rows at /32', rows32)} rows "
-                f"(-{n('position table shrink', (rows16 - rows32) * width, ',')})")
+    report.line("ViT-B/32 minus ViT-B/16: {B/32 minus B/16:,} parameters ({B/32 over B/16 percent:.1f}% more), because "
+                "E grows from {E rows at /16}x{width} to {E rows at /32}x{width} (+{E growth:,}) and the position "
+                "table shrinks from {position rows at /16} to {position rows at /32} rows (-{position table shrink:,})",
+                {"B/32 minus B/16": b32 - b16, "B/32 over B/16 percent": 100 * (b32 - b16) / b16,
+                 "E rows at /16": 16 * 16 * 3, "E rows at /32": 32 * 32 * 3,
+                 "E growth": (32 * 32 * 3 - 16 * 16 * 3) * width, "position rows at /16": rows16,
+                 "position rows at /32": rows32, "position table shrink": (rows16 - rows32) * width}, width=width)
 
 
 # ---------------------------------------------------------------- 2. the hybrid
@@ -217,26 +218,27 @@ def hybrid_picture(resolution=224):
     array = (np.asarray(image, dtype=np.float32) / 255 - mean) / std
     return torch.from_numpy(array.astype(np.float32)).permute(2, 0, 1)[None], what
 
+
 def section_hybrid(run, report):
     """2. the hybrid's ResNet-50 stages"""
     report.header("2. the hybrid: which ResNet-50 stage feeds ViT")
     model, model_name = load_resnet50()
     pixels, picture = hybrid_picture()
     shapes = resnet_stage_shapes(model, pixels)
-    n = report.num
     for stage, (channels, height, width) in enumerate(shapes, 1):
-        key = f"stage {stage}"
-        report.line(f"stage {stage} output: {n(f'{key} channels', channels, '>4')} channels x "
-                    f"{n(f'{key} height', height, '>2')} x {n(f'{key} width', width, '<2')} -> as 1x1 patches: "
-                    f"{n(f'{key} tokens', height * width, '>5')} tokens of {channels} numbers")
+        report.line("stage {stage} output: {channels:>4} channels x {height:>2} x {width:<2} -> as 1x1 patches: "
+                    "{tokens:>5} tokens of {channels} numbers",
+                    {"channels": channels, "height": height, "width": width, "tokens": height * width},
+                    prefix=f"stage {stage} ", stage=stage)
     tokens4, tokens3 = shapes[3][1] * shapes[3][2], shapes[2][1] * shapes[2][2]
-    report.line(f"option (i), stage 4: {n('option (i) tokens', tokens4)} tokens; option (ii), extended stage 3: "
-                f"{n('option (ii) tokens', tokens3)} tokens "
-                f"= x{n('stage 3 over stage 4 tokens', tokens3 // tokens4)} (the \"4x longer sequence\")")
+    report.line("option (i), stage 4: {option (i) tokens} tokens; option (ii), extended stage 3: {option (ii) tokens} "
+                "tokens = x{stage 3 over stage 4 tokens} (the \"4x longer sequence\")",
+                {"option (i) tokens": tokens4, "option (ii) tokens": tokens3,
+                 "stage 3 over stage 4 tokens": tokens3 // tokens4})
     batch_norms = sum(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
-    report.line(f"{model_name} is a standard ResNet: it has {n('BatchNorm2d layers', batch_norms)} BatchNorm2d layers "
-                f"(BiT replaces each with Group Norm)")
-    report.line(f"(picture: {picture}, resized to 224x224)")
+    report.line("{model} is a standard ResNet: it has {BatchNorm2d layers} BatchNorm2d layers (BiT replaces each with "
+                "Group Norm)", {"BatchNorm2d layers": batch_norms}, model=model_name)
+    report.line("(picture: {picture}, resized to 224x224)", picture=picture)
 
 
 # ---------------------------------------------------------------- 3. Batch Norm, Group Norm, WS
@@ -272,42 +274,45 @@ def weight_standardize(weights, eps=0.0):
     mean = weights.mean(dim=-1, keepdim=True)
     return (weights - mean) / torch.sqrt(weights.var(dim=-1, unbiased=False, keepdim=True) + eps)
 
+
+def torch_norms_agree(batch):
+    """torch's BatchNorm (training mode: the batch's statistics) and GroupNorm (2 groups) give what ours give."""
+    torch_bn = torch.nn.BatchNorm1d(4, affine=False, eps=NORM_EPS, dtype=torch.float64).train()
+    torch_gn = torch.nn.GroupNorm(2, 4, affine=False, eps=NORM_EPS, dtype=torch.float64)
+    return (torch.allclose(torch_bn(batch), batch_norm(batch), atol=1e-12)
+            and torch.allclose(torch_gn(batch), group_norm(batch, 2), atol=1e-12))
+
+
 def section_norms(run, report):
     """3. Batch Norm vs Group Norm"""
     report.header("3. Batch Norm vs Group Norm on a tiny batch (4 channels, 2 pixels per channel, 2 groups)")
     a = torch.tensor(PICTURE_A, dtype=torch.float64)
-    report.line(f"picture A, channel 1 = {report.nums('picture A channel 1', a[0])}")
-    torch_agrees = True
-    for i, partner in enumerate((PARTNER_1, PARTNER_2), 1):
-        batch = torch.stack([a, torch.tensor(partner, dtype=torch.float64)])
-        by_hand = batch_norm(batch)
-        note = "   (same picture, different output)" if i == 2 else ""
-        report.line(f"Batch Norm, A batched with partner {i}: A channel 1 -> "
-                    f"{report.nums(f'BN partner {i}', by_hand[0, 0], '6.3f')}{note}")
-        torch_bn = torch.nn.BatchNorm1d(4, affine=False, eps=NORM_EPS, dtype=torch.float64).train()(batch)
-        torch_gn = torch.nn.GroupNorm(2, 4, affine=False, eps=NORM_EPS, dtype=torch.float64)(batch)
-        torch_agrees &= torch.allclose(torch_bn, by_hand, atol=1e-12)
-        torch_agrees &= torch.allclose(torch_gn, group_norm(batch, 2), atol=1e-12)
+    batches = [torch.stack([a, torch.tensor(partner, dtype=torch.float64)]) for partner in (PARTNER_1, PARTNER_2)]
+    torch_agrees = all(torch_norms_agree(batch) for batch in batches)
     if not torch_agrees:
         raise RuntimeError("torch's BatchNorm/GroupNorm disagree with the by-hand formulas")
-    group = a[:2].flatten()
-    report.line(f"Group Norm, group 1 = channels 1 and 2 of A = {report.nums('GN group 1', group)}: "
-                f"mean {report.num('GN group 1 mean', group.mean(), '.3f')}, "
-                f"std {report.num('GN group 1 std', group.std(unbiased=False), '.3f')}")
-    grouped = group_norm(a[None], 2)[0, 0]
-    report.line(f"Group Norm: A channel 1 -> {report.nums('GN', grouped, '6.3f')} with any partner "
-                f"(it never looks at the batch); torch GroupNorm agrees: {torch_agrees}")
-    report.line(f"torch BatchNorm (training mode, batch statistics) agrees with both Batch Norm lines: {torch_agrees}")
-    filters = torch.tensor([FILTER_1, FILTER_2], dtype=torch.float64)
+    group, filters = a[:2].flatten(), torch.tensor([FILTER_1, FILTER_2], dtype=torch.float64)
     standardized = weight_standardize(filters)
-    f2 = filters[1]
-    report.line(f"Weight Standardization: filter 2 = {report.nums('filter 2', f2)}: "
-                f"mean {report.num('WS filter 2 mean', f2.mean(), '.2f')}, "
-                f"std {report.num('WS filter 2 std', f2.std(unbiased=False), '.4f')} -> "
-                f"{report.nums('WS filter 2', standardized[1], '6.3f')}")
-    report.line(f"filter 1 = {report.nums('filter 1', filters[0])} -> "
-                f"{report.nums('WS filter 1', standardized[0], '6.3f')}   (every filter now has mean 0 and std 1 "
-                f"before the convolution uses it)")
+    numbers = {"picture A channel 1": a[0], "BN partner 1": batch_norm(batches[0])[0, 0],
+               "BN partner 2": batch_norm(batches[1])[0, 0], "GN group 1": group, "GN group 1 mean": group.mean(),
+               "GN group 1 std": group.std(unbiased=False), "GN": group_norm(a[None], 2)[0, 0],
+               "filter 2": filters[1], "WS filter 2 mean": filters[1].mean(),
+               "WS filter 2 std": filters[1].std(unbiased=False), "WS filter 2": standardized[1],
+               "filter 1": filters[0], "WS filter 1": standardized[0]}
+    report.line("picture A, channel 1 = {picture A channel 1}", numbers)
+    report.line("Batch Norm, A batched with partner 1: A channel 1 -> {BN partner 1:6.3f}", numbers)
+    report.line("Batch Norm, A batched with partner 2: A channel 1 -> {BN partner 2:6.3f}   (same picture, different "
+                "output)", numbers)
+    report.line("Group Norm, group 1 = channels 1 and 2 of A = {GN group 1}: mean {GN group 1 mean:.3f}, "
+                "std {GN group 1 std:.3f}", numbers)
+    report.line("Group Norm: A channel 1 -> {GN:6.3f} with any partner (it never looks at the batch); torch GroupNorm "
+                "agrees: {agrees}", numbers, agrees=torch_agrees)
+    report.line("torch BatchNorm (training mode, batch statistics) agrees with both Batch Norm lines: {agrees}",
+                agrees=torch_agrees)
+    report.line("Weight Standardization: filter 2 = {filter 2}: mean {WS filter 2 mean:.2f}, "
+                "std {WS filter 2 std:.4f} -> {WS filter 2:6.3f}", numbers)
+    report.line("filter 1 = {filter 1} -> {WS filter 1:6.3f}   (every filter now has mean 0 and std 1 before the "
+                "convolution uses it)", numbers)
 
 
 # ---------------------------------------------------------------- 4. optimizers and schedules
@@ -388,39 +393,37 @@ def torch_clip(gradients, max_norm):
     torch.nn.utils.clip_grad_norm_(params, max_norm)
     return [p.grad.tolist() for p in params]
 
+
 def section_adam(run, report):
     """4a. Adam by hand and by torch"""
     report.header("4. pre-training and fine-tuning by hand: Adam, Table 3, SGD with momentum, Polyak averaging, "
                   "clipping, Table 4")
     rows = adam_by_hand(GRADIENTS)
     for t, g, m, v, m_hat, v_hat, step, w in rows:
-        def n(what, value, spec, t=t):
-            return report.num(f"Adam t={t} {what}", value, spec)
-
-        report.line(f"Adam t={t}: g={g:5.2f}  m={n('m', m, '.4f')}  v={n('v', v, '.6f')}  "
-                    f"m_hat={n('m_hat', m_hat, '.4f')}  v_hat={n('v_hat', v_hat, '.4f')}  "
-                    f"step = lr*m_hat/sqrt(v_hat) = {n('step', step, '.6f')}  w={n('w', w, '.6f')}")
-    by_torch = torch_adam(GRADIENTS)
-    report.line(f"torch.optim.Adam after the same three gradients: w={report.num('torch Adam w', by_torch, '.6f')}  "
-                f"(ours {rows[-1][-1]:.6f})")
+        report.line("Adam t={t}: g={g:5.2f}  m={m:.4f}  v={v:.6f}  m_hat={m_hat:.4f}  v_hat={v_hat:.4f}  "
+                    "step = lr*m_hat/sqrt(v_hat) = {step:.6f}  w={w:.6f}",
+                    {"m": m, "v": v, "m_hat": m_hat, "v_hat": v_hat, "step": step, "w": w}, prefix=f"Adam t={t} ",
+                    t=t, g=g)
+    report.line("torch.optim.Adam after the same three gradients: w={torch Adam w:.6f}  (ours {ours:.6f})",
+                {"torch Adam w": torch_adam(GRADIENTS)}, ours=rows[-1][-1])
 
 
 def section_pretraining(run, report):
     """4b. Table 3 in steps, and the warm-up"""
     report.print()
-    n = report.num
     for label, epochs, pictures, base_lr, decay in TABLE3:
         steps = pretraining_steps(epochs, pictures)
-        report.line(f"{label:<39}: {epochs:>3} epochs x {pictures / 1e6:6.2f}M images / batch {PRETRAIN_BATCH} = "
-                    f"{n(f'{label}: steps', steps, '>9,')} steps; warm-up {PRETRAIN_WARMUP:,} = "
-                    f"{n(f'{label}: warm-up %', 100 * PRETRAIN_WARMUP / steps, '4.1f')}% of them; "
-                    f"base LR {base_lr:g}, {decay} decay")
+        report.line("{label:<39}: {epochs:>3} epochs x {millions:6.2f}M images / batch {batch} = {steps:>9,} steps; "
+                    "warm-up {warmup:,} = {warm-up %:4.1f}% of them; base LR {base_lr:g}, {decay} decay",
+                    {"steps": steps, "warm-up %": 100 * PRETRAIN_WARMUP / steps}, prefix=f"{label}: ", label=label,
+                    epochs=epochs, millions=pictures / 1e6, batch=PRETRAIN_BATCH, warmup=PRETRAIN_WARMUP,
+                    base_lr=base_lr, decay=decay)
     total = pretraining_steps(7, 303e6)
     middle = PRETRAIN_WARMUP + (total - PRETRAIN_WARMUP) // 2
-    lrs = [warmup_linear_lr(s, 8e-4, total, PRETRAIN_WARMUP) for s in (5_000, 10_000, middle)]
-    report.line(f"ViT-B/16 on JFT: LR at step 5,000 = {n('JFT LR at 5,000', lrs[0], '.1e')} (half way up the warm-up), "
-                f"at 10,000 = {n('JFT LR at 10,000', lrs[1], '.1e')}, at the middle of the decay = "
-                f"{n('JFT LR at mid-decay', lrs[2], '.1e')}")
+    report.line("ViT-B/16 on JFT: LR at step 5,000 = {JFT LR at 5,000:.1e} (half way up the warm-up), at 10,000 = "
+                "{JFT LR at 10,000:.1e}, at the middle of the decay = {JFT LR at mid-decay:.1e}",
+                {name: warmup_linear_lr(step, 8e-4, total, PRETRAIN_WARMUP) for name, step in
+                 (("JFT LR at 5,000", 5_000), ("JFT LR at 10,000", 10_000), ("JFT LR at mid-decay", middle))})
 
 
 def section_sgd_and_polyak(run, report):
@@ -428,16 +431,15 @@ def section_sgd_and_polyak(run, report):
     report.print()
     rows = sgd_momentum_by_hand(GRADIENTS)
     for t, g, velocity, w in rows:
-        report.line(f"SGD momentum 0.9, lr 0.01, t={t}: g={g:5.2f}  velocity = 0.9*velocity + g = "
-                    f"{report.num(f'SGD t={t} velocity', velocity, '.4f')}  w = w - lr*velocity = "
-                    f"{report.num(f'SGD t={t} w', w, '.5f')}")
-    report.line(f"torch.optim.SGD(momentum=0.9) after the same gradients: "
-                f"w={report.num('torch SGD w', torch_sgd(GRADIENTS), '.5f')}  (ours {rows[-1][-1]:.5f})")
+        report.line("SGD momentum 0.9, lr 0.01, t={t}: g={g:5.2f}  velocity = 0.9*velocity + g = {velocity:.4f}  "
+                    "w = w - lr*velocity = {w:.5f}", {"velocity": velocity, "w": w}, prefix=f"SGD t={t} ", t=t, g=g)
+    report.line("torch.optim.SGD(momentum=0.9) after the same gradients: w={torch SGD w:.5f}  (ours {ours:.5f})",
+                {"torch SGD w": torch_sgd(GRADIENTS)}, ours=rows[-1][-1])
     weights = [1.0, 1.2, 0.9, 1.1, 1.05]
-    report.line(f"Polyak (exponential) averaging, factor 0.9: weights {report.nums('Polyak weights', weights)} -> "
-                f"averages {report.nums('Polyak average', polyak_average(weights, 0.9))}")
-    report.line(f"a factor of 0.9999 averages over roughly the last 1/(1 - 0.9999) = "
-                f"{report.num('Polyak 0.9999 memory', 1 / (1 - 0.9999), ',.0f')} steps")
+    report.line("Polyak (exponential) averaging, factor 0.9: weights {Polyak weights} -> averages {Polyak average}",
+                {"Polyak weights": weights, "Polyak average": polyak_average(weights, 0.9)})
+    report.line("a factor of 0.9999 averages over roughly the last 1/(1 - 0.9999) = {Polyak 0.9999 memory:,.0f} steps",
+                {"Polyak 0.9999 memory": 1 / (1 - 0.9999)})
 
 
 def section_clipping(run, report):
@@ -445,27 +447,28 @@ def section_clipping(run, report):
     report.print()
     gradients = [[3.0, 0.0], [4.0]]
     norm, clipped = clip_by_global_norm(gradients, 1.0)
-    report.line(f"clipping at global norm 1: gradients of two tensors [3, 0] and [4]; global norm sqrt(9 + 0 + 16) = "
-                f"{report.num('clip global norm', norm, '.1f')} > 1, so every gradient is multiplied by 1/{norm:g}: "
-                f"{report.nums('clipped [3, 0]', clipped[0])} and {report.nums('clipped [4]', clipped[1])}; "
-                f"direction kept, length 1")
     by_torch = torch_clip(gradients, 1.0)
-    report.line(f"torch.nn.utils.clip_grad_norm_: {report.nums('torch clipped [3, 0]', by_torch[0])} and "
-                f"{report.nums('torch clipped [4]', by_torch[1])}")
+    numbers = {"clip global norm": norm, "clipped [3, 0]": clipped[0], "clipped [4]": clipped[1],
+               "torch clipped [3, 0]": by_torch[0], "torch clipped [4]": by_torch[1]}
+    report.line("clipping at global norm 1: gradients of two tensors [3, 0] and [4]; global norm sqrt(9 + 0 + 16) = "
+                "{clip global norm:.1f} > 1, so every gradient is multiplied by 1/{clip global norm:g}: "
+                "{clipped [3, 0]} and {clipped [4]}; direction kept, length 1", numbers)
+    report.line("torch.nn.utils.clip_grad_norm_: {torch clipped [3, 0]} and {torch clipped [4]}", numbers)
 
 
 def section_table4(run, report):
     """4e. Table 4 in steps and passes, and cosine decay"""
     report.print()
-    n = report.num
     for task, steps, pictures in TABLE4:
         seen = steps * FINETUNE_BATCH
-        report.line(f"{'fine-tuning ' + task:<31}: {steps:>6,} steps x batch {FINETUNE_BATCH} = "
-                    f"{n(f'{task}: pictures seen (M)', seen / 1e6, '6.2f')}M pictures seen = "
-                    f"{n(f'{task}: passes', seen / pictures, '7.1f')} passes over {pictures:,} training pictures")
-    report.line("ImageNet fine-tuning at base LR 0.03, cosine: "
-                + ", ".join(f"step {s:,} -> {n(f'cosine LR at {s:,}', cosine_lr(s, 0.03, 20_000), '.2g')}"
-                            for s in (0, 10_000, 15_000, 20_000)))
+        report.line("{label:<31}: {steps:>6,} steps x batch {batch} = {pictures seen (M):6.2f}M pictures seen = "
+                    "{passes:7.1f} passes over {pictures:,} training pictures",
+                    {"pictures seen (M)": seen / 1e6, "passes": seen / pictures}, prefix=f"{task}: ",
+                    label=f"fine-tuning {task}", steps=steps, batch=FINETUNE_BATCH, pictures=pictures)
+    report.line("ImageNet fine-tuning at base LR 0.03, cosine: step 0 -> {cosine LR at 0:.2g}, step 10,000 -> "
+                "{cosine LR at 10,000:.2g}, step 15,000 -> {cosine LR at 15,000:.2g}, step 20,000 -> "
+                "{cosine LR at 20,000:.2g}",
+                {f"cosine LR at {step:,}": cosine_lr(step, 0.03, 20_000) for step in (0, 10_000, 15_000, 20_000)})
 
 
 SECTIONS = [section_table1, section_parameters, section_hybrid, section_norms, section_adam, section_pretraining,

@@ -1,17 +1,65 @@
 """A cache of arrays computed from a frozen model (features), keyed by everything that decides them.
 
-A file holds the arrays and the full description of what made them; it is used only when that
-description matches exactly. The cache is a convenience: a file that cannot be read or written
-(read-only or full disk, damaged file, two runs at once) is said in one warning line, and the run goes
-on as if there were no cache. Files are written by common/files.py, whole or not at all, under a
-unique temporary name, so two runs filling the same cache never trip over each other.
+A file holds the arrays and the full description of what made them (cache_key): the checkpoint's
+weight file, and what the script says decides its features (resolution, precision, the pictures'
+bytes); it is used only when that description matches exactly. The cache is a convenience: a file
+that cannot be read or written (read-only or full disk, damaged file, two runs at once) is said in one
+warning line, and the run goes on as if there were no cache. Files are written by common/files.py,
+whole or not at all, under a unique temporary name, so two runs filling the same cache never trip over
+each other.
 """
+import functools
+import hashlib
+import json
+import os
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 
+from common.checkpoints import cached_weight_file
 from common.errors import UserError
 from common.files import reason, write_atomic
+from common.loader import picture_loader, start_workers, workers_text
+
+CHECKOUT = Path(__file__).resolve().parent.parent
+CACHE_DIR = CHECKOUT / "data" / "features"
+
+
+def cache_key(name, model, **decides):
+    """(file name, description) of the features of `model` and `decides` (in order), or None when the checkpoint's
+    weight file is not on disk: features cannot be matched to it. The weight file is named by its path (a Hub
+    snapshot's holds its revision), size and modification time."""
+    weights = cached_weight_file(os.path.expanduser(model))
+    if weights is None:
+        return None
+    stat = Path(weights).stat()
+    text = json.dumps({"model": model, "weights": [str(Path(weights).resolve()), stat.st_size, stat.st_mtime_ns],
+                       **decides})
+    return f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:20]}.npz", text
+
+
+def picture_digests(paths, root):
+    """Each picture's path under the data folder and a digest of its bytes (about 40 MB for Imagenette)."""
+    return [[str(Path(path).relative_to(root)), hashlib.blake2b(Path(path).read_bytes(), digest_size=12).hexdigest()]
+            for path in paths]
+
+
+def dataset_digest(split):
+    """A digest of a Hugging Face dataset split's picture bytes and labels, in order."""
+    from datasets import Image
+
+    digest = hashlib.blake2b(digest_size=16)
+    for row in split.cast_column("image", Image(decode=False)):
+        digest.update(row["image"]["bytes"] or Path(row["image"]["path"]).read_bytes())
+        digest.update(str(row["labels"]).encode())
+    return digest.hexdigest()
+
+
+def shown(path):
+    """The path from the checkout when it lies inside it (data/features), else in full."""
+    return path.relative_to(CHECKOUT) if path.is_relative_to(CHECKOUT) else path
 
 
 def warn(text):
@@ -56,3 +104,39 @@ def cached_arrays(compute, path, description, rows, say=warn):
     arrays = compute()
     write_arrays(path, description, arrays, say)
     return arrays, "computed"
+
+
+def cached(compute, key, rows, cache_dir=CACHE_DIR):
+    """(arrays, "cache" or "computed"): cached_arrays under cache_dir for a cache_key; with no key (--no-cache, or no
+    weight file on disk) compute()d, neither read nor written."""
+    if key is None:
+        return compute(), "computed"
+    return cached_arrays(compute, cache_dir / key[0], key[1], rows)
+
+
+def cached_passes(sets, one_pass, key_of, names, device, cache_dir=CACHE_DIR):
+    """Each set of pictures' arrays ({set: paths}): from the cache when key_of(set, paths) is found there, else from
+    one_pass(loader, indices, set) -> ({name: array, a row per picture}, the pass's timing). The passes share one
+    loader over all the sets, made on the first cache miss: its worker processes (beside a GPU) start once, and
+    decode each picture once.
+
+    Returns {set: arrays, "seconds", "passes": {set: timing}, "loader": its start-up text or None (no pass),
+    "source": "read from the cache" when every set was, else "computed"}.
+    """
+    start, paths = time.perf_counter(), [path for set_paths in sets.values() for path in set_paths]
+    shared, found, passes, sources, first = {}, {}, {}, set(), 0
+
+    def compute(name, indices):
+        if not shared:
+            shared["loader"] = picture_loader(paths, device)
+            shared["started"] = workers_text(shared["loader"], start_workers(shared["loader"]))
+        arrays, passes[name] = one_pass(shared["loader"], indices, name)
+        return arrays
+
+    for name, set_paths in sets.items():
+        indices, first = range(first, first + len(set_paths)), first + len(set_paths)
+        found[name], source = cached(functools.partial(compute, name, indices), key_of(name, set_paths),
+                                     dict.fromkeys(names, len(set_paths)), cache_dir)
+        sources.add(source)
+    return {**found, "seconds": time.perf_counter() - start, "passes": passes, "loader": shared.get("started"),
+            "source": "read from the cache" if sources == {"cache"} else "computed"}

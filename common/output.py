@@ -8,9 +8,10 @@ A field {name:spec} is filled from `numbers` (recorded as prefix + name, with th
 from the keyword words (text, not recorded). spec is a format spec or a name of FORMATS; a name holding
 ":" needs its spec (or an empty one) after a last ":". A list or array prints as the article prints
 lists, "[[7.0, 5.0], [5.0, 15.0]]" (a tuple, a shape, in parentheses), entry (i, j) recorded as
-"name[i,j]". --compare, --json and the exit status read the numbers from here; no results dict is
-typed beside the printing.
+"name[i,j]"; a row of cells fills a word with its parts, each from report.fill or report.num. --compare,
+--json and the exit status read the numbers from here; no results dict is typed beside the printing.
 """
+import functools
 import re
 import sys
 
@@ -85,7 +86,9 @@ class Report:
         self.print(f"  {self.fill(template, numbers, prefix, words)}")
 
     def fill(self, template, numbers, prefix, words):
-        """The template's {name:spec} fields filled: from numbers (each recorded once, as prefix + name), else words."""
+        """The template's {name:spec} fields filled: from numbers (each recorded once, as prefix + name, at its first
+        place; a later place prints it with its own spec), else words. A word given as functools.partial is called
+        here, so that the numbers it records (pass_text's) come in the line's order."""
         numbers, texts = numbers or {}, {}
 
         def field(match):
@@ -94,14 +97,16 @@ class Report:
             name, colon, spec = match[1].rpartition(":")
             name, spec = (name, spec) if colon else (match[1], "")
             if name in numbers:
-                if name not in texts:
-                    value = numbers[name]
-                    texts[name] = (self.nums(prefix + name, value, spec or short) if is_list(value) else
-                                   self.num(prefix + name, value, spec))
+                value = numbers[name]
+                if name in texts:
+                    return texts[name] if is_list(value) else render(value, spec)
+                texts[name] = (self.nums(prefix + name, value, spec or short) if is_list(value) else
+                               self.num(prefix + name, value, spec))
                 return texts[name]
             if name not in words:
                 raise KeyError(f"{self.script}: the template {template!r} has a field {name!r} with no value")
-            return render(words[name], spec)
+            word = words[name]
+            return render(word() if isinstance(word, functools.partial) else word, spec)
 
         return FIELD.sub(field, template)
 

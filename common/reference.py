@@ -179,6 +179,24 @@ def subset_differences(args, counts, released, how_chosen="the first {n} of each
     return differences
 
 
+def cell_differences(args, article_table, cells):
+    """{flag: difference} for each flag that picks other rows or columns of the article's table than the article.
+
+    article_table: {argparse dest: the article's values}, e.g. {"shots": [1, 5, 10]}; cells: {reference name:
+    {dest: the value its cell stands for}}. The cells this run does not fill are removed; those it fills stay
+    comparable ("moves": False), each depending on its own row and column alone.
+    """
+    differences = {}
+    for dest, article in article_table.items():
+        values = getattr(args, dest)
+        if sorted(values) != sorted(article):
+            shown = " ".join(f"{value:g}" for value in values)
+            differences[dest] = {"flag": f"--{dest} {shown}", "moves": False,
+                                 "removes": [name for name, cell in cells.items() if cell[dest] not in values],
+                                 "why": f"--{dest} {shown}: the article's are {', '.join(f'{v:g}' for v in article)}"}
+    return differences
+
+
 def setup_text(differences):
     """One line: "the article's", or each difference's why."""
     return "; ".join(difference["why"] for difference in differences.values()) if differences else ARTICLE_SETUP

@@ -39,8 +39,9 @@ class Run:
         self.loaded = {}
         self.started = time.time()
 
-    def need(self, *names):
-        """The named resources, each loaded on first use; every missing one is named in one UserError."""
+    def need(self, *names, also=()):
+        """The named resources, each loaded on first use; every missing one is named in one UserError, with those of
+        `also` that are missing too (resources a later step needs, so that one line says all an offline run lacks)."""
         problems = []
         for name in names:
             if name not in self.loaded:
@@ -52,6 +53,8 @@ class Run:
                 # reasons too: split them, so that each missing thing is named once
                 problems += [p for p in str(self.loaded[name]).split("; also ") if p not in problems]
         if problems:
+            if also:
+                self.need(*names, *also)  # raises, naming the missing ones of also too
             raise UserError("; also ".join(problems))
         values = [self.loaded[name] for name in names]
         return values[0] if len(values) == 1 else values

@@ -1,4 +1,7 @@
 """common/: device picking and precision, batches of pictures, checkpoint errors, the comparison with the article."""
+import functools
+import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -11,6 +14,7 @@ from conftest import ROOT, expected_batch
 from common.checkpoints import load_pretrained
 from common.device import pick_device
 from common.errors import UserError
+from common.feature_cache import cache_key, cached
 from common.output import Report
 from common.reference import KINDS, compare, format_like, load_reference, verdict
 from common.run import Run, guarded
@@ -116,6 +120,40 @@ def test_report_records_what_it_prints(capsys):
         report.num("loss", 1.0)
 
 
+def test_a_template_prints_the_articles_line_and_records_its_fields(capsys):
+    report = Report("test")
+    numbers = {"grid": 7, "B/16 over B/32 compute": 4.0573, "shape": (197, 768)}
+    report.line("grid {grid:>2}x{grid:<2} N, x{B/16 over B/32 compute:.2f}, {shape:d}, {time}, {{-1, 1}}", numbers,
+                prefix="ViT-B/32: ", time=functools.partial(report.pass_text, "224", {"seconds": 65.2,
+                                                                                      "waiting seconds": 0.04}))
+    assert capsys.readouterr().out == "  grid  7x7  N, x4.06, (197, 768), [65 s, 0.0 s waiting for pictures], {-1, 1}\n"
+    assert list(report.numbers) == ["ViT-B/32: grid", "ViT-B/32: B/16 over B/32 compute", "ViT-B/32: shape[1]",
+                                    "ViT-B/32: shape[2]", "224 seconds", "224 waiting seconds"]
+    assert report.numbers["ViT-B/32: grid"] == {"value": 7.0, "text": "7"}
+    with pytest.raises(KeyError, match="'missing'"):
+        report.line("{missing}", numbers)
+    report.cannot_run("4. accuracy", UserError("--data-dir x is a file, not a folder of {train,val}/<class>/"))
+    assert capsys.readouterr().out.endswith('section "4. accuracy": --data-dir x is a file, not a folder of '
+                                            '{train,val}/<class>/\n')  # a reason is text, not a template
+
+
+def test_a_cache_key_holds_the_weight_file_and_what_decides_the_features(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"12345")
+    stat = (tmp_path / "model.safetensors").stat()
+    name, text = cache_key("val", str(tmp_path), resolution=224, precision="fp32")
+    weights = str((tmp_path / "model.safetensors").resolve())
+    assert json.loads(text) == {"model": str(tmp_path), "weights": [weights, 5, stat.st_mtime_ns],
+                                "resolution": 224, "precision": "fp32"}
+    assert name == f"val-{hashlib.sha256(text.encode()).hexdigest()[:20]}.npz"
+    assert cache_key("val", str(tmp_path), resolution=384, precision="fp32")[0] != name
+    (tmp_path / "model.safetensors").write_bytes(b"123456")  # the same path, other weights
+    assert cache_key("val", str(tmp_path), resolution=224, precision="fp32")[0] != name
+    (tmp_path / "empty").mkdir()
+    assert cache_key("val", str(tmp_path / "empty"), resolution=224) is None  # no weight file: no cache
+    assert cached(lambda: {"x": np.ones(2)}, None, {"x": 2}, tmp_path)[1] == "computed"
+    assert list(tmp_path.glob("*.npz")) == []
+
+
 def test_run_loads_a_resource_once_and_remembers_a_failure():
     calls = []
 
@@ -137,6 +175,9 @@ def test_run_loads_a_resource_once_and_remembers_a_failure():
             run.need("data", "checkpoint", "model")
         assert str(problem.value) == "no data here; pass --data-dir; also no checkpoint here; pass --model"
     assert calls == ["model", "data"]
+    assert run.need("model", also=["data"]) == "the model"  # also: named only when a needed one is missing
+    with pytest.raises(UserError, match="^no data here; pass --data-dir; also no checkpoint here; pass --model$"):
+        run.need("data", also=["checkpoint", "model"])
 
 
 def argparse_namespace(**flags):

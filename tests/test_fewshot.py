@@ -9,6 +9,7 @@ from conftest import ARTICLE, ROOT, article_block
 from PIL import Image
 
 import vit_part3_fewshot as fewshot
+from common.feature_cache import cache_key, cached, picture_digests
 from common.imagenette import list_split
 from common.output import Report
 from common.standins import imagenette_folder
@@ -79,8 +80,7 @@ def test_pre_logits_is_tanh_of_dense_of_the_class_token(tiny_in21k, pictures):
     assert np.allclose(features["pre-logits"], expected, atol=1e-6)
 
 
-def test_features_are_cached_and_invalidated(tiny_in21k, pictures, tmp_path, monkeypatch):
-    monkeypatch.setattr(fewshot, "CACHE_DIR", tmp_path)
+def test_features_are_cached_and_invalidated(tiny_in21k, pictures, tmp_path):
     loads = []
 
     def loader():
@@ -91,8 +91,9 @@ def test_features_are_cached_and_invalidated(tiny_in21k, pictures, tmp_path, mon
         def compute():
             return fewshot.extract_features(loader(), [path for path, _ in items], 224, torch.device("cpu"), 8, "val")[0]
 
-        key = fewshot.cache_key(str(tiny_in21k), 224, precision, items, pictures)
-        return fewshot.cached_features(compute, key, items, "val")
+        key = cache_key("val", str(tiny_in21k), resolution=224, precision=precision,
+                        pictures=picture_digests([path for path, _ in items], pictures))
+        return cached(compute, key, dict.fromkeys(fewshot.REPRESENTATIONS, len(items)), tmp_path)
 
     items = list_split(pictures, "val", per_class=2)
     first, source = features(items)
@@ -141,6 +142,13 @@ def test_no_cache_neither_reads_nor_writes(tiny_in21k, pictures, tmp_path, monke
     monkeypatch.setenv("TQDM_DISABLE", "1")
     status, out = few_shot_run(tiny_in21k, pictures, tmp_path, capsys, "--no-cache")
     assert status == 0 and "features computed" in out and not (tmp_path / "cache").exists()
+
+
+def test_missing_data_names_the_missing_checkpoint_too(tmp_path, capsys):
+    """The checkpoint is loaded only for features not cached; an offline run without the data hears of both at once."""
+    assert fewshot.main(["--data-dir", str(tmp_path / "nowhere"), "--device", "cpu"]) == 1
+    line = next(text for text in capsys.readouterr().out.splitlines() if "cannot run section" in text)
+    assert f"--data-dir {tmp_path / 'nowhere'} does not exist; also checkpoint {fewshot.DEFAULT_MODEL}" in line
 
 
 def test_script_end_to_end_on_stand_ins(tiny_in21k, pictures, tmp_path):
