@@ -1,4 +1,4 @@
-"""The figures of the scripts' --plots and of the reproduction report; matplotlib stays optional.
+"""The figures of the scripts' --plots and of the reproduction report; without matplotlib, one line says so.
 
 Each function draws from plain data (what a run keeps in its --json "series" and numbers), so a
 script draws its figure at the end of a run and common/reproduction_page.py draws the same one from the JSON.
@@ -124,19 +124,24 @@ def finetune_curves(series, values, article, clip_norm, path, say):
     """fine-tuning: loss, gradient norm (with the clipping threshold), LR and validation accuracy against step.
 
     series: {"training loss", "gradient norm", "learning rate"}: one value per step from 1; the
-    validation accuracy and the article's marks come from the logged steps' numbers.
+    validation accuracy and the article's marks come from the logged steps' numbers, and so do the
+    other panels' points where a run keeps no series (one paused before its end).
     """
     plt = pyplot(say)
     if plt is None:
         return None
     figure, axes = plt.subplots(1, 4, figsize=(20, 4))
-    for axis, name in zip(axes, ("training loss", "gradient norm", "learning rate")):
-        curve = series.get(name, [])
-        axis.plot(range(1, len(curve) + 1), curve, label="this run")
+    logged = logged_steps(values)
+    for axis, name, key in zip(axes, ("training loss", "gradient norm", "learning rate"), ("loss", "norm", "lr")):
+        curve = series.get(name)
+        if curve:
+            axis.plot(range(1, len(curve) + 1), curve, label="this run")
+        else:
+            axis.plot(list(logged.get(key, {})), list(logged.get(key, {}).values()), "o-", label="this run")
         axis.set(title=name, xlabel="step")
     axes[1].axhline(clip_norm, color="tab:red", linestyle="--", label=f"clipping at {clip_norm:g}")
     accuracy = {0: values["step 0 validation"]} if "step 0 validation" in values else {}
-    accuracy.update(logged_steps(values).get("accuracy", {}))
+    accuracy.update(logged.get("accuracy", {}))
     axes[3].plot(list(accuracy), list(accuracy.values()), "o-", label="this run")
     axes[3].set(title="validation accuracy (%)", xlabel="step")
     marks = logged_steps(article)

@@ -4,11 +4,12 @@ write_atomic(path, write) calls write(f) on a file with a unique temporary name 
 flushes and fsyncs it, renames it over path and fsyncs the folder, so that a crash, a full disk or a
 second run writing the same path at the same moment never leaves a half file under path and never
 costs the good file already there. On any failure the temporary file is removed and a UserError
-names the path and the reason ("No space left on device").
+names the path and the reason ("No space left on device"). The file gets the mode the umask gives any
+new file (0644 under umask 022), not mkstemp's 0600: results are for others to read too.
 """
 import contextlib
 import os
-import tempfile
+import secrets
 from pathlib import Path
 
 from common.errors import UserError
@@ -45,6 +46,17 @@ def fsync_folder(folder):
         os.close(handle)
 
 
+def create_temporary(target):
+    """(descriptor, path) of a new file beside target, made by this call alone (O_EXCL), mode 0666 less the umask."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    while True:
+        path = target.parent / f"{TEMP_PREFIX}{target.name}-{secrets.token_hex(4)}"
+        try:
+            return os.open(path, flags, 0o666), path
+        except FileExistsError:
+            continue
+
+
 def write_atomic(path, write, text=False, what="file"):
     """write(f) into a fresh temporary file beside path, then rename it over path; returns Path(path).
 
@@ -56,7 +68,7 @@ def write_atomic(path, write, text=False, what="file"):
     temporary = None
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{target.name}-", dir=target.parent)
+        handle, temporary = create_temporary(target)
         with os.fdopen(handle, "w" if text else "wb", **({"encoding": "utf-8"} if text else {})) as f:
             write(f)
             f.flush()

@@ -10,10 +10,16 @@
 The first four reproduce "ViT, explained · Part 3", the fifth the companion article "ViT as a backbone".
 
 The page compares each run's numbers with the article's again (data/reference_<script>.json), with
-the verdicts of --compare, so the runs need not have used --compare. A script with no JSON in the
-folder is listed as not run, with the command that runs it. matplotlib is optional.
+the verdicts of --compare, so the runs need not have used --compare, and draws every figure from the
+JSON records (matplotlib, part of the set-up; without it the page says how to get them, and building
+it again draws them, no script run again). A script with no JSON in the folder is listed as not run:
+with why and the job's command when reproduce.py made the folder (its reproduce.json), else with the
+script's command. Paths inside the folder are written relative to it. A run on generated stand-ins
+(common/standins.py) is named first: its numbers mean nothing.
 """
 import json
+import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -34,6 +40,7 @@ from common.reference import (
 from common.run import guarded
 
 SCRIPTS = ("setup", "posemb", "fewshot", "finetune", "backbone")
+JOB_RECORD = "reproduce.json"  # what reproduce.py ran into the folder, and why a script did not run
 ARTICLES = {"backbone": "ViT as a backbone"}  # the others: "ViT, explained · Part 3"
 CLIP_NORM = 1.0  # the fine-tuning recipe's clipping threshold, drawn on its gradient-norm panel
 
@@ -80,12 +87,13 @@ def draw_figures(script, record, folder, say):
     elif script == "fewshot" and figures.fewshot_cells(values):
         drawn.append(("few-shot accuracy against shots",
                       figures.fewshot_accuracy(values, article, out / "fewshot_accuracy.png", say)))
-    elif script == "finetune" and series.get("training loss"):
+    elif script == "finetune" and (series.get("training loss") or "step 0 validation" in values):
         drawn.append(("the fine-tuning run", figures.finetune_curves(series, values, article, CLIP_NORM,
                                                                      out / "finetune_curves.png", say)))
-    elif script == "backbone" and series.get("training loss"):
-        drawn.append(("training loss and evaluation accuracy against step",
-                      figures.backbone_curves(series, out / "backbone_curves.png", say)))
+    elif script == "backbone":
+        if series.get("training loss") or series.get("evaluation accuracy"):
+            drawn.append(("training loss and evaluation accuracy against step",
+                          figures.backbone_curves(series, out / "backbone_curves.png", say)))
         if series.get("feature maps"):
             drawn.append(("patch tokens on their first three principal components, before and after fine-tuning",
                           figures.backbone_feature_maps(series["feature maps"], out / "backbone_feature_maps.png",
@@ -101,22 +109,41 @@ def setup_cell(differences):
     return f"a quick check, not the article's setup: {flags}"
 
 
-def environment_lines(record):
-    env, flags = record.get("environment", {}), record.get("flags", {})
+def inside(text, folder):
+    """text with the folder's own path left out of the paths inside it: the page reads the same when moved."""
+    return str(text).replace(f"{Path(folder).resolve()}{os.sep}", "")
+
+
+def typed_flags(flags, folder):
+    """The run's flags as a user types them: a switch alone, a list as its values, paths inside folder relative."""
+    tokens = []
+    for key, value in flags.items():
+        if value in (None, False) or key in ("compare", "json"):
+            continue
+        tokens.append(f"--{key.replace('_', '-')}")
+        if value is not True:
+            tokens += [inside(item, folder) for item in (value if isinstance(value, list) else [value])]
+    return shlex.join(tokens)
+
+
+def environment_lines(record, folder):
+    env = record.get("environment", {})
     versions = ", ".join(f"{name} {env[name]}" for name in ("python", "torch", "transformers", "numpy", "scipy",
                                                              "pillow", "datasets", "accelerate") if env.get(name))
-    shown = " ".join(f"--{key.replace('_', '-')} {value}" for key, value in flags.items()
-                     if value not in (None, False) and key not in ("compare", "json"))
+    shown = typed_flags(record.get("flags", {}), folder)
     return [f"- run: started {env.get('started', '?')}, {env.get('seconds', '?')} s; commit {env.get('commit') or '?'}",
             (f"- {env.get('device', '?')}; precision {env.get('precision', '?')}; seed {env.get('seed', '-')}; "
              f"processes {env.get('processes', 1)}"),
             f"- {versions}", f"- flags: `{shown or '(defaults)'}`"]
 
 
-def script_section(script, record, rows, drawn):
+def script_section(script, record, rows, drawn, folder):
     """The Markdown of one script: environment, verdict counts, figures, and every compared number."""
     lines = [f"## {script_file(script)}", "", f"Article: \"{ARTICLES.get(script, 'ViT, explained · Part 3')}\"", ""]
-    lines += environment_lines(record)
+    if record.get("stand-ins"):
+        given = ", ".join(inside(path, folder) for path in record["stand-ins"])
+        lines += [f"Run on generated stand-ins ({given}): its numbers mean nothing.", ""]
+    lines += environment_lines(record, folder)
     differences = record.get("setup differences", {})
     if differences:
         lines.append("- setup: not the article's, so the numbers that depend on these are not comparable (or, for an "
@@ -125,7 +152,7 @@ def script_section(script, record, rows, drawn):
     else:
         lines.append(f"- setup: {ARTICLE_SETUP}")
     for problem in record.get("could_not_run", []):
-        lines.append(f"- could not run section \"{problem['section']}\": {problem['why']}")
+        lines.append(f"- could not run section \"{problem['section']}\": {inside(problem['why'], folder)}")
     counts = verdict_counts(rows)
     lines += ["", "Verdicts: " + counts_text(counts), ""]
     for title, name in drawn:
@@ -141,12 +168,30 @@ def script_section(script, record, rows, drawn):
     return lines + [""]
 
 
+def read_job(folder):
+    """What reproduce.py recorded in the folder ({} when it did not make it, or the file cannot be read)."""
+    try:
+        job = json.loads((folder / JOB_RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
+    return job if isinstance(job, dict) else {}
+
+
+def not_run(script, folder, job):
+    """(summary cell, paragraph) of a script with no JSON: why, when the job said, and the command that runs it."""
+    why = job.get("not run", {}).get(script)
+    if job.get("command"):
+        paragraph = f"Not run: {why or 'no JSON in the folder'}. Then the job's command runs it: `{job['command']}`"
+        return f"not run: {cell(why or 'no JSON')}", paragraph
+    return f"not run: `{command(script, folder)}`", f"Not run. `{command(script, folder)}`"
+
+
 def build(folder, say=print):
     """report.md in folder from the scripts' JSON files there; returns its path."""
     folder = Path(folder)
     if not folder.is_dir():
         raise UserError(f"{folder} is not a folder: pass the folder the scripts wrote their --json files into")
-    records = {script: read_record(folder / f"{script}.json") for script in SCRIPTS}
+    records, job = {script: read_record(folder / f"{script}.json") for script in SCRIPTS}, read_job(folder)
     with_figures = figures.pyplot(lambda text: None) is not None
     if not with_figures:
         say(f"report: {figures.INSTALL_HINT}; the page is written without figures")
@@ -155,8 +200,9 @@ def build(folder, say=print):
     for script in SCRIPTS:
         record = records[script]
         if record is None:
-            summary.append(f"| {script_file(script)} | | not run: `{command(script, folder)}` | |")
-            body += [f"## {script_file(script)}", "", f"Not run. `{command(script, folder)}`", ""]
+            short, paragraph = not_run(script, folder, job)
+            summary.append(f"| {script_file(script)} | | {short} | |")
+            body += [f"## {script_file(script)}", "", paragraph, ""]
             continue
         differences = record.get("setup differences", {})
         rows = compare(record["numbers"], load_reference(script), differences)
@@ -164,10 +210,17 @@ def build(folder, say=print):
         summary.append(f"| {script_file(script)} | {cell(setup_cell(differences))} | "
                        + counts_text(counts)
                        + f" | {record.get('environment', {}).get('seconds', '?')} s |")
-        body += script_section(script, record, rows, draw_figures(script, record, folder, lambda text: None))
-    head = ["# The two articles' numbers, reproduced", "",
-            "Each number of the logged lines of \"ViT, explained · Part 3\" (the vit_part3_* scripts) and of \"ViT as "
-            "a backbone\" (vit_backbone.py) beside this run's. " + LEGEND + ".", ""]
+        body += script_section(script, record, rows, draw_figures(script, record, folder, lambda text: None),
+                               folder)
+    head = ["# The two articles' numbers, reproduced", ""]
+    standins = [script_file(script) for script, record in records.items() if record and record.get("stand-ins")]
+    if standins:
+        head += [(f"**These numbers mean nothing**: {', '.join(standins)} ran on generated stand-ins (checkpoints "
+                  f"of random weights, generated pictures; common/standins.py), not on the articles' checkpoints "
+                  f"and data. The page shows that the job runs, not what the articles found."), ""]
+    head += ["Each number of the logged lines of \"ViT, explained · Part 3\" (the vit_part3_* scripts) and of \"ViT "
+             "as a backbone\" (vit_backbone.py) beside this run's. " + LEGEND + ". Paths are relative to this "
+             "folder.", ""]
     if not with_figures:
         head += [(f"No figures: {figures.INSTALL_HINT}; run `python -m common.reproduction_page {folder}` again after "
                   f"installing it."), ""]

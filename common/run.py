@@ -130,7 +130,18 @@ def run_record(run, report, rows, differences):
               "could_not_run": [{"section": title, "why": why} for title, why in report.could_not_run]}
     if rows is not None:
         record["comparison"] = rows
+    standins = standin_inputs(run.args)
+    if standins:
+        record["stand-ins"] = standins
     return record
+
+
+def standin_inputs(args):
+    """The --model and --data-dir of this run that common/standins.py generated: its numbers mean nothing."""
+    from common.standins import MARK
+
+    given = (getattr(args, "model", None), getattr(args, "data_dir", None))
+    return [str(path) for path in given if path and (Path(path) / MARK).is_file()]
 
 
 def environment(run):

@@ -10,8 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import ROOT, script_output
 
+import reproduce
 import vit_backbone
 import vit_part3_fewshot
 import vit_part3_finetune
@@ -24,7 +26,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import throughput
 
 SCRIPTS = {"setup": vit_part3_setup.main, "posemb": vit_part3_posemb.main, "fewshot": vit_part3_fewshot.main,
-           "finetune": vit_part3_finetune.main, "benchmark": throughput.main, "backbone": vit_backbone.main}
+           "finetune": vit_part3_finetune.main, "benchmark": throughput.main, "backbone": vit_backbone.main,
+           "reproduce": reproduce.main}
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +148,10 @@ CASES = [
     ("benchmark", ["--repeats", "-1"], 2, "--repeats"),
     ("benchmark", ["--loader-only", "--workers", "0"], 2, "--workers"),
     ("benchmark", ["--loader-only", "--loader-pictures", "many"], 2, "--loader-pictures"),
+    # the job: refused before its plan, offline too (the tests run offline), whatever scripts cannot run
+    ("reproduce", ["{out}/job", "--extra", "finetune=--steps -5"], 2, "--extra for vit_part3_finetune.py: argument --steps"),
+    ("reproduce", ["{out}/job", "--extra", "finetune=--resu"], 2, "--resu is set by reproduce.py itself"),
+    ("reproduce", ["{out}/job", "--device", "cuda"], 2, "cuda"),  # where torch sees no CUDA GPU
 ]
 
 
@@ -160,6 +167,8 @@ def fill(flags, places):
 @pytest.mark.parametrize("script,flags,status,names", CASES, ids=[f"{c[0]} {' '.join(c[1])}" for c in CASES])
 def test_a_bad_input_is_one_line_and_a_non_zero_exit(script, flags, status, names, places, capsys, monkeypatch):
     monkeypatch.setenv("TQDM_DISABLE", "1")
+    if flags[-2:] == ["--device", "cuda"] and torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is here")
     argv = fill(flags, places)
     if script == "finetune" and status == 0:
         argv += ["--data-dir", places["{data}"], "--steps", "1", "--batch-size", "4", "--device", "cpu"]

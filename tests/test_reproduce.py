@@ -2,8 +2,9 @@
 
 One job is shared by the tests that need scripts to run (they take most of this file's time): run
 offline with nothing, then with the stand-ins, stopped by SIGTERM during the third script, then the
-same command to the end. The variants (a second call, a JSON removed) run on copies of its folder. Everything else calls the job's pure
-functions with inputs whose answers are worked out here by hand.
+same command to the end. The variants (a second call, a JSON removed, a SIGKILL of the job's process
+group) run on copies of its folder. Everything else calls the job's pure functions with inputs whose
+answers are worked out here by hand.
 """
 import json
 import os
@@ -13,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from argparse import Namespace
 from pathlib import Path
 
@@ -25,10 +27,11 @@ import vit_part3_fewshot
 import vit_part3_finetune
 import vit_part3_posemb
 import vit_part3_setup
+from common import child_process, downloads, standins
 from common.cli import ScriptParser
 from common.files import TEMP_PREFIX
-from common.run import guarded
-from common.standins import beans_folder, imagenette_folder, vit_classifier, vit_in21k
+from common.run import Terminated, guarded
+from common.time_estimate import estimate_seconds
 
 pytestmark = pytest.mark.xdist_group("reproduce")  # one worker runs the module and its shared job
 
@@ -38,27 +41,18 @@ NAMES = {"setup": "vit_part3_setup.py", "posemb": "vit_part3_posemb.py", "fewsho
          "finetune": "vit_part3_finetune.py", "backbone": "vit_backbone.py"}
 VIT, IN21K = "google/vit-base-patch16-224", "google/vit-base-patch16-224-in21k"
 VERDICTS = ["same", "close", "differs", "varies", "not comparable", "not run"]
-# What makes each script fast on stand-ins (conftest's flags; fewshot draws 1 and 2 shots from 4 pictures a class,
-# the backbone trains one epoch), and no feature cache in the repository's data/.
-EXTRA = ["--extra", "posemb=--batch-size 16", "--extra", "fewshot=--no-cache --shots 1 2",
-         "--extra", "finetune=--resolution 32 --steps 6 --batch-size 8",
-         "--extra", "backbone=--batch-size 4 --probe-epochs 20 --epochs 1 --no-cache"]
 
 
 @pytest.fixture(scope="module")
 def job_standins(tmp_path_factory):
-    """Checkpoints laid out by Hub id (a 48-px classifier, the smallest posemb's neighbours allow, serves posemb and
-    the backbone), an Imagenette-shaped folder and a beans-shaped one."""
-    root = tmp_path_factory.mktemp("reproduce-job_standins")
-    vit_classifier(root / "models" / VIT, image_size=48, processor=True)
-    vit_in21k(root / "models" / IN21K)
-    return {"models": root / "models", "nette": imagenette_folder(root / "nette", per_class=4),
-            "beans": beans_folder(root / "beans")}
+    """What `python common/standins.py DIR` builds: checkpoints laid out by Hub id, Imagenette- and beans-shaped
+    folders."""
+    return standins.job_inputs(tmp_path_factory.mktemp("reproduce-job_standins"))
 
 
 def job_flags(job_standins):
-    return ["--models", str(job_standins["models"]), "--imagenette", str(job_standins["nette"]), "--beans",
-            str(job_standins["beans"]), "--device", "cpu", *EXTRA]
+    """The local copies and what makes each script fast on them (standins.JOB_EXTRA), as the stand-ins' job has."""
+    return standins.job_flags(job_standins)
 
 
 def reproduce_run(out, flags):
@@ -119,8 +113,8 @@ def test_sigterm_during_the_third_script_stops_the_job_with_one_line(job):
     assert status == 143 and "[1/5] vit_part3_setup.py: skipped" in err  # run offline before, with the same command
     continues = shlex.join(["python", "reproduce.py", str(job["out"]), *job["flags"]])
     stopped = [text for text in err.splitlines() if text.startswith("stopped by SIGTERM")]
-    assert stopped == [("stopped by SIGTERM during vit_part3_fewshot.py, after it saved what it could; the same "
-                        f"command continues the job: {continues}")]
+    assert stopped == [("stopped by SIGTERM during vit_part3_fewshot.py, which saved nothing; the same command "
+                        f"continues the job: {continues}")]
     assert sorted(job["after stop"]) == ["posemb.json", "reproduce.json", "setup.json"]  # none half-written
     assert "Traceback" not in err
 
@@ -131,9 +125,11 @@ def test_the_same_command_then_finishes_with_the_first_two_skipped(job):
     for index, script in enumerate(["setup", "posemb"], 1):
         assert f"[{index}/5] {NAMES[script]}: skipped, its JSON in OUT is complete" in err
         assert (job["out"] / f"{script}.json").read_bytes() == job["after stop"][f"{script}.json"]
-    for index, script in enumerate(["fewshot", "finetune", "backbone"], 3):
-        assert re.search(rf"^\[{index}/5\] {NAMES[script]} \.\.\. about .* left in the job \(estimate\)$", err, re.MULTILINE)
+    for index, script in enumerate(["fewshot", "finetune", "backbone"], 3):  # --extra: no estimate
+        assert re.search(rf"^\[{index}/5\] {NAMES[script]} \.\.\.$", err, re.MULTILINE)
         assert re.search(rf"^{NAMES[script]}: \d+ s, \d+ of \d+ sections; ", out, re.MULTILINE)
+    assert ("time: not estimated, --extra changes the work of vit_part3_fewshot.py, vit_part3_finetune.py, "
+            "vit_backbone.py") in err and "left in the job" not in err
     assert no_temporary_files(job["out"])
 
 
@@ -151,8 +147,43 @@ def test_the_whole_job_gives_five_json_files_the_page_and_the_table(job):
         assert (folder / "logs" / f"{script}.log").stat().st_size > 0
     page = (folder / "report.md").read_text()
     assert out.rstrip().endswith(f"page: {folder / 'report.md'}")
-    assert all(f"## {name}" in page for name in NAMES.values()) and "Not run." not in page
+    assert all(f"## {name}" in page for name in NAMES.values()) and "Not run" not in page
     assert (folder / "finetune-run" / "checkpoint.pt").is_file()
+
+
+def test_the_page_of_a_job_on_stand_ins_says_first_that_its_numbers_mean_nothing(job):
+    paragraphs = (job["out"] / "report.md").read_text().split("\n\n")
+    assert paragraphs[0] == "# The two articles' numbers, reproduced"
+    assert paragraphs[1].startswith("**These numbers mean nothing**: vit_part3_posemb.py, vit_part3_fewshot.py, "
+                                    "vit_part3_finetune.py, vit_backbone.py ran on generated stand-ins")
+
+
+def test_the_page_names_paths_inside_out_relative_to_it_and_flags_a_user_can_type(job, tmp_path):
+    """A folder copied elsewhere reads the same; `--resume True` is no flag."""
+    page = (job["out"] / "report.md").read_text()
+    assert str(job["out"]) not in page
+    flags = next(text for text in page.splitlines() if text.startswith("- flags: `--model") and "--save-dir" in text)
+    assert "--save-dir finetune-run " in flags and "--plots figures" in flags and " True" not in flags
+
+
+def test_every_file_of_the_job_has_the_mode_the_umask_gives(job):
+    umask = os.umask(0)
+    os.umask(umask)
+    modes = {str(path.relative_to(job["out"])): oct(path.stat().st_mode & 0o777)
+             for path in job["out"].rglob("*") if path.is_file()}
+    assert len(modes) > 15 and set(modes.values()) == {oct(0o666 & ~umask)}, modes
+
+
+def test_the_disk_estimate_counts_every_file_the_job_wrote(job):
+    """Measured on the stand-ins: what OUT holds after the whole job is at most what its first call said it needs."""
+    _, _, err = job["offline"]
+    _, _, stopped = job["stopped"]
+    said = re.search(r"^disk: about (\d+) MB needed in (\S+), ", stopped, re.MULTILINE)
+    assert said and said[2] == str(job["out"])
+    written = sum(path.stat().st_size for path in job["out"].rglob("*") if path.is_file())
+    assert written / 1e6 <= int(said[1]) + 1  # the offline call's setup.json was written before it
+    offline = re.search(r"^disk: about (\d+) MB needed in (\S+), ", err, re.MULTILINE)  # setup's files and the page
+    assert offline and int(offline[1]) == reproduce.WRITES_MB["setup"] + reproduce.WRITES_MB["page"]
 
 
 def test_the_job_draws_the_figures_of_its_page(job):
@@ -161,8 +192,8 @@ def test_the_job_draws_the_figures_of_its_page(job):
 
     page = (job["out"] / "report.md").read_text()
     linked = re.findall(r"\]\(figures/([^)]+\.png)\)", page)
-    assert {"posemb_cosine_similarity.png", "posemb_accuracy.png", "fewshot_accuracy.png",
-            "finetune_curves.png"} <= set(linked)
+    assert {"posemb_cosine_similarity.png", "posemb_accuracy.png", "fewshot_accuracy.png", "finetune_curves.png",
+            "backbone_curves.png", "backbone_feature_maps.png"} == set(linked)
     for name in linked:
         with Image.open(job["out"] / "figures" / name) as picture:
             picture.verify()
@@ -176,9 +207,25 @@ def test_a_second_call_skips_all_five(job, tmp_path):
     assert status == 0, err[-3000:]
     for index, name in enumerate(NAMES.values(), 1):
         assert f"[{index}/5] {name}: skipped" in err
-    assert " ... about " not in err and "time: about" not in err  # nothing to run, nothing measured
-    assert {path: path.read_bytes() for path in out.rglob("*") if path.is_file()} == before
+    assert " ... about " not in err and "time: " not in err  # nothing to run, nothing measured
+    after = {path: path.read_bytes() for path in out.rglob("*") if path.is_file()}
+    assert after.pop(out / ".reproduce.lock").strip().isdigit()  # the lock names the job that took it
+    before.pop(out / ".reproduce.lock")
+    assert after == before
     assert all(cells[8].startswith("skipped (") for cells in table_rows(stdout).values())
+
+
+def test_sigterm_while_the_page_is_built_says_the_same_command_continues(job, tmp_path, monkeypatch, capsys):
+    out = shutil.copytree(job["out"], tmp_path / "results")
+    os.utime(out / "posemb.json")  # newer than the page: it is built again
+
+    def stopped(folder, say):
+        raise Terminated
+
+    monkeypatch.setattr(reproduce, "build", stopped)
+    assert guarded(lambda: reproduce.main([str(out), *job["flags"]])) == 143
+    command = shlex.join(["python", "reproduce.py", str(out), *job["flags"]])
+    assert capsys.readouterr().err.splitlines()[-1] == f"stopped by SIGTERM; the same command continues the job: {command}"
 
 
 def test_one_json_removed_only_that_script_runs_again_and_fine_tuning_resumes(job, tmp_path):
@@ -187,7 +234,7 @@ def test_one_json_removed_only_that_script_runs_again_and_fine_tuning_resumes(jo
     (out / "finetune.json").unlink()
     status, _, err = reproduce_run(out, job["flags"])
     assert status == 0, err[-3000:]
-    started = re.findall(r"^\[(\d)/5\] (\S+) \.\.\. about", err, re.MULTILINE)
+    started = re.findall(r"^\[(\d)/5\] (\S+) \.\.\.", err, re.MULTILINE)
     assert started == [("4", "vit_part3_finetune.py")]
     assert sum(": skipped, its JSON" in text for text in err.splitlines()) == 4
     again = json.loads((out / "finetune.json").read_text())
@@ -213,7 +260,15 @@ def test_offline_with_nothing_setup_runs_and_the_four_others_are_named_once(job)
     for script in needs:
         assert rows[NAMES[script]][1] == f"0 of {len(MODULES[script].SECTIONS)}"
     assert job["after offline"]["json"] == ["reproduce.json", "setup.json"]
-    assert job["after offline"]["page"].count("Not run.") == 4
+
+
+def test_offline_the_page_says_what_each_script_lacks_and_the_command_that_runs_it(job):
+    page = job["after offline"]["page"]
+    command = shlex.join(["python", "reproduce.py", str(job["out"]), "--device", "cpu"])
+    for script, checkpoint in {"posemb": VIT, "fewshot": IN21K, "finetune": IN21K, "backbone": VIT}.items():
+        paragraph = page.split(f"## {NAMES[script]}\n\n", 1)[1].split("\n", 1)[0]
+        assert paragraph.startswith(f"Not run: {checkpoint} (346 MB) and ") and "HF_HUB_OFFLINE=1 forbids" in paragraph
+        assert paragraph.endswith(f"Then the job's command runs it: `{command}`")
 
 
 # ---------------------------------------------------------------- one source of truth (the README's tables:
@@ -231,7 +286,8 @@ def test_the_flags_and_sections_the_job_knows_are_the_scripts_own(monkeypatch):
         with pytest.raises(Parsed) as parsed:
             module.main([])
         flags = {flag for flag in parsed.value.args[0]._option_string_actions if flag.startswith("--")}
-        assert reproduce.SCRIPT_FLAGS[script] == flags - {"--help"}, script
+        assert set(reproduce.SET_BY_THE_JOB) - {"--plots", "--save-dir", "--resume"} <= flags, script
+        assert ({"--device", "--precision", "--data-dir", "--plots"} <= flags) is (script != "setup"), script
         assert reproduce.SECTION_COUNTS[script] == len(module.SECTIONS), script
 
 
@@ -259,7 +315,7 @@ def test_each_script_gets_its_flags(tmp_path):
         "vit_part3_fewshot.py", "--per-class", "20", "--model", str(models / IN21K), "--data-dir", "/data/nette",
         "--device", "cpu", "--precision", "bf16", "--no-cache", "--json", str(out / "fewshot.json"), *outputs]
     assert reproduce.script_command("finetune", args, out, resume=True) == python + [
-        "vit_part3_finetune.py", "--pause-at", "1", "--model", str(models / IN21K), "--data-dir", "/data/nette",
+        "vit_part3_finetune.py", "--pause-at", "5", "--model", str(models / IN21K), "--data-dir", "/data/nette",
         "--device", "cpu", "--precision", "bf16", "--save-dir", str(out / "finetune-run"), "--resume", "--json",
         str(out / "finetune.json"), *outputs]
     assert reproduce.script_command("backbone", namespace(beans="/data/beans"), out) == python + [
@@ -309,12 +365,22 @@ def test_a_script_is_skipped_only_when_its_json_is_complete_and_made_by_the_same
     assert reproduce.is_complete(tmp_path, "posemb", key, manifest) is complete
 
 
-def test_the_code_of_a_script_follows_its_imports():
-    posemb = {str(path.relative_to(ROOT)) for path in reproduce.code_files("posemb")}
-    assert {"vit_part3_posemb.py", "common/position_table.py", "common/loader.py", "common/files.py"} <= posemb
-    assert not {"common/standins.py", "common/reproduction_page.py", "vit_part3_setup.py"} & posemb
-    setup = {str(path.relative_to(ROOT)) for path in reproduce.code_files("setup")}
-    assert {"common/compute.py", "common/schedules.py"} <= setup and "common/position_table.py" not in setup
+@pytest.mark.parametrize("changed,runs_again", [
+    ("vit_part3_posemb.py", {"posemb"}),
+    ("common/loader.py", set(NAMES)),                      # every module of common/ is every script's code
+    ("data/reference_fewshot.json", {"fewshot"}),
+    ("common/nothing_imports_it.py", set(NAMES)),          # a module added
+])
+def test_the_code_of_a_script_is_it_all_of_common_and_its_reference(tmp_path, monkeypatch, changed, runs_again):
+    for path in [*NAMES.values(), *(f"common/{p.name}" for p in (ROOT / "common").glob("*.py")),
+                 *(f"data/reference_{script}.json" for script in NAMES)]:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / path, tmp_path / path)
+    monkeypatch.setattr(reproduce, "ROOT", tmp_path)
+    before = {script: reproduce.code_digest(script) for script in NAMES}
+    with open(tmp_path / changed, "a") as f:
+        f.write("\n")
+    assert {script for script in NAMES if reproduce.code_digest(script) != before[script]} == runs_again
 
 
 def test_the_estimate_scales_the_readme_times_then_corrects_them_by_the_finished_scripts():
@@ -322,37 +388,37 @@ def test_the_estimate_scales_the_readme_times_then_corrects_them_by_the_finished
                                             "backbone": 400}}
     everything = list(NAMES)
     # twice as fast a machine: half of 10 + 1000 + 200 + 600 + 400
-    assert reproduce.estimate_seconds(everything, reference, 200, {}) == pytest.approx(1105)
+    assert estimate_seconds(everything, reference, 200, {}) == pytest.approx(1105)
     # posemb took 750 s where 500 were estimated: what is left, (200 + 600 + 400) / 2, takes 1.5 times as long
     left = ["fewshot", "finetune", "backbone"]
-    assert reproduce.estimate_seconds(left, reference, 200, {"setup": 50, "posemb": 750}) == pytest.approx(900)
+    assert estimate_seconds(left, reference, 200, {"setup": 50, "posemb": 750}) == pytest.approx(900)
     # setup's time is start-up, no measure of the device: it corrects nothing
-    assert reproduce.estimate_seconds(left, reference, 200, {"setup": 50}) == pytest.approx(600)
-    assert reproduce.estimate_seconds(left, reference, None, {}) == pytest.approx(1200)  # nothing measured
+    assert estimate_seconds(left, reference, 200, {"setup": 50}) == pytest.approx(600)
+    assert estimate_seconds(left, reference, None, {}) == pytest.approx(1200)  # nothing measured
 
 
 def test_offline_a_script_lacking_a_piece_is_named_and_online_each_download_is_listed_once():
-    pieces = list(reproduce.PIECES)
+    pieces = list(downloads.PIECES)
     nothing_here = dict.fromkeys(pieces, False)
-    downloads, cannot = reproduce.plan_pieces(list(NAMES), nothing_here, dict.fromkeys(pieces, False))
-    assert downloads == [] and cannot == {"posemb": [VIT, "Imagenette"], "fewshot": [IN21K, "Imagenette"],
+    fetch, cannot = reproduce.plan_pieces(list(NAMES), nothing_here, dict.fromkeys(pieces, False))
+    assert fetch == [] and cannot == {"posemb": [VIT, "Imagenette"], "fewshot": [IN21K, "Imagenette"],
                                           "finetune": [IN21K, "Imagenette"], "backbone": [VIT, "AI-Lab-Makerere/beans"]}
-    downloads, cannot = reproduce.plan_pieces(list(NAMES), nothing_here, dict.fromkeys(pieces, True))
-    assert cannot == {} and downloads == ["microsoft/resnet-50", VIT, "Imagenette", IN21K, "AI-Lab-Makerere/beans"]
+    fetch, cannot = reproduce.plan_pieces(list(NAMES), nothing_here, dict.fromkeys(pieces, True))
+    assert cannot == {} and fetch == ["microsoft/resnet-50", VIT, "Imagenette", IN21K, "AI-Lab-Makerere/beans"]
     here = {**nothing_here, VIT: True, "Imagenette": True}
     assert reproduce.plan_pieces(["posemb", "fewshot"], here, dict.fromkeys(pieces, False)) == ([], {"fewshot": [IN21K]})
 
 
-def test_online_the_plan_lists_the_downloads_with_their_sizes_and_the_room(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(reproduce, "hub_offline", lambda: False)
-    monkeypatch.setattr(reproduce, "reachable", lambda host: True)
-    monkeypatch.setattr(reproduce, "piece_is_here", lambda piece, args: False)
-    reproduce.plan(namespace(), tmp_path, {})
-    err = capsys.readouterr().err
+def test_online_the_plan_lists_the_downloads_with_their_sizes_and_the_room(tmp_path, monkeypatch):
+    monkeypatch.setattr("common.checkpoints.hub_offline", lambda: False)
+    monkeypatch.setattr(downloads, "reachable", lambda host: True)
+    monkeypatch.setattr(downloads, "piece_is_here", lambda piece, args: False)
+    lines = reproduce.plan(namespace(), tmp_path, {})[-1]
     # 100 + 346 + 94 + 346 + 180 MB
-    assert ("to download, once (the scripts keep them in the caches): microsoft/resnet-50 (100 MB), "
-            f"{VIT} (346 MB), Imagenette (94 MB), {IN21K} (346 MB), AI-Lab-Makerere/beans (180 MB); 1.1 GB in all") in err
-    assert re.search(r"^disk: about .* needed in .*: room enough$", err, re.MULTILINE)
+    assert lines[1] == ("to download, once (the scripts keep them in the caches): microsoft/resnet-50 (100 MB), "
+                        f"{VIT} (346 MB), Imagenette (94 MB), {IN21K} (346 MB), AI-Lab-Makerere/beans (180 MB); 1.1 GB "
+                        "in all")
+    assert re.fullmatch(r"disk: about .* needed in .*: room enough", lines[-1]) and len(lines) == 3
 
 
 @pytest.mark.parametrize("sections,differs,strict,status", [
@@ -382,12 +448,14 @@ def places(tmp_path):
 BAD = [
     (["--extra", "posemb"], "--extra 'posemb': write SCRIPT=FLAGS with SCRIPT one of setup, posemb"),
     (["--extra", "nosuch=--per-class 2"], "write SCRIPT=FLAGS"),
-    (["--extra", "posemb=--per-clas 20"], "vit_part3_posemb.py has no flag --per-clas"),
-    (["--extra", "setup=--device cpu"], "vit_part3_setup.py has no flag --device"),
+    (["--extra", "posemb=--per-clss 20"], "--extra for vit_part3_posemb.py: unrecognized arguments: --per-clss 20"),
+    (["--extra", "setup=--device cpu"], "--extra for vit_part3_setup.py: unrecognized arguments: --device cpu"),
     (["--extra", "finetune=--json x.json"], "--json is set by reproduce.py itself"),
     (["--extra", "finetune=--resume"], "--resume is set by reproduce.py itself"),
+    (["--extra", "finetune=--resu"], "--resu is set by reproduce.py itself"),  # argparse would take it for --resume
     (["--extra", "posemb=--per-class '20"], "No closing quotation"),
-    (["--extra", "posemb=-h"], "vit_part3_posemb.py has no flag -h"),
+    (["--extra", "posemb=-h"], "the job shows no script's help: python vit_part3_posemb.py -h"),
+    (["--extra", "finetune=--steps -5"], "--extra for vit_part3_finetune.py: argument --steps: '-5' is not a whole"),
     (["--models", "{missing}"], "--models {missing} is not a folder"),
     (["--models", "{file}"], "--models {file} is not a folder"),
     (["--models", "{empty}"], f"holds neither {VIT}/ nor {IN21K}/"),
@@ -447,6 +515,107 @@ def test_a_second_job_on_the_same_out_is_one_line(tmp_path, capsys):
     assert not (out / "reproduce.json").exists()
 
 
+def test_a_new_job_waits_for_a_script_its_ended_job_left_running(tmp_path, capsys):
+    """The lock outlives the job while a script it started lives (it inherits the lock's file): a new job whose
+    lock file names a job that has ended waits for the script, then runs; one whose job runs is refused."""
+    pytest.importorskip("fcntl")
+    out = tmp_path / "out"
+    out.mkdir()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    (out / child_process.LOCK).write_text(gone)  # the job that took the lock has ended ...
+    holds = ("import fcntl, sys, time; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
+             "print('held', flush=True); time.sleep(2)")
+    script = subprocess.Popen([sys.executable, "-c", holds, str(out / child_process.LOCK)], stdout=subprocess.PIPE,
+                              text=True)
+    assert script.stdout.readline() == "held\n"  # ... and a script of it still runs, 2 s more
+    waited = time.perf_counter()
+    lock = child_process.only_job_on(out, lambda text: print(text, file=sys.stderr))
+    assert lock is not None and time.perf_counter() - waited > 1  # it waited for the script's end
+    script.wait(timeout=60)
+    assert "a script of an ended job still runs on" in capsys.readouterr().err
+    assert (out / child_process.LOCK).read_text() == f"{os.getpid()}\n"
+    lock.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc are Linux's")
+def test_no_script_outlives_its_job_killed_with_its_process_group(job, tmp_path):
+    """A scheduler's SIGKILL of the job's process group: the script, in a group of its own, is sent SIGTERM as the
+    job dies and has ended a second later; the lock it held is free for the next job at once."""
+    out = shutil.copytree(job["out"], tmp_path / "results")
+    running = subprocess.Popen([sys.executable, "reproduce.py", str(out), "--force", *job["flags"]], cwd=ROOT,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    for text in running.stderr:
+        if text.startswith("[2/5]"):
+            break
+    time.sleep(2)  # vit_part3_posemb.py starts: its imports, its model
+    scripts = [pid for pid in os.listdir("/proc") if pid.isdigit() and proc_parent(pid) == running.pid]
+    os.killpg(running.pid, signal.SIGKILL)
+    running.wait()
+    time.sleep(1)
+    assert len(scripts) == 1 and not proc_alive(scripts[0]), scripts
+    lock = child_process.only_job_on(out, print)  # no wait, no refusal
+    assert lock is not None
+    lock.close()
+
+
+def proc_parent(pid):
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def proc_alive(pid):
+    """Running or asleep; a zombie has ended (nobody may be there to reap it in a container)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("seconds", [0.3, 1.0, 2.0])
+def test_ctrl_c_while_the_job_starts_is_one_line(tmp_path, seconds):
+    """While torch loads and the plan is made: no traceback, status 130."""
+    started = subprocess.Popen([sys.executable, "reproduce.py", str(tmp_path / "out")], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(seconds)
+    started.send_signal(signal.SIGINT)
+    _, err = started.communicate(timeout=60)
+    assert started.returncode == 130 and "Traceback" not in err and err.strip(), err
+
+
+def test_device_cuda_without_a_gpu_is_refused_before_the_plan(tmp_path, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is here")
+    assert guarded(lambda: reproduce.main([str(tmp_path / "out"), "--device", "cuda"])) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "cuda" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("json_written,checkpoint,saved", [
+    (False, None, "which saved nothing"),                      # a double Ctrl-C: nothing saved
+    (False, "before", "which saved nothing"),                  # the checkpoint there is an older run's
+    (False, "during", "which saved {out}/finetune-run/checkpoint.pt"),
+    (True, "during", "which saved {out}/finetune.json and {out}/finetune-run/checkpoint.pt"),
+])
+def test_a_stopped_script_is_said_with_what_it_saved(tmp_path, json_written, checkpoint, saved):
+    (tmp_path / "finetune-run").mkdir()
+    if checkpoint:
+        (tmp_path / "finetune-run" / "checkpoint.pt").write_bytes(b"weights")
+    started = time.time() + (1 if checkpoint == "before" else -1)
+    record = {"numbers": {}} if json_written else None
+    assert reproduce.kept_text(tmp_path, "finetune", record, started) == saved.format(out=tmp_path)
+
+
+def test_the_stand_ins_command_is_usable_from_the_shell():
+    done = subprocess.run([sys.executable, "common/standins.py", "--help"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0 and "the whole job offline on stand-ins" in done.stdout, done.stderr[-2000:]
+
+
 @pytest.mark.parametrize("files,stale", [
     ({}, True),                                          # no page yet
     ({"report.md": 1, "posemb.json": 2}, True),          # a JSON newer than the page: it was never built from it
@@ -467,10 +636,10 @@ def test_out_that_is_a_file_is_refused(places, capsys):
 
 
 def test_too_little_room_on_the_disk_is_refused_before_any_work(job_standins, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(reproduce.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9, 0))
+    monkeypatch.setattr(downloads.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9, 0))
     status = guarded(lambda: reproduce.main([str(tmp_path / "out"), *job_flags(job_standins)]))
     err = capsys.readouterr().err
-    assert status == 2 and "error: not enough room on the disk of " in err and "0 MB is free" in err
+    assert status == 2 and err.startswith("error: not enough room on the disk of ") and "0 MB is free" in err
     assert not (tmp_path / "out" / "reproduce.json").exists() and not list((tmp_path / "out" / "logs").iterdir())
 
 
@@ -489,8 +658,8 @@ def test_the_room_for_fine_tunings_checkpoint_counts_what_is_overwritten_and_wha
     (out / "finetune-run").mkdir(parents=True)
     for name, mb in files.items():
         (out / "finetune-run" / name).write_bytes(bytes(int(mb * 10**6)))
-    need = reproduce.room_needed([], out, True, namespace(models=str(models)), resumes)
-    assert need == {out: pytest.approx(needed_mb)}
+    need = reproduce.room_needed([], out, ["finetune"], namespace(models=str(models)), resumes)
+    assert need == {out: pytest.approx(needed_mb + reproduce.WRITES_MB["finetune"] + reproduce.WRITES_MB["page"])}
 
 
 @pytest.mark.parametrize("made_by_this_command,kept", [(True, False), (False, True)])

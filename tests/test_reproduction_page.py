@@ -6,6 +6,7 @@ import pytest
 from PIL import Image
 
 import vit_part3_setup
+from common import figures
 from common import reproduction_page as page_maker
 from common.errors import UserError
 from common.reference import compare, load_reference, verdict_text
@@ -62,11 +63,68 @@ def test_a_missing_script_is_listed_as_not_run(tmp_path):
 def test_without_matplotlib_the_page_is_written_and_says_how_to_get_figures(four_runs, tmp_path, monkeypatch):
     for script in page_maker.SCRIPTS:
         (tmp_path / f"{script}.json").write_text((four_runs / f"{script}.json").read_text())
-    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
-    said = []
-    page = page_maker.build(tmp_path, say=said.append).read_text()
+    with monkeypatch.context() as without:
+        without.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+        said = []
+        page = page_maker.build(tmp_path, say=said.append).read_text()
     assert "No figures: matplotlib is not installed (pip install matplotlib)" in page and "![" not in page
     assert not (tmp_path / "figures").exists() and any("without figures" in text for text in said)
+    pytest.importorskip("matplotlib")  # installed afterwards: the page built again draws every figure from the JSON
+    page = page_maker.build(tmp_path, say=said.append).read_text()
+    assert len(list((tmp_path / "figures").glob("*.png"))) == page.count("](figures/") == 6
+
+
+def test_a_paused_fine_tuning_and_a_backbone_without_logged_steps_still_have_their_figures(four_runs, monkeypatch):
+    """A quick fine-tuning run pauses after step 5 and keeps its logged rows only; a backbone run too short to log
+    a step has its feature maps."""
+    pytest.importorskip("matplotlib")
+    finetune = json.loads((four_runs / "finetune.json").read_text())
+    finetune["series"] = {}
+    finetune["numbers"] = {name: number for name, number in finetune["numbers"].items()
+                           if name == "step 0 validation" or name.startswith("step 5 ")}
+    drawn = {}
+    monkeypatch.setattr(figures, "save", lambda figure, path, say: drawn.setdefault(path.name, figure) and path)
+    assert page_maker.draw_figures("finetune", finetune, four_runs, print) == [("the fine-tuning run",
+                                                                                "finetune_curves.png")]
+    panels = drawn["finetune_curves.png"].axes
+    run_points = [len(axis.get_lines()[0].get_xdata()) for axis in panels]
+    assert run_points == [1, 1, 1, 2]  # the step-5 row's loss, norm and LR; the accuracy at steps 0 and 5
+    backbone = json.loads((four_runs / "backbone.json").read_text())
+    backbone["series"] = {"training loss": [], "evaluation accuracy": [],
+                          "feature maps": backbone["series"]["feature maps"]}
+    assert [name for _, name in page_maker.draw_figures("backbone", backbone, four_runs, print)] == [
+        "backbone_feature_maps.png"]
+
+
+def test_the_page_says_first_when_numbers_come_from_stand_ins(four_runs, tmp_path):
+    for script in ("setup", "posemb"):
+        (tmp_path / f"{script}.json").write_text((four_runs / f"{script}.json").read_text())
+    paragraphs = page_maker.build(tmp_path, say=lambda text: None).read_text().split("\n\n")
+    assert paragraphs[1].startswith("**These numbers mean nothing**: vit_part3_posemb.py ran on generated stand-ins")
+    (tmp_path / "posemb.json").unlink()
+    assert "mean nothing" not in page_maker.build(tmp_path, say=lambda text: None).read_text()  # setup's are real
+
+
+def test_a_script_the_job_could_not_run_says_why_and_the_jobs_command(tmp_path):
+    (tmp_path / "reproduce.json").write_text(json.dumps({
+        "command": "python reproduce.py results --quick",
+        "not run": {"posemb": "google/vit-base-patch16-224 (346 MB) is not here and HF_HUB_OFFLINE=1 forbids "
+                              "downloads: pass --models DIR (with DIR/google/vit-base-patch16-224/), or run once online"}}))
+    page = page_maker.build(tmp_path, say=lambda text: None).read_text()
+    assert ("Not run: google/vit-base-patch16-224 (346 MB) is not here and HF_HUB_OFFLINE=1 forbids downloads: pass "
+            "--models DIR (with DIR/google/vit-base-patch16-224/), or run once online. Then the job's command runs "
+            "it: `python reproduce.py results --quick`") in page
+    assert "Not run: no JSON in the folder. Then the job's command runs it: `python reproduce.py results --quick`" \
+        in page  # setup: the job never said why (it was stopped before, say)
+
+
+def test_the_flags_are_shown_as_a_user_types_them_with_paths_inside_the_folder_relative(tmp_path):
+    flags = {"model": "/models/vit", "steps": 300, "shots": [1, 2], "resume": True, "no_cache": False,
+             "pause_at": None, "save_dir": str(tmp_path / "finetune-run"), "plots": str(tmp_path / "figures"),
+             "json": str(tmp_path / "finetune.json"), "compare": True, "data_dir": "/data/my nette"}
+    assert page_maker.typed_flags(flags, tmp_path) == ("--model /models/vit --steps 300 --shots 1 2 --resume "
+                                                       "--save-dir finetune-run --plots figures --data-dir "
+                                                       "'/data/my nette'")
 
 
 @pytest.mark.parametrize("content,refused", [(None, "is not a folder"), ("{not json", "is not a JSON file"),

@@ -1,0 +1,174 @@
+"""A script run by reproduce.py: its command checked, its output passed through and logged, signals passed on, its
+end tied to the job's.
+
+The job holds an exclusive lock on OUT/.reproduce.lock (only_job_on) and each script it starts
+inherits it (run_logged), so the lock lasts while any of them lives: a new job never writes into an
+OUT where a script of an ended job still runs. On Linux that script was sent SIGTERM when its job
+ended (sigterm_when_the_job_ends) and saves and stops as on any SIGTERM, so the new job waits for it.
+"""
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+from common.errors import UserError
+from common.files import write_atomic
+
+LOG_EVERY = 30  # seconds between snapshots of a running script's log
+LOCK = ".reproduce.lock"
+
+
+class StopRequests:
+    """Ctrl-C and SIGTERM while the job runs: remembered, and passed on once each to the running script (in a
+    process group of its own, so a Ctrl-C at the terminal reaches it only through here; fine-tuning reads a second
+    one as "stop at once"). Its loader's workers are not signalled: the script ends them, as when it runs alone."""
+
+    def __init__(self):
+        self.asked, self.forwarded, self.child = [], 0, None
+
+    def __enter__(self):
+        self.previous = {signum: signal.signal(signum, self.handle) for signum in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc):
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+    def handle(self, signum, frame):
+        self.asked.append(signum)
+        self.forward()
+
+    def forward(self):
+        while self.child is not None and self.forwarded < len(self.asked):
+            signum = self.asked[self.forwarded]
+            self.forwarded += 1  # counted first: a signal arriving in between is not sent twice
+            self.child.send_signal(signum)
+
+
+def sigterm_when_the_job_ends():
+    """A preexec_fn with which a script asks Linux to send it SIGTERM when the job's process ends, however it ends (a
+    scheduler's SIGKILL of the job's process group too). Elsewhere (macOS, Windows) there is no such request: a
+    script outlives a job killed by SIGKILL until it ends, and the lock it inherits keeps a new job off OUT."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl, job, pr_set_pdeathsig = ctypes.CDLL(None, use_errno=True).prctl, os.getpid(), 1
+
+    def ask():
+        prctl(pr_set_pdeathsig, int(signal.SIGTERM))
+        if os.getppid() != job:  # the job ended before the request was made
+            os.kill(os.getpid(), signal.SIGTERM)
+    return ask
+
+
+def save_log(path, log, warned, say):
+    """The log so far, whole (common/files.py); a log that cannot be written is said once, the run goes on."""
+    try:
+        write_atomic(path, lambda f: f.write(bytes(log)), what="log")
+    except UserError as problem:
+        if not warned:
+            say(f"warning: {problem}")
+        return True
+    return warned
+
+
+def run_logged(command, cwd, log_path, stop, lock, say):
+    """Run one script, its stdout and stderr passed through to ours as they come and kept in log_path (rewritten
+    whole every LOG_EVERY seconds and at the end); it inherits the job's lock. Returns (exit status, seconds)."""
+    started = time.perf_counter()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if sys.stderr.isatty():  # progress bars as wide as the terminal, which the script's pipe cannot tell it
+        columns, lines = shutil.get_terminal_size()
+        env.update(COLUMNS=str(columns), LINES=str(lines))
+    child = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, process_group=0, preexec_fn=sigterm_when_the_job_ends(),  # noqa: PLW1509 - no threads
+                             pass_fds=[lock.fileno()] if lock else [])
+    stop.child = child
+    stop.forward()  # a signal that came while it started
+    passes_to = {child.stdout: sys.stdout.buffer, child.stderr: sys.stderr.buffer}
+    log, saved_at, warned = bytearray(), time.perf_counter(), False
+    with selectors.DefaultSelector() as selector:
+        for pipe in passes_to:
+            selector.register(pipe, selectors.EVENT_READ)
+        while selector.get_map():
+            for key, _ in selector.select(timeout=LOG_EVERY):
+                chunk = os.read(key.fd, 1 << 16)
+                if not chunk:
+                    selector.unregister(key.fileobj)
+                    continue
+                passes_to[key.fileobj].write(chunk)
+                passes_to[key.fileobj].flush()
+                log += chunk
+            if time.perf_counter() - saved_at > LOG_EVERY:
+                warned, saved_at = save_log(log_path, log, warned, say), time.perf_counter()
+    status = child.wait()
+    stop.child = None
+    save_log(log_path, log, warned, say)
+    return status, time.perf_counter() - started
+
+
+def first_refusal(commands, cwd):
+    """Run the commands {name: command} at once, each with CHECK_ONLY=1 (a script checks its flags, values and
+    paths, then stops before its sections); (name, its last line) of the first that refuses, or None. That line's
+    pointer to the script's --help is left out: the command that failed is the job's."""
+    from common.run import CHECK_ONLY
+
+    checks = {name: subprocess.Popen(command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, CHECK_ONLY: "1"}) for name, command in commands.items()}
+    try:
+        for name, check in checks.items():
+            _, err = check.communicate()
+            if check.returncode != 0:
+                last = [line for line in err.splitlines() if line.strip()][-1:] or [f"exit status {check.returncode}"]
+                return name, last[0].removeprefix("error: ").removesuffix(" (--help lists every flag)")
+    finally:
+        for check in checks.values():
+            if check.poll() is None:
+                check.kill()
+                check.wait()
+    return None
+
+
+def only_job_on(out, say):
+    """An exclusive lock on OUT/.reproduce.lock, held while the job or a script it started lives: two jobs on one
+    OUT would move each other's JSON aside and write one fine-tuning folder. A job still running is one line; a
+    script of an ended job is waited for. The open file is returned (the lock lasts while it is open); where the
+    system has no flock nothing is locked."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    path = out / LOCK
+    handle = open(path, "a+")  # noqa: SIM115 - held open for the whole job
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        if job_is_alive(path):
+            handle.close()
+            raise UserError(f"another reproduce.py is running on {out}: wait for it, or give this one another OUT") \
+                from error
+        say(f"a script of an ended job still runs on {out}; it was sent SIGTERM and saves what it can: waiting for "
+            f"it to end (Ctrl-C gives up)")
+        fcntl.flock(handle, fcntl.LOCK_EX)
+    handle.truncate(0)
+    handle.write(f"{os.getpid()}\n")  # for a later job to tell this one from a script it left
+    handle.flush()
+    return handle
+
+
+def job_is_alive(lock_path):
+    """Whether the job that took the lock, named in its file, still runs (unknown: taken as running)."""
+    try:
+        pid = int(lock_path.read_text().strip())
+        if pid == os.getpid():  # a new container can give a requeued job its old job's number
+            return False
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, ValueError):
+        return True
+    return True

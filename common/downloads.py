@@ -1,0 +1,168 @@
+"""What reproduce.py's scripts download: each piece's size and host, whether it is here, and the room on the disks.
+
+A piece is here when the job was given a local copy or the caches the scripts read hold it; otherwise
+it is downloaded when its host answers, and a script that needs it cannot run when it does not (or
+HF_HUB_OFFLINE=1 forbids it).
+"""
+import os
+import shutil
+import urllib.error
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlparse
+
+from huggingface_hub.constants import ENDPOINT as HF_ENDPOINT
+
+from common.errors import UserError
+from common.imagenette import ARCHIVE_MB
+from common.imagenette import URL as IMAGENETTE_URL
+
+VIT, IN21K, RESNET = "google/vit-base-patch16-224", "google/vit-base-patch16-224-in21k", "microsoft/resnet-50"
+IMAGENETTE, BEANS = "Imagenette", "AI-Lab-Makerere/beans"
+HUB = urlparse(HF_ENDPOINT).hostname  # huggingface.co, or the mirror HF_ENDPOINT names
+# (size in MB, MB on disk at most, where it comes from)
+PIECES = {VIT: (346, 346, HUB), IN21K: (346, 346, HUB),
+          IMAGENETTE: (ARCHIVE_MB, 2 * ARCHIVE_MB, urlparse(IMAGENETTE_URL).hostname),  # the archive and its extraction
+          BEANS: (180, 2 * 180, HUB),             # the parquet files and the library's Arrow copy
+          RESNET: (100, 100, HUB)}
+NEEDS = {"setup": [], "posemb": [VIT, IMAGENETTE], "fewshot": [IN21K, IMAGENETTE],
+         "finetune": [IN21K, IMAGENETTE], "backbone": [VIT, BEANS]}
+OPTIONAL = {"setup": [RESNET]}  # setup uses the architecture with random weights without it
+
+
+def hf_home():
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HOME)
+
+
+def piece_is_here(piece, args):
+    """A checkpoint or dataset in a local copy the job was given (--models, --imagenette, --beans), or in the caches
+    the scripts read."""
+    from huggingface_hub import constants
+
+    from common.checkpoints import cached_weight_file
+    from common.imagenette import DEFAULT_DIR
+
+    if piece == IMAGENETTE:
+        return bool(args.imagenette) or DEFAULT_DIR.is_dir()
+    if piece == BEANS:  # the Hub's files, or the library's Arrow copy of them (what load_dataset reads offline)
+        snapshots = Path(constants.HF_HUB_CACHE) / f"datasets--{BEANS.replace('/', '--')}" / "snapshots"
+        arrow = Path(os.environ.get("HF_DATASETS_CACHE", hf_home() / "datasets")) / BEANS.replace("/", "___")
+        return bool(args.beans) or (any(snapshots.rglob("*.parquet")) if snapshots.is_dir() else arrow.is_dir())
+    if args.models and (Path(args.models) / piece).is_dir():
+        return True
+    return cached_weight_file(piece) is not None
+
+
+def check_copies(args):
+    """The local copies given to reproduce.py, --models, --imagenette and --beans, must be what they say."""
+    if args.models:
+        models = Path(args.models)
+        if not models.is_dir():
+            raise UserError(f"--models {args.models} is not a folder: pass a folder of checkpoints laid out by their "
+                            f"Hub ids ({models / VIT}/, {models / IN21K}/)")
+        present = [name for name in (VIT, IN21K) if (models / name).exists()]
+        if not present:
+            raise UserError(f"--models {args.models} holds neither {VIT}/ nor {IN21K}/: lay the checkpoints out by "
+                            f"their Hub ids, e.g. {models / VIT}/config.json")
+        for name in present:
+            if not (models / name / "config.json").is_file():
+                raise UserError(f"--models {args.models}: {models / name} has no config.json: pass checkpoints "
+                                f"saved with save_pretrained (or a snapshot from the Hub)")
+    if args.imagenette and not all((Path(args.imagenette) / split).is_dir() for split in ("train", "val")):
+        raise UserError(f"--imagenette {args.imagenette} has no train/ and val/ folders: pass a folder in "
+                        f"Imagenette's layout, {{train,val}}/<class>/*.JPEG (e.g. imagenette2-160/)")
+    if args.imagenette:
+        try:
+            from common.imagenette import check_layout
+
+            check_layout(args.imagenette)
+        except UserError as problem:
+            raise UserError(f"--imagenette {args.imagenette}: {problem}") from problem
+    if args.beans:
+        names = [path.name for path in Path(args.beans).rglob("*.parquet")] if Path(args.beans).is_dir() else []
+        if not all(any(name.startswith(split) for name in names) for split in ("train", "validation")):
+            raise UserError(f"--beans {args.beans} has no parquet files of the train and validation splits: pass a "
+                            f"copy of {BEANS}'s files (README.md, data/train-*.parquet, data/validation-*.parquet)")
+
+
+def weights_mb(piece, models):
+    """The MB of a checkpoint's weights: the local copy's or the cached file's, else its download size."""
+    from common.checkpoints import cached_weight_file
+
+    local = Path(models) / piece / "model.safetensors" if models else None
+    weights = local if local and local.is_file() else cached_weight_file(piece)
+    return Path(weights).stat().st_size / 1e6 if weights else PIECES[piece][0]
+
+
+def reachable(host):
+    """Does host answer over HTTPS, through the proxies the environment names? Any HTTP answer means it is there."""
+    try:
+        urllib.request.urlopen(urllib.request.Request(f"https://{host}/", method="HEAD"), timeout=5).close()
+    except urllib.error.HTTPError:
+        return True
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def answering(pieces):
+    """{host: whether a download from it can start} for the hosts of the pieces (none with HF_HUB_OFFLINE=1)."""
+    from common.checkpoints import hub_offline
+
+    return {host: not hub_offline() and reachable(host) for host in {PIECES[piece][2] for piece in pieces}}
+
+
+def fetch_line(pieces):
+    if not pieces:
+        return "to download: nothing, the checkpoints and datasets the job needs are here"
+    return ("to download, once (the scripts keep them in the caches): "
+            + ", ".join(f"{piece} ({PIECES[piece][0]} MB)" for piece in pieces)
+            + f"; {mb_text(sum(PIECES[piece][0] for piece in pieces))} in all")
+
+
+def lacks_text(pieces, offline):
+    """What a script lacks, why it cannot be fetched, and the fix: said before the job, and on the page."""
+    named = " and ".join(f"{piece} ({PIECES[piece][0]} MB)" for piece in pieces)
+    hosts = " and ".join(sorted({PIECES[piece][2] for piece in pieces}))
+    why = "HF_HUB_OFFLINE=1 forbids downloads" if offline else f"{hosts} cannot be reached"
+    fixes = [{IMAGENETTE: "--imagenette DIR", BEANS: "--beans DIR"}.get(piece, f"--models DIR (with DIR/{piece}/)")
+             for piece in pieces]
+    return (f"{named} {'is' if len(pieces) == 1 else 'are'} not here and {why}: pass {' and '.join(fixes)}, or run "
+            f"once online")
+
+
+def room(pieces, root):
+    """{folder: MB} the pieces take once downloaded: Imagenette in the repository's data/, the rest in the caches."""
+    need = {}
+    for piece in pieces:
+        folder = root / "data" if piece == IMAGENETTE else hf_home()
+        need[folder] = need.get(folder, 0) + PIECES[piece][1]
+    return need
+
+
+def mb_text(mb):
+    return f"{mb / 1000:.1f} GB" if mb >= 1000 else f"{mb:.0f} MB"
+
+
+def disk_line(need):
+    """One line on the room {folder: MB} needs and each disk has; UserError when a disk has too little."""
+    by_disk = {}
+    for folder, mb in need.items():
+        place = Path(folder).resolve()
+        while not place.exists():
+            place = place.parent
+        entry = by_disk.setdefault(place.stat().st_dev, {"folders": [], "mb": 0, "free": shutil.disk_usage(place).free})
+        entry["folders"].append(str(folder))
+        entry["mb"] += mb
+    parts = []
+    for entry in by_disk.values():
+        free_mb = entry["free"] / 1e6
+        where = ", ".join(entry["folders"][:-1]) + " and " * (len(entry["folders"]) > 1) + entry["folders"][-1]
+        if entry["mb"] > free_mb:
+            raise UserError(f"not enough room on the disk of {where}: the job needs about {mb_text(entry['mb'])} "
+                            f"there and {mb_text(free_mb)} is free; free space, or set HF_HOME (the caches) or OUT "
+                            f"to another disk")
+        parts.append(f"about {mb_text(entry['mb'])} needed in {where}, {mb_text(free_mb)} free")
+    return f"disk: {'; '.join(parts)}: room enough" if parts else "disk: nothing to download or save"
