@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import platform
+import select
 import signal
 import subprocess
 import sys
@@ -259,7 +260,23 @@ class Terminated(KeyboardInterrupt):
 
 
 def raise_terminated(signum, frame):
+    quiet_if_nobody_reads()
     raise Terminated
+
+
+def quiet_if_nobody_reads():
+    """Send stdout and stderr to /dev/null where the pipe they write to has lost its reader (a job killed at once,
+    whose script was then sent SIGTERM): a write there would raise before the step in flight is saved."""
+    if not hasattr(select, "poll"):  # Windows: no pipes to a job that the system ends with it
+        return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            poller = select.poll()
+            poller.register(stream.fileno(), select.POLLOUT)
+            if any(event & select.POLLERR for _, event in poller.poll(0)):  # a pipe whose reading end is closed
+                os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+        except (OSError, ValueError):  # no file descriptor (captured by a test), or closed
+            pass
 
 
 def guarded(main):

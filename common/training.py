@@ -12,7 +12,7 @@ import torch
 from common.distributed import sum_over_processes
 from common.errors import UserError
 from common.files import write_atomic
-from common.run import Terminated
+from common.run import Terminated, quiet_if_nobody_reads
 
 
 def state_digest(state):
@@ -120,6 +120,7 @@ class StopOnSignal:
         self.asked_at = None
 
     def _handler(self, signum, frame):
+        quiet_if_nobody_reads()
         if self.asked:
             if signum == signal.SIGTERM == self.first and time.monotonic() - self.asked_at < self.REPEAT_SECONDS:
                 return

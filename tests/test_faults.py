@@ -359,3 +359,20 @@ def test_sigterm_under_torchrun_stops_every_process_at_one_step(tiny_in21k, pict
     step = read_checkpoint(tmp_path / finetune.CHECKPOINT)["step"]
     assert f"stopped after step {step} on SIGTERM" in stopped[0] and step < 200
     assert leftovers(tmp_path) == []
+
+
+def test_sigterm_after_the_reader_of_its_output_is_gone_still_saves_the_step(tiny_in21k, pictures, tmp_path):
+    """A job killed at once leaves its script writing to pipes nobody reads, then sends it SIGTERM: the script must
+    save the step in flight (not only the last periodic checkpoint) rather than die of a broken pipe."""
+    command = [sys.executable, "vit_part3_finetune.py", *tune_flags(tiny_in21k, pictures, tmp_path, steps=200),
+               "--save-every", "50"]
+    run = subprocess.Popen(command, cwd=Path(__file__).resolve().parent.parent, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"})
+    for line in run.stdout:  # step 3 is logged: the loop runs (200 steps log 0, 3, 7, 17, ...)
+        if line.startswith(b"  step   3:"):
+            break
+    run.stdout.close()  # the job's end: nobody reads the script's output any more
+    run.send_signal(signal.SIGTERM)
+    assert run.wait(timeout=300) == 143
+    step = read_checkpoint(tmp_path / finetune.CHECKPOINT)["step"]
+    assert 3 < step < 50 and leftovers(tmp_path) == []
