@@ -22,16 +22,17 @@ Exit status: 0 when every script ran every section; 1 when one could not (--stri
 number differs from the article's); 2 for a bad flag or path (one line, before any work); 130 and
 143 after Ctrl-C and SIGTERM.
 """
-import signal
-import sys
+from common.run import quiet_ctrl_c_while_loading
 
-if __name__ == "__main__":  # a Ctrl-C while the libraries load (torch: seconds) ends as a later one: a line, 130
-    signal.signal(signal.SIGINT, lambda signum, frame: sys.exit(print("interrupted", file=sys.stderr) or 130))
+if __name__ == "__main__":  # before the libraries load: a Ctrl-C then is one line, as a later one
+    quiet_ctrl_c_while_loading()
 
 import hashlib
 import json
 import os
 import shlex
+import signal
+import sys
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -496,5 +497,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.exit(guarded(main))

@@ -21,6 +21,11 @@ Reproduces the companion article "ViT as a backbone":
 The frozen features of section 5 are cached in data/features/, keyed by the checkpoint's weight file,
 the pictures' bytes and the precision; --no-cache neither reads nor writes the cache.
 """
+from common.run import quiet_ctrl_c_while_loading
+
+if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as a later one
+    quiet_ctrl_c_while_loading()
+
 import functools
 import math
 import re

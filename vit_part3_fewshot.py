@@ -13,6 +13,11 @@ Features are cached in data/features/, keyed by everything that decides them: th
 weight file, the resolution, the precision and each picture's name and contents. --no-cache neither
 reads nor writes the cache.
 """
+from common.run import quiet_ctrl_c_while_loading
+
+if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as a later one
+    quiet_ctrl_c_while_loading()
+
 import re
 import sys
 from pathlib import Path

@@ -17,6 +17,11 @@ Reproduces the article's sections "Fine-tuning: a new head for a new task" and "
 --batch-size is the batch of one optimizer step; it is split over the torchrun processes, and each
 process's share over --accum-steps passes, so every setting follows the same mathematics.
 """
+from common.run import quiet_ctrl_c_while_loading
+
+if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as a later one
+    quiet_ctrl_c_while_loading()
+
 import copy
 import functools
 import math

@@ -13,6 +13,11 @@ Reproduces the article's section "Fine-tuning at a higher resolution":
 
 Section 1 needs nothing; sections 2-4 need the checkpoint, section 4 the pictures too.
 """
+from common.run import quiet_ctrl_c_while_loading
+
+if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as a later one
+    quiet_ctrl_c_while_loading()
+
 import copy
 import functools
 import sys

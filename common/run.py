@@ -279,6 +279,17 @@ def quiet_if_nobody_reads():
             pass
 
 
+def quiet_ctrl_c_while_loading():
+    """Until guarded() runs main(), a Ctrl-C (while torch loads: seconds) ends the script as a later one does: one
+    line and status 130, not a traceback from inside an import. The process leaves at once: nothing is written yet,
+    and an exception would be wrapped by transformers' lazy imports into a traceback of their own."""
+    def leave(signum, frame):
+        print("interrupted", file=sys.stderr, flush=True)
+        os._exit(130)
+
+    signal.signal(signal.SIGINT, leave)
+
+
 def guarded(main):
     """Run main(); a UserError outside the sections ends in one line (once under torchrun) and exit status 2.
 
@@ -286,6 +297,7 @@ def guarded(main):
     after the code in between has cleaned up (temporary files, the process group).
     """
     previous = signal.signal(signal.SIGTERM, raise_terminated)
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C: KeyboardInterrupt again
     first = os.environ.get("RANK", "0") == "0"
     try:
         return main()
@@ -303,3 +315,4 @@ def guarded(main):
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)

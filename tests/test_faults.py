@@ -376,3 +376,16 @@ def test_sigterm_after_the_reader_of_its_output_is_gone_still_saves_the_step(tin
     assert run.wait(timeout=300) == 143
     step = read_checkpoint(tmp_path / finetune.CHECKPOINT)["step"]
     assert 3 < step < 50 and leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("after", [0.5, 1.5])
+def test_ctrl_c_while_a_script_loads_torch_is_one_line(after):
+    """A Ctrl-C in a script's first seconds (torch, transformers loading) ends as a later one: one line, status 130."""
+    import time
+
+    run = subprocess.Popen([sys.executable, "vit_part3_setup.py"], cwd=Path(__file__).resolve().parent.parent,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(after)
+    run.send_signal(signal.SIGINT)
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 130 and err.strip().splitlines()[-1:] == ["interrupted"] and "Traceback" not in err, err
