@@ -38,11 +38,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repositor
 from common.cli import positive_int, script_parser
 from common.compute import config_forward_flops
 from common.device import DEVICE_CHOICES, PRECISIONS
+from common.environment import device_name
 from common.imagenette import load_all, resized_rgb
 from common.inference import run_model
 from common.loader import PREFETCH, picture_batches, picture_loader
 from common.output import Report
-from common.run import Run, check_output_file, device_name, guarded, write_json
+from common.run import Run, check_output_file, guarded, write_json
 from common.standins import smooth_pictures, vit_config
 
 ATTENTION = ("sdpa", "eager")

@@ -1,0 +1,93 @@
+"""Where and how a run ran, for its --json record: library versions, device, precision, seed, commit, time, memory,
+and whether its checkpoint or data were stand-ins (common/standins.py), whose numbers mean nothing."""
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def standin_inputs(args):
+    """The --model and --data-dir of this run that common/standins.py generated: its numbers mean nothing."""
+    from common.standins import MARK
+
+    given = (getattr(args, "model", None), getattr(args, "data_dir", None))
+    return [str(path) for path in given if path and (Path(path) / MARK).is_file()]
+
+
+def environment(run):
+    """Library versions, device, precision, seed, git commit, start time and duration of the run."""
+    import numpy
+    import PIL
+    import scipy
+    import torch
+    import transformers
+
+    from common.device import float32_arithmetic
+
+    args = run.args
+    precision = getattr(args, "precision", "fp32")
+    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "numpy": numpy.__version__, "scipy": scipy.__version__, "pillow": PIL.__version__,
+            **optional_versions("datasets", "accelerate"),
+            "device": device_name(run.device), "processes": run.world,
+            "precision": precision, "float32": float32_arithmetic(run.device, precision, run.fp32_rule),
+            "seed": getattr(args, "seed", "-"),
+            "commit": git_commit(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(run.started)),
+            "seconds": round(time.time() - run.started, 1), "peak memory GB": peak_memory(run.device)}
+
+
+def peak_memory(device):
+    """The process's peak resident memory (not on Windows, which has no getrusage) and, on a CUDA GPU, the most
+    torch held allocated there, in GB."""
+    import torch
+
+    peak = {}
+    try:
+        import resource
+    except ImportError:
+        resource = None
+    if resource is not None:
+        resident = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kB on Linux, bytes on macOS
+        peak["resident"] = round(resident / (1e9 if sys.platform == "darwin" else 1e6), 2)
+    if device is not None and device.type == "cuda":
+        peak["GPU"] = round(torch.cuda.max_memory_allocated(device) / 1e9, 2)
+    return peak
+
+
+def optional_versions(*names):
+    """{name: version} of the libraries only some scripts need (the backbone's Trainer), where installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in names:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return found
+
+
+def device_name(device):
+    import torch
+
+    if device is None or device.type == "cpu":
+        name = platform.processor() or platform.machine()
+        cpuinfo = Path("/proc/cpuinfo")
+        if cpuinfo.exists():
+            name = next((text.split(":", 1)[1].strip() for text in cpuinfo.read_text().splitlines()
+                         if text.startswith("model name")), name)
+        return f"CPU: {name}, {os.cpu_count()} cores"
+    if device.type == "cuda":
+        return f"GPU: {torch.cuda.get_device_name(device)}"
+    return f"Apple {device.type}: {platform.machine()}"
+
+
+def git_commit():
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True,
+                              text=True, timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
