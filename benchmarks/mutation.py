@@ -58,9 +58,7 @@ TARGETS = {
                             [MATHS, "tests/test_posemb.py"]),
 }
 
-# Mutants that change no observable result, with the reason; they survive and are left out of the score.
-# (module, function, the line before, the line after) -> why
-EQUIVALENT = {}
+EQUIVALENTS = ROOT / "docs" / "mutation.md"  # its table of the mutants that change no observable result, and why
 
 BINARY = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Mod,
           ast.Mod: ast.FloorDiv, ast.Pow: ast.Mult, ast.MatMult: ast.Mult}
@@ -308,8 +306,19 @@ def label(mutant):
     return f"{mutant['module']}:{mutant['line']} {mutant['function']}: {mutant['before']}  ->  {mutant['after']}"
 
 
-def equivalent_reason(mutant):
-    return EQUIVALENT.get((mutant["module"], mutant["function"], mutant["before"], mutant["after"]))
+def known_equivalents(path=EQUIVALENTS):
+    """{(module, function, line before, line after): why} from the rows of docs/mutation.md's table
+    | `module` | `function` | `line before` | `line after` | why |; they survive and are left out of the score."""
+    rows = {}
+    for line in path.read_text().splitlines() if path.exists() else ():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and all(cell.startswith("`") for cell in cells[:4]):
+            rows[tuple(cell.strip("`") for cell in cells[:4])] = cells[4]
+    return rows
+
+
+def key(mutant):
+    return mutant["module"], mutant["function"], mutant["before"], mutant["after"]
 
 
 def stop(signum, frame):
@@ -359,6 +368,7 @@ def main(argv=None):
     except ImportError:
         pass
     signal.signal(signal.SIGTERM, stop)  # SIGTERM as Ctrl-C: the temporary copy is removed either way
+    equivalents = known_equivalents()
     work = Path(tempfile.mkdtemp(prefix="vit-part3-mutation-"))
     totals = {"mutants": 0, "killed": 0, "equivalent": 0}
     rows, started = [], time.monotonic()
@@ -368,8 +378,8 @@ def main(argv=None):
         (work / "tmp").mkdir()
         for module, (names, tests) in plan.items():
             found, survivors = score_module(module, names, tests, args, copy_root, work)
-            equivalent = [m for m in survivors if equivalent_reason(m)]
-            real = [m for m in survivors if not equivalent_reason(m)]
+            equivalent = [m for m in survivors if key(m) in equivalents]
+            real = [m for m in survivors if key(m) not in equivalents]
             killed = len(found) - len(survivors)
             rows.append((module, killed, len(found), len(equivalent)))
             totals["mutants"] += len(found)
@@ -381,18 +391,19 @@ def main(argv=None):
             for mutant in real:
                 print(f"  SURVIVED {label(mutant)}", flush=True)
             for mutant in equivalent:
-                print(f"  equivalent {label(mutant)}: {equivalent_reason(mutant)}", flush=True)
+                print(f"  equivalent {label(mutant)}\n      why: {equivalents[key(mutant)]}", flush=True)
     except KeyboardInterrupt:
         print("\nmutation.py: stopped; the working tree was never changed, the copy is removed", file=sys.stderr)
         return 130
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"\nscore, {time.monotonic() - started:.0f} s:")
+    print(f"\nscore (killed / mutants that change a result: all mutants less the equivalent ones), "
+          f"{time.monotonic() - started:.0f} s:")
+    rows.append(("all", totals["killed"], totals["mutants"], totals["equivalent"]))
     for module, killed, count, equivalent in rows:
-        print(f"  {module:28} killed {killed:4} of {count:4} - {equivalent} equivalent")
+        print(f"  {module:28} {killed:4} / {count - equivalent:4} = {100 * killed / max(1, count - equivalent):5.1f}%"
+              f"   ({count} mutants, {equivalent} equivalent)")
     scored = totals["mutants"] - totals["equivalent"]
-    print(f"  {'all':28} killed {totals['killed']:4} of {totals['mutants']:4} - {totals['equivalent']} equivalent = "
-          f"{100 * totals['killed'] / max(1, scored):.1f}%")
     return 0 if totals["killed"] == scored else 1
 
 
