@@ -48,7 +48,7 @@ TARGETS = {
                             "torch_adam", "torch_sgd", "torch_clip"], [MATHS, "tests/test_setup.py"]),
     "vit_part3_finetune.py": (["scaled", "warmup_steps", "lr_at", "report_steps", "step_pictures",
                                "head_gradient_by_hand", "update_average", "run_statistics", "body_gradient_norm",
-                               "micro_batches", "zero_head", "process_share", "unreached_steps", "train_step"],
+                               "micro_batches", "zero_head", "process_share", "setup_differences", "train"],
                               [MATHS, "tests/test_finetune.py"]),
     "vit_backbone.py": (["patch_tokens_to_feature_map", "split_tokens", "accuracy_metrics", "pca_rgb",
                          "one_per_class", "linear_probe", "scores_accuracy_loss", "closed_form_probe",
@@ -114,14 +114,25 @@ def rebuilt(node, **fields):
     return new
 
 
+TIMING = {"perf_counter", "tqdm", "seconds", "waiting seconds", "clock", "add_timing"}  # names of keeping time
+
+
+def times(node):
+    """Does the statement time the run or show its progress (no maths: fine-tuning's loop does both)?"""
+    return any(isinstance(n, ast.Attribute) and n.attr in TIMING or isinstance(n, ast.Name) and n.id in TIMING
+               or isinstance(n, ast.Constant) and n.value in TIMING for n in ast.walk(node))
+
+
 def left_alone(function):
-    """ids of the nodes no mutant touches: the docstring, f-strings (messages), raise statements, annotations."""
+    """ids of the nodes no mutant touches: the docstring, f-strings (messages), raise statements, annotations, and
+    the statements that time the run or show its progress."""
     skip = set()
     body = function.body
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
         skip.update(id(n) for n in ast.walk(body[0]))
     for node in ast.walk(function):
-        if isinstance(node, (ast.JoinedStr, ast.Raise)):
+        if isinstance(node, (ast.JoinedStr, ast.Raise)) or isinstance(node, (ast.Assign, ast.AugAssign, ast.Expr)) and \
+                times(node):
             skip.update(id(n) for n in ast.walk(node))
         elif isinstance(node, ast.arg) and node.annotation is not None:
             skip.update(id(n) for n in ast.walk(node.annotation))

@@ -137,35 +137,77 @@ def test_lr_at_every_step_of_the_300():
     assert lrs == pytest.approx([article_lr(s) for s in range(1, 301)], rel=1e-12, abs=1e-18)
 
 
-def test_the_training_loop_applies_and_logs_lr_at_of_each_step(monkeypatch):
-    """train_steps() with its model step, checks and checkpoints replaced: the LR it hands to each step is the
-    article's of that step, and the LR its logged lines print is the article's."""
-    applied = []
+class RecordingSGD(torch.optim.SGD):
+    """SGD that keeps the learning rate of each step it takes."""
 
-    def model_step(model, optimizer, pixels, labels, lr, run):
-        applied.append(lr)
-        return 1.0, 1.0
+    def __init__(self, params, **settings):
+        super().__init__(params, **settings)
+        self.applied = []
 
-    def batches(run, data, first, last, history):
-        count = last - first + 1
-        return ([(np.array([0, 1]), np.zeros(2, dtype=bool))] * count,
-                iter([torch.zeros(2, 4, 4, 3, dtype=torch.uint8)] * count))
+    def step(self, closure=None):
+        self.applied.append(self.param_groups[0]["lr"])
+        return super().step(closure)
 
-    monkeypatch.setattr(finetune, "train_step", model_step)
-    monkeypatch.setattr(finetune, "step_batches", batches)
-    monkeypatch.setattr(finetune, "check_accuracy", lambda *args: (10.0, pass_timing()))
-    monkeypatch.setattr(finetune, "save_or_stop", lambda *args: None)
-    args = SimpleNamespace(lr=0.003, steps=300, batch_size=2, seed=0, save_dir=None)
-    run = SimpleNamespace(args=args, device=torch.device("cpu"), rank=0, world=1)
-    model = torch.nn.Linear(1, 1)
+
+def train(monkeypatch, model, optimizer, batches, labels, steps, accum_steps=1, world=1, lr=None):
+    """finetune.train() on these batches (already the model's inputs), its checks and checkpoints replaced; with lr,
+    every step's LR is lr. Returns its history (the loss and gradient norm of each step), its report, and the
+    training state (the average). Each check must see the model in eval mode; each step asks for a checkpoint."""
+    monkeypatch.setattr(finetune, "training_batches", lambda run, data, first, last, history: (
+        [(np.arange(len(labels)), np.zeros(len(labels), dtype=bool))] * steps, iter(batches)))
+    monkeypatch.setattr(finetune, "to_pixels", lambda pixels, device: pixels)
+
+    def check_accuracy(model, monitor, run, desc):
+        assert not model.training  # a check is an evaluation: no dropout
+        return 10.0, pass_timing()
+
+    asked = []
+    monkeypatch.setattr(finetune, "check_accuracy", check_accuracy)
+    monkeypatch.setattr(finetune, "save_or_stop", lambda run, stop, step, *args: asked.append(step))
+    if lr is not None:
+        monkeypatch.setattr(finetune, "lr_at", lambda step, base_lr, total_steps: lr)
+    args = SimpleNamespace(lr=0.003, steps=steps, batch_size=len(labels), accum_steps=accum_steps, seed=0,
+                           save_dir=None)
+    run = SimpleNamespace(args=args, device=torch.device("cpu"), rank=0, world=world,
+                          autocast=contextlib.nullcontext())
     history = {"losses": [], "norms": [], "rows": [], "seconds": 0.0,
                "passes": {"training": pass_timing(), "checks": pass_timing()}}
-    training = {"model": model, "trained": model, "average": copy.deepcopy(model), "optimizer": None, "start": 0,
+    training = {"model": model, "trained": model, "average": copy.deepcopy(model), "optimizer": optimizer, "start": 0,
                 "history": history, "clock": time.perf_counter()}
     report = Report("finetune", quiet=True)
-    finetune.train_steps(run, report, {"train": [("a", 0), ("b", 1)]}, training, None, 30, 300)
-    assert applied == pytest.approx([article_lr(s) for s in range(1, 301)], rel=1e-12, abs=1e-18)
+    finetune.train(run, report, {"train": [(None, int(label)) for label in labels]}, training, None, steps)
+    assert asked == list(range(1, steps + 1))  # a checkpoint (or a stop) is considered after every step
+    return history, report, training
+
+
+def test_the_training_loop_applies_and_logs_lr_at_of_each_step(monkeypatch):
+    """train() over the 300 steps, its checks and checkpoints replaced: the LR it applies at each step is the
+    article's of that step, and the LR its logged lines print is the article's."""
+    model = TinyClassifier()
+    optimizer = RecordingSGD(model.parameters(), lr=1.0, momentum=0.9)
+    pixels, labels = step_batch()
+    history, report, _ = train(monkeypatch, model, optimizer, [pixels] * 300, labels, 300)
+    assert optimizer.applied == pytest.approx([article_lr(s) for s in range(1, 301)], rel=1e-12, abs=1e-18)
     assert {s: report.numbers[f"step {s} lr"]["text"] for s in ARTICLE_LRS} == ARTICLE_LRS
+    assert [row["step"] for row in history["rows"]] == [5, 10, 25, 50, 100, 150, 200, 250, 300]  # kept for a resume
+    assert model.modes == [True] * 300  # every step trains in training mode (dropout), after each check's eval
+
+
+def test_the_loop_keeps_the_polyak_average_of_the_weights(monkeypatch):
+    """Two steps: the average is 0.99 (0.99 w0 + 0.01 w1) + 0.01 w2, w_k the weights after step k (w0 the start)."""
+    model, (pixels, labels) = TinyClassifier(), step_batch()
+    weights = [[p.detach().clone() for p in model.parameters()]]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    real_step = optimizer.step
+
+    def step(closure=None):
+        real_step(closure)
+        weights.append([p.detach().clone() for p in model.parameters()])
+
+    optimizer.step = step
+    _, _, training = train(monkeypatch, model, optimizer, [pixels] * 2, labels, 2, lr=0.1)
+    for averaged, w0, w1, w2 in zip(training["average"].parameters(), *weights):
+        assert torch.allclose(averaged, 0.99 * (0.99 * w0 + 0.01 * w1) + 0.01 * w2, rtol=0, atol=1e-7)
 
 
 # ---------------------------------------------------------------- 4. the zero head
@@ -405,15 +447,29 @@ def test_micro_batches_weigh_each_part_by_its_share_so_the_losses_add_up_to_the_
 
 def test_each_process_takes_its_contiguous_share_of_the_steps_batch():
     batch = (np.arange(8) * 10, np.arange(8) % 3 == 0)
-    shares = [finetune.process_share(batch, rank, 2) for rank in range(4)]
+    shares = [finetune.process_share(batch, rank, 4) for rank in range(4)]
     assert [indices.tolist() for indices, _ in shares] == [[0, 10], [20, 30], [40, 50], [60, 70]]
     assert [flips.tolist() for _, flips in shares] == [[True, False], [False, True], [False, False], [True, False]]
 
 
 def test_a_shorter_run_removes_the_article_steps_it_never_logs():
-    """30 steps log 0, 1, 2, 5, 10, 15, 20, 25, 30; names that are not a step's stay."""
-    names = ["step 5 lr", "step 250 loss", "mean loss first", "step 300 norm", "step 0 validation"]
-    assert finetune.unreached_steps(names, 30) == ["step 250 loss", "step 300 norm"]
+    """30 steps log 0, 1, 2, 5, 10, 15, 20, 25, 30: the article's rows of its other steps are not comparable."""
+    run = SimpleNamespace(args=SimpleNamespace(steps=30, batch_size=32, lr=0.003, resolution=224, precision="fp32",
+                                               per_class=None, data_dir=None), loaded={})
+    differences = finetune.setup_differences(run)
+    removed = differences["steps"]["removes"]
+    assert "step 250 loss" in removed and "step 300 norm" in removed and "step 0 validation" not in removed
+    assert not [name for name in removed if name.split()[1] in ("1", "2", "5", "10", "15", "20", "25", "30")]
+    assert "mean loss first" not in removed and "data set" not in differences
+
+
+def test_fine_tuning_on_another_data_set_is_not_the_articles_setup(tmp_path):
+    """--data-dir with other classes than Imagenette's: the difference names that folder, not the default one."""
+    for split in ("train", "val"):
+        (tmp_path / "flowers" / split / "rose").mkdir(parents=True)
+    run = SimpleNamespace(args=SimpleNamespace(steps=300, batch_size=32, lr=0.003, resolution=224, precision="fp32",
+                                               per_class=None, data_dir=str(tmp_path / "flowers")), loaded={})
+    assert finetune.setup_differences(run)["data set"]["flag"] == f"--data-dir {tmp_path / 'flowers'}"
 
 
 class TinyClassifier(torch.nn.Module):
@@ -422,10 +478,11 @@ class TinyClassifier(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.classifier = torch.nn.Linear(3, 4)
-        self.waiting, self.passes = False, []
+        self.waiting, self.passes, self.modes = False, [], []
 
     def forward(self, pixel_values, interpolate_pos_encoding):
         self.passes.append(self.waiting)
+        self.modes.append(self.training)
         return SimpleNamespace(logits=self.classifier(pixel_values))
 
     @contextlib.contextmanager
@@ -437,17 +494,13 @@ class TinyClassifier(torch.nn.Module):
             self.waiting = False
 
 
-def step_run(accum_steps, world=1):
-    return SimpleNamespace(args=SimpleNamespace(accum_steps=accum_steps), world=world, autocast=contextlib.nullcontext())
-
-
 def step_batch():
     generator = torch.Generator().manual_seed(0)
     return torch.randn(6, 3, generator=generator) * 3, torch.tensor([0, 3, 1, 1, 2, 0])
 
 
 @pytest.mark.parametrize("accum_steps", [1, 3])
-def test_a_training_step_is_one_sgd_step_on_the_clipped_mean_gradient(accum_steps):
+def test_a_training_step_is_one_sgd_step_on_the_clipped_mean_gradient(accum_steps, monkeypatch):
     """By hand with autograd: the batch's mean loss, its gradient's global norm g, the gradient times min(1, 1/g);
     the first step of SGD with momentum moves each weight by -lr x that. Gradients left from before do not count."""
     torch.manual_seed(0)
@@ -461,20 +514,20 @@ def test_a_training_step_is_one_sgd_step_on_the_clipped_mean_gradient(accum_step
     optimizer = torch.optim.SGD(model.parameters(), lr=99.0, momentum=0.9)
     for p in model.parameters():
         p.grad = torch.full_like(p, 7.0)
-    got_loss, got_norm = finetune.train_step(model, optimizer, pixels, labels, 0.002, step_run(accum_steps))
-    assert got_loss == pytest.approx(loss.item(), rel=1e-6) and got_norm == pytest.approx(norm, rel=1e-6)
+    history, _, _ = train(monkeypatch, model, optimizer, [pixels], labels, 1, accum_steps, lr=0.002)
+    assert history["losses"] == pytest.approx([loss.item()], rel=1e-6)
+    assert history["norms"] == pytest.approx([norm], rel=1e-6)
     for p, e in zip(model.parameters(), expected):
         assert torch.allclose(p.detach(), e, rtol=0, atol=1e-7)
     assert optimizer.param_groups[0]["lr"] == 0.002
 
 
-def test_a_step_whose_loss_is_not_finite_changes_no_weight():
+def test_a_step_whose_loss_is_not_finite_changes_no_weight(monkeypatch):
     model, (pixels, labels) = TinyClassifier(), step_batch()
     before = [p.detach().clone() for p in model.parameters()]
     pixels[0, 0] = float("nan")
-    loss, norm = finetune.train_step(model, torch.optim.SGD(model.parameters(), lr=0.1), pixels, labels, 0.1,
-                                     step_run(1))
-    assert math.isnan(loss) and math.isnan(norm)
+    with pytest.raises(UserError, match="the training loss is nan at step 1"):
+        train(monkeypatch, model, torch.optim.SGD(model.parameters(), lr=0.1), [pixels], labels, 1, lr=0.1)
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
 
 
@@ -484,22 +537,22 @@ def test_under_torchrun_the_gradients_are_averaged_once_after_the_last_pass(monk
     monkeypatch.setattr(finetune, "sum_over_processes", lambda value, run: 2 * float(value))
     model, (pixels, labels) = TinyClassifier(), step_batch()
     expected = F.cross_entropy(model.classifier(pixels), labels).item()
-    loss, _ = finetune.train_step(model, torch.optim.SGD(model.parameters(), lr=0.1), pixels, labels, 0.1,
-                                  step_run(3, world=2))
+    history, _, _ = train(monkeypatch, model, torch.optim.SGD(model.parameters(), lr=0.1), [pixels], labels, 1, 3,
+                       world=2, lr=0.1)
     assert model.passes == [True, True, False]
-    assert loss == pytest.approx(expected, rel=1e-6)
+    assert history["losses"] == pytest.approx([expected], rel=1e-6)
     model.passes.clear()
-    finetune.train_step(model, torch.optim.SGD(model.parameters(), lr=0.1), pixels, labels, 0.1, step_run(3))
+    train(monkeypatch, model, torch.optim.SGD(model.parameters(), lr=0.1), [pixels], labels, 1, 3, lr=0.1)
     assert model.passes == [False, False, False]  # one process: nothing to synchronise
 
 
-def test_a_training_step_at_another_resolution_reads_the_stretched_table():
+def test_a_training_step_at_another_resolution_reads_the_stretched_table(monkeypatch):
     """The tiny ViT of 12 px fine-tuned at 20 px: the zero head's loss is ln 10."""
     model, _ = finetune.build_classifier((tiny_vit(), {}), 10, 20)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     pixels = torch.randn(2, 3, 20, 20, generator=torch.Generator().manual_seed(0))
-    loss, norm = finetune.train_step(model, optimizer, pixels, torch.tensor([1, 7]), 0.002, step_run(1))
-    assert loss == pytest.approx(math.log(10), abs=1e-6) and norm > 0
+    history, _, _ = train(monkeypatch, model, optimizer, [pixels], torch.tensor([1, 7]), 1, lr=0.002)
+    assert history["losses"] == pytest.approx([math.log(10)], abs=1e-6) and history["norms"][0] > 0
 
 
 # ---------------------------------------------------------------- vit_backbone.py
