@@ -599,3 +599,13 @@ def test_linear_probe_three_epochs_of_three_batches_by_hand():
     layer = backbone.linear_probe(x, labels, 3, epochs=3, seed=7, batch_size=4)
     np.testing.assert_allclose(layer.weight.detach().numpy(), w, rtol=0, atol=2e-7)
     np.testing.assert_allclose(layer.bias.detach().numpy(), b, rtol=0, atol=2e-7)
+
+
+@pytest.mark.parametrize("lam", [1.0, 1e-6, 1e-12, 1e-15])
+def test_a_tiny_lambda_still_gives_the_ridge_solution(lam):
+    """3 pictures of 5 features: the dual form W = X^T (X X^T + lambda I)^-1 Y solves a well-conditioned 3 x 3
+    system, however small lambda is; the closed form must agree (the normal equations' 5 x 5 solve would not)."""
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal((3, 5)), rng.standard_normal((3, 2))
+    dual = x.T @ np.linalg.solve(x @ x.T + lam * np.eye(3), y)
+    assert np.allclose(closed_form(x, y, lam), dual, rtol=1e-7, atol=1e-9)
