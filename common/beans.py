@@ -72,8 +72,12 @@ def load(data_dir=None, per_class=None):
         from datasets import load_dataset
         from datasets.exceptions import DatasetGenerationError
 
+        folder = Path(data_dir).expanduser()
+        # the files named, not the folder alone: the library's cache then keys the copy by its files (paths, times),
+        # where a folder's key is its name and layout, so that two copies called beans would share one Arrow cache
+        files = {split: sorted(str(path) for path in folder.rglob(f"{split}*.parquet")) for split in SPLITS}
         try:
-            dataset = load_dataset(str(Path(data_dir).expanduser()))
+            dataset = load_dataset(str(folder), data_files=files)
         except (OSError, ValueError, DatasetGenerationError) as error:
             raise UserError(f"--data-dir {data_dir}: cannot read it as {DATASET} "
                             f"({str(error).splitlines()[0][:160]})") from error

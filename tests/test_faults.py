@@ -389,3 +389,17 @@ def test_ctrl_c_while_a_script_loads_torch_is_one_line(after):
     run.send_signal(signal.SIGINT)
     _, err = run.communicate(timeout=120)
     assert run.returncode == 130 and err.strip().splitlines()[-1:] == ["interrupted"] and "Traceback" not in err, err
+
+
+def test_a_second_beans_copy_is_read_as_itself_not_from_the_cache_of_the_first(tmp_path):
+    """Two local copies of beans, both called beans, one after the other in one Hugging Face cache: each is read
+    with its own pictures (the library keys a folder's Arrow cache by its name and layout, not its files)."""
+    from common import beans
+    from common.standins import beans_folder
+
+    small = beans_folder(tmp_path / "one" / "beans", {"train": 2, "validation": 1})
+    large = beans_folder(tmp_path / "two" / "beans", {"train": 3, "validation": 2})
+    assert len(beans.load(str(small))["train"]) == 6
+    loaded = beans.load(str(large))
+    assert (len(loaded["train"]), len(loaded["validation"])) == (9, 6)
+    assert loaded["names"] == ["angular_leaf_spot", "bean_rust", "healthy"]
