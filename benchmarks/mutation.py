@@ -18,7 +18,6 @@ module's test files that took under --fast-seconds in the unmutated run (the sta
 subprocesses are left out). About 2 s per mutant on 2 cores: a run of all 597 mutants takes about 22 minutes,
 so it stays out of CI. docs/mutation.md holds the command, the modules, the score and the equivalent mutants.
 """
-import argparse
 import ast
 import copy
 import os
@@ -31,6 +30,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the repository root, for common/
+from common.cli import script_parser
 
 # module: (the functions mutated, None for every top-level function; the test files whose fast tests guard them)
 MATHS = "tests/test_article_maths.py"
@@ -337,7 +338,7 @@ def stop(signum, frame):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = script_parser(__doc__)
     parser.add_argument("modules", nargs="*", help=f"modules to mutate (default: all {len(TARGETS)})")
     parser.add_argument("--function", action="append", help="only this function (repeatable)")
     parser.add_argument("--list", action="store_true", help="print the mutants and stop")
