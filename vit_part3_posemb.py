@@ -34,7 +34,7 @@ from common.errors import UserError
 from common.imagenette import DEFAULT_DIR as DEFAULT_DATA_DIR
 from common.imagenette import data_differences, ensure_imagenette, imagenet_indices, list_split, load_all
 from common.inference import run_model
-from common.loader import picture_loader, start_workers, workers_text
+from common.loader import end_workers, picture_loader, start_workers, workers_text
 from common.position_table import (
     as_parameter_rows,
     bicubic_resize,
@@ -245,6 +245,7 @@ def section_accuracy(run, report):
                         prefix=f"{key} ", label=label, time=functools.partial(report.pass_text, key, timing))
     finally:
         embeddings.position_embeddings.data = original
+        end_workers(loader)  # now, not at the interpreter's exit (common/loader.py)
     report.line("zeros: all {zeros rows} rows of E_pos set to 0, the [class] row included; 1D and 2D tables keep the "
                 "[class] row as it is", {"zeros rows": n_new * n_new + 1})
     if args.plots:

@@ -21,7 +21,7 @@ import numpy as np
 from common.checkpoints import cached_weight_file
 from common.errors import UserError
 from common.files import reason, write_atomic
-from common.loader import picture_loader, start_workers, workers_text
+from common.loader import end_workers, picture_loader, start_workers, workers_text
 
 CHECKOUT = Path(__file__).resolve().parent.parent
 CACHE_DIR = CHECKOUT / "data" / "features"
@@ -133,10 +133,14 @@ def cached_passes(sets, one_pass, key_of, names, device, cache_dir=CACHE_DIR):
         arrays, passes[name] = one_pass(shared["loader"], indices, name)
         return arrays
 
-    for name, set_paths in sets.items():
-        indices, first = range(first, first + len(set_paths)), first + len(set_paths)
-        found[name], source = cached(functools.partial(compute, name, indices), key_of(name, set_paths),
-                                     dict.fromkeys(names, len(set_paths)), cache_dir)
-        sources.add(source)
+    try:
+        for name, set_paths in sets.items():
+            indices, first = range(first, first + len(set_paths)), first + len(set_paths)
+            found[name], source = cached(functools.partial(compute, name, indices), key_of(name, set_paths),
+                                         dict.fromkeys(names, len(set_paths)), cache_dir)
+            sources.add(source)
+    finally:  # its workers end with the passes, a failed one too, not at the interpreter's exit
+        if shared:
+            end_workers(shared["loader"])
     return {**found, "seconds": time.perf_counter() - start, "passes": passes, "loader": shared.get("started"),
             "source": "read from the cache" if sources == {"cache"} else "computed"}

@@ -2,6 +2,7 @@
 import functools
 import hashlib
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -229,13 +230,15 @@ def test_persistent_workers_serve_passes_at_other_resolutions_and_flips(pictures
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_picture_a_worker_cannot_read_is_one_line_naming_it(pictures, tmp_path, workers):
     from common.imagenette import list_split
-    from common.loader import picture_batches, picture_loader
+    from common.loader import end_workers, picture_batches, picture_loader
 
     bad = tmp_path / "broken.JPEG"
     bad.write_bytes(b"not a jpeg")
     paths = [path for path, _ in list_split(pictures, "val", per_class=1)][:5] + [bad]
+    loader = picture_loader(paths, torch.device("cpu"), workers)
     with pytest.raises(UserError) as problem:
-        list(picture_batches(picture_loader(paths, torch.device("cpu"), workers), 32, 2))
+        list(picture_batches(loader, 32, 2))
+    end_workers(loader)  # not left to slow the tests after it
     assert str(problem.value).startswith(f"cannot read picture {bad}: ") and "\n" not in str(problem.value)
 
 
@@ -247,6 +250,7 @@ def test_a_script_whose_worker_cannot_read_a_picture_says_so_in_one_line(tiny_in
 
     monkeypatch.setattr(loader, "loader_workers", lambda device: 2)
     monkeypatch.setenv("TQDM_DISABLE", "1")
+    children = set(multiprocessing.active_children())  # an earlier test's, if any
     data = imagenette_folder(tmp_path / "nette", per_class=2)
     picture = min((data / "val" / "n01440764").iterdir())
     picture.write_bytes(picture.read_bytes()[:-200])
@@ -257,6 +261,7 @@ def test_a_script_whose_worker_cannot_read_a_picture_says_so_in_one_line(tiny_in
     assert status == 1 and refused, out  # each section that needs the features says it
     assert all(f": cannot read picture {picture}: image file is truncated" in line for line in refused), out
     assert "Traceback" not in out + err and "worker process" not in out + err
+    assert set(multiprocessing.active_children()) <= children  # ended with the failed pass (alive, they slowed later tests)
 
 
 def test_workers_outlive_a_ctrl_c(pictures):
