@@ -375,7 +375,7 @@ def test_sigterm_after_the_reader_of_its_output_is_gone_still_saves_the_step(tin
     run.send_signal(signal.SIGTERM)
     assert run.wait(timeout=300) == 143
     step = read_checkpoint(tmp_path / finetune.CHECKPOINT)["step"]
-    assert 3 < step < 50 and leftovers(tmp_path) == []
+    assert 3 <= step < 50 and leftovers(tmp_path) == []  # step 3 itself when SIGTERM beats its save_or_stop
 
 
 @pytest.mark.parametrize("after", [0.5, 1.5])
