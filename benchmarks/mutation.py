@@ -245,6 +245,9 @@ def run_tests(copy_root, tests, keep, log, timeout, record=None):
                 os.dup2(out.fileno(), 2)
             import pytest
 
+            for name, module in list(sys.modules.items()):  # the parent's own imports (common.cli): the copy's instead
+                if str(getattr(module, "__file__", None) or "").startswith(str(ROOT) + os.sep):
+                    del sys.modules[name]
             os.chdir(copy_root)
             tempfile.tempdir = str(copy_root.parent / "tmp")  # conftest's cache folders go with the copy
             plugin = FastTests(keep)
