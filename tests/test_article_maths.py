@@ -609,3 +609,20 @@ def test_a_tiny_lambda_still_gives_the_ridge_solution(lam):
     x, y = rng.standard_normal((3, 5)), rng.standard_normal((3, 2))
     dual = x.T @ np.linalg.solve(x @ x.T + lam * np.eye(3), y)
     assert np.allclose(closed_form(x, y, lam), dual, rtol=1e-7, atol=1e-9)
+
+
+def test_a_well_conditioned_system_is_one_cholesky_solve_not_least_squares(monkeypatch):
+    """The article's lambdas on more pictures than features: one Cholesky solve of X^T X + lambda I, the answer of
+    scipy.linalg.solve(assume_a="pos"); the slower SVD least squares is kept for (nearly) singular systems."""
+    import scipy.linalg
+
+    rng = np.random.default_rng(2)
+    x, y = rng.standard_normal((40, 9)), rng.standard_normal((40, 3))
+    expected = {lam: scipy.linalg.solve(x.T @ x + lam * np.eye(9), x.T @ y, assume_a="pos") for lam in (0.01, 1.0)}
+
+    def not_here(*args, **kwargs):
+        raise AssertionError("least squares on a well-conditioned system")
+
+    monkeypatch.setattr(np.linalg, "lstsq", not_here)
+    for lam, w in expected.items():
+        np.testing.assert_allclose(closed_form(x, y, lam), w, rtol=1e-12, atol=0)
