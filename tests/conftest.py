@@ -160,7 +160,7 @@ def weight_runs(standins, tmp_path_factory):
     # runs in this process would fork the loader's workers after CUDA started (the GPU layer, test_gpu.py, runs them).
     flags = {"posemb": (vit_part3_posemb.main, "classifier", ["--batch-size", "16", "--device", "cpu"]),
              "fewshot": (vit_part3_fewshot.main, "in21k", ["--no-cache", "--device", "cpu"]),
-             "finetune": (vit_part3_finetune.main, "in21k", ["--resolution", "32", "--device", "cpu"])}
+             "finetune": (vit_part3_finetune.main, "in21k", ["--resolution", "32", "--batch-size", "8", "--device", "cpu"])}
     records = {}
     for script, (main, kind, extra) in flags.items():
         records[script] = []
