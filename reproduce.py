@@ -4,7 +4,7 @@
     python reproduce.py                       # the articles' full setup into results/ (hours on a CPU)
     python reproduce.py OUT --models M --imagenette I --beans B    # offline, from local copies
     python reproduce.py --device cuda --precision bf16             # every script on the GPU, in bfloat16
-    python common/standins.py DIR             # the whole job offline on generated stand-ins (numbers mean nothing)
+    python job/standins.py DIR             # the whole job offline on generated stand-ins (numbers mean nothing)
 
 Each script runs in a process of its own with `--json OUT/<script>.json --plots OUT/figures --compare`,
 its lines passed through and kept in OUT/logs/<script>.log; then OUT/report.md and one table of each
@@ -16,7 +16,7 @@ common/, its reference numbers, the library versions; OUT/reproduce.json) is ski
 again; fine-tuning continues from its checkpoint in OUT/finetune-run/ made so, --pause-at aside.
 Ctrl-C or SIGTERM reach the running script, which stops as it would alone; the job then says what it
 kept and that the same command continues it. A script ends with its job however the job ends, and one
-job at a time writes to an OUT (common/child_process.py).
+job at a time writes to an OUT (job/child_process.py).
 
 Exit status: 0 when every script ran every section; 1 when one could not (--strict: also when a
 number differs from the article's); 2 for a bad flag or path (one line, before any work); 130 and
@@ -37,18 +37,18 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from common import downloads
+from job import downloads
 from common.checkpoints import hub_offline
-from common.child_process import StopRequests, first_refusal, only_job_on, run_logged
+from job.child_process import StopRequests, first_refusal, only_job_on, run_logged
 from common.cli import script_parser
 from common.device import DEVICE_CHOICES, PRECISIONS
 from common.errors import UserError
 from common.files import reason, write_text
 from common.reference import VERDICTS, compare, counts_text, load_reference, verdict_counts
-from common.reproduction_page import JOB_RECORD, SCRIPTS, build, script_file
-from common.reproduction_page import read_record as page_record
+from job.page import JOB_RECORD, SCRIPTS, build, script_file
+from job.page import read_record as page_record
 from common.run import Terminated, check_output_dir, guarded
-from common.time_estimate import HOUR, MINUTE, duration, estimate_seconds, how_estimated, measure_speed
+from job.time_estimate import HOUR, MINUTE, duration, estimate_seconds, how_estimated, measure_speed
 
 ROOT = Path(__file__).resolve().parent
 FINETUNE_RUN, CHECKPOINT = "finetune-run", "checkpoint.pt"  # fine-tuning's --save-dir in OUT, and its file

@@ -44,7 +44,7 @@ from common.inference import run_model
 from common.loader import PREFETCH, picture_batches, picture_loader
 from common.output import Report
 from common.run import Run, check_output_file, guarded, write_json
-from common.standins import smooth_pictures, vit_config
+from job.standins import smooth_pictures, vit_config
 
 ATTENTION = ("sdpa", "eager")
 PEER_BATCHES = 30  # the pipeline's pictures/s settles within this many batches; it is slower than our loop

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repositor
 
 from common.cli import positive_int, script_parser
 from common.imagenette import CLASSES
-from common.standins import BEANS_SIZE, beans_folder, imagenette_folder, vit_classifier, vit_in21k
+from job.standins import BEANS_SIZE, beans_folder, imagenette_folder, vit_classifier, vit_in21k
 
 
 def one_class(job):

@@ -1,5 +1,5 @@
 """Where and how a run ran, for its --json record: library versions, device, precision, seed, commit, time, memory,
-and whether its checkpoint or data were stand-ins (common/standins.py), whose numbers mean nothing."""
+and whether its checkpoint or data were stand-ins (job/standins.py), whose numbers mean nothing."""
 import os
 import platform
 import subprocess
@@ -7,13 +7,13 @@ import sys
 import time
 from pathlib import Path
 
+STANDIN_MARK = "STAND-IN.txt"  # job/standins.py leaves this file in every folder it generates
+
 
 def standin_inputs(args):
-    """The --model and --data-dir of this run that common/standins.py generated: its numbers mean nothing."""
-    from common.standins import MARK
-
+    """The --model and --data-dir of this run that job/standins.py generated: its numbers mean nothing."""
     given = (getattr(args, "model", None), getattr(args, "data_dir", None))
-    return [str(path) for path in given if path and (Path(path) / MARK).is_file()]
+    return [str(path) for path in given if path and (Path(path) / STANDIN_MARK).is_file()]
 
 
 def environment(run):

@@ -1,7 +1,7 @@
 """The figures of the scripts' --plots and of the reproduction report; without matplotlib, one line says so.
 
 Each function draws from plain data (what a run keeps in its --json "series" and numbers), so a
-script draws its figure at the end of a run and common/reproduction_page.py draws the same one from the JSON.
+script draws its figure at the end of a run and job/page.py draws the same one from the JSON.
 """
 import re
 from pathlib import Path

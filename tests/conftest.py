@@ -99,7 +99,7 @@ def article_block(start):
 @pytest.fixture(scope="session")
 def pictures(tmp_path_factory):
     """An Imagenette-shaped folder: 4 generated pictures per class and split (grayscale and CMYK among them)."""
-    from common.standins import imagenette_folder
+    from job.standins import imagenette_folder
 
     return imagenette_folder(tmp_path_factory.mktemp("data") / "nette", per_class=4)
 
@@ -107,7 +107,7 @@ def pictures(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_in21k(tmp_path_factory):
     """A tiny ViT in the layout of the ImageNet-21k releases (with the pre-logits layer), saved to disk."""
-    from common.standins import vit_in21k
+    from job.standins import vit_in21k
 
     return vit_in21k(tmp_path_factory.mktemp("vit21k"))
 
@@ -137,7 +137,7 @@ def script_output(main, argv, capsys):
 @pytest.fixture(scope="session")
 def standins(tmp_path_factory):
     """Two of each checkpoint with different random weights, and a folder with 12 pictures per class."""
-    from common.standins import imagenette_folder, vit_classifier, vit_in21k
+    from job.standins import imagenette_folder, vit_classifier, vit_in21k
 
     root = tmp_path_factory.mktemp("standins")
     return {"data": imagenette_folder(root / "nette", per_class=12),
@@ -181,7 +181,7 @@ BACKBONE_FLAGS = ["--batch-size", "4", "--probe-epochs", "20", "--device", "cpu"
 @pytest.fixture(scope="session")
 def beans_standins(tmp_path_factory):
     """A beans-shaped dataset in the Hub's layout and two 32-px classifiers (with their image processor)."""
-    from common.standins import beans_folder, vit_classifier
+    from job.standins import beans_folder, vit_classifier
 
     root = tmp_path_factory.mktemp("beans-standins")
     return {"data": beans_folder(root / "beans"),

@@ -204,7 +204,7 @@ def test_the_run_record_says_float32_is_torch_defaults_as_the_article_ran(backbo
 def test_the_probe_line_says_how_it_differs_from_dinos_protocol(backbone_runs):
     line = next(text for text in backbone_runs["records"][0]["printed"] if "linear probe: DINO's" in text)
     assert "Resize 256 + CenterCrop 224" in line and "the last epoch's" in line
-    assert "resized to 32x32, mean 0.5 and std 0.5" in line  # the stand-in's processor (common/standins.py)
+    assert "resized to 32x32, mean 0.5 and std 0.5" in line  # the stand-in's processor (job/standins.py)
 
 
 def test_the_trainer_with_2_workers_gives_the_numbers_it_gives_with_none(beans_standins, monkeypatch):

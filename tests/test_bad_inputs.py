@@ -20,7 +20,7 @@ import vit_part3_finetune
 import vit_part3_posemb
 import vit_part3_setup
 from common.run import guarded
-from common.standins import beans_folder, imagenette_folder, vit_classifier, vit_in21k
+from job.standins import beans_folder, imagenette_folder, vit_classifier, vit_in21k
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import throughput

@@ -12,7 +12,7 @@ import torch
 from conftest import ROOT
 
 from common.compute import config_forward_flops
-from common.standins import smooth_pictures
+from job.standins import smooth_pictures
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import throughput

@@ -246,7 +246,7 @@ def test_a_script_whose_worker_cannot_read_a_picture_says_so_in_one_line(tiny_in
     """As beside a GPU: few-shot's pictures are read by two worker processes, and one of them is broken."""
     import vit_part3_fewshot
     from common import loader
-    from common.standins import imagenette_folder
+    from job.standins import imagenette_folder
 
     monkeypatch.setattr(loader, "loader_workers", lambda device: 2)
     monkeypatch.setenv("TQDM_DISABLE", "1")

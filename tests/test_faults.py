@@ -32,7 +32,7 @@ from common.errors import UserError
 from common.feature_cache import cached_arrays
 from common.imagenette import IMAGENETTE_WNIDS, download_and_extract, scratch_prefix
 from common.run import guarded
-from common.standins import imagenette_folder
+from job.standins import imagenette_folder
 
 ENOSPC = os.strerror(errno.ENOSPC)  # "No space left on device"
 
@@ -395,7 +395,7 @@ def test_a_second_beans_copy_is_read_as_itself_not_from_the_cache_of_the_first(t
     """Two local copies of beans, both called beans, one after the other in one Hugging Face cache: each is read
     with its own pictures (the library keys a folder's Arrow cache by its name and layout, not its files)."""
     from common import beans
-    from common.standins import beans_folder
+    from job.standins import beans_folder
 
     small = beans_folder(tmp_path / "one" / "beans", {"train": 2, "validation": 1})
     large = beans_folder(tmp_path / "two" / "beans", {"train": 3, "validation": 2})

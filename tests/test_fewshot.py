@@ -12,7 +12,7 @@ import vit_part3_fewshot as fewshot
 from common.feature_cache import cache_key, cached, picture_digests
 from common.imagenette import list_split
 from common.output import Report
-from common.standins import imagenette_folder
+from job.standins import imagenette_folder
 
 
 def by_hand_numbers():

@@ -80,7 +80,7 @@ def result(started):
 @pytest.fixture(scope="module")
 def places(tmp_path_factory, pictures, tiny_in21k):
     """The checkpoints and data folders of the runs; beans only where `datasets` is installed."""
-    from common.standins import beans_folder, vit_classifier
+    from job.standins import beans_folder, vit_classifier
 
     root = tmp_path_factory.mktemp("gpu-standins")
     found = {"pictures": pictures, "in21k": tiny_in21k, "classifier": vit_classifier(root / "classifier")}

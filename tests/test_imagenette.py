@@ -8,7 +8,7 @@ from PIL import Image
 
 from common.errors import UserError
 from common.imagenette import check_counts, download_and_extract, imagenet_indices, list_split, load_rgb, preprocess
-from common.standins import imagenette_folder
+from job.standins import imagenette_folder
 
 
 def test_preprocessing_equals_the_library_processor(pictures):

@@ -18,7 +18,7 @@ from common.device import set_precision
 from common.errors import UserError
 from common.loader import picture_loader
 from common.run import Run, run_sections
-from common.standins import vit_classifier
+from job.standins import vit_classifier
 
 
 class NoFloat64(TorchDispatchMode):

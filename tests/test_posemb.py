@@ -14,7 +14,7 @@ from common import position_table
 from common.device import set_precision
 from common.imagenette import imagenet_indices, list_split, load_all
 from common.output import Report
-from common.standins import vit_classifier
+from job.standins import vit_classifier
 
 
 @pytest.fixture(scope="module")

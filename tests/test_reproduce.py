@@ -27,11 +27,11 @@ import vit_part3_fewshot
 import vit_part3_finetune
 import vit_part3_posemb
 import vit_part3_setup
-from common import child_process, downloads, standins
+from job import child_process, downloads, standins
 from common.cli import ScriptParser
 from common.files import TEMP_PREFIX
 from common.run import Terminated, guarded
-from common.time_estimate import estimate_seconds
+from job.time_estimate import estimate_seconds
 
 pytestmark = pytest.mark.xdist_group("reproduce")  # one worker runs the module and its shared job
 
@@ -45,7 +45,7 @@ VERDICTS = ["same", "close", "differs", "varies", "not comparable", "not run"]
 
 @pytest.fixture(scope="module")
 def job_standins(tmp_path_factory):
-    """What `python common/standins.py DIR` builds: checkpoints laid out by Hub id, Imagenette- and beans-shaped
+    """What `python job/standins.py DIR` builds: checkpoints laid out by Hub id, Imagenette- and beans-shaped
     folders."""
     return standins.job_inputs(tmp_path_factory.mktemp("reproduce-job_standins"))
 
@@ -618,7 +618,7 @@ def test_a_stopped_script_is_said_with_what_it_saved(tmp_path, json_written, che
 
 
 def test_the_stand_ins_command_is_usable_from_the_shell():
-    done = subprocess.run([sys.executable, "common/standins.py", "--help"], cwd=ROOT, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "job/standins.py", "--help"], cwd=ROOT, capture_output=True, text=True,
                           timeout=120, check=False)
     assert done.returncode == 0 and "the whole job offline on stand-ins" in done.stdout, done.stderr[-2000:]
 

@@ -19,7 +19,7 @@ import vit_part3_posemb as posemb
 from common import imagenette, reference
 from common.imagenette import CLASSES, list_split, load_rgb, preprocess
 from common.reference import compare, format_like, load_reference, sampling_interval
-from common.standins import imagenette_folder, vit_classifier
+from job.standins import imagenette_folder, vit_classifier
 
 PER_CLASS = 6  # pictures of each class in each split of the stand-in "release"
 

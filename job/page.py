@@ -5,7 +5,7 @@
     python vit_part3_fewshot.py --json results/fewshot.json
     python vit_part3_finetune.py --json results/finetune.json
     python vit_backbone.py --json results/backbone.json
-    python -m common.reproduction_page results        # writes results/report.md, its figures in results/figures/
+    python -m job.page results        # writes results/report.md, its figures in results/figures/
 
 The first four reproduce "ViT, explained · Part 3", the fifth the companion article "ViT as a backbone".
 
@@ -15,7 +15,7 @@ JSON records (matplotlib, part of the set-up; without it the page says how to ge
 it again draws them, no script run again). A script with no JSON in the folder is listed as not run:
 with why and the job's command when reproduce.py made the folder (its reproduce.json), else with the
 script's command. Paths inside the folder are written relative to it. A run on generated stand-ins
-(common/standins.py) is named first: its numbers mean nothing.
+(job/standins.py) is named first: its numbers mean nothing.
 """
 import json
 import os
@@ -216,13 +216,13 @@ def build(folder, say=print):
     standins = [script_file(script) for script, record in records.items() if record and record.get("stand-ins")]
     if standins:
         head += [(f"**These numbers mean nothing**: {', '.join(standins)} ran on generated stand-ins (checkpoints "
-                  f"of random weights, generated pictures; common/standins.py), not on the articles' checkpoints "
+                  f"of random weights, generated pictures; job/standins.py), not on the articles' checkpoints "
                   f"and data. The page shows that the job runs, not what the articles found."), ""]
     head += ["Each number of the logged lines of \"ViT, explained · Part 3\" (the vit_part3_* scripts) and of \"ViT "
              "as a backbone\" (vit_backbone.py) beside this run's. " + LEGEND + ". Paths are relative to this "
              "folder.", ""]
     if not with_figures:
-        head += [(f"No figures: {figures.INSTALL_HINT}; run `python -m common.reproduction_page {folder}` again after "
+        head += [(f"No figures: {figures.INSTALL_HINT}; run `python -m job.page {folder}` again after "
                   f"installing it."), ""]
     page = write_text(folder / "report.md", "\n".join(head + summary + [""] + body), what="report")
     say(f"wrote {page}")

@@ -1,4 +1,4 @@
-"""common/reproduction_page.py: the scripts' JSON files in, one page out, with every compared number and its figures."""
+"""job/page.py: the scripts' JSON files in, one page out, with every compared number and its figures."""
 import json
 import sys
 
@@ -7,7 +7,7 @@ from PIL import Image
 
 import vit_part3_setup
 from common import figures
-from common import reproduction_page as page_maker
+from job import page as page_maker
 from common.errors import UserError
 from common.reference import compare, load_reference, verdict_text
 

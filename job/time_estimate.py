@@ -45,7 +45,7 @@ def measure_speed(device):
     no GPU memory while the scripts run."""
     if device.type == "cpu":
         return probe_gflops("cpu")
-    probe = "import sys; from common.time_estimate import probe_gflops; print(probe_gflops(sys.argv[1]))"
+    probe = "import sys; from job.time_estimate import probe_gflops; print(probe_gflops(sys.argv[1]))"
     try:
         done = subprocess.run([sys.executable, "-c", probe, str(device)], cwd=Path(__file__).resolve().parent.parent,
                               capture_output=True, text=True, timeout=300, check=False)
