@@ -1,15 +1,12 @@
 """The one way the scripts write a file: whole or not at all, and a failure said in one line.
 
-write_atomic(path, write) calls write(f) on a file with a unique temporary name in path's folder,
-flushes and fsyncs it, renames it over path and fsyncs the folder, so that a crash, a full disk or a
-second run writing the same path at the same moment never leaves a half file under path and never
-costs the good file already there. On any failure the temporary file is removed and a UserError
-names the path and the reason ("No space left on device"). The file gets the mode the umask gives any
-new file (0644 under umask 022), not mkstemp's 0600: results are for others to read too.
+write_atomic(path, write) calls write(f) on a fresh temporary file in path's folder (tempfile), fsyncs it,
+and renames it over path (os.replace), so that a crash, a full disk or a second run writing the same path at
+the same moment never leaves a half file under path and never costs the good file already there.
 """
 import contextlib
 import os
-import secrets
+import tempfile
 from pathlib import Path
 
 from common.errors import UserError
@@ -18,11 +15,8 @@ TEMP_PREFIX = ".tmp-"  # every temporary file the writer makes starts so: tests 
 
 
 def reason(error):
-    """The operating system's words for an error ('No space left on device'), found through wrapped errors.
-
-    torch.save raises RuntimeError ("unexpected pos ...") around the OSError that its writer got; the
-    chain of causes still holds that OSError.
-    """
+    """The operating system's words for an error ('No space left on device'), found through wrapped errors
+    (torch.save raises a RuntimeError around the OSError its writer got)."""
     seen = error
     while seen is not None:
         if isinstance(seen, OSError) and (seen.strerror or seen.errno):
@@ -32,50 +26,38 @@ def reason(error):
     return text[:160]
 
 
-def fsync_folder(folder):
-    """Make the rename itself durable; a folder that cannot be opened (Windows) is left to the system."""
-    try:
-        handle = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(handle)
-    except OSError:
-        pass
-    finally:
-        os.close(handle)
-
-
-def create_temporary(target):
-    """(descriptor, path) of a new file beside target, made by this call alone (O_EXCL), mode 0666 less the umask."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
-    while True:
-        path = target.parent / f"{TEMP_PREFIX}{target.name}-{secrets.token_hex(4)}"
-        try:
-            return os.open(path, flags, 0o666), path
-        except FileExistsError:
-            continue
+def new_file_mode():
+    """What the umask gives any new file (0644 under umask 022), not mkstemp's 0600: results are for others too."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def write_atomic(path, write, text=False, what="file"):
-    """write(f) into a fresh temporary file beside path, then rename it over path; returns Path(path).
+    """write(f) into a temporary file beside path, then rename it over path; returns Path(path).
 
-    text=True opens the file in text mode (UTF-8). what names the file in the error ("checkpoint").
-    Any failure, Ctrl-C included, removes the temporary file; an OSError or a library's wrapped one
-    ends in a UserError that names the path and the reason.
+    text=True opens the file as UTF-8 text; what names the file in the error ("checkpoint"). Any failure,
+    Ctrl-C included, removes the temporary file; an OSError or a library's wrapped one is a UserError.
     """
     target = Path(path)
     temporary = None
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = create_temporary(target)
-        with os.fdopen(handle, "w" if text else "wb", **({"encoding": "utf-8"} if text else {})) as f:
+        with tempfile.NamedTemporaryFile("w" if text else "wb", encoding="utf-8" if text else None, delete=False,
+                                         dir=target.parent, prefix=f"{TEMP_PREFIX}{target.name}-") as f:
+            temporary = f.name
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(temporary, new_file_mode())
         os.replace(temporary, target)
         temporary = None
-        fsync_folder(target.parent)
+        with contextlib.suppress(OSError):  # the rename made durable; a folder that cannot be opened (Windows) is left
+            folder = os.open(target.parent, os.O_RDONLY)
+            try:
+                os.fsync(folder)
+            finally:
+                os.close(folder)
     except (OSError, RuntimeError, ValueError) as error:
         raise UserError(f"cannot write the {what} {target}: {reason(error)}") from error
     finally:

@@ -3,7 +3,7 @@
 Each row of the table names a fault, makes it happen to a script run as the shell would run it
 (guarded(main)), and checks the one line it ends in, the exit status, what survived (the good
 checkpoint, the printed results, a good file already there) and that no temporary file is left.
-A full disk is simulated by the file objects of common/files.py refusing to grow (ENOSPC), which is
+A full disk is simulated by the temporary files of common/files.py refusing to grow (ENOSPC), which is
 what the system does: the writer cannot tell the difference.
 """
 import errno
@@ -62,15 +62,14 @@ class FullFile:
 @pytest.fixture
 def full_disk(monkeypatch):
     """full_disk(name, room=0): from now on, files whose name holds `name` fail after `room` bytes."""
-    real_fdopen, full = os.fdopen, {}
+    real_temporary, full = files.tempfile.NamedTemporaryFile, {}
 
-    def fdopen(handle, *args, **kwargs):
-        f = real_fdopen(handle, *args, **kwargs)
-        path = os.readlink(f"/proc/self/fd/{handle}")
-        room = next((room for name, room in full.items() if name in Path(path).name), None)
+    def temporary(*args, **kwargs):
+        f = real_temporary(*args, **kwargs)
+        room = next((room for name, room in full.items() if name in Path(f.name).name), None)
         return f if room is None else FullFile(f, room)
 
-    monkeypatch.setattr(files.os, "fdopen", fdopen)
+    monkeypatch.setattr(files.tempfile, "NamedTemporaryFile", temporary)
     return lambda name, room=0: full.update({name: room})
 
 
