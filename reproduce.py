@@ -37,17 +37,17 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from job import downloads
 from common.checkpoints import hub_offline
-from job.child_process import StopRequests, first_refusal, only_job_on, run_logged
 from common.cli import script_parser
 from common.device import DEVICE_CHOICES, PRECISIONS
 from common.errors import UserError
 from common.files import reason, write_text
 from common.reference import VERDICTS, compare, counts_text, load_reference, verdict_counts
+from common.run import Terminated, check_output_dir, guarded
+from job import downloads
+from job.child_process import StopRequests, first_refusal, only_job_on, run_logged
 from job.page import JOB_RECORD, SCRIPTS, build, script_file
 from job.page import read_record as page_record
-from common.run import Terminated, check_output_dir, guarded
 from job.time_estimate import HOUR, MINUTE, duration, estimate_seconds, how_estimated, measure_speed
 
 ROOT = Path(__file__).resolve().parent

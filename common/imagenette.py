@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import psutil
 from PIL import Image
 
 from common.errors import UserError
@@ -158,18 +159,8 @@ def remove_abandoned_scratch(target):
     """Folders left by an extraction that was killed: their process (the number in the name) is gone."""
     for folder in Path(target).parent.glob(scratch_prefix(target) + "*"):
         pid = folder.name[len(scratch_prefix(target)):].split("-")[0]
-        if folder.is_dir() and pid.isdigit() and not process_alive(int(pid)):
+        if folder.is_dir() and pid.isdigit() and not psutil.pid_exists(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
-
-
-def process_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # it exists, but belongs to someone else
-    return True
 
 
 def download_and_extract(url, target, progress=True):

@@ -14,6 +14,8 @@ import subprocess
 import sys
 import time
 
+import psutil
+
 from common.errors import UserError
 from common.files import write_atomic
 
@@ -164,11 +166,6 @@ def job_is_alive(lock_path):
     """Whether the job that took the lock, named in its file, still runs (unknown: taken as running)."""
     try:
         pid = int(lock_path.read_text().strip())
-        if pid == os.getpid():  # a new container can give a requeued job its old job's number
-            return False
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
     except (OSError, ValueError):
         return True
-    return True
+    return pid != os.getpid() and psutil.pid_exists(pid)  # a new container can give a requeued job its old number

@@ -7,9 +7,9 @@ from PIL import Image
 
 import vit_part3_setup
 from common import figures
-from job import page as page_maker
 from common.errors import UserError
 from common.reference import compare, load_reference, verdict_text
+from job import page as page_maker
 
 
 @pytest.fixture(scope="module")

@@ -27,10 +27,10 @@ import vit_part3_fewshot
 import vit_part3_finetune
 import vit_part3_posemb
 import vit_part3_setup
-from job import child_process, downloads, standins
 from common.cli import ScriptParser
 from common.files import TEMP_PREFIX
 from common.run import Terminated, guarded
+from job import child_process, downloads, standins
 from job.time_estimate import estimate_seconds
 
 pytestmark = pytest.mark.xdist_group("reproduce")  # one worker runs the module and its shared job
