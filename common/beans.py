@@ -4,7 +4,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.checkpoints import hub_offline
+from common.checkpoints import hub_reachable, why_no_download
 from common.errors import UserError
 
 DATASET = "AI-Lab-Makerere/beans"
@@ -32,14 +32,8 @@ def from_hub(name):
 
     fix = (f"connect to the internet once to download it ({SIZE}) into the Hugging Face cache, or pass --data-dir "
            f"with a local copy of its files")
-    if hub_offline():
-        return from_cache(name, "HF_HUB_OFFLINE=1 forbids downloads", fix)
-    from huggingface_hub import HfApi
-
-    try:
-        HfApi().dataset_info(name, timeout=10)
-    except Exception:  # noqa: BLE001 - unreachable: read the cache only, without the library's minute of retries
-        return from_cache(name, "the Hugging Face Hub cannot be reached", fix)
+    if not hub_reachable(name, "dataset"):  # read the cache only, without the library's minute of retries
+        return from_cache(name, why_no_download(), fix)
     return load_dataset(name)
 
 

@@ -4,6 +4,7 @@ Loading tries the local cache first, so a checkpoint downloaded once works offli
 neither cached nor reachable, the error names the checkpoint and the two ways to fix it.
 """
 import contextlib
+import math
 import os
 
 from common.errors import UserError
@@ -15,18 +16,26 @@ def hub_offline():
     return bool(constants.HF_HUB_OFFLINE)
 
 
-def _hub_reachable(name):
-    """Ask the Hub about the repo; fails within a second without a network (no download retries)."""
+def hub_reachable(name, repo_type="model"):
+    """Whether name can be downloaded now, the project's one rule: HF_HUB_OFFLINE is not set and the Hub answers about
+    it within 10 s (no download retries); a name the Hub does not know is a UserError."""
     from huggingface_hub import HfApi
     from huggingface_hub.errors import RepositoryNotFoundError
 
+    if hub_offline():
+        return False
     try:
-        HfApi().model_info(name, timeout=10)
+        HfApi().repo_info(name, repo_type=repo_type, timeout=10)
     except RepositoryNotFoundError as error:
-        raise UserError(f"checkpoint {name} does not exist on the Hugging Face Hub; check the name") from error
+        what = "dataset" if repo_type == "dataset" else "checkpoint"
+        raise UserError(f"{what} {name} does not exist on the Hugging Face Hub; check the name") from error
     except Exception:  # noqa: BLE001 - any failure to reach the Hub means: do not try to download
         return False
     return True
+
+
+def why_no_download():
+    return "HF_HUB_OFFLINE=1 forbids downloads" if hub_offline() else "the Hugging Face Hub cannot be reached"
 
 
 def missing_checkpoint_message(name, why):
@@ -88,10 +97,8 @@ def load_from_where_it_is(model_class, name, **kwargs):
         return model_class.from_pretrained(name, local_files_only=True, **kwargs)
     except OSError:
         pass
-    if hub_offline():
-        raise UserError(missing_checkpoint_message(name, "HF_HUB_OFFLINE=1 forbids downloads"))
-    if not _hub_reachable(name):
-        raise UserError(missing_checkpoint_message(name, "the Hugging Face Hub cannot be reached"))
+    if not hub_reachable(name):
+        raise UserError(missing_checkpoint_message(name, why_no_download()))
     return model_class.from_pretrained(name, **kwargs)
 
 
@@ -136,13 +143,6 @@ def remote_weight_header(name):
             for tensor, info in file.tensors.items()}
 
 
-def numel(shape):
-    count = 1
-    for size in shape:
-        count *= size
-    return count
-
-
 def split_parameter_count(shapes):
     """(backbone, pre-logits) numbers of a ViT state: the classifier head is left out of both.
 
@@ -153,7 +153,7 @@ def split_parameter_count(shapes):
     for name, shape in shapes.items():
         parts = name.split(".")
         if "pooler" in parts:
-            pre_logits += numel(shape)
+            pre_logits += math.prod(shape)
         elif parts[0] not in ("classifier", "head"):
-            backbone += numel(shape)
+            backbone += math.prod(shape)
     return backbone, pre_logits

@@ -13,6 +13,7 @@ from urllib.parse import urlparse
 
 from huggingface_hub.constants import ENDPOINT as HF_ENDPOINT
 
+from common.checkpoints import cached_weight_file, hub_offline, hub_reachable
 from common.errors import UserError
 from common.imagenette import ARCHIVE_MB
 from common.imagenette import URL as IMAGENETTE_URL
@@ -41,7 +42,6 @@ def piece_is_here(piece, args):
     the scripts read."""
     from huggingface_hub import constants
 
-    from common.checkpoints import cached_weight_file
     from common.imagenette import DEFAULT_DIR
 
     if piece == IMAGENETTE:
@@ -89,8 +89,6 @@ def check_copies(args):
 
 def weights_mb(piece, models):
     """The MB of a checkpoint's weights: the local copy's or the cached file's, else its download size."""
-    from common.checkpoints import cached_weight_file
-
     local = Path(models) / piece / "model.safetensors" if models else None
     weights = local if local and local.is_file() else cached_weight_file(piece)
     return Path(weights).stat().st_size / 1e6 if weights else PIECES[piece][0]
@@ -108,10 +106,11 @@ def reachable(host):
 
 
 def answering(pieces):
-    """{host: whether a download from it can start} for the hosts of the pieces (none with HF_HUB_OFFLINE=1)."""
-    from common.checkpoints import hub_offline
-
-    return {host: not hub_offline() and reachable(host) for host in {PIECES[piece][2] for piece in pieces}}
+    """{host: whether a download from it can start} for the hosts of the pieces: the Hub by the scripts' own rule
+    (common/checkpoints.py), any other host when it answers (none with HF_HUB_OFFLINE=1)."""
+    hosts = {PIECES[piece][2]: piece for piece in sorted(pieces)}
+    return {host: hub_reachable(piece, "dataset" if piece == BEANS else "model") if host == HUB
+            else not hub_offline() and reachable(host) for host, piece in hosts.items()}
 
 
 def fetch_line(pieces):
