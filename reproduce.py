@@ -34,12 +34,12 @@ import shlex
 import signal
 import sys
 import time
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from common.checkpoints import hub_offline
 from common.cli import script_parser
 from common.device import DEVICE_CHOICES, PRECISIONS
+from common.environment import library_versions
 from common.errors import UserError
 from common.files import reason, write_text
 from common.reference import VERDICTS, compare, counts_text, load_reference, verdict_counts
@@ -75,8 +75,6 @@ NEEDS, OPTIONAL = downloads.NEEDS, downloads.OPTIONAL  # a script's first piece 
 # MB each script writes into OUT at most besides fine-tuning's checkpoint: its JSON (the backbone's holds its
 # feature maps' pictures, 1.1 MB), figures and log; and the page
 WRITES_MB = {"setup": 1, "posemb": 3, "fewshot": 2, "finetune": 3, "backbone": 5, "page": 1}
-LIBRARIES = ("torch", "transformers", "datasets", "accelerate", "safetensors", "huggingface_hub", "numpy", "scipy",
-             "pillow", "tqdm")
 
 
 def say(text=""):
@@ -177,11 +175,7 @@ def code_digest(script):
     for path in [ROOT / script_file(script), *sorted((ROOT / "common").glob("*.py")),
                  ROOT / "data" / f"reference_{script}.json"]:
         digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
-    for library in LIBRARIES:
-        try:
-            digest.update(f"{library} {version(library)}\0".encode())
-        except PackageNotFoundError:
-            digest.update(f"{library} -\0".encode())
+    digest.update(json.dumps(library_versions(), sort_keys=True).encode())
     return digest.hexdigest()
 
 

@@ -23,7 +23,6 @@ import sys
 
 import torch
 
-from common import imagenette
 from common.checkpoints import (
     cached_weight_file,
     hub_offline,
@@ -43,6 +42,7 @@ from common.compute import (
     token_flops,
 )
 from common.errors import UserError
+from common.paths import IMAGENETTE_DIR
 from common.run import Run, guarded, run_sections
 from common.schedules import cosine_lr, warmup_linear_lr
 
@@ -212,7 +212,7 @@ def hybrid_picture(resolution=224):
     import numpy as np
     from PIL import Image
 
-    paths = sorted(imagenette.DEFAULT_DIR.glob("val/*/*.JPEG"))
+    paths = sorted(IMAGENETTE_DIR.glob("val/*/*.JPEG"))
     if paths:
         image, what = Image.open(paths[0]).convert("RGB"), str(paths[0])
     else:  # the stage shapes depend only on the picture's size

@@ -1,10 +1,12 @@
 """Where and how a run ran, for its --json record: library versions, device, precision, seed, commit, time, memory,
 and whether its checkpoint or data were stand-ins (job/standins.py), whose numbers mean nothing."""
+import contextlib
 import os
 import platform
 import subprocess
 import sys
 import time
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 STANDIN_MARK = "STAND-IN.txt"  # job/standins.py leaves this file in every folder it generates
@@ -16,21 +18,27 @@ def standin_inputs(args):
     return [str(path) for path in given if path and (Path(path) / STANDIN_MARK).is_file()]
 
 
+# what a run's numbers depend on; its record and the job's digest of a script's code read them from here
+LIBRARIES = ("torch", "transformers", "numpy", "scipy", "pillow", "datasets", "accelerate", "safetensors",
+             "huggingface_hub", "tqdm")
+
+
+def library_versions():
+    """{library: version} of those of LIBRARIES that are installed (the backbone's Trainer needs only some)."""
+    found = {}
+    for name in LIBRARIES:
+        with contextlib.suppress(PackageNotFoundError):
+            found[name] = version(name)
+    return found
+
+
 def environment(run):
     """Library versions, device, precision, seed, git commit, start time and duration of the run."""
-    import numpy
-    import PIL
-    import scipy
-    import torch
-    import transformers
-
     from common.device import float32_arithmetic
 
     args = run.args
     precision = getattr(args, "precision", "fp32")
-    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "numpy": numpy.__version__, "scipy": scipy.__version__, "pillow": PIL.__version__,
-            **optional_versions("datasets", "accelerate"),
+    return {"python": platform.python_version(), **library_versions(),
             "device": device_name(run.device), "processes": run.world,
             "precision": precision, "float32": float32_arithmetic(run.device, precision, run.fp32_rule),
             "seed": getattr(args, "seed", "-"),
@@ -54,19 +62,6 @@ def peak_memory(device):
     if device is not None and device.type == "cuda":
         peak["GPU"] = round(torch.cuda.max_memory_allocated(device) / 1e9, 2)
     return peak
-
-
-def optional_versions(*names):
-    """{name: version} of the libraries only some scripts need (the backbone's Trainer), where installed."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    found = {}
-    for name in names:
-        try:
-            found[name] = version(name)
-        except PackageNotFoundError:
-            pass
-    return found
 
 
 def device_name(device):

@@ -22,9 +22,9 @@ from common.checkpoints import cached_weight_file
 from common.errors import UserError
 from common.files import reason, write_atomic
 from common.loader import end_workers, picture_loader, start_workers, workers_text
+from common.paths import DATA_DIR, FEATURE_CACHE_DIR
 
-CHECKOUT = Path(__file__).resolve().parent.parent
-CACHE_DIR = CHECKOUT / "data" / "features"
+CACHE_DIR = FEATURE_CACHE_DIR
 
 
 def cache_key(name, model, **decides):
@@ -59,7 +59,7 @@ def dataset_digest(split):
 
 def shown(path):
     """The path from the checkout when it lies inside it (data/features), else in full."""
-    return path.relative_to(CHECKOUT) if path.is_relative_to(CHECKOUT) else path
+    return path.relative_to(DATA_DIR.parent) if path.is_relative_to(DATA_DIR.parent) else path
 
 
 def warn(text):

@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 
 from common.files import write_atomic
+from common.run import MATPLOTLIB_MISSING as INSTALL_HINT
 
-INSTALL_HINT = "matplotlib is not installed (pip install matplotlib)"
 ARTICLE_STYLE = {"marker": "x", "color": "black", "linestyle": "none", "markersize": 8, "label": "article"}
 
 

@@ -20,10 +20,11 @@ from PIL import Image
 
 from common.errors import UserError
 from common.files import reason, write_atomic
+from common.paths import IMAGENETTE_DIR
 
 URL = "https://s3.amazonaws.com/fast-ai-imageclas/imagenette2-160.tgz"
 ARCHIVE_MB = 94
-DEFAULT_DIR = Path(__file__).resolve().parent.parent / "data" / "imagenette2-160"
+DEFAULT_DIR = IMAGENETTE_DIR
 SPLIT_COUNTS = {"train": 9_469, "val": 3_925}
 # WordNet id, the article's short name, index among the 1,000 ImageNet-1k classes (checked against
 # the standard imagenet_class_index.json: 0 tench ... 701 parachute, n03888257; n03888605 is 702,

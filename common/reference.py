@@ -26,9 +26,9 @@ resumed). A difference with "moves": False (few-shot's --shots 1 5) changes no n
 import json
 import math
 from decimal import Decimal
-from pathlib import Path
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+from common.paths import DATA_DIR
+
 KINDS = ("nothing", "weights", "chance")
 VERDICTS = ("same", "close", "differs", "varies", "not comparable", "not run")
 LEGEND = ("same: equal at the article's digits; close: within the band the reference states, for the reason it "

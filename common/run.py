@@ -6,6 +6,7 @@ the script's loaders on first use, once per run; a failure is remembered, so eve
 that needs the resource reports the same one line.
 """
 import contextlib
+import importlib.util
 import json
 import os
 import select
@@ -14,12 +15,13 @@ import sys
 import time
 from pathlib import Path
 
-from common import figures
 from common.environment import environment, standin_inputs
 from common.errors import UserError
 from common.files import write_text
 from common.output import Report
 from common.reference import compare, load_reference, print_comparison
+
+MATPLOTLIB_MISSING = "matplotlib is not installed (pip install matplotlib)"  # --plots and the page say so
 
 
 class Run:
@@ -84,7 +86,8 @@ def run_sections(script, run, sections, setup_differences=None):
     report = Report(script, quiet=run.rank != 0)
     if getattr(run.args, "plots", None):
         check_output_dir(run.args.plots, "--plots")
-        figures.pyplot(report.say)  # without matplotlib, say so now, not after the long work
+        if importlib.util.find_spec("matplotlib") is None:  # said now, not after the long work
+            report.say(f"figures: {MATPLOTLIB_MISSING}; no figure saved")
     if os.environ.get(CHECK_ONLY) == "1":  # reproduce.py asks, before its job, whether this command would start
         return 0
     for section in sections:
