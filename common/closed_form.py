@@ -28,9 +28,12 @@ def closed_form(x, y, lam):
     """
     if lam > 0:
         gram = x.T @ x + lam * np.eye(x.shape[1])
-        factor, failed = scipy.linalg.lapack.dpotrf(gram, lower=0, clean=1)  # Cholesky, as solve(assume_a="pos")
-        if not failed and scipy.linalg.lapack.dpocon(factor, np.linalg.norm(gram, 1))[0] >= MIN_RCOND:
-            return scipy.linalg.lapack.dpotrs(factor, x.T @ y, lower=0)[0]
+        try:  # lambda > 0 makes X^T X + lambda I positive definite: Cholesky
+            factor = scipy.linalg.cho_factor(gram)
+        except scipy.linalg.LinAlgError:  # not so in floating point
+            factor = None
+        if factor and scipy.linalg.lapack.dpocon(factor[0], np.linalg.norm(gram, 1))[0] >= MIN_RCOND:  # upper factor
+            return scipy.linalg.cho_solve(factor, x.T @ y)
         # a lambda so small that X^T X + lambda I is (nearly) singular in floating point: solved stably below
     # The same minimum as least squares on X stacked over sqrt(lambda) I, Y over 0: no X^T X is formed, so
     # its squared condition number never costs digits (lambda = 0: the minimum-norm X^+ Y).
