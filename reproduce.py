@@ -42,6 +42,7 @@ from common.device import DEVICE_CHOICES, PRECISIONS
 from common.environment import library_versions
 from common.errors import UserError
 from common.files import reason, write_text
+from common.output import say
 from common.reference import VERDICTS, compare, counts_text, load_reference, verdict_counts
 from common.run import Terminated, check_output_dir, guarded
 from job import downloads
@@ -75,11 +76,6 @@ NEEDS, OPTIONAL = downloads.NEEDS, downloads.OPTIONAL  # a script's first piece 
 # MB each script writes into OUT at most besides fine-tuning's checkpoint: its JSON (the backbone's holds its
 # feature maps' pictures, 1.1 MB), figures and log; and the page
 WRITES_MB = {"setup": 1, "posemb": 3, "fewshot": 2, "finetune": 3, "backbone": 5, "page": 1}
-
-
-def say(text=""):
-    """Progress and plans for the person at the terminal: stderr. Results go to stdout."""
-    print(text, file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------- the flags

@@ -52,10 +52,11 @@ from common.cli import (
 )
 from common.closed_form import closed_form, targets, with_bias
 from common.device import PRECISIONS, float32_arithmetic, float32_rule, to_device
+from common.differences import flag_differences, subset_differences
 from common.errors import UserError
 from common.feature_cache import cache_key, cached, dataset_digest
 from common.loader import dataset_loader, end_workers, loader_workers, pass_timing, timed
-from common.reference import flag_differences, subset_differences, verdict
+from common.reference import verdict
 from common.run import Run, guarded, run_sections
 from common.trainer import preprocessed, progress_on_stderr, time_the_passes
 

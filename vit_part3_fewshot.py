@@ -38,12 +38,13 @@ from common.cli import (
     side_pixels,
 )
 from common.closed_form import closed_form, targets, with_bias
+from common.differences import cell_differences, flag_differences
 from common.errors import UserError
 from common.feature_cache import CACHE_DIR, cache_key, cached_passes, picture_digests, shown
 from common.imagenette import DEFAULT_DIR as DEFAULT_DATA_DIR
 from common.imagenette import class_names, data_differences, ensure_imagenette, list_split
 from common.inference import run_model
-from common.reference import article_values, cell_differences, flag_differences, load_reference
+from common.reference import article_values, load_reference
 from common.run import Run, guarded, run_sections
 
 DEFAULT_MODEL = "google/vit-base-patch16-224-in21k"

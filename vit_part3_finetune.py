@@ -47,6 +47,7 @@ from common.cli import (
     seed,
     side_pixels,
 )
+from common.differences import flag_differences
 from common.distributed import accumulating, first_process_first, sum_over_processes
 from common.errors import UserError
 from common.imagenette import DEFAULT_DIR as DEFAULT_DATA_DIR
@@ -54,7 +55,7 @@ from common.imagenette import class_folders, data_differences, ensure_imagenette
 from common.inference import accuracies, kept_batches
 from common.loader import add_timing, end_workers, pass_timing, picture_batches, picture_loader, started, timed
 from common.position_table import as_parameter_rows, bilinear_table, model_table
-from common.reference import article_values, flag_differences, load_reference
+from common.reference import article_values, load_reference
 from common.run import Run, check_output_dir, check_output_file, guarded, run_sections
 from common.schedules import warmup_cosine_lr
 from common.training import StopOnSignal, resume, rng_states, save_checkpoint, save_or_stop

@@ -30,6 +30,7 @@ import torch
 from common import figures
 from common.checkpoints import checkpoint_config, load_pretrained
 from common.cli import add_common_arguments, add_data_arguments, script_parser, side_pixels
+from common.differences import flag_differences
 from common.errors import UserError
 from common.imagenette import DEFAULT_DIR as DEFAULT_DATA_DIR
 from common.imagenette import data_differences, ensure_imagenette, imagenet_indices, list_split, load_all
@@ -46,7 +47,7 @@ from common.position_table import (
     split_table,
     stretch_positions,
 )
-from common.reference import article_values, flag_differences
+from common.reference import article_values
 from common.run import Run, guarded, run_sections
 
 DEFAULT_MODEL = "google/vit-base-patch16-224"

@@ -12,7 +12,6 @@ import functools
 import hashlib
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from common.checkpoints import cached_weight_file
 from common.errors import UserError
 from common.files import reason, write_atomic
 from common.loader import end_workers, picture_loader, start_workers, workers_text
+from common.output import say
 from common.paths import DATA_DIR, FEATURE_CACHE_DIR
 
 CACHE_DIR = FEATURE_CACHE_DIR
@@ -63,7 +63,7 @@ def shown(path):
 
 
 def warn(text):
-    print(f"warning: {text}", file=sys.stderr, flush=True)
+    say(f"warning: {text}")
 
 
 def read_arrays(path, description, rows, say=warn):

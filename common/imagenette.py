@@ -20,6 +20,7 @@ from PIL import Image
 
 from common.errors import UserError
 from common.files import reason, write_atomic
+from common.output import say
 from common.paths import IMAGENETTE_DIR
 
 URL = "https://s3.amazonaws.com/fast-ai-imageclas/imagenette2-160.tgz"
@@ -119,7 +120,7 @@ def data_differences(args, root, counts):
 
     counts: {split: pictures this run used, or None when the data did not load} of the splits it uses.
     """
-    from common.reference import subset_differences
+    from common.differences import subset_differences
 
     if root is not None and Path(root).is_dir() and class_folders(root, "val") != sorted(IMAGENETTE_WNIDS):
         return {"data set": {"flag": f"--data-dir {args.data_dir}",
@@ -220,8 +221,8 @@ def ensure_imagenette(data_dir=None, url=URL):
     if not root.is_dir():
         raise UserError(f"--data-dir {data_dir} is a file, not a folder of {{train,val}}/<class>/ pictures")
     warning = check_counts(root, strict=default)
-    if warning and os.environ.get("RANK", "0") == "0":
-        print(f"warning: {warning}", file=sys.stderr)
+    if warning:
+        say(f"warning: {warning}")
     return root
 
 

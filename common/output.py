@@ -1,17 +1,11 @@
-"""A run's output: what it prints, with every number it prints recorded under a name as it is printed.
+"""A run's output: each line printed from one template, every number on it recorded under its name as printed.
 
-A section computes its numbers first, then prints each line from one template, as the article prints it:
-
-    report.line("(0+1)/2 = {2x2 top middle:g}, (0+2)/2 = {2x2 middle left:g}", numbers)
-
-A field {name:spec} is filled from `numbers` (recorded as prefix + name, with the text it prints as) or
-from the keyword words (text, not recorded). spec is a format spec or a name of FORMATS; a name holding
-":" needs its spec (or an empty one) after a last ":". A list or array prints as the article prints
-lists, "[[7.0, 5.0], [5.0, 15.0]]" (a tuple, a shape, in parentheses), entry (i, j) recorded as
-"name[i,j]"; a row of cells fills a word with its parts, each from report.fill or report.num. --compare,
---json and the exit status read the numbers from here; no results dict is typed beside the printing.
+A field {name:spec} is filled from `numbers` (recorded as prefix + name) or from the keyword words (text, not
+recorded); spec is a format spec or a name of FORMATS; a list prints as the article prints lists, entry (i, j)
+recorded as "name[i,j]". --compare, --json and the exit status read the numbers from here (docs/layout.md).
 """
 import functools
+import os
 import re
 import sys
 
@@ -29,6 +23,12 @@ def millions(value):
 def zero_or_3g(value):
     """An exact zero as 0.0 (the zero head's body gradient), anything else to 3 significant digits."""
     return "0.0" if value == 0 else f"{value:.3g}"
+
+
+def say(text=""):
+    """The one way to tell the person at the terminal something: stderr (results go to stdout), once under torchrun."""
+    if os.environ.get("RANK", "0") == "0":
+        print(text, file=sys.stderr, flush=True)
 
 
 FORMATS = {"short": short, "repr": repr, "millions": millions, "zero or 3g": zero_or_3g}
@@ -156,6 +156,5 @@ class Report:
         self.could_not_run.append((title, str(problem)))
 
     def say(self, text):
-        """A message for the person at the terminal (stderr), once under torchrun."""
         if not self.quiet:
-            print(text, file=sys.stderr, flush=True)
+            say(text)

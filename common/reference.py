@@ -1,27 +1,8 @@
 """The article's logged numbers (data/reference_<script>.json) beside this run's, with honest verdicts.
 
-An entry holds the number exactly as the article prints it ("article", a string), what it depends on
-("kind"), and for some a "band" with the reason for it ("why"):
-  nothing  arithmetic, the by-hand examples, learning rates, ln 10: same or differs, nothing else;
-  weights  the weights and the data, nothing random (accuracies, position-table statistics, the
-           zero-head gradients): same, close (within the entry's band), or differs;
-  chance   random draws, the order of the pictures, the device's round-off (few-shot draws, losses,
-           gradient norms, timings): close or differs where the entry states a measured band,
-           otherwise varies: both numbers and their difference are shown, with no claim.
-"same" means equal at the article's printed digits.
-
-A verdict needs the article's inputs. Each script says how a run's setup differs from the article's
-(setup_differences: {item: {"flag", "why"}}, e.g. "validation pictures": "--per-class 6: 60 of 3,925
-validation pictures"). An entry's "inputs" lists the items its number depends on; without it, a
-number of kind nothing depends on none and any other number on all of them. A number whose inputs
-differ is "not comparable", with the flag, never "differs"; except an accuracy that is a sample of
-the article's ("sample": "validation pictures") when only that subset differs: it gets the 95%
-interval that the subset's size implies, and is close inside it, differs outside.
-
-A difference may also name the reference numbers this setup never produces ("removes": a 6-step
-fine-tuning run has no step 300): those are "not comparable" with its flag, not "not run", which is
-kept for what could have run and did not (a section that could not start, a run paused to be
-resumed). A difference with "moves": False (few-shot's --shots 1 5) changes no number it produces.
+An entry holds the number as the article prints it ("article", a string), what it depends on ("kind": nothing,
+weights or chance), the setup items it depends on ("inputs"), and for some a "band" with its reason ("why").
+What each verdict means, and when a number is not comparable or gets a sampling interval: docs/compare.md.
 """
 import json
 import math
@@ -142,59 +123,6 @@ def compare(numbers, reference, differences=None):
         row.update(extra)
         rows.append(row)
     return rows
-
-
-def flag_differences(args, article_flags):
-    """{item: difference} for each flag whose value is not the article's.
-
-    article_flags: {item: (argparse dest, the article's value)}, e.g. {"steps": ("steps", 300)}.
-    """
-    differences = {}
-    for item, (dest, article) in article_flags.items():
-        value = getattr(args, dest)
-        if value != article:
-            flag = f"--{dest.replace('_', '-')} {value:g}" if isinstance(value, float) else f"--{dest.replace('_', '-')} {value}"
-            differences[item] = {"flag": flag, "why": f"{flag}: the article's is {article:g}"
-                                 if isinstance(article, float) else f"{flag}: the article's is {article}"}
-    return differences
-
-
-def subset_differences(args, counts, released, how_chosen="the first {n} of each class"):
-    """{item: difference} for each split of which this run used another number of pictures than the release.
-
-    counts: {item ("validation pictures"): pictures this run used, or None when the data did not load};
-    released: {item: the release's count}. A subset carries n of the release's count, for the sampling
-    interval of its accuracies (see verdict_in_setup).
-    """
-    differences = {}
-    for item, count in counts.items():
-        if args.per_class and count is None:
-            differences[item] = {"flag": f"--per-class {args.per_class}",
-                                 "why": f"--per-class {args.per_class}: the first {args.per_class} {item} of each class"}
-        elif count is not None and count != released[item]:
-            flag = f"--per-class {args.per_class}" if args.per_class else f"--data-dir {args.data_dir}"
-            how = how_chosen.format(n=args.per_class) if args.per_class else "a partial copy"
-            differences[item] = {"flag": flag, "why": f"{flag}: {count:,} of {released[item]:,} {item} ({how})",
-                                 "n": count, "of": released[item]}
-    return differences
-
-
-def cell_differences(args, article_table, cells):
-    """{flag: difference} for each flag that picks other rows or columns of the article's table than the article.
-
-    article_table: {argparse dest: the article's values}, e.g. {"shots": [1, 5, 10]}; cells: {reference name:
-    {dest: the value its cell stands for}}. The cells this run does not fill are removed; those it fills stay
-    comparable ("moves": False), each depending on its own row and column alone.
-    """
-    differences = {}
-    for dest, article in article_table.items():
-        values = getattr(args, dest)
-        if sorted(values) != sorted(article):
-            shown = " ".join(f"{value:g}" for value in values)
-            differences[dest] = {"flag": f"--{dest} {shown}", "moves": False,
-                                 "removes": [name for name, cell in cells.items() if cell[dest] not in values],
-                                 "why": f"--{dest} {shown}: the article's are {', '.join(f'{v:g}' for v in article)}"}
-    return differences
 
 
 def setup_text(differences):

@@ -1,9 +1,5 @@
-"""One run of a script: its flags, device and resources, its list of sections, --compare and --json.
-
-Every section is a function `section_x(run, report)` whose docstring's first line names it ("2. the
-position table"). Resources (the checkpoint, the data folder, the decoded pictures) are loaded by
-the script's loaders on first use, once per run; a failure is remembered, so every later section
-that needs the resource reports the same one line.
+"""One run of a script: its flags, device and resources, its list of sections, --compare and --json, and how it
+ends (one line and an exit status for a user's error, Ctrl-C or SIGTERM). The sections' contract: docs/layout.md.
 """
 import contextlib
 import importlib.util
