@@ -56,6 +56,7 @@ from common.loader import (
     end_workers,
     picture_batches,
     picture_loader,
+    process_share,
     run_clock,
     run_passes,
     share_loader,
@@ -204,10 +205,11 @@ def zero_head(model):
     return model.classifier.weight.numel() + model.classifier.bias.numel()
 
 
-def process_share(items, rank, world):
-    """This process's contiguous share of a step's batch (an array, or a tuple of arrays)."""
-    share = len(items[0]) // world
-    return tuple(part[rank * share:(rank + 1) * share] for part in items)
+def random_head(model, seed):
+    """W_head drawn from a normal distribution of mean 0 and std RANDOM_HEAD_STD, by a generator of its own seed."""
+    weight = model.classifier.weight  # drawn on the host, so that every device gets the same numbers
+    with torch.no_grad():
+        weight.copy_(torch.randn(weight.shape, generator=torch.Generator().manual_seed(seed)) * RANDOM_HEAD_STD)
 
 
 # ---------------------------------------------------------------- the model and the pictures
@@ -252,12 +254,10 @@ def load_checkpoint(run):
     """(model, loading info) of --model, loaded by the first process first (it downloads), its resolution checked."""
     from transformers import ViTForImageClassification
 
-    def load():
-        checkpoint = load_pretrained(ViTForImageClassification, run.args.model, output_loading_info=True)
-        check_resolution(checkpoint[0].config, run.args.resolution)
-        return checkpoint
-
-    return first_process_first(run, load)
+    model, info = first_process_first(run, lambda: load_pretrained(ViTForImageClassification, run.args.model,
+                                                                   output_loading_info=True))
+    check_resolution(model.config, run.args.resolution)
+    return model, info
 
 
 def load_classifier(run):
@@ -299,14 +299,6 @@ def section_data_and_model(run, report):
                     new_rows=n_new * n_new + 1)
 
 
-def first_step_batch(run, data):
-    """The pictures and labels of step 1, on the device."""
-    indices, flips = step_pictures(1, run.args.batch_size, len(data["train"]), run.args.seed)
-    items = [data["train"][i] for i in indices]
-    loader = picture_loader([path for path, _ in items], run.device, workers=0)
-    pixels = next(picture_batches(loader, run.args.resolution, len(items), flips))
-    labels = torch.tensor([label for _, label in items], device=run.device)
-    return to_pixels(pixels, run.device), labels
 def section_zero_head(run, report):
     """1. step 0 with the zero head"""
     data, classifier = run.need("data", "classifier")
@@ -314,18 +306,20 @@ def section_zero_head(run, report):
         return
     model, classes = classifier["model"], data["classes"]
     report.header("1. step 0 with the zero head")
-    pixels, labels = first_step_batch(run, data)
+    indices, flips = step_pictures(1, run.args.batch_size, len(data["train"]), run.args.seed)  # step 1's pictures
+    loader = picture_loader([data["train"][i][0] for i in indices], run.device, workers=0)
+    pixels = to_pixels(next(picture_batches(loader, run.args.resolution, len(indices), flips)), run.device)
+    labels = torch.tensor([data["train"][i][1] for i in indices], device=run.device)
     passes = run.world * run.args.accum_steps  # the micro-batch of a training step, so the peak is training's
     with run.autocast:
         zero = head_step(model, pixels, labels, passes)
     first = zero["logits"][0]
     probabilities = torch.softmax(first.float(), 0)
+    by_hand, autograd = zero["head by hand"], zero["head autograd"]
     numbers = {"zero head logits": first, "zero head probability": round(probabilities[0].item(), 6),
                "zero head probability min": probabilities.min(), "zero head probability max": probabilities.max(),
-               "ln 10": math.log(classes), "zero head loss": zero["loss"],
-               "head gradient norm by hand": zero["head by hand"].norm(),
-               "head gradient norm autograd": zero["head autograd"].norm(),
-               "head gradient max diff": (zero["head by hand"] - zero["head autograd"]).abs().max(),
+               "ln 10": math.log(classes), "zero head loss": zero["loss"], "head gradient norm by hand": by_hand.norm(),
+               "head gradient norm autograd": autograd.norm(), "head gradient max diff": (by_hand - autograd).abs().max(),
                "body numbers (M)": sum(p.numel() for name, p in model.named_parameters()
                                        if not name.startswith("classifier.")) / 1e6,
                "zero head body gradient norm": zero["body norm"]}
@@ -343,22 +337,7 @@ def section_zero_head(run, report):
     report.line("gradient reaching the body (all {body numbers (M):millions} other numbers): norm "
                 "{zero head body gradient norm:zero or 3g}  (W_head^T (softmax - one_hot) = 0 because W_head = 0)",
                 numbers)
-    report_random_head(run, report, model, pixels, labels, passes)
-
-
-
-
-def random_head(model, seed):
-    """W_head drawn from a normal distribution of mean 0 and std RANDOM_HEAD_STD, by a generator of its own seed."""
-    with torch.no_grad():
-        head = model.classifier
-        head.weight.copy_(torch.randn(head.weight.shape, generator=torch.Generator().manual_seed(seed)) *
-                          RANDOM_HEAD_STD)
-
-
-def report_random_head(run, report, model, pixels, labels, passes):
-    """For comparison: a random head's loss and the gradient it sends into the body; the zero head is restored."""
-    random_head(model, run.args.seed)
+    random_head(model, run.args.seed)  # for comparison: the loss and the body's gradient of a random head
     with run.autocast:
         noisy = head_step(model, pixels, labels, passes)
     zero_head(model)
@@ -369,6 +348,9 @@ def report_random_head(run, report, model, pixels, labels, passes):
                 "{random head logit min:.2f} to {random head logit max:.2f}",
                 {"random head loss": noisy["loss"], "random head body gradient norm": noisy["body norm"],
                  "random head logit min": logits.min(), "random head logit max": logits.max()}, std=RANDOM_HEAD_STD)
+
+
+
 
 
 STEP_LINE = ("step {step:3d}: lr {lr:.5f}  loss {loss:.4f}  gradient norm before clipping {norm:7.3f}  validation "
@@ -538,8 +520,7 @@ def setup_differences(run):
     """How this run's setup differs from the article's: the pictures and the recipe. Another --steps also removes
     the article's rows of the steps this run never logs: not comparable, not "not run"."""
     args, data = run.args, run.loaded.get("data")
-    loaded = isinstance(data, dict)
-    counts = {"train": len(data["train"]) if loaded else None, "val": len(data["val"]) if loaded else None}
+    counts = {split: len(data[split]) if isinstance(data, dict) else None for split in ("train", "val")}
     differences = {**data_differences(args, args.data_dir or DEFAULT_DATA_DIR, counts),
                    **flag_differences(args, ARTICLE_FLAGS)}
     if "steps" in differences:
@@ -549,7 +530,7 @@ def setup_differences(run):
     return differences
 
 
-def parse_flags(argv):
+def parse_flags(argv, world):
     parser = script_parser(__doc__)
     add_data_arguments(parser, MODEL, "the body to fine-tune; its head is replaced")
     parser.set_defaults(batch_size=BATCH)
@@ -563,18 +544,13 @@ def parse_flags(argv):
                                                           "end and on Ctrl-C or SIGTERM")
     parser.add_argument("--save-every", type=positive_int, default=50, help="steps between checkpoints")
     parser.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.pt of --save-dir")
-    parser.add_argument("--pause-at", type=positive_int, metavar="STEP", help="save and stop after STEP; --resume "
-                                                                              "continues")
+    parser.add_argument("--pause-at", type=positive_int, metavar="STEP", help="save and stop after STEP; --resume continues")
     parser.add_argument("--plots", metavar="DIR", help="save the loss, accuracy and LR curves as PNG (matplotlib)")
     add_common_arguments(parser)
     args = parser.parse_args(argv)
     if (args.resume or args.pause_at) and not args.save_dir:
         parser.error("--resume and --pause-at need --save-dir")
-    return args
-
-
-def check_before_work(args, world):
-    """Every flag and output path that can be checked without the data: one line and exit 2 before any work."""
+    # every flag and output path that can be checked without the data: one line and exit 2 before any work
     if args.batch_size % (world * args.accum_steps):
         raise UserError(f"--batch-size {args.batch_size} does not split into {world} process(es) x {args.accum_steps} "
                         f"accumulation step(s); use a multiple of {world * args.accum_steps}")
@@ -585,11 +561,11 @@ def check_before_work(args, world):
         check_output_file(args.json, "--json")  # before torchrun starts its processes
     if args.save_dir:
         check_output_dir(args.save_dir, "--save-dir")
+    return args
 
 
 def main(argv=None):
-    args = parse_flags(argv)
-    check_before_work(args, int(os.environ.get("WORLD_SIZE", "1")))
+    args = parse_flags(argv, int(os.environ.get("WORLD_SIZE", "1")))
     rank, world, device = distributed.start(args.device)
     if rank != 0:  # one process speaks for all
         os.environ["TQDM_DISABLE"] = "1"

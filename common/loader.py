@@ -167,6 +167,12 @@ def add_timing(total, timing):
         total[key] += value
 
 
+def process_share(items, rank, world):
+    """This process's contiguous share of a step's batch (an array, or a tuple of arrays)."""
+    share = len(items[0]) // world
+    return tuple(part[rank * share:(rank + 1) * share] for part in items)
+
+
 def step_batches(items, chosen, run, resolution, batch_size, history):
     """(pixels, labels) on the device for each (indices, flips) of `chosen` over the (path, label) items, in order:
     built ahead by a loader whose workers start now (started() counts them in the history), each batch's wait and

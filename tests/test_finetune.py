@@ -367,3 +367,23 @@ def test_script_without_the_checkpoint_says_so(pictures):
     titles = [text.split('"')[1] for text in lines]
     assert titles == ["0. data and model", "1. step 0 with the zero head", "2. fine-tuning"]
     assert all("checkpoint google/vit-base-patch16-224-in21k is not in the local" in text for text in lines)
+
+
+def test_the_random_head_for_comparison_is_normal_with_the_articles_std():
+    """random_head(): weights of mean 0 and std 0.02 (the article's line: 'a random head (normal, std 0.02)').
+
+    On n = 768,000 weights the sample variance s^2 satisfies (n - 1) s^2 / 0.02^2 ~ chi2(n - 1): its 1e-6 and 1 - 1e-6
+    quantiles (scipy) bound s, about 0.02 +- 0.4%; the mean lies within 5 sigma / sqrt(n) of 0. The bias stays 0."""
+    from scipy import stats
+
+    model = torch.nn.Module()
+    model.classifier = torch.nn.Linear(768, 1000)
+    torch.nn.init.zeros_(model.classifier.bias)
+    finetune.random_head(model, seed=0)
+    weights = model.classifier.weight.detach().numpy().astype(np.float64).ravel()
+    n, std = weights.size, 0.02
+    low, high = (std * math.sqrt(stats.chi2.ppf(q, n - 1) / (n - 1)) for q in (1e-6, 1 - 1e-6))
+    assert low < np.std(weights, ddof=1) < high and 0.0198 < low < high < 0.0202
+    assert abs(np.mean(weights)) < 5 * std / math.sqrt(n)
+    assert stats.kstest(weights, stats.norm(0, std).cdf).pvalue > 1e-6  # normal, not merely of that spread
+    assert not model.classifier.bias.any()
