@@ -49,13 +49,11 @@ from common.cli import (
 from common.distributed import accumulating, first_process_first, sum_over_processes
 from common.errors import UserError
 from common.imagenette import DEFAULT_DIR as DEFAULT_DATA_DIR
-from common.imagenette import class_folders, data_differences, ensure_imagenette, is_imagenette, list_split, to_pixels
+from common.imagenette import class_folders, data_differences, ensure_imagenette, is_imagenette, list_split
 from common.inference import accuracies, kept_batches
 from common.loader import (
     counted,
     end_workers,
-    picture_batches,
-    picture_loader,
     process_share,
     run_clock,
     run_passes,
@@ -67,7 +65,7 @@ from common.position_table import as_parameter_rows, bilinear_table, model_table
 from common.reference import article_values, flag_differences, load_reference
 from common.run import Run, check_output_dir, check_output_file, guarded, run_sections
 from common.schedules import warmup_cosine_lr
-from common.training import StopOnSignal, resume, rng_states, save_checkpoint, save_or_stop
+from common.training import StopOnSignal, micro_batches, resume, rng_states, save_checkpoint, save_or_stop
 
 # ---------------------------------------------------------------- the recipe
 # The article's run ("Our fine-tuning run"), the pieces of the paper's Table 4 at a smaller scale.
@@ -118,12 +116,9 @@ def lr_at(step, base_lr, total_steps):
 
 
 def step_pictures(step, batch_size, count, seed):
-    """(indices, flips) of the global batch of step s = 1, 2, ...
-
-    The batch is positions (s-1) B ... s B - 1 of an endless sequence of passes over the count
-    pictures; pass e has its own order and flips, drawn from the seed [seed, e]. It depends on the
-    step alone, so a resumed run, any number of processes and any accumulation see the same pictures.
-    """
+    """(indices, flips) of the global batch of step s = 1, 2, ...: positions (s-1) B ... s B - 1 of an endless sequence
+    of passes over the count pictures, pass e in its own order and flips, drawn from the seed [seed, e]. It depends on
+    the step alone, so a resumed run, any number of processes and any accumulation see the same pictures."""
     positions = np.arange((step - 1) * batch_size, step * batch_size)
     indices, flips = np.empty(batch_size, dtype=np.int64), np.empty(batch_size, dtype=bool)
     for epoch in np.unique(positions // count):
@@ -136,11 +131,8 @@ def step_pictures(step, batch_size, count, seed):
 
 
 def head_gradient_by_hand(features, logits, labels):
-    """dL/dW_head of the mean cross-entropy: (softmax - one_hot)^T y / batch, (classes, width).
-
-    With logits = y W^T + b and L = mean_i -ln p_i[t_i], dL/dlogits = (p - t) / batch, and the
-    weight's gradient is that error times the input y of each picture.
-    """
+    """dL/dW_head of the mean cross-entropy: (softmax - one_hot)^T y / batch, (classes, width). With logits = y W^T + b
+    and L = mean_i -ln p_i[t_i], dL/dlogits = (p - t) / batch, times the input y of each picture."""
     error = torch.softmax(logits, dim=1) - F.one_hot(labels, logits.shape[1]).to(logits.dtype)
     return error.T @ features / len(labels)
 
@@ -167,13 +159,6 @@ def body_gradient_norm(model):
     squares = sum(float(np.square(p.grad.cpu().numpy().astype(np.float64)).sum())
                   for name, p in model.named_parameters() if not name.startswith("classifier.") and p.grad is not None)
     return math.sqrt(squares)
-
-
-def micro_batches(pixels, labels, passes):
-    """(pictures, labels, weight) of each of `passes` parts of a batch; weight = the part's share of the batch, so
-    that the parts' mean losses, each times its weight, add up to the batch's mean loss (and so the gradients)."""
-    for x, y in zip(pixels.chunk(passes), labels.chunk(passes)):
-        yield x, y, len(y) / len(labels)
 
 
 def head_step(model, pixels, labels, passes=1):
@@ -215,12 +200,9 @@ def random_head(model, seed):
 # ---------------------------------------------------------------- the model and the pictures
 
 def build_classifier(checkpoint, classes, resolution):
-    """(model, pre-logits shape or None): the checkpoint's body with a zero head of `classes` outputs.
-
-    The head is replaced, not loaded; the pre-logits layer of an ImageNet-21k checkpoint is dropped
-    (ViTForImageClassification has none). At another resolution the position table is stretched by
-    the official 2D bilinear rule, as the paper does before fine-tuning.
-    """
+    """(model, pre-logits shape or None): the checkpoint's body with a new zero head of `classes` outputs; the
+    pre-logits layer of an ImageNet-21k checkpoint is dropped (ViTForImageClassification has none). At another
+    resolution the position table is stretched by the official 2D bilinear rule, as the paper does."""
     model, info = checkpoint
     config = model.config
     dropped = any(key.startswith("pooler.") for key in info.get("unexpected_keys", ()))
@@ -306,10 +288,8 @@ def section_zero_head(run, report):
         return
     model, classes = classifier["model"], data["classes"]
     report.header("1. step 0 with the zero head")
-    indices, flips = step_pictures(1, run.args.batch_size, len(data["train"]), run.args.seed)  # step 1's pictures
-    loader = picture_loader([data["train"][i][0] for i in indices], run.device, workers=0)
-    pixels = to_pixels(next(picture_batches(loader, run.args.resolution, len(indices), flips)), run.device)
-    labels = torch.tensor([data["train"][i][1] for i in indices], device=run.device)
+    first_batch = [step_pictures(1, run.args.batch_size, len(data["train"]), run.args.seed)]  # no workers for one batch
+    pixels, labels = next(step_batches(data["train"], first_batch, run, run.args.resolution, run.args.batch_size, {}, 0))
     passes = run.world * run.args.accum_steps  # the micro-batch of a training step, so the peak is training's
     with run.autocast:
         zero = head_step(model, pixels, labels, passes)

@@ -173,11 +173,13 @@ def process_share(items, rank, world):
     return tuple(part[rank * share:(rank + 1) * share] for part in items)
 
 
-def step_batches(items, chosen, run, resolution, batch_size, history):
+def step_batches(items, chosen, run, resolution, batch_size, history, workers=None):
     """(pixels, labels) on the device for each (indices, flips) of `chosen` over the (path, label) items, in order:
-    built ahead by a loader whose workers start now (started() counts them in the history), each batch's wait and
-    pictures timed into the history's training pass. The host's wait is the device's: each step ends in .item()."""
-    loader = started(picture_loader([items[i][0] for indices, _ in chosen for i in indices], run.device), history)
+    built ahead by a loader whose workers (picture_loader's) start now (started() counts them in the history), each
+    batch's wait and pictures timed into the history's training pass. The host's wait is the device's: each step ends
+    in .item()."""
+    paths = [items[i][0] for indices, _ in chosen for i in indices]
+    loader = started(picture_loader(paths, run.device, workers), history)
     flips = np.concatenate([f for _, f in chosen]) if chosen else None
     batches = timed(picture_batches(loader, resolution, batch_size, flips), run_passes(history)["training"])
     for (indices, _), batch in zip(chosen, batches):
