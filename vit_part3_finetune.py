@@ -28,7 +28,6 @@ import math
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -51,14 +50,23 @@ from common.differences import flag_differences
 from common.distributed import accumulating, first_process_first, sum_over_processes
 from common.errors import UserError
 from common.imagenette import DEFAULT_DIR as DEFAULT_DATA_DIR
-from common.imagenette import class_folders, data_differences, ensure_imagenette, is_imagenette, list_split, to_pixels
+from common.imagenette import class_folders, data_differences, ensure_imagenette, is_imagenette, list_split
 from common.inference import accuracies, kept_batches
-from common.loader import add_timing, end_workers, pass_timing, picture_batches, picture_loader, started, timed
+from common.loader import (
+    counted,
+    end_workers,
+    process_share,
+    run_clock,
+    run_passes,
+    share_loader,
+    step_batches,
+    waiting_seconds,
+)
 from common.position_table import as_parameter_rows, bilinear_table, model_table
 from common.reference import article_values, load_reference
 from common.run import Run, check_output_dir, check_output_file, guarded, run_sections
 from common.schedules import warmup_cosine_lr
-from common.training import StopOnSignal, resume, rng_states, save_checkpoint, save_or_stop
+from common.training import StopOnSignal, micro_batches, resume, rng_states, save_checkpoint, save_or_stop
 
 # ---------------------------------------------------------------- the recipe
 # The article's run ("Our fine-tuning run"), the pieces of the paper's Table 4 at a smaller scale.
@@ -74,6 +82,8 @@ AVERAGE_FACTOR = 0.99   # a Polyak average of the weights (the article's snippet
 RESOLUTION = 224        # pixels (the paper fine-tunes at 384)
 PRECISION = "fp32"      # the article ran on Apple's mps, which has no TF32
 REPORT_STEPS = (0, 5, 10, 25, 50, 100, 150, 200, 250, 300)  # the logged steps; another --steps scales them
+NORM_WINDOW = 50        # the first and last steps whose median gradient norm is printed (scaled as the steps)
+LOSS_WINDOW = 10        # the first and last steps whose mean loss is printed (scaled as the steps)
 MONITOR_PER_CLASS = 100  # the validation subset watched during the run, 1,000 pictures
 RANDOM_HEAD_STD = 0.02   # the random head shown for comparison
 ARTICLE_FLAGS = {"steps": ("steps", STEPS), "batch": ("batch_size", BATCH), "lr": ("lr", LR),
@@ -107,12 +117,9 @@ def lr_at(step, base_lr, total_steps):
 
 
 def step_pictures(step, batch_size, count, seed):
-    """(indices, flips) of the global batch of step s = 1, 2, ...
-
-    The batch is positions (s-1) B ... s B - 1 of an endless sequence of passes over the count
-    pictures; pass e has its own order and flips, drawn from the seed [seed, e]. It depends on the
-    step alone, so a resumed run, any number of processes and any accumulation see the same pictures.
-    """
+    """(indices, flips) of the global batch of step s = 1, 2, ...: positions (s-1) B ... s B - 1 of an endless sequence
+    of passes over the count pictures, pass e in its own order and flips, drawn from the seed [seed, e]. It depends on
+    the step alone, so a resumed run, any number of processes and any accumulation see the same pictures."""
     positions = np.arange((step - 1) * batch_size, step * batch_size)
     indices, flips = np.empty(batch_size, dtype=np.int64), np.empty(batch_size, dtype=bool)
     for epoch in np.unique(positions // count):
@@ -125,11 +132,8 @@ def step_pictures(step, batch_size, count, seed):
 
 
 def head_gradient_by_hand(features, logits, labels):
-    """dL/dW_head of the mean cross-entropy: (softmax - one_hot)^T y / batch, (classes, width).
-
-    With logits = y W^T + b and L = mean_i -ln p_i[t_i], dL/dlogits = (p - t) / batch, and the
-    weight's gradient is that error times the input y of each picture.
-    """
+    """dL/dW_head of the mean cross-entropy: (softmax - one_hot)^T y / batch, (classes, width). With logits = y W^T + b
+    and L = mean_i -ln p_i[t_i], dL/dlogits = (p - t) / batch, times the input y of each picture."""
     error = torch.softmax(logits, dim=1) - F.one_hot(labels, logits.shape[1]).to(logits.dtype)
     return error.T @ features / len(labels)
 
@@ -156,13 +160,6 @@ def body_gradient_norm(model):
     squares = sum(float(np.square(p.grad.cpu().numpy().astype(np.float64)).sum())
                   for name, p in model.named_parameters() if not name.startswith("classifier.") and p.grad is not None)
     return math.sqrt(squares)
-
-
-def micro_batches(pixels, labels, passes):
-    """(pictures, labels, weight) of each of `passes` parts of a batch; weight = the part's share of the batch, so
-    that the parts' mean losses, each times its weight, add up to the batch's mean loss (and so the gradients)."""
-    for x, y in zip(pixels.chunk(passes), labels.chunk(passes)):
-        yield x, y, len(y) / len(labels)
 
 
 def head_step(model, pixels, labels, passes=1):
@@ -194,21 +191,19 @@ def zero_head(model):
     return model.classifier.weight.numel() + model.classifier.bias.numel()
 
 
-def process_share(items, rank, world):
-    """This process's contiguous share of a step's batch (an array, or a tuple of arrays)."""
-    share = len(items[0]) // world
-    return tuple(part[rank * share:(rank + 1) * share] for part in items)
+def random_head(model, seed):
+    """W_head drawn from a normal distribution of mean 0 and std RANDOM_HEAD_STD, by a generator of its own seed."""
+    weight = model.classifier.weight  # drawn on the host, so that every device gets the same numbers
+    with torch.no_grad():
+        weight.copy_(torch.randn(weight.shape, generator=torch.Generator().manual_seed(seed)) * RANDOM_HEAD_STD)
 
 
 # ---------------------------------------------------------------- the model and the pictures
 
 def build_classifier(checkpoint, classes, resolution):
-    """(model, pre-logits shape or None): the checkpoint's body with a zero head of `classes` outputs.
-
-    The head is replaced, not loaded; the pre-logits layer of an ImageNet-21k checkpoint is dropped
-    (ViTForImageClassification has none). At another resolution the position table is stretched by
-    the official 2D bilinear rule, as the paper does before fine-tuning.
-    """
+    """(model, pre-logits shape or None): the checkpoint's body with a new zero head of `classes` outputs; the
+    pre-logits layer of an ImageNet-21k checkpoint is dropped (ViTForImageClassification has none). At another
+    resolution the position table is stretched by the official 2D bilinear rule, as the paper does."""
     model, info = checkpoint
     config = model.config
     dropped = any(key.startswith("pooler.") for key in info.get("unexpected_keys", ()))
@@ -221,17 +216,6 @@ def build_classifier(checkpoint, classes, resolution):
         stretched = bilinear_table(model_table(model), n_new)
         model.vit.embeddings.position_embeddings = torch.nn.Parameter(as_parameter_rows(stretched, "cpu"))
     return model, pre_logits if dropped else None
-
-
-def load_checkpoint(name):
-    from transformers import ViTForImageClassification
-
-    return load_pretrained(ViTForImageClassification, name, output_loading_info=True)
-
-
-def load_classifier(name, classes, resolution):
-    """build_classifier() of the checkpoint `name`."""
-    return build_classifier(load_checkpoint(name), classes, resolution)
 
 
 def check_resolution(config, resolution):
@@ -249,137 +233,20 @@ def load_data(run):
             "name": "Imagenette" if is_imagenette(root) else Path(root).name}
 
 
-def load_the_checkpoint(run):
-    def load():
-        checkpoint = load_checkpoint(run.args.model)
-        check_resolution(checkpoint[0].config, run.args.resolution)
-        return checkpoint
+def load_checkpoint(run):
+    """(model, loading info) of --model, loaded by the first process first (it downloads), its resolution checked."""
+    from transformers import ViTForImageClassification
 
-    return first_process_first(run, load)
+    model, info = first_process_first(run, lambda: load_pretrained(ViTForImageClassification, run.args.model,
+                                                                   output_loading_info=True))
+    check_resolution(model.config, run.args.resolution)
+    return model, info
 
 
-def load_the_classifier(run):
+def load_classifier(run):
     checkpoint, data = run.need("checkpoint", "data")
     model, pre_logits = build_classifier(checkpoint, data["classes"], run.args.resolution)
     return {"model": model.to(run.device), "pre-logits": pre_logits}
-
-
-def share_loader(items, run, history):
-    """(A loader over this process's share of the pictures, every world-th, its workers started; their labels)."""
-    share = items[run.rank::run.world]
-    return started(picture_loader([path for path, _ in share], run.device), history), [label for _, label in share]
-
-
-def read_monitor(items, batch_size, run, history):
-    """The validation subset watched during the run, read once before the first step (an unreadable picture stops
-    the run there), its batches kept on the model's device: ({"pictures", "labels", "batch size"}, the reading's
-    timing, which counts as the checks' wait)."""
-    loader, labels = share_loader(items, run, history)
-    kept, timing = kept_batches(loader, run.args.resolution, batch_size, run.device)
-    return {"pictures": kept, "labels": labels, "batch size": batch_size}, timing
-
-
-def check_accuracy(model, monitor, run, desc):
-    """(per cent right on the validation subset, the check's pass timing), from the batches read_monitor() kept."""
-    (percent,), timing = accuracies([model], monitor["pictures"], monitor["labels"], run, monitor["batch size"], desc)
-    return percent, timing
-
-
-def training_batches(run, data, first, last, history):
-    """This process's (indices, flips) of steps first..last, and their pixel batches, built ahead beside a GPU."""
-    args = run.args
-    shares = [process_share(step_pictures(s, args.batch_size, len(data["train"]), args.seed), run.rank, run.world)
-              for s in range(first, last + 1)]
-    loader = started(picture_loader([data["train"][i][0] for indices, _ in shares for i in indices], run.device),
-                     history)
-    flips = np.concatenate([f for _, f in shares]) if shares else None
-    return shares, picture_batches(loader, args.resolution, args.batch_size // run.world, flips)
-
-
-# ---------------------------------------------------------------- the run and its checkpoint
-
-def prepare_training(run, report, model):
-    """The optimizer, the weight average, the DDP wrapper, and the step and history to start from."""
-    args = run.args
-    average = copy.deepcopy(model).requires_grad_(False)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
-    settings = {"model": args.model, "steps": args.steps, "batch size": args.batch_size, "lr": args.lr,
-                "seed": args.seed, "resolution": args.resolution, "per class": args.per_class,
-                "precision": args.precision, "processes": run.world}  # all but the processes must stay on --resume
-    start, history = 0, {"losses": [], "norms": [], "rows": [], "seconds": 0.0}
-    if args.resume:
-        state = resume(args.save_dir, CHECKPOINT, CHECKPOINT_FORMAT, "vit_part3_finetune.py", settings,
-                       {"model": model, "average": average, "optimizer": optimizer})
-        start, history = state["step"], state["history"]
-        report.line("resumed from {path} at step {start}", path=Path(args.save_dir) / CHECKPOINT, start=start)
-    history.setdefault("passes", {"training": pass_timing(), "checks": pass_timing()})
-    ids = [run.device.index] if run.device.type == "cuda" else None
-    trained = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids) if run.world > 1 else model
-    return {"model": model, "trained": trained, "average": average, "optimizer": optimizer, "settings": settings,
-            "start": start, "history": history, "clock": time.perf_counter() - history["seconds"]}
-
-
-def train(run, report, data, training, monitor, last_step):
-    """Steps start+1 .. last_step: the article's loop, its logged steps, and checkpoints (common/training.py)."""
-    args, model, trained, history = run.args, training["model"], training["trained"], training["history"]
-    optimizer, passes, reports, first = training["optimizer"], history["passes"], report_steps(args.steps), \
-        training["start"] + 1
-    shares, batches = training_batches(run, data, first, last_step, history)
-    batches = timed(batches, passes["training"])  # each step ends in .item(): the host's wait is the device's
-    steps = tqdm(range(first, last_step + 1), desc="fine-tuning", unit="step", file=sys.stderr, initial=first - 1,
-                 total=args.steps)
-    with StopOnSignal() as stop:
-        for step, (indices, _) in zip(steps, shares):
-            begun = time.perf_counter()
-            pixels = to_pixels(next(batches), run.device)
-            labels = torch.tensor([data["train"][i][1] for i in indices], device=run.device)
-            trained.train()
-            lr = lr_at(step, args.lr, args.steps)  # warm-up, then cosine to 0
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            optimizer.zero_grad(set_to_none=True)
-            loss = 0.0
-            for k, (x, y, weight) in enumerate(micro_batches(pixels, labels, args.accum_steps)):
-                with accumulating(trained, run, last=k == args.accum_steps - 1), run.autocast:
-                    logits = trained(pixel_values=x, interpolate_pos_encoding=True).logits.float()  # a float32 loss
-                    part = F.cross_entropy(logits, y) * weight  # this micro-batch's share of the batch's mean loss
-                    part.backward()
-                loss += part.item()
-            loss = sum_over_processes(loss, run) / run.world  # DDP averaged the gradients of the equal shares
-            if not math.isfinite(loss):
-                stop_diverged(args, loss, step, lr)
-            norm = torch.nn.utils.clip_grad_norm_(trained.parameters(), CLIP_NORM).item()  # global norm 1
-            optimizer.step()
-            update_average(training["average"], model)  # Polyak average, factor 0.99
-            history["losses"].append(loss)
-            history["norms"].append(norm)
-            passes["training"]["seconds"] += time.perf_counter() - begun
-            if step in reports:
-                model.eval()
-                percent, timing = check_accuracy(model, monitor, run, f"step {step}")
-                add_timing(passes["checks"], timing)
-                row = {"step": step, "lr": lr, "loss": loss, "norm": norm, "accuracy": percent,
-                       "seconds": time.perf_counter() - training["clock"],
-                       "waiting seconds": passes["training"]["waiting seconds"] + passes["checks"]["waiting seconds"]}
-                history["rows"].append(row)
-                report_step(report, row)
-            save_or_stop(run, stop, step, last_step, functools.partial(save, run, training, step), report.say)
-
-
-def stop_diverged(args, loss, step, lr):
-    saved = Path(args.save_dir) / CHECKPOINT if args.save_dir else None
-    where_saved = f"; the last good checkpoint is {saved}" if saved and saved.exists() else ""
-    raise UserError(f"the training loss is {loss} at step {step} (lr {lr:.2g}): the run stopped before applying "
-                    f"it{where_saved}; lower --lr")
-
-
-def save(run, training, step):
-    """Weights, average, momentum, step, history, settings and RNG states, as --resume needs them."""
-    training["history"]["seconds"] = time.perf_counter() - training["clock"]
-    state = {"model": training["model"].state_dict(), "average": training["average"].state_dict(),
-             "optimizer": training["optimizer"].state_dict(), "step": step, "history": training["history"],
-             "settings": training["settings"], "rng": rng_states()}
-    return save_checkpoint(Path(run.args.save_dir) / CHECKPOINT, state, CHECKPOINT_FORMAT)
 
 
 # ---------------------------------------------------------------- sections
@@ -415,16 +282,6 @@ def section_data_and_model(run, report):
                     new_rows=n_new * n_new + 1)
 
 
-def first_step_batch(run, data):
-    """The pictures and labels of step 1, on the device."""
-    indices, flips = step_pictures(1, run.args.batch_size, len(data["train"]), run.args.seed)
-    items = [data["train"][i] for i in indices]
-    loader = picture_loader([path for path, _ in items], run.device, workers=0)
-    pixels = next(picture_batches(loader, run.args.resolution, len(items), flips))
-    labels = torch.tensor([label for _, label in items], device=run.device)
-    return to_pixels(pixels, run.device), labels
-
-
 def section_zero_head(run, report):
     """1. step 0 with the zero head"""
     data, classifier = run.need("data", "classifier")
@@ -432,18 +289,18 @@ def section_zero_head(run, report):
         return
     model, classes = classifier["model"], data["classes"]
     report.header("1. step 0 with the zero head")
-    pixels, labels = first_step_batch(run, data)
+    first_batch = [step_pictures(1, run.args.batch_size, len(data["train"]), run.args.seed)]  # no workers for one batch
+    pixels, labels = next(step_batches(data["train"], first_batch, run, run.args.resolution, run.args.batch_size, {}, 0))
     passes = run.world * run.args.accum_steps  # the micro-batch of a training step, so the peak is training's
     with run.autocast:
         zero = head_step(model, pixels, labels, passes)
     first = zero["logits"][0]
     probabilities = torch.softmax(first.float(), 0)
+    by_hand, autograd = zero["head by hand"], zero["head autograd"]
     numbers = {"zero head logits": first, "zero head probability": round(probabilities[0].item(), 6),
                "zero head probability min": probabilities.min(), "zero head probability max": probabilities.max(),
-               "ln 10": math.log(classes), "zero head loss": zero["loss"],
-               "head gradient norm by hand": zero["head by hand"].norm(),
-               "head gradient norm autograd": zero["head autograd"].norm(),
-               "head gradient max diff": (zero["head by hand"] - zero["head autograd"]).abs().max(),
+               "ln 10": math.log(classes), "zero head loss": zero["loss"], "head gradient norm by hand": by_hand.norm(),
+               "head gradient norm autograd": autograd.norm(), "head gradient max diff": (by_hand - autograd).abs().max(),
                "body numbers (M)": sum(p.numel() for name, p in model.named_parameters()
                                        if not name.startswith("classifier.")) / 1e6,
                "zero head body gradient norm": zero["body norm"]}
@@ -461,41 +318,30 @@ def section_zero_head(run, report):
     report.line("gradient reaching the body (all {body numbers (M):millions} other numbers): norm "
                 "{zero head body gradient norm:zero or 3g}  (W_head^T (softmax - one_hot) = 0 because W_head = 0)",
                 numbers)
-    report_random_head(run, report, model, pixels, labels, passes)
-
-
-def report_random_head(run, report, model, pixels, labels, passes):
-    """For comparison: a random head's loss and the gradient it sends into the body; the zero head is restored."""
-    generator = torch.Generator().manual_seed(run.args.seed)
-    with torch.no_grad():
-        head = model.classifier
-        head.weight.copy_(torch.randn(head.weight.shape, generator=generator) * RANDOM_HEAD_STD)
+    random_head(model, run.args.seed)  # for comparison: the loss and the body's gradient of a random head
     with run.autocast:
-        random_head = head_step(model, pixels, labels, passes)
+        noisy = head_step(model, pixels, labels, passes)
     zero_head(model)
     model.zero_grad(set_to_none=True)
-    logits = random_head["logits"][0]
+    logits = noisy["logits"][0]
     report.line("for comparison, a random head (normal, std {std}): loss {random head loss:.4f}, gradient reaching "
                 "the body: norm {random head body gradient norm:zero or 3g}, logits of picture 1 range "
                 "{random head logit min:.2f} to {random head logit max:.2f}",
-                {"random head loss": random_head["loss"], "random head body gradient norm": random_head["body norm"],
+                {"random head loss": noisy["loss"], "random head body gradient norm": noisy["body norm"],
                  "random head logit min": logits.min(), "random head logit max": logits.max()}, std=RANDOM_HEAD_STD)
+
+
+
 
 
 STEP_LINE = ("step {step:3d}: lr {lr:.5f}  loss {loss:.4f}  gradient norm before clipping {norm:7.3f}  validation "
              "{accuracy:5.1f}%   [{seconds:.0f} s, {waiting seconds:.1f} s waiting for pictures]")
 
 
-def report_step(report, row):
-    """One logged step; its numbers are named after the step ("step 5 lr")."""
-    report.line(STEP_LINE, {key: value for key, value in row.items() if key != "step"}, prefix=f"step {row['step']} ",
-                step=row["step"])
-
-
 def section_finetune(run, report):
     """2. fine-tuning"""
     data, classifier = run.need("data", "classifier")
-    args, model = run.args, classifier["model"]
+    args = run.args
     warmup, micro = warmup_steps(args.steps), args.batch_size // (run.world * args.accum_steps)
     report.header("2. fine-tuning: {steps} steps, batch {batch}, SGD momentum {momentum}, no weight decay, base LR "
                   "{lr:g}, linear warm-up {warm-up steps} step{s}, cosine decay to 0, clip at global norm {clip}, "
@@ -506,89 +352,146 @@ def section_finetune(run, report):
         report.line("{resolution} pixels; batch {batch} = {world} process(es) x {accum} accumulation step(s) x "
                     "{micro} pictures", resolution=args.resolution, batch=args.batch_size, world=run.world,
                     accum=args.accum_steps, micro=micro)
-    training = prepare_training(run, report, model)
-    monitor = report_step_0(run, report, data, training, micro)
-    for row in training["history"]["rows"]:
-        report_step(report, row)
+    training = start_training(run, report, data, classifier["model"], micro)
     last_step = min(args.pause_at or args.steps, args.steps)
-    train(run, report, data, training, monitor, last_step)
-    if last_step < args.steps:
-        report_passes(report, training["history"], last_step)
-        report.line("paused after step {step} of {steps}; saved {path}: add --resume to continue", step=last_step,
-                    steps=args.steps, path=Path(args.save_dir) / CHECKPOINT)
-        keep_curves(run, report, training["history"], last_step)
-        return
-    finish_run(run, report, data, training)
+    train(run, report, data, training, last_step)
+    finish(run, report, data, training, last_step)
 
 
-def report_step_0(run, report, data, training, batch_size):
-    """The validation subset watched during the run and its accuracy before the first step (on --resume, from the
-    history); returns the subset for check_accuracy(). Reading its pictures counts as the checks' wait."""
-    args, model, history = run.args, training["model"], training["history"]
-    monitor_items = list_split(data["root"], "val", min(MONITOR_PER_CLASS, args.per_class or MONITOR_PER_CLASS))
-    monitor, reading = read_monitor(monitor_items, batch_size, run, history)
-    add_timing(history["passes"]["checks"], reading)
-    if training["start"] == 0:
-        model.eval()
-        history["step 0"], timing = check_accuracy(model, monitor, run, "step 0")
-        add_timing(history["passes"]["checks"], timing)
+def start_training(run, report, data, model, micro):
+    """The optimizer, the weight average, the DDP wrapper and the step to start from (--resume: the checkpoint's);
+    the validation subset watched during the run, read once, and its accuracy before the first step."""
+    args = run.args
+    average = copy.deepcopy(model).requires_grad_(False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
+    settings = {"model": args.model, "steps": args.steps, "batch size": args.batch_size, "lr": args.lr,
+                "seed": args.seed, "resolution": args.resolution, "per class": args.per_class,
+                "precision": args.precision, "processes": run.world}  # all but the processes must stay on --resume
+    start, history = 0, {"losses": [], "norms": [], "rows": [], "seconds": 0.0}
+    if args.resume:
+        state = resume(args.save_dir, CHECKPOINT, CHECKPOINT_FORMAT, "vit_part3_finetune.py", settings,
+                       {"model": model, "average": average, "optimizer": optimizer})
+        start, history = state["step"], state["history"]
+        report.line("resumed from {path} at step {start}", path=Path(args.save_dir) / CHECKPOINT, start=start)
+    clock, checks = run_clock(history), run_passes(history)["checks"]
+    ids = [run.device.index] if run.device.type == "cuda" else None
+    trained = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids) if run.world > 1 else model
+    items = list_split(data["root"], "val", min(MONITOR_PER_CLASS, args.per_class or MONITOR_PER_CLASS))
+    loader, labels = share_loader(items, run, history)
+    monitor = (kept_batches(loader, args.resolution, micro, run.device, checks), labels)  # an unreadable picture
+    # stops the run here, before the first step; the reading counts as the checks' wait
+    if start == 0:
+        (history["step 0"],), _ = accuracies([model.eval()], *monitor, run, micro, "step 0", into=checks)
         ties = not model.classifier.weight.any() and not model.classifier.bias.any()
         history["tie note"] = "  (zero head: every class ties, the first wins)" if ties else ""
     report.line("step   0: validation accuracy ({monitor pictures:,} pictures, {monitor per class} per class) "
-                "{step 0 validation:.1f}%{tie_note}", {"monitor pictures": len(monitor_items),
-                "monitor per class": len(monitor_items) // data["classes"], "step 0 validation": history["step 0"]},
+                "{step 0 validation:.1f}%{tie_note}", {"monitor pictures": len(items),
+                "monitor per class": len(items) // data["classes"], "step 0 validation": history["step 0"]},
                 tie_note=history["tie note"])
-    return monitor
+    return {"model": model, "trained": trained, "average": average, "optimizer": optimizer, "settings": settings,
+            "start": start, "history": history, "clock": clock, "monitor": monitor, "micro": micro}
 
 
-def report_passes(report, history, steps, final=None):
-    """One line: each pass over pictures with its time and the part of it the model waited for pictures."""
+def train(run, report, data, training, last_step):
+    """Steps start+1 .. last_step: the article's loop, its logged steps, and checkpoints (common/training.py)."""
+    args, model, trained, history = run.args, training["model"], training["trained"], training["history"]
+    optimizer, passes, first = training["optimizer"], run_passes(history), training["start"] + 1
+    for row in history["rows"]:  # a resumed run's logged steps, printed again
+        report.line(STEP_LINE, {k: v for k, v in row.items() if k != "step"}, prefix=f"step {row['step']} ",
+                    step=row["step"])
+    chosen = [process_share(step_pictures(s, args.batch_size, len(data["train"]), args.seed), run.rank, run.world)
+              for s in range(first, last_step + 1)]
+    batches = step_batches(data["train"], chosen, run, args.resolution, args.batch_size // run.world, history)
+    steps = tqdm(range(first, last_step + 1), desc="fine-tuning", unit="step", file=sys.stderr, initial=first - 1,
+                 total=args.steps)
+    with StopOnSignal() as stop:
+        for step in steps:
+            with counted(passes["training"]):  # a step's seconds, its wait for pictures included, not its check's
+                pixels, labels = next(batches)
+                trained.train()
+                lr = lr_at(step, args.lr, args.steps)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                optimizer.zero_grad(set_to_none=True)
+                loss = 0.0
+                for k, (x, y, weight) in enumerate(micro_batches(pixels, labels, args.accum_steps)):
+                    with accumulating(trained, run, last=k == args.accum_steps - 1), run.autocast:
+                        logits = trained(pixel_values=x, interpolate_pos_encoding=True).logits.float()  # a float32 loss
+                        part = F.cross_entropy(logits, y) * weight  # this micro-batch's share of the batch's mean loss
+                        part.backward()
+                    loss += part.item()
+                loss = sum_over_processes(loss, run) / run.world  # DDP averaged the gradients of the equal shares
+                if not math.isfinite(loss):
+                    saved = Path(args.save_dir or ".") / CHECKPOINT
+                    kept = f"; the last good checkpoint is {saved}" if args.save_dir and saved.exists() else ""
+                    raise UserError(f"the training loss is {loss} at step {step} (lr {lr:.2g}): the run stopped before "
+                                    f"applying it{kept}; lower --lr")
+                norm = torch.nn.utils.clip_grad_norm_(trained.parameters(), CLIP_NORM).item()
+                optimizer.step()
+                update_average(training["average"], model)
+                history["losses"].append(loss)
+                history["norms"].append(norm)
+            if step in report_steps(args.steps):
+                (percent,), _ = accuracies([model.eval()], *training["monitor"], run, training["micro"], f"step {step}",
+                                           into=passes["checks"])
+                numbers = {"lr": lr, "loss": loss, "norm": norm, "accuracy": percent, "seconds": training["clock"](),
+                           "waiting seconds": waiting_seconds(passes)}
+                history["rows"].append({"step": step, **numbers})
+                report.line(STEP_LINE, numbers, prefix=f"step {step} ", step=step)
+            save_or_stop(run, stop, step, last_step, functools.partial(save, run, training, step), report.say)
+
+
+def save(run, training, step):
+    """Weights, average, momentum, step, history, settings and RNG states, as --resume needs them."""
+    training["clock"]()  # the run's seconds so far, in the history
+    state = {"model": training["model"].state_dict(), "average": training["average"].state_dict(),
+             "optimizer": training["optimizer"].state_dict(), "step": step, "history": training["history"],
+             "settings": training["settings"], "rng": rng_states()}
+    return save_checkpoint(Path(run.args.save_dir) / CHECKPOINT, state, CHECKPOINT_FORMAT)
+
+
+def finish(run, report, data, training, last_step):
+    """At the end: how often clipping acted, the losses at both ends, both sets of weights on every validation
+    picture. Then, a paused run's too: the passes over pictures and the curves (kept for the page, drawn with
+    --plots)."""
+    args, history, final = run.args, training["history"], {}
+    if last_step == args.steps:
+        norm_window, loss_window = scaled(NORM_WINDOW, args.steps), scaled(LOSS_WINDOW, args.steps)
+        numbers = run_statistics(history["losses"], history["norms"], CLIP_NORM, norm_window, loss_window)
+        numbers["pictures seen"] = args.steps * args.batch_size
+        numbers["passes"] = numbers["pictures seen"] / len(data["train"])
+        report.line("clipping was active in {clipped steps} of {steps} steps; median gradient norm: first {window} "
+                    "steps {median norm first:.3f}, last {window} steps {median norm last:.3f}", numbers,
+                    steps=args.steps, window=norm_window)
+        report.line("mean training loss: steps 1 to {window} {mean loss first:.3f}, steps {last_from} to {steps} "
+                    "{mean loss last:.3f}; pictures seen {pictures seen:,} = {passes:.2f} passes over the training "
+                    "set", numbers, window=loss_window, last_from=args.steps - loss_window + 1, steps=args.steps)
+        loader, labels = share_loader(data["val"], run, history)
+        models = [training["model"].eval(), training["average"].eval()]
+        (last, averaged), final["both weights on all validation pictures"] = accuracies(
+            models, loader, labels, run, training["micro"], "both weights")
+        end_workers(loader)
+        report.line("on all {pictures:,} validation pictures: the weight average (factor {factor}) "
+                    "{average accuracy:.2f}%, the last weights {last accuracy:.2f}%",
+                    {"average accuracy": averaged, "last accuracy": last}, pictures=len(data["val"]),
+                    factor=AVERAGE_FACTOR)
     passes = history["passes"]
-    words = {"training": functools.partial(report.pass_text, "training", passes["training"]),
-             "checks": functools.partial(report.pass_text, "checks", passes["checks"]),
-             "finals": functools.partial(lambda: "".join(f"; {what} {report.pass_text(what, timing)}"
-                                                         for what, timing in (final or {}).items()))}
+    words = {what: functools.partial(report.pass_text, what, passes[what]) for what in ("training", "checks")}
     report.line("passes over pictures (this process's): training, {steps} steps {training}; the checks of the "
                 "validation subset, {checked:,} pictures in all {checks}{finals}; the loaders' {workers} worker "
                 "processes each (none on a CPU, whose cores the model uses) started in {start_up:.1f} s, outside "
-                "the passes", steps=steps, checked=passes["checks"]["pictures"], workers=history["loader workers"],
-                start_up=history["loader start-up seconds"], **words)
-
-
-def finish_run(run, report, data, training):
-    """How often clipping acted, the losses at both ends, and both sets of weights on every validation picture."""
-    args, history = run.args, training["history"]
-    norm_window, loss_window = scaled(50, args.steps), scaled(10, args.steps)
-    numbers = run_statistics(history["losses"], history["norms"], CLIP_NORM, norm_window, loss_window)
-    numbers["pictures seen"] = args.steps * args.batch_size
-    numbers["passes"] = numbers["pictures seen"] / len(data["train"])
-    report.line("clipping was active in {clipped steps} of {steps} steps; median gradient norm: first {window} steps "
-                "{median norm first:.3f}, last {window} steps {median norm last:.3f}", numbers, steps=args.steps,
-                window=norm_window)
-    report.line("mean training loss: steps 1 to {window} {mean loss first:.3f}, steps {last_from} to {steps} "
-                "{mean loss last:.3f}; pictures seen {pictures seen:,} = {passes:.2f} passes over the training set",
-                numbers, window=loss_window, last_from=args.steps - loss_window + 1, steps=args.steps)
-    loader, labels = share_loader(data["val"], run, history)
-    micro = args.batch_size // (run.world * args.accum_steps)
-    model, average = training["model"].eval(), training["average"].eval()
-    (last, averaged), final = accuracies([model, average], loader, labels, run, micro, "both weights")
-    end_workers(loader)
-    report.line("on all {pictures:,} validation pictures: the weight average (factor {factor}) "
-                "{average accuracy:.2f}%, the last weights {last accuracy:.2f}%",
-                {"average accuracy": averaged, "last accuracy": last}, pictures=len(data["val"]),
-                factor=AVERAGE_FACTOR)
-    report_passes(report, history, args.steps, {"both weights on all validation pictures": final})
-    keep_curves(run, report, history, args.steps)
-
-
-def keep_curves(run, report, history, steps):
-    """The curves of steps 1 .. steps, a paused run's too: kept for the page, drawn with --plots."""
+                "the passes", steps=last_step, checked=passes["checks"]["pictures"], workers=history["loader workers"],
+                start_up=history["loader start-up seconds"], **words, finals=functools.partial(
+                    lambda: "".join(f"; {what} {report.pass_text(what, timing)}" for what, timing in final.items())))
+    if last_step < args.steps:
+        report.line("paused after step {step} of {steps}; saved {path}: add --resume to continue", step=last_step,
+                    steps=args.steps, path=Path(args.save_dir) / CHECKPOINT)
     report.keep("training loss", history["losses"])
     report.keep("gradient norm", history["norms"])
-    report.keep("learning rate", [lr_at(step, run.args.lr, run.args.steps) for step in range(1, steps + 1)])
-    if run.args.plots and run.rank == 0:
+    report.keep("learning rate", [lr_at(step, args.lr, args.steps) for step in range(1, last_step + 1)])
+    if args.plots and run.rank == 0:
         figures.finetune_curves(report.series, report.values(), article_values("finetune"), CLIP_NORM,
-                                Path(run.args.plots) / FIGURE, report.say)
+                                Path(args.plots) / FIGURE, report.say)
 
 
 SECTIONS = [section_data_and_model, section_zero_head, section_finetune]
@@ -598,8 +501,7 @@ def setup_differences(run):
     """How this run's setup differs from the article's: the pictures and the recipe. Another --steps also removes
     the article's rows of the steps this run never logs: not comparable, not "not run"."""
     args, data = run.args, run.loaded.get("data")
-    loaded = isinstance(data, dict)
-    counts = {"train": len(data["train"]) if loaded else None, "val": len(data["val"]) if loaded else None}
+    counts = {split: len(data[split]) if isinstance(data, dict) else None for split in ("train", "val")}
     differences = {**data_differences(args, args.data_dir or DEFAULT_DATA_DIR, counts),
                    **flag_differences(args, ARTICLE_FLAGS)}
     if "steps" in differences:
@@ -609,7 +511,7 @@ def setup_differences(run):
     return differences
 
 
-def parse_flags(argv):
+def parse_flags(argv, world):
     parser = script_parser(__doc__)
     add_data_arguments(parser, MODEL, "the body to fine-tune; its head is replaced")
     parser.set_defaults(batch_size=BATCH)
@@ -623,18 +525,13 @@ def parse_flags(argv):
                                                           "end and on Ctrl-C or SIGTERM")
     parser.add_argument("--save-every", type=positive_int, default=50, help="steps between checkpoints")
     parser.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.pt of --save-dir")
-    parser.add_argument("--pause-at", type=positive_int, metavar="STEP", help="save and stop after STEP; --resume "
-                                                                              "continues")
+    parser.add_argument("--pause-at", type=positive_int, metavar="STEP", help="save and stop after STEP; --resume continues")
     parser.add_argument("--plots", metavar="DIR", help="save the loss, accuracy and LR curves as PNG (matplotlib)")
     add_common_arguments(parser)
     args = parser.parse_args(argv)
     if (args.resume or args.pause_at) and not args.save_dir:
         parser.error("--resume and --pause-at need --save-dir")
-    return args
-
-
-def check_before_work(args, world):
-    """Every flag and output path that can be checked without the data: one line and exit 2 before any work."""
+    # every flag and output path that can be checked without the data: one line and exit 2 before any work
     if args.batch_size % (world * args.accum_steps):
         raise UserError(f"--batch-size {args.batch_size} does not split into {world} process(es) x {args.accum_steps} "
                         f"accumulation step(s); use a multiple of {world * args.accum_steps}")
@@ -645,16 +542,16 @@ def check_before_work(args, world):
         check_output_file(args.json, "--json")  # before torchrun starts its processes
     if args.save_dir:
         check_output_dir(args.save_dir, "--save-dir")
+    return args
 
 
 def main(argv=None):
-    args = parse_flags(argv)
-    check_before_work(args, int(os.environ.get("WORLD_SIZE", "1")))
+    args = parse_flags(argv, int(os.environ.get("WORLD_SIZE", "1")))
     rank, world, device = distributed.start(args.device)
     if rank != 0:  # one process speaks for all
         os.environ["TQDM_DISABLE"] = "1"
     torch.manual_seed(args.seed)
-    loaders = {"data": load_data, "checkpoint": load_the_checkpoint, "classifier": load_the_classifier}
+    loaders = {"data": load_data, "checkpoint": load_checkpoint, "classifier": load_classifier}
     try:
         status = run_sections("finetune", Run(args, loaders, device, rank, world), SECTIONS, setup_differences)
         distributed.finish_together(world)  # a process that leaves while the first writes its JSON can abort gloo

@@ -105,6 +105,13 @@ def resume(save_dir, name, version, program, settings, into):
     return state
 
 
+def micro_batches(pixels, labels, passes):
+    """(pictures, labels, weight) of each of `passes` parts of a batch; weight = the part's share of the batch, so
+    that the parts' mean losses, each times its weight, add up to the batch's mean loss (and so the gradients)."""
+    for x, y in zip(pixels.chunk(passes), labels.chunk(passes)):
+        yield x, y, len(y) / len(labels)
+
+
 class StopOnSignal:
     """In the block, a first Ctrl-C or SIGTERM asks to stop after the current step (saved whole); a second, at once.
 

@@ -153,29 +153,28 @@ def train(monkeypatch, model, optimizer, batches, labels, steps, accum_steps=1, 
     """finetune.train() on these batches (already the model's inputs), its checks and checkpoints replaced; with lr,
     every step's LR is lr. Returns its history (the loss and gradient norm of each step), its report, and the
     training state (the average). Each check must see the model in eval mode; each step asks for a checkpoint."""
-    monkeypatch.setattr(finetune, "training_batches", lambda run, data, first, last, history: (
-        [(np.arange(len(labels)), np.zeros(len(labels), dtype=bool))] * steps, iter(batches)))
-    monkeypatch.setattr(finetune, "to_pixels", lambda pixels, device: pixels)
+    monkeypatch.setattr(finetune, "step_batches", lambda items, chosen, run, resolution, batch_size, history: (
+        (pixels, labels) for pixels in batches))
 
-    def check_accuracy(model, monitor, run, desc):
-        assert not model.training  # a check is an evaluation: no dropout
-        return 10.0, pass_timing()
+    def accuracies(models, pictures, labels, run, batch_size, desc, into):
+        assert not any(model.training for model in models)  # a check is an evaluation: no dropout
+        return [10.0], pass_timing()
 
     asked = []
-    monkeypatch.setattr(finetune, "check_accuracy", check_accuracy)
+    monkeypatch.setattr(finetune, "accuracies", accuracies)
     monkeypatch.setattr(finetune, "save_or_stop", lambda run, stop, step, *args: asked.append(step))
     if lr is not None:
         monkeypatch.setattr(finetune, "lr_at", lambda step, base_lr, total_steps: lr)
     args = SimpleNamespace(lr=0.003, steps=steps, batch_size=len(labels), accum_steps=accum_steps, seed=0,
-                           save_dir=None)
+                           save_dir=None, resolution=224)
     run = SimpleNamespace(args=args, device=torch.device("cpu"), rank=0, world=world,
                           autocast=contextlib.nullcontext())
     history = {"losses": [], "norms": [], "rows": [], "seconds": 0.0,
                "passes": {"training": pass_timing(), "checks": pass_timing()}}
     training = {"model": model, "trained": model, "average": copy.deepcopy(model), "optimizer": optimizer, "start": 0,
-                "history": history, "clock": time.perf_counter()}
+                "history": history, "clock": time.perf_counter, "monitor": ([], []), "micro": len(labels)}
     report = Report("finetune", quiet=True)
-    finetune.train(run, report, {"train": [(None, int(label)) for label in labels]}, training, None, steps)
+    finetune.train(run, report, {"train": [(None, int(label)) for label in labels]}, training, steps)
     assert asked == list(range(1, steps + 1))  # a checkpoint (or a stop) is considered after every step
     return history, report, training
 

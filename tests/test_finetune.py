@@ -14,7 +14,9 @@ from conftest import ARTICLE, ROOT, article_block
 
 import vit_part3_finetune as finetune
 from common import distributed, training
-from common.inference import accuracies
+from common.checkpoints import load_pretrained
+from common.inference import accuracies, kept_batches
+from common.loader import pass_timing, share_loader
 from common.schedules import warmup_cosine_lr
 
 # The article's step lines: step, lr as printed.
@@ -79,8 +81,16 @@ def test_head_gradient_by_hand_equals_autograd():
     assert torch.allclose(finetune.head_gradient_by_hand(y, logits.detach(), labels), head.weight.grad, atol=1e-6)
 
 
+def classifier(checkpoint, resolution=224):
+    """The stand-in checkpoint with a zero head of 10 classes, as the script builds it."""
+    from transformers import ViTForImageClassification
+
+    return finetune.build_classifier(load_pretrained(ViTForImageClassification, str(checkpoint),
+                                                     output_loading_info=True), 10, resolution)
+
+
 def test_zero_head_gives_ln_10_and_no_gradient_to_the_body(tiny_in21k):
-    model, pre_logits = finetune.load_classifier(str(tiny_in21k), 10, 224)
+    model, pre_logits = classifier(tiny_in21k)
     assert pre_logits == (32, 32) and model.vit.pooler is None
     assert finetune.zero_head(model) == 32 * 10 + 10
     pixels = torch.randn(4, 3, 224, 224, generator=torch.Generator().manual_seed(0))
@@ -94,7 +104,7 @@ def test_zero_head_gives_ln_10_and_no_gradient_to_the_body(tiny_in21k):
 def test_the_zero_head_step_in_micro_batches_is_the_batchs_step(tiny_in21k):
     """--accum-steps 4 in section 1: four passes of 2 pictures give the batch's loss and gradients (so the peak
     memory is a micro-batch's and the printed numbers the article's arithmetic)."""
-    model, _ = finetune.load_classifier(str(tiny_in21k), 10, 224)
+    model, _ = classifier(tiny_in21k)
     with torch.no_grad():
         model.classifier.weight.normal_(0, 0.02, generator=torch.Generator().manual_seed(1))  # a head that learns
     pixels = torch.randn(8, 3, 224, 224, generator=torch.Generator().manual_seed(0))
@@ -109,8 +119,8 @@ def test_the_zero_head_step_in_micro_batches_is_the_batchs_step(tiny_in21k):
 
 def test_one_pass_gives_each_models_accuracy_and_the_checks_read_the_kept_batches(tiny_in21k, pictures):
     """accuracies(): one pass, each batch through both models, each model's accuracy as a model run alone on every
-    picture gives it. read_monitor() reads the checks' pictures once, in the checks' batches; check_accuracy() reads
-    those, twice with the same result."""
+    picture gives it. kept_batches() reads the checks' pictures once, in the checks' batches; a check reads those,
+    twice with the same result, each check's timing added to the checks' total."""
     from types import SimpleNamespace
 
     from common.imagenette import list_split, preprocess
@@ -118,7 +128,7 @@ def test_one_pass_gives_each_models_accuracy_and_the_checks_read_the_kept_batche
 
     models = []
     for seed in (1, 2):
-        model, _ = finetune.load_classifier(str(tiny_in21k), 10, 224)
+        model, _ = classifier(tiny_in21k)
         with torch.no_grad():
             model.classifier.weight.normal_(0, 1, generator=torch.Generator().manual_seed(seed))
         models.append(model.eval())
@@ -134,24 +144,28 @@ def test_one_pass_gives_each_models_accuracy_and_the_checks_read_the_kept_batche
     percents, timing = accuracies(models, loader, list(labels), run, 16, "both")
     assert percents == pytest.approx(by_hand, abs=1e-9) and timing["pictures"] == len(items)
 
-    monitor, reading = finetune.read_monitor(items, 16, run, {})
-    assert [len(batch) for batch in monitor["pictures"]] == [16, 16, 8] and reading["pictures"] == 0
-    assert monitor["labels"] == list(labels)
-    for _ in range(2):
-        percent, timing = finetune.check_accuracy(models[0], monitor, run, "check")
+    checks = pass_timing()
+    loader, shared = share_loader(items, run, {})
+    kept = kept_batches(loader, 224, 16, run.device, checks)
+    assert [len(batch) for batch in kept] == [16, 16, 8] and checks["pictures"] == 0
+    assert shared == list(labels)
+    for k in (1, 2):
+        (percent,), timing = accuracies([models[0]], kept, shared, run, 16, "check", into=checks)
         assert percent == pytest.approx(by_hand[0], abs=1e-9) and timing["pictures"] == len(items)
+        assert checks["pictures"] == k * len(items)
 
 
 def test_reading_the_checks_pictures_counts_as_the_checks_wait(tiny_in21k, pictures, tmp_path, capsys, monkeypatch):
     """The checks' pictures are read before the first step; that time is the checks' (seconds and wait)."""
-    real_read = finetune.read_monitor
+    real_read = finetune.kept_batches
 
-    def slow_read(*args):
-        monitor, timing = real_read(*args)
-        return monitor, {**timing, "seconds": timing["seconds"] + 1000, "waiting seconds": timing["waiting seconds"] +
-                         1000}
+    def slow_read(loader, resolution, batch_size, device, into):
+        kept = real_read(loader, resolution, batch_size, device, into)
+        into["seconds"] += 1000
+        into["waiting seconds"] += 1000
+        return kept
 
-    monkeypatch.setattr(finetune, "read_monitor", slow_read)
+    monkeypatch.setattr(finetune, "kept_batches", slow_read)
     status, _ = run_main(common_flags(tiny_in21k, pictures, tmp_path, steps=2) + ["--json", str(tmp_path / "a.json")],
                          capsys)
     checks = json.loads((tmp_path / "a.json").read_text())["passes"]["checks"]
@@ -188,7 +202,7 @@ def test_leave_skips_the_interpreters_finalization_only_once_all_processes_are_d
 
 
 def test_resolution_384_stretches_the_table_with_the_official_rule(tiny_in21k):
-    model, _ = finetune.load_classifier(str(tiny_in21k), 10, 384)
+    model, _ = classifier(tiny_in21k, 384)
     assert model.vit.embeddings.position_embeddings.shape == (1, 577, 32)
     logits = model(pixel_values=torch.zeros(1, 3, 384, 384), interpolate_pos_encoding=True).logits
     assert logits.shape == (1, 10)
@@ -353,3 +367,23 @@ def test_script_without_the_checkpoint_says_so(pictures):
     titles = [text.split('"')[1] for text in lines]
     assert titles == ["0. data and model", "1. step 0 with the zero head", "2. fine-tuning"]
     assert all("checkpoint google/vit-base-patch16-224-in21k is not in the local" in text for text in lines)
+
+
+def test_the_random_head_for_comparison_is_normal_with_the_articles_std():
+    """random_head(): weights of mean 0 and std 0.02 (the article's line: 'a random head (normal, std 0.02)').
+
+    On n = 768,000 weights the sample variance s^2 satisfies (n - 1) s^2 / 0.02^2 ~ chi2(n - 1): its 1e-6 and 1 - 1e-6
+    quantiles (scipy) bound s, about 0.02 +- 0.4%; the mean lies within 5 sigma / sqrt(n) of 0. The bias stays 0."""
+    from scipy import stats
+
+    model = torch.nn.Module()
+    model.classifier = torch.nn.Linear(768, 1000)
+    torch.nn.init.zeros_(model.classifier.bias)
+    finetune.random_head(model, seed=0)
+    weights = model.classifier.weight.detach().numpy().astype(np.float64).ravel()
+    n, std = weights.size, 0.02
+    low, high = (std * math.sqrt(stats.chi2.ppf(q, n - 1) / (n - 1)) for q in (1e-6, 1 - 1e-6))
+    assert low < np.std(weights, ddof=1) < high and 0.0198 < low < high < 0.0202
+    assert abs(np.mean(weights)) < 5 * std / math.sqrt(n)
+    assert stats.kstest(weights, stats.norm(0, std).cdf).pvalue > 1e-6  # normal, not merely of that spread
+    assert not model.classifier.bias.any()

@@ -272,21 +272,22 @@ def test_the_loaders_batches_on_cuda_are_pinned_and_equal_the_cpus(pictures, dec
 
 @GPU
 def test_fine_tunings_checks_keep_their_batches_on_the_gpu(pictures):
-    """read_monitor() on CUDA (the loader's workers and pinning): the batches the checks read are on the GPU, in the
+    """kept_batches() on CUDA (the loader's workers and pinning): the batches the checks read are on the GPU, in the
     checks' batch sizes, and equal to the CPU's."""
     from types import SimpleNamespace
 
     from common.imagenette import list_split
-    from vit_part3_finetune import read_monitor
+    from common.inference import kept_batches
+    from common.loader import pass_timing, share_loader
 
     items = list_split(pictures, "val")
     kept = {}
     for device in (torch.device("cpu"), CUDA):
-        run = SimpleNamespace(args=SimpleNamespace(resolution=32), device=device, world=1, rank=0)
-        history = {}
-        monitor, reading = read_monitor(items, 16, run, history)
+        run = SimpleNamespace(device=device, world=1, rank=0)
+        history, reading = {}, pass_timing()
+        loader, _ = share_loader(items, run, history)
+        kept[device.type] = kept_batches(loader, 32, 16, device, reading)
         assert reading["pictures"] == 0 and (history["loader workers"] > 0) is (device.type == "cuda")
-        kept[device.type] = monitor["pictures"]
     assert all(batch.device.type == "cuda" for batch in kept["cuda"])
     assert all(torch.equal(a, b.cpu()) for a, b in zip(kept["cpu"], kept["cuda"], strict=True))
     assert [len(batch) for batch in kept["cuda"]] == sizes(len(items), 16)
