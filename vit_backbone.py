@@ -31,7 +31,6 @@ import math
 import re
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -51,29 +50,29 @@ from common.cli import (
     seed,
 )
 from common.closed_form import closed_form, targets, with_bias
-from common.device import PRECISIONS, float32_arithmetic, float32_rule, to_device
+from common.device import PRECISIONS, float32_arithmetic, float32_rule
 from common.errors import UserError
 from common.feature_cache import cache_key, cached, dataset_digest
-from common.loader import dataset_loader, end_workers, loader_workers, pass_timing, timed
+from common.loader import loader_workers
 from common.reference import flag_differences, subset_differences, verdict
 from common.run import Run, guarded, run_sections
-from common.trainer import preprocessed, progress_on_stderr, time_the_passes
+from common.trainer import clocked, model_pass, preprocessed, progress_on_stderr, timed_passes
 
-# ---------------------------------------------------------------- the recipe
-# The article's run: dnnlpy.set_seed(42), then its TrainingArguments, on the beans dataset as released.
-MODEL = "google/vit-base-patch16-224"  # an ImageNet-1k classifier whose head is replaced by a 3-class one
-SEED = 42               # dnnlpy.set_seed(42)
-BATCH = 16              # per_device_train_batch_size and per_device_eval_batch_size
-EPOCHS = 5              # num_train_epochs
-LR = 2e-5               # learning_rate (AdamW, linear decay: the Trainer's defaults)
-LOGGING_STEPS = 10      # logging_steps: the training loss and an evaluation every 10 steps
-RELEASED = {"training pictures": 1034, "validation pictures": 133}  # beans's train and validation splits
+# ---------------------------------------------------------------- the recipe, where the article states it
+# Its code: model_id, dnnlpy.set_seed(42), load_dataset('AI-Lab-Makerere/beans'), then its TrainingArguments.
+MODEL = "google/vit-base-patch16-224"  # model_id: an ImageNet-1k classifier whose head is replaced by a 3-class one
+SEED = 42               # dnnlpy.set_seed(42), after the imports
+BATCH = 16              # TrainingArguments(per_device_train_batch_size=16, per_device_eval_batch_size=16)
+EPOCHS = 5              # num_train_epochs=5
+LR = 2e-5               # learning_rate=2e-5 (AdamW, linear decay: the Trainer's defaults)
+LOGGING_STEPS = 10      # logging_steps=10 with eval_strategy='steps': the training loss and an evaluation every 10
+RELEASED = {"training pictures": 1034, "validation pictures": 133}  # ds['train'], ds['validation'] as released
 ARTICLE_FLAGS = {item: (item, value) for item, value in (("seed", SEED), ("batch_size", BATCH), ("epochs", EPOCHS),
                                                           ("lr", LR), ("precision", "fp32"))}
-# The article ran on a CUDA GPU ("Using device: cuda") with torch's defaults: float32 with TF32 convolutions
-# (its patch embedding) on Ampere and later GPUs. So --precision fp32 means that here (common/device.py).
+# "Using device: cuda" with torch's defaults: float32 with TF32 convolutions (its patch embedding) on Ampere and later
+# GPUs. So --precision fp32 means that here (common/device.py).
 ARTICLE_FP32_RULE = "torch defaults"
-# The article's table: model name, then its Parameters column in millions.
+# The article's table "Common ViT configurations": model name, then its Parameters column in millions.
 TABLE = [("google/vit-base-patch16-224", 86), ("google/vit-base-patch32-224", 86),
          ("google/vit-large-patch16-224", 307), ("google/vit-large-patch32-384", 307)]
 SIZES = {"base": "B", "large": "L", "huge": "H"}
@@ -81,12 +80,14 @@ TABLE_COLUMNS = {"patch size": "patch_size", "input resolution": "image_size", "
                  "layers": "num_hidden_layers", "heads": "num_attention_heads"}  # number name -> config field
 CONFIG_LINES = {"Image size": "image_size", "Patch size": "patch_size", "Hidden size": "hidden_size",
                 "Number of hidden layers": "num_hidden_layers", "Number of attention heads": "num_attention_heads",
-                "Intermediate size": "intermediate_size"}
-# DINO's linear evaluation (Caron et al. 2021, eval_linear.py): a linear layer from normal(0, 0.01) and a zero
-# bias, SGD with momentum 0.9 and no weight decay, learning rate 0.001 x batch / 256, cosine decay to 0 over
-# 100 epochs, batch 128 per GPU; for ViT-B the features are the last layer's class token beside the mean of
-# its patch tokens. The random crops and flips are left out: the features are computed once, frozen.
+                "Intermediate size": "intermediate_size"}  # the article's print()s of model.config
+# Beyond the article. DINO's linear evaluation (Caron et al. 2021, eval_linear.py): a linear layer from normal(0, 0.01)
+# and a zero bias, SGD with momentum 0.9 and no weight decay, learning rate 0.001 x batch / 256, cosine decay to 0 over
+# 100 epochs, batch 128 per GPU; for ViT-B the features are the last layer's class token beside the mean of its patch
+# tokens. The random crops and flips are left out: the features are computed once, frozen.
 PROBE = {"std": 0.01, "momentum": 0.9, "base_lr": 0.001, "batch_size": 128}
+PROBE_EPOCHS = 100
+LAMBDAS = [0.01, 1.0, 100.0]  # Part 3's closed-form probe: the ridge penalties it tries
 MAP_PICTURES = 4  # validation pictures in the feature-map figure
 CACHE_DIR = Path(__file__).resolve().parent / "data" / "features"
 CURVES_FIGURE, MAPS_FIGURE = "backbone_curves.png", "backbone_feature_maps.png"
@@ -104,9 +105,31 @@ def patch_tokens_to_feature_map(patch_tokens, grid_size):
     return x.permute(0, 3, 1, 2)
 
 
+def places_that_agree(patch_tokens, feature_map):
+    """How many (b, i, j) hold feature_map[b, :, i, j] == patch_tokens[b, i * W_p + j]."""
+    batch, _, grid_h, grid_w = feature_map.shape
+    return sum(bool(torch.equal(feature_map[b, :, i, j], patch_tokens[b, i * grid_w + j]))
+               for b in range(batch) for i in range(grid_h) for j in range(grid_w))
+
+
+def refusal(patch_tokens, grid_size):
+    """What patch_tokens_to_feature_map says to a grid that does not match."""
+    try:
+        patch_tokens_to_feature_map(patch_tokens, grid_size)
+    except AssertionError as error:
+        return f"AssertionError: {error}"
+    return "accepted (wrong)"
+
+
 def split_tokens(last_hidden_state):
     """Z_L (B, N+1, D) -> the class token z_cls (B, D) and the patch tokens z_1..z_N (B, N, D)."""
     return last_hidden_state[:, 0], last_hidden_state[:, 1:]
+
+
+def class_token_and_mean(last_hidden_state):
+    """The frozen features: the class token beside the mean of the patch tokens (DINO's, for ViT-B)."""
+    class_token, patch_tokens = split_tokens(last_hidden_state.float())
+    return torch.cat([class_token, patch_tokens.mean(1)], 1)
 
 
 def accuracy_metrics(eval_pred):
@@ -156,6 +179,11 @@ def table_verdict(table_millions, whole):
     return verdict({"article": str(table_millions), "kind": "nothing"}, whole / 1e6)
 
 
+def feature_grid(model):
+    side = model.config.image_size // model.config.patch_size
+    return side, side
+
+
 def pca_rgb(tokens, grid):
     """Patch tokens (n, N, D) of n pictures -> (n, H_p, W_p, 3) in [0, 1]: their first three principal components.
 
@@ -177,6 +205,22 @@ def one_per_class(labels, count):
     labels = np.asarray(labels)
     order = np.argsort([np.sum(labels[:i] == label) for i, label in enumerate(labels)], kind="stable")
     return [int(i) for i in order[:count]]
+
+
+def thumbnails(pixels, processor, side=56):
+    """The pictures as the model saw them, un-normalised, side x side, as uint8 lists (for the figure)."""
+    mean, std = np.array(processor.image_mean), np.array(processor.image_std)
+    small = F.interpolate(pixels.float(), size=(side, side), mode="area").permute(0, 2, 3, 1).numpy()
+    return np.clip((small * std + mean) * 255, 0, 255).round().astype(np.uint8).tolist()
+
+
+def preprocessing_text(processor):
+    """The image processor's resize and normalisation in words: 'resized to 224x224, mean 0.5 and std 0.5'."""
+    size = getattr(processor, "size", None) or {}
+    side = f"{size['height']}x{size['width']}" if "height" in size else str(size.get("shortest_edge", "?"))
+    mean, std = (", ".join(f"{v:g}" for v in dict.fromkeys(values)) for values in (processor.image_mean,
+                                                                                    processor.image_std))
+    return f"resized to {side}, mean {mean} and std {std}"
 
 
 def linear_probe(features, labels, classes, epochs, seed, batch_size=PROBE["batch_size"]):
@@ -218,6 +262,26 @@ def closed_form_probe(train_x, train_labels, val_x, classes, lam):
     return w, with_bias(val_x.astype(np.float64)) @ w
 
 
+def probe_ways(features, labels, classes, epochs, seed, lambdas):
+    """[(way, accuracy, loss or None, trained parameters, seconds)] of the linear probe and of the closed form at
+    each lambda, each fitted on the training features and scored on the validation ones, each fit and score timed."""
+    train_x, val_x, train_y, val_y = features["train"], features["validation"], labels["train"], labels["validation"]
+
+    def linear():
+        layer = linear_probe(train_x, train_y, classes, epochs, seed)
+        with torch.no_grad():
+            scores = layer(torch.as_tensor(val_x, dtype=torch.float32))
+        return (*scores_accuracy_loss(scores, val_y), sum(p.numel() for p in layer.parameters()))
+
+    def ridge(lam):
+        w, scores = closed_form_probe(train_x, train_y, val_x, classes, lam)
+        return float(np.mean(scores.argmax(1) == val_y)), None, w.size
+
+    ways = [("linear probe", linear)] + [(f"closed form, lambda {lam:g}", functools.partial(ridge, lam))
+                                         for lam in lambdas]
+    return [(way, *result, seconds) for way, fit in ways for result, seconds in [clocked(fit)]]
+
+
 # ---------------------------------------------------------------- resources
 
 def load_beans(run):
@@ -246,10 +310,16 @@ def load_checkpoint(run):
     return model.to(run.device).eval()
 
 
-def load_backbone(run):
-    from transformers import ViTModel
-
-    return load_pretrained(ViTModel, run.args.model, add_pooling_layer=False).to(run.device).eval()
+def check_checkpoint_files(name):
+    """A local --model must be a ViT saved with its image processor; a cached one must be a ViT. Before any work."""
+    if looks_like_a_path(name):
+        for file, what in (("config.json", "save_pretrained"), ("preprocessor_config.json", "its image processor")):
+            if not (Path(name).expanduser() / file).exists():
+                raise UserError(f"--model {name} has no {file}: pass a checkpoint saved with {what}")
+    config = checkpoint_config(name)
+    if config is not None and config.model_type != "vit":
+        raise UserError(f"--model {name} is a {config.model_type} checkpoint, not a ViT: the article's backbone is "
+                        f"ViTModel (pass e.g. {MODEL})")
 
 
 def pixels_of(processor, images):
@@ -306,15 +376,14 @@ def finetune(run):
     from transformers import AutoModelForImageClassification, set_seed
 
     beans, processor = run.need("beans", "processor")
-    names = beans["names"]
     set_seed(run.args.seed)  # dnnlpy.set_seed(42): random, numpy and torch
     replay_the_articles_first_draws(run)
     # Dataset.shuffle() without a seed draws its seed from numpy's global state; in memory, the same order.
     train_ds, val_ds = (beans[split].shuffle(keep_in_memory=True) for split in ("train", "validation"))
-    id2label = dict(enumerate(names))
-    model = load_pretrained(AutoModelForImageClassification, run.args.model, num_labels=len(names), id2label=id2label,
-                            label2id={label: i for i, label in id2label.items()}, ignore_mismatched_sizes=True,
-                            device_map=run.device)
+    id2label = dict(enumerate(beans["names"]))
+    model = load_pretrained(AutoModelForImageClassification, run.args.model, num_labels=len(id2label),
+                            id2label=id2label, label2id={label: i for i, label in id2label.items()},
+                            ignore_mismatched_sizes=True, device_map=run.device)
     transform = functools.partial(article_transform, processor)
     map_indices = one_per_class(beans["validation"]["labels"], MAP_PICTURES)
     map_pixels = pixels_of(processor, [beans["validation"][i]["image"] for i in map_indices])
@@ -326,20 +395,14 @@ def finetune(run):
     with tempfile.TemporaryDirectory(prefix="vit-backbone-trainer-") as output_dir:
         trainer = article_trainer(run, model, train_ds.with_transform(transform), val_items, processor, output_dir,
                                   workers)
-        timings, loaders = time_the_passes(trainer, run.device)
-        try:
+        with timed_passes(trainer, run.device) as passes:
             before = trainer.evaluate()
             tokens_before = last_hidden_states(model.vit, map_pixels, run)[:, 1:]
-            start, evaluating = time.perf_counter(), timings["evaluations"]["seconds"]
             trainer.train()
-            seconds = time.perf_counter() - start
-            timings["training"]["seconds"] = seconds - (timings["evaluations"]["seconds"] - evaluating)
             after = trainer.evaluate()
-        finally:  # on an error or a signal too: the workers would otherwise hold the process at its exit
-            end_workers(*loaders)
     model.eval()
-    return {"before": before, "after": after, "seconds": seconds, "history": trainer.state.log_history,
-            "passes": timings, "workers": workers, "preprocessing seconds": preprocessing,
+    return {"before": before, "after": after, "seconds": passes["train() seconds"], "passes": passes,
+            "history": trainer.state.log_history, "workers": workers, "preprocessing seconds": preprocessing,
             "steps": trainer.state.max_steps, "model": model, "map pixels": map_pixels, "map indices": map_indices,
             "tokens before": tokens_before, "tokens after": last_hidden_states(model.vit, map_pixels, run)[:, 1:],
             "trained parameters": sum(p.numel() for p in model.parameters() if p.requires_grad)}
@@ -351,52 +414,38 @@ def stack_pixel_values(items):
     return torch.stack([item["pixel_values"] for item in items])
 
 
-def compute_features(run, beans, timing):
-    """[class token, mean of the patch tokens] of the last layer (after its LayerNorm), for both splits.
-
-    One pass over both splits, the pictures preprocessed by the article's transform in worker processes
-    beside a GPU (the Trainer's rule); its time and wait go to timing. The workers (none on a CPU) start
-    before the backbone is loaded, so that their first batches are built while it loads. The features
-    stay on the model's device until the pass ends (common/inference.py's run_model says why).
-    """
-    from datasets import concatenate_datasets
-    from tqdm import tqdm
-
-    both = concatenate_datasets([beans["train"], beans["validation"]]).with_transform(
-        functools.partial(article_transform, run.need("processor")))
-    workers = loader_workers(run.device)
-    loader = dataset_loader(both, stack_pixel_values, workers, pin_memory=run.device.type == "cuda")
-    started = time.perf_counter()
-    batches = iter(loader)  # starts the worker processes, outside the pass, as the scripts' own loaders do
-    timing["start-up seconds"], timing["workers"] = time.perf_counter() - started, workers
-    backbone = load_backbone(run)
-    begun, parts = time.perf_counter(), []
-    with torch.inference_mode(), run.autocast:
-        for pixels in tqdm(timed(batches, timing, device=run.device), desc="frozen features", unit="batch",
-                           file=sys.stderr, leave=False, total=len(loader)):
-            tokens = backbone(pixel_values=to_device(pixels, run.device)).last_hidden_state.float()
-            class_token, patch_tokens = split_tokens(tokens)
-            parts.append(torch.cat([class_token, patch_tokens.mean(1)], 1))
-        features = torch.cat(parts).cpu().numpy()
-    timing["seconds"] = time.perf_counter() - begun
-    return {"train": features[:len(beans["train"])], "validation": features[len(beans["train"]):]}
-
-
 def load_features(run):
-    """The frozen features of both splits, from data/features/ when they match exactly, else computed and saved."""
-    beans = run.need("beans")
-    start, timing = time.perf_counter(), pass_timing()
-    precision = run.args.precision
-    key = None if run.args.no_cache else cache_key(
-        "backbone", run.args.model, precision=precision, float32=float32_rule(precision, run.fp32_rule),
-        features="class token + mean of the patch tokens",
-        data={split: dataset_digest(beans[split]) for split in ("train", "validation")})
-    rows = {split: len(beans[split]) for split in ("train", "validation")}
-    features, source = cached(lambda: compute_features(run, beans, timing), key, rows, CACHE_DIR)
-    source = "read from the cache" if source == "cache" else source
-    labels = {split: np.array(beans[split]["labels"]) for split in ("train", "validation")}
-    return {"features": features, "labels": labels, "source": source, "seconds": time.perf_counter() - start,
-            "pass": timing if source == "computed" else None}
+    """[class token, mean of the patch tokens] of the last layer (after its LayerNorm) for both splits: from
+    data/features/ when they match exactly, else computed in one pass over both splits, the pictures through the
+    article's transform, and saved."""
+    from datasets import concatenate_datasets
+    from transformers import ViTModel
+
+    beans, args, passes = run.need("beans"), run.args, {}
+    splits = ("train", "validation")
+
+    def compute():
+        both = concatenate_datasets([beans[split] for split in splits]).with_transform(
+            functools.partial(article_transform, run.need("processor")))
+        features, passes["pass"] = model_pass(backbone, both, stack_pixel_values,
+                                              lambda output: class_token_and_mean(output.last_hidden_state),
+                                              run.device, run.autocast, "frozen features")
+        return dict(zip(splits, np.split(features.numpy(), [len(beans["train"])])))
+
+    def backbone():  # loaded while the loader's workers build their first batches
+        return load_pretrained(ViTModel, args.model, add_pooling_layer=False).to(run.device).eval()
+
+    def from_cache_or_computed():
+        key = None if args.no_cache else cache_key(
+            "backbone", args.model, precision=args.precision, float32=float32_rule(args.precision, run.fp32_rule),
+            features="class token + mean of the patch tokens",
+            data={split: dataset_digest(beans[split]) for split in splits})
+        return cached(compute, key, {split: len(beans[split]) for split in splits}, CACHE_DIR)
+
+    (features, source), seconds = clocked(from_cache_or_computed)
+    return {"features": features, "labels": {split: np.array(beans[split]["labels"]) for split in splits},
+            "source": "read from the cache" if source == "cache" else source, "seconds": seconds,
+            "pass": passes.get("pass")}
 
 
 # ---------------------------------------------------------------- sections
@@ -408,21 +457,14 @@ def section_feature_map(run, report):
     generator = torch.Generator().manual_seed(run.args.seed)
     patch_tokens = torch.randn(2, math.prod(grid_size), embed_dim, generator=generator)
     feature_map = patch_tokens_to_feature_map(patch_tokens, grid_size)
-    agree = sum(bool(torch.equal(feature_map[b, :, i, j], patch_tokens[b, i * grid_size[1] + j]))
-                for b in range(2) for i in range(grid_size[0]) for j in range(grid_size[1]))
-    try:
-        patch_tokens_to_feature_map(patch_tokens, (4, 5))
-        refused = "accepted (wrong)"
-    except AssertionError as error:
-        refused = f"AssertionError: {error}"
     numbers = {"patch tokens shape": list(patch_tokens.shape), "feature map shape": list(feature_map.shape),
-               "positions that agree": agree}
+               "positions that agree": places_that_agree(patch_tokens, feature_map)}
     report.line("Patch tokens shape: torch.Size({patch tokens shape:d})", numbers)
     report.line("Feature map shape: torch.Size({feature map shape:d})", numbers)
     report.line("feature_map[b, :, i, j] == patch_tokens[b, i * W_p + j, :] at {positions that agree} of {places} "
                 "(b, i, j): each patch token lands at its own place in the grid", numbers,
                 places=2 * math.prod(grid_size))
-    report.line("grid (4, 5) for 16 patch tokens: {refused}", refused=refused)
+    report.line("grid (4, 5) for 16 patch tokens: {refused}", refused=refusal(patch_tokens, (4, 5)))
 
 
 def section_table(run, report):
@@ -449,6 +491,20 @@ def section_table(run, report):
                 "(3 P^2 D) make the counts differ by patch and resolution")
 
 
+def token_numbers(model, pixels, run):
+    """One picture through the checkpoint: the shapes of Z_L and its parts, and the head on the class token against
+    the model's logits."""
+    tokens = last_hidden_states(model.vit, pixels, run)  # Z_L: the encoder's output after its final LayerNorm
+    with torch.inference_mode(), run.autocast:
+        logits = model(pixel_values=pixels.to(run.device)).logits.float().cpu()
+        by_hand = model.classifier(tokens[:, 0].to(run.device)).float().cpu()  # logits = h_cls W + b
+    class_token, patch_tokens = split_tokens(tokens)
+    return {"pixel values shape": list(pixels.shape), "Z_L shape": list(tokens.shape),
+            "class token shape": list(class_token.shape), "patch tokens shape (picture)": list(patch_tokens.shape),
+            "feature map shape (picture)": list(patch_tokens_to_feature_map(patch_tokens, feature_grid(model)).shape),
+            "head on the class token vs logits": (by_hand - logits).abs().max().item()}
+
+
 def section_checkpoint(run, report):
     """3. the checkpoint as backbone + head"""
     try:  # the configuration and the counts need no data; the one picture does
@@ -473,17 +529,7 @@ def section_checkpoint(run, report):
                 "head parameters": head, "backbone share (%)": 100 * backbone / (backbone + head)})
     beans = run.need("beans")
     picture = beans["validation"][0]
-    pixels = pixels_of(processor, [picture["image"]])
-    tokens = last_hidden_states(model.vit, pixels, run)  # Z_L: the encoder's output after its final LayerNorm
-    with torch.inference_mode(), run.autocast:
-        logits = model(pixel_values=pixels.to(run.device)).logits.float().cpu()
-        by_hand = model.classifier(tokens[:, 0].to(run.device)).float().cpu()  # logits = h_cls W + b
-    class_token, patch_tokens = split_tokens(tokens)
-    feature_map = patch_tokens_to_feature_map(patch_tokens, feature_grid(model))
-    numbers = {"pixel values shape": list(pixels.shape), "Z_L shape": list(tokens.shape),
-               "class token shape": list(class_token.shape), "patch tokens shape (picture)": list(patch_tokens.shape),
-               "feature map shape (picture)": list(feature_map.shape),
-               "head on the class token vs logits": (by_hand - logits).abs().max().item()}
+    numbers = token_numbers(model, pixels_of(processor, [picture["image"]]), run)
     report.line("one validation picture ({name}, {width}x{height} px) -> pixel_values "
                 "torch.Size({pixel values shape:d}) -> Z_L torch.Size({Z_L shape:d})", numbers,
                 name=beans["names"][picture["labels"]], width=picture["image"].size[0],
@@ -524,6 +570,41 @@ def print_history(report, history):
                                         if "eval_accuracy" in row])
 
 
+def print_passes(report, result, val_count):
+    """How often and how long the fine-tuning's passes waited for pictures, and its total time."""
+    passes = result["passes"]
+    numbers = {"before right": round(result["before"]["eval_accuracy"] * val_count),
+               "after right": round(result["after"]["eval_accuracy"] * val_count),
+               "training seconds": result["seconds"], "validation preprocessing seconds": result["preprocessing seconds"]}
+    report.line("({before right} of {pictures} validation pictures right before, {after right} of {pictures} after; "
+                "training, with its evaluations every {every} steps, took {training seconds:,.0f} s)", numbers,
+                pictures=val_count, every=LOGGING_STEPS)
+    report.line("passes over pictures: the training steps {training}, their pictures decoded and preprocessed by "
+                "{workers} worker processes (none on a CPU: the main process); the {evaluations} evaluations "
+                "{evaluating}, their {pictures} pictures preprocessed once, before the Trainer, in "
+                "{validation preprocessing seconds:.1f} s. The Trainer's loop hides its wait, so every next() of its "
+                "data loaders is timed from outside (on a CUDA GPU, the GPU's idle time, with CUDA events)", numbers,
+                training=functools.partial(report.pass_text, "training steps", passes["training"]),
+                workers=result["workers"],
+                evaluations=passes["evaluations"]["pictures"] // max(1, val_count),
+                evaluating=functools.partial(report.pass_text, "evaluations", passes["evaluations"]),
+                pictures=val_count)
+
+
+def keep_feature_maps(run, report, result, beans):
+    """The patch tokens of a few validation pictures before and after, as RGB maps, for the figure."""
+    # one basis for both, so that a colour means the same direction before and after
+    both = pca_rgb(torch.cat([result["tokens before"], result["tokens after"]]).numpy(), feature_grid(result["model"]))
+    maps = {"before": both[:len(both) // 2], "after": both[len(both) // 2:]}
+    report.keep("feature maps", {**{key: value.round(3).tolist() for key, value in maps.items()},
+                                 "pictures": thumbnails(result["map pixels"], run.need("processor")),
+                                 "labels": [beans["names"][beans["validation"][i]["labels"]]
+                                            for i in result["map indices"]]})
+    if run.args.plots:
+        figures.backbone_curves(report.series, Path(run.args.plots) / CURVES_FIGURE, report.say)
+        figures.backbone_feature_maps(report.series["feature maps"], Path(run.args.plots) / MAPS_FIGURE, report.say)
+
+
 FLOAT32 = {"torch defaults": "torch's defaults, as the article ran: convolutions (the patch embedding) in TF32 on "
                              "NVIDIA GPUs since Ampere, matrix multiplies in IEEE float32",
            "strict": "strict, no TF32 anywhere (--precision fp32-strict; the article's run allowed TF32 convolutions)",
@@ -559,73 +640,30 @@ def section_finetune(run, report):
     print_eval(report, "before", result["before"])
     report.line()
     print_eval(report, "after", result["after"])
-    passes = result["passes"]
-    numbers = {"before right": round(result["before"]["eval_accuracy"] * val_count),
-               "after right": round(result["after"]["eval_accuracy"] * val_count),
-               "training seconds": result["seconds"], "validation preprocessing seconds": result["preprocessing seconds"]}
-    report.line("({before right} of {pictures} validation pictures right before, {after right} of {pictures} after; "
-                "training, with its evaluations every {every} steps, took {training seconds:,.0f} s)", numbers,
-                pictures=val_count, every=LOGGING_STEPS)
-    report.line("passes over pictures: the training steps {training}, their pictures decoded and preprocessed by "
-                "{workers} worker processes (none on a CPU: the main process); the {evaluations} evaluations "
-                "{evaluating}, their {pictures} pictures preprocessed once, before the Trainer, in "
-                "{validation preprocessing seconds:.1f} s. The Trainer's loop hides its wait, so every next() of its "
-                "data loaders is timed from outside (on a CUDA GPU, the GPU's idle time, with CUDA events)", numbers,
-                training=functools.partial(report.pass_text, "training steps", passes["training"]),
-                workers=result["workers"],
-                evaluations=passes["evaluations"]["pictures"] // max(1, val_count),
-                evaluating=functools.partial(report.pass_text, "evaluations", passes["evaluations"]),
-                pictures=val_count)
+    print_passes(report, result, val_count)
     print_history(report, result["history"])
-    # one basis for both, so that a colour means the same direction before and after
-    both = pca_rgb(torch.cat([result["tokens before"], result["tokens after"]]).numpy(), feature_grid(result["model"]))
-    maps = {"before": both[:len(both) // 2], "after": both[len(both) // 2:]}
-    report.keep("feature maps", {**{key: value.round(3).tolist() for key, value in maps.items()},
-                                 "pictures": thumbnails(result["map pixels"], run.need("processor")),
-                                 "labels": [names[beans["validation"][i]["labels"]] for i in result["map indices"]]})
-    if args.plots:
-        figures.backbone_curves(report.series, Path(args.plots) / CURVES_FIGURE, report.say)
-        figures.backbone_feature_maps(report.series["feature maps"], Path(args.plots) / MAPS_FIGURE, report.say)
+    keep_feature_maps(run, report, result, beans)
 
 
-def feature_grid(model):
-    side = model.config.image_size // model.config.patch_size
-    return side, side
-
-
-def thumbnails(pixels, processor, side=56):
-    """The pictures as the model saw them, un-normalised, side x side, as uint8 lists (for the figure)."""
-    mean, std = np.array(processor.image_mean), np.array(processor.image_std)
-    small = F.interpolate(pixels.float(), size=(side, side), mode="area").permute(0, 2, 3, 1).numpy()
-    return np.clip((small * std + mean) * 255, 0, 255).round().astype(np.uint8).tolist()
-
-
-def preprocessing_text(processor):
-    """The image processor's resize and normalisation in words: 'resized to 224x224, mean 0.5 and std 0.5'."""
-    size = getattr(processor, "size", None) or {}
-    side = f"{size['height']}x{size['width']}" if "height" in size else str(size.get("shortest_edge", "?"))
-    mean, std = (", ".join(f"{v:g}" for v in dict.fromkeys(values)) for values in (processor.image_mean,
-                                                                                    processor.image_std))
-    return f"resized to {side}, mean {mean} and std {std}"
+def frozen_pass_text(report, timing):
+    """The frozen features' pass and its loader's start-up, when they were computed; nothing when read."""
+    if not timing:
+        return ""
+    return (f" {report.pass_text('frozen features', timing)}, the loader's {timing['workers']} worker processes "
+            f"(none on a CPU) started in {timing['start-up seconds']:.1f} s, outside the pass")
 
 
 def section_three_ways(run, report):
     """5. three ways to adapt the same backbone"""
     args = run.args
     beans = run.need("beans", "processor")[0]
-    classes = len(beans["names"])
     report.header("5. beyond the article: three ways to adapt the same backbone, on the same {train:,} training and "
                   "{val} validation pictures", train=len(beans["train"]), val=len(beans["validation"]))
     frozen, result = run.need("features", "finetune")
-    x_train, x_val = frozen["features"]["train"], frozen["features"]["validation"]
-    y_train, y_val = frozen["labels"]["train"], frozen["labels"]["validation"]
-    timing = frozen["pass"]
     report.line("frozen features: the last layer's class token beside the mean of its patch tokens, "
                 "{feature width:,} numbers per picture, {source} in {features seconds:.1f} s (--no-cache recomputes)"
-                "{pass_}", {"feature width": x_train.shape[1], "features seconds": frozen["seconds"]},
-                source=frozen["source"], pass_=functools.partial(lambda: "" if not timing else
-                f" {report.pass_text('frozen features', timing)}, the loader's {timing['workers']} worker processes "
-                f"(none on a CPU) started in {timing['start-up seconds']:.1f} s, outside the pass"))
+                "{pass_}", {"feature width": frozen["features"]["train"].shape[1], "features seconds": frozen["seconds"]},
+                source=frozen["source"], pass_=functools.partial(frozen_pass_text, report, frozen["pass"]))
     report.line("linear probe: DINO's linear evaluation (Caron et al. 2021): normal(0, {std}) weights, SGD momentum "
                 "{momentum}, no weight decay, learning rate {base_lr} x batch {batch_size}/256, cosine to 0 over "
                 "{epochs} epochs. Unlike DINO: no random crops and flips (the features are computed once); the "
@@ -636,20 +674,11 @@ def section_three_ways(run, report):
     report.line("closed form: Part 3's W = (X^T X + lambda I)^-1 X^T Y on the same features with a bias column, "
                 "targets in {{-1, +1}}")
     rows = [("random new head (the article's before)", result["before"]["eval_accuracy"],
-             result["before"]["eval_loss"], 0, None)]
-    start = time.perf_counter()
-    layer = linear_probe(x_train, y_train, classes, args.probe_epochs, args.seed)
-    with torch.no_grad():
-        accuracy, loss = scores_accuracy_loss(layer(torch.as_tensor(x_val, dtype=torch.float32)), y_val)
-    rows.append(("linear probe", accuracy, loss, sum(p.numel() for p in layer.parameters()),
-                 time.perf_counter() - start))
-    for lam in args.lambdas:
-        start = time.perf_counter()
-        w, scores = closed_form_probe(x_train, y_train, x_val, classes, lam)
-        rows.append((f"closed form, lambda {lam:g}", float(np.mean(scores.argmax(1) == y_val)), None, w.size,
-                     time.perf_counter() - start))
-    rows.append(("full fine-tuning (the article's after)", result["after"]["eval_accuracy"],
-                 result["after"]["eval_loss"], result["trained parameters"], result["seconds"]))
+             result["before"]["eval_loss"], 0, None),
+            *probe_ways(frozen["features"], frozen["labels"], len(beans["names"]), args.probe_epochs, args.seed,
+                        args.lambdas),
+            ("full fine-tuning (the article's after)", result["after"]["eval_accuracy"], result["after"]["eval_loss"],
+             result["trained parameters"], result["seconds"])]
     report.line("way                                      accuracy     loss  trained parameters  time (s)")
     for way, accuracy, loss, parameters, seconds in rows:
         report.line("{way:<40} {accuracy (%):7.2f}%  {loss:>7}  {trained parameters:18,}  {seconds:>8}",
@@ -688,8 +717,8 @@ def parse_args(argv):
     parser.add_argument("--batch-size", type=positive_int, default=BATCH, help="pictures per step")
     parser.add_argument("--lr", type=positive_float, default=LR, help="fine-tuning learning rate")
     parser.add_argument("--seed", type=seed, default=SEED, help="every random draw (the article: 42)")
-    parser.add_argument("--probe-epochs", type=positive_int, default=100, help="epochs of the linear probe (DINO: 100)")
-    parser.add_argument("--lambdas", type=nonnegative_float, nargs="+", default=[0.01, 1.0, 100.0],
+    parser.add_argument("--probe-epochs", type=positive_int, default=PROBE_EPOCHS, help="epochs of the linear probe (DINO: 100)")
+    parser.add_argument("--lambdas", type=nonnegative_float, nargs="+", default=LAMBDAS,
                         help="ridge penalties of the closed-form probe, finite and >= 0")
     parser.add_argument("--no-cache", action="store_true", help="neither read nor write data/features/")
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS + ("fp32-strict",),
@@ -702,19 +731,6 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     distinct(parser, "--lambdas", args.lambdas)
     return args
-
-
-def check_checkpoint_files(name):
-    """A local --model must be a ViT saved with its image processor; a cached one must be a ViT. Before any work."""
-    folder = Path(name).expanduser()
-    if looks_like_a_path(name):
-        for file, what in (("config.json", "save_pretrained"), ("preprocessor_config.json", "its image processor")):
-            if not (folder / file).exists():
-                raise UserError(f"--model {name} has no {file}: pass a checkpoint saved with {what}")
-    config = checkpoint_config(name)
-    if config is not None and config.model_type != "vit":
-        raise UserError(f"--model {name} is a {config.model_type} checkpoint, not a ViT: the article's backbone is "
-                        f"ViTModel (pass e.g. {MODEL})")
 
 
 def main(argv=None):

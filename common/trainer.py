@@ -1,9 +1,21 @@
-"""transformers.Trainer's plumbing for the backbone article's run: its progress on stderr, the wait for pictures
-measured from outside its loop, and a dataset read once through its transform."""
+"""The backbone article's passes over pictures, timed from outside: transformers.Trainer's (its progress on stderr,
+the wait for pictures measured around its loop), the frozen features' pass, and a dataset read once through its
+transform."""
+import contextlib
 import sys
 import time
 
-from common.loader import TimedLoader, dataset_loader, pass_timing
+import torch
+
+from common.device import to_device
+from common.loader import TimedLoader, dataset_loader, end_workers, loader_workers, pass_timing, timed
+
+
+def clocked(compute, *args, **kwargs):
+    """(compute(*args, **kwargs), the seconds it took)."""
+    begun = time.perf_counter()
+    result = compute(*args, **kwargs)
+    return result, time.perf_counter() - begun
 
 
 def progress_on_stderr():
@@ -30,16 +42,20 @@ def labels_in(batch):
     return len(batch["labels"])
 
 
-def time_the_passes(trainer, device):
-    """({"training", "evaluations": pass timings}, filled as the Trainer runs; [the data loaders it made]).
+@contextlib.contextmanager
+def timed_passes(trainer, device):
+    """Yields {"training", "evaluations": pass timings, "train() seconds"}, filled as the Trainer runs in the block;
+    the worker processes of the data loaders it made end with the block, on an error or a signal too.
 
     Its loop hides the wait for pictures, so every next() of the data loaders it makes is timed from outside
-    (common/loader.py's timed: on a CUDA GPU the GPU's own idle time), and every evaluate(). Its evaluation loaders
-    get no worker processes and no pinning: their pictures are preprocessed already, on the model's device, and an
-    evaluation is a few batches, which workers started afresh for each would keep a GPU waiting for.
+    (common/loader.py's timed: on a CUDA GPU the GPU's own idle time), and every evaluate(); the training pass's
+    seconds are train()'s less those of the evaluations it ran. Its evaluation loaders get no worker processes and no
+    pinning: their pictures are preprocessed already, on the model's device, and an evaluation is a few batches, which
+    workers started afresh for each would keep a GPU waiting for.
     """
     timings, made = {"training": pass_timing(), "evaluations": pass_timing()}, []
-    make_train, make_eval, evaluate = trainer.get_train_dataloader, trainer.get_eval_dataloader, trainer.evaluate
+    make_train, make_eval, evaluate, train = (trainer.get_train_dataloader, trainer.get_eval_dataloader,
+                                              trainer.evaluate, trainer.train)
 
     def train_loader(*a, **k):
         made.append(make_train(*a, **k))
@@ -62,15 +78,47 @@ def time_the_passes(trainer, device):
         finally:
             timings["evaluations"]["seconds"] += time.perf_counter() - begun
 
-    trainer.get_train_dataloader, trainer.get_eval_dataloader, trainer.evaluate = train_loader, eval_loader, \
-        timed_evaluate
-    return timings, made
+    def timed_train(*a, **k):
+        evaluating = timings["evaluations"]["seconds"]
+        output, timings["train() seconds"] = clocked(train, *a, **k)
+        timings["training"]["seconds"] = timings["train() seconds"] - (timings["evaluations"]["seconds"] - evaluating)
+        return output
+
+    trainer.get_train_dataloader, trainer.get_eval_dataloader = train_loader, eval_loader
+    trainer.evaluate, trainer.train = timed_evaluate, timed_train
+    try:
+        yield timings
+    finally:  # the workers would otherwise hold the process at its exit
+        end_workers(*made)
+
+
+def model_pass(load_model, dataset, collate_fn, keep, device, autocast, desc):
+    """(torch.cat of keep(model(pixel_values=batch)) over the batches, on the host; the pass's timing): one pass, in
+    order, over a dataset that makes its own items, with worker processes beside a GPU (the Trainer's rule).
+
+    The workers start first, timed apart from the pass ("start-up seconds", "workers"), and build their first batches
+    while load_model() loads the model. The outputs stay on the device until the pass ends (common/inference.py's
+    run_model says why).
+    """
+    from tqdm import tqdm
+
+    workers = loader_workers(device)
+    loader = dataset_loader(dataset, collate_fn, workers, pin_memory=device.type == "cuda")
+    timing = pass_timing()
+    batches, timing["start-up seconds"] = clocked(iter, loader)  # iter() starts the workers
+    timing["workers"], model, outputs = workers, load_model(), []
+    begun = time.perf_counter()
+    with torch.inference_mode(), autocast:
+        for pixels in tqdm(timed(batches, timing, device=device), desc=desc, unit="batch", file=sys.stderr,
+                           leave=False, total=len(loader)):
+            outputs.append(keep(model(pixel_values=to_device(pixels, device))))
+        outputs = torch.cat(outputs).cpu()
+    timing["seconds"] = time.perf_counter() - begun
+    return outputs, timing
 
 
 def preprocessed(dataset, workers):
     """([every item of a dataset with a transform], the seconds it took): the transform computed once, in order, by
     `workers` processes; the items are the transform's own output, so a Trainer fed with them sees what it would
     see through the dataset."""
-    begun = time.perf_counter()
-    items = [item for batch in dataset_loader(dataset, list, workers) for item in batch]
-    return items, time.perf_counter() - begun
+    return clocked(lambda: [item for batch in dataset_loader(dataset, list, workers) for item in batch])
