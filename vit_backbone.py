@@ -30,7 +30,6 @@ import functools
 import math
 import re
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -38,17 +37,8 @@ import torch
 import torch.nn.functional as F
 
 from common import beans as beans_data
-from common import figures
+from common import cli, figures
 from common.checkpoints import check_model_flag, checkpoint_config, load_pretrained, looks_like_a_path
-from common.cli import (
-    add_common_arguments,
-    distinct,
-    nonnegative_float,
-    positive_float,
-    positive_int,
-    script_parser,
-    seed,
-)
 from common.closed_form import closed_form, targets, with_bias
 from common.device import PRECISIONS, float32_arithmetic, float32_rule
 from common.errors import UserError
@@ -56,7 +46,7 @@ from common.feature_cache import cache_key, cached, dataset_digest
 from common.loader import loader_workers
 from common.reference import flag_differences, subset_differences, verdict
 from common.run import Run, guarded, run_sections
-from common.trainer import clocked, model_pass, preprocessed, progress_on_stderr, timed_passes
+from common.trainer import clocked, model_pass, preprocessed, timed_trainer
 
 # ---------------------------------------------------------------- the recipe, where the article states it
 # Its code: model_id, dnnlpy.set_seed(42), load_dataset('AI-Lab-Makerere/beans'), then its TrainingArguments.
@@ -126,9 +116,9 @@ def split_tokens(last_hidden_state):
     return last_hidden_state[:, 0], last_hidden_state[:, 1:]
 
 
-def class_token_and_mean(last_hidden_state):
-    """The frozen features: the class token beside the mean of the patch tokens (DINO's, for ViT-B)."""
-    class_token, patch_tokens = split_tokens(last_hidden_state.float())
+def frozen_features(output):
+    """The class token of the last layer (after its LayerNorm) beside the mean of its patch tokens (DINO's, ViT-B)."""
+    class_token, patch_tokens = split_tokens(output.last_hidden_state.float())
     return torch.cat([class_token, patch_tokens.mean(1)], 1)
 
 
@@ -174,8 +164,7 @@ def counted_parameters(config):
 
 
 def table_verdict(table_millions, whole):
-    """The table's Parameters column against the whole classifier's count, by --compare's rule (its reference entry
-    is the column's number, kind nothing): same when the count in millions prints as the column does, else differs."""
+    """--compare's verdict on the whole classifier's count against the table's Parameters column (in millions)."""
     return verdict({"article": str(table_millions), "kind": "nothing"}, whole / 1e6)
 
 
@@ -333,55 +322,21 @@ def last_hidden_states(backbone, pixels, run):
 
 # ---------------------------------------------------------------- the article's fine-tuning
 
-def article_trainer(run, model, train_ds, val_ds, processor, output_dir, workers):
-    """The article's TrainingArguments and Trainer; nothing saved, nothing reported, progress on stderr.
-
-    Beyond the article: `workers` processes decode and preprocess the training pictures ahead of the model (the
-    library's default, none, does it in the main process while a GPU waits), persistent, their batches pinned for
-    a GPU. They change no number: the order comes from the sampler's own seed, the pictures from the processor.
-    """
-    from transformers import ProgressCallback, Trainer, TrainingArguments
-
-    args = run.args
-    training_args = TrainingArguments(
-        output_dir=output_dir, per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=args.batch_size,
-        num_train_epochs=args.epochs, learning_rate=args.lr, logging_steps=LOGGING_STEPS, save_strategy="no",
-        eval_strategy="steps", remove_unused_columns=False, seed=args.seed, report_to="none",
-        use_cpu=run.device.type == "cpu", bf16=args.precision == "bf16",  # tf32 left unset: Run set float32's rule
-        dataloader_num_workers=workers, dataloader_persistent_workers=workers > 0,
-        dataloader_pin_memory=run.device.type == "cuda")
-    trainer = Trainer(model=model, args=training_args, train_dataset=train_ds, eval_dataset=val_ds,
-                      processing_class=processor, data_collator=collate_fn, compute_metrics=accuracy_metrics)
-    trainer.remove_callback(ProgressCallback)
-    trainer.add_callback(progress_on_stderr())
-    return trainer
-
-
-def replay_the_articles_first_draws(run):
-    """The draws the article makes on the CPU between set_seed(42) and the shuffles: torch.randn for the (2, 16, 64)
-    test, and the pre-logits layer (pooler) that ViTModel.from_pretrained adds at random to a classifier's weights.
-
-    They move torch's CPU generator, from which the new head is drawn on a CPU; a GPU's head comes from the GPU's
-    own generator, which they leave as set_seed left it. numpy's generator, which the shuffles use, is not touched.
-    """
-    from transformers import ViTModel
-
-    torch.randn(2, 16, 64)
-    load_pretrained(ViTModel, run.args.model)
-
-
 def finetune(run):
     """The article's run in the article's order of random draws: seed, shuffle train, shuffle validation, the new
     head, then evaluate, train, evaluate. The patch tokens of a few validation pictures are kept before and after."""
-    from transformers import AutoModelForImageClassification, set_seed
+    from transformers import AutoModelForImageClassification, ViTModel, set_seed
 
-    beans, processor = run.need("beans", "processor")
-    set_seed(run.args.seed)  # dnnlpy.set_seed(42): random, numpy and torch
-    replay_the_articles_first_draws(run)
+    args, (beans, processor) = run.args, run.need("beans", "processor")
+    set_seed(args.seed)  # dnnlpy.set_seed(42): random, numpy and torch
+    # The article's draws on the CPU before its shuffles, which move the generator a CPU's new head comes from: the
+    # (2, 16, 64) test, and the pre-logits layer (pooler) that ViTModel.from_pretrained adds at random to a classifier.
+    torch.randn(2, 16, 64)
+    load_pretrained(ViTModel, args.model)
     # Dataset.shuffle() without a seed draws its seed from numpy's global state; in memory, the same order.
     train_ds, val_ds = (beans[split].shuffle(keep_in_memory=True) for split in ("train", "validation"))
     id2label = dict(enumerate(beans["names"]))
-    model = load_pretrained(AutoModelForImageClassification, run.args.model, num_labels=len(id2label),
+    model = load_pretrained(AutoModelForImageClassification, args.model, num_labels=len(id2label),
                             id2label=id2label, label2id={label: i for i, label in id2label.items()},
                             ignore_mismatched_sizes=True, device_map=run.device)
     transform = functools.partial(article_transform, processor)
@@ -392,14 +347,16 @@ def finetune(run):
     # is a few batches, and a loader that starts afresh for each keeps a GPU waiting for its first batch.
     val_items, preprocessing = preprocessed(val_ds.with_transform(transform), workers)
     val_items = [{**item, "pixel_values": item["pixel_values"].to(run.device)} for item in val_items]  # 80 MB
-    with tempfile.TemporaryDirectory(prefix="vit-backbone-trainer-") as output_dir:
-        trainer = article_trainer(run, model, train_ds.with_transform(transform), val_items, processor, output_dir,
-                                  workers)
-        with timed_passes(trainer, run.device) as passes:
-            before = trainer.evaluate()
-            tokens_before = last_hidden_states(model.vit, map_pixels, run)[:, 1:]
-            trainer.train()
-            after = trainer.evaluate()
+    recipe = {"per_device_train_batch_size": args.batch_size, "per_device_eval_batch_size": args.batch_size,
+              "num_train_epochs": args.epochs, "learning_rate": args.lr, "logging_steps": LOGGING_STEPS,
+              "save_strategy": "no", "eval_strategy": "steps", "remove_unused_columns": False, "seed": args.seed}
+    with timed_trainer(recipe, run.device, args.precision, workers, model=model, processing_class=processor,
+                       train_dataset=train_ds.with_transform(transform), eval_dataset=val_items,
+                       data_collator=collate_fn, compute_metrics=accuracy_metrics) as (trainer, passes):
+        before = trainer.evaluate()  # the article's: evaluate, train, evaluate
+        tokens_before = last_hidden_states(model.vit, map_pixels, run)[:, 1:]
+        trainer.train()
+        after = trainer.evaluate()
     model.eval()
     return {"before": before, "after": after, "seconds": passes["train() seconds"], "passes": passes,
             "history": trainer.state.log_history, "workers": workers, "preprocessing seconds": preprocessing,
@@ -427,9 +384,8 @@ def load_features(run):
     def compute():
         both = concatenate_datasets([beans[split] for split in splits]).with_transform(
             functools.partial(article_transform, run.need("processor")))
-        features, passes["pass"] = model_pass(backbone, both, stack_pixel_values,
-                                              lambda output: class_token_and_mean(output.last_hidden_state),
-                                              run.device, run.autocast, "frozen features")
+        features, passes["pass"] = model_pass(backbone, both, stack_pixel_values, frozen_features, run.device,
+                                              run.autocast, "frozen features")
         return dict(zip(splits, np.split(features.numpy(), [len(beans["train"])])))
 
     def backbone():  # loaded while the loader's workers build their first batches
@@ -662,8 +618,8 @@ def section_three_ways(run, report):
     frozen, result = run.need("features", "finetune")
     report.line("frozen features: the last layer's class token beside the mean of its patch tokens, "
                 "{feature width:,} numbers per picture, {source} in {features seconds:.1f} s (--no-cache recomputes)"
-                "{pass_}", {"feature width": frozen["features"]["train"].shape[1], "features seconds": frozen["seconds"]},
-                source=frozen["source"], pass_=functools.partial(frozen_pass_text, report, frozen["pass"]))
+                "{pass_}", {"feature width": frozen["features"]["train"].shape[1],
+                            "features seconds": frozen["seconds"]}, source=frozen["source"], pass_=functools.partial(frozen_pass_text, report, frozen["pass"]))
     report.line("linear probe: DINO's linear evaluation (Caron et al. 2021): normal(0, {std}) weights, SGD momentum "
                 "{momentum}, no weight decay, learning rate {base_lr} x batch {batch_size}/256, cosine to 0 over "
                 "{epochs} epochs. Unlike DINO: no random crops and flips (the features are computed once); the "
@@ -697,39 +653,38 @@ def setup_differences(run):
     """How this run's setup differs from the article's: its flags and the pictures it used. --model is none (a local
     folder may hold the released checkpoint; the numbers judge it), nor are --probe-epochs and --lambdas (section 5
     goes beyond the article)."""
-    args, beans = run.args, run.loaded.get("beans")
-    loaded = isinstance(beans, dict)
-    counts = {f"{word} pictures": len(beans[split]) if loaded else None
+    beans = run.loaded.get("beans")
+    counts = {f"{word} pictures": len(beans[split]) if isinstance(beans, dict) else None
               for split, word in (("train", "training"), ("validation", "validation"))}
-    return {**subset_differences(args, counts, RELEASED), **flag_differences(args, ARTICLE_FLAGS)}
+    return {**subset_differences(run.args, counts, RELEASED), **flag_differences(run.args, ARTICLE_FLAGS)}
 
 
 def parse_args(argv):
-    parser = script_parser(__doc__)
-    parser.add_argument("--model", default=MODEL, help="checkpoint id or local directory (an image classifier saved "
-                                                       "with its image processor)")
-    parser.add_argument("--data-dir", help=f"a local copy of {beans_data.DATASET}'s files (README.md, "
-                                           f"data/*.parquet); by default the dataset through the Hugging Face cache, "
-                                           f"downloaded once")
-    parser.add_argument("--per-class", type=positive_int, help="keep the first N pictures of each class in each split "
-                                                               "(default: all; not the article's setup)")
-    parser.add_argument("--epochs", type=positive_int, default=EPOCHS, help="fine-tuning epochs")
-    parser.add_argument("--batch-size", type=positive_int, default=BATCH, help="pictures per step")
-    parser.add_argument("--lr", type=positive_float, default=LR, help="fine-tuning learning rate")
-    parser.add_argument("--seed", type=seed, default=SEED, help="every random draw (the article: 42)")
-    parser.add_argument("--probe-epochs", type=positive_int, default=PROBE_EPOCHS, help="epochs of the linear probe (DINO: 100)")
-    parser.add_argument("--lambdas", type=nonnegative_float, nargs="+", default=LAMBDAS,
+    parser = cli.script_parser(__doc__)
+    parser.add_argument("--model", default=MODEL,
+                        help="checkpoint id or local directory (an image classifier saved with its image processor)")
+    parser.add_argument("--data-dir", help=f"a local copy of {beans_data.DATASET}'s files (README.md, data/*.parquet); "
+                                           f"by default the dataset through the Hugging Face cache, downloaded once")
+    parser.add_argument("--per-class", type=cli.positive_int, help="keep the first N pictures of each class in each "
+                                                                   "split (default: all; not the article's setup)")
+    parser.add_argument("--epochs", type=cli.positive_int, default=EPOCHS, help="fine-tuning epochs")
+    parser.add_argument("--batch-size", type=cli.positive_int, default=BATCH, help="pictures per step")
+    parser.add_argument("--lr", type=cli.positive_float, default=LR, help="fine-tuning learning rate")
+    parser.add_argument("--seed", type=cli.seed, default=SEED, help="every random draw (the article: 42)")
+    parser.add_argument("--probe-epochs", type=cli.positive_int, default=PROBE_EPOCHS,
+                        help="epochs of the linear probe (DINO: 100)")
+    parser.add_argument("--lambdas", type=cli.nonnegative_float, nargs="+", default=LAMBDAS,
                         help="ridge penalties of the closed-form probe, finite and >= 0")
     parser.add_argument("--no-cache", action="store_true", help="neither read nor write data/features/")
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS + ("fp32-strict",),
                         help="fp32 is torch's defaults, as the article ran (on NVIDIA GPUs since Ampere, convolutions "
                              "in TF32); fp32-strict allows no TF32; tf32 allows it in matrix multiplies too; bf16 is "
                              "faster on recent GPUs")
-    parser.add_argument("--plots", metavar="DIR", help="save the training curves and the feature maps as PNG "
-                                                       "(needs matplotlib)")
-    add_common_arguments(parser)
+    parser.add_argument("--plots", metavar="DIR",
+                        help="save the training curves and the feature maps as PNG (needs matplotlib)")
+    cli.add_common_arguments(parser)
     args = parser.parse_args(argv)
-    distinct(parser, "--lambdas", args.lambdas)
+    cli.distinct(parser, "--lambdas", args.lambdas)
     return args
 
 

@@ -3,6 +3,7 @@ the wait for pictures measured around its loop), the frozen features' pass, and 
 transform."""
 import contextlib
 import sys
+import tempfile
 import time
 
 import torch
@@ -36,6 +37,29 @@ def progress_on_stderr():
             self.bar.close()
 
     return Progress()
+
+
+@contextlib.contextmanager
+def timed_trainer(recipe, device, precision, workers, **parts):
+    """Yields (a transformers.Trainer, its passes' timings as timed_passes fills them): the Trainer made of `parts`
+    with TrainingArguments(**recipe), writing to a temporary folder deleted with the block, reporting to nothing, its
+    progress on stderr, on the run's device and precision (tf32 left unset: Run set float32's rule).
+
+    `workers` processes decode and preprocess the training pictures ahead of the model (the library's default, none,
+    does it in the main process while a GPU waits), persistent, their batches pinned for a GPU. They change no number:
+    the order comes from the sampler's own seed, the pictures from the processor.
+    """
+    from transformers import ProgressCallback, Trainer, TrainingArguments
+
+    with tempfile.TemporaryDirectory(prefix="vit-backbone-trainer-") as output_dir:
+        args = TrainingArguments(**recipe, output_dir=output_dir, report_to="none", use_cpu=device.type == "cpu",
+                                 bf16=precision == "bf16", dataloader_num_workers=workers,
+                                 dataloader_persistent_workers=workers > 0, dataloader_pin_memory=device.type == "cuda")
+        trainer = Trainer(args=args, **parts)
+        trainer.remove_callback(ProgressCallback)
+        trainer.add_callback(progress_on_stderr())
+        with timed_passes(trainer, device) as passes:
+            yield trainer, passes
 
 
 def labels_in(batch):
