@@ -38,15 +38,22 @@ import torch.nn.functional as F
 
 from common import beans as beans_data
 from common import cli, figures
-from common.checkpoints import check_model_flag, checkpoint_config, load_pretrained, looks_like_a_path
+from common.checkpoints import check_model_flag, load_pretrained
 from common.closed_form import closed_form, targets, with_bias
 from common.device import PRECISIONS, float32_arithmetic, float32_rule
 from common.errors import UserError
-from common.feature_cache import cache_key, cached, dataset_digest
 from common.loader import loader_workers
 from common.reference import flag_differences, subset_differences, verdict
 from common.run import Run, guarded, run_sections
-from common.trainer import clocked, model_pass, preprocessed, timed_trainer
+from common.trainer import (
+    check_classifier_files,
+    clocked,
+    image_processor,
+    preprocessed,
+    preprocessing_text,
+    thumbnails,
+    timed_trainer,
+)
 
 # ---------------------------------------------------------------- the recipe, where the article states it
 # Its code: model_id, dnnlpy.set_seed(42), load_dataset('AI-Lab-Makerere/beans'), then its TrainingArguments.
@@ -196,22 +203,6 @@ def one_per_class(labels, count):
     return [int(i) for i in order[:count]]
 
 
-def thumbnails(pixels, processor, side=56):
-    """The pictures as the model saw them, un-normalised, side x side, as uint8 lists (for the figure)."""
-    mean, std = np.array(processor.image_mean), np.array(processor.image_std)
-    small = F.interpolate(pixels.float(), size=(side, side), mode="area").permute(0, 2, 3, 1).numpy()
-    return np.clip((small * std + mean) * 255, 0, 255).round().astype(np.uint8).tolist()
-
-
-def preprocessing_text(processor):
-    """The image processor's resize and normalisation in words: 'resized to 224x224, mean 0.5 and std 0.5'."""
-    size = getattr(processor, "size", None) or {}
-    side = f"{size['height']}x{size['width']}" if "height" in size else str(size.get("shortest_edge", "?"))
-    mean, std = (", ".join(f"{v:g}" for v in dict.fromkeys(values)) for values in (processor.image_mean,
-                                                                                    processor.image_std))
-    return f"resized to {side}, mean {mean} and std {std}"
-
-
 def linear_probe(features, labels, classes, epochs, seed, batch_size=PROBE["batch_size"]):
     """DINO's linear evaluation on fixed features: returns the trained torch.nn.Linear.
 
@@ -278,13 +269,7 @@ def load_beans(run):
 
 
 def load_processor(run):
-    from transformers import AutoImageProcessor
-
-    try:
-        return load_pretrained(AutoImageProcessor, run.args.model)
-    except (ValueError, KeyError) as error:
-        raise UserError(f"{run.args.model} has no image processor (preprocessor_config.json): pass a checkpoint "
-                        f"saved with one") from error
+    return image_processor(run.args.model)
 
 
 def load_checkpoint(run):
@@ -297,18 +282,6 @@ def load_checkpoint(run):
         raise UserError(f"{run.args.model} has no classification head (the library would draw one at random): "
                         f"pass an image classifier such as {MODEL}")
     return model.to(run.device).eval()
-
-
-def check_checkpoint_files(name):
-    """A local --model must be a ViT saved with its image processor; a cached one must be a ViT. Before any work."""
-    if looks_like_a_path(name):
-        for file, what in (("config.json", "save_pretrained"), ("preprocessor_config.json", "its image processor")):
-            if not (Path(name).expanduser() / file).exists():
-                raise UserError(f"--model {name} has no {file}: pass a checkpoint saved with {what}")
-    config = checkpoint_config(name)
-    if config is not None and config.model_type != "vit":
-        raise UserError(f"--model {name} is a {config.model_type} checkpoint, not a ViT: the article's backbone is "
-                        f"ViTModel (pass e.g. {MODEL})")
 
 
 def pixels_of(processor, images):
@@ -367,41 +340,17 @@ def finetune(run):
 
 # ---------------------------------------------------------------- frozen features and their cache
 
-def stack_pixel_values(items):
-    return torch.stack([item["pixel_values"] for item in items])
-
-
 def load_features(run):
-    """[class token, mean of the patch tokens] of the last layer (after its LayerNorm) for both splits: from
-    data/features/ when they match exactly, else computed in one pass over both splits, the pictures through the
-    article's transform, and saved."""
-    from datasets import concatenate_datasets
+    """The frozen features of both splits, from data/features/ when they match exactly, else computed and saved."""
     from transformers import ViTModel
 
-    beans, args, passes = run.need("beans"), run.args, {}
-    splits = ("train", "validation")
-
-    def compute():
-        both = concatenate_datasets([beans[split] for split in splits]).with_transform(
-            functools.partial(article_transform, run.need("processor")))
-        features, passes["pass"] = model_pass(backbone, both, stack_pixel_values, frozen_features, run.device,
-                                              run.autocast, "frozen features")
-        return dict(zip(splits, np.split(features.numpy(), [len(beans["train"])])))
-
     def backbone():  # loaded while the loader's workers build their first batches
-        return load_pretrained(ViTModel, args.model, add_pooling_layer=False).to(run.device).eval()
+        return load_pretrained(ViTModel, run.args.model, add_pooling_layer=False).to(run.device).eval()
 
-    def from_cache_or_computed():
-        key = None if args.no_cache else cache_key(
-            "backbone", args.model, precision=args.precision, float32=float32_rule(args.precision, run.fp32_rule),
-            features="class token + mean of the patch tokens",
-            data={split: dataset_digest(beans[split]) for split in splits})
-        return cached(compute, key, {split: len(beans[split]) for split in splits}, CACHE_DIR)
-
-    (features, source), seconds = clocked(from_cache_or_computed)
-    return {"features": features, "labels": {split: np.array(beans[split]["labels"]) for split in splits},
-            "source": "read from the cache" if source == "cache" else source, "seconds": seconds,
-            "pass": passes.get("pass")}
+    precision, transform = run.args.precision, functools.partial(article_transform, run.need("processor"))
+    return beans_data.cached_features(run.need("beans"), transform, backbone, frozen_features, run, CACHE_DIR,
+                                      precision=precision, float32=float32_rule(precision, run.fp32_rule),
+                                      features="class token + mean of the patch tokens")
 
 
 # ---------------------------------------------------------------- sections
@@ -653,10 +602,8 @@ def setup_differences(run):
     """How this run's setup differs from the article's: its flags and the pictures it used. --model is none (a local
     folder may hold the released checkpoint; the numbers judge it), nor are --probe-epochs and --lambdas (section 5
     goes beyond the article)."""
-    beans = run.loaded.get("beans")
-    counts = {f"{word} pictures": len(beans[split]) if isinstance(beans, dict) else None
-              for split, word in (("train", "training"), ("validation", "validation"))}
-    return {**subset_differences(run.args, counts, RELEASED), **flag_differences(run.args, ARTICLE_FLAGS)}
+    return {**subset_differences(run.args, beans_data.split_counts(run.loaded.get("beans")), RELEASED),
+            **flag_differences(run.args, ARTICLE_FLAGS)}
 
 
 def parse_args(argv):
@@ -693,7 +640,7 @@ def main(argv=None):
     check_model_flag(args.model)
     if args.data_dir:
         beans_data.check_dir(args.data_dir)
-    check_checkpoint_files(args.model)
+    check_classifier_files(args.model, MODEL)
     loaders = {"beans": load_beans, "processor": load_processor, "checkpoint": load_checkpoint,
                "finetune": finetune, "features": load_features}
     run = Run(args, loaders, fp32_rule=ARTICLE_FP32_RULE)

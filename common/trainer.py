@@ -1,15 +1,59 @@
-"""The backbone article's passes over pictures, timed from outside: transformers.Trainer's (its progress on stderr,
-the wait for pictures measured around its loop), the frozen features' pass, and a dataset read once through its
-transform."""
+"""The backbone article's plumbing around transformers: its checkpoint and image processor, checked and read; its
+passes over pictures, timed from outside: the Trainer's (its progress on stderr, the wait for pictures measured
+around its loop), the frozen features' pass, and a dataset read once through its transform."""
 import contextlib
 import sys
 import tempfile
 import time
+from pathlib import Path
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 
+from common.checkpoints import checkpoint_config, load_pretrained, looks_like_a_path
 from common.device import to_device
+from common.errors import UserError
 from common.loader import TimedLoader, dataset_loader, end_workers, loader_workers, pass_timing, timed
+
+
+def check_classifier_files(name, example):
+    """A local --model must be a ViT saved with its image processor; a cached one must be a ViT. Before any work."""
+    if looks_like_a_path(name):
+        for file, what in (("config.json", "save_pretrained"), ("preprocessor_config.json", "its image processor")):
+            if not (Path(name).expanduser() / file).exists():
+                raise UserError(f"--model {name} has no {file}: pass a checkpoint saved with {what}")
+    config = checkpoint_config(name)
+    if config is not None and config.model_type != "vit":
+        raise UserError(f"--model {name} is a {config.model_type} checkpoint, not a ViT: the article's backbone is "
+                        f"ViTModel (pass e.g. {example})")
+
+
+def image_processor(name):
+    """The checkpoint's image processor; one line when it was saved without one."""
+    from transformers import AutoImageProcessor
+
+    try:
+        return load_pretrained(AutoImageProcessor, name)
+    except (ValueError, KeyError) as error:
+        raise UserError(f"{name} has no image processor (preprocessor_config.json): pass a checkpoint "
+                        f"saved with one") from error
+
+
+def preprocessing_text(processor):
+    """The image processor's resize and normalisation in words: 'resized to 224x224, mean 0.5 and std 0.5'."""
+    size = getattr(processor, "size", None) or {}
+    side = f"{size['height']}x{size['width']}" if "height" in size else str(size.get("shortest_edge", "?"))
+    mean, std = (", ".join(f"{v:g}" for v in dict.fromkeys(values)) for values in (processor.image_mean,
+                                                                                    processor.image_std))
+    return f"resized to {side}, mean {mean} and std {std}"
+
+
+def thumbnails(pixels, processor, side=56):
+    """The pictures as the model saw them, un-normalised, side x side, as uint8 lists (for the figure)."""
+    mean, std = np.array(processor.image_mean), np.array(processor.image_std)
+    small = F.interpolate(pixels.float(), size=(side, side), mode="area").permute(0, 2, 3, 1).numpy()
+    return np.clip((small * std + mean) * 255, 0, 255).round().astype(np.uint8).tolist()
 
 
 def clocked(compute, *args, **kwargs):
