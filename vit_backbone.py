@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from common import beans as beans_data
 from common import cli, figures
+from common import trainer as plumbing
 from common.checkpoints import check_model_flag, load_pretrained
 from common.closed_form import closed_form, targets, with_bias
 from common.device import PRECISIONS, float32_arithmetic, float32_rule
@@ -45,18 +46,9 @@ from common.errors import UserError
 from common.loader import loader_workers
 from common.reference import flag_differences, subset_differences, verdict
 from common.run import Run, guarded, run_sections
-from common.trainer import (
-    check_classifier_files,
-    clocked,
-    image_processor,
-    preprocessed,
-    preprocessing_text,
-    thumbnails,
-    timed_trainer,
-)
+from common.trainer import preprocessed
 
 # ---------------------------------------------------------------- the recipe, where the article states it
-# Its code: model_id, dnnlpy.set_seed(42), load_dataset('AI-Lab-Makerere/beans'), then its TrainingArguments.
 MODEL = "google/vit-base-patch16-224"  # model_id: an ImageNet-1k classifier whose head is replaced by a 3-class one
 SEED = 42               # dnnlpy.set_seed(42), after the imports
 BATCH = 16              # TrainingArguments(per_device_train_batch_size=16, per_device_eval_batch_size=16)
@@ -66,13 +58,10 @@ LOGGING_STEPS = 10      # logging_steps=10 with eval_strategy='steps': the train
 RELEASED = {"training pictures": 1034, "validation pictures": 133}  # ds['train'], ds['validation'] as released
 ARTICLE_FLAGS = {item: (item, value) for item, value in (("seed", SEED), ("batch_size", BATCH), ("epochs", EPOCHS),
                                                           ("lr", LR), ("precision", "fp32"))}
-# "Using device: cuda" with torch's defaults: float32 with TF32 convolutions (its patch embedding) on Ampere and later
-# GPUs. So --precision fp32 means that here (common/device.py).
-ARTICLE_FP32_RULE = "torch defaults"
+ARTICLE_FP32_RULE = "torch defaults"  # "Using device: cuda": TF32 convolutions on Ampere+ GPUs, as --precision fp32
 # The article's table "Common ViT configurations": model name, then its Parameters column in millions.
 TABLE = [("google/vit-base-patch16-224", 86), ("google/vit-base-patch32-224", 86),
          ("google/vit-large-patch16-224", 307), ("google/vit-large-patch32-384", 307)]
-SIZES = {"base": "B", "large": "L", "huge": "H"}
 TABLE_COLUMNS = {"patch size": "patch_size", "input resolution": "image_size", "embedding dimension": "hidden_size",
                  "layers": "num_hidden_layers", "heads": "num_attention_heads"}  # number name -> config field
 CONFIG_LINES = {"Image size": "image_size", "Patch size": "patch_size", "Hidden size": "hidden_size",
@@ -107,15 +96,6 @@ def places_that_agree(patch_tokens, feature_map):
     batch, _, grid_h, grid_w = feature_map.shape
     return sum(bool(torch.equal(feature_map[b, :, i, j], patch_tokens[b, i * grid_w + j]))
                for b in range(batch) for i in range(grid_h) for j in range(grid_w))
-
-
-def refusal(patch_tokens, grid_size):
-    """What patch_tokens_to_feature_map says to a grid that does not match."""
-    try:
-        patch_tokens_to_feature_map(patch_tokens, grid_size)
-    except AssertionError as error:
-        return f"AssertionError: {error}"
-    return "accepted (wrong)"
 
 
 def split_tokens(last_hidden_state):
@@ -156,7 +136,7 @@ def table_row_config(name):
     found = re.fullmatch(r"(?:.*/)?vit-(base|large|huge)-patch(\d+)-(\d+)", name)
     if found is None:
         raise ValueError(f"{name} is not a vit-<size>-patch<P>-<resolution> name")
-    config = table1_config(SIZES[found[1]], int(found[2]), image_size=int(found[3]))
+    config = table1_config({"base": "B", "large": "L", "huge": "H"}[found[1]], int(found[2]), image_size=int(found[3]))
     config.num_labels = 1000  # the released checkpoints are ImageNet-1k classifiers
     return config
 
@@ -181,11 +161,8 @@ def feature_grid(model):
 
 
 def pca_rgb(tokens, grid):
-    """Patch tokens (n, N, D) of n pictures -> (n, H_p, W_p, 3) in [0, 1]: their first three principal components.
-
-    One basis for all n pictures (so colours compare across pictures); each component is scaled to [0, 1]
-    over all of them, and its sign set so that its largest loading is positive (a fixed colour per run).
-    """
+    """Patch tokens (n, N, D) -> (n, H_p, W_p, 3) in [0, 1]: their first three principal components, one basis for
+    all n pictures, each scaled to [0, 1] over all, its sign so that its largest loading is positive (fixed colours)."""
     x = np.asarray(tokens, dtype=np.float64).reshape(-1, tokens.shape[-1])
     x = x - x.mean(0)
     _, _, vt = np.linalg.svd(x, full_matrices=False)
@@ -204,11 +181,7 @@ def one_per_class(labels, count):
 
 
 def linear_probe(features, labels, classes, epochs, seed, batch_size=PROBE["batch_size"]):
-    """DINO's linear evaluation on fixed features: returns the trained torch.nn.Linear.
-
-    SGD (momentum 0.9, no weight decay) at 0.001 x batch / 256, the learning rate decayed per epoch by a
-    cosine to 0 (CosineAnnealingLR), a new order of the pictures each epoch from the seed.
-    """
+    """DINO's linear evaluation on fixed features (PROBE), a new order each epoch from the seed: the trained Linear."""
     generator = torch.Generator().manual_seed(seed)
     x, y = torch.as_tensor(features, dtype=torch.float32), torch.as_tensor(labels)
     layer = torch.nn.Linear(x.shape[1], classes)
@@ -243,8 +216,8 @@ def closed_form_probe(train_x, train_labels, val_x, classes, lam):
 
 
 def probe_ways(features, labels, classes, epochs, seed, lambdas):
-    """[(way, accuracy, loss or None, trained parameters, seconds)] of the linear probe and of the closed form at
-    each lambda, each fitted on the training features and scored on the validation ones, each fit and score timed."""
+    """[(way, accuracy, loss or None, trained parameters, seconds of fit and score)]: the linear probe, the closed
+    form at each lambda."""
     train_x, val_x, train_y, val_y = features["train"], features["validation"], labels["train"], labels["validation"]
 
     def linear():
@@ -259,7 +232,7 @@ def probe_ways(features, labels, classes, epochs, seed, lambdas):
 
     ways = [("linear probe", linear)] + [(f"closed form, lambda {lam:g}", functools.partial(ridge, lam))
                                          for lam in lambdas]
-    return [(way, *result, seconds) for way, fit in ways for result, seconds in [clocked(fit)]]
+    return [(way, *result, seconds) for way, fit in ways for result, seconds in [plumbing.clocked(fit)]]
 
 
 # ---------------------------------------------------------------- resources
@@ -269,31 +242,14 @@ def load_beans(run):
 
 
 def load_processor(run):
-    return image_processor(run.args.model)
+    return plumbing.image_processor(run.args.model)
 
 
 def load_checkpoint(run):
     """The checkpoint as the article's first load: AutoModelForImageClassification with its own head."""
-    from transformers import AutoModelForImageClassification
-
     run.need("processor")
-    model, info = load_pretrained(AutoModelForImageClassification, run.args.model, output_loading_info=True)
-    if any(key.startswith("classifier.") for key in info.get("missing_keys", ())):
-        raise UserError(f"{run.args.model} has no classification head (the library would draw one at random): "
-                        f"pass an image classifier such as {MODEL}")
-    return model.to(run.device).eval()
+    return plumbing.image_classifier(run.args.model, MODEL).to(run.device).eval()
 
-
-def pixels_of(processor, images):
-    return processor([image.convert("RGB") for image in images], return_tensors="pt")["pixel_values"]
-
-
-def last_hidden_states(backbone, pixels, run):
-    with torch.inference_mode(), run.autocast:
-        return backbone(pixel_values=pixels.to(run.device)).last_hidden_state.float().cpu()
-
-
-# ---------------------------------------------------------------- the article's fine-tuning
 
 def finetune(run):
     """The article's run in the article's order of random draws: seed, shuffle train, shuffle validation, the new
@@ -314,7 +270,7 @@ def finetune(run):
                             ignore_mismatched_sizes=True, device_map=run.device)
     transform = functools.partial(article_transform, processor)
     map_indices = one_per_class(beans["validation"]["labels"], MAP_PICTURES)
-    map_pixels = pixels_of(processor, [beans["validation"][i]["image"] for i in map_indices])
+    map_pixels = plumbing.pixels_of(processor, [beans["validation"][i]["image"] for i in map_indices])
     workers = loader_workers(run.device)
     # The validation pictures through the article's transform once, not at each of the evaluations: an evaluation
     # is a few batches, and a loader that starts afresh for each keeps a GPU waiting for its first batch.
@@ -323,22 +279,21 @@ def finetune(run):
     recipe = {"per_device_train_batch_size": args.batch_size, "per_device_eval_batch_size": args.batch_size,
               "num_train_epochs": args.epochs, "learning_rate": args.lr, "logging_steps": LOGGING_STEPS,
               "save_strategy": "no", "eval_strategy": "steps", "remove_unused_columns": False, "seed": args.seed}
-    with timed_trainer(recipe, run.device, args.precision, workers, model=model, processing_class=processor,
+    with plumbing.timed_trainer(recipe, run.device, args.precision, workers, model=model, processing_class=processor,
                        train_dataset=train_ds.with_transform(transform), eval_dataset=val_items,
                        data_collator=collate_fn, compute_metrics=accuracy_metrics) as (trainer, passes):
         before = trainer.evaluate()  # the article's: evaluate, train, evaluate
-        tokens_before = last_hidden_states(model.vit, map_pixels, run)[:, 1:]
+        tokens_before = plumbing.last_hidden_states(model.vit, map_pixels, run)[:, 1:]
         trainer.train()
         after = trainer.evaluate()
     model.eval()
     return {"before": before, "after": after, "seconds": passes["train() seconds"], "passes": passes,
             "history": trainer.state.log_history, "workers": workers, "preprocessing seconds": preprocessing,
             "steps": trainer.state.max_steps, "model": model, "map pixels": map_pixels, "map indices": map_indices,
-            "tokens before": tokens_before, "tokens after": last_hidden_states(model.vit, map_pixels, run)[:, 1:],
+            "tokens before": tokens_before, "tokens after": plumbing.last_hidden_states(model.vit, map_pixels,
+                                                                                       run)[:, 1:],
             "trained parameters": sum(p.numel() for p in model.parameters() if p.requires_grad)}
 
-
-# ---------------------------------------------------------------- frozen features and their cache
 
 def load_features(run):
     """The frozen features of both splits, from data/features/ when they match exactly, else computed and saved."""
@@ -369,7 +324,12 @@ def section_feature_map(run, report):
     report.line("feature_map[b, :, i, j] == patch_tokens[b, i * W_p + j, :] at {positions that agree} of {places} "
                 "(b, i, j): each patch token lands at its own place in the grid", numbers,
                 places=2 * math.prod(grid_size))
-    report.line("grid (4, 5) for 16 patch tokens: {refused}", refused=refusal(patch_tokens, (4, 5)))
+    try:
+        patch_tokens_to_feature_map(patch_tokens, (4, 5))
+        refused = "accepted (wrong)"
+    except AssertionError as error:
+        refused = f"AssertionError: {error}"
+    report.line("grid (4, 5) for 16 patch tokens: {refused}", refused=refused)
 
 
 def section_table(run, report):
@@ -397,9 +357,8 @@ def section_table(run, report):
 
 
 def token_numbers(model, pixels, run):
-    """One picture through the checkpoint: the shapes of Z_L and its parts, and the head on the class token against
-    the model's logits."""
-    tokens = last_hidden_states(model.vit, pixels, run)  # Z_L: the encoder's output after its final LayerNorm
+    """One picture's Z_L and its parts, their shapes, and the head on the class token against the model's logits."""
+    tokens = plumbing.last_hidden_states(model.vit, pixels, run)  # Z_L: the encoder's output after its final LayerNorm
     with torch.inference_mode(), run.autocast:
         logits = model(pixel_values=pixels.to(run.device)).logits.float().cpu()
         by_hand = model.classifier(tokens[:, 0].to(run.device)).float().cpu()  # logits = h_cls W + b
@@ -434,7 +393,7 @@ def section_checkpoint(run, report):
                 "head parameters": head, "backbone share (%)": 100 * backbone / (backbone + head)})
     beans = run.need("beans")
     picture = beans["validation"][0]
-    numbers = token_numbers(model, pixels_of(processor, [picture["image"]]), run)
+    numbers = token_numbers(model, plumbing.pixels_of(processor, [picture["image"]]), run)
     report.line("one validation picture ({name}, {width}x{height} px) -> pixel_values "
                 "torch.Size({pixel values shape:d}) -> Z_L torch.Size({Z_L shape:d})", numbers,
                 name=beans["names"][picture["labels"]], width=picture["image"].size[0],
@@ -455,10 +414,7 @@ def print_eval(report, what, metrics):
 
 def print_history(report, history):
     """Every 10 steps: the training loss of the last 10 steps and the evaluation loss and accuracy."""
-    rows = {}
-    for entry in history:
-        if "loss" in entry or "eval_loss" in entry:
-            rows.setdefault(entry["step"], {}).update(entry)
+    rows = plumbing.logged_steps(history)
     for step, row in sorted(rows.items()):
         numbers = {"training loss": row.get("loss"), "eval_loss": row.get("eval_loss"),
                    "eval_accuracy": row.get("eval_accuracy")}
@@ -502,7 +458,7 @@ def keep_feature_maps(run, report, result, beans):
     both = pca_rgb(torch.cat([result["tokens before"], result["tokens after"]]).numpy(), feature_grid(result["model"]))
     maps = {"before": both[:len(both) // 2], "after": both[len(both) // 2:]}
     report.keep("feature maps", {**{key: value.round(3).tolist() for key, value in maps.items()},
-                                 "pictures": thumbnails(result["map pixels"], run.need("processor")),
+                                 "pictures": plumbing.thumbnails(result["map pixels"], run.need("processor")),
                                  "labels": [beans["names"][beans["validation"][i]["labels"]]
                                             for i in result["map indices"]]})
     if run.args.plots:
@@ -550,14 +506,6 @@ def section_finetune(run, report):
     keep_feature_maps(run, report, result, beans)
 
 
-def frozen_pass_text(report, timing):
-    """The frozen features' pass and its loader's start-up, when they were computed; nothing when read."""
-    if not timing:
-        return ""
-    return (f" {report.pass_text('frozen features', timing)}, the loader's {timing['workers']} worker processes "
-            f"(none on a CPU) started in {timing['start-up seconds']:.1f} s, outside the pass")
-
-
 def section_three_ways(run, report):
     """5. three ways to adapt the same backbone"""
     args = run.args
@@ -568,14 +516,16 @@ def section_three_ways(run, report):
     report.line("frozen features: the last layer's class token beside the mean of its patch tokens, "
                 "{feature width:,} numbers per picture, {source} in {features seconds:.1f} s (--no-cache recomputes)"
                 "{pass_}", {"feature width": frozen["features"]["train"].shape[1],
-                            "features seconds": frozen["seconds"]}, source=frozen["source"], pass_=functools.partial(frozen_pass_text, report, frozen["pass"]))
+                            "features seconds": frozen["seconds"]}, source=frozen["source"], pass_=functools.partial(
+                lambda t: t and f" {report.pass_text('frozen features', t)}, the loader's {t['workers']} worker "  # none: ""
+                f"processes (none on a CPU) started in {t['start-up seconds']:.1f} s, outside the pass" or "", frozen["pass"]))
     report.line("linear probe: DINO's linear evaluation (Caron et al. 2021): normal(0, {std}) weights, SGD momentum "
                 "{momentum}, no weight decay, learning rate {base_lr} x batch {batch_size}/256, cosine to 0 over "
                 "{epochs} epochs. Unlike DINO: no random crops and flips (the features are computed once); the "
                 "pictures preprocessed as the checkpoint's processor does ({preprocessing}), not Resize 256 + "
                 "CenterCrop 224 with ImageNet's mean and std; and the accuracy is the last epoch's, where DINO reports "
                 "the best over its epochs (chosen on the validation pictures)", **PROBE, epochs=args.probe_epochs,
-                preprocessing=preprocessing_text(run.need("processor")))
+                preprocessing=plumbing.preprocessing_text(run.need("processor")))
     report.line("closed form: Part 3's W = (X^T X + lambda I)^-1 X^T Y on the same features with a bias column, "
                 "targets in {{-1, +1}}")
     rows = [("random new head (the article's before)", result["before"]["eval_accuracy"],
@@ -599,9 +549,8 @@ SECTIONS = [section_feature_map, section_table, section_checkpoint, section_fine
 
 
 def setup_differences(run):
-    """How this run's setup differs from the article's: its flags and the pictures it used. --model is none (a local
-    folder may hold the released checkpoint; the numbers judge it), nor are --probe-epochs and --lambdas (section 5
-    goes beyond the article)."""
+    """How this run's setup differs from the article's: its flags and pictures. Not --model (the numbers judge the
+    weights), --probe-epochs or --lambdas (section 5 goes beyond the article)."""
     return {**subset_differences(run.args, beans_data.split_counts(run.loaded.get("beans")), RELEASED),
             **flag_differences(run.args, ARTICLE_FLAGS)}
 
@@ -640,7 +589,7 @@ def main(argv=None):
     check_model_flag(args.model)
     if args.data_dir:
         beans_data.check_dir(args.data_dir)
-    check_classifier_files(args.model, MODEL)
+    plumbing.check_classifier_files(args.model, MODEL)
     loaders = {"beans": load_beans, "processor": load_processor, "checkpoint": load_checkpoint,
                "finetune": finetune, "features": load_features}
     run = Run(args, loaders, fp32_rule=ARTICLE_FP32_RULE)

@@ -40,6 +40,35 @@ def image_processor(name):
                         f"saved with one") from error
 
 
+def image_classifier(name, example):
+    """AutoModelForImageClassification with the checkpoint's own head; one line when it has none."""
+    from transformers import AutoModelForImageClassification
+
+    model, info = load_pretrained(AutoModelForImageClassification, name, output_loading_info=True)
+    if any(key.startswith("classifier.") for key in info.get("missing_keys", ())):
+        raise UserError(f"{name} has no classification head (the library would draw one at random): "
+                        f"pass an image classifier such as {example}")
+    return model
+
+
+def pixels_of(processor, images):
+    return processor([image.convert("RGB") for image in images], return_tensors="pt")["pixel_values"]
+
+
+def last_hidden_states(backbone, pixels, run):
+    with torch.inference_mode(), run.autocast:
+        return backbone(pixel_values=pixels.to(run.device)).last_hidden_state.float().cpu()
+
+
+def logged_steps(history):
+    """{step: the Trainer's log entries of that step, merged}, for the steps that logged a loss or an evaluation."""
+    rows = {}
+    for entry in history:
+        if "loss" in entry or "eval_loss" in entry:
+            rows.setdefault(entry["step"], {}).update(entry)
+    return rows
+
+
 def preprocessing_text(processor):
     """The image processor's resize and normalisation in words: 'resized to 224x224, mean 0.5 and std 0.5'."""
     size = getattr(processor, "size", None) or {}
