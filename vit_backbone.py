@@ -30,8 +30,6 @@ import functools
 import math
 import re
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -39,55 +37,44 @@ import torch
 import torch.nn.functional as F
 
 from common import beans as beans_data
-from common import figures
-from common.checkpoints import check_model_flag, checkpoint_config, load_pretrained, looks_like_a_path
-from common.cli import (
-    add_common_arguments,
-    distinct,
-    nonnegative_float,
-    positive_float,
-    positive_int,
-    script_parser,
-    seed,
-)
+from common import cli, figures
+from common import trainer as plumbing
+from common.checkpoints import check_model_flag, load_pretrained
 from common.closed_form import closed_form, targets, with_bias
-from common.device import PRECISIONS, float32_arithmetic, float32_rule, to_device
+from common.device import PRECISIONS, float32_arithmetic, float32_rule
 from common.differences import flag_differences, subset_differences
 from common.errors import UserError
-from common.feature_cache import cache_key, cached, dataset_digest
-from common.loader import dataset_loader, end_workers, loader_workers, pass_timing, timed
+from common.loader import loader_workers
 from common.reference import verdict
 from common.run import Run, guarded, run_sections
-from common.trainer import preprocessed, progress_on_stderr, time_the_passes
+from common.trainer import preprocessed
 
-# ---------------------------------------------------------------- the recipe
-# The article's run: dnnlpy.set_seed(42), then its TrainingArguments, on the beans dataset as released.
-MODEL = "google/vit-base-patch16-224"  # an ImageNet-1k classifier whose head is replaced by a 3-class one
-SEED = 42               # dnnlpy.set_seed(42)
-BATCH = 16              # per_device_train_batch_size and per_device_eval_batch_size
-EPOCHS = 5              # num_train_epochs
-LR = 2e-5               # learning_rate (AdamW, linear decay: the Trainer's defaults)
-LOGGING_STEPS = 10      # logging_steps: the training loss and an evaluation every 10 steps
-RELEASED = {"training pictures": 1034, "validation pictures": 133}  # beans's train and validation splits
+# ---------------------------------------------------------------- the recipe, where the article states it
+MODEL = "google/vit-base-patch16-224"  # model_id: an ImageNet-1k classifier whose head is replaced by a 3-class one
+SEED = 42               # dnnlpy.set_seed(42), after the imports
+BATCH = 16              # TrainingArguments(per_device_train_batch_size=16, per_device_eval_batch_size=16)
+EPOCHS = 5              # num_train_epochs=5
+LR = 2e-5               # learning_rate=2e-5 (AdamW, linear decay: the Trainer's defaults)
+LOGGING_STEPS = 10      # logging_steps=10 with eval_strategy='steps': the training loss and an evaluation every 10
+RELEASED = {"training pictures": 1034, "validation pictures": 133}  # ds['train'], ds['validation'] as released
 ARTICLE_FLAGS = {item: (item, value) for item, value in (("seed", SEED), ("batch_size", BATCH), ("epochs", EPOCHS),
                                                           ("lr", LR), ("precision", "fp32"))}
-# The article ran on a CUDA GPU ("Using device: cuda") with torch's defaults: float32 with TF32 convolutions
-# (its patch embedding) on Ampere and later GPUs. So --precision fp32 means that here (common/device.py).
-ARTICLE_FP32_RULE = "torch defaults"
-# The article's table: model name, then its Parameters column in millions.
+ARTICLE_FP32_RULE = "torch defaults"  # "Using device: cuda": TF32 convolutions on Ampere+ GPUs, as --precision fp32
+# The article's table "Common ViT configurations": model name, then its Parameters column in millions.
 TABLE = [("google/vit-base-patch16-224", 86), ("google/vit-base-patch32-224", 86),
          ("google/vit-large-patch16-224", 307), ("google/vit-large-patch32-384", 307)]
-SIZES = {"base": "B", "large": "L", "huge": "H"}
 TABLE_COLUMNS = {"patch size": "patch_size", "input resolution": "image_size", "embedding dimension": "hidden_size",
                  "layers": "num_hidden_layers", "heads": "num_attention_heads"}  # number name -> config field
 CONFIG_LINES = {"Image size": "image_size", "Patch size": "patch_size", "Hidden size": "hidden_size",
                 "Number of hidden layers": "num_hidden_layers", "Number of attention heads": "num_attention_heads",
-                "Intermediate size": "intermediate_size"}
-# DINO's linear evaluation (Caron et al. 2021, eval_linear.py): a linear layer from normal(0, 0.01) and a zero
-# bias, SGD with momentum 0.9 and no weight decay, learning rate 0.001 x batch / 256, cosine decay to 0 over
-# 100 epochs, batch 128 per GPU; for ViT-B the features are the last layer's class token beside the mean of
-# its patch tokens. The random crops and flips are left out: the features are computed once, frozen.
+                "Intermediate size": "intermediate_size"}  # the article's print()s of model.config
+# Beyond the article. DINO's linear evaluation (Caron et al. 2021, eval_linear.py): a linear layer from normal(0, 0.01)
+# and a zero bias, SGD with momentum 0.9 and no weight decay, learning rate 0.001 x batch / 256, cosine decay to 0 over
+# 100 epochs, batch 128 per GPU; for ViT-B the features are the last layer's class token beside the mean of its patch
+# tokens. The random crops and flips are left out: the features are computed once, frozen.
 PROBE = {"std": 0.01, "momentum": 0.9, "base_lr": 0.001, "batch_size": 128}
+PROBE_EPOCHS = 100
+LAMBDAS = [0.01, 1.0, 100.0]  # Part 3's closed-form probe: the ridge penalties it tries
 MAP_PICTURES = 4  # validation pictures in the feature-map figure
 CACHE_DIR = Path(__file__).resolve().parent / "data" / "features"
 CURVES_FIGURE, MAPS_FIGURE = "backbone_curves.png", "backbone_feature_maps.png"
@@ -105,9 +92,22 @@ def patch_tokens_to_feature_map(patch_tokens, grid_size):
     return x.permute(0, 3, 1, 2)
 
 
+def places_that_agree(patch_tokens, feature_map):
+    """How many (b, i, j) hold feature_map[b, :, i, j] == patch_tokens[b, i * W_p + j]."""
+    batch, _, grid_h, grid_w = feature_map.shape
+    return sum(bool(torch.equal(feature_map[b, :, i, j], patch_tokens[b, i * grid_w + j]))
+               for b in range(batch) for i in range(grid_h) for j in range(grid_w))
+
+
 def split_tokens(last_hidden_state):
     """Z_L (B, N+1, D) -> the class token z_cls (B, D) and the patch tokens z_1..z_N (B, N, D)."""
     return last_hidden_state[:, 0], last_hidden_state[:, 1:]
+
+
+def frozen_features(output):
+    """The class token of the last layer (after its LayerNorm) beside the mean of its patch tokens (DINO's, ViT-B)."""
+    class_token, patch_tokens = split_tokens(output.last_hidden_state.float())
+    return torch.cat([class_token, patch_tokens.mean(1)], 1)
 
 
 def accuracy_metrics(eval_pred):
@@ -137,7 +137,7 @@ def table_row_config(name):
     found = re.fullmatch(r"(?:.*/)?vit-(base|large|huge)-patch(\d+)-(\d+)", name)
     if found is None:
         raise ValueError(f"{name} is not a vit-<size>-patch<P>-<resolution> name")
-    config = table1_config(SIZES[found[1]], int(found[2]), image_size=int(found[3]))
+    config = table1_config({"base": "B", "large": "L", "huge": "H"}[found[1]], int(found[2]), image_size=int(found[3]))
     config.num_labels = 1000  # the released checkpoints are ImageNet-1k classifiers
     return config
 
@@ -152,17 +152,18 @@ def counted_parameters(config):
 
 
 def table_verdict(table_millions, whole):
-    """The table's Parameters column against the whole classifier's count, by --compare's rule (its reference entry
-    is the column's number, kind nothing): same when the count in millions prints as the column does, else differs."""
+    """--compare's verdict on the whole classifier's count against the table's Parameters column (in millions)."""
     return verdict({"article": str(table_millions), "kind": "nothing"}, whole / 1e6)
 
 
-def pca_rgb(tokens, grid):
-    """Patch tokens (n, N, D) of n pictures -> (n, H_p, W_p, 3) in [0, 1]: their first three principal components.
+def feature_grid(model):
+    side = model.config.image_size // model.config.patch_size
+    return side, side
 
-    One basis for all n pictures (so colours compare across pictures); each component is scaled to [0, 1]
-    over all of them, and its sign set so that its largest loading is positive (a fixed colour per run).
-    """
+
+def pca_rgb(tokens, grid):
+    """Patch tokens (n, N, D) -> (n, H_p, W_p, 3) in [0, 1]: their first three principal components, one basis for
+    all n pictures, each scaled to [0, 1] over all, its sign so that its largest loading is positive (fixed colours)."""
     x = np.asarray(tokens, dtype=np.float64).reshape(-1, tokens.shape[-1])
     x = x - x.mean(0)
     _, _, vt = np.linalg.svd(x, full_matrices=False)
@@ -181,11 +182,7 @@ def one_per_class(labels, count):
 
 
 def linear_probe(features, labels, classes, epochs, seed, batch_size=PROBE["batch_size"]):
-    """DINO's linear evaluation on fixed features: returns the trained torch.nn.Linear.
-
-    SGD (momentum 0.9, no weight decay) at 0.001 x batch / 256, the learning rate decayed per epoch by a
-    cosine to 0 (CosineAnnealingLR), a new order of the pictures each epoch from the seed.
-    """
+    """DINO's linear evaluation on fixed features (PROBE), a new order each epoch from the seed: the trained Linear."""
     generator = torch.Generator().manual_seed(seed)
     x, y = torch.as_tensor(features, dtype=torch.float32), torch.as_tensor(labels)
     layer = torch.nn.Linear(x.shape[1], classes)
@@ -219,6 +216,26 @@ def closed_form_probe(train_x, train_labels, val_x, classes, lam):
     return w, with_bias(val_x.astype(np.float64)) @ w
 
 
+def probe_ways(features, labels, classes, epochs, seed, lambdas):
+    """[(way, accuracy, loss or None, trained parameters, seconds of fit and score)]: the linear probe, the closed
+    form at each lambda."""
+    train_x, val_x, train_y, val_y = features["train"], features["validation"], labels["train"], labels["validation"]
+
+    def linear():
+        layer = linear_probe(train_x, train_y, classes, epochs, seed)
+        with torch.no_grad():
+            scores = layer(torch.as_tensor(val_x, dtype=torch.float32))
+        return (*scores_accuracy_loss(scores, val_y), sum(p.numel() for p in layer.parameters()))
+
+    def ridge(lam):
+        w, scores = closed_form_probe(train_x, train_y, val_x, classes, lam)
+        return float(np.mean(scores.argmax(1) == val_y)), None, w.size
+
+    ways = [("linear probe", linear)] + [(f"closed form, lambda {lam:g}", functools.partial(ridge, lam))
+                                         for lam in lambdas]
+    return [(way, *result, seconds) for way, fit in ways for result, seconds in [plumbing.clocked(fit)]]
+
+
 # ---------------------------------------------------------------- resources
 
 def load_beans(run):
@@ -226,178 +243,70 @@ def load_beans(run):
 
 
 def load_processor(run):
-    from transformers import AutoImageProcessor
-
-    try:
-        return load_pretrained(AutoImageProcessor, run.args.model)
-    except (ValueError, KeyError) as error:
-        raise UserError(f"{run.args.model} has no image processor (preprocessor_config.json): pass a checkpoint "
-                        f"saved with one") from error
+    return plumbing.image_processor(run.args.model)
 
 
 def load_checkpoint(run):
     """The checkpoint as the article's first load: AutoModelForImageClassification with its own head."""
-    from transformers import AutoModelForImageClassification
-
     run.need("processor")
-    model, info = load_pretrained(AutoModelForImageClassification, run.args.model, output_loading_info=True)
-    if any(key.startswith("classifier.") for key in info.get("missing_keys", ())):
-        raise UserError(f"{run.args.model} has no classification head (the library would draw one at random): "
-                        f"pass an image classifier such as {MODEL}")
-    return model.to(run.device).eval()
-
-
-def load_backbone(run):
-    from transformers import ViTModel
-
-    return load_pretrained(ViTModel, run.args.model, add_pooling_layer=False).to(run.device).eval()
-
-
-def pixels_of(processor, images):
-    return processor([image.convert("RGB") for image in images], return_tensors="pt")["pixel_values"]
-
-
-def last_hidden_states(backbone, pixels, run):
-    with torch.inference_mode(), run.autocast:
-        return backbone(pixel_values=pixels.to(run.device)).last_hidden_state.float().cpu()
-
-
-# ---------------------------------------------------------------- the article's fine-tuning
-
-def article_trainer(run, model, train_ds, val_ds, processor, output_dir, workers):
-    """The article's TrainingArguments and Trainer; nothing saved, nothing reported, progress on stderr.
-
-    Beyond the article: `workers` processes decode and preprocess the training pictures ahead of the model (the
-    library's default, none, does it in the main process while a GPU waits), persistent, their batches pinned for
-    a GPU. They change no number: the order comes from the sampler's own seed, the pictures from the processor.
-    """
-    from transformers import ProgressCallback, Trainer, TrainingArguments
-
-    args = run.args
-    training_args = TrainingArguments(
-        output_dir=output_dir, per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=args.batch_size,
-        num_train_epochs=args.epochs, learning_rate=args.lr, logging_steps=LOGGING_STEPS, save_strategy="no",
-        eval_strategy="steps", remove_unused_columns=False, seed=args.seed, report_to="none",
-        use_cpu=run.device.type == "cpu", bf16=args.precision == "bf16",  # tf32 left unset: Run set float32's rule
-        dataloader_num_workers=workers, dataloader_persistent_workers=workers > 0,
-        dataloader_pin_memory=run.device.type == "cuda")
-    trainer = Trainer(model=model, args=training_args, train_dataset=train_ds, eval_dataset=val_ds,
-                      processing_class=processor, data_collator=collate_fn, compute_metrics=accuracy_metrics)
-    trainer.remove_callback(ProgressCallback)
-    trainer.add_callback(progress_on_stderr())
-    return trainer
-
-
-def replay_the_articles_first_draws(run):
-    """The draws the article makes on the CPU between set_seed(42) and the shuffles: torch.randn for the (2, 16, 64)
-    test, and the pre-logits layer (pooler) that ViTModel.from_pretrained adds at random to a classifier's weights.
-
-    They move torch's CPU generator, from which the new head is drawn on a CPU; a GPU's head comes from the GPU's
-    own generator, which they leave as set_seed left it. numpy's generator, which the shuffles use, is not touched.
-    """
-    from transformers import ViTModel
-
-    torch.randn(2, 16, 64)
-    load_pretrained(ViTModel, run.args.model)
+    return plumbing.image_classifier(run.args.model, MODEL).to(run.device).eval()
 
 
 def finetune(run):
     """The article's run in the article's order of random draws: seed, shuffle train, shuffle validation, the new
     head, then evaluate, train, evaluate. The patch tokens of a few validation pictures are kept before and after."""
-    from transformers import AutoModelForImageClassification, set_seed
+    from transformers import AutoModelForImageClassification, ViTModel, set_seed
 
-    beans, processor = run.need("beans", "processor")
-    names = beans["names"]
-    set_seed(run.args.seed)  # dnnlpy.set_seed(42): random, numpy and torch
-    replay_the_articles_first_draws(run)
+    args, (beans, processor) = run.args, run.need("beans", "processor")
+    set_seed(args.seed)  # dnnlpy.set_seed(42): random, numpy and torch
+    # The article's draws on the CPU before its shuffles, which move the generator a CPU's new head comes from: the
+    # (2, 16, 64) test, and the pre-logits layer (pooler) that ViTModel.from_pretrained adds at random to a classifier.
+    torch.randn(2, 16, 64)
+    load_pretrained(ViTModel, args.model)
     # Dataset.shuffle() without a seed draws its seed from numpy's global state; in memory, the same order.
     train_ds, val_ds = (beans[split].shuffle(keep_in_memory=True) for split in ("train", "validation"))
-    id2label = dict(enumerate(names))
-    model = load_pretrained(AutoModelForImageClassification, run.args.model, num_labels=len(names), id2label=id2label,
-                            label2id={label: i for i, label in id2label.items()}, ignore_mismatched_sizes=True,
-                            device_map=run.device)
+    id2label = dict(enumerate(beans["names"]))
+    model = load_pretrained(AutoModelForImageClassification, args.model, num_labels=len(id2label),
+                            id2label=id2label, label2id={label: i for i, label in id2label.items()},
+                            ignore_mismatched_sizes=True, device_map=run.device)
     transform = functools.partial(article_transform, processor)
     map_indices = one_per_class(beans["validation"]["labels"], MAP_PICTURES)
-    map_pixels = pixels_of(processor, [beans["validation"][i]["image"] for i in map_indices])
+    map_pixels = plumbing.pixels_of(processor, [beans["validation"][i]["image"] for i in map_indices])
     workers = loader_workers(run.device)
     # The validation pictures through the article's transform once, not at each of the evaluations: an evaluation
     # is a few batches, and a loader that starts afresh for each keeps a GPU waiting for its first batch.
     val_items, preprocessing = preprocessed(val_ds.with_transform(transform), workers)
     val_items = [{**item, "pixel_values": item["pixel_values"].to(run.device)} for item in val_items]  # 80 MB
-    with tempfile.TemporaryDirectory(prefix="vit-backbone-trainer-") as output_dir:
-        trainer = article_trainer(run, model, train_ds.with_transform(transform), val_items, processor, output_dir,
-                                  workers)
-        timings, loaders = time_the_passes(trainer, run.device)
-        try:
-            before = trainer.evaluate()
-            tokens_before = last_hidden_states(model.vit, map_pixels, run)[:, 1:]
-            start, evaluating = time.perf_counter(), timings["evaluations"]["seconds"]
-            trainer.train()
-            seconds = time.perf_counter() - start
-            timings["training"]["seconds"] = seconds - (timings["evaluations"]["seconds"] - evaluating)
-            after = trainer.evaluate()
-        finally:  # on an error or a signal too: the workers would otherwise hold the process at its exit
-            end_workers(*loaders)
+    recipe = {"per_device_train_batch_size": args.batch_size, "per_device_eval_batch_size": args.batch_size,
+              "num_train_epochs": args.epochs, "learning_rate": args.lr, "logging_steps": LOGGING_STEPS,
+              "save_strategy": "no", "eval_strategy": "steps", "remove_unused_columns": False, "seed": args.seed}
+    with plumbing.timed_trainer(recipe, run.device, args.precision, workers, model=model, processing_class=processor,
+                       train_dataset=train_ds.with_transform(transform), eval_dataset=val_items,
+                       data_collator=collate_fn, compute_metrics=accuracy_metrics) as (trainer, passes):
+        before = trainer.evaluate()  # the article's: evaluate, train, evaluate
+        tokens_before = plumbing.last_hidden_states(model.vit, map_pixels, run)[:, 1:]
+        trainer.train()
+        after = trainer.evaluate()
     model.eval()
-    return {"before": before, "after": after, "seconds": seconds, "history": trainer.state.log_history,
-            "passes": timings, "workers": workers, "preprocessing seconds": preprocessing,
+    return {"before": before, "after": after, "seconds": passes["train() seconds"], "passes": passes,
+            "history": trainer.state.log_history, "workers": workers, "preprocessing seconds": preprocessing,
             "steps": trainer.state.max_steps, "model": model, "map pixels": map_pixels, "map indices": map_indices,
-            "tokens before": tokens_before, "tokens after": last_hidden_states(model.vit, map_pixels, run)[:, 1:],
+            "tokens before": tokens_before, "tokens after": plumbing.last_hidden_states(model.vit, map_pixels,
+                                                                                       run)[:, 1:],
             "trained parameters": sum(p.numel() for p in model.parameters() if p.requires_grad)}
-
-
-# ---------------------------------------------------------------- frozen features and their cache
-
-def stack_pixel_values(items):
-    return torch.stack([item["pixel_values"] for item in items])
-
-
-def compute_features(run, beans, timing):
-    """[class token, mean of the patch tokens] of the last layer (after its LayerNorm), for both splits.
-
-    One pass over both splits, the pictures preprocessed by the article's transform in worker processes
-    beside a GPU (the Trainer's rule); its time and wait go to timing. The workers (none on a CPU) start
-    before the backbone is loaded, so that their first batches are built while it loads. The features
-    stay on the model's device until the pass ends (common/inference.py's run_model says why).
-    """
-    from datasets import concatenate_datasets
-    from tqdm import tqdm
-
-    both = concatenate_datasets([beans["train"], beans["validation"]]).with_transform(
-        functools.partial(article_transform, run.need("processor")))
-    workers = loader_workers(run.device)
-    loader = dataset_loader(both, stack_pixel_values, workers, pin_memory=run.device.type == "cuda")
-    started = time.perf_counter()
-    batches = iter(loader)  # starts the worker processes, outside the pass, as the scripts' own loaders do
-    timing["start-up seconds"], timing["workers"] = time.perf_counter() - started, workers
-    backbone = load_backbone(run)
-    begun, parts = time.perf_counter(), []
-    with torch.inference_mode(), run.autocast:
-        for pixels in tqdm(timed(batches, timing, device=run.device), desc="frozen features", unit="batch",
-                           file=sys.stderr, leave=False, total=len(loader)):
-            tokens = backbone(pixel_values=to_device(pixels, run.device)).last_hidden_state.float()
-            class_token, patch_tokens = split_tokens(tokens)
-            parts.append(torch.cat([class_token, patch_tokens.mean(1)], 1))
-        features = torch.cat(parts).cpu().numpy()
-    timing["seconds"] = time.perf_counter() - begun
-    return {"train": features[:len(beans["train"])], "validation": features[len(beans["train"]):]}
 
 
 def load_features(run):
     """The frozen features of both splits, from data/features/ when they match exactly, else computed and saved."""
-    beans = run.need("beans")
-    start, timing = time.perf_counter(), pass_timing()
-    precision = run.args.precision
-    key = None if run.args.no_cache else cache_key(
-        "backbone", run.args.model, precision=precision, float32=float32_rule(precision, run.fp32_rule),
-        features="class token + mean of the patch tokens",
-        data={split: dataset_digest(beans[split]) for split in ("train", "validation")})
-    rows = {split: len(beans[split]) for split in ("train", "validation")}
-    features, source = cached(lambda: compute_features(run, beans, timing), key, rows, CACHE_DIR)
-    source = "read from the cache" if source == "cache" else source
-    labels = {split: np.array(beans[split]["labels"]) for split in ("train", "validation")}
-    return {"features": features, "labels": labels, "source": source, "seconds": time.perf_counter() - start,
-            "pass": timing if source == "computed" else None}
+    from transformers import ViTModel
+
+    def backbone():  # loaded while the loader's workers build their first batches
+        return load_pretrained(ViTModel, run.args.model, add_pooling_layer=False).to(run.device).eval()
+
+    precision, transform = run.args.precision, functools.partial(article_transform, run.need("processor"))
+    return beans_data.cached_features(run.need("beans"), transform, backbone, frozen_features, run, CACHE_DIR,
+                                      precision=precision, float32=float32_rule(precision, run.fp32_rule),
+                                      features="class token + mean of the patch tokens")
 
 
 # ---------------------------------------------------------------- sections
@@ -409,20 +318,18 @@ def section_feature_map(run, report):
     generator = torch.Generator().manual_seed(run.args.seed)
     patch_tokens = torch.randn(2, math.prod(grid_size), embed_dim, generator=generator)
     feature_map = patch_tokens_to_feature_map(patch_tokens, grid_size)
-    agree = sum(bool(torch.equal(feature_map[b, :, i, j], patch_tokens[b, i * grid_size[1] + j]))
-                for b in range(2) for i in range(grid_size[0]) for j in range(grid_size[1]))
-    try:
-        patch_tokens_to_feature_map(patch_tokens, (4, 5))
-        refused = "accepted (wrong)"
-    except AssertionError as error:
-        refused = f"AssertionError: {error}"
     numbers = {"patch tokens shape": list(patch_tokens.shape), "feature map shape": list(feature_map.shape),
-               "positions that agree": agree}
+               "positions that agree": places_that_agree(patch_tokens, feature_map)}
     report.line("Patch tokens shape: torch.Size({patch tokens shape:d})", numbers)
     report.line("Feature map shape: torch.Size({feature map shape:d})", numbers)
     report.line("feature_map[b, :, i, j] == patch_tokens[b, i * W_p + j, :] at {positions that agree} of {places} "
                 "(b, i, j): each patch token lands at its own place in the grid", numbers,
                 places=2 * math.prod(grid_size))
+    try:
+        patch_tokens_to_feature_map(patch_tokens, (4, 5))
+        refused = "accepted (wrong)"
+    except AssertionError as error:
+        refused = f"AssertionError: {error}"
     report.line("grid (4, 5) for 16 patch tokens: {refused}", refused=refused)
 
 
@@ -450,6 +357,19 @@ def section_table(run, report):
                 "(3 P^2 D) make the counts differ by patch and resolution")
 
 
+def token_numbers(model, pixels, run):
+    """One picture's Z_L and its parts, their shapes, and the head on the class token against the model's logits."""
+    tokens = plumbing.last_hidden_states(model.vit, pixels, run)  # Z_L: the encoder's output after its final LayerNorm
+    with torch.inference_mode(), run.autocast:
+        logits = model(pixel_values=pixels.to(run.device)).logits.float().cpu()
+        by_hand = model.classifier(tokens[:, 0].to(run.device)).float().cpu()  # logits = h_cls W + b
+    class_token, patch_tokens = split_tokens(tokens)
+    return {"pixel values shape": list(pixels.shape), "Z_L shape": list(tokens.shape),
+            "class token shape": list(class_token.shape), "patch tokens shape (picture)": list(patch_tokens.shape),
+            "feature map shape (picture)": list(patch_tokens_to_feature_map(patch_tokens, feature_grid(model)).shape),
+            "head on the class token vs logits": (by_hand - logits).abs().max().item()}
+
+
 def section_checkpoint(run, report):
     """3. the checkpoint as backbone + head"""
     try:  # the configuration and the counts need no data; the one picture does
@@ -474,17 +394,7 @@ def section_checkpoint(run, report):
                 "head parameters": head, "backbone share (%)": 100 * backbone / (backbone + head)})
     beans = run.need("beans")
     picture = beans["validation"][0]
-    pixels = pixels_of(processor, [picture["image"]])
-    tokens = last_hidden_states(model.vit, pixels, run)  # Z_L: the encoder's output after its final LayerNorm
-    with torch.inference_mode(), run.autocast:
-        logits = model(pixel_values=pixels.to(run.device)).logits.float().cpu()
-        by_hand = model.classifier(tokens[:, 0].to(run.device)).float().cpu()  # logits = h_cls W + b
-    class_token, patch_tokens = split_tokens(tokens)
-    feature_map = patch_tokens_to_feature_map(patch_tokens, feature_grid(model))
-    numbers = {"pixel values shape": list(pixels.shape), "Z_L shape": list(tokens.shape),
-               "class token shape": list(class_token.shape), "patch tokens shape (picture)": list(patch_tokens.shape),
-               "feature map shape (picture)": list(feature_map.shape),
-               "head on the class token vs logits": (by_hand - logits).abs().max().item()}
+    numbers = token_numbers(model, plumbing.pixels_of(processor, [picture["image"]]), run)
     report.line("one validation picture ({name}, {width}x{height} px) -> pixel_values "
                 "torch.Size({pixel values shape:d}) -> Z_L torch.Size({Z_L shape:d})", numbers,
                 name=beans["names"][picture["labels"]], width=picture["image"].size[0],
@@ -505,10 +415,7 @@ def print_eval(report, what, metrics):
 
 def print_history(report, history):
     """Every 10 steps: the training loss of the last 10 steps and the evaluation loss and accuracy."""
-    rows = {}
-    for entry in history:
-        if "loss" in entry or "eval_loss" in entry:
-            rows.setdefault(entry["step"], {}).update(entry)
+    rows = plumbing.logged_steps(history)
     for step, row in sorted(rows.items()):
         numbers = {"training loss": row.get("loss"), "eval_loss": row.get("eval_loss"),
                    "eval_accuracy": row.get("eval_accuracy")}
@@ -523,6 +430,41 @@ def print_history(report, history):
     report.keep("training loss", [[step, row["loss"]] for step, row in sorted(rows.items()) if "loss" in row])
     report.keep("evaluation accuracy", [[step, row["eval_accuracy"]] for step, row in sorted(rows.items())
                                         if "eval_accuracy" in row])
+
+
+def print_passes(report, result, val_count):
+    """How often and how long the fine-tuning's passes waited for pictures, and its total time."""
+    passes = result["passes"]
+    numbers = {"before right": round(result["before"]["eval_accuracy"] * val_count),
+               "after right": round(result["after"]["eval_accuracy"] * val_count),
+               "training seconds": result["seconds"], "validation preprocessing seconds": result["preprocessing seconds"]}
+    report.line("({before right} of {pictures} validation pictures right before, {after right} of {pictures} after; "
+                "training, with its evaluations every {every} steps, took {training seconds:,.0f} s)", numbers,
+                pictures=val_count, every=LOGGING_STEPS)
+    report.line("passes over pictures: the training steps {training}, their pictures decoded and preprocessed by "
+                "{workers} worker processes (none on a CPU: the main process); the {evaluations} evaluations "
+                "{evaluating}, their {pictures} pictures preprocessed once, before the Trainer, in "
+                "{validation preprocessing seconds:.1f} s. The Trainer's loop hides its wait, so every next() of its "
+                "data loaders is timed from outside (on a CUDA GPU, the GPU's idle time, with CUDA events)", numbers,
+                training=functools.partial(report.pass_text, "training steps", passes["training"]),
+                workers=result["workers"],
+                evaluations=passes["evaluations"]["pictures"] // max(1, val_count),
+                evaluating=functools.partial(report.pass_text, "evaluations", passes["evaluations"]),
+                pictures=val_count)
+
+
+def keep_feature_maps(run, report, result, beans):
+    """The patch tokens of a few validation pictures before and after, as RGB maps, for the figure."""
+    # one basis for both, so that a colour means the same direction before and after
+    both = pca_rgb(torch.cat([result["tokens before"], result["tokens after"]]).numpy(), feature_grid(result["model"]))
+    maps = {"before": both[:len(both) // 2], "after": both[len(both) // 2:]}
+    report.keep("feature maps", {**{key: value.round(3).tolist() for key, value in maps.items()},
+                                 "pictures": plumbing.thumbnails(result["map pixels"], run.need("processor")),
+                                 "labels": [beans["names"][beans["validation"][i]["labels"]]
+                                            for i in result["map indices"]]})
+    if run.args.plots:
+        figures.backbone_curves(report.series, Path(run.args.plots) / CURVES_FIGURE, report.say)
+        figures.backbone_feature_maps(report.series["feature maps"], Path(run.args.plots) / MAPS_FIGURE, report.say)
 
 
 FLOAT32 = {"torch defaults": "torch's defaults, as the article ran: convolutions (the patch embedding) in TF32 on "
@@ -560,97 +502,39 @@ def section_finetune(run, report):
     print_eval(report, "before", result["before"])
     report.line()
     print_eval(report, "after", result["after"])
-    passes = result["passes"]
-    numbers = {"before right": round(result["before"]["eval_accuracy"] * val_count),
-               "after right": round(result["after"]["eval_accuracy"] * val_count),
-               "training seconds": result["seconds"], "validation preprocessing seconds": result["preprocessing seconds"]}
-    report.line("({before right} of {pictures} validation pictures right before, {after right} of {pictures} after; "
-                "training, with its evaluations every {every} steps, took {training seconds:,.0f} s)", numbers,
-                pictures=val_count, every=LOGGING_STEPS)
-    report.line("passes over pictures: the training steps {training}, their pictures decoded and preprocessed by "
-                "{workers} worker processes (none on a CPU: the main process); the {evaluations} evaluations "
-                "{evaluating}, their {pictures} pictures preprocessed once, before the Trainer, in "
-                "{validation preprocessing seconds:.1f} s. The Trainer's loop hides its wait, so every next() of its "
-                "data loaders is timed from outside (on a CUDA GPU, the GPU's idle time, with CUDA events)", numbers,
-                training=functools.partial(report.pass_text, "training steps", passes["training"]),
-                workers=result["workers"],
-                evaluations=passes["evaluations"]["pictures"] // max(1, val_count),
-                evaluating=functools.partial(report.pass_text, "evaluations", passes["evaluations"]),
-                pictures=val_count)
+    print_passes(report, result, val_count)
     print_history(report, result["history"])
-    # one basis for both, so that a colour means the same direction before and after
-    both = pca_rgb(torch.cat([result["tokens before"], result["tokens after"]]).numpy(), feature_grid(result["model"]))
-    maps = {"before": both[:len(both) // 2], "after": both[len(both) // 2:]}
-    report.keep("feature maps", {**{key: value.round(3).tolist() for key, value in maps.items()},
-                                 "pictures": thumbnails(result["map pixels"], run.need("processor")),
-                                 "labels": [names[beans["validation"][i]["labels"]] for i in result["map indices"]]})
-    if args.plots:
-        figures.backbone_curves(report.series, Path(args.plots) / CURVES_FIGURE, report.say)
-        figures.backbone_feature_maps(report.series["feature maps"], Path(args.plots) / MAPS_FIGURE, report.say)
-
-
-def feature_grid(model):
-    side = model.config.image_size // model.config.patch_size
-    return side, side
-
-
-def thumbnails(pixels, processor, side=56):
-    """The pictures as the model saw them, un-normalised, side x side, as uint8 lists (for the figure)."""
-    mean, std = np.array(processor.image_mean), np.array(processor.image_std)
-    small = F.interpolate(pixels.float(), size=(side, side), mode="area").permute(0, 2, 3, 1).numpy()
-    return np.clip((small * std + mean) * 255, 0, 255).round().astype(np.uint8).tolist()
-
-
-def preprocessing_text(processor):
-    """The image processor's resize and normalisation in words: 'resized to 224x224, mean 0.5 and std 0.5'."""
-    size = getattr(processor, "size", None) or {}
-    side = f"{size['height']}x{size['width']}" if "height" in size else str(size.get("shortest_edge", "?"))
-    mean, std = (", ".join(f"{v:g}" for v in dict.fromkeys(values)) for values in (processor.image_mean,
-                                                                                    processor.image_std))
-    return f"resized to {side}, mean {mean} and std {std}"
+    keep_feature_maps(run, report, result, beans)
 
 
 def section_three_ways(run, report):
     """5. three ways to adapt the same backbone"""
     args = run.args
     beans = run.need("beans", "processor")[0]
-    classes = len(beans["names"])
     report.header("5. beyond the article: three ways to adapt the same backbone, on the same {train:,} training and "
                   "{val} validation pictures", train=len(beans["train"]), val=len(beans["validation"]))
     frozen, result = run.need("features", "finetune")
-    x_train, x_val = frozen["features"]["train"], frozen["features"]["validation"]
-    y_train, y_val = frozen["labels"]["train"], frozen["labels"]["validation"]
-    timing = frozen["pass"]
     report.line("frozen features: the last layer's class token beside the mean of its patch tokens, "
                 "{feature width:,} numbers per picture, {source} in {features seconds:.1f} s (--no-cache recomputes)"
-                "{pass_}", {"feature width": x_train.shape[1], "features seconds": frozen["seconds"]},
-                source=frozen["source"], pass_=functools.partial(lambda: "" if not timing else
-                f" {report.pass_text('frozen features', timing)}, the loader's {timing['workers']} worker processes "
-                f"(none on a CPU) started in {timing['start-up seconds']:.1f} s, outside the pass"))
+                "{pass_}", {"feature width": frozen["features"]["train"].shape[1],
+                            "features seconds": frozen["seconds"]}, source=frozen["source"], pass_=functools.partial(
+                lambda t: t and f" {report.pass_text('frozen features', t)}, the loader's {t['workers']} worker "  # none: ""
+                f"processes (none on a CPU) started in {t['start-up seconds']:.1f} s, outside the pass" or "", frozen["pass"]))
     report.line("linear probe: DINO's linear evaluation (Caron et al. 2021): normal(0, {std}) weights, SGD momentum "
                 "{momentum}, no weight decay, learning rate {base_lr} x batch {batch_size}/256, cosine to 0 over "
                 "{epochs} epochs. Unlike DINO: no random crops and flips (the features are computed once); the "
                 "pictures preprocessed as the checkpoint's processor does ({preprocessing}), not Resize 256 + "
                 "CenterCrop 224 with ImageNet's mean and std; and the accuracy is the last epoch's, where DINO reports "
                 "the best over its epochs (chosen on the validation pictures)", **PROBE, epochs=args.probe_epochs,
-                preprocessing=preprocessing_text(run.need("processor")))
+                preprocessing=plumbing.preprocessing_text(run.need("processor")))
     report.line("closed form: Part 3's W = (X^T X + lambda I)^-1 X^T Y on the same features with a bias column, "
                 "targets in {{-1, +1}}")
     rows = [("random new head (the article's before)", result["before"]["eval_accuracy"],
-             result["before"]["eval_loss"], 0, None)]
-    start = time.perf_counter()
-    layer = linear_probe(x_train, y_train, classes, args.probe_epochs, args.seed)
-    with torch.no_grad():
-        accuracy, loss = scores_accuracy_loss(layer(torch.as_tensor(x_val, dtype=torch.float32)), y_val)
-    rows.append(("linear probe", accuracy, loss, sum(p.numel() for p in layer.parameters()),
-                 time.perf_counter() - start))
-    for lam in args.lambdas:
-        start = time.perf_counter()
-        w, scores = closed_form_probe(x_train, y_train, x_val, classes, lam)
-        rows.append((f"closed form, lambda {lam:g}", float(np.mean(scores.argmax(1) == y_val)), None, w.size,
-                     time.perf_counter() - start))
-    rows.append(("full fine-tuning (the article's after)", result["after"]["eval_accuracy"],
-                 result["after"]["eval_loss"], result["trained parameters"], result["seconds"]))
+             result["before"]["eval_loss"], 0, None),
+            *probe_ways(frozen["features"], frozen["labels"], len(beans["names"]), args.probe_epochs, args.seed,
+                        args.lambdas),
+            ("full fine-tuning (the article's after)", result["after"]["eval_accuracy"], result["after"]["eval_loss"],
+             result["trained parameters"], result["seconds"])]
     report.line("way                                      accuracy     loss  trained parameters  time (s)")
     for way, accuracy, loss, parameters, seconds in rows:
         report.line("{way:<40} {accuracy (%):7.2f}%  {loss:>7}  {trained parameters:18,}  {seconds:>8}",
@@ -666,56 +550,39 @@ SECTIONS = [section_feature_map, section_table, section_checkpoint, section_fine
 
 
 def setup_differences(run):
-    """How this run's setup differs from the article's: its flags and the pictures it used. --model is none (a local
-    folder may hold the released checkpoint; the numbers judge it), nor are --probe-epochs and --lambdas (section 5
-    goes beyond the article)."""
-    args, beans = run.args, run.loaded.get("beans")
-    loaded = isinstance(beans, dict)
-    counts = {f"{word} pictures": len(beans[split]) if loaded else None
-              for split, word in (("train", "training"), ("validation", "validation"))}
-    return {**subset_differences(args, counts, RELEASED), **flag_differences(args, ARTICLE_FLAGS)}
+    """How this run's setup differs from the article's: its flags and pictures. Not --model (the numbers judge the
+    weights), --probe-epochs or --lambdas (section 5 goes beyond the article)."""
+    return {**subset_differences(run.args, beans_data.split_counts(run.loaded.get("beans")), RELEASED),
+            **flag_differences(run.args, ARTICLE_FLAGS)}
 
 
 def parse_args(argv):
-    parser = script_parser(__doc__)
-    parser.add_argument("--model", default=MODEL, help="checkpoint id or local directory (an image classifier saved "
-                                                       "with its image processor)")
-    parser.add_argument("--data-dir", help=f"a local copy of {beans_data.DATASET}'s files (README.md, "
-                                           f"data/*.parquet); by default the dataset through the Hugging Face cache, "
-                                           f"downloaded once")
-    parser.add_argument("--per-class", type=positive_int, help="keep the first N pictures of each class in each split "
-                                                               "(default: all; not the article's setup)")
-    parser.add_argument("--epochs", type=positive_int, default=EPOCHS, help="fine-tuning epochs")
-    parser.add_argument("--batch-size", type=positive_int, default=BATCH, help="pictures per step")
-    parser.add_argument("--lr", type=positive_float, default=LR, help="fine-tuning learning rate")
-    parser.add_argument("--seed", type=seed, default=SEED, help="every random draw (the article: 42)")
-    parser.add_argument("--probe-epochs", type=positive_int, default=100, help="epochs of the linear probe (DINO: 100)")
-    parser.add_argument("--lambdas", type=nonnegative_float, nargs="+", default=[0.01, 1.0, 100.0],
+    parser = cli.script_parser(__doc__)
+    parser.add_argument("--model", default=MODEL,
+                        help="checkpoint id or local directory (an image classifier saved with its image processor)")
+    parser.add_argument("--data-dir", help=f"a local copy of {beans_data.DATASET}'s files (README.md, data/*.parquet); "
+                                           f"by default the dataset through the Hugging Face cache, downloaded once")
+    parser.add_argument("--per-class", type=cli.positive_int, help="keep the first N pictures of each class in each "
+                                                                   "split (default: all; not the article's setup)")
+    parser.add_argument("--epochs", type=cli.positive_int, default=EPOCHS, help="fine-tuning epochs")
+    parser.add_argument("--batch-size", type=cli.positive_int, default=BATCH, help="pictures per step")
+    parser.add_argument("--lr", type=cli.positive_float, default=LR, help="fine-tuning learning rate")
+    parser.add_argument("--seed", type=cli.seed, default=SEED, help="every random draw (the article: 42)")
+    parser.add_argument("--probe-epochs", type=cli.positive_int, default=PROBE_EPOCHS,
+                        help="epochs of the linear probe (DINO: 100)")
+    parser.add_argument("--lambdas", type=cli.nonnegative_float, nargs="+", default=LAMBDAS,
                         help="ridge penalties of the closed-form probe, finite and >= 0")
     parser.add_argument("--no-cache", action="store_true", help="neither read nor write data/features/")
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS + ("fp32-strict",),
                         help="fp32 is torch's defaults, as the article ran (on NVIDIA GPUs since Ampere, convolutions "
                              "in TF32); fp32-strict allows no TF32; tf32 allows it in matrix multiplies too; bf16 is "
                              "faster on recent GPUs")
-    parser.add_argument("--plots", metavar="DIR", help="save the training curves and the feature maps as PNG "
-                                                       "(needs matplotlib)")
-    add_common_arguments(parser)
+    parser.add_argument("--plots", metavar="DIR",
+                        help="save the training curves and the feature maps as PNG (needs matplotlib)")
+    cli.add_common_arguments(parser)
     args = parser.parse_args(argv)
-    distinct(parser, "--lambdas", args.lambdas)
+    cli.distinct(parser, "--lambdas", args.lambdas)
     return args
-
-
-def check_checkpoint_files(name):
-    """A local --model must be a ViT saved with its image processor; a cached one must be a ViT. Before any work."""
-    folder = Path(name).expanduser()
-    if looks_like_a_path(name):
-        for file, what in (("config.json", "save_pretrained"), ("preprocessor_config.json", "its image processor")):
-            if not (folder / file).exists():
-                raise UserError(f"--model {name} has no {file}: pass a checkpoint saved with {what}")
-    config = checkpoint_config(name)
-    if config is not None and config.model_type != "vit":
-        raise UserError(f"--model {name} is a {config.model_type} checkpoint, not a ViT: the article's backbone is "
-                        f"ViTModel (pass e.g. {MODEL})")
 
 
 def main(argv=None):
@@ -723,7 +590,7 @@ def main(argv=None):
     check_model_flag(args.model)
     if args.data_dir:
         beans_data.check_dir(args.data_dir)
-    check_checkpoint_files(args.model)
+    plumbing.check_classifier_files(args.model, MODEL)
     loaders = {"beans": load_beans, "processor": load_processor, "checkpoint": load_checkpoint,
                "finetune": finetune, "features": load_features}
     run = Run(args, loaders, fp32_rule=ARTICLE_FP32_RULE)

@@ -1,8 +1,10 @@
 """The beans dataset (AI-Lab-Makerere/beans) of the backbone article: through the Hugging Face cache, downloaded
-once, or from a local copy of its files in the Hub's layout (README.md, data/<split>-*.parquet)."""
+once, or from a local copy of its files in the Hub's layout (README.md, data/<split>-*.parquet); and its pictures'
+frozen features, cached."""
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from common.checkpoints import hub_reachable, why_no_download
 from common.errors import UserError
@@ -90,3 +92,41 @@ def load(data_dir=None, per_class=None):
     if per_class:
         splits = {split: first_per_class(data, per_class) for split, data in splits.items()}
     return {**splits, "names": list(names)}
+
+
+def stack_pixel_values(items):
+    return torch.stack([item["pixel_values"] for item in items])
+
+
+def cached_features(beans, transform, load_model, keep, run, cache_dir, **decides):
+    """{"features", "labels": {split: array}, "source", "seconds", "pass"}: keep(model output) of every picture of both
+    splits, from cache_dir when the cache matches exactly (the checkpoint's weight file, `decides`, the splits' picture
+    bytes), else computed in one model_pass over both splits through `transform`, and stored (--no-cache: neither)."""
+    from datasets import concatenate_datasets
+
+    from common.feature_cache import cache_key, cached, dataset_digest
+    from common.trainer import clocked, model_pass
+
+    passes = {}
+
+    def compute():
+        both = concatenate_datasets([beans[split] for split in SPLITS]).with_transform(transform)
+        features, passes["pass"] = model_pass(load_model, both, stack_pixel_values, keep, run.device, run.autocast,
+                                              "frozen features")
+        return dict(zip(SPLITS, np.split(features.numpy(), [len(beans["train"])])))
+
+    def from_cache_or_computed():
+        key = None if run.args.no_cache else cache_key(
+            "backbone", run.args.model, **decides, data={split: dataset_digest(beans[split]) for split in SPLITS})
+        return cached(compute, key, {split: len(beans[split]) for split in SPLITS}, cache_dir)
+
+    (features, source), seconds = clocked(from_cache_or_computed)
+    return {"features": features, "labels": {split: np.array(beans[split]["labels"]) for split in SPLITS},
+            "source": "read from the cache" if source == "cache" else source, "seconds": seconds,
+            "pass": passes.get("pass")}
+
+
+def split_counts(beans):
+    """{"training pictures", "validation pictures": how many the run used}, None each when beans did not load."""
+    return {f"{word} pictures": len(beans[split]) if isinstance(beans, dict) else None
+            for split, word in (("train", "training"), ("validation", "validation"))}

@@ -1,9 +1,95 @@
-"""transformers.Trainer's plumbing for the backbone article's run: its progress on stderr, the wait for pictures
-measured from outside its loop, and a dataset read once through its transform."""
+"""The backbone article's plumbing around transformers: its checkpoint and image processor, checked and read; its
+passes over pictures, timed from outside: the Trainer's (its progress on stderr, the wait for pictures measured
+around its loop), the frozen features' pass, and a dataset read once through its transform."""
+import contextlib
 import sys
+import tempfile
 import time
+from pathlib import Path
 
-from common.loader import TimedLoader, dataset_loader, pass_timing
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from common.checkpoints import checkpoint_config, load_pretrained, looks_like_a_path
+from common.device import to_device
+from common.errors import UserError
+from common.loader import TimedLoader, dataset_loader, end_workers, loader_workers, pass_timing, timed
+
+
+def check_classifier_files(name, example):
+    """A local --model must be a ViT saved with its image processor; a cached one must be a ViT. Before any work."""
+    if looks_like_a_path(name):
+        for file, what in (("config.json", "save_pretrained"), ("preprocessor_config.json", "its image processor")):
+            if not (Path(name).expanduser() / file).exists():
+                raise UserError(f"--model {name} has no {file}: pass a checkpoint saved with {what}")
+    config = checkpoint_config(name)
+    if config is not None and config.model_type != "vit":
+        raise UserError(f"--model {name} is a {config.model_type} checkpoint, not a ViT: the article's backbone is "
+                        f"ViTModel (pass e.g. {example})")
+
+
+def image_processor(name):
+    """The checkpoint's image processor; one line when it was saved without one."""
+    from transformers import AutoImageProcessor
+
+    try:
+        return load_pretrained(AutoImageProcessor, name)
+    except (ValueError, KeyError) as error:
+        raise UserError(f"{name} has no image processor (preprocessor_config.json): pass a checkpoint "
+                        f"saved with one") from error
+
+
+def image_classifier(name, example):
+    """AutoModelForImageClassification with the checkpoint's own head; one line when it has none."""
+    from transformers import AutoModelForImageClassification
+
+    model, info = load_pretrained(AutoModelForImageClassification, name, output_loading_info=True)
+    if any(key.startswith("classifier.") for key in info.get("missing_keys", ())):
+        raise UserError(f"{name} has no classification head (the library would draw one at random): "
+                        f"pass an image classifier such as {example}")
+    return model
+
+
+def pixels_of(processor, images):
+    return processor([image.convert("RGB") for image in images], return_tensors="pt")["pixel_values"]
+
+
+def last_hidden_states(backbone, pixels, run):
+    with torch.inference_mode(), run.autocast:
+        return backbone(pixel_values=pixels.to(run.device)).last_hidden_state.float().cpu()
+
+
+def logged_steps(history):
+    """{step: the Trainer's log entries of that step, merged}, for the steps that logged a loss or an evaluation."""
+    rows = {}
+    for entry in history:
+        if "loss" in entry or "eval_loss" in entry:
+            rows.setdefault(entry["step"], {}).update(entry)
+    return rows
+
+
+def preprocessing_text(processor):
+    """The image processor's resize and normalisation in words: 'resized to 224x224, mean 0.5 and std 0.5'."""
+    size = getattr(processor, "size", None) or {}
+    side = f"{size['height']}x{size['width']}" if "height" in size else str(size.get("shortest_edge", "?"))
+    mean, std = (", ".join(f"{v:g}" for v in dict.fromkeys(values)) for values in (processor.image_mean,
+                                                                                    processor.image_std))
+    return f"resized to {side}, mean {mean} and std {std}"
+
+
+def thumbnails(pixels, processor, side=56):
+    """The pictures as the model saw them, un-normalised, side x side, as uint8 lists (for the figure)."""
+    mean, std = np.array(processor.image_mean), np.array(processor.image_std)
+    small = F.interpolate(pixels.float(), size=(side, side), mode="area").permute(0, 2, 3, 1).numpy()
+    return np.clip((small * std + mean) * 255, 0, 255).round().astype(np.uint8).tolist()
+
+
+def clocked(compute, *args, **kwargs):
+    """(compute(*args, **kwargs), the seconds it took)."""
+    begun = time.perf_counter()
+    result = compute(*args, **kwargs)
+    return result, time.perf_counter() - begun
 
 
 def progress_on_stderr():
@@ -26,20 +112,47 @@ def progress_on_stderr():
     return Progress()
 
 
+@contextlib.contextmanager
+def timed_trainer(recipe, device, precision, workers, **parts):
+    """Yields (a transformers.Trainer, its passes' timings as timed_passes fills them): the Trainer made of `parts`
+    with TrainingArguments(**recipe), writing to a temporary folder deleted with the block, reporting to nothing, its
+    progress on stderr, on the run's device and precision (tf32 left unset: Run set float32's rule).
+
+    `workers` processes decode and preprocess the training pictures ahead of the model (the library's default, none,
+    does it in the main process while a GPU waits), persistent, their batches pinned for a GPU. They change no number:
+    the order comes from the sampler's own seed, the pictures from the processor.
+    """
+    from transformers import ProgressCallback, Trainer, TrainingArguments
+
+    with tempfile.TemporaryDirectory(prefix="vit-backbone-trainer-") as output_dir:
+        args = TrainingArguments(**recipe, output_dir=output_dir, report_to="none", use_cpu=device.type == "cpu",
+                                 bf16=precision == "bf16", dataloader_num_workers=workers,
+                                 dataloader_persistent_workers=workers > 0, dataloader_pin_memory=device.type == "cuda")
+        trainer = Trainer(args=args, **parts)
+        trainer.remove_callback(ProgressCallback)
+        trainer.add_callback(progress_on_stderr())
+        with timed_passes(trainer, device) as passes:
+            yield trainer, passes
+
+
 def labels_in(batch):
     return len(batch["labels"])
 
 
-def time_the_passes(trainer, device):
-    """({"training", "evaluations": pass timings}, filled as the Trainer runs; [the data loaders it made]).
+@contextlib.contextmanager
+def timed_passes(trainer, device):
+    """Yields {"training", "evaluations": pass timings, "train() seconds"}, filled as the Trainer runs in the block;
+    the worker processes of the data loaders it made end with the block, on an error or a signal too.
 
     Its loop hides the wait for pictures, so every next() of the data loaders it makes is timed from outside
-    (common/loader.py's timed: on a CUDA GPU the GPU's own idle time), and every evaluate(). Its evaluation loaders
-    get no worker processes and no pinning: their pictures are preprocessed already, on the model's device, and an
-    evaluation is a few batches, which workers started afresh for each would keep a GPU waiting for.
+    (common/loader.py's timed: on a CUDA GPU the GPU's own idle time), and every evaluate(); the training pass's
+    seconds are train()'s less those of the evaluations it ran. Its evaluation loaders get no worker processes and no
+    pinning: their pictures are preprocessed already, on the model's device, and an evaluation is a few batches, which
+    workers started afresh for each would keep a GPU waiting for.
     """
     timings, made = {"training": pass_timing(), "evaluations": pass_timing()}, []
-    make_train, make_eval, evaluate = trainer.get_train_dataloader, trainer.get_eval_dataloader, trainer.evaluate
+    make_train, make_eval, evaluate, train = (trainer.get_train_dataloader, trainer.get_eval_dataloader,
+                                              trainer.evaluate, trainer.train)
 
     def train_loader(*a, **k):
         made.append(make_train(*a, **k))
@@ -62,15 +175,47 @@ def time_the_passes(trainer, device):
         finally:
             timings["evaluations"]["seconds"] += time.perf_counter() - begun
 
-    trainer.get_train_dataloader, trainer.get_eval_dataloader, trainer.evaluate = train_loader, eval_loader, \
-        timed_evaluate
-    return timings, made
+    def timed_train(*a, **k):
+        evaluating = timings["evaluations"]["seconds"]
+        output, timings["train() seconds"] = clocked(train, *a, **k)
+        timings["training"]["seconds"] = timings["train() seconds"] - (timings["evaluations"]["seconds"] - evaluating)
+        return output
+
+    trainer.get_train_dataloader, trainer.get_eval_dataloader = train_loader, eval_loader
+    trainer.evaluate, trainer.train = timed_evaluate, timed_train
+    try:
+        yield timings
+    finally:  # the workers would otherwise hold the process at its exit
+        end_workers(*made)
+
+
+def model_pass(load_model, dataset, collate_fn, keep, device, autocast, desc):
+    """(torch.cat of keep(model(pixel_values=batch)) over the batches, on the host; the pass's timing): one pass, in
+    order, over a dataset that makes its own items, with worker processes beside a GPU (the Trainer's rule).
+
+    The workers start first, timed apart from the pass ("start-up seconds", "workers"), and build their first batches
+    while load_model() loads the model. The outputs stay on the device until the pass ends (common/inference.py's
+    run_model says why).
+    """
+    from tqdm import tqdm
+
+    workers = loader_workers(device)
+    loader = dataset_loader(dataset, collate_fn, workers, pin_memory=device.type == "cuda")
+    timing = pass_timing()
+    batches, timing["start-up seconds"] = clocked(iter, loader)  # iter() starts the workers
+    timing["workers"], model, outputs = workers, load_model(), []
+    begun = time.perf_counter()
+    with torch.inference_mode(), autocast:
+        for pixels in tqdm(timed(batches, timing, device=device), desc=desc, unit="batch", file=sys.stderr,
+                           leave=False, total=len(loader)):
+            outputs.append(keep(model(pixel_values=to_device(pixels, device))))
+        outputs = torch.cat(outputs).cpu()
+    timing["seconds"] = time.perf_counter() - begun
+    return outputs, timing
 
 
 def preprocessed(dataset, workers):
     """([every item of a dataset with a transform], the seconds it took): the transform computed once, in order, by
     `workers` processes; the items are the transform's own output, so a Trainer fed with them sees what it would
     see through the dataset."""
-    begun = time.perf_counter()
-    items = [item for batch in dataset_loader(dataset, list, workers) for item in batch]
-    return items, time.perf_counter() - begun
+    return clocked(lambda: [item for batch in dataset_loader(dataset, list, workers) for item in batch])
