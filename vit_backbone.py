@@ -514,12 +514,15 @@ def section_three_ways(run, report):
     report.header("5. beyond the article: three ways to adapt the same backbone, on the same {train:,} training and "
                   "{val} validation pictures", train=len(beans["train"]), val=len(beans["validation"]))
     frozen, result = run.need("features", "finetune")
+
+    def pass_words(timing):  # called as the line is filled, so that the pass's numbers are recorded on it
+        return "" if not timing else (f" {report.pass_text('frozen features', timing)}, the loader's "
+                                      f"{timing['workers']} worker processes (none on a CPU) started in "
+                                      f"{timing['start-up seconds']:.1f} s, outside the pass")
     report.line("frozen features: the last layer's class token beside the mean of its patch tokens, "
                 "{feature width:,} numbers per picture, {source} in {features seconds:.1f} s (--no-cache recomputes)"
-                "{pass_}", {"feature width": frozen["features"]["train"].shape[1],
-                            "features seconds": frozen["seconds"]}, source=frozen["source"], pass_=functools.partial(
-                lambda t: t and f" {report.pass_text('frozen features', t)}, the loader's {t['workers']} worker "  # none: ""
-                f"processes (none on a CPU) started in {t['start-up seconds']:.1f} s, outside the pass" or "", frozen["pass"]))
+                "{pass_}", {"feature width": frozen["features"]["train"].shape[1], "features seconds": frozen["seconds"]},
+                source=frozen["source"], pass_=functools.partial(pass_words, frozen["pass"]))
     report.line("linear probe: DINO's linear evaluation (Caron et al. 2021): normal(0, {std}) weights, SGD momentum "
                 "{momentum}, no weight decay, learning rate {base_lr} x batch {batch_size}/256, cosine to 0 over "
                 "{epochs} epochs. Unlike DINO: no random crops and flips (the features are computed once); the "
