@@ -33,30 +33,45 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the repository root, for common/
 from common.cli import script_parser
 
-# module: (the functions mutated, None for every top-level function; the test files whose fast tests guard them)
-MATHS = "tests/test_article_maths.py"
+# module: (the functions mutated, None for every top-level function; the test files whose fast tests guard them).
+# MATHS: the files of the maths tests, each named by the module it tests. A test of one module may hold another's
+# formula (fine-tuning's stretched table is position_table's, few-shot's accuracy the closed form's), so each module's
+# mutants run its own files first, then the rest of MATHS.
+MATHS = ["tests/test_closed_form.py", "tests/test_schedules.py", "tests/test_position_table.py", "tests/test_compute.py",
+         "tests/test_setup.py", "tests/test_finetune_maths.py", "tests/test_backbone_maths.py", "tests/test_fewshot.py",
+         "tests/test_posemb.py"]
+
+
+def guarded_by(*own):
+    """The module's own test files, then the other files of MATHS."""
+    return [*own, *(path for path in MATHS if path not in own)]
+
+
 TARGETS = {
-    "common/closed_form.py": (None, [MATHS, "tests/test_fewshot.py", "tests/test_backbone.py"]),
-    "common/schedules.py": (None, [MATHS, "tests/test_setup.py", "tests/test_finetune.py"]),
+    "common/closed_form.py": (None, guarded_by("tests/test_closed_form.py", "tests/test_fewshot.py",
+                                               "tests/test_backbone.py")),
+    "common/schedules.py": (None, guarded_by("tests/test_schedules.py", "tests/test_finetune_maths.py",
+                                             "tests/test_finetune.py")),
     "common/position_table.py": (["stretch_positions", "bilinear_resize_loop", "scipy_resize", "bicubic_resize",
                                   "linear_resize_1d", "split_table", "bilinear_table", "position_tables",
-                                  "cosine_similarities"], [MATHS, "tests/test_posemb.py", "tests/test_finetune.py"]),
+                                  "cosine_similarities"], guarded_by("tests/test_position_table.py",
+                                                                     "tests/test_posemb.py", "tests/test_finetune.py")),
     "common/compute.py": (["sequence_shape", "token_flops", "attention_flops", "encoder_flops",
                            "patch_embedding_flops", "forward_gflops", "config_forward_flops"],
-                          [MATHS, "tests/test_setup.py"]),
+                          guarded_by("tests/test_compute.py")),
     "vit_part3_setup.py": (["batch_norm", "group_norm", "weight_standardize", "adam_by_hand", "sgd_momentum_by_hand",
                             "polyak_average", "clip_by_global_norm", "pretraining_steps", "torch_optimizer_weight",
-                            "torch_adam", "torch_sgd", "torch_clip"], [MATHS, "tests/test_setup.py"]),
+                            "torch_adam", "torch_sgd", "torch_clip"], guarded_by("tests/test_setup.py")),
     "vit_part3_finetune.py": (["scaled", "warmup_steps", "lr_at", "report_steps", "step_pictures",
                                "head_gradient_by_hand", "update_average", "run_statistics", "body_gradient_norm",
                                "micro_batches", "zero_head", "process_share", "setup_differences", "train"],
-                              [MATHS, "tests/test_finetune.py"]),
+                              guarded_by("tests/test_finetune_maths.py", "tests/test_finetune.py")),
     "vit_backbone.py": (["patch_tokens_to_feature_map", "split_tokens", "accuracy_metrics", "pca_rgb",
                          "one_per_class", "linear_probe", "scores_accuracy_loss", "closed_form_probe",
-                         "feature_grid"], [MATHS, "tests/test_backbone.py"]),
-    "vit_part3_fewshot.py": (["draw_shots", "draw_pool", "few_shot_accuracies"], [MATHS, "tests/test_fewshot.py"]),
+                         "feature_grid"], guarded_by("tests/test_backbone_maths.py", "tests/test_backbone.py")),
+    "vit_part3_fewshot.py": (["draw_shots", "draw_pool", "few_shot_accuracies"], guarded_by("tests/test_fewshot.py")),
     "vit_part3_posemb.py": (["accuracy_counts", "grids", "check_resolution", "example_places"],
-                            [MATHS, "tests/test_posemb.py"]),
+                            guarded_by("tests/test_posemb.py")),
 }
 
 EQUIVALENTS = ROOT / "docs" / "mutation.md"  # its table of the mutants that change no observable result, and why

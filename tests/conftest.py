@@ -122,6 +122,17 @@ def expected_batch(paths, resolution, flips):
     return np.stack([np.flip(a, axis=2) if flip else a for a, flip in zip(expected, flips)])  # axis 2: left-right
 
 
+def tiny_vit(image_size=12, patch_size=4, hidden_size=4):
+    """A ViTForImageClassification of random weights, built in memory (no file, no download)."""
+    import torch
+    from transformers import ViTConfig, ViTForImageClassification
+
+    torch.manual_seed(0)
+    config = ViTConfig(hidden_size=hidden_size, num_hidden_layers=1, intermediate_size=8, num_attention_heads=1,
+                       image_size=image_size, patch_size=patch_size)
+    return ViTForImageClassification(config).eval()
+
+
 def script_output(main, argv, capsys):
     """(exit status, stdout, stderr) of a script's main(argv) run in this process; argparse exits count too."""
     try:

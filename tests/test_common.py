@@ -1,7 +1,5 @@
 """common/: device picking and precision, batches of pictures, checkpoint errors, the comparison with the article."""
 import functools
-import hashlib
-import json
 import multiprocessing
 import os
 import subprocess
@@ -15,7 +13,6 @@ from conftest import ROOT, expected_batch
 from common.checkpoints import load_pretrained
 from common.device import pick_device
 from common.errors import UserError
-from common.feature_cache import cache_key, cached
 from common.output import Report
 from common.reference import KINDS, compare, format_like, load_reference, verdict
 from common.run import Run, guarded
@@ -136,23 +133,6 @@ def test_a_template_prints_the_articles_line_and_records_its_fields(capsys):
     report.cannot_run("4. accuracy", UserError("--data-dir x is a file, not a folder of {train,val}/<class>/"))
     assert capsys.readouterr().out.endswith('section "4. accuracy": --data-dir x is a file, not a folder of '
                                             '{train,val}/<class>/\n')  # a reason is text, not a template
-
-
-def test_a_cache_key_holds_the_weight_file_and_what_decides_the_features(tmp_path):
-    (tmp_path / "model.safetensors").write_bytes(b"12345")
-    stat = (tmp_path / "model.safetensors").stat()
-    name, text = cache_key("val", str(tmp_path), resolution=224, precision="fp32")
-    weights = str((tmp_path / "model.safetensors").resolve())
-    assert json.loads(text) == {"model": str(tmp_path), "weights": [weights, 5, stat.st_mtime_ns],
-                                "resolution": 224, "precision": "fp32"}
-    assert name == f"val-{hashlib.sha256(text.encode()).hexdigest()[:20]}.npz"
-    assert cache_key("val", str(tmp_path), resolution=384, precision="fp32")[0] != name
-    (tmp_path / "model.safetensors").write_bytes(b"123456")  # the same path, other weights
-    assert cache_key("val", str(tmp_path), resolution=224, precision="fp32")[0] != name
-    (tmp_path / "empty").mkdir()
-    assert cache_key("val", str(tmp_path / "empty"), resolution=224) is None  # no weight file: no cache
-    assert cached(lambda: {"x": np.ones(2)}, None, {"x": 2}, tmp_path)[1] == "computed"
-    assert list(tmp_path.glob("*.npz")) == []
 
 
 def test_run_loads_a_resource_once_and_remembers_a_failure():

@@ -38,28 +38,6 @@ def test_by_hand_lines_are_the_article_lines(capsys):
     assert len(block) == 9 and [text_line for text_line in block if text_line not in printed] == []
 
 
-@pytest.mark.parametrize("lam", [0.0, 0.01, 1.0, 100.0])
-def test_closed_form_equals_lstsq_on_the_augmented_system(lam):
-    """min ||X W - Y||^2 + lambda ||W||^2 is least squares on [X; sqrt(lambda) I] W = [Y; 0]."""
-    rng = np.random.default_rng(1)
-    x, y = fewshot.with_bias(rng.normal(size=(30, 6))), fewshot.targets(rng.integers(0, 4, 30), 4)
-    augmented_x = np.vstack([x, np.sqrt(lam) * np.eye(7)])
-    augmented_y = np.vstack([y, np.zeros((7, 4))])
-    expected = np.linalg.lstsq(augmented_x, augmented_y, rcond=None)[0]
-    assert np.allclose(fewshot.closed_form(x, y, lam), expected, atol=1e-9)
-
-
-def test_lambda_0_with_fewer_pictures_than_features_is_the_limit_of_ridge():
-    rng = np.random.default_rng(2)
-    x, y = fewshot.with_bias(rng.normal(size=(5, 12))), fewshot.targets(rng.integers(0, 3, 5), 3)
-    assert np.allclose(fewshot.closed_form(x, y, 0.0), np.linalg.pinv(x) @ y, atol=1e-10)
-    assert np.allclose(fewshot.closed_form(x, y, 0.0), fewshot.closed_form(x, y, 1e-9), atol=1e-6)
-
-
-def test_targets_are_plus_and_minus_one():
-    assert fewshot.targets([0, 2], 3).tolist() == [[1, -1, -1], [-1, -1, 1]]
-
-
 def test_draws_are_reproducible_with_shots_per_class():
     labels = np.repeat(np.arange(10), 50)
     first = fewshot.draw_shots(labels, 5, draw=0, seed=0)
@@ -67,6 +45,27 @@ def test_draws_are_reproducible_with_shots_per_class():
     assert not np.array_equal(first, fewshot.draw_shots(labels, 5, draw=1, seed=0))
     assert np.bincount(labels[first], minlength=10).tolist() == [5] * 10
     assert len(set(first)) == 50
+
+
+def test_few_shot_accuracy_on_the_articles_hand_example():
+    """The article's 4 pictures are the pool; 2 shots of each of its 2 classes take all of them, in any draw, so
+    W is the article's [[0.625, -0.625], [-0.475, 0.475]] (lambda 1). Three validation pictures score
+    [0.7, -0.7] (class A), [-0.95, 0.95] (B) and [0.625, -0.625] (A); labelled A, B, B: 2 of 3 right."""
+    x_pool, labels = np.array(fewshot.HAND_X), np.array(fewshot.HAND_LABELS)
+    x_val = np.array([[1.5, 0.5], [0.0, 2.0], [1.0, 0.0]])
+    accuracies = fewshot.few_shot_accuracies(x_pool, labels, x_val, np.array([0, 1, 1]), 2, 1.0, 2, 0)
+    assert accuracies == pytest.approx([200 / 3, 200 / 3], abs=1e-12)
+
+
+def test_the_pool_is_per_class_pictures_of_each_class_in_a_fixed_order():
+    """8 pictures, 5 of class 0 and 3 of class 1; 4 per class: 4 of class 0, all 3 of class 1, none twice."""
+    items = [(f"p{i}.jpg", label) for i, label in enumerate([0, 1, 0, 0, 1, 0, 1, 0])]
+    pool = fewshot.draw_pool(items, 4, seed=0)
+    assert [label for _, label in pool] == [0, 0, 0, 0, 1, 1, 1]
+    assert len(set(pool)) == 7 and set(pool) <= set(items)
+    class_0 = [int(path[1:-4]) for path, label in pool if label == 0]
+    assert class_0 == sorted(class_0)
+    assert fewshot.draw_pool(items, 4, seed=0) == pool
 
 
 def test_pre_logits_is_tanh_of_dense_of_the_class_token(tiny_in21k, pictures):

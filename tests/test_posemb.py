@@ -1,10 +1,9 @@
 """vit_part3_posemb.py and the Imagenette layer, on stand-ins built here (a tiny ViT, generated JPEGs)."""
 import subprocess
 import sys
+from types import SimpleNamespace
 
-import numpy as np
 import pytest
-import scipy.ndimage
 import torch
 from conftest import ARTICLE, ROOT, article_block
 from transformers import ViTForImageClassification
@@ -12,6 +11,7 @@ from transformers import ViTForImageClassification
 import vit_part3_posemb as posemb
 from common import position_table
 from common.device import set_precision
+from common.errors import UserError
 from common.imagenette import imagenet_indices, list_split, load_all
 from common.output import Report
 from job.standins import vit_classifier
@@ -32,18 +32,6 @@ def test_tiny_grid_of_the_article():
     assert [numbers[f"3x3 grid[2,{j}]"] for j in (1, 2, 3)] == [1.0, 1.5, 2.0]  # (0+2)/2, the centre, (1+3)/2
 
 
-@pytest.mark.parametrize("n_old,n_new", [(2, 3), (7, 12), (14, 24), (5, 5), (6, 4)])
-def test_bilinear_loop_equals_scipy_zoom(n_old, n_new):
-    grid = np.random.default_rng(n_old).normal(size=(n_old, n_old, 3))
-    expected = scipy.ndimage.zoom(grid, (n_new / n_old, n_new / n_old, 1), order=1)
-    assert np.abs(position_table.bilinear_resize_loop(grid, n_new) - expected).max() < 1e-12
-
-
-def test_new_row_5_of_the_article():
-    lower, delta = position_table.stretch_positions(14, 24)[5]
-    assert lower == 2 and delta == pytest.approx(5 * 13 / 23 - 2)  # 0.8261 of old row 3
-
-
 def test_bicubic_gives_the_library_logits(tiny_classifier):
     from transformers import ViTForImageClassification
 
@@ -58,24 +46,45 @@ def test_bicubic_gives_the_library_logits(tiny_classifier):
     assert torch.equal(ours, library)
 
 
-def test_1d_and_zero_tables():
-    table = np.random.default_rng(0).normal(size=(1 + 14 * 14, 8))
-    tables = position_table.position_tables(table, 24)
-    assert tables["2D bilinear"].shape == tables["1D"].shape == tables["zeros"].shape == (577, 8)
-    one_d = tables["1D"]
-    assert np.array_equal(one_d[0], table[0])  # the [class] row is kept
-    assert np.allclose(one_d[[1, -1]], table[[1, -1]])  # the list's ends stay
-    assert np.allclose(one_d[2], table[1] + (table[2] - table[1]) * 195 / 575)  # one step of 195/575 along the list
-    assert not tables["zeros"].any()
-
+# ---------------------------------------------------------------- the sections' grids, places and counts
 
 def test_accuracy_of_10_and_of_1000_by_hand():
+    """The head read at 3 classes (0, 217, 482 of 1000): 3 pictures, then 4 (more pictures than classes)."""
     imagenet_classes = [0, 217, 482]  # three classes of the head of 1000
     logits = torch.full((3, 1000), -5.0)
     logits[0, 0] = 1.0                       # right of 10 and of 1000
     logits[1, 217], logits[1, 5] = 1.0, 2.0  # right of 10 (217 beats 0, 482), wrong of 1000 (class 5 wins)
     logits[2, 0] = 1.0                       # wrong: label 2 is 482
     assert posemb.accuracy_counts(logits, torch.tensor([0, 1, 2]), imagenet_classes) == (2, 1)
+    logits = torch.full((4, 1000), -5.0)
+    logits[0, 0] = 1.0                        # label 0: right of 10 and of 1000
+    logits[1, 217] = 1.0                      # label 1: right of both
+    logits[2, 482], logits[2, 7] = 1.0, 3.0   # label 2: right of 10, wrong of 1000 (class 7 wins)
+    logits[3, 217] = 1.0                      # label 0: wrong of both
+    assert posemb.accuracy_counts(logits, torch.tensor([0, 1, 2, 0]), imagenet_classes) == (3, 2)
+
+
+def test_grids_are_whole_patches_per_side():
+    config = SimpleNamespace(image_size=224, patch_size=16)
+    assert posemb.grids(config, 384) == (14, 24)
+    assert posemb.grids(config, 390) == (14, 24)  # 390 / 16 = 24.4: the last 6 pixels make no patch
+
+
+def test_the_cosine_section_needs_a_3x3_grid_and_a_bigger_one():
+    """A row with four neighbours needs 3 places a side; the stretch needs more places than the checkpoint has."""
+    posemb.check_resolution(SimpleNamespace(image_size=48, patch_size=16), 64)  # 3x3 -> 4x4: fine
+    for image_size, resolution in ((32, 64), (48, 48), (48, 32)):  # 2x2 -> 4x4; 3x3 -> 3x3; 3x3 -> 2x2
+        with pytest.raises(UserError):
+            posemb.check_resolution(SimpleNamespace(image_size=image_size, patch_size=16), resolution)
+
+
+@pytest.mark.parametrize("n_old,n_new,expected", [
+    (14, 24, ((3, 10), (5, 18))),  # the article's: 3 x 23/13 = 5.31 -> 5, 10 x 23/13 = 17.7 -> 18
+    (3, 5, ((1, 1), (2, 2))),      # 3 x 2/13 = 0.46 -> 0, raised to 1; 10 x 2/13 = 1.54 -> 2, lowered to n - 2 = 1
+    (5, 9, ((1, 3), (2, 6))),      # 3 x 4/13 = 0.92 -> 1; 10 x 4/13 = 3.08 -> 3; then x 8/4
+])
+def test_the_cosine_sections_place_on_both_grids_by_hand(n_old, n_new, expected):
+    assert posemb.example_places(n_old, n_new) == expected
 
 
 # ---------------------------------------------------------------- the script

@@ -4,45 +4,14 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 from conftest import ARTICLE, ROOT
 
 import vit_part3_setup as setup
-from common import compute, schedules
+from common import compute
 from common.checkpoints import read_safetensors_header, split_parameter_count
-
-# ---------------------------------------------------------------- Table 1
-
-def test_sequence_shapes_of_the_article():
-    assert compute.sequence_shape(224, 16) == (14, 196, 197, 38_809)
-    assert compute.sequence_shape(384, 16) == (24, 576, 577, 332_929)
-    assert compute.sequence_shape(518, 14)[:3] == (37, 1369, 1370)
-
-
-def test_forward_compute_matches_the_article():
-    article = {("B", 32, 224): 8.6, ("B", 16, 224): 34.9, ("B", 16, 384): 110.3, ("L", 16, 384): 381.2,
-               ("H", 14, 224): 334.2, ("H", 14, 384): 1005.9}
-    for (size, patch, resolution), gflops in article.items():
-        assert round(compute.forward_gflops(size, patch, resolution), 1) == gflops
-    ratio = compute.forward_gflops("B", 16, 224) / compute.forward_gflops("B", 32, 224)
-    assert round(ratio, 2) == 4.06
-
-
-def test_flop_formula_equals_torch_flop_counter():
-    """torch counts every matmul of a real forward pass; ours leaves out only the patch embedding."""
-    from torch.utils.flop_counter import FlopCounterMode
-    from transformers import ViTConfig, ViTModel
-
-    config = ViTConfig(hidden_size=32, num_hidden_layers=2, intermediate_size=80, num_attention_heads=4,
-                       patch_size=16, image_size=64, attn_implementation="eager")
-    model = ViTModel(config, add_pooling_layer=False).eval()
-    with FlopCounterMode(display=False) as counter, torch.no_grad():
-        model(pixel_values=torch.zeros(1, 3, 64, 64))
-    patches = (64 // 16) ** 2
-    total = compute.encoder_flops(2, 32, 80, patches + 1) + compute.patch_embedding_flops(64, 16, 32)
-    assert counter.get_total_flops() == total  # torch counts the patch embedding's convolution too
-
 
 # ---------------------------------------------------------------- parameters
 
@@ -91,10 +60,20 @@ def test_group_norm_of_the_article_and_of_torch():
     assert torch.allclose(setup.group_norm(batch, 4), torch_gn, atol=1e-12)
 
 
-def test_weight_standardization_of_the_article():
-    filters = setup.weight_standardize(torch.tensor([setup.FILTER_1, setup.FILTER_2], dtype=torch.float64))
-    assert filters[0].tolist() == pytest.approx([0.218, -1.091, 1.528, -0.655], abs=5e-4)
-    assert filters[1].tolist() == pytest.approx([-math.sqrt(2), 0, math.sqrt(2), 0])
+def test_weight_standardization_of_the_article_is_over_the_last_dimension_with_its_eps():
+    """The article's filters; its second, [1, 2, 3, 2]: mean 2, variance 0.5, so (w - 2) / sqrt(0.5) =
+    [-sqrt 2, 0, sqrt 2, 0]; with eps 1, divided by sqrt(1.5) instead. Two filter sets of two filters, the first
+    filter the article's second: each filter (last dimension) on its own."""
+    article = setup.weight_standardize(torch.tensor([setup.FILTER_1, setup.FILTER_2], dtype=torch.float64))
+    assert article[0].tolist() == pytest.approx([0.218, -1.091, 1.528, -0.655], abs=5e-4)
+    filters = torch.tensor([[setup.FILTER_2, [2.0, 4.0, 6.0, 4.0]],
+                            [[3.0, 2.0, 1.0, 2.0], [0.0, 0.0, 0.0, 4.0]]], dtype=torch.float64)
+    s = math.sqrt(2)
+    expected = [[[-s, 0, s, 0], [-s, 0, s, 0]], [[s, 0, -s, 0], [-1 / math.sqrt(3), -1 / math.sqrt(3),
+                                                                  -1 / math.sqrt(3), math.sqrt(3)]]]
+    np.testing.assert_allclose(setup.weight_standardize(filters).numpy(), expected, rtol=0, atol=1e-12)
+    with_eps = setup.weight_standardize(filters[0, :1], eps=1.0)
+    np.testing.assert_allclose(with_eps.numpy(), [[-1 / math.sqrt(1.5), 0, 1 / math.sqrt(1.5), 0]], rtol=0, atol=1e-12)
 
 
 # ---------------------------------------------------------------- optimizers and schedules
@@ -119,6 +98,17 @@ def test_sgd_momentum_by_hand():
     assert [r[3] for r in rows] == pytest.approx([0.995, 0.9915, 0.98535])
     gradients = torch.randn(20, generator=torch.Generator().manual_seed(2)).tolist()
     assert setup.sgd_momentum_by_hand(gradients)[-1][-1] == pytest.approx(setup.torch_sgd(gradients), abs=1e-12)
+
+
+def test_the_optimizer_rows_count_steps_from_1():
+    assert [row[0] for row in setup.sgd_momentum_by_hand([0.5, -0.1, 0.3])] == [1, 2, 3]
+    assert [row[0] for row in setup.adam_by_hand([0.5, -0.1, 0.3])] == [1, 2, 3]
+
+
+def test_torch_adam_with_its_default_lr_gives_the_articles_weight():
+    """The article's line: torch.optim.Adam after the same three gradients: w=0.997824 (lr 0.001)."""
+    assert setup.torch_adam([0.5, -0.1, 0.3]) == pytest.approx(0.997824, abs=5e-7)
+    assert setup.torch_sgd([0.5, -0.1, 0.3]) == pytest.approx(0.98535, abs=5e-6)
 
 
 def test_polyak_average_equals_torch_ema():
@@ -146,17 +136,10 @@ def test_clipping_equals_torch():
         assert [x for t in ours for x in t] == pytest.approx([x for t in by_torch for x in t], abs=1e-6)
 
 
-def test_schedules_of_the_article():
+def test_pretraining_steps_of_the_article():
+    """The schedules at these steps: tests/test_schedules.py."""
     assert setup.pretraining_steps(7, 303e6) == 517_822
     assert setup.pretraining_steps(14, 303e6) == 1_035_645
-    total = setup.pretraining_steps(7, 303e6)
-    assert schedules.warmup_linear_lr(5_000, 8e-4, total, 10_000) == pytest.approx(4e-4)
-    assert schedules.warmup_linear_lr(10_000, 8e-4, total, 10_000) == pytest.approx(8e-4)
-    assert schedules.warmup_linear_lr(total, 8e-4, total, 10_000) == 0
-    # cos(3 pi / 4) = -sqrt(2)/2, so step 15,000 of 20,000 is 0.015 (1 - 0.7071) = 0.0044
-    assert schedules.cosine_lr(15_000, 0.03, 20_000) == pytest.approx(0.015 * (1 - math.sqrt(0.5)))
-    assert schedules.cosine_lr(10_000, 0.03, 20_000) == pytest.approx(0.015)
-    assert schedules.cosine_lr(20_000, 0.03, 20_000) == 0
 
 
 # ---------------------------------------------------------------- the script as a user runs it

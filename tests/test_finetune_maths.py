@@ -1,0 +1,313 @@
+"""vit_part3_finetune.py's maths: the learning rate of each step, the zero head, the stretched table of the classifier
+and the training step itself (clipping, accumulation, torchrun's averaging, the Polyak average), against the
+article's logged values, values worked out by hand and torch.optim; pure functions and tiny models only.
+
+The script's runs on stand-ins and its other functions by hand: tests/test_finetune.py.
+"""
+import contextlib
+import copy
+import math
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import tiny_vit
+
+import vit_part3_finetune as finetune
+from common.errors import UserError
+from common.loader import pass_timing
+from common.output import Report
+
+# The article's logged learning rates of the 300-step run (step: lr as printed).
+ARTICLE_LRS = {5: "0.00040", 10: "0.00090", 25: "0.00240", 50: "0.00296", 100: "0.00254", 150: "0.00178",
+               200: "0.00092", 250: "0.00026", 300: "0.00000"}
+
+
+def article_lr(step):
+    """The LR of step s = 1..300 by the article's loop, g['lr'] = lr_at(step - 1): 0.003 t / 30 for t = s - 1 < 30,
+    then 0.0015 (1 + cos(pi (t - 30) / 270))."""
+    t = step - 1
+    return 0.003 * t / 30 if t < 30 else 0.0015 * (1 + math.cos(math.pi * (t - 30) / 270))
+
+
+# ---------------------------------------------------------------- the learning rate of every step
+
+def test_lr_at_every_logged_step_is_the_articles():
+    assert finetune.warmup_steps(300) == 30
+    assert {s: f"{finetune.lr_at(s, 0.003, 300):.5f}" for s in ARTICLE_LRS} == ARTICLE_LRS
+
+
+def test_lr_at_every_step_of_the_300():
+    """Warm-up by hand; the cosine part against torch's CosineAnnealingLR (T_max 270) stepped once per step."""
+    lrs = [finetune.lr_at(s, 0.003, 300) for s in range(1, 301)]
+    assert lrs[0] == 0.0  # step 1 applies lr_at(0) of the article's loop
+    assert lrs[:31] == pytest.approx([0.003 * t / 30 for t in range(31)], rel=1e-12, abs=0)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.003)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=270, eta_min=0.0)
+    by_torch = []
+    for _ in range(270):  # steps 31..300: 0 .. 269 finished steps of the decay
+        by_torch.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
+    assert lrs[30:] == pytest.approx(by_torch, rel=1e-9, abs=1e-15)
+    assert lrs == pytest.approx([article_lr(s) for s in range(1, 301)], rel=1e-12, abs=1e-18)
+
+
+# ---------------------------------------------------------------- the classifier: the zero head, the stretched table
+
+def test_the_zero_head_is_weight_and_bias_exactly_0_so_every_logit_is_exactly_0():
+    model = SimpleNamespace(classifier=torch.nn.Linear(8, 10))  # zero_head() reads model.classifier only
+    assert finetune.zero_head(model) == 8 * 10 + 10
+    assert torch.equal(model.classifier.weight, torch.zeros(10, 8))
+    assert torch.equal(model.classifier.bias, torch.zeros(10))
+    features = torch.randn(3, 8, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(model.classifier(features), torch.zeros(3, 10))
+
+
+def test_the_classifier_built_for_fine_tuning_gives_logits_of_exactly_0():
+    model, _ = finetune.build_classifier((tiny_vit(), {}), 10, 12)
+    assert torch.equal(model.classifier.weight, torch.zeros(10, 4))
+    assert torch.equal(model.classifier.bias, torch.zeros(10))
+    with torch.no_grad():
+        logits = model(pixel_values=torch.randn(2, 3, 12, 12, generator=torch.Generator().manual_seed(0))).logits
+    assert torch.equal(logits, torch.zeros(2, 10))
+
+
+def test_the_fine_tuned_classifier_stretches_its_table_row_major():
+    """build_classifier() at a higher resolution: the same [R/2, C/2] rows in the model's own table."""
+    model = tiny_vit(image_size=12, patch_size=4)  # a 3x3 grid
+    with torch.no_grad():
+        rows = [[7.0, 7.0, 7.0, 7.0]] + [[r, c, 0.0, 1.0] for r in range(3) for c in range(3)]
+        model.vit.embeddings.position_embeddings.copy_(torch.tensor([rows]))
+    model, _ = finetune.build_classifier((model, {}), 10, 20)  # 20 px / 4 = a 5x5 grid
+    table = model.vit.embeddings.position_embeddings.detach()[0]
+    assert table.shape == (26, 4)
+    assert table[0].tolist() == [7.0, 7.0, 7.0, 7.0]
+    expected = torch.tensor([[R / 2, C / 2, 0.0, 1.0] for R in range(5) for C in range(5)])
+    assert torch.allclose(table[1:], expected, rtol=0, atol=1e-6)
+
+
+# ---------------------------------------------------------------- the run's steps, pictures, statistics and setup
+
+def test_scaled_steps_are_at_least_1():
+    assert finetune.scaled(5, 10) == 1  # 5 x 10/300 = 0.17 rounds to 0: at least 1
+    assert (finetune.scaled(50, 30), finetune.scaled(300, 300)) == (5, 300)
+
+
+def test_each_pass_flips_about_half_its_pictures_each_by_its_own_draw():
+    for step in (1, 2):  # two whole passes of 2000 pictures
+        flips = finetune.step_pictures(step, 2000, 2000, seed=0)[1]
+        assert 0.45 < flips.mean() < 0.55
+
+
+def test_clipping_counts_the_norms_above_the_cap_and_the_windows_are_the_runs_ends():
+    """A norm of exactly 1 is not clipped: min(1, 1/||g||) = 1. Windows of 2: the first and the last two steps."""
+    stats = finetune.run_statistics([5.0, 4.0, 3.0, 2.0, 1.0], [1.0, 2.0, 0.5, 1.5, 4.0], 1.0, norm_window=2,
+                                    loss_window=2)
+    assert stats == {"clipped steps": 3, "median norm first": 1.5, "median norm last": 2.75, "mean loss first": 4.5,
+                     "mean loss last": 1.5}
+
+
+def test_the_body_gradient_norm_leaves_out_the_head_and_what_got_no_gradient():
+    model = torch.nn.Module()
+    model.body, model.unused, model.classifier = torch.nn.Linear(2, 1), torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)
+    model.body.weight.grad, model.body.bias.grad = torch.tensor([[3.0, 0.0]]), torch.tensor([4.0])
+    model.classifier.weight.grad, model.classifier.bias.grad = torch.tensor([[100.0]]), torch.tensor([100.0])
+    assert finetune.body_gradient_norm(model) == 5.0  # sqrt(9 + 0 + 16)
+
+
+def test_micro_batches_weigh_each_part_by_its_share_so_the_losses_add_up_to_the_batchs():
+    logits = torch.randn(5, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    labels = torch.tensor([0, 2, 1, 1, 0])
+    parts = list(finetune.micro_batches(logits, labels, 2))
+    assert [y.tolist() for _, y, _ in parts] == [[0, 2, 1], [1, 0]]
+    assert [weight for _, _, weight in parts] == pytest.approx([3 / 5, 2 / 5])
+    total = sum(F.cross_entropy(x, y) * weight for x, y, weight in parts)
+    assert total.item() == pytest.approx(F.cross_entropy(logits, labels).item(), rel=1e-12)
+
+
+def test_each_process_takes_its_contiguous_share_of_the_steps_batch():
+    batch = (np.arange(8) * 10, np.arange(8) % 3 == 0)
+    shares = [finetune.process_share(batch, rank, 4) for rank in range(4)]
+    assert [indices.tolist() for indices, _ in shares] == [[0, 10], [20, 30], [40, 50], [60, 70]]
+    assert [flips.tolist() for _, flips in shares] == [[True, False], [False, True], [False, False], [True, False]]
+
+
+def test_a_shorter_run_removes_the_article_steps_it_never_logs():
+    """30 steps log 0, 1, 2, 5, 10, 15, 20, 25, 30: the article's rows of its other steps are not comparable."""
+    run = SimpleNamespace(args=SimpleNamespace(steps=30, batch_size=32, lr=0.003, resolution=224, precision="fp32",
+                                               per_class=None, data_dir=None), loaded={})
+    differences = finetune.setup_differences(run)
+    removed = differences["steps"]["removes"]
+    assert "step 250 loss" in removed and "step 300 norm" in removed and "step 0 validation" not in removed
+    assert not [name for name in removed if name.split()[1] in ("1", "2", "5", "10", "15", "20", "25", "30")]
+    assert "mean loss first" not in removed and "data set" not in differences
+
+
+def test_fine_tuning_on_another_data_set_is_not_the_articles_setup(tmp_path):
+    """--data-dir with other classes than Imagenette's: the difference names that folder, not the default one."""
+    for split in ("train", "val"):
+        (tmp_path / "flowers" / split / "rose").mkdir(parents=True)
+    run = SimpleNamespace(args=SimpleNamespace(steps=300, batch_size=32, lr=0.003, resolution=224, precision="fp32",
+                                               per_class=None, data_dir=str(tmp_path / "flowers")), loaded={})
+    assert finetune.setup_differences(run)["data set"]["flag"] == f"--data-dir {tmp_path / 'flowers'}"
+
+
+# ---------------------------------------------------------------- the training loop, on a tiny classifier
+
+class TinyClassifier(torch.nn.Module):
+    """A linear layer called as the training step calls a ViT; it records, per pass, whether DDP's no_sync() held."""
+
+    def __init__(self):
+        super().__init__()
+        self.classifier = torch.nn.Linear(3, 4)
+        self.waiting, self.passes, self.modes = False, [], []
+
+    def forward(self, pixel_values, interpolate_pos_encoding):
+        self.passes.append(self.waiting)
+        self.modes.append(self.training)
+        return SimpleNamespace(logits=self.classifier(pixel_values))
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        self.waiting = True
+        try:
+            yield
+        finally:
+            self.waiting = False
+
+
+def step_batch():
+    generator = torch.Generator().manual_seed(0)
+    return torch.randn(6, 3, generator=generator) * 3, torch.tensor([0, 3, 1, 1, 2, 0])
+
+
+class RecordingSGD(torch.optim.SGD):
+    """SGD that keeps the learning rate of each step it takes."""
+
+    def __init__(self, params, **settings):
+        super().__init__(params, **settings)
+        self.applied = []
+
+    def step(self, closure=None):
+        self.applied.append(self.param_groups[0]["lr"])
+        return super().step(closure)
+
+
+def train(monkeypatch, model, optimizer, batches, labels, steps, accum_steps=1, world=1, lr=None):
+    """finetune.train() on these batches (already the model's inputs), its checks and checkpoints replaced; with lr,
+    every step's LR is lr. Returns its history (the loss and gradient norm of each step), its report, and the
+    training state (the average). Each check must see the model in eval mode; each step asks for a checkpoint."""
+    monkeypatch.setattr(finetune, "step_batches", lambda items, chosen, run, resolution, batch_size, history: (
+        (pixels, labels) for pixels in batches))
+
+    def accuracies(models, pictures, labels, run, batch_size, desc, into):
+        assert not any(model.training for model in models)  # a check is an evaluation: no dropout
+        return [10.0], pass_timing()
+
+    asked = []
+    monkeypatch.setattr(finetune, "accuracies", accuracies)
+    monkeypatch.setattr(finetune, "save_or_stop", lambda run, stop, step, *args: asked.append(step))
+    if lr is not None:
+        monkeypatch.setattr(finetune, "lr_at", lambda step, base_lr, total_steps: lr)
+    args = SimpleNamespace(lr=0.003, steps=steps, batch_size=len(labels), accum_steps=accum_steps, seed=0,
+                           save_dir=None, resolution=224)
+    run = SimpleNamespace(args=args, device=torch.device("cpu"), rank=0, world=world,
+                          autocast=contextlib.nullcontext())
+    history = {"losses": [], "norms": [], "rows": [], "seconds": 0.0,
+               "passes": {"training": pass_timing(), "checks": pass_timing()}}
+    training = {"model": model, "trained": model, "average": copy.deepcopy(model), "optimizer": optimizer, "start": 0,
+                "history": history, "clock": time.perf_counter, "monitor": ([], []), "micro": len(labels)}
+    report = Report("finetune", quiet=True)
+    finetune.train(run, report, {"train": [(None, int(label)) for label in labels]}, training, steps)
+    assert asked == list(range(1, steps + 1))  # a checkpoint (or a stop) is considered after every step
+    return history, report, training
+
+
+@pytest.mark.parametrize("accum_steps", [1, 3])
+def test_a_training_step_is_one_sgd_step_on_the_clipped_mean_gradient(accum_steps, monkeypatch):
+    """By hand with autograd: the batch's mean loss, its gradient's global norm g, the gradient times min(1, 1/g);
+    the first step of SGD with momentum moves each weight by -lr x that. Gradients left from before do not count."""
+    torch.manual_seed(0)
+    model, (pixels, labels) = TinyClassifier(), step_batch()
+    by_hand = copy.deepcopy(model)
+    loss = F.cross_entropy(by_hand(pixel_values=pixels, interpolate_pos_encoding=True).logits, labels)
+    loss.backward()
+    norm = math.sqrt(sum(float((p.grad ** 2).sum()) for p in by_hand.parameters()))
+    assert norm > 1  # so that clipping acts
+    expected = [p.detach() - 0.002 * p.grad / norm for p in by_hand.parameters()]
+    optimizer = torch.optim.SGD(model.parameters(), lr=99.0, momentum=0.9)
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 7.0)
+    history, _, _ = train(monkeypatch, model, optimizer, [pixels], labels, 1, accum_steps, lr=0.002)
+    assert history["losses"] == pytest.approx([loss.item()], rel=1e-6)
+    assert history["norms"] == pytest.approx([norm], rel=1e-6)
+    for p, e in zip(model.parameters(), expected):
+        assert torch.allclose(p.detach(), e, rtol=0, atol=1e-7)
+    assert optimizer.param_groups[0]["lr"] == 0.002
+
+
+def test_the_training_loop_applies_and_logs_lr_at_of_each_step(monkeypatch):
+    """train() over the 300 steps, its checks and checkpoints replaced: the LR it applies at each step is the
+    article's of that step, and the LR its logged lines print is the article's."""
+    model = TinyClassifier()
+    optimizer = RecordingSGD(model.parameters(), lr=1.0, momentum=0.9)
+    pixels, labels = step_batch()
+    history, report, _ = train(monkeypatch, model, optimizer, [pixels] * 300, labels, 300)
+    assert optimizer.applied == pytest.approx([article_lr(s) for s in range(1, 301)], rel=1e-12, abs=1e-18)
+    assert {s: report.numbers[f"step {s} lr"]["text"] for s in ARTICLE_LRS} == ARTICLE_LRS
+    assert [row["step"] for row in history["rows"]] == [5, 10, 25, 50, 100, 150, 200, 250, 300]  # kept for a resume
+    assert model.modes == [True] * 300  # every step trains in training mode (dropout), after each check's eval
+
+
+def test_the_loop_keeps_the_polyak_average_of_the_weights(monkeypatch):
+    """Two steps: the average is 0.99 (0.99 w0 + 0.01 w1) + 0.01 w2, w_k the weights after step k (w0 the start)."""
+    model, (pixels, labels) = TinyClassifier(), step_batch()
+    weights = [[p.detach().clone() for p in model.parameters()]]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    real_step = optimizer.step
+
+    def step(closure=None):
+        real_step(closure)
+        weights.append([p.detach().clone() for p in model.parameters()])
+
+    optimizer.step = step
+    _, _, training = train(monkeypatch, model, optimizer, [pixels] * 2, labels, 2, lr=0.1)
+    for averaged, w0, w1, w2 in zip(training["average"].parameters(), *weights):
+        assert torch.allclose(averaged, 0.99 * (0.99 * w0 + 0.01 * w1) + 0.01 * w2, rtol=0, atol=1e-7)
+
+
+def test_a_step_whose_loss_is_not_finite_changes_no_weight(monkeypatch):
+    model, (pixels, labels) = TinyClassifier(), step_batch()
+    before = [p.detach().clone() for p in model.parameters()]
+    pixels[0, 0] = float("nan")
+    with pytest.raises(UserError, match="the training loss is nan at step 1"):
+        train(monkeypatch, model, torch.optim.SGD(model.parameters(), lr=0.1), [pixels], labels, 1, lr=0.1)
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+
+
+def test_under_torchrun_the_gradients_are_averaged_once_after_the_last_pass(monkeypatch):
+    """2 processes, 3 passes: passes 1 and 2 inside DDP's no_sync(), the last one not; the loss is the sum over the
+    processes (here two with the same share) divided by 2."""
+    monkeypatch.setattr(finetune, "sum_over_processes", lambda value, run: 2 * float(value))
+    model, (pixels, labels) = TinyClassifier(), step_batch()
+    expected = F.cross_entropy(model.classifier(pixels), labels).item()
+    history, _, _ = train(monkeypatch, model, torch.optim.SGD(model.parameters(), lr=0.1), [pixels], labels, 1, 3,
+                       world=2, lr=0.1)
+    assert model.passes == [True, True, False]
+    assert history["losses"] == pytest.approx([expected], rel=1e-6)
+    model.passes.clear()
+    train(monkeypatch, model, torch.optim.SGD(model.parameters(), lr=0.1), [pixels], labels, 1, 3, lr=0.1)
+    assert model.passes == [False, False, False]  # one process: nothing to synchronise
+
+
+def test_a_training_step_at_another_resolution_reads_the_stretched_table(monkeypatch):
+    """The tiny ViT of 12 px fine-tuned at 20 px: the zero head's loss is ln 10."""
+    model, _ = finetune.build_classifier((tiny_vit(), {}), 10, 20)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    pixels = torch.randn(2, 3, 20, 20, generator=torch.Generator().manual_seed(0))
+    history, _, _ = train(monkeypatch, model, optimizer, [pixels], torch.tensor([1, 7]), 1, lr=0.002)
+    assert history["losses"] == pytest.approx([math.log(10)], abs=1e-6) and history["norms"][0] > 0
