@@ -87,9 +87,9 @@ def cell(text):
 
 # Each figure's one-line caption on the page: what it shows, so that a reader needs no code to read it.
 CAPTIONS = {
-    "posemb_cosine_similarity.png": ("Cosine similarity of one position's row of the table with every row, on the 224 "
-                                     "grid and on each 384 one: each panel's title names the position, its axes are "
-                                     "grid positions."),
+    "posemb_cosine_similarity.png": ("Cosine similarity of one position's row of the table with every row, on the "
+                                     "checkpoint's grid and on the stretched one: each panel's title names the "
+                                     "position, its axes are grid positions."),
     "posemb_accuracy.png": ("Accuracy of the five versions of the position table, of the 10 Imagenette classes and of "
                             "all 1000: this run's bars with their values, the article's as crosses."),
     "fewshot_accuracy.png": ("Few-shot accuracy against pictures per class, a line per lambda, the spread over draws "
