@@ -33,6 +33,7 @@ import os
 import shlex
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -43,18 +44,18 @@ from common.environment import library_versions
 from common.errors import UserError
 from common.files import reason, write_text
 from common.output import say
-from common.reference import VERDICTS, compare, counts_text, load_reference, verdict_counts
+from common.reference import counts_text
 from common.run import Terminated, check_output_dir, guarded
 from job import downloads
 from job.child_process import StopRequests, first_refusal, only_job_on, run_logged
+from job.ending import SECTION_COUNTS, exit_status, final_table, next_line, notes, paused, result_row  # noqa: F401
 from job.page import JOB_RECORD, SCRIPTS, build, script_file
 from job.page import read_record as page_record
-from job.time_estimate import HOUR, MINUTE, duration, estimate_seconds, how_estimated, measure_speed
+from job.time_estimate import HOUR, MINUTE, clock, duration, estimate_seconds, how_estimated, measure_speed
 
 ROOT = Path(__file__).resolve().parent
 FINETUNE_RUN, CHECKPOINT = "finetune-run", "checkpoint.pt"  # fine-tuning's --save-dir in OUT, and its file
 KEPT_ASIDE = "checkpoint.previous.pt"  # a checkpoint of another command or code, kept there, not deleted
-SECTION_COUNTS = {"setup": 9, "posemb": 4, "fewshot": 3, "finetune": 3, "backbone": 5}  # len(SECTIONS): a test
 SET_BY_THE_JOB = ("--json", "--plots", "--compare", "--save-dir", "--resume")
 
 # --quick: the flags of the README's Quick check table (a test reads both); fine-tuning's --save-dir there
@@ -264,37 +265,6 @@ def page_is_stale(page, out):
                if path.is_file())
 
 
-def result_row(script, record):
-    """{sections: (run, of all), counts: {verdict: n}} of one script from its JSON (None: no JSON)."""
-    reference, total = load_reference(script), SECTION_COUNTS[script]
-    if record is None:
-        return {"sections": (0, total), "counts": verdict_counts(compare({}, reference))}
-    rows = compare(record["numbers"], reference, record.get("setup differences", {}))
-    return {"sections": (total - len(record.get("could_not_run", [])), total), "counts": verdict_counts(rows)}
-
-
-def paused(record):
-    """What a paused fine-tuning run's "not run" rows mean (--quick pauses it after step 5)."""
-    line = next((text for text in record.get("printed", []) if text.strip().startswith("paused after step")), None)
-    return (f" ({line.strip().split(';')[0]}: its later rows are not run until `python reproduce.py` without --quick "
-            f"continues it)") if line else ""
-
-
-def final_table(rows):
-    """The job's table, a line a script: script | sections run of all | each verdict's count | time."""
-    header = ["script", "sections run", *VERDICTS, "time"]
-    body = [[script_file(script), f"{row['sections'][0]} of {row['sections'][1]}",
-             *(str(row["counts"][word]) for word in VERDICTS), row["time"]] for script, row in rows.items()]
-    widths = [max(len(line[k]) for line in [header, *body]) for k in range(len(header))]
-    return [" | ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in [header, *body]]
-
-
-def exit_status(rows, strict):
-    """0 when every script ran every section; 1 when one did not, and with --strict when a number differs."""
-    incomplete = any(row["sections"][0] < row["sections"][1] for row in rows.values())
-    return int(incomplete or (strict and any(row["counts"]["differs"] for row in rows.values())))
-
-
 # ---------------------------------------------------------------- the job
 
 def plan(args, out, manifest):
@@ -391,14 +361,23 @@ def start_estimate(args, runnable, estimable, reference):
     return gflops
 
 
+def check_extra(args, out):
+    """Each script given --extra checks its whole command, runnable or not, before OUT, its logs or its lock exist: a
+    typo costs seconds, not a job, and leaves nothing. Its outputs go to a scratch folder; a done script is not asked."""
+    manifest = read_manifest(out) if out.is_dir() else {}
+    asked = [s for s in SCRIPTS if args.extra[s] and (args.force or not is_complete(out, s, {
+        "command": command_key(script_command(s, args, out), out), "code": code_digest(s)}, manifest))]
+    with tempfile.TemporaryDirectory() as scratch:
+        refused = first_refusal({s: [scratch + token[len(str(out)):] if token.startswith(f"{out}{os.sep}") else token
+                                     for token in script_command(s, args, out)] for s in asked}, ROOT)
+    if refused:
+        raise UserError(f"--extra for {script_file(refused[0])}: {refused[1].replace(scratch, str(out))}")
+
+
 def run_job(args, argv, out, lock):
     """Plan, check, run what is not done in order, then the table and the page; the exit status."""
     manifest = read_manifest(out)
     keys, done, cannot, runnable, lines = plan(args, out, manifest)
-    # each script given --extra checks its whole command now, runnable or not: a typo costs seconds, not a job
-    refused = first_refusal({s: script_command(s, args, out) for s in SCRIPTS if s not in done and args.extra[s]}, ROOT)
-    if refused:
-        raise UserError(f"--extra for {script_file(refused[0])}: {refused[1]}")
     for line in lines:
         say(line)
     manifest.update({"command": shlex.join(["python", "reproduce.py", *argv]),
@@ -413,7 +392,7 @@ def run_job(args, argv, out, lock):
             if stop.asked:  # it came between two scripts
                 break
             if script in done:
-                times[script] = f"skipped ({duration(manifest[script].get('seconds', 0))} before)"
+                times[script] = f"skipped ({clock(manifest[script].get('seconds', 0))} before)"
                 say(f"[{index}/5] {name}: skipped, its JSON in OUT is complete and was made by the same command and "
                     f"code (--force runs it again)")
                 continue
@@ -429,10 +408,11 @@ def run_job(args, argv, out, lock):
             say(f"\n[{index}/5] {name} ...{estimate}")
             started = time.time()
             status, seconds = run_logged(command, ROOT, out / "logs" / f"{script}.log", stop, lock, say)
+            seconds = round(seconds, 1)  # one clock: the terminal, reproduce.json and the page show these seconds
             record = read_record(out / f"{script}.json")
             if record is not None:  # written by this run: move_stale took any older one away
                 manifest[script] = {"key": keys[script], "json": file_digest(out / f"{script}.json"),
-                                    "seconds": round(seconds, 1)}
+                                    "seconds": seconds}
                 del manifest["not run"][script]
             else:
                 manifest["not run"][script] = f"it ended with exit status {status} and wrote no JSON (logs/{script}.log)"
@@ -440,22 +420,24 @@ def run_job(args, argv, out, lock):
             if stop.asked:
                 say(stopped_line(stop.asked[0], argv, f" during {name}, {kept_text(out, script, record, started)}"))
                 return 128 + stop.asked[0]
-            finished[script], times[script] = seconds, duration(seconds)
+            finished[script], times[script] = seconds, clock(seconds)
             row = result_row(script, record)
-            print(f"{name}: {duration(seconds)}, " + (f"{row['sections'][0]} of {row['sections'][1]} sections; "
+            print(f"{name}: {clock(seconds)} (its process's wall time), " + (f"{row['sections'][0]} of {row['sections'][1]} sections; "
                   f"{counts_text(row['counts'])}{paused(record)}" if record else f"exit status {status} and no JSON: "
                   f"see the lines above, kept in OUT/logs/{script}.log"), flush=True)
     if stop.asked:
         say(stopped_line(stop.asked[0], argv))
         return 128 + stop.asked[0]
-    return finish(args, out, cannot, finished, times)
+    return finish(args, argv, out, (cannot, finished, times), manifest["not run"])
 
 
-def finish(args, out, cannot, finished, times):
-    """The table, then the page (built again when anything ran or is newer than it); the exit status."""
-    rows = {script: {**result_row(script, read_record(out / f"{script}.json")), "time": times[script]}
-            for script in SCRIPTS}
-    print("\n" + "\n".join(final_table(rows)), flush=True)  # the results first: the page can still fail
+def finish(args, argv, out, ran, not_run):
+    """The table, then the page (built again when anything ran or is newer than it), then why a script did not
+    finish and the command to run next, last, where the exit status is read; the exit status."""
+    (cannot, finished, times), records = ran, {script: read_record(out / f"{script}.json") for script in SCRIPTS}
+    rows = {script: {**result_row(script, records[script]), "time": times[script]} for script in SCRIPTS}
+    marks, footnotes = notes(rows, records, not_run)
+    print("\n" + "\n".join(final_table(rows, marks)), flush=True)  # the results first: the page can still fail
     page = out / "report.md"
     if finished or cannot or page_is_stale(page, out):
         try:
@@ -463,20 +445,22 @@ def finish(args, out, cannot, finished, times):
         except UserError as problem:
             say(f"error: {problem}; the table above holds the counts")
             return 1
-    print(f"page: {page}", flush=True)
-    return exit_status(rows, args.strict)
+    status = exit_status(rows, args.strict)
+    print("\n".join([f"page: {page}", *footnotes, next_line(rows, status, argv, hub_offline())]).rstrip(), flush=True)
+    return status
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_flags(argv)
-    check_output_dir(args.out, "OUT")
-    out = Path(args.out).resolve()
-    check_output_dir(out / "logs", "OUT")
     from common.device import pick_device, set_precision
 
     args.device_chosen = pick_device(args.device or "auto")  # a missing GPU is refused before the plan
     set_precision(args.device_chosen, args.precision or "fp32")  # and tf32 off an NVIDIA GPU
+    out = Path(args.out).resolve()
+    check_extra(args, out)
+    check_output_dir(args.out, "OUT")
+    check_output_dir(out / "logs", "OUT")
     try:
         lock = only_job_on(out, say)  # held while the job runs, and by each script it starts
         return run_job(args, argv, out, lock)

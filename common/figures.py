@@ -38,15 +38,26 @@ def save(figure, path, say):
 
 
 def cosine_maps(maps, path, say):
-    """posemb: the cosine similarity of one position row with every row, one panel per grid {name: 2D list}."""
+    """posemb: the cosine similarity of one position row with every row, one panel per grid {name: 2D list}; the row
+    shown is the one whose similarity with itself is the largest (1), marked and named in the panel's title."""
     plt = pyplot(say)
     if plt is None:
         return None
-    figure, axes = plt.subplots(1, len(maps), figsize=(4 * len(maps), 4), squeeze=False)
+    import numpy as np
+    from matplotlib.ticker import MaxNLocator
+
+    figure, axes = plt.subplots(1, len(maps), figsize=(4.5 * len(maps), 4.6), squeeze=False, layout="constrained")
     for axis, (name, similarity) in zip(axes[0], maps.items()):
-        image = axis.imshow(similarity, cmap="viridis", vmin=-1, vmax=1)
-        axis.set_title(f"cosine similarity, {name} grid")
-    figure.colorbar(image, ax=list(axes[0]), shrink=0.8)
+        grid = np.asarray(similarity, dtype=float)
+        row, column = np.unravel_index(np.argmax(grid), grid.shape)
+        image = axis.imshow(grid, cmap="viridis", vmin=-1, vmax=1)
+        axis.plot(column, row, marker="+", color="red", markersize=12, markeredgewidth=2, linestyle="none")
+        axis.set_title(f"{name} grid: the row of position ({row}, {column}) (+)\nagainst every position's row",
+                       fontsize=10)
+        axis.set(xlabel="grid column (patch position)", ylabel="grid row (patch position)")
+        for ticks in (axis.xaxis, axis.yaxis):
+            ticks.set_major_locator(MaxNLocator(integer=True))
+    figure.colorbar(image, ax=list(axes[0]), shrink=0.8, label="cosine similarity")
     return save(figure, path, say)
 
 
@@ -82,20 +93,23 @@ def logged_steps(values):
 
 
 def accuracy_bars(values, article, path, say):
-    """posemb: accuracy of each version of the table, "of 10" and "of 1000", the article's values marked."""
+    """posemb: accuracy of each version of the table, "of 10" and "of 1000", each bar with its value (0.00 reads as
+    zero, not as missing), the article's values marked."""
     plt = pyplot(say)
     if plt is None:
         return None
     rows, article_rows = accuracy_rows(values), accuracy_rows(article)
-    figure, axes = plt.subplots(1, 2, figsize=(12, 4))
+    figure, axes = plt.subplots(1, 2, figsize=(12, 4.4))
     labels = list(rows)
     for k, (axis, title) in enumerate(zip(axes, ("of 10 (the Imagenette classes)", "of 1000 (all ImageNet classes)"))):
-        axis.bar(range(len(labels)), [rows[label][k] for label in labels], color="tab:blue", label="this run")
+        bars = axis.bar(range(len(labels)), [rows[label][k] for label in labels], color="tab:blue", label="this run")
+        axis.bar_label(bars, fmt="%.2f", padding=2, fontsize=8)
         marked = [i for i, label in enumerate(labels) if label in article_rows]
         axis.plot(marked, [article_rows[labels[i]][k] for i in marked], **ARTICLE_STYLE)
         axis.set_xticks(range(len(labels)), labels, rotation=20)
-        axis.set(title=f"accuracy {title}", ylabel="%", ylim=(0, 105))
-        axis.legend()
+        axis.set(title=f"accuracy {title}", xlabel="version of the position table", ylabel="accuracy (%)",
+                 ylim=(0, 112))
+        axis.legend(loc="upper right", fontsize=8)
     return save(figure, path, say)
 
 
@@ -115,13 +129,20 @@ def fewshot_accuracy(values, article, path, say):
         marks = [(c["shots"], c["mean"]) for c in article_cells if c["representation"] == representation]
         if marks:
             axis.plot(*zip(*marks), **ARTICLE_STYLE)
-        axis.set(title=f"few-shot accuracy, {representation}", xlabel="pictures per class", ylabel="%")
+        axis.set(title=f"few-shot accuracy, {representation}", xlabel="training pictures per class (shots)",
+                 ylabel="accuracy (%)")
+        axis.set_xticks(sorted({cell["shots"] for cell in cells} | {shots for shots, _ in marks}))
         axis.legend()
     return save(figure, path, say)
 
 
+FINETUNE_PANELS = (("training loss", "loss", "cross-entropy (nats)"), ("gradient norm", "norm", "L2 norm, before clipping"),
+                   ("learning rate", "lr", "learning rate"), ("validation accuracy", "accuracy", "accuracy (%)"))
+
+
 def finetune_curves(series, values, article, clip_norm, path, say):
-    """fine-tuning: loss, gradient norm (with the clipping threshold), LR and validation accuracy against step.
+    """fine-tuning: loss, gradient norm (with the clipping threshold), LR and validation accuracy against step, on the
+    run's own steps: the article's logged steps are marked only up to this run's last step.
 
     series: {"training loss", "gradient norm", "learning rate"}: one value per step from 1; the
     validation accuracy and the article's marks come from the logged steps' numbers, and so do the
@@ -130,25 +151,30 @@ def finetune_curves(series, values, article, clip_norm, path, say):
     plt = pyplot(say)
     if plt is None:
         return None
-    figure, axes = plt.subplots(1, 4, figsize=(20, 4))
-    logged = logged_steps(values)
-    for axis, name, key in zip(axes, ("training loss", "gradient norm", "learning rate"), ("loss", "norm", "lr")):
-        curve = series.get(name)
-        if curve:
-            axis.plot(range(1, len(curve) + 1), curve, label="this run")
-        else:
-            axis.plot(list(logged.get(key, {})), list(logged.get(key, {}).values()), "o-", label="this run")
-        axis.set(title=name, xlabel="step")
-    axes[1].axhline(clip_norm, color="tab:red", linestyle="--", label=f"clipping at {clip_norm:g}")
-    accuracy = {0: values["step 0 validation"]} if "step 0 validation" in values else {}
-    accuracy.update(logged.get("accuracy", {}))
-    axes[3].plot(list(accuracy), list(accuracy.values()), "o-", label="this run")
-    axes[3].set(title="validation accuracy (%)", xlabel="step")
-    marks = logged_steps(article)
-    for axis, key in zip(axes, ("loss", "norm", "lr", "accuracy")):
-        if marks.get(key):
-            axis.plot(list(marks[key]), list(marks[key].values()), **ARTICLE_STYLE)
-        axis.legend()
+    from matplotlib.ticker import MaxNLocator
+
+    logged, marks = logged_steps(values), logged_steps(article)
+    if "step 0 validation" in article:
+        marks.setdefault("accuracy", {})[0] = article["step 0 validation"]
+    curves = {key: dict(enumerate(series[name], 1)) if series.get(name) else logged.get(key, {})
+              for name, key, _ in FINETUNE_PANELS[:3]}
+    curves["accuracy"] = {**({0: values["step 0 validation"]} if "step 0 validation" in values else {}),
+                          **logged.get("accuracy", {})}
+    last = max([step for curve in curves.values() for step in curve] or [1])
+    figure, axes = plt.subplots(1, 4, figsize=(20, 4), layout="constrained")
+    margin = max(0.5, 0.02 * last)
+    for axis, (name, key, unit) in zip(axes, FINETUNE_PANELS):
+        curve = curves[key]
+        style = "o-" if len(curve) <= 30 else "-"  # a short run's every point is seen
+        axis.plot(list(curve), list(curve.values()), style, markersize=3, label="this run")
+        shown = {step: value for step, value in marks.get(key, {}).items() if step <= last}
+        if shown:
+            axis.plot(list(shown), list(shown.values()), **ARTICLE_STYLE)
+        if key == "norm":
+            axis.axhline(clip_norm, color="tab:red", linestyle="--", label=f"clipping at {clip_norm:g}")
+        axis.set(title=name, xlabel="step (optimizer updates)", ylabel=unit, xlim=(-margin, last + margin))
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axis.legend(fontsize=8)
     return save(figure, path, say)
 
 
@@ -168,8 +194,9 @@ def backbone_curves(series, path, say):
     ax2 = ax1.twinx()
     line2 = ax2.plot(*zip(*accuracy), color="tab:orange", marker="o", label="Evaluation Accuracy") if accuracy else []
     ax2.set_ylabel("Evaluation Accuracy", rotation=-90, labelpad=12)
-    lines = line1 + line2
-    ax1.legend(lines, [line.get_label() for line in lines], loc="center right")
+    lines = line1 + line2  # the legend below the axes, where it hides no line (the article's sat on them)
+    ax1.legend(lines, [line.get_label() for line in lines], loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2,
+               frameon=False)
     return save(figure, path, say)
 
 
@@ -181,13 +208,14 @@ def backbone_feature_maps(maps, path, say):
     plt = pyplot(say)
     if plt is None:
         return None
-    rows = len(maps["pictures"])
+    kept = [k for k, label in enumerate(maps["labels"]) if label not in maps["labels"][:k]]
+    rows = len(kept)  # the first picture of each class: a class twice says nothing more
     figure, axes = plt.subplots(rows, 3, figsize=(7.5, 2.5 * rows), squeeze=False)
-    for row in range(rows):
-        for axis, image, title in zip(axes[row], (maps["pictures"][row], maps["before"][row], maps["after"][row]),
-                                      (maps["labels"][row], "patch tokens before", "after fine-tuning")):
+    for row, k in enumerate(kept):
+        for axis, image, title in zip(axes[row], (maps["pictures"][k], maps["before"][k], maps["after"][k]),
+                                      (maps["labels"][k], "patch tokens before", "after fine-tuning")):
             axis.imshow(image, interpolation="nearest")
             axis.set_title(title, fontsize=9)
             axis.axis("off")
-    figure.suptitle("patch tokens on their first 3 principal components (RGB)")
+    figure.suptitle("patch tokens on their first 3 principal components (RGB), one picture per class")
     return save(figure, path, say)

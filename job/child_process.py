@@ -67,10 +67,21 @@ def sigterm_when_the_job_ends():
     return ask
 
 
+def final_states(output):
+    """The output as a log keeps it: of each line's redraws (a progress bar's \\r), the last with text, as the
+    terminal showed it last, not every redraw."""
+    lines = []
+    for line in bytes(output).split(b"\n"):
+        drawn = [part for part in line.split(b"\r") if part.strip()]
+        lines.append(drawn[-1] if drawn else b"")
+    return b"\n".join(lines)
+
+
 def save_log(path, log, warned, say):
-    """The log so far, whole (common/files.py); a log that cannot be written is said once, the run goes on."""
+    """The log so far, whole (common/files.py), each progress bar at its final state; a log that cannot be written is
+    said once, the run goes on."""
     try:
-        write_atomic(path, lambda f: f.write(bytes(log)), what="log")
+        write_atomic(path, lambda f: f.write(final_states(log)), what="log")
     except UserError as problem:
         if not warned:
             say(f"warning: {problem}")

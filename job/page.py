@@ -5,7 +5,8 @@
     python vit_part3_fewshot.py --json results/fewshot.json
     python vit_part3_finetune.py --json results/finetune.json
     python vit_backbone.py --json results/backbone.json
-    python -m job.page results        # writes results/report.md, its figures in results/figures/
+    python -m job.page results        # in the checkout: writes results/report.md, its figures in results/figures/
+    python ~/vit-part3/job/page.py results    # the same from anywhere
 
 The first four reproduce "ViT, explained · Part 3", the fifth the companion article "ViT as a backbone".
 
@@ -17,11 +18,15 @@ with why and the job's command when reproduce.py made the folder (its reproduce.
 script's command. Paths inside the folder are written relative to it. A run on generated stand-ins
 (job/standins.py) is named first: its numbers mean nothing.
 """
+import hashlib
 import json
 import os
 import shlex
 import sys
 from pathlib import Path
+
+if __name__ == "__main__":  # run as a file from anywhere: the repository root is where common/ and job/ are found
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from common import figures
 from common.cli import script_parser
@@ -38,10 +43,19 @@ from common.reference import (
     verdict_text,
 )
 from common.run import guarded
+from job.time_estimate import clock
 
 SCRIPTS = ("setup", "posemb", "fewshot", "finetune", "backbone")
 JOB_RECORD = "reproduce.json"  # what reproduce.py ran into the folder, and why a script did not run
 ARTICLES = {"backbone": "ViT as a backbone"}  # the others: "ViT, explained · Part 3"
+TIME = "wall time of its process as reproduce.py measured it, model loading included"
+COLUMNS = ("Columns: setup, the article's or the flags that make this run another (docs/compare.md); verdicts, the "
+           f"count of each; time, the {TIME} (the terminal's and reproduce.json's seconds), or without reproduce.py "
+           "the script's own clock.")
+KINDS = ("kind: what the article's number depends on: nothing (arithmetic, the by-hand examples, learning rates, ln "
+         "10; only ever same or differs), the weights and the data (evaluation accuracies, position-table statistics, "
+         "the zero-head gradients), or chance as well (few-shot draws, training losses and gradient norms, round-off, "
+         "timings). band and reason: how far the number may be from the article's and why, from its reference entry.")
 CLIP_NORM = 1.0  # the fine-tuning recipe's clipping threshold, drawn on its gradient-norm panel
 
 
@@ -71,34 +85,49 @@ def cell(text):
     return str(text).replace("|", "\\|")
 
 
-def draw_figures(script, record, folder, say):
-    """The script's figures as PNGs in folder/figures; [(title, file name)] of those saved."""
+# Each figure's one-line caption on the page: what it shows, so that a reader needs no code to read it.
+CAPTIONS = {
+    "posemb_cosine_similarity.png": ("Cosine similarity of one position's row of the table with every row, on the "
+                                     "checkpoint's grid and on the stretched one: each panel's title names the "
+                                     "position, its axes are grid positions."),
+    "posemb_accuracy.png": ("Accuracy of the five versions of the position table, of the 10 Imagenette classes and of "
+                            "all 1000: this run's bars with their values, the article's as crosses."),
+    "fewshot_accuracy.png": ("Few-shot accuracy against pictures per class, a line per lambda, the spread over draws "
+                             "as bars; the article's as crosses."),
+    "finetune_curves.png": ("The fine-tuning run against step, on this run's own steps: loss, gradient norm with the "
+                            "clipping threshold, learning rate, validation accuracy; the article's logged steps as "
+                            "crosses where this run reached them and its setup makes them comparable."),
+    "backbone_curves.png": ("Training loss and evaluation accuracy (a fraction) against step, drawn by the article's "
+                            "own figure code (its title and twin axes), from this run's numbers."),
+    "backbone_feature_maps.png": ("Each picture beside its patch tokens on their first three principal components as "
+                                  "RGB, before and after fine-tuning."),
+}
+
+
+def draw_figures(script, record, rows, folder, say):
+    """The script's figures as PNGs in folder/figures; [(caption, file name)] of those saved. The article's numbers
+    are marked only where this run's are comparable with them (rows: the comparison)."""
     values = {name: number["value"] for name, number in record["numbers"].items()}
-    article, series = article_values(script), record.get("series", {})
+    other = {row["name"] for row in rows if row["verdict"] == "not comparable"}
+    article = {name: value for name, value in article_values(script).items() if name not in other}
+    series = record.get("series", {})
     out = folder / "figures"
     drawn = []
     if script == "posemb":
         if series.get("cosine maps"):
-            drawn.append(("cosine similarity of one position row, before and after the stretch",
-                          figures.cosine_maps(series["cosine maps"], out / "posemb_cosine_similarity.png", say)))
+            drawn.append(figures.cosine_maps(series["cosine maps"], out / "posemb_cosine_similarity.png", say))
         if figures.accuracy_rows(values):
-            drawn.append(("accuracy of the five versions of the table",
-                          figures.accuracy_bars(values, article, out / "posemb_accuracy.png", say)))
+            drawn.append(figures.accuracy_bars(values, article, out / "posemb_accuracy.png", say))
     elif script == "fewshot" and figures.fewshot_cells(values):
-        drawn.append(("few-shot accuracy against shots",
-                      figures.fewshot_accuracy(values, article, out / "fewshot_accuracy.png", say)))
+        drawn.append(figures.fewshot_accuracy(values, article, out / "fewshot_accuracy.png", say))
     elif script == "finetune" and (series.get("training loss") or "step 0 validation" in values):
-        drawn.append(("the fine-tuning run", figures.finetune_curves(series, values, article, CLIP_NORM,
-                                                                     out / "finetune_curves.png", say)))
+        drawn.append(figures.finetune_curves(series, values, article, CLIP_NORM, out / "finetune_curves.png", say))
     elif script == "backbone":
         if series.get("training loss") or series.get("evaluation accuracy"):
-            drawn.append(("training loss and evaluation accuracy against step",
-                          figures.backbone_curves(series, out / "backbone_curves.png", say)))
+            drawn.append(figures.backbone_curves(series, out / "backbone_curves.png", say))
         if series.get("feature maps"):
-            drawn.append(("patch tokens on their first three principal components, before and after fine-tuning",
-                          figures.backbone_feature_maps(series["feature maps"], out / "backbone_feature_maps.png",
-                                                        say)))
-    return [(title, path.name) for title, path in drawn if path is not None]
+            drawn.append(figures.backbone_feature_maps(series["feature maps"], out / "backbone_feature_maps.png", say))
+    return [(CAPTIONS[path.name], path.name) for path in drawn if path is not None]
 
 
 def setup_cell(differences):
@@ -126,24 +155,33 @@ def typed_flags(flags, folder):
     return shlex.join(tokens)
 
 
-def environment_lines(record, folder):
+def run_seconds(script, record, job, folder):
+    """The script's time as text: reproduce.py's clock when it recorded this JSON, else the script's own."""
+    entry, path = job.get(script), folder / f"{script}.json"
+    if isinstance(entry, dict) and "seconds" in entry and entry.get("json") == hashlib.sha256(path.read_bytes()).hexdigest():
+        return clock(entry["seconds"])
+    seconds = record.get("environment", {}).get("seconds")
+    return "?" if seconds is None else clock(seconds)
+
+
+def environment_lines(record, folder, seconds):
     env = record.get("environment", {})
     versions = ", ".join(f"{name} {env[name]}" for name in ("python", "torch", "transformers", "numpy", "scipy",
                                                              "pillow", "datasets", "accelerate") if env.get(name))
     shown = typed_flags(record.get("flags", {}), folder)
-    return [f"- run: started {env.get('started', '?')}, {env.get('seconds', '?')} s; commit {env.get('commit') or '?'}",
+    return [f"- run: started {env.get('started', '?')}, {seconds}; commit {env.get('commit') or '?'}",
             (f"- {env.get('device', '?')}; precision {env.get('precision', '?')}; seed {env.get('seed', '-')}; "
              f"processes {env.get('processes', 1)}"),
             f"- {versions}", f"- flags: `{shown or '(defaults)'}`"]
 
 
-def script_section(script, record, rows, drawn, folder):
+def script_section(script, record, rows, drawn, folder, seconds):
     """The Markdown of one script: environment, verdict counts, figures, and every compared number."""
     lines = [f"## {script_file(script)}", "", f"Article: \"{ARTICLES.get(script, 'ViT, explained · Part 3')}\"", ""]
     if record.get("stand-ins"):
         given = ", ".join(inside(path, folder) for path in record["stand-ins"])
         lines += [f"Run on generated stand-ins ({given}): its numbers mean nothing.", ""]
-    lines += environment_lines(record, folder)
+    lines += environment_lines(record, folder, seconds)
     differences = record.get("setup differences", {})
     if differences:
         lines.append("- setup: not the article's, so the numbers that depend on these are not comparable (or, for an "
@@ -156,7 +194,7 @@ def script_section(script, record, rows, drawn, folder):
     counts = verdict_counts(rows)
     lines += ["", "Verdicts: " + counts_text(counts), ""]
     for title, name in drawn:
-        lines += [f"![{title}](figures/{name})", ""]
+        lines += [f"![{title}](figures/{name})", "", f"*{title}*", ""]
     lines += ["| number | article | this run | difference | kind | verdict | band and reason |",
               "| --- | ---: | ---: | ---: | --- | --- | --- |"]
     for row in rows:
@@ -165,7 +203,7 @@ def script_section(script, record, rows, drawn, folder):
                   else row.get("why", ""))
         lines.append(f"| {cell(row['name'])} | {row['article']} | {row['run'] or '-'} | {difference} | "
                      f"{row['kind']} | {cell(verdict_text(row))} | {cell(reason)} |")
-    return lines + [""]
+    return lines + ["", KINDS, ""]
 
 
 def read_job(folder):
@@ -207,11 +245,11 @@ def build(folder, say=print):
         differences = record.get("setup differences", {})
         rows = compare(record["numbers"], load_reference(script), differences)
         counts = verdict_counts(rows)
-        summary.append(f"| {script_file(script)} | {cell(setup_cell(differences))} | "
-                       + counts_text(counts)
-                       + f" | {record.get('environment', {}).get('seconds', '?')} s |")
-        body += script_section(script, record, rows, draw_figures(script, record, folder, lambda text: None),
-                               folder)
+        seconds = run_seconds(script, record, job, folder)
+        summary.append(f"| {script_file(script)} | {cell(setup_cell(differences))} | {counts_text(counts)} | "
+                       f"{seconds} |")
+        body += script_section(script, record, rows, draw_figures(script, record, rows, folder, lambda text: None),
+                               folder, seconds)
     head = ["# The two articles' numbers, reproduced", ""]
     standins = [script_file(script) for script, record in records.items() if record and record.get("stand-ins")]
     if standins:
@@ -224,7 +262,7 @@ def build(folder, say=print):
     if not with_figures:
         head += [(f"No figures: {figures.INSTALL_HINT}; run `python -m job.page {folder}` again after "
                   f"installing it."), ""]
-    page = write_text(folder / "report.md", "\n".join(head + summary + [""] + body), what="report")
+    page = write_text(folder / "report.md", "\n".join(head + summary + ["", COLUMNS, ""] + body), what="report")
     say(f"wrote {page}")
     return page
 

@@ -226,6 +226,9 @@ def main(argv=None):
     root = Path(parser.parse_args(argv).directory)
     inputs = {"models": root / "models", "imagenette": root / "imagenette", "beans": root / "beans"}
     if not (inputs["beans"] / MARK).is_file():  # the last one built: a later call continues the job
+        print(f"building stand-ins in {root}: ViT checkpoints of random weights in {inputs['models']}, generated "
+              f"pictures in {inputs['imagenette']} and {inputs['beans']} (once; the libraries' bars follow)",
+              flush=True)
         from transformers.utils import logging
 
         logging.set_verbosity_error()  # the library's note that torchvision would serve the processor faster

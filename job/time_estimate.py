@@ -19,6 +19,12 @@ def duration(seconds):
     return f"{seconds / MINUTE:.1f} min" if seconds < 90 * MINUTE else f"{seconds / HOUR:.1f} h"
 
 
+def clock(seconds):
+    """A measured time as the terminal, reproduce.json and the page all show it: seconds to a tenth, and past 90 s the
+    minutes or hours too."""
+    return f"{seconds:.1f} s" + (f" ({duration(seconds)})" if seconds >= 90 else "")
+
+
 def probe_gflops(device_name):
     """GFLOP/s of a 2048 x 2048 float32 matrix product on the device (8192 on a GPU), the better of two after a
     warm-up: the benchmark's roofline, whose figures the reference machines have."""

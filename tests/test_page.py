@@ -84,15 +84,15 @@ def test_a_paused_fine_tuning_and_a_backbone_without_logged_steps_still_have_the
                            if name == "step 0 validation" or name.startswith("step 5 ")}
     drawn = {}
     monkeypatch.setattr(figures, "save", lambda figure, path, say: drawn.setdefault(path.name, figure) and path)
-    assert page_maker.draw_figures("finetune", finetune, four_runs, print) == [("the fine-tuning run",
-                                                                                "finetune_curves.png")]
+    assert page_maker.draw_figures("finetune", finetune, [], four_runs, print) == [
+        (page_maker.CAPTIONS["finetune_curves.png"], "finetune_curves.png")]
     panels = drawn["finetune_curves.png"].axes
     run_points = [len(axis.get_lines()[0].get_xdata()) for axis in panels]
     assert run_points == [1, 1, 1, 2]  # the step-5 row's loss, norm and LR; the accuracy at steps 0 and 5
     backbone = json.loads((four_runs / "backbone.json").read_text())
     backbone["series"] = {"training loss": [], "evaluation accuracy": [],
                           "feature maps": backbone["series"]["feature maps"]}
-    assert [name for _, name in page_maker.draw_figures("backbone", backbone, four_runs, print)] == [
+    assert [name for _, name in page_maker.draw_figures("backbone", backbone, [], four_runs, print)] == [
         "backbone_feature_maps.png"]
 
 
@@ -136,3 +136,50 @@ def test_a_bad_folder_or_file_is_one_line(tmp_path, content, refused):
         (folder / "setup.json").write_text(content)
     with pytest.raises(UserError, match=refused):
         page_maker.build(folder)
+
+
+def test_each_figure_has_a_one_line_caption_under_it_and_the_backbones_says_it_is_the_articles_code(four_runs):
+    pytest.importorskip("matplotlib")
+    lines = page_maker.build(four_runs, say=lambda text: None).read_text().splitlines()
+    shown = [k for k, text in enumerate(lines) if text.startswith("![")]
+    assert len(shown) == 6
+    for k in shown:
+        assert lines[k + 1] == "" and lines[k + 2].startswith("*") and lines[k + 2].endswith("*"), lines[k:k + 3]
+    captions = {lines[k].split("(figures/")[1].rstrip(")"): lines[k + 2] for k in shown}
+    assert "the article's own figure code" in captions["backbone_curves.png"]
+
+
+def test_the_columns_are_explained_under_each_table_in_the_words_of_compare_md(four_runs):
+    """The kinds as docs/compare.md defines them, each with its examples, under every script's table."""
+    import re
+
+    from conftest import ROOT
+
+    compare_md = (ROOT / "docs" / "compare.md").read_text().replace("\n", " ")
+    kinds = re.findall(r"\*\*([a-z ]+)\*\* (\([^)]*\))", compare_md)
+    assert [kind for kind, _ in kinds] == ["nothing", "the weights and the data", "chance as well"]
+    lines = page_maker.build(four_runs, say=lambda text: None).read_text().splitlines()
+    tables = [k for k, text in enumerate(lines) if text.startswith("| number | article | this run |")]
+    assert len(tables) == 5
+    for k in tables:
+        end = next(j for j in range(k, len(lines)) if not lines[j].startswith("|"))
+        under = lines[end + 1]
+        assert under.startswith("kind: what the article's number depends on")
+        for kind, examples in kinds:
+            assert f"{kind} {examples[:-1]}" in under, kind
+    summary_end = next(j for j in range(lines.index("| script | setup | verdicts | time |"), len(lines))
+                       if not lines[j].startswith("|"))
+    assert lines[summary_end + 1].startswith("Columns: setup") and "model loading included" in lines[summary_end + 1]
+
+
+def test_the_page_shows_the_jobs_seconds_for_a_json_the_job_recorded_else_the_scripts_own(four_runs, tmp_path):
+    import hashlib
+
+    (tmp_path / "setup.json").write_text((four_runs / "setup.json").read_text())
+    own = json.loads((tmp_path / "setup.json").read_text())["environment"]["seconds"]
+    digest = hashlib.sha256((tmp_path / "setup.json").read_bytes()).hexdigest()
+    for recorded, shown in ((digest, "7.8 s"), ("another file's digest", f"{own:.1f} s")):
+        (tmp_path / "reproduce.json").write_text(json.dumps({"setup": {"json": recorded, "seconds": 7.8}}))
+        page = page_maker.build(tmp_path, say=lambda text: None).read_text()
+        assert f"| {shown} |" in page.split("| vit_part3_setup.py |", 1)[1].split("\n", 1)[0], recorded
+        assert f", {shown}; commit" in page  # the environment line's time is the same

@@ -223,3 +223,19 @@ def test_the_quick_jobs_time_is_the_sum_of_the_table_as_the_job_would_print_it()
                if line.startswith("| `python reproduce.py --quick`"))
     total = reproduce.duration(sum(reproduce.REFERENCE["quick"]["seconds"].values()))
     assert row.strip().strip("|").split("|")[3].strip().startswith(total)
+
+
+def test_the_downloads_column_names_what_each_script_fetches_and_the_counts_are_true():
+    """What reproduce.py plans to fetch for a script (job/downloads.py) is what the README's table says it downloads;
+    the table's rows are the scripts and the benchmark the sentence above it counts."""
+    from job import downloads
+
+    said = {downloads.VIT: "ViT-B/16 (346 MB)", downloads.IN21K: "ViT-B/16 in21k", downloads.IMAGENETTE: "Imagenette",
+            downloads.BEANS: "beans", downloads.RESNET: "microsoft/resnet-50"}
+    cells = table(README, "What it reproduces", 3)
+    for script in NAMES:
+        fetched = downloads.NEEDS[script] + downloads.OPTIONAL.get(script, [])
+        assert {piece for piece, words in said.items() if words in cells[script]} == set(fetched), script
+    rows = [line for line in section(README, "What it reproduces").splitlines() if line.startswith("| `")]
+    opening = README.read_text().split("\n\n", 2)[1]
+    assert len(rows) == 6 and opening.startswith("Five scripts") and "and a benchmark" in opening.split(":")[0]

@@ -135,7 +135,8 @@ def test_the_same_command_then_finishes_with_the_first_two_skipped(job):
         assert (job["out"] / f"{script}.json").read_bytes() == job["after stop"][f"{script}.json"]
     for index, script in enumerate(["fewshot", "finetune", "backbone"], 3):  # --extra: no estimate
         assert re.search(rf"^\[{index}/5\] {NAMES[script]} \.\.\.$", err, re.MULTILINE)
-        assert re.search(rf"^{NAMES[script]}: \d+ s, \d+ of \d+ sections; ", out, re.MULTILINE)
+        assert re.search(rf"^{NAMES[script]}: \d+\.\d s \(its process's wall time\), \d+ of \d+ sections; ", out,
+                         re.MULTILINE)
     assert ("time: not estimated, --extra changes the work of vit_part3_fewshot.py, vit_part3_finetune.py, "
             "vit_backbone.py") in err and "left in the job" not in err
     assert no_temporary_files(job["out"])
@@ -151,10 +152,12 @@ def test_the_whole_job_gives_five_json_files_the_page_and_the_table(job):
         assert record["script"] == script and record["flags"]["compare"]
         assert not record["could_not_run"]
         sections = len(module.SECTIONS)
-        assert rows[NAMES[script]][1:8] == [f"{sections} of {sections}", *map(str, verdict_counts_of(record))]
-        assert (folder / "logs" / f"{script}.log").stat().st_size > 0
+        cells = [*rows[NAMES[script]][1:7], rows[NAMES[script]][7].split(" [")[0]]  # a footnote says why not run
+        assert cells == [f"{sections} of {sections}", *map(str, verdict_counts_of(record))]
+        log = (folder / "logs" / f"{script}.log").read_bytes()
+        assert log and b"\r" not in log  # each progress bar's final state, not its redraws
     page = (folder / "report.md").read_text()
-    assert out.rstrip().endswith(f"page: {folder / 'report.md'}")
+    assert f"page: {folder / 'report.md'}" in out.splitlines() and "next:" not in out
     assert all(f"## {name}" in page for name in NAMES.values()) and "Not run" not in page
     assert (folder / "finetune-run" / "checkpoint.pt").is_file()
 
@@ -268,6 +271,32 @@ def test_offline_with_nothing_setup_runs_and_the_four_others_are_named_once(job)
     for script in needs:
         assert rows[NAMES[script]][1] == f"0 of {len(MODULES[script].SECTIONS)}"
     assert job["after offline"]["json"] == ["reproduce.json", "setup.json"]
+
+
+def test_offline_the_last_lines_say_why_each_script_did_not_finish_and_the_command_to_run_next(job):
+    """The reason for exit status 1 is the last thing at the terminal: each script's footnote in the words it was
+    refused with before the job, then the same command to run next."""
+    status, out, err = job["offline"]
+    command = shlex.join(["python", "reproduce.py", str(job["out"]), "--device", "cpu"])
+    last = out.rstrip().splitlines()[-5:]
+    assert status == 1 and last[-1].startswith("next: with HF_HUB_OFFLINE unset") and last[-1].endswith(command)
+    rows = table_rows(out)
+    for k, script in enumerate(("posemb", "fewshot", "finetune", "backbone"), 1):
+        why = next(text for text in err.splitlines() if text.startswith(f"cannot run {NAMES[script]}: "))
+        assert last[k - 1] == f"[{k}] {NAMES[script]}: not run: {why.split(': ', 1)[1]}"
+        assert rows[NAMES[script]][7].endswith(f" [{k}]")  # the table's "not run" cell points to it
+
+
+def test_one_clock_the_terminal_the_jobs_record_and_the_page_show_the_same_seconds(job):
+    _, out, _ = job["finished"]
+    record = json.loads((job["out"] / "reproduce.json").read_text())
+    page = (job["out"] / "report.md").read_text()
+    for script in ("fewshot", "finetune", "backbone"):  # the scripts this call ran
+        seconds = record[script]["seconds"]
+        said = re.search(rf"^{NAMES[script]}: ([\d.]+) s \(its process's wall time\)", out, re.MULTILINE)[1]
+        assert float(said) == seconds and table_rows(out)[NAMES[script]][8].startswith(f"{seconds:.1f} s")
+        summary = page.split(f"| {NAMES[script]} | ", 1)[1].split("\n", 1)[0]
+        assert f" | {seconds:.1f} s" in summary and f", {seconds:.1f} s" in page.split(f"## {NAMES[script]}", 1)[1]
 
 
 def test_offline_the_page_says_what_each_script_lacks_and_the_command_that_runs_it(job):
@@ -464,6 +493,7 @@ BAD = [
     (["--extra", "finetune=--resu"], "--resu is set by reproduce.py itself"),  # argparse would take it for --resume
     (["--extra", "posemb=--per-class '20"], "No closing quotation"),
     (["--extra", "posemb=-h"], "the job shows no script's help: python vit_part3_posemb.py -h"),
+    (["--extra", "setup=--stepz 3"], "--extra for vit_part3_setup.py: unrecognized arguments: --stepz 3"),
     (["--extra", "finetune=--steps -5"], "--extra for vit_part3_finetune.py: argument --steps: '-5' is not a whole"),
     (["--models", "{missing}"], "--models {missing} is not a folder"),
     (["--models", "{file}"], "--models {file} is not a folder"),
@@ -493,7 +523,7 @@ def test_a_bad_flag_or_path_is_one_line_before_any_work(places, capsys, argv, sa
     err = capsys.readouterr().err
     errors = [text for text in err.splitlines() if text.startswith("error:")]
     assert status == 2 and len(errors) == 1 and says in errors[0], err
-    assert "Traceback" not in err and not list(Path(places["{out}"]).glob("*.json"))
+    assert "Traceback" not in err and not Path(places["{out}"]).exists()  # not even OUT/logs or its lock
 
 
 @pytest.mark.parametrize("extra,says", [  # argparse's own refusals of --extra: test_bad_inputs ('--steps -5')
@@ -507,7 +537,12 @@ def test_a_bad_extra_value_is_one_line_before_any_script_runs(job_standins, tmp_
     err = capsys.readouterr().err
     errors = [text for text in err.splitlines() if text.startswith("error:")]
     assert status == 2 and len(errors) == 1 and says in errors[0], err
-    assert "[1/5]" not in err and not list(out.glob("*.json")) and not list((out / "logs").iterdir())
+    assert "[1/5]" not in err and not out.exists()  # no OUT, logs or lock: the refusal left nothing
+
+
+def test_a_log_keeps_each_progress_bars_final_state_not_its_redraws():
+    output = b"loading\n\rbar   0%|  | 0/2\rbar  50%|# | 1/2\rbar 100%|##| 2/2\ndone\r\n\rx 1/3\r      \rsaid\n"
+    assert child_process.final_states(output) == b"loading\nbar 100%|##| 2/2\ndone\nsaid\n"
 
 
 def test_a_second_job_on_the_same_out_is_one_line(tmp_path, capsys):

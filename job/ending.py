@@ -1,0 +1,84 @@
+"""reproduce.py's last lines: the table of each script's sections and verdicts, why a script did not finish, and what
+to run next, so that the reason for the exit status is the last thing at the terminal, not scrolled away.
+
+The reasons are the page's own words (job/page.py): what the job recorded in OUT/reproduce.json for a script that
+wrote no JSON, and each section's "could not run" for one that did.
+"""
+import shlex
+
+from common.reference import VERDICTS, compare, load_reference, verdict_counts
+from job.page import script_file
+
+SECTION_COUNTS = {"setup": 9, "posemb": 4, "fewshot": 3, "finetune": 3, "backbone": 5}  # len(SECTIONS): a test
+
+
+def result_row(script, record):
+    """{sections: (run, of all), counts: {verdict: n}} of one script from its JSON (None: no JSON)."""
+    reference, total = load_reference(script), SECTION_COUNTS[script]
+    if record is None:
+        return {"sections": (0, total), "counts": verdict_counts(compare({}, reference))}
+    rows = compare(record["numbers"], reference, record.get("setup differences", {}))
+    return {"sections": (total - len(record.get("could_not_run", [])), total), "counts": verdict_counts(rows)}
+
+
+def paused(record):
+    """What a paused fine-tuning run's "not run" rows mean (--quick pauses it after step 5)."""
+    line = next((text for text in record.get("printed", []) if text.strip().startswith("paused after step")), None)
+    return (f" ({line.strip().split(';')[0]}: its later rows are not run until `python reproduce.py` without --quick "
+            f"continues it)") if line else ""
+
+
+def why_not_run(script, record, not_run):
+    """Why a script's numbers are "not run", in the page's words; "" when none is. not_run: the job's record's."""
+    if record is None:
+        return f"not run: {not_run.get(script) or 'no JSON'}"
+    problems = [f"could not run section \"{problem['section']}\": {problem['why']}"
+                for problem in record.get("could_not_run", [])]
+    if problems or paused(record):
+        return "; ".join(problems) or paused(record).strip().removeprefix("(").removesuffix(")")
+    rows = compare(record["numbers"], load_reference(script), record.get("setup differences", {}))
+    names = [row["name"] for row in rows if row["verdict"] == "not run"]
+    return (f"every section ran but did not produce {len(names)} of the article's numbers: {', '.join(names[:3])}"
+            + (", ..." if len(names) > 3 else "") + " (on the page)")
+
+
+def notes(rows, records, not_run):
+    """{script: footnote number} of each script whose "not run" cell is not 0, and the footnotes' lines."""
+    marks, lines = {}, []
+    for script, row in rows.items():
+        why = why_not_run(script, records[script], not_run) if row["counts"]["not run"] else ""
+        if why or row["sections"][0] < row["sections"][1]:
+            marks[script] = len(marks) + 1
+            lines.append(f"[{marks[script]}] {script_file(script)}: {why or 'not every section ran'}")
+    return marks, lines
+
+
+def final_table(rows, marks=None):
+    """The job's table, a line a script: script | sections run of all | each verdict's count | time; a "not run"
+    count whose script has a footnote carries its number."""
+    marks = marks or {}
+    header = ["script", "sections run", *VERDICTS, "time"]
+    body = [[script_file(script), f"{row['sections'][0]} of {row['sections'][1]}",
+             *(str(row["counts"][word]) + (f" [{marks[script]}]" if word == "not run" and script in marks else "")
+               for word in VERDICTS), row["time"]] for script, row in rows.items()]
+    widths = [max(len(line[k]) for line in [header, *body]) for k in range(len(header))]
+    return [" | ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in [header, *body]]
+
+
+def exit_status(rows, strict):
+    """0 when every script ran every section; 1 when one did not, and with --strict when a number differs."""
+    incomplete = any(row["sections"][0] < row["sections"][1] for row in rows.values())
+    return int(incomplete or (strict and any(row["counts"]["differs"] for row in rows.values())))
+
+
+def next_line(rows, status, argv, offline):
+    """The one line after the reasons: the command to run next, and what it does."""
+    command = shlex.join(["python", "reproduce.py", *argv])
+    if not status:
+        return ""
+    if not any(row["sections"][0] < row["sections"][1] for row in rows.values()):  # --strict and a number differs
+        return (f"status 1: --strict and a number differs from the article's (the page's differs rows); without "
+                f"--strict the same job ends 0: {command}")
+    where = ("with HF_HUB_OFFLINE unset and the Hub reachable, or with the local copies named above"
+             if offline else "once what is named above is here")
+    return f"next: {where}, the same command runs what did not finish and skips what did: {command}"
