@@ -48,7 +48,7 @@ from common.reference import counts_text
 from common.run import Terminated, check_output_dir, guarded
 from job import downloads
 from job.child_process import StopRequests, first_refusal, only_job_on, run_logged
-from job.ending import SECTION_COUNTS, exit_status, final_table, next_line, notes, paused, result_row  # noqa: F401
+from job.ending import exit_status, final_table, next_line, notes, paused, result_row
 from job.page import JOB_RECORD, SCRIPTS, build, script_file
 from job.page import read_record as page_record
 from job.time_estimate import HOUR, MINUTE, clock, duration, estimate_seconds, how_estimated, measure_speed

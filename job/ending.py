@@ -4,17 +4,26 @@ to run next, so that the reason for the exit status is the last thing at the ter
 The reasons are the page's own words (job/page.py): what the job recorded in OUT/reproduce.json for a script that
 wrote no JSON, and each section's "could not run" for one that did.
 """
+import ast
 import shlex
+from pathlib import Path
 
 from common.reference import VERDICTS, compare, load_reference, verdict_counts
 from job.page import script_file
 
-SECTION_COUNTS = {"setup": 9, "posemb": 4, "fewshot": 3, "finetune": 3, "backbone": 5}  # len(SECTIONS): a test
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def section_count(script):
+    """len(SECTIONS) of the script, read from its source: the job imports no script (each runs in its own process)."""
+    tree = ast.parse((ROOT / script_file(script)).read_text())
+    return next(len(node.value.elts) for node in tree.body if isinstance(node, ast.Assign)
+                and [getattr(target, "id", None) for target in node.targets] == ["SECTIONS"])
 
 
 def result_row(script, record):
     """{sections: (run, of all), counts: {verdict: n}} of one script from its JSON (None: no JSON)."""
-    reference, total = load_reference(script), SECTION_COUNTS[script]
+    reference, total = load_reference(script), section_count(script)
     if record is None:
         return {"sections": (0, total), "counts": verdict_counts(compare({}, reference))}
     rows = compare(record["numbers"], reference, record.get("setup differences", {}))

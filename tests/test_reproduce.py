@@ -30,7 +30,7 @@ import vit_part3_setup
 from common.cli import ScriptParser
 from common.files import TEMP_PREFIX
 from common.run import Terminated, guarded
-from job import child_process, downloads, standins
+from job import child_process, downloads, ending, standins
 from job.time_estimate import estimate_seconds
 
 pytestmark = pytest.mark.xdist_group("reproduce")  # one worker runs the module and its shared job
@@ -325,7 +325,7 @@ def test_the_flags_and_sections_the_job_knows_are_the_scripts_own(monkeypatch):
         flags = {flag for flag in parsed.value.args[0]._option_string_actions if flag.startswith("--")}
         assert set(reproduce.SET_BY_THE_JOB) - {"--plots", "--save-dir", "--resume"} <= flags, script
         assert ({"--device", "--precision", "--data-dir", "--plots"} <= flags) is (script != "setup"), script
-        assert reproduce.SECTION_COUNTS[script] == len(module.SECTIONS), script
+        assert ending.section_count(script) == len(module.SECTIONS), script
 
 
 # ---------------------------------------------------------------- the pieces, by hand
@@ -464,7 +464,7 @@ def test_online_the_plan_lists_the_downloads_with_their_sizes_and_the_room(tmp_p
 def test_the_exit_status(sections, differs, strict, status):
     rows = {"setup": {"sections": (9, 9), "counts": {"differs": 0}},
             "posemb": {"sections": sections, "counts": {"differs": differs}}}
-    assert reproduce.exit_status(rows, strict) == status
+    assert ending.exit_status(rows, strict) == status
 
 
 # ---------------------------------------------------------------- bad input: one line, before any work
