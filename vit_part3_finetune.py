@@ -489,9 +489,10 @@ def finish(run, report, data, training, last_step):
     report.keep("training loss", history["losses"])
     report.keep("gradient norm", history["norms"])
     report.keep("learning rate", [lr_at(step, args.lr, args.steps) for step in range(1, last_step + 1)])
+    report.keep("clipping threshold", CLIP_NORM)  # the figure's line, for the page too
     if args.plots and run.rank == 0:
-        figures.finetune_curves(report.series, report.values(), article_values("finetune"), CLIP_NORM,
-                                Path(args.plots) / FIGURE, report.say)
+        figures.finetune_curves(report.series, report.values(), article_values("finetune"), Path(args.plots) / FIGURE,
+                                report.say)
 
 
 SECTIONS = [section_data_and_model, section_zero_head, section_finetune]

@@ -140,11 +140,12 @@ FINETUNE_PANELS = (("training loss", "loss", "cross-entropy (nats)"), ("gradient
                    ("learning rate", "lr", "learning rate"), ("validation accuracy", "accuracy", "accuracy (%)"))
 
 
-def finetune_curves(series, values, article, clip_norm, path, say):
+def finetune_curves(series, values, article, path, say):
     """fine-tuning: loss, gradient norm (with the clipping threshold), LR and validation accuracy against step, on the
     run's own steps: the article's logged steps are marked only up to this run's last step.
 
-    series: {"training loss", "gradient norm", "learning rate"}: one value per step from 1; the
+    series: {"training loss", "gradient norm", "learning rate"}: one value per step from 1, and the recipe's
+    "clipping threshold"; the
     validation accuracy and the article's marks come from the logged steps' numbers, and so do the
     other panels' points where a run keeps no series (one paused before its end).
     """
@@ -170,8 +171,9 @@ def finetune_curves(series, values, article, clip_norm, path, say):
         shown = {step: value for step, value in marks.get(key, {}).items() if step <= last}
         if shown:
             axis.plot(list(shown), list(shown.values()), **ARTICLE_STYLE)
-        if key == "norm":
-            axis.axhline(clip_norm, color="tab:red", linestyle="--", label=f"clipping at {clip_norm:g}")
+        if key == "norm" and "clipping threshold" in series:
+            clip = series["clipping threshold"]
+            axis.axhline(clip, color="tab:red", linestyle="--", label=f"clipping at {clip:g}")
         axis.set(title=name, xlabel="step (optimizer updates)", ylabel=unit, xlim=(-margin, last + margin))
         axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.legend(fontsize=8)

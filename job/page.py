@@ -56,7 +56,6 @@ KINDS = ("kind: what the article's number depends on: nothing (arithmetic, the b
          "10; only ever same or differs), the weights and the data (evaluation accuracies, position-table statistics, "
          "the zero-head gradients), or chance as well (few-shot draws, training losses and gradient norms, round-off, "
          "timings). band and reason: how far the number may be from the article's and why, from its reference entry.")
-CLIP_NORM = 1.0  # the fine-tuning recipe's clipping threshold, drawn on its gradient-norm panel
 
 
 def read_record(path):
@@ -121,7 +120,7 @@ def draw_figures(script, record, rows, folder, say):
     elif script == "fewshot" and figures.fewshot_cells(values):
         drawn.append(figures.fewshot_accuracy(values, article, out / "fewshot_accuracy.png", say))
     elif script == "finetune" and (series.get("training loss") or "step 0 validation" in values):
-        drawn.append(figures.finetune_curves(series, values, article, CLIP_NORM, out / "finetune_curves.png", say))
+        drawn.append(figures.finetune_curves(series, values, article, out / "finetune_curves.png", say))
     elif script == "backbone":
         if series.get("training loss") or series.get("evaluation accuracy"):
             drawn.append(figures.backbone_curves(series, out / "backbone_curves.png", say))

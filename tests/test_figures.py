@@ -21,11 +21,11 @@ def titled(axis):
 
 def test_a_six_step_fine_tuning_is_drawn_on_its_own_steps_with_the_articles_points_it_reached(drawn, tmp_path):
     series = {"training loss": [2.3, 2.2, 2.1, 2.0, 1.9, 1.8], "gradient norm": [1.5] * 6,
-              "learning rate": [0.0, 0.003, 0.0027, 0.002, 0.001, 0.0003]}
+              "learning rate": [0.0, 0.003, 0.0027, 0.002, 0.001, 0.0003], "clipping threshold": 1.0}
     values = {"step 0 validation": 10.0, "step 5 accuracy": 20.0, "step 6 accuracy": 20.0}
     article = {"step 0 validation": 10.0, "step 5 loss": 2.3014, "step 50 loss": 1.68, "step 300 loss": 0.30,
                "step 5 accuracy": 98.3, "step 300 accuracy": 99.7}
-    figures.finetune_curves(series, values, article, 1.0, tmp_path / "finetune_curves.png", print)
+    figures.finetune_curves(series, values, article, tmp_path / "finetune_curves.png", print)
     axes = drawn["finetune_curves.png"].axes
     assert len(axes) == 4 and all(titled(axis) for axis in axes)
     for axis in axes:
