@@ -33,9 +33,10 @@ from common.cli import add_common_arguments, add_data_arguments, script_parser, 
 from common.differences import flag_differences
 from common.errors import UserError
 from common.imagenette import DEFAULT_DIR as DEFAULT_DATA_DIR
-from common.imagenette import data_differences, ensure_imagenette, imagenet_indices, list_split, load_all
+from common.imagenette import data_differences, ensure_imagenette, imagenet_indices, list_split
 from common.inference import run_model
 from common.loader import end_workers, picture_loader, start_workers, workers_text
+from common.pictures import load_all
 from common.position_table import (
     as_parameter_rows,
     bicubic_resize,

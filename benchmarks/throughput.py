@@ -39,10 +39,10 @@ from common.cli import positive_int, script_parser
 from common.compute import config_forward_flops
 from common.device import DEVICE_CHOICES, PRECISIONS
 from common.environment import device_name
-from common.imagenette import load_all, resized_rgb
 from common.inference import run_model
 from common.loader import PREFETCH, picture_batches, picture_loader
 from common.output import Report
+from common.pictures import load_all, resized_rgb
 from common.run import Run, check_output_file, guarded, write_json
 from job.standins import smooth_pictures, vit_config
 

@@ -7,8 +7,8 @@ import time
 import torch
 from torch.utils.data import DataLoader
 
-from common.imagenette import to_pixels
 from common.loader import add_timing, pass_timing, picture_batches, picture_loader, timed
+from common.pictures import to_pixels
 
 
 def on_host(value):

@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from common.errors import UserError
-from common.imagenette import resized_rgb, to_pixels
+from common.pictures import resized_rgb, to_pixels
 
 PREFETCH = 4  # batches each worker builds ahead
 

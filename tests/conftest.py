@@ -116,7 +116,7 @@ def expected_batch(paths, resolution, flips):
     """The inline path, picture by picture: the processor's arithmetic (preprocess), mirrored where told."""
     import numpy as np
 
-    from common.imagenette import load_rgb, preprocess
+    from common.pictures import load_rgb, preprocess
 
     expected = [preprocess(load_rgb(path), resolution) for path in paths]
     return np.stack([np.flip(a, axis=2) if flip else a for a, flip in zip(expected, flips)])  # axis 2: left-right

@@ -176,8 +176,9 @@ def test_script_with_a_missing_device_exits_2():
 @pytest.mark.parametrize("decoded", [False, True])  # paths decoded in the workers; pictures decoded once beforehand
 @pytest.mark.parametrize("workers", [0, 1, 2])  # inline; one worker process; two
 def test_picture_batches_keep_the_order_and_flip_what_they_are_told(pictures, workers, decoded):
-    from common.imagenette import list_split, load_all, to_pixels
+    from common.imagenette import list_split
     from common.loader import picture_batches, picture_loader
+    from common.pictures import load_all, to_pixels
 
     paths = [path for path, _ in list_split(pictures, "val", per_class=1)]  # 10 pictures, gray and CMYK among them
     flips = np.arange(10) % 3 == 0
@@ -190,8 +191,9 @@ def test_picture_batches_keep_the_order_and_flip_what_they_are_told(pictures, wo
 
 def test_persistent_workers_serve_passes_at_other_resolutions_and_flips(pictures):
     """posemb's rows (224, then 384) and fine-tuning's checks read the same pictures through the same workers."""
-    from common.imagenette import list_split, load_all, to_pixels
+    from common.imagenette import list_split
     from common.loader import picture_batches, picture_loader
+    from common.pictures import load_all, to_pixels
 
     paths = [path for path, _ in list_split(pictures, "val", per_class=1)]
     loader = picture_loader(load_all(paths), torch.device("cpu"), workers=2)

@@ -123,8 +123,9 @@ def test_one_pass_gives_each_models_accuracy_and_the_checks_read_the_kept_batche
     twice with the same result, each check's timing added to the checks' total."""
     from types import SimpleNamespace
 
-    from common.imagenette import list_split, preprocess
+    from common.imagenette import list_split
     from common.loader import picture_loader
+    from common.pictures import preprocess
 
     models = []
     for seed in (1, 2):

@@ -251,8 +251,9 @@ def test_posemb_stretches_the_table_on_cuda_as_the_library_does(script_runs):
 @GPU
 @pytest.mark.parametrize("decoded", [False, True], ids=["paths", "decoded"])  # decoded in the workers, or before
 def test_the_loaders_batches_on_cuda_are_pinned_and_equal_the_cpus(pictures, decoded):
-    from common.imagenette import list_split, load_all, to_pixels
+    from common.imagenette import list_split
     from common.loader import picture_batches, picture_loader
+    from common.pictures import load_all, to_pixels
 
     paths = [path for path, _ in list_split(pictures, "val")]  # 40 pictures, gray and CMYK among them
     pictures_in = load_all(paths) if decoded else paths

@@ -7,7 +7,8 @@ import pytest
 from PIL import Image
 
 from common.errors import UserError
-from common.imagenette import check_counts, download_and_extract, imagenet_indices, list_split, load_rgb, preprocess
+from common.imagenette import check_counts, download_and_extract, imagenet_indices, list_split
+from common.pictures import load_rgb, preprocess
 from job.standins import imagenette_folder
 
 

@@ -86,8 +86,9 @@ def test_spawned_workers_build_the_same_batches(pictures, monkeypatch):
     import numpy as np
 
     from common import loader as loaders
-    from common.imagenette import list_split, load_all
+    from common.imagenette import list_split
     from common.loader import picture_batches
+    from common.pictures import load_all
 
     paths = [path for path, _ in list_split(pictures, "val", per_class=1)]
     flips = np.arange(10) % 2 == 0

@@ -12,8 +12,9 @@ import vit_part3_posemb as posemb
 from common import position_table
 from common.device import set_precision
 from common.errors import UserError
-from common.imagenette import imagenet_indices, list_split, load_all
+from common.imagenette import imagenet_indices, list_split
 from common.output import Report
+from common.pictures import load_all
 from job.standins import vit_classifier
 
 

@@ -17,7 +17,8 @@ import vit_part3_fewshot as fewshot
 import vit_part3_finetune as finetune
 import vit_part3_posemb as posemb
 from common import imagenette, reference
-from common.imagenette import CLASSES, list_split, load_rgb, preprocess
+from common.imagenette import CLASSES, list_split
+from common.pictures import load_rgb, preprocess
 from common.reference import compare, format_like, load_reference, sampling_interval
 from job.standins import imagenette_folder, vit_classifier
 

@@ -1,0 +1,63 @@
+"""Pictures to a ViT's pixels: decode (RGB), resize to R x R, (x/255 - 0.5) / 0.5, as the checkpoints' image processor
+does; the batched path splits it between the loader's workers (resized_rgb) and the model's device (to_pixels)."""
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from PIL import Image
+
+from common.errors import UserError
+
+
+def load_rgb(path):
+    """The picture as RGB (Imagenette has grayscale and CMYK JPEGs); unreadable files stop the run.
+
+    PIL refuses to decode a picture of over 2 x Image.MAX_IMAGE_PIXELS (179 million) pixels, which
+    could take gigabytes (a "decompression bomb"): it is named like any other unreadable picture.
+    """
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB")
+    except Image.DecompressionBombError as error:
+        raise UserError(f"cannot read picture {path}: it is too large to decode safely ({error}); remove it from "
+                        f"the data folder or shrink it") from error
+    except (OSError, ValueError) as error:
+        raise UserError(f"cannot read picture {path}: {error}") from error
+
+
+def preprocess(image, resolution):
+    """The ViT image processor of the checkpoints: resize to R x R (bilinear), (x/255 - 0.5) / 0.5.
+
+    Returns a float32 array (3, R, R) in [-1, 1]. The batched path below computes the same numbers
+    in two halves: resized_rgb() on the loader's workers, to_pixels() on the model's device.
+    """
+    array = resized_rgb(image, resolution).astype(np.float32) * np.float32(1 / 255)
+    return ((array - 0.5) / 0.5).transpose(2, 0, 1)
+
+
+def resized_rgb(picture, resolution, flip=False):
+    """The picture (a PIL image or a path) resized to R x R (bilinear): uint8 (R, R, 3), mirrored if flip."""
+    image = picture if isinstance(picture, Image.Image) else load_rgb(picture)
+    array = np.asarray(image.resize((resolution, resolution), Image.BILINEAR))
+    return array[:, ::-1] if flip else array
+
+
+def to_pixels(batch, device):
+    """uint8 (B, R, R, 3), a tensor or an array -> float32 (B, 3, R, R) on the device: (x/255 - 0.5) / 0.5, as preprocess().
+
+    The copy moves a quarter of the bytes of float32, and the arithmetic runs where the model runs.
+    """
+    from common.device import to_device
+
+    x = to_device(batch, device).permute(0, 3, 1, 2).float().contiguous()
+    return (x * (1 / 255) - 0.5) / 0.5
+
+
+def load_all(paths, desc="decoding"):
+    """Every picture decoded (RGB), in order; by threads (PIL decodes outside the GIL)."""
+    from tqdm import tqdm
+
+    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
+        return list(tqdm(pool.map(load_rgb, paths), total=len(paths), desc=desc, unit="picture", file=sys.stderr,
+                         leave=False))
