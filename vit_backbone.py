@@ -37,13 +37,14 @@ import torch
 import torch.nn.functional as F
 
 from common import beans as beans_data
-from common import cli, figures
+from common import cli
 from common import trainer as plumbing
 from common.checkpoints import check_model_flag, load_pretrained
 from common.closed_form import closed_form, targets, with_bias
 from common.device import PRECISIONS, float32_arithmetic, float32_rule
 from common.differences import flag_differences, subset_differences
 from common.errors import UserError
+from common.figures import backbone as figures
 from common.loader import loader_workers
 from common.reference import verdict
 from common.run import Run, guarded, run_sections

@@ -25,7 +25,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import figures
 from common.checkpoints import check_model_flag, load_pretrained
 from common.cli import (
     add_common_arguments,
@@ -41,6 +40,7 @@ from common.closed_form import closed_form, targets, with_bias
 from common.differences import cell_differences, flag_differences
 from common.errors import UserError
 from common.feature_cache import CACHE_DIR, cache_key, cached_passes, picture_digests, shown
+from common.figures import fewshot as figures
 from common.imagenette import DEFAULT_DIR as DEFAULT_DATA_DIR
 from common.imagenette import class_names, data_differences, ensure_imagenette, list_split
 from common.inference import run_model

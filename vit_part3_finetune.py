@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from common import distributed, figures
+from common import distributed
 from common.checkpoints import checkpoint_config, load_pretrained
 from common.cli import (
     add_common_arguments,
@@ -49,6 +49,7 @@ from common.cli import (
 from common.differences import flag_differences
 from common.distributed import accumulating, first_process_first, sum_over_processes
 from common.errors import UserError
+from common.figures import finetune as figures
 from common.imagenette import DEFAULT_DIR as DEFAULT_DATA_DIR
 from common.imagenette import class_folders, data_differences, ensure_imagenette, is_imagenette, list_split
 from common.inference import accuracies, kept_batches

@@ -27,11 +27,11 @@ import numpy as np
 import scipy.ndimage
 import torch
 
-from common import figures
 from common.checkpoints import checkpoint_config, load_pretrained
 from common.cli import add_common_arguments, add_data_arguments, script_parser, side_pixels
 from common.differences import flag_differences
 from common.errors import UserError
+from common.figures import posemb as figures
 from common.imagenette import DEFAULT_DIR as DEFAULT_DATA_DIR
 from common.imagenette import data_differences, ensure_imagenette, imagenet_indices, list_split
 from common.inference import run_model

@@ -31,6 +31,7 @@ if __name__ == "__main__":  # run as a file from anywhere: the repository root i
 from common import figures
 from common.cli import script_parser
 from common.errors import UserError
+from common.figures import backbone, fewshot, finetune, posemb
 from common.files import write_text
 from common.reference import (
     ARTICLE_SETUP,
@@ -114,18 +115,18 @@ def draw_figures(script, record, rows, folder, say):
     drawn = []
     if script == "posemb":
         if series.get("cosine maps"):
-            drawn.append(figures.cosine_maps(series["cosine maps"], out / "posemb_cosine_similarity.png", say))
-        if figures.accuracy_rows(values):
-            drawn.append(figures.accuracy_bars(values, article, out / "posemb_accuracy.png", say))
-    elif script == "fewshot" and figures.fewshot_cells(values):
-        drawn.append(figures.fewshot_accuracy(values, article, out / "fewshot_accuracy.png", say))
+            drawn.append(posemb.cosine_maps(series["cosine maps"], out / "posemb_cosine_similarity.png", say))
+        if posemb.accuracy_rows(values):
+            drawn.append(posemb.accuracy_bars(values, article, out / "posemb_accuracy.png", say))
+    elif script == "fewshot" and fewshot.fewshot_cells(values):
+        drawn.append(fewshot.fewshot_accuracy(values, article, out / "fewshot_accuracy.png", say))
     elif script == "finetune" and (series.get("training loss") or "step 0 validation" in values):
-        drawn.append(figures.finetune_curves(series, values, article, out / "finetune_curves.png", say))
+        drawn.append(finetune.finetune_curves(series, values, article, out / "finetune_curves.png", say))
     elif script == "backbone":
         if series.get("training loss") or series.get("evaluation accuracy"):
-            drawn.append(figures.backbone_curves(series, out / "backbone_curves.png", say))
+            drawn.append(backbone.backbone_curves(series, out / "backbone_curves.png", say))
         if series.get("feature maps"):
-            drawn.append(figures.backbone_feature_maps(series["feature maps"], out / "backbone_feature_maps.png", say))
+            drawn.append(backbone.backbone_feature_maps(series["feature maps"], out / "backbone_feature_maps.png", say))
     return [(CAPTIONS[path.name], path.name) for path in drawn if path is not None]
 
 

@@ -1,0 +1,37 @@
+"""The figures of the scripts' --plots and of the reproduction page, a module per script (posemb, fewshot, finetune,
+backbone); here what they share. Without matplotlib, one line says so.
+
+Each figure is drawn from plain data (what a run keeps in its --json "series" and numbers), so a script draws it at
+the end of a run and job/page.py draws the same one from the JSON.
+"""
+from pathlib import Path
+
+from common.files import write_atomic
+from common.run import MATPLOTLIB_MISSING as INSTALL_HINT
+
+ARTICLE_STYLE = {"marker": "x", "color": "black", "linestyle": "none", "markersize": 8, "label": "article"}
+
+
+def pyplot(say):
+    """matplotlib.pyplot with a file-only backend, or None after say()ing how to install it."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        say(f"figures: {INSTALL_HINT}; no figure saved")
+        return None
+    return plt
+
+
+def save(figure, path, say):
+    """Save the figure as a PNG at path (whole or not at all) and say where; UserError when it cannot be written."""
+    import matplotlib.pyplot as plt
+
+    try:
+        write_atomic(path, lambda f: figure.savefig(f, format="png", dpi=100, bbox_inches="tight"), what="figure")
+    finally:
+        plt.close(figure)
+    say(f"saved {path}")
+    return Path(path)

@@ -1,0 +1,58 @@
+"""fine-tuning's figure: loss, gradient norm, learning rate and validation accuracy against step."""
+import re
+
+from common.figures import ARTICLE_STYLE, pyplot, save
+
+
+def logged_steps(values):
+    """{"lr" | "loss" | "norm" | "accuracy": {step: value}} of the fine-tuning's logged steps, by name."""
+    steps = {}
+    for name, value in values.items():
+        found = re.fullmatch(r"step (\d+) (lr|loss|norm|accuracy)", name)
+        if found:
+            steps.setdefault(found[2], {})[int(found[1])] = value
+    return steps
+
+
+FINETUNE_PANELS = (("training loss", "loss", "cross-entropy (nats)"), ("gradient norm", "norm", "L2 norm, before clipping"),
+                   ("learning rate", "lr", "learning rate"), ("validation accuracy", "accuracy", "accuracy (%)"))
+
+
+def finetune_curves(series, values, article, path, say):
+    """fine-tuning: loss, gradient norm (with the clipping threshold), LR and validation accuracy against step, on the
+    run's own steps: the article's logged steps are marked only up to this run's last step.
+
+    series: {"training loss", "gradient norm", "learning rate"}: one value per step from 1, and the recipe's
+    "clipping threshold"; the
+    validation accuracy and the article's marks come from the logged steps' numbers, and so do the
+    other panels' points where a run keeps no series (one paused before its end).
+    """
+    plt = pyplot(say)
+    if plt is None:
+        return None
+    from matplotlib.ticker import MaxNLocator
+
+    logged, marks = logged_steps(values), logged_steps(article)
+    if "step 0 validation" in article:
+        marks.setdefault("accuracy", {})[0] = article["step 0 validation"]
+    curves = {key: dict(enumerate(series[name], 1)) if series.get(name) else logged.get(key, {})
+              for name, key, _ in FINETUNE_PANELS[:3]}
+    curves["accuracy"] = {**({0: values["step 0 validation"]} if "step 0 validation" in values else {}),
+                          **logged.get("accuracy", {})}
+    last = max([step for curve in curves.values() for step in curve] or [1])
+    figure, axes = plt.subplots(1, 4, figsize=(20, 4), layout="constrained")
+    margin = max(0.5, 0.02 * last)
+    for axis, (name, key, unit) in zip(axes, FINETUNE_PANELS):
+        curve = curves[key]
+        style = "o-" if len(curve) <= 30 else "-"  # a short run's every point is seen
+        axis.plot(list(curve), list(curve.values()), style, markersize=3, label="this run")
+        shown = {step: value for step, value in marks.get(key, {}).items() if step <= last}
+        if shown:
+            axis.plot(list(shown), list(shown.values()), **ARTICLE_STYLE)
+        if key == "norm" and "clipping threshold" in series:
+            clip = series["clipping threshold"]
+            axis.axhline(clip, color="tab:red", linestyle="--", label=f"clipping at {clip:g}")
+        axis.set(title=name, xlabel="step (optimizer updates)", ylabel=unit, xlim=(-margin, last + margin))
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axis.legend(fontsize=8)
+    return save(figure, path, say)
