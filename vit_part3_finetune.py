@@ -53,21 +53,26 @@ from common.figures import finetune as figures
 from common.imagenette import DEFAULT_DIR as DEFAULT_DATA_DIR
 from common.imagenette import class_folders, data_differences, ensure_imagenette, is_imagenette, list_split
 from common.inference import accuracies, kept_batches
-from common.loader import (
-    counted,
-    end_workers,
-    process_share,
-    run_clock,
-    run_passes,
-    share_loader,
-    step_batches,
-    waiting_seconds,
-)
+from common.loader import end_workers
 from common.position_table import as_parameter_rows, bilinear_table, model_table
 from common.reference import article_values, load_reference
 from common.run import Run, check_output_dir, check_output_file, guarded, run_sections
 from common.schedules import warmup_cosine_lr
-from common.training import StopOnSignal, micro_batches, resume, rng_states, save_checkpoint, save_or_stop
+from common.training import (
+    StopOnSignal,
+    counted,
+    micro_batches,
+    process_share,
+    resume,
+    rng_states,
+    run_clock,
+    run_passes,
+    save_checkpoint,
+    save_or_stop,
+    share_loader,
+    step_batches,
+    waiting_seconds,
+)
 
 # ---------------------------------------------------------------- the recipe
 # The article's run ("Our fine-tuning run"), the pieces of the paper's Table 4 at a smaller scale.

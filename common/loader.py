@@ -3,7 +3,6 @@
 A batch is uint8 (B, R, R, 3), the pictures resized by resized_rgb(); to_pixels() normalises it on
 the model's device. Workers hand their batches back through shared memory, not a pipe.
 """
-import contextlib
 import os
 import signal
 import sys
@@ -14,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from common.errors import UserError
-from common.pictures import resized_rgb, to_pixels
+from common.pictures import resized_rgb
 
 PREFETCH = 4  # batches each worker builds ahead
 
@@ -146,74 +145,10 @@ def end_workers(*loaders):
             loader._iterator = None
 
 
-def started(loader, counts):
-    """The loader, its workers (if any) started now; the seconds that took added to counts' "loader start-up seconds",
-    apart from the passes, and its workers in counts' "loader workers"."""
-    counts["loader start-up seconds"] = counts.get("loader start-up seconds", 0.0) + start_workers(loader)
-    counts["loader workers"] = loader.num_workers
-    return loader
-
-
-def share_loader(items, run, counts):
-    """(A loader over this process's share of the (path, label) items, every world-th, its workers started (started()
-    counts them); the share's labels)."""
-    share = items[run.rank::run.world]
-    return started(picture_loader([path for path, _ in share], run.device), counts), [label for _, label in share]
-
-
 def add_timing(total, timing):
     """Add one pass's seconds, waiting seconds and pictures to a running total (pass_timing)."""
     for key, value in timing.items():
         total[key] += value
-
-
-def process_share(items, rank, world):
-    """This process's contiguous share of a step's batch (an array, or a tuple of arrays)."""
-    share = len(items[0]) // world
-    return tuple(part[rank * share:(rank + 1) * share] for part in items)
-
-
-def step_batches(items, chosen, run, resolution, batch_size, history, workers=None):
-    """(pixels, labels) on the device for each (indices, flips) of `chosen` over the (path, label) items, in order:
-    built ahead by a loader whose workers (picture_loader's) start now (started() counts them in the history), each
-    batch's wait and pictures timed into the history's training pass. The host's wait is the device's: each step ends
-    in .item()."""
-    paths = [items[i][0] for indices, _ in chosen for i in indices]
-    loader = started(picture_loader(paths, run.device, workers), history)
-    flips = np.concatenate([f for _, f in chosen]) if chosen else None
-    batches = timed(picture_batches(loader, resolution, batch_size, flips), run_passes(history)["training"])
-    for (indices, _), batch in zip(chosen, batches):
-        yield to_pixels(batch, run.device), torch.tensor([items[i][1] for i in indices], device=run.device)
-
-
-def run_passes(history):
-    """The passes over pictures a run's history keeps: the training steps and the checks (a resumed history has them)."""
-    return history.setdefault("passes", {"training": pass_timing(), "checks": pass_timing()})
-
-
-@contextlib.contextmanager
-def counted(timing):
-    """The block's seconds added to the pass's: a pass made of pieces (fine-tuning's steps, not the checks between)."""
-    begun = time.perf_counter()
-    yield
-    timing["seconds"] += time.perf_counter() - begun
-
-
-def waiting_seconds(passes):
-    """The seconds the model has waited for pictures over all the passes so far."""
-    return sum(timing["waiting seconds"] for timing in passes.values())
-
-
-def run_clock(history):
-    """The run's seconds so far, a resumed run's earlier ones included: a function that also keeps them in
-    history["seconds"], for the checkpoint."""
-    begun = time.perf_counter() - history["seconds"]
-
-    def seconds():
-        history["seconds"] = time.perf_counter() - begun
-        return history["seconds"]
-
-    return seconds
 
 
 def workers_text(loader, seconds):

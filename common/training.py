@@ -1,5 +1,7 @@
-"""A training run's plumbing: its checkpoint, written whole with a digest and refused when foreign, changed or made
-with other settings; and the stop that Ctrl-C or SIGTERM asks for, after the step in flight is saved."""
+"""A training run's plumbing: its batches and their timing, its clock, its checkpoint (written whole with a digest and
+refused when foreign, changed or made with other settings), and the stop that Ctrl-C or SIGTERM asks for, after the
+step in flight is saved."""
+import contextlib
 import hashlib
 import os
 import signal
@@ -7,11 +9,14 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from common.distributed import sum_over_processes
 from common.errors import UserError
 from common.files import write_atomic
+from common.loader import pass_timing, picture_batches, picture_loader, start_workers, timed
+from common.pictures import to_pixels
 from common.run import Terminated, quiet_if_nobody_reads
 
 
@@ -167,3 +172,67 @@ def save_or_stop(run, stop, step, last_step, save, say):
         saved = f"; saved {path}: add --resume to continue" if path else " (no --save-dir: nothing saved)"
         say(f"\nstopped after step {step}{' on ' + stop.asked if stop.asked else ''}{saved}")
         stop.stop()
+
+
+def started(loader, counts):
+    """The loader, its workers (if any) started now; the seconds that took added to counts' "loader start-up seconds",
+    apart from the passes, and its workers in counts' "loader workers"."""
+    counts["loader start-up seconds"] = counts.get("loader start-up seconds", 0.0) + start_workers(loader)
+    counts["loader workers"] = loader.num_workers
+    return loader
+
+
+def share_loader(items, run, counts):
+    """(A loader over this process's share of the (path, label) items, every world-th, its workers started (started()
+    counts them); the share's labels)."""
+    share = items[run.rank::run.world]
+    return started(picture_loader([path for path, _ in share], run.device), counts), [label for _, label in share]
+
+
+def process_share(items, rank, world):
+    """This process's contiguous share of a step's batch (an array, or a tuple of arrays)."""
+    share = len(items[0]) // world
+    return tuple(part[rank * share:(rank + 1) * share] for part in items)
+
+
+def step_batches(items, chosen, run, resolution, batch_size, history, workers=None):
+    """(pixels, labels) on the device for each (indices, flips) of `chosen` over the (path, label) items, in order:
+    built ahead by a loader whose workers (picture_loader's) start now (started() counts them in the history), each
+    batch's wait and pictures timed into the history's training pass. The host's wait is the device's: each step ends
+    in .item()."""
+    paths = [items[i][0] for indices, _ in chosen for i in indices]
+    loader = started(picture_loader(paths, run.device, workers), history)
+    flips = np.concatenate([f for _, f in chosen]) if chosen else None
+    batches = timed(picture_batches(loader, resolution, batch_size, flips), run_passes(history)["training"])
+    for (indices, _), batch in zip(chosen, batches):
+        yield to_pixels(batch, run.device), torch.tensor([items[i][1] for i in indices], device=run.device)
+
+
+def run_passes(history):
+    """The passes over pictures a run's history keeps: the training steps and the checks (a resumed history has them)."""
+    return history.setdefault("passes", {"training": pass_timing(), "checks": pass_timing()})
+
+
+@contextlib.contextmanager
+def counted(timing):
+    """The block's seconds added to the pass's: a pass made of pieces (fine-tuning's steps, not the checks between)."""
+    begun = time.perf_counter()
+    yield
+    timing["seconds"] += time.perf_counter() - begun
+
+
+def waiting_seconds(passes):
+    """The seconds the model has waited for pictures over all the passes so far."""
+    return sum(timing["waiting seconds"] for timing in passes.values())
+
+
+def run_clock(history):
+    """The run's seconds so far, a resumed run's earlier ones included: a function that also keeps them in
+    history["seconds"], for the checkpoint."""
+    begun = time.perf_counter() - history["seconds"]
+
+    def seconds():
+        history["seconds"] = time.perf_counter() - begun
+        return history["seconds"]
+
+    return seconds
