@@ -52,7 +52,6 @@ from common.errors import UserError
 from common.figures import finetune as figures
 from common.imagenette import DEFAULT_DIR as DEFAULT_DATA_DIR
 from common.imagenette import class_folders, data_differences, ensure_imagenette, is_imagenette, list_split
-from common.inference import accuracies, kept_batches
 from common.loader import end_workers
 from common.position_table import as_parameter_rows, bilinear_table, model_table
 from common.reference import article_values, load_reference
@@ -60,7 +59,9 @@ from common.run import Run, check_output_dir, check_output_file, guarded, run_se
 from common.schedules import warmup_cosine_lr
 from common.training import (
     StopOnSignal,
+    accuracies,
     counted,
+    kept_batches,
     micro_batches,
     process_share,
     resume,

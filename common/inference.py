@@ -7,7 +7,7 @@ import time
 import torch
 from torch.utils.data import DataLoader
 
-from common.loader import add_timing, pass_timing, picture_batches, picture_loader, timed
+from common.loader import pass_timing, picture_batches, picture_loader, timed
 from common.pictures import to_pixels
 
 
@@ -52,39 +52,3 @@ def run_model(model, pictures, resolution, device, batch_size, what_to_keep, des
         outputs = on_host(outputs)
     timing["seconds"] = time.perf_counter() - start
     return outputs, timing
-
-
-def accuracies(models, pictures, labels, run, batch_size, desc, into=None):
-    """([per cent right of each model over every process's share of the pictures], this process's pass timing), in
-    one pass: each batch goes through every model. pictures: as run_model's; labels: this process's share; into: a
-    running total (pass_timing) the pass's timing is added to."""
-    from common.distributed import sum_over_processes
-
-    def predictions(**inputs):
-        return [model(**inputs).logits.argmax(1) for model in models]
-
-    predicted, timing = run_model(predictions, pictures, run.args.resolution, run.device, batch_size, list, desc,
-                                  run.autocast)
-    total, percents = sum_over_processes(len(labels), run), []
-    for k in range(len(models)):
-        correct = int((torch.cat([batch[k] for batch in predicted]) == torch.as_tensor(labels)).sum()) if labels else 0
-        percents.append(100 * sum_over_processes(correct, run) / total)
-    if into is not None:
-        add_timing(into, timing)
-    return percents, timing
-
-
-def kept_batches(loader, resolution, batch_size, device, into):
-    """The loader's pictures as uint8 batches on the device, the reading's seconds and wait added to the running total
-    `into` (pass_timing; it counts no picture): for pictures read again and again at one size (fine-tuning's checks),
-    which then wait for no loader."""
-    from common.device import to_device
-    from common.loader import end_workers
-
-    timing, kept, begun = pass_timing(), [], time.perf_counter()
-    for pixels in timed(picture_batches(loader, resolution, batch_size), timing, count=lambda batch: 0, device=device):
-        kept.append(to_device(pixels, device))
-    timing["seconds"] = time.perf_counter() - begun
-    end_workers(loader)
-    add_timing(into, timing)
-    return kept

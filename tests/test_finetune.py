@@ -15,10 +15,9 @@ from conftest import ARTICLE, ROOT, article_block
 import vit_part3_finetune as finetune
 from common import distributed, training
 from common.checkpoints import load_pretrained
-from common.inference import accuracies, kept_batches
 from common.loader import pass_timing
 from common.schedules import warmup_cosine_lr
-from common.training import share_loader
+from common.training import accuracies, kept_batches, share_loader
 
 # The article's step lines: step, lr as printed.
 ARTICLE_LRS = {5: "0.00040", 10: "0.00090", 25: "0.00240", 50: "0.00296", 100: "0.00254", 150: "0.00178",

@@ -278,9 +278,8 @@ def test_fine_tunings_checks_keep_their_batches_on_the_gpu(pictures):
     from types import SimpleNamespace
 
     from common.imagenette import list_split
-    from common.inference import kept_batches
     from common.loader import pass_timing
-    from common.training import share_loader
+    from common.training import kept_batches, share_loader
 
     items = list_split(pictures, "val")
     kept = {}
