@@ -23,14 +23,7 @@ import sys
 
 import torch
 
-from common.checkpoints import (
-    cached_weight_file,
-    hub_offline,
-    load_pretrained,
-    read_safetensors_header,
-    remote_weight_header,
-    split_parameter_count,
-)
+from common.checkpoints import cached_weight_file, hub_offline, load_pretrained
 from common.cli import add_common_arguments, script_parser
 from common.compute import (
     VIT_SIZES,
@@ -68,6 +61,52 @@ FINETUNE_BATCH = 512
 
 
 # ---------------------------------------------------------------- 1. Table 1 and parameters
+
+def read_safetensors_header(path):
+    """{tensor name: shape} from a .safetensors file, reading only its header; a damaged file is one UserError.
+
+    The safetensors library checks the header (its length, JSON, dtypes and byte ranges against the
+    file's size) before it answers; the weights are never read.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(path, framework="numpy") as f:
+            return {name: list(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118 - safe_open is no dict
+    except (SafetensorError, OSError, ValueError) as error:
+        raise UserError(f"{path} is not a readable safetensors file ({str(error).splitlines()[0][:120]}): delete it "
+                        f"to download it again") from error
+
+
+def remote_weight_header(name):
+    """{tensor name: shape} from the Hub's safetensors header (a few kB over HTTP), or None offline."""
+    if hub_offline():
+        return None
+    from huggingface_hub import get_safetensors_metadata
+
+    try:
+        metadata = get_safetensors_metadata(name)
+    except Exception:  # noqa: BLE001 - no network, no safetensors file: the caller falls back to the architecture
+        return None
+    return {tensor: list(info.shape) for file in metadata.files_metadata.values()
+            for tensor, info in file.tensors.items()}
+
+
+def split_parameter_count(shapes):
+    """(backbone, pre-logits) numbers of a ViT state: the classifier head is left out of both.
+
+    The pre-logits layer is the library's "pooler" (dense 768x768 + tanh in ViT-B); the head is the
+    "classifier" of a fine-tuned checkpoint.
+    """
+    backbone = pre_logits = 0
+    for name, shape in shapes.items():
+        parts = name.split(".")
+        if "pooler" in parts:
+            pre_logits += math.prod(shape)
+        elif parts[0] not in ("classifier", "head"):
+            backbone += math.prod(shape)
+    return backbone, pre_logits
+
 
 def meta_parameter_shapes(config, pre_logits):
     """{name: shape} of a ViT built on the meta device (no memory, no weights), pooler if pre_logits."""

@@ -1,10 +1,9 @@
-"""Hugging Face checkpoints: load by id or local directory, and count parameters from a header.
+"""Hugging Face checkpoints: load by id or local directory, quietly, with one line when one cannot be had.
 
 Loading tries the local cache first, so a checkpoint downloaded once works offline. When it is
 neither cached nor reachable, the error names the checkpoint and the two ways to fix it.
 """
 import contextlib
-import math
 import os
 
 from common.errors import UserError
@@ -102,22 +101,6 @@ def load_from_where_it_is(model_class, name, **kwargs):
     return model_class.from_pretrained(name, **kwargs)
 
 
-def read_safetensors_header(path):
-    """{tensor name: shape} from a .safetensors file, reading only its header; a damaged file is one UserError.
-
-    The safetensors library checks the header (its length, JSON, dtypes and byte ranges against the
-    file's size) before it answers; the weights are never read.
-    """
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(path, framework="numpy") as f:
-            return {name: list(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118 - safe_open is no dict
-    except (SafetensorError, OSError, ValueError) as error:
-        raise UserError(f"{path} is not a readable safetensors file ({str(error).splitlines()[0][:120]}): delete it "
-                        f"to download it again") from error
-
-
 def cached_weight_file(name):
     """Path of the checkpoint's model.safetensors in a local directory or the HF cache, else None."""
     if os.path.isdir(name):
@@ -127,33 +110,3 @@ def cached_weight_file(name):
 
     path = try_to_load_from_cache(name, "model.safetensors")
     return path if isinstance(path, str) else None
-
-
-def remote_weight_header(name):
-    """{tensor name: shape} from the Hub's safetensors header (a few kB over HTTP), or None offline."""
-    if hub_offline():
-        return None
-    from huggingface_hub import get_safetensors_metadata
-
-    try:
-        metadata = get_safetensors_metadata(name)
-    except Exception:  # noqa: BLE001 - no network, no safetensors file: the caller falls back to the architecture
-        return None
-    return {tensor: list(info.shape) for file in metadata.files_metadata.values()
-            for tensor, info in file.tensors.items()}
-
-
-def split_parameter_count(shapes):
-    """(backbone, pre-logits) numbers of a ViT state: the classifier head is left out of both.
-
-    The pre-logits layer is the library's "pooler" (dense 768x768 + tanh in ViT-B); the head is the
-    "classifier" of a fine-tuned checkpoint.
-    """
-    backbone = pre_logits = 0
-    for name, shape in shapes.items():
-        parts = name.split(".")
-        if "pooler" in parts:
-            pre_logits += math.prod(shape)
-        elif parts[0] not in ("classifier", "head"):
-            backbone += math.prod(shape)
-    return backbone, pre_logits

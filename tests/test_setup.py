@@ -11,7 +11,6 @@ from conftest import ARTICLE, ROOT
 
 import vit_part3_setup as setup
 from common import compute
-from common.checkpoints import read_safetensors_header, split_parameter_count
 
 # ---------------------------------------------------------------- parameters
 
@@ -21,20 +20,20 @@ def test_meta_count_equals_a_saved_checkpoint_header(tmp_path):
     config = ViTConfig(hidden_size=48, num_hidden_layers=2, intermediate_size=96, num_attention_heads=4,
                        patch_size=8, image_size=32)
     ViTModel(config, add_pooling_layer=True).save_pretrained(tmp_path)
-    from_file = split_parameter_count(read_safetensors_header(tmp_path / "model.safetensors"))
-    assert from_file == split_parameter_count(setup.meta_parameter_shapes(config, pre_logits=True))
+    from_file = setup.split_parameter_count(setup.read_safetensors_header(tmp_path / "model.safetensors"))
+    assert from_file == setup.split_parameter_count(setup.meta_parameter_shapes(config, pre_logits=True))
     assert from_file[1] == 48 * 48 + 48  # the pooler: dense D x D plus bias
 
 
 def test_head_is_counted_in_neither_part():
     shapes = {"vit.embeddings.cls_token": [1, 1, 4], "vit.pooler.dense.weight": [4, 4],
               "classifier.weight": [10, 4], "classifier.bias": [10]}
-    assert split_parameter_count(shapes) == (4, 16)
+    assert setup.split_parameter_count(shapes) == (4, 16)
 
 
 def test_released_counts_from_the_architecture():
-    b16 = split_parameter_count(setup.meta_parameter_shapes(compute.table1_config("B", 16), True))
-    l16 = split_parameter_count(setup.meta_parameter_shapes(compute.table1_config("L", 16), False))
+    b16 = setup.split_parameter_count(setup.meta_parameter_shapes(compute.table1_config("B", 16), True))
+    l16 = setup.split_parameter_count(setup.meta_parameter_shapes(compute.table1_config("L", 16), False))
     assert b16 == (85_798_656, 590_592)
     assert l16 == (303_301_632, 0)
 
