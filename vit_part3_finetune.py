@@ -338,9 +338,6 @@ def section_zero_head(run, report):
                  "random head logit min": logits.min(), "random head logit max": logits.max()}, std=RANDOM_HEAD_STD)
 
 
-
-
-
 STEP_LINE = ("step {step:3d}: lr {lr:.5f}  loss {loss:.4f}  gradient norm before clipping {norm:7.3f}  validation "
              "{accuracy:5.1f}%   [{seconds:.0f} s, {waiting seconds:.1f} s waiting for pictures]")
 
