@@ -355,7 +355,7 @@ def stop(signum, frame):
     raise KeyboardInterrupt
 
 
-def main(argv=None):
+def parse_args(argv):
     parser = script_parser(__doc__)
     parser.add_argument("modules", nargs="*", help=f"modules to mutate (default: all {len(TARGETS)})")
     parser.add_argument("--function", action="append", help="only this function (repeatable)")
@@ -367,25 +367,31 @@ def main(argv=None):
     unknown = [m for m in args.modules if m not in TARGETS]
     if unknown:
         parser.error(f"not a mutated module: {', '.join(unknown)}; choose from {', '.join(TARGETS)}")
-    modules = args.modules or list(TARGETS)
+    return args
+
+
+def planned(modules, functions):
+    """{module: (the functions mutated, its test files)} for the modules asked for (all when none), narrowed to
+    --function's names; a module left with none of them is dropped."""
     plan = {}
-    for module in modules:
+    for module in modules or TARGETS:
         names, tests = TARGETS[module]
-        if args.function:  # None (every function) becomes the ones asked for
-            names = args.function if names is None else [name for name in names if name in args.function]
+        if functions:  # None (every function) becomes the ones asked for
+            names = functions if names is None else [name for name in names if name in functions]
         if names != []:
             plan[module] = (names, tests)
-    if args.list:
-        for module, (names, _) in plan.items():
-            for mutant in mutants(module, names):
-                print(label(mutant))
-        return 0
-    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # one thread per test process: the cores are shared
+    return plan
+
+
+def import_once():
+    """One thread per test process (the cores are shared), offline, no bytecode (a mutant of the same size within
+    the same second must not load a stale .pyc), and the heavy imports in the parent: each forked child has them."""
+    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[variable] = "1"
     os.environ["HF_HUB_OFFLINE"] = "1"
-    sys.dont_write_bytecode = True  # a mutant of the same size within the same second must not load a stale .pyc
+    sys.dont_write_bytecode = True
     os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
-    import numpy  # noqa: F401  the heavy imports, once, in the parent: each forked child has them
+    import numpy  # noqa: F401
     import pytest  # noqa: F401
     import scipy.linalg
     import scipy.ndimage  # noqa: F401
@@ -397,45 +403,61 @@ def main(argv=None):
         import transformers.models.vit.modeling_vit  # noqa: F401
     except ImportError:
         pass
+
+
+def report_module(module, names, tests, args, copy_root, work, equivalents):
+    """Score one module and print its line, its survivors and its equivalent mutants; returns its row of the score:
+    (module, killed, mutants, equivalent)."""
+    found, survivors = score_module(module, names, tests, args, copy_root, work)
+    equivalent = [m for m in survivors if key(m) in equivalents]
+    real = [m for m in survivors if key(m) not in equivalents]
+    killed = len(found) - len(survivors)
+    timeouts = sum(m["outcome"] == "timeout" for m in found)
+    print(f"{module}: killed {killed} of {len(found)} ({timeouts} by the time limit); {len(equivalent)} "
+          f"equivalent; {len(real)} survived", flush=True)
+    for mutant in real:
+        print(f"  SURVIVED {label(mutant)}", flush=True)
+    for mutant in equivalent:
+        print(f"  equivalent {label(mutant)}\n      why: {equivalents[key(mutant)]}", flush=True)
+    return module, killed, len(found), len(equivalent)
+
+
+def print_score(rows, seconds):
+    """The score of each module and of all; 0 when every mutant that can change a result is killed, else 1."""
+    print(f"\nscore (killed / mutants that change a result: all mutants less the equivalent ones), {seconds:.0f} s:")
+    rows = [*rows, ("all", *(sum(row[i] for row in rows) for i in (1, 2, 3)))]
+    for module, killed, count, equivalent in rows:
+        print(f"  {module:28} {killed:4} / {count - equivalent:4} = {100 * killed / max(1, count - equivalent):5.1f}%"
+              f"   ({count} mutants, {equivalent} equivalent)")
+    _, killed, count, equivalent = rows[-1]
+    return 0 if killed == count - equivalent else 1
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    plan = planned(args.modules, args.function)
+    if args.list:
+        for module, (names, _) in plan.items():
+            for mutant in mutants(module, names):
+                print(label(mutant))
+        return 0
+    import_once()
     signal.signal(signal.SIGTERM, stop)  # SIGTERM as Ctrl-C: the temporary copy is removed either way
     equivalents = known_equivalents()
     work = Path(tempfile.mkdtemp(prefix="vit-part3-mutation-"))
-    totals = {"mutants": 0, "killed": 0, "equivalent": 0}
     rows, started = [], time.monotonic()
     try:
         copy_root = work / "checkout"
         copy_checkout(copy_root)
         (work / "tmp").mkdir()
         for module, (names, tests) in plan.items():
-            found, survivors = score_module(module, names, tests, args, copy_root, work)
-            equivalent = [m for m in survivors if key(m) in equivalents]
-            real = [m for m in survivors if key(m) not in equivalents]
-            killed = len(found) - len(survivors)
-            rows.append((module, killed, len(found), len(equivalent)))
-            totals["mutants"] += len(found)
-            totals["killed"] += killed
-            totals["equivalent"] += len(equivalent)
-            timeouts = sum(m["outcome"] == "timeout" for m in found)
-            print(f"{module}: killed {killed} of {len(found)} ({timeouts} by the time limit); {len(equivalent)} "
-                  f"equivalent; {len(real)} survived", flush=True)
-            for mutant in real:
-                print(f"  SURVIVED {label(mutant)}", flush=True)
-            for mutant in equivalent:
-                print(f"  equivalent {label(mutant)}\n      why: {equivalents[key(mutant)]}", flush=True)
+            rows.append(report_module(module, names, tests, args, copy_root, work, equivalents))
     except KeyboardInterrupt:
         print("\nmutation.py: stopped; the working tree was never changed, the copy is removed", file=sys.stderr)
         return 130
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"\nscore (killed / mutants that change a result: all mutants less the equivalent ones), "
-          f"{time.monotonic() - started:.0f} s:")
-    rows.append(("all", totals["killed"], totals["mutants"], totals["equivalent"]))
-    for module, killed, count, equivalent in rows:
-        print(f"  {module:28} {killed:4} / {count - equivalent:4} = {100 * killed / max(1, count - equivalent):5.1f}%"
-              f"   ({count} mutants, {equivalent} equivalent)")
-    scored = totals["mutants"] - totals["equivalent"]
-    return 0 if totals["killed"] == scored else 1
-
+    return print_score(rows, time.monotonic() - started)
 
 if __name__ == "__main__":
     sys.exit(main())
