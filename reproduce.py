@@ -169,7 +169,7 @@ def code_digest(script):
     """One digest of the code a script's numbers come from: the script, every module of common/, its reference
     numbers, the libraries' versions."""
     digest = hashlib.sha256()
-    for path in [ROOT / script_file(script), *sorted((ROOT / "common").glob("*.py")),
+    for path in [ROOT / script_file(script), *sorted((ROOT / "common").rglob("*.py")),
                  ROOT / "data" / f"reference_{script}.json"]:
         digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
     digest.update(json.dumps(library_versions(), sort_keys=True).encode())
@@ -446,7 +446,7 @@ def finish(args, argv, out, ran, not_run):
             say(f"error: {problem}; the table above holds the counts")
             return 1
     status = exit_status(rows, args.strict)
-    print("\n".join([f"page: {page}", *footnotes, next_line(rows, status, argv, hub_offline())]).rstrip(), flush=True)
+    print("\n".join([f"page: {page}", *footnotes, next_line(rows, status, argv, hub_offline() and bool(cannot))]).rstrip(), flush=True)
     return status
 
 

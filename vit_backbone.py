@@ -44,6 +44,7 @@ from common.closed_form import closed_form, targets, with_bias
 from common.device import PRECISIONS, float32_arithmetic, float32_rule
 from common.differences import flag_differences, subset_differences
 from common.errors import UserError
+from common.feature_cache import CACHE_DIR
 from common.figures import backbone as figures
 from common.loader import loader_workers
 from common.reference import verdict
@@ -77,7 +78,6 @@ PROBE = {"std": 0.01, "momentum": 0.9, "base_lr": 0.001, "batch_size": 128}
 PROBE_EPOCHS = 100
 LAMBDAS = [0.01, 1.0, 100.0]  # Part 3's closed-form probe: the ridge penalties it tries
 MAP_PICTURES = 4  # validation pictures in the feature-map figure
-CACHE_DIR = Path(__file__).resolve().parent / "data" / "features"
 CURVES_FIGURE, MAPS_FIGURE = "backbone_curves.png", "backbone_feature_maps.png"
 
 

@@ -19,14 +19,17 @@ def hub_reachable(name, repo_type="model"):
     """Whether name can be downloaded now, the project's one rule: HF_HUB_OFFLINE is not set and the Hub answers about
     it within 10 s (no download retries); a name the Hub does not know is a UserError."""
     from huggingface_hub import HfApi
-    from huggingface_hub.errors import RepositoryNotFoundError
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
     if hub_offline():
         return False
+    what = "dataset" if repo_type == "dataset" else "checkpoint"
     try:
         HfApi().repo_info(name, repo_type=repo_type, timeout=10)
+    except GatedRepoError as error:  # a RepositoryNotFoundError too: said first
+        raise UserError(f"{what} {name} is gated on the Hugging Face Hub: accept its terms on its page and log in "
+                        f"(hf auth login)") from error
     except RepositoryNotFoundError as error:
-        what = "dataset" if repo_type == "dataset" else "checkpoint"
         raise UserError(f"{what} {name} does not exist on the Hugging Face Hub; check the name") from error
     except Exception:  # noqa: BLE001 - any failure to reach the Hub means: do not try to download
         return False

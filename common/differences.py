@@ -25,7 +25,7 @@ def subset_differences(args, counts, released, how_chosen="the first {n} of each
 
     counts: {item ("validation pictures"): pictures this run used, or None when the data did not load};
     released: {item: the release's count}. A subset carries n of the release's count, for the sampling
-    interval of its accuracies (see verdict_in_setup).
+    interval of its accuracies (common/reference.py's verdict_in_setup).
     """
     differences = {}
     for item, count in counts.items():

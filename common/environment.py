@@ -18,9 +18,8 @@ def standin_inputs(args):
     return [str(path) for path in given if path and (Path(path) / STANDIN_MARK).is_file()]
 
 
-# what a run's numbers depend on; its record and the job's digest of a script's code read them from here
-LIBRARIES = ("torch", "transformers", "numpy", "scipy", "pillow", "datasets", "accelerate", "safetensors",
-             "huggingface_hub", "tqdm")
+# the libraries a run's numbers depend on: its record, the page and the job's digest of a script's code read them here
+LIBRARIES = ("torch", "transformers", "numpy", "scipy", "pillow", "datasets", "accelerate")
 
 
 def library_versions():

@@ -26,11 +26,13 @@ def reason(error):
     return text[:160]
 
 
-def new_file_mode():
-    """What the umask gives any new file (0644 under umask 022), not mkstemp's 0600: results are for others too."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
+def umask():
+    mask = os.umask(0)  # the one way to read it is to set it: done once, at import, before any thread starts
+    os.umask(mask)
+    return mask
+
+
+NEW_FILE_MODE = 0o666 & ~umask()  # what any new file gets (0644 under umask 022), not mkstemp's 0600: results are shared
 
 
 def write_atomic(path, write, text=False, what="file"):
@@ -48,8 +50,8 @@ def write_atomic(path, write, text=False, what="file"):
             temporary = f.name
             write(f)
             f.flush()
+            os.fchmod(f.fileno(), NEW_FILE_MODE)
             os.fsync(f.fileno())
-        os.chmod(temporary, new_file_mode())
         os.replace(temporary, target)
         temporary = None
         with contextlib.suppress(OSError):  # the rename made durable; a folder that cannot be opened (Windows) is left

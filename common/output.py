@@ -25,6 +25,9 @@ def zero_or_3g(value):
     return "0.0" if value == 0 else f"{value:.3g}"
 
 
+MATPLOTLIB_MISSING = "matplotlib is not installed (pip install matplotlib)"  # --plots and the page say so
+
+
 def say(text=""):
     """The one way to tell the person at the terminal something: stderr (results go to stdout), once under torchrun."""
     if os.environ.get("RANK", "0") == "0":

@@ -125,11 +125,6 @@ def compare(numbers, reference, differences=None):
     return rows
 
 
-def setup_text(differences):
-    """One line: "the article's", or each difference's why."""
-    return "; ".join(difference["why"] for difference in differences.values()) if differences else ARTICLE_SETUP
-
-
 def verdict_text(row):
     """The verdict as the table prints it: with the interval of a sample, or the flags that made it not comparable."""
     if "interval" in row:

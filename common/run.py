@@ -14,10 +14,8 @@ from pathlib import Path
 from common.environment import environment, standin_inputs
 from common.errors import UserError
 from common.files import write_text
-from common.output import Report
+from common.output import MATPLOTLIB_MISSING, Report
 from common.reference import compare, load_reference, print_comparison
-
-MATPLOTLIB_MISSING = "matplotlib is not installed (pip install matplotlib)"  # --plots and the page say so
 
 
 class Run:

@@ -30,6 +30,7 @@ if __name__ == "__main__":  # run as a file from anywhere: the repository root i
 
 from common import figures
 from common.cli import script_parser
+from common.environment import LIBRARIES
 from common.errors import UserError
 from common.figures import backbone, fewshot, finetune, posemb
 from common.files import write_text
@@ -166,8 +167,7 @@ def run_seconds(script, record, job, folder):
 
 def environment_lines(record, folder, seconds):
     env = record.get("environment", {})
-    versions = ", ".join(f"{name} {env[name]}" for name in ("python", "torch", "transformers", "numpy", "scipy",
-                                                             "pillow", "datasets", "accelerate") if env.get(name))
+    versions = ", ".join(f"{name} {env[name]}" for name in ("python", *LIBRARIES) if env.get(name))
     shown = typed_flags(record.get("flags", {}), folder)
     return [f"- run: started {env.get('started', '?')}, {seconds}; commit {env.get('commit') or '?'}",
             (f"- {env.get('device', '?')}; precision {env.get('precision', '?')}; seed {env.get('seed', '-')}; "

@@ -7,7 +7,7 @@ the end of a run and job/page.py draws the same one from the JSON.
 from pathlib import Path
 
 from common.files import write_atomic
-from common.run import MATPLOTLIB_MISSING as INSTALL_HINT
+from common.output import MATPLOTLIB_MISSING as INSTALL_HINT
 
 ARTICLE_STYLE = {"marker": "x", "color": "black", "linestyle": "none", "markersize": 8, "label": "article"}
 
