@@ -346,7 +346,7 @@ def test_each_script_gets_its_flags(tmp_path):
     assert reproduce.script_command("setup", args, out) == python + ["vit_part3_setup.py", "--json",
                                                                       str(out / "setup.json"), "--compare"]
     assert reproduce.script_command("posemb", args, out) == python + [
-        "vit_part3_posemb.py", "--per-class", "20", "--data-dir", "/data/nette", "--device", "cpu", "--precision",
+        "vit_part3_posemb.py", "--per-class", "10", "--data-dir", "/data/nette", "--device", "cpu", "--precision",
         "bf16", "--json", str(out / "posemb.json"), *outputs]
     assert reproduce.script_command("fewshot", args, out) == python + [
         "vit_part3_fewshot.py", "--per-class", "20", "--model", str(models / IN21K), "--data-dir", "/data/nette",
