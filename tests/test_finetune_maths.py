@@ -197,12 +197,21 @@ class RecordingSGD(torch.optim.SGD):
         return super().step(closure)
 
 
-def train(monkeypatch, model, optimizer, batches, labels, steps, accum_steps=1, world=1, lr=None):
+def train(monkeypatch, model, optimizer, batches, labels, steps, accum_steps=1, world=1, lr=None, start=0, rows=(),
+          save_dir=None):
     """finetune.train() on these batches (already the model's inputs), its checks and checkpoints replaced; with lr,
-    every step's LR is lr. Returns its history (the loss and gradient norm of each step), its report, and the
-    training state (the average). Each check must see the model in eval mode; each step asks for a checkpoint."""
-    monkeypatch.setattr(finetune, "step_batches", lambda items, chosen, run, resolution, batch_size, history: (
-        (pixels, labels) for pixels in batches))
+    every step's LR is lr; from step start + 1, a resumed history's logged rows given. Returns its history (the loss
+    and gradient norm of each step), its report, and the training state (the average). Each check must see the model
+    in eval mode; each step asks for a checkpoint; the loader is asked for this process's share of each step's
+    pictures (step_pictures), in micro-batches of the batch over the processes."""
+    def step_batches(items, chosen, run, resolution, batch_size, history):
+        expected = [finetune.process_share(finetune.step_pictures(s, len(labels), len(items), 0), run.rank, world)
+                    for s in range(start + 1, steps + 1)]
+        assert len(chosen) == len(expected) and batch_size == len(labels) // world
+        assert all(np.array_equal(a, b) for pair, same in zip(chosen, expected) for a, b in zip(pair, same))
+        return ((pixels, labels) for pixels in batches)
+
+    monkeypatch.setattr(finetune, "step_batches", step_batches)
 
     def accuracies(models, pictures, labels, run, batch_size, desc, into):
         assert not any(model.training for model in models)  # a check is an evaluation: no dropout
@@ -214,16 +223,17 @@ def train(monkeypatch, model, optimizer, batches, labels, steps, accum_steps=1, 
     if lr is not None:
         monkeypatch.setattr(finetune, "lr_at", lambda step, base_lr, total_steps: lr)
     args = SimpleNamespace(lr=0.003, steps=steps, batch_size=len(labels), accum_steps=accum_steps, seed=0,
-                           save_dir=None, resolution=224)
+                           save_dir=save_dir, resolution=224)
     run = SimpleNamespace(args=args, device=torch.device("cpu"), rank=0, world=world,
                           autocast=contextlib.nullcontext())
-    history = {"losses": [], "norms": [], "rows": [], "seconds": 0.0,
+    history = {"losses": [], "norms": [], "rows": list(rows), "seconds": 0.0,
                "passes": {"training": pass_timing(), "checks": pass_timing()}}
-    training = {"model": model, "trained": model, "average": copy.deepcopy(model), "optimizer": optimizer, "start": 0,
+    training = {"model": model, "trained": model, "average": copy.deepcopy(model), "optimizer": optimizer,
+                "start": start,
                 "history": history, "clock": time.perf_counter, "monitor": ([], []), "micro": len(labels)}
     report = Report("finetune", quiet=True)
     finetune.train(run, report, {"train": [(None, int(label)) for label in labels]}, training, steps)
-    assert asked == list(range(1, steps + 1))  # a checkpoint (or a stop) is considered after every step
+    assert asked == list(range(start + 1, steps + 1))  # a checkpoint (or a stop) is considered after every step
     return history, report, training
 
 
@@ -287,6 +297,31 @@ def test_a_step_whose_loss_is_not_finite_changes_no_weight(monkeypatch):
     with pytest.raises(UserError, match="the training loss is nan at step 1"):
         train(monkeypatch, model, torch.optim.SGD(model.parameters(), lr=0.1), [pixels], labels, 1, lr=0.1)
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+
+
+@pytest.mark.parametrize("checkpoint", [False, True])
+def test_a_diverged_run_names_the_last_good_checkpoint_only_when_there_is_one(monkeypatch, tmp_path, checkpoint):
+    model, (pixels, labels) = TinyClassifier(), step_batch()
+    pixels[0, 0] = float("nan")
+    if checkpoint:
+        (tmp_path / finetune.CHECKPOINT).write_bytes(b"a checkpoint of step 1")
+    with pytest.raises(UserError) as stopped:
+        train(monkeypatch, model, torch.optim.SGD(model.parameters(), lr=0.1), [pixels], labels, 1, lr=0.1,
+              save_dir=str(tmp_path))
+    assert ("the last good checkpoint is" in str(stopped.value)) is checkpoint
+
+
+def test_a_resumed_run_prints_its_logged_rows_again_then_continues(monkeypatch):
+    """Resumed after step 5 of 6: the step-5 row as it was logged (its numbers recorded under step 5), then step 6."""
+    model, (pixels, labels) = TinyClassifier(), step_batch()
+    row = {"step": 5, "lr": 0.002, "loss": 1.25, "norm": 0.5, "accuracy": 40.0, "seconds": 9.0, "waiting seconds": 1.0}
+    history, report, _ = train(monkeypatch, model, torch.optim.SGD(model.parameters(), lr=0.1), [pixels], labels, 6,
+                               lr=0.1, start=5, rows=[row])
+    assert report.lines[0] == ("  step   5: lr 0.00200  loss 1.2500  gradient norm before clipping   0.500  validation "
+                               " 40.0%   [9 s, 1.0 s waiting for pictures]")
+    assert {name: number["value"] for name, number in report.numbers.items() if name.startswith("step 5 ")} == {
+        f"step 5 {key}": value for key, value in row.items() if key != "step"}
+    assert len(history["losses"]) == 1 and [r["step"] for r in history["rows"]] == [5, 6]
 
 
 def test_under_torchrun_the_gradients_are_averaged_once_after_the_last_pass(monkeypatch):
