@@ -27,12 +27,14 @@ def reason(error):
 
 
 def umask():
-    mask = os.umask(0)  # the one way to read it is to set it: done once, at import, before any thread starts
-    os.umask(mask)
-    return mask
-
-
-NEW_FILE_MODE = 0o666 & ~umask()  # what any new file gets (0644 under umask 022), not mkstemp's 0600: results are shared
+    """The process's umask, read where Linux shows it, without setting it (a thread writing meanwhile would get 0)."""
+    try:
+        with open("/proc/self/status") as status:
+            return int(next(line.split()[1] for line in status if line.startswith("Umask:")), 8)
+    except (OSError, StopIteration, ValueError, IndexError):  # elsewhere the one way to read it is to set it
+        mask = os.umask(0)
+        os.umask(mask)
+        return mask
 
 
 def write_atomic(path, write, text=False, what="file"):
@@ -50,7 +52,7 @@ def write_atomic(path, write, text=False, what="file"):
             temporary = f.name
             write(f)
             f.flush()
-            os.fchmod(f.fileno(), NEW_FILE_MODE)
+            os.fchmod(f.fileno(), 0o666 & ~umask())  # what any new file gets, not mkstemp's 0600: results are shared
             os.fsync(f.fileno())
         os.replace(temporary, target)
         temporary = None
