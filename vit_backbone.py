@@ -17,9 +17,7 @@ Reproduces the companion article "ViT as a backbone":
     python vit_backbone.py --compare --json results/backbone.json --plots figures/
     python vit_backbone.py --data-dir beans/ # a local copy of the dataset's files (README.md, data/*.parquet)
     python vit_backbone.py --per-class 20 --epochs 1    # a quick look: not the article's setup
-
-The frozen features of section 5 are cached in data/features/, keyed by the checkpoint's weight file,
-the pictures' bytes and the precision; --no-cache neither reads nor writes the cache.
+    python vit_backbone.py --no-cache        # section 5's features neither read from nor kept in data/features/
 """
 from common.run import quiet_ctrl_c_while_loading
 
