@@ -91,7 +91,7 @@ PRECISION = "fp32"      # the article ran on Apple's mps, which has no TF32
 REPORT_STEPS = (0, 5, 10, 25, 50, 100, 150, 200, 250, 300)  # the logged steps; another --steps scales them
 NORM_WINDOW = 50        # the first and last steps whose median gradient norm is printed (scaled as the steps)
 LOSS_WINDOW = 10        # the first and last steps whose mean loss is printed (scaled as the steps)
-MONITOR_PER_CLASS = 100  # the validation subset watched during the run, 1,000 pictures
+MONITOR_PER_CLASS = 100  # the validation subset watched during the run, 1,000 pictures (--check-per-class)
 RANDOM_HEAD_STD = 0.02   # the random head shown for comparison
 ARTICLE_FLAGS = {"steps": ("steps", STEPS), "batch": ("batch_size", BATCH), "lr": ("lr", LR),
                  "resolution": ("resolution", RESOLUTION), "precision": ("precision", PRECISION)}
@@ -370,7 +370,8 @@ def start_training(run, report, data, model, micro):
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
     settings = {"model": args.model, "steps": args.steps, "batch size": args.batch_size, "lr": args.lr,
                 "seed": args.seed, "resolution": args.resolution, "per class": args.per_class,
-                "precision": args.precision, "processes": run.world}  # all but the processes must stay on --resume
+                "checked per class": args.check_per_class, "precision": args.precision,
+                "processes": run.world}  # all but the processes must stay on --resume
     start, history = 0, {"losses": [], "norms": [], "rows": [], "seconds": 0.0}
     if args.resume:
         state = resume(args.save_dir, CHECKPOINT, CHECKPOINT_FORMAT, "vit_part3_finetune.py", settings,
@@ -380,7 +381,8 @@ def start_training(run, report, data, model, micro):
     clock, checks = run_clock(history), run_passes(history)["checks"]
     ids = [run.device.index] if run.device.type == "cuda" else None
     trained = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids) if run.world > 1 else model
-    items = list_split(data["root"], "val", min(MONITOR_PER_CLASS, args.per_class or MONITOR_PER_CLASS))
+    checked = args.check_per_class or MONITOR_PER_CLASS
+    items = list_split(data["root"], "val", min(checked, args.per_class or checked))
     loader, labels = share_loader(items, run, history)
     monitor = (kept_batches(loader, args.resolution, micro, run.device, checks), labels)  # an unreadable picture
     # stops the run here, before the first step; the reading counts as the checks' wait
@@ -508,12 +510,26 @@ def setup_differences(run):
     args, data = run.args, run.loaded.get("data")
     counts = {split: len(data[split]) if isinstance(data, dict) else None for split in ("train", "val")}
     differences = {**data_differences(args, args.data_dir or DEFAULT_DATA_DIR, counts),
-                   **flag_differences(args, ARTICLE_FLAGS)}
+                   **flag_differences(args, ARTICLE_FLAGS), **check_differences(args, data)}
     if "steps" in differences:
         logged = set(report_steps(args.steps))
         differences["steps"]["removes"] = [name for name in load_reference("finetune")
                                            if name.startswith("step ") and int(name.split()[1]) not in logged]
     return differences
+
+
+def check_differences(args, data):
+    """--check-per-class: fewer of the watched pictures are a sample of the article's 1,000 (their interval)."""
+    per_class = args.check_per_class
+    if per_class in (None, MONITOR_PER_CLASS):
+        return {}
+    classes = data["classes"] if isinstance(data, dict) else 10
+    watched, flag = MONITOR_PER_CLASS * classes, f"--check-per-class {per_class}"
+    if per_class > MONITOR_PER_CLASS:
+        return {"checked pictures": {"flag": flag, "why": f"{flag}: the article checks {watched:,} pictures"}}
+    return {"checked pictures": {"flag": flag, "n": per_class * classes, "of": watched,
+                                 "why": f"{flag}: {per_class * classes:,} of the {watched:,} pictures the article "
+                                        f"checks (the first {per_class} of each class)"}}
 
 
 def parse_flags(argv, world):
@@ -530,6 +546,9 @@ def parse_flags(argv, world):
                                                           "end and on Ctrl-C or SIGTERM")
     parser.add_argument("--save-every", type=positive_int, default=50, help="steps between checkpoints")
     parser.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.pt of --save-dir")
+    parser.add_argument("--check-per-class", type=positive_int, metavar="N",
+                        help=f"validation pictures of each class checked at the logged steps (default: the article's "
+                             f"{MONITOR_PER_CLASS})")
     parser.add_argument("--pause-at", type=positive_int, metavar="STEP", help="save and stop after STEP; --resume continues")
     parser.add_argument("--plots", metavar="DIR", help="save the loss, accuracy and LR curves as PNG (matplotlib)")
     add_common_arguments(parser)

@@ -9,7 +9,9 @@ MKL_NUM_THREADS for the scripts the tests start as subprocesses. The tests that 
 session fixture (the stand-in runs) are grouped onto one worker (--dist loadgroup), so that it is
 built once, not once per worker. Tests marked `gpu` run only where torch sees a CUDA GPU.
 """
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 
 _cache = tempfile.mkdtemp(prefix="vit-part3-hf-")
+atexit.register(shutil.rmtree, _cache, ignore_errors=True)  # each session's (and xdist worker's) cache goes with it
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_HOME"] = _cache
 os.environ["HF_HUB_CACHE"] = os.path.join(_cache, "hub")

@@ -266,6 +266,38 @@ def test_resume_refuses_other_settings(tiny_in21k, pictures, tmp_path, capsys):
     run_main(common_flags(tiny_in21k, pictures, tmp_path, steps=2), capsys)
     status, out = run_main(common_flags(tiny_in21k, pictures, tmp_path, steps=3) + ["--resume"], capsys)
     assert status == 1 and "made with other settings (steps 2 -> 3)" in out
+    status, out = run_main(common_flags(tiny_in21k, pictures, tmp_path, steps=2) + ["--resume", "--check-per-class",
+                                                                                     "1"], capsys)
+    assert status == 1 and "made with other settings (checked per class None -> 1)" in out
+
+
+@pytest.mark.parametrize("per_class,difference", [
+    (None, {}),
+    (100, {}),  # the article's, said
+    (10, {"flag": "--check-per-class 10", "n": 100, "of": 1000,
+          "why": "--check-per-class 10: 100 of the 1,000 pictures the article checks (the first 10 of each class)"}),
+    (200, {"flag": "--check-per-class 200", "why": "--check-per-class 200: the article checks 1,000 pictures"}),
+])
+def test_checking_fewer_pictures_samples_the_articles_1000(per_class, difference):
+    """A smaller check is a sample of the article's 1,000 watched pictures: step 0 gets their 95% interval, the rows
+    of chance and the counts are not comparable; a larger one is not a sample of them."""
+    from argparse import Namespace
+
+    from scipy.stats import hypergeom
+
+    from common.reference import compare, load_reference
+
+    differences = finetune.check_differences(Namespace(check_per_class=per_class), {"classes": 10})
+    assert differences == ({"checked pictures": difference} if difference else {})
+    if per_class != 10:
+        return
+    numbers = {"step 0 validation": {"value": 10.0}, "step 5 accuracy": {"value": 97.0},
+               "monitor pictures": {"value": 100.0}}
+    rows = {row["name"]: row for row in compare(numbers, load_reference("finetune"), differences)}
+    low, high = (100 * hypergeom.ppf(q, 1000, 100, 100) / 100 for q in (0.025, 0.975))  # 100 right of the 1,000
+    assert rows["step 0 validation"]["verdict"] == "close" and rows["step 0 validation"]["interval"] == [low, high]
+    assert rows["step 5 accuracy"]["verdict"] == rows["monitor pictures"]["verdict"] == "not comparable"
+    assert rows["step 5 accuracy"]["flags"] == ["--check-per-class 10"]
 
 
 def same_training_numbers(first_json, second_json, rel):

@@ -346,31 +346,31 @@ def test_each_script_gets_its_flags(tmp_path):
     assert reproduce.script_command("setup", args, out) == python + ["vit_part3_setup.py", "--json",
                                                                       str(out / "setup.json"), "--compare"]
     assert reproduce.script_command("posemb", args, out) == python + [
-        "vit_part3_posemb.py", "--per-class", "10", "--data-dir", "/data/nette", "--device", "cpu", "--precision",
+        "vit_part3_posemb.py", "--per-class", "5", "--data-dir", "/data/nette", "--device", "cpu", "--precision",
         "bf16", "--json", str(out / "posemb.json"), *outputs]
     assert reproduce.script_command("fewshot", args, out) == python + [
-        "vit_part3_fewshot.py", "--per-class", "20", "--model", str(models / IN21K), "--data-dir", "/data/nette",
+        "vit_part3_fewshot.py", "--per-class", "10", "--model", str(models / IN21K), "--data-dir", "/data/nette",
         "--device", "cpu", "--precision", "bf16", "--no-cache", "--json", str(out / "fewshot.json"), *outputs]
     assert reproduce.script_command("finetune", args, out, resume=True) == python + [
-        "vit_part3_finetune.py", "--pause-at", "5", "--model", str(models / IN21K), "--data-dir", "/data/nette",
+        "vit_part3_finetune.py", "--pause-at", "5", "--check-per-class", "10", "--model", str(models / IN21K), "--data-dir", "/data/nette",
         "--device", "cpu", "--precision", "bf16", "--save-dir", str(out / "finetune-run"), "--resume", "--json",
         str(out / "finetune.json"), *outputs]
     assert reproduce.script_command("backbone", namespace(beans="/data/beans"), out) == python + [
         "vit_backbone.py", "--data-dir", "/data/beans", "--json", str(out / "backbone.json"), *outputs]
 
 
-def test_a_quick_check_of_fine_tuning_is_continued_by_the_full_run(tmp_path):
-    """--pause-at aside, the quick and the full fine-tuning are one run: the full job resumes the quick one's step."""
+def test_fine_tuning_continues_a_run_paused_with_the_same_flags_but_not_the_quick_check(tmp_path):
+    """--pause-at aside, a paused run and its continuation are one run; the quick check, which checks 100 of the
+    1,000 pictures, is not continued by the full job (its step-0 and step-5 rows would be of the smaller sample)."""
     out = tmp_path / "out"
     quick = reproduce.script_command("finetune", namespace(quick=True), out)
     full = reproduce.script_command("finetune", namespace(), out)
-    assert reproduce.command_key(quick, out) != reproduce.command_key(full, out)
-    assert reproduce.checkpoint_key(quick, out) == reproduce.checkpoint_key(full, out) == [
+    assert reproduce.checkpoint_key(quick, out) != reproduce.checkpoint_key(full, out) == [
         "python", "vit_part3_finetune.py", "--save-dir", "OUT/finetune-run", "--json", "OUT/finetune.json",
         "--plots", "OUT/figures", "--compare"]
-    extra = {"finetune": ["--pause-at=2"]}  # the flag's other spelling, through --extra
-    assert reproduce.checkpoint_key(reproduce.script_command("finetune", namespace(extra=extra), out), out) == \
-        reproduce.checkpoint_key(full, out)
+    for paused in (["--pause-at=2"], ["--pause-at", "7"]):  # both spellings, through --extra
+        command = reproduce.script_command("finetune", namespace(extra={"finetune": paused}), out)
+        assert reproduce.checkpoint_key(command, out) == reproduce.checkpoint_key(full, out)
 
 
 @pytest.mark.parametrize("change,complete", [
