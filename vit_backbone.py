@@ -47,7 +47,6 @@ from common.figures import backbone as figures
 from common.loader import loader_workers
 from common.reference import verdict
 from common.run import Run, guarded, run_sections
-from common.trainer import preprocessed
 
 # ---------------------------------------------------------------- the recipe, where the article states it
 MODEL = "google/vit-base-patch16-224"  # model_id: an ImageNet-1k classifier whose head is replaced by a 3-class one
@@ -68,10 +67,7 @@ TABLE_COLUMNS = {"patch size": "patch_size", "input resolution": "image_size", "
 CONFIG_LINES = {"Image size": "image_size", "Patch size": "patch_size", "Hidden size": "hidden_size",
                 "Number of hidden layers": "num_hidden_layers", "Number of attention heads": "num_attention_heads",
                 "Intermediate size": "intermediate_size"}  # the article's print()s of model.config
-# Beyond the article. DINO's linear evaluation (Caron et al. 2021, eval_linear.py): a linear layer from normal(0, 0.01)
-# and a zero bias, SGD with momentum 0.9 and no weight decay, learning rate 0.001 x batch / 256, cosine decay to 0 over
-# 100 epochs, batch 128 per GPU; for ViT-B the features are the last layer's class token beside the mean of its patch
-# tokens. The random crops and flips are left out: the features are computed once, frozen.
+# Beyond the article: DINO's linear evaluation (Caron et al. 2021, eval_linear.py; docs/scripts.md), on frozen features.
 PROBE = {"std": 0.01, "momentum": 0.9, "base_lr": 0.001, "batch_size": 128}
 PROBE_EPOCHS = 100
 LAMBDAS = [0.01, 1.0, 100.0]  # Part 3's closed-form probe: the ridge penalties it tries
@@ -148,11 +144,6 @@ def counted_parameters(config):
     with torch.device("meta"):
         model = ViTForImageClassification(config)
     return sum(p.numel() for p in model.parameters()), sum(p.numel() for p in model.vit.parameters())
-
-
-def table_verdict(table_millions, whole):
-    """--compare's verdict on the whole classifier's count against the table's Parameters column (in millions)."""
-    return verdict({"article": str(table_millions), "kind": "nothing"}, whole / 1e6)
 
 
 def feature_grid(model):
@@ -258,8 +249,7 @@ def finetune(run):
 
     args, (beans, processor) = run.args, run.need("beans", "processor")
     set_seed(args.seed)  # dnnlpy.set_seed(42): random, numpy and torch
-    # The article's draws on the CPU before its shuffles, which move the generator a CPU's new head comes from: the
-    # (2, 16, 64) test, and the pre-logits layer (pooler) that ViTModel.from_pretrained adds at random to a classifier.
+    # The article's CPU draws before its shuffles: the (2, 16, 64) test, the pooler from_pretrained adds at random.
     torch.randn(2, 16, 64)
     load_pretrained(ViTModel, args.model)
     # Dataset.shuffle() without a seed draws its seed from numpy's global state; in memory, the same order.
@@ -272,9 +262,8 @@ def finetune(run):
     map_indices = one_per_class(beans["validation"]["labels"], MAP_PICTURES)
     map_pixels = plumbing.pixels_of(processor, [beans["validation"][i]["image"] for i in map_indices])
     workers = loader_workers(run.device)
-    # The validation pictures through the article's transform once, not at each of the evaluations: an evaluation
-    # is a few batches, and a loader that starts afresh for each keeps a GPU waiting for its first batch.
-    val_items, preprocessing = preprocessed(val_ds.with_transform(transform), workers)
+    # The validation pictures through the transform once: a loader started afresh per evaluation keeps a GPU waiting.
+    val_items, preprocessing = plumbing.preprocessed(val_ds.with_transform(transform), workers)
     val_items = [{**item, "pixel_values": item["pixel_values"].to(run.device)} for item in val_items]  # 80 MB
     recipe = {"per_device_train_batch_size": args.batch_size, "per_device_eval_batch_size": args.batch_size,
               "num_train_epochs": args.epochs, "learning_rate": args.lr, "logging_steps": LOGGING_STEPS,
@@ -346,7 +335,8 @@ def section_table(run, report):
         report.line("{name:<30} {patch size:>5} {input resolution:>5} {embedding dimension:>5} {layers:>6} "
                     "{heads:>5}  {table:>4}M  {parameters:,} = {parameters (M):.0f}M ({backbone parameters:,} = "
                     "{backbone parameters (M):.0f}M)  {verdict}", numbers, prefix=f"{name} ", name=name,
-                    table=table_millions, verdict=table_verdict(table_millions, whole))
+                    table=table_millions,
+                    verdict=verdict({"article": str(table_millions), "kind": "nothing"}, whole / 1e6))
     report.line("same / differs: the table's Parameters column read as the whole classifier its row names (with its "
                 "1000-class head), the number --compare compares. A row is the architecture its name stands for "
                 "(vit-<size>-patch<P>-<resolution>), counted, not a released checkpoint: the Hub need not hold one of "

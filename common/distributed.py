@@ -1,8 +1,4 @@
-"""torchrun: the processes' start, the first process before the others, sums over the processes, leaving together.
-
-Under `torchrun --nproc_per_node N`, each process runs the whole script on its share of each batch; with one
-process (plain `python`) every function here is the identity.
-"""
+"""torchrun: the processes' start, the first process first, sums over them, leaving together; with one, the identity."""
 import contextlib
 import os
 import sys
@@ -76,9 +72,8 @@ def end(world):
 
 
 def leave(status):
-    """End the process with `status`: at once, without the interpreter's finalization, once every torchrun process
-    has finished its sections (a gloo thread still releasing the last collective can abort a finalizing interpreter:
-    docs/performance.md); otherwise as usual, so that a first process stopped early still prints its line."""
+    """sys.exit(status); once every torchrun process has finished, os._exit: a finalizing interpreter can abort under a
+    gloo thread (docs/performance.md, "Several processes")."""
     if not LEAVING["together"]:
         sys.exit(status)
     sys.stdout.flush()

@@ -1,6 +1,4 @@
-"""The backbone article's plumbing around transformers: its checkpoint and image processor, checked and read; its
-passes over pictures, timed from outside: the Trainer's (its progress on stderr, the wait for pictures measured
-around its loop), the frozen features' pass, and a dataset read once through its transform."""
+"""The backbone article's plumbing around transformers: its checkpoint, its processor, its passes timed from outside."""
 import contextlib
 import sys
 import tempfile
@@ -98,8 +96,6 @@ def progress_on_stderr():
     from transformers import TrainerCallback
 
     class Progress(TrainerCallback):
-        bar = None
-
         def on_train_begin(self, args, state, control, **kwargs):
             self.bar = tqdm(total=state.max_steps, desc="fine-tuning", unit="step", file=sys.stderr, leave=False)
 
@@ -114,14 +110,8 @@ def progress_on_stderr():
 
 @contextlib.contextmanager
 def timed_trainer(recipe, device, precision, workers, **parts):
-    """Yields (a transformers.Trainer, its passes' timings as timed_passes fills them): the Trainer made of `parts`
-    with TrainingArguments(**recipe), writing to a temporary folder deleted with the block, reporting to nothing, its
-    progress on stderr, on the run's device and precision (tf32 left unset: Run set float32's rule).
-
-    `workers` processes decode and preprocess the training pictures ahead of the model (the library's default, none,
-    does it in the main process while a GPU waits), persistent, their batches pinned for a GPU. They change no number:
-    the order comes from the sampler's own seed, the pictures from the processor.
-    """
+    """Yields (a Trainer of `parts` and TrainingArguments(**recipe), writing to a temporary folder, its progress on
+    stderr; its timed_passes()), its training pictures prepared by `workers` processes (docs/performance.md)."""
     from transformers import ProgressCallback, Trainer, TrainingArguments
 
     with tempfile.TemporaryDirectory(prefix="vit-backbone-trainer-") as output_dir:
@@ -141,15 +131,8 @@ def labels_in(batch):
 
 @contextlib.contextmanager
 def timed_passes(trainer, device):
-    """Yields {"training", "evaluations": pass timings, "train() seconds"}, filled as the Trainer runs in the block;
-    the worker processes of the data loaders it made end with the block, on an error or a signal too.
-
-    Its loop hides the wait for pictures, so every next() of the data loaders it makes is timed from outside
-    (common/loader.py's timed: on a CUDA GPU the GPU's own idle time), and every evaluate(); the training pass's
-    seconds are train()'s less those of the evaluations it ran. Its evaluation loaders get no worker processes and no
-    pinning: their pictures are preprocessed already, on the model's device, and an evaluation is a few batches, which
-    workers started afresh for each would keep a GPU waiting for.
-    """
+    """Yields {"training", "evaluations": pass timings, "train() seconds"}, filled as the Trainer runs in the block, its
+    loaders' next() and evaluate() timed from outside; its loaders' workers end with the block."""
     timings, made = {"training": pass_timing(), "evaluations": pass_timing()}, []
     make_train, make_eval, evaluate, train = (trainer.get_train_dataloader, trainer.get_eval_dataloader,
                                               trainer.evaluate, trainer.train)
@@ -158,7 +141,7 @@ def timed_passes(trainer, device):
         made.append(make_train(*a, **k))
         return TimedLoader(made[-1], timings["training"], count=labels_in, device=device)
 
-    def eval_loader(*a, **k):
+    def eval_loader(*a, **k):  # no workers, no pinning: its pictures are on the model's device already
         args = trainer.args
         kept = args.dataloader_num_workers, args.dataloader_persistent_workers, args.dataloader_pin_memory
         args.dataloader_num_workers, args.dataloader_persistent_workers, args.dataloader_pin_memory = 0, False, False
@@ -169,11 +152,9 @@ def timed_passes(trainer, device):
         return TimedLoader(made[-1], timings["evaluations"], count=labels_in, device=device)
 
     def timed_evaluate(*a, **k):
-        begun = time.perf_counter()
-        try:
-            return evaluate(*a, **k)
-        finally:
-            timings["evaluations"]["seconds"] += time.perf_counter() - begun
+        output, seconds = clocked(evaluate, *a, **k)
+        timings["evaluations"]["seconds"] += seconds
+        return output
 
     def timed_train(*a, **k):
         evaluating = timings["evaluations"]["seconds"]
@@ -190,13 +171,8 @@ def timed_passes(trainer, device):
 
 
 def model_pass(load_model, dataset, collate_fn, keep, device, autocast, desc):
-    """(torch.cat of keep(model(pixel_values=batch)) over the batches, on the host; the pass's timing): one pass, in
-    order, over a dataset that makes its own items, with worker processes beside a GPU (the Trainer's rule).
-
-    The workers start first, timed apart from the pass ("start-up seconds", "workers"), and build their first batches
-    while load_model() loads the model. The outputs stay on the device until the pass ends (common/inference.py's
-    run_model says why).
-    """
+    """(torch.cat of keep(model(pixel_values=batch)) on the host, the pass's timing): one pass over a dataset, its
+    workers started first and timed apart, building batches while load_model() loads the model."""
     from tqdm import tqdm
 
     workers = loader_workers(device)
@@ -215,7 +191,5 @@ def model_pass(load_model, dataset, collate_fn, keep, device, autocast, desc):
 
 
 def preprocessed(dataset, workers):
-    """([every item of a dataset with a transform], the seconds it took): the transform computed once, in order, by
-    `workers` processes; the items are the transform's own output, so a Trainer fed with them sees what it would
-    see through the dataset."""
+    """([every item of a dataset through its transform, in order], the seconds it took), by `workers` processes."""
     return clocked(lambda: [item for batch in dataset_loader(dataset, list, workers) for item in batch])

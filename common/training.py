@@ -1,6 +1,4 @@
-"""A training run's plumbing: its batches and their timing, its clock, its checkpoint (written whole with a digest and
-refused when foreign, changed or made with other settings), and the stop that Ctrl-C or SIGTERM asks for, after the
-step in flight is saved."""
+"""Fine-tuning's plumbing: its batches and their timing, its clock, its checked checkpoint, the stop on a signal."""
 import contextlib
 import hashlib
 import os
@@ -23,11 +21,8 @@ from common.run import Terminated, quiet_if_nobody_reads
 
 
 def state_digest(state):
-    """blake2b over every value of the state in a fixed order: a flipped bit in any weight changes it.
-
-    Tensors are hashed by their dtype, shape and bytes (viewed as uint8, so bfloat16 works too), everything else
-    by its repr, so the digest is the same after torch.load as before torch.save.
-    """
+    """blake2b over every value in a fixed order, tensors by dtype, shape and bytes (uint8, for bfloat16), the rest by
+    repr: the same after torch.load as before torch.save."""
     digest = hashlib.blake2b(digest_size=16)
 
     def feed(value):
@@ -59,12 +54,6 @@ def rng_states():
     return states
 
 
-def set_rng_states(states):
-    torch.set_rng_state(states["torch"])
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
-
-
 def save_checkpoint(path, state, version):
     """The state, its format `version` and its digest, written whole or not at all; returns the path."""
     checked = {"format": version, "digest": state_digest(state), "state": state}
@@ -87,46 +76,36 @@ def read_checkpoint(path, version, program):
     return checked["state"]
 
 
-def resume_state(save_dir, name, version, program, settings, free=("processes",)):
-    """The state in save_dir/name, refused when it is missing, foreign, changed, or made with other settings than
-    these (the keys in `free` may change between a run and its resume)."""
+def resume(save_dir, name, version, program, settings, into):
+    """The state in save_dir/name (refused when missing, foreign, changed or made with other settings but the number of
+    processes), loaded into `into` ({part: module or optimizer}), its RNG states set."""
     path = Path(save_dir) / name
     if not path.is_file():
         raise UserError(f"--resume: no {name} in {save_dir}; start without --resume")
     state = read_checkpoint(path, version, program)
     changed = [f"{key} {state['settings'].get(key)} -> {value}" for key, value in settings.items()
-               if key not in free and state["settings"].get(key) != value]
+               if key != "processes" and state["settings"].get(key) != value]
     if changed:
         raise UserError(f"--resume: {path} was made with other settings ({'; '.join(changed)}); "
                         f"pass the same flags, or a new --save-dir")
-    return state
-
-
-def resume(save_dir, name, version, program, settings, into):
-    """resume_state(), its parts loaded into the modules and optimizers `into` ({part: module}) and its RNG states
-    set; returns the state."""
-    state = resume_state(save_dir, name, version, program, settings)
     for part, module in into.items():
         module.load_state_dict(state[part])
-    set_rng_states(state["rng"])
+    torch.set_rng_state(state["rng"]["torch"])
+    if "cuda" in state["rng"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["rng"]["cuda"])
     return state
 
 
 def micro_batches(pixels, labels, passes):
-    """(pictures, labels, weight) of each of `passes` parts of a batch; weight = the part's share of the batch, so
-    that the parts' mean losses, each times its weight, add up to the batch's mean loss (and so the gradients)."""
+    """(pictures, labels, weight) of each of `passes` parts of a batch; weight: the part's share, so that the weighted
+    mean losses add up to the batch's."""
     for x, y in zip(pixels.chunk(passes), labels.chunk(passes)):
         yield x, y, len(y) / len(labels)
 
 
 class StopOnSignal:
-    """In the block, a first Ctrl-C or SIGTERM asks to stop after the current step (saved whole); a second, at once.
-
-    SIGTERM is what schedulers (SLURM), `timeout`, `docker stop` and systemd send some seconds before they kill a
-    job. A SIGTERM that follows the first within REPEAT_SECONDS is the same stop delivered twice (systemd and SLURM
-    signal every process of a job, and reproduce.py passes its own on), not a second request.
-    """
-    REPEAT_SECONDS = 2.0
+    """In the block, a first Ctrl-C or SIGTERM asks to stop after the current step (saved whole); a second, at once."""
+    REPEAT_SECONDS = 2.0  # a SIGTERM this soon after the first is the same stop delivered twice (systemd, SLURM)
 
     def __init__(self):
         self.names = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
@@ -157,9 +136,8 @@ class StopOnSignal:
 
 
 def save_or_stop(run, stop, step, last_step, save, say):
-    """save() the checkpoint every --save-every steps, at the last step and on a stop signal (the first process
-    alone); then stop if a signal asked. Every process learns of a signal that reached any of them and of a
-    checkpoint that could not be written, so all stop at the same step."""
+    """save() (the first process alone) every --save-every steps, at the last and on a signal; then stop if one asked:
+    every process learns of a signal or failed save in any, so all stop at the same step."""
     args = run.args
     interrupted = sum_over_processes(bool(stop.asked), run) > 0
     path, problem = None, None
@@ -177,16 +155,14 @@ def save_or_stop(run, stop, step, last_step, save, say):
 
 
 def started(loader, counts):
-    """The loader, its workers (if any) started now; the seconds that took added to counts' "loader start-up seconds",
-    apart from the passes, and its workers in counts' "loader workers"."""
+    """The loader, its workers started now; their start-up seconds and count kept in counts, apart from the passes."""
     counts["loader start-up seconds"] = counts.get("loader start-up seconds", 0.0) + start_workers(loader)
     counts["loader workers"] = loader.num_workers
     return loader
 
 
 def share_loader(items, run, counts):
-    """(A loader over this process's share of the (path, label) items, every world-th, its workers started (started()
-    counts them); the share's labels)."""
+    """(A started() loader over this process's share of the (path, label) items, every world-th; its labels)."""
     share = items[run.rank::run.world]
     return started(picture_loader([path for path, _ in share], run.device), counts), [label for _, label in share]
 
@@ -198,10 +174,8 @@ def process_share(items, rank, world):
 
 
 def step_batches(items, chosen, run, resolution, batch_size, history, workers=None):
-    """(pixels, labels) on the device for each (indices, flips) of `chosen` over the (path, label) items, in order:
-    built ahead by a loader whose workers (picture_loader's) start now (started() counts them in the history), each
-    batch's wait and pictures timed into the history's training pass. The host's wait is the device's: each step ends
-    in .item()."""
+    """(pixels, labels) on the device for each (indices, flips) of `chosen` over the (path, label) items, built ahead
+    by a started() loader, timed into the history's training pass."""
     paths = [items[i][0] for indices, _ in chosen for i in indices]
     loader = started(picture_loader(paths, run.device, workers), history)
     flips = np.concatenate([f for _, f in chosen]) if chosen else None
@@ -229,8 +203,7 @@ def waiting_seconds(passes):
 
 
 def run_clock(history):
-    """The run's seconds so far, a resumed run's earlier ones included: a function that also keeps them in
-    history["seconds"], for the checkpoint."""
+    """A function: the run's seconds so far, a resumed run's included, also kept in history["seconds"]."""
     begun = time.perf_counter() - history["seconds"]
 
     def seconds():
@@ -241,9 +214,8 @@ def run_clock(history):
 
 
 def accuracies(models, pictures, labels, run, batch_size, desc, into=None):
-    """([per cent right of each model over every process's share of the pictures], this process's pass timing), in
-    one pass: each batch goes through every model. pictures: as run_model's; labels: this process's share; into: a
-    running total (pass_timing) the pass's timing is added to."""
+    """([per cent right of each model over all processes], this process's pass timing, also added to `into`): one pass,
+    each batch through every model; pictures as run_model's, labels this process's share."""
     def predictions(**inputs):
         return [model(**inputs).logits.argmax(1) for model in models]
 
@@ -259,9 +231,8 @@ def accuracies(models, pictures, labels, run, batch_size, desc, into=None):
 
 
 def kept_batches(loader, resolution, batch_size, device, into):
-    """The loader's pictures as uint8 batches on the device, the reading's seconds and wait added to the running total
-    `into` (pass_timing; it counts no picture): for pictures read again and again at one size (fine-tuning's checks),
-    which then wait for no loader."""
+    """The loader's pictures as uint8 batches kept on the device (fine-tuning's checks, read ten times), the reading's
+    seconds and wait added to `into` (no pictures counted); the loader's workers end."""
     timing, kept, begun = pass_timing(), [], time.perf_counter()
     for pixels in timed(picture_batches(loader, resolution, batch_size), timing, count=lambda batch: 0, device=device):
         kept.append(to_device(pixels, device))

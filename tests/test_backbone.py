@@ -14,6 +14,7 @@ import vit_backbone as backbone
 from common.output import Report
 from common.reference import compare, load_reference
 from common.run import Run, guarded
+from common.trainer import preprocessed
 
 
 def article_output(pattern):
@@ -239,7 +240,7 @@ def test_the_validation_pictures_preprocessed_once_are_what_the_processor_makes(
 
     split = load_dataset(str(beans_standins["data"]))["validation"]
     processor = AutoImageProcessor.from_pretrained(beans_standins["models"][0])
-    items, _ = backbone.preprocessed(split.with_transform(functools.partial(backbone.article_transform, processor)), 2)
+    items, _ = preprocessed(split.with_transform(functools.partial(backbone.article_transform, processor)), 2)
     assert len(items) == len(split) == 6
     for item, row in zip(items, split):
         expected = processor(row["image"].convert("RGB"), return_tensors="pt")["pixel_values"][0]
