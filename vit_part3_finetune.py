@@ -519,17 +519,14 @@ def setup_differences(run):
 
 
 def check_differences(args, data):
-    """--check-per-class: fewer of the watched pictures are a sample of the article's 1,000 (their interval)."""
-    per_class = args.check_per_class
+    """--check-per-class below the article's 100: a sample of the 1,000 pictures it checks (their 95% interval)."""
+    per_class, classes = args.check_per_class, data["classes"] if isinstance(data, dict) else 10
     if per_class in (None, MONITOR_PER_CLASS):
         return {}
-    classes = data["classes"] if isinstance(data, dict) else 10
-    watched, flag = MONITOR_PER_CLASS * classes, f"--check-per-class {per_class}"
-    if per_class > MONITOR_PER_CLASS:
-        return {"checked pictures": {"flag": flag, "why": f"{flag}: the article checks {watched:,} pictures"}}
-    return {"checked pictures": {"flag": flag, "n": per_class * classes, "of": watched,
-                                 "why": f"{flag}: {per_class * classes:,} of the {watched:,} pictures the article "
-                                        f"checks (the first {per_class} of each class)"}}
+    flag, n, watched = f"--check-per-class {per_class}", per_class * classes, MONITOR_PER_CLASS * classes
+    sample = {"n": n, "of": watched} if per_class < MONITOR_PER_CLASS else {}
+    return {"checked pictures": {"flag": flag, **sample, "why": f"{flag}: {n:,} pictures checked (the first "
+                                                                f"{per_class} of each class), the article's {watched:,}"}}
 
 
 def parse_flags(argv, world):
@@ -546,9 +543,8 @@ def parse_flags(argv, world):
                                                           "end and on Ctrl-C or SIGTERM")
     parser.add_argument("--save-every", type=positive_int, default=50, help="steps between checkpoints")
     parser.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.pt of --save-dir")
-    parser.add_argument("--check-per-class", type=positive_int, metavar="N",
-                        help=f"validation pictures of each class checked at the logged steps (default: the article's "
-                             f"{MONITOR_PER_CLASS})")
+    parser.add_argument("--check-per-class", type=positive_int, metavar="N", help="validation pictures of each class "
+                        f"checked at the logged steps (default: the article's {MONITOR_PER_CLASS})")
     parser.add_argument("--pause-at", type=positive_int, metavar="STEP", help="save and stop after STEP; --resume continues")
     parser.add_argument("--plots", metavar="DIR", help="save the loss, accuracy and LR curves as PNG (matplotlib)")
     add_common_arguments(parser)

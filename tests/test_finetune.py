@@ -275,8 +275,9 @@ def test_resume_refuses_other_settings(tiny_in21k, pictures, tmp_path, capsys):
     (None, {}),
     (100, {}),  # the article's, said
     (10, {"flag": "--check-per-class 10", "n": 100, "of": 1000,
-          "why": "--check-per-class 10: 100 of the 1,000 pictures the article checks (the first 10 of each class)"}),
-    (200, {"flag": "--check-per-class 200", "why": "--check-per-class 200: the article checks 1,000 pictures"}),
+          "why": "--check-per-class 10: 100 pictures checked (the first 10 of each class), the article's 1,000"}),
+    (200, {"flag": "--check-per-class 200",
+           "why": "--check-per-class 200: 2,000 pictures checked (the first 200 of each class), the article's 1,000"}),
 ])
 def test_checking_fewer_pictures_samples_the_articles_1000(per_class, difference):
     """A smaller check is a sample of the article's 1,000 watched pictures: step 0 gets their 95% interval, the rows
