@@ -35,17 +35,9 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from common import distributed
+from common import cli, distributed
+from common import training as plumbing
 from common.checkpoints import checkpoint_config, load_pretrained
-from common.cli import (
-    add_common_arguments,
-    add_data_arguments,
-    positive_float,
-    positive_int,
-    script_parser,
-    seed,
-    side_pixels,
-)
 from common.differences import flag_differences
 from common.distributed import accumulating, first_process_first, sum_over_processes
 from common.errors import UserError
@@ -57,23 +49,6 @@ from common.position_table import as_parameter_rows, bilinear_table, model_table
 from common.reference import article_values, load_reference
 from common.run import Run, check_output_dir, check_output_file, guarded, run_sections
 from common.schedules import warmup_cosine_lr
-from common.training import (
-    StopOnSignal,
-    accuracies,
-    counted,
-    kept_batches,
-    micro_batches,
-    process_share,
-    resume,
-    rng_states,
-    run_clock,
-    run_passes,
-    save_checkpoint,
-    save_or_stop,
-    share_loader,
-    step_batches,
-    waiting_seconds,
-)
 
 # ---------------------------------------------------------------- the recipe
 # The article's run ("Our fine-tuning run"), the pieces of the paper's Table 4 at a smaller scale.
@@ -177,7 +152,7 @@ def head_step(model, pixels, labels, passes=1):
         lambda module, inputs, output: captured.append(inputs[0].detach().float()))
     model.zero_grad(set_to_none=True)
     try:
-        for x, y, weight in micro_batches(pixels, labels, passes):
+        for x, y, weight in plumbing.micro_batches(pixels, labels, passes):
             part = model(pixel_values=x, interpolate_pos_encoding=True).logits.float()  # the loss in float32, bf16 too
             share = F.cross_entropy(part, y) * weight
             share.backward()
@@ -297,7 +272,8 @@ def section_zero_head(run, report):
     model, classes = classifier["model"], data["classes"]
     report.header("1. step 0 with the zero head")
     first_batch = [step_pictures(1, run.args.batch_size, len(data["train"]), run.args.seed)]  # no workers for one batch
-    pixels, labels = next(step_batches(data["train"], first_batch, run, run.args.resolution, run.args.batch_size, {}, 0))
+    pixels, labels = next(plumbing.step_batches(data["train"], first_batch, run, run.args.resolution,
+                                                run.args.batch_size, {}, 0))
     passes = run.world * run.args.accum_steps  # the micro-batch of a training step, so the peak is training's
     with run.autocast:
         zero = head_step(model, pixels, labels, passes)
@@ -374,20 +350,20 @@ def start_training(run, report, data, model, micro):
                 "processes": run.world}  # all but the processes must stay on --resume
     start, history = 0, {"losses": [], "norms": [], "rows": [], "seconds": 0.0}
     if args.resume:
-        state = resume(args.save_dir, CHECKPOINT, CHECKPOINT_FORMAT, "vit_part3_finetune.py", settings,
+        state = plumbing.resume(args.save_dir, CHECKPOINT, CHECKPOINT_FORMAT, "vit_part3_finetune.py", settings,
                        {"model": model, "average": average, "optimizer": optimizer})
         start, history = state["step"], state["history"]
         report.line("resumed from {path} at step {start}", path=Path(args.save_dir) / CHECKPOINT, start=start)
-    clock, checks = run_clock(history), run_passes(history)["checks"]
+    clock, checks = plumbing.run_clock(history), plumbing.run_passes(history)["checks"]
     ids = [run.device.index] if run.device.type == "cuda" else None
     trained = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids) if run.world > 1 else model
     checked = args.check_per_class or MONITOR_PER_CLASS
     items = list_split(data["root"], "val", min(checked, args.per_class or checked))
-    loader, labels = share_loader(items, run, history)
-    monitor = (kept_batches(loader, args.resolution, micro, run.device, checks), labels)  # an unreadable picture
-    # stops the run here, before the first step; the reading counts as the checks' wait
+    loader, labels = plumbing.share_loader(items, run, history)
+    # read once, kept on the device: an unreadable picture stops the run here; the reading counts as the checks' wait
+    monitor = (plumbing.kept_batches(loader, args.resolution, micro, run.device, checks), labels)
     if start == 0:
-        (history["step 0"],), _ = accuracies([model.eval()], *monitor, run, micro, "step 0", into=checks)
+        (history["step 0"],), _ = plumbing.accuracies([model.eval()], *monitor, run, micro, "step 0", into=checks)
         ties = not model.classifier.weight.any() and not model.classifier.bias.any()
         history["tie note"] = "  (zero head: every class ties, the first wins)" if ties else ""
     report.line("step   0: validation accuracy ({monitor pictures:,} pictures, {monitor per class} per class) "
@@ -401,18 +377,18 @@ def start_training(run, report, data, model, micro):
 def train(run, report, data, training, last_step):
     """Steps start+1 .. last_step: the article's loop, its logged steps, and checkpoints (common/training.py)."""
     args, model, trained, history = run.args, training["model"], training["trained"], training["history"]
-    optimizer, passes, first = training["optimizer"], run_passes(history), training["start"] + 1
+    optimizer, passes, first = training["optimizer"], plumbing.run_passes(history), training["start"] + 1
     for row in history["rows"]:  # a resumed run's logged steps, printed again
         report.line(STEP_LINE, {k: v for k, v in row.items() if k != "step"}, prefix=f"step {row['step']} ",
                     step=row["step"])
-    chosen = [process_share(step_pictures(s, args.batch_size, len(data["train"]), args.seed), run.rank, run.world)
-              for s in range(first, last_step + 1)]
-    batches = step_batches(data["train"], chosen, run, args.resolution, args.batch_size // run.world, history)
+    chosen = [plumbing.process_share(step_pictures(s, args.batch_size, len(data["train"]), args.seed), run.rank,
+                                     run.world) for s in range(first, last_step + 1)]
+    batches = plumbing.step_batches(data["train"], chosen, run, args.resolution, args.batch_size // run.world, history)
     steps = tqdm(range(first, last_step + 1), desc="fine-tuning", unit="step", file=sys.stderr, initial=first - 1,
                  total=args.steps)
-    with StopOnSignal() as stop:
+    with plumbing.StopOnSignal() as stop:
         for step in steps:
-            with counted(passes["training"]):  # a step's seconds, its wait for pictures included, not its check's
+            with plumbing.counted(passes["training"]):  # a step's seconds and wait for pictures, not its check's
                 pixels, labels = next(batches)
                 trained.train()
                 lr = lr_at(step, args.lr, args.steps)
@@ -420,7 +396,7 @@ def train(run, report, data, training, last_step):
                     group["lr"] = lr
                 optimizer.zero_grad(set_to_none=True)
                 loss = 0.0
-                for k, (x, y, weight) in enumerate(micro_batches(pixels, labels, args.accum_steps)):
+                for k, (x, y, weight) in enumerate(plumbing.micro_batches(pixels, labels, args.accum_steps)):
                     with accumulating(trained, run, last=k == args.accum_steps - 1), run.autocast:
                         logits = trained(pixel_values=x, interpolate_pos_encoding=True).logits.float()  # a float32 loss
                         part = F.cross_entropy(logits, y) * weight  # this micro-batch's share of the batch's mean loss
@@ -438,13 +414,13 @@ def train(run, report, data, training, last_step):
                 history["losses"].append(loss)
                 history["norms"].append(norm)
             if step in report_steps(args.steps):
-                (percent,), _ = accuracies([model.eval()], *training["monitor"], run, training["micro"], f"step {step}",
-                                           into=passes["checks"])
+                (percent,), _ = plumbing.accuracies([model.eval()], *training["monitor"], run, training["micro"],
+                                                    f"step {step}", into=passes["checks"])
                 numbers = {"lr": lr, "loss": loss, "norm": norm, "accuracy": percent, "seconds": training["clock"](),
-                           "waiting seconds": waiting_seconds(passes)}
+                           "waiting seconds": sum(timing["waiting seconds"] for timing in passes.values())}
                 history["rows"].append({"step": step, **numbers})
                 report.line(STEP_LINE, numbers, prefix=f"step {step} ", step=step)
-            save_or_stop(run, stop, step, last_step, functools.partial(save, run, training, step), report.say)
+            plumbing.save_or_stop(run, stop, step, last_step, functools.partial(save, run, training, step), report.say)
 
 
 def save(run, training, step):
@@ -452,8 +428,8 @@ def save(run, training, step):
     training["clock"]()  # the run's seconds so far, in the history
     state = {"model": training["model"].state_dict(), "average": training["average"].state_dict(),
              "optimizer": training["optimizer"].state_dict(), "step": step, "history": training["history"],
-             "settings": training["settings"], "rng": rng_states()}
-    return save_checkpoint(Path(run.args.save_dir) / CHECKPOINT, state, CHECKPOINT_FORMAT)
+             "settings": training["settings"], "rng": plumbing.rng_states()}
+    return plumbing.save_checkpoint(Path(run.args.save_dir) / CHECKPOINT, state, CHECKPOINT_FORMAT)
 
 
 def finish(run, report, data, training, last_step):
@@ -472,9 +448,9 @@ def finish(run, report, data, training, last_step):
         report.line("mean training loss: steps 1 to {window} {mean loss first:.3f}, steps {last_from} to {steps} "
                     "{mean loss last:.3f}; pictures seen {pictures seen:,} = {passes:.2f} passes over the training "
                     "set", numbers, window=loss_window, last_from=args.steps - loss_window + 1, steps=args.steps)
-        loader, labels = share_loader(data["val"], run, history)
+        loader, labels = plumbing.share_loader(data["val"], run, history)
         models = [training["model"].eval(), training["average"].eval()]
-        (last, averaged), final["both weights on all validation pictures"] = accuracies(
+        (last, averaged), final["both weights on all validation pictures"] = plumbing.accuracies(
             models, loader, labels, run, training["micro"], "both weights")
         end_workers(loader)
         report.line("on all {pictures:,} validation pictures: the weight average (factor {factor}) "
@@ -525,29 +501,31 @@ def check_differences(args, data):
         return {}
     flag, n, watched = f"--check-per-class {per_class}", per_class * classes, MONITOR_PER_CLASS * classes
     sample = {"n": n, "of": watched} if per_class < MONITOR_PER_CLASS else {}
-    return {"checked pictures": {"flag": flag, **sample, "why": f"{flag}: {n:,} pictures checked (the first "
-                                                                f"{per_class} of each class), the article's {watched:,}"}}
+    why = f"{flag}: {n:,} pictures checked (the first {per_class} of each class), the article's {watched:,}"
+    return {"checked pictures": {"flag": flag, **sample, "why": why}}
 
 
 def parse_flags(argv, world):
-    parser = script_parser(__doc__)
-    add_data_arguments(parser, MODEL, "the body to fine-tune; its head is replaced")
+    parser = cli.script_parser(__doc__)
+    cli.add_data_arguments(parser, MODEL, "the body to fine-tune; its head is replaced")
     parser.set_defaults(batch_size=BATCH)
-    parser.add_argument("--steps", type=positive_int, default=STEPS, help="optimizer steps; warm-up stays 10%%")
-    parser.add_argument("--lr", type=positive_float, default=LR, help="base learning rate, finite and > 0")
-    parser.add_argument("--seed", type=seed, default=0, help="the order and flips of the pictures, the random head")
-    parser.add_argument("--resolution", type=side_pixels, default=RESOLUTION,
+    parser.add_argument("--steps", type=cli.positive_int, default=STEPS, help="optimizer steps; warm-up stays 10%%")
+    parser.add_argument("--lr", type=cli.positive_float, default=LR, help="base learning rate, finite and > 0")
+    parser.add_argument("--seed", type=cli.seed, default=0, help="the order and flips of the pictures, the random head")
+    parser.add_argument("--resolution", type=cli.side_pixels, default=RESOLUTION,
                         help="fine-tuning resolution (384: the paper's)")
-    parser.add_argument("--accum-steps", type=positive_int, default=1, help="split each process's batch into N passes")
+    parser.add_argument("--accum-steps", type=cli.positive_int, default=1,
+                        help="split each process's batch into N passes")
     parser.add_argument("--save-dir", metavar="DIR", help=f"write DIR/{CHECKPOINT} every --save-every steps, at the "
                                                           "end and on Ctrl-C or SIGTERM")
-    parser.add_argument("--save-every", type=positive_int, default=50, help="steps between checkpoints")
+    parser.add_argument("--save-every", type=cli.positive_int, default=50, help="steps between checkpoints")
     parser.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.pt of --save-dir")
-    parser.add_argument("--check-per-class", type=positive_int, metavar="N", help="validation pictures of each class "
-                        f"checked at the logged steps (default: the article's {MONITOR_PER_CLASS})")
-    parser.add_argument("--pause-at", type=positive_int, metavar="STEP", help="save and stop after STEP; --resume continues")
+    parser.add_argument("--check-per-class", type=cli.positive_int, metavar="N", help="validation pictures of each "
+                        f"class checked at the logged steps (default: the article's {MONITOR_PER_CLASS})")
+    parser.add_argument("--pause-at", type=cli.positive_int, metavar="STEP",
+                        help="save and stop after STEP; --resume continues")
     parser.add_argument("--plots", metavar="DIR", help="save the loss, accuracy and LR curves as PNG (matplotlib)")
-    add_common_arguments(parser)
+    cli.add_common_arguments(parser)
     args = parser.parse_args(argv)
     if (args.resume or args.pause_at) and not args.save_dir:
         parser.error("--resume and --pause-at need --save-dir")

@@ -197,11 +197,6 @@ def counted(timing):
     timing["seconds"] += time.perf_counter() - begun
 
 
-def waiting_seconds(passes):
-    """The seconds the model has waited for pictures over all the passes so far."""
-    return sum(timing["waiting seconds"] for timing in passes.values())
-
-
 def run_clock(history):
     """A function: the run's seconds so far, a resumed run's included, also kept in history["seconds"]."""
     begun = time.perf_counter() - history["seconds"]

@@ -158,7 +158,7 @@ def test_one_pass_gives_each_models_accuracy_and_the_checks_read_the_kept_batche
 
 def test_reading_the_checks_pictures_counts_as_the_checks_wait(tiny_in21k, pictures, tmp_path, capsys, monkeypatch):
     """The checks' pictures are read before the first step; that time is the checks' (seconds and wait)."""
-    real_read = finetune.kept_batches
+    real_read = training.kept_batches
 
     def slow_read(loader, resolution, batch_size, device, into):
         kept = real_read(loader, resolution, batch_size, device, into)
@@ -166,7 +166,7 @@ def test_reading_the_checks_pictures_counts_as_the_checks_wait(tiny_in21k, pictu
         into["waiting seconds"] += 1000
         return kept
 
-    monkeypatch.setattr(finetune, "kept_batches", slow_read)
+    monkeypatch.setattr(training, "kept_batches", slow_read)
     status, _ = run_main(common_flags(tiny_in21k, pictures, tmp_path, steps=2) + ["--json", str(tmp_path / "a.json")],
                          capsys)
     checks = json.loads((tmp_path / "a.json").read_text())["passes"]["checks"]

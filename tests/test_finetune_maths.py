@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from conftest import tiny_vit
 
 import vit_part3_finetune as finetune
+from common import training as plumbing
 from common.errors import UserError
 from common.loader import pass_timing
 from common.output import Report
@@ -122,7 +123,7 @@ def test_the_body_gradient_norm_leaves_out_the_head_and_what_got_no_gradient():
 def test_micro_batches_weigh_each_part_by_its_share_so_the_losses_add_up_to_the_batchs():
     logits = torch.randn(5, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     labels = torch.tensor([0, 2, 1, 1, 0])
-    parts = list(finetune.micro_batches(logits, labels, 2))
+    parts = list(plumbing.micro_batches(logits, labels, 2))
     assert [y.tolist() for _, y, _ in parts] == [[0, 2, 1], [1, 0]]
     assert [weight for _, _, weight in parts] == pytest.approx([3 / 5, 2 / 5])
     total = sum(F.cross_entropy(x, y) * weight for x, y, weight in parts)
@@ -131,7 +132,7 @@ def test_micro_batches_weigh_each_part_by_its_share_so_the_losses_add_up_to_the_
 
 def test_each_process_takes_its_contiguous_share_of_the_steps_batch():
     batch = (np.arange(8) * 10, np.arange(8) % 3 == 0)
-    shares = [finetune.process_share(batch, rank, 4) for rank in range(4)]
+    shares = [plumbing.process_share(batch, rank, 4) for rank in range(4)]
     assert [indices.tolist() for indices, _ in shares] == [[0, 10], [20, 30], [40, 50], [60, 70]]
     assert [flips.tolist() for _, flips in shares] == [[True, False], [False, True], [False, False], [True, False]]
 
@@ -139,7 +140,7 @@ def test_each_process_takes_its_contiguous_share_of_the_steps_batch():
 def test_a_shorter_run_removes_the_article_steps_it_never_logs():
     """30 steps log 0, 1, 2, 5, 10, 15, 20, 25, 30: the article's rows of its other steps are not comparable."""
     run = SimpleNamespace(args=SimpleNamespace(steps=30, batch_size=32, lr=0.003, resolution=224, precision="fp32",
-                                               per_class=None, data_dir=None), loaded={})
+                                               per_class=None, data_dir=None, check_per_class=None), loaded={})
     differences = finetune.setup_differences(run)
     removed = differences["steps"]["removes"]
     assert "step 250 loss" in removed and "step 300 norm" in removed and "step 0 validation" not in removed
@@ -151,8 +152,9 @@ def test_fine_tuning_on_another_data_set_is_not_the_articles_setup(tmp_path):
     """--data-dir with other classes than Imagenette's: the difference names that folder, not the default one."""
     for split in ("train", "val"):
         (tmp_path / "flowers" / split / "rose").mkdir(parents=True)
-    run = SimpleNamespace(args=SimpleNamespace(steps=300, batch_size=32, lr=0.003, resolution=224, precision="fp32",
-                                               per_class=None, data_dir=str(tmp_path / "flowers")), loaded={})
+    args = SimpleNamespace(steps=300, batch_size=32, lr=0.003, resolution=224, precision="fp32", per_class=None,
+                           data_dir=str(tmp_path / "flowers"), check_per_class=None)
+    run = SimpleNamespace(args=args, loaded={})
     assert finetune.setup_differences(run)["data set"]["flag"] == f"--data-dir {tmp_path / 'flowers'}"
 
 
@@ -205,21 +207,21 @@ def train(monkeypatch, model, optimizer, batches, labels, steps, accum_steps=1, 
     in eval mode; each step asks for a checkpoint; the loader is asked for this process's share of each step's
     pictures (step_pictures), in micro-batches of the batch over the processes."""
     def step_batches(items, chosen, run, resolution, batch_size, history):
-        expected = [finetune.process_share(finetune.step_pictures(s, len(labels), len(items), 0), run.rank, world)
+        expected = [plumbing.process_share(finetune.step_pictures(s, len(labels), len(items), 0), run.rank, world)
                     for s in range(start + 1, steps + 1)]
         assert len(chosen) == len(expected) and batch_size == len(labels) // world
         assert all(np.array_equal(a, b) for pair, same in zip(chosen, expected) for a, b in zip(pair, same))
         return ((pixels, labels) for pixels in batches)
 
-    monkeypatch.setattr(finetune, "step_batches", step_batches)
+    monkeypatch.setattr(finetune.plumbing, "step_batches", step_batches)
 
     def accuracies(models, pictures, labels, run, batch_size, desc, into):
         assert not any(model.training for model in models)  # a check is an evaluation: no dropout
         return [10.0], pass_timing()
 
     asked = []
-    monkeypatch.setattr(finetune, "accuracies", accuracies)
-    monkeypatch.setattr(finetune, "save_or_stop", lambda run, stop, step, *args: asked.append(step))
+    monkeypatch.setattr(finetune.plumbing, "accuracies", accuracies)
+    monkeypatch.setattr(finetune.plumbing, "save_or_stop", lambda run, stop, step, *args: asked.append(step))
     if lr is not None:
         monkeypatch.setattr(finetune, "lr_at", lambda step, base_lr, total_steps: lr)
     args = SimpleNamespace(lr=0.003, steps=steps, batch_size=len(labels), accum_steps=accum_steps, seed=0,
