@@ -43,9 +43,7 @@ def format_like(article_text, value):
 
 
 def verdict(entry, value):
-    """One of VERDICTS for this run's value (None: not run) against the entry."""
-    if value is None:
-        return "not run"
+    """Same, close, differs or varies: this run's value against the entry (verdict_in_setup: the others)."""
     if entry["kind"] == "chance" and "band" not in entry:
         return "varies"
     if format_like(entry["article"], value) == entry["article"]:
