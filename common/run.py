@@ -55,6 +55,10 @@ class Run:
         return values[0] if len(values) == 1 else values
 
 
+def section_title(section):
+    return section.__doc__.strip().splitlines()[0]
+
+
 CHECK_ONLY = "VIT_PART3_CHECK_ONLY"  # set to 1: a script checks its flags and paths, then stops before its sections
 
 
@@ -71,17 +75,16 @@ def run_sections(script, run, sections, setup_differences=None):
     if os.environ.get(CHECK_ONLY) == "1":  # reproduce.py asks, before its job, whether this command would start
         return 0
     for section in sections:
-        title = section.__doc__.strip().splitlines()[0]
         try:
             section(run, report)
         except UserError as problem:
-            report.cannot_run(title, problem)
+            report.cannot_run(section_title(section), problem)
         except NotImplementedError as missing:
             if run.device is None or run.device.type != "mps":
                 raise
             import torch
 
-            report.cannot_run(title, UserError(
+            report.cannot_run(section_title(section), UserError(
                 f"an operation is missing from Apple's mps backend in torch {torch.__version__} "
                 f"({str(missing).splitlines()[0][:120]}): run with PYTORCH_ENABLE_MPS_FALLBACK=1 to do it on the CPU, "
                 f"or upgrade torch"))
