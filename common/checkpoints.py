@@ -1,9 +1,4 @@
-"""Hugging Face checkpoints: load by id or local directory, quietly, with one line when one cannot be had.
-
-Loading tries the local cache first, so a checkpoint downloaded once works offline. When it is
-neither cached nor reachable, the error names the checkpoint and the two ways to fix it.
-"""
-import contextlib
+"""Hugging Face checkpoints: load by id or local directory, quietly, with one line when one cannot be had."""
 import os
 
 from common.errors import UserError
@@ -40,11 +35,6 @@ def why_no_download():
     return "HF_HUB_OFFLINE=1 forbids downloads" if hub_offline() else "the Hugging Face Hub cannot be reached"
 
 
-def missing_checkpoint_message(name, why):
-    return (f"checkpoint {name} is not in the local Hugging Face cache and {why}: "
-            f"connect to the internet once to download it, or pass --model with a local directory")
-
-
 def looks_like_a_path(name):
     """'./vit', '/data/vit', '~/vit', 'a/b/c': a local directory; 'google/vit-base-patch16-224': a Hub id."""
     return name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
@@ -68,40 +58,30 @@ def checkpoint_config(name):
         return None
 
 
-@contextlib.contextmanager
-def quiet_loading():
-    """The library's notes on loading (its LOAD REPORT of a replaced head) are what the scripts print in their words."""
+def load_pretrained(model_class, name, **kwargs):
+    """model_class.from_pretrained(name) from a local directory, the cache (so offline after one download), or the
+    Hub; the library's notes on loading silenced (the scripts say them in their words)."""
     from transformers.utils import logging
 
-    level = logging.get_verbosity()
+    check_model_flag(name)
+    name, level = os.path.expanduser(name), logging.get_verbosity()
     logging.set_verbosity_error()
     try:
-        yield
+        if os.path.isdir(name):
+            try:
+                return model_class.from_pretrained(name, **kwargs)
+            except OSError as error:
+                raise UserError(f"{name} is not a saved checkpoint directory: {str(error).splitlines()[0]}") from error
+        try:
+            return model_class.from_pretrained(name, local_files_only=True, **kwargs)
+        except OSError:
+            pass
+        if not hub_reachable(name):
+            raise UserError(f"checkpoint {name} is not in the local Hugging Face cache and {why_no_download()}: "
+                            f"connect to the internet once to download it, or pass --model with a local directory")
+        return model_class.from_pretrained(name, **kwargs)
     finally:
         logging.set_verbosity(level)
-
-
-def load_pretrained(model_class, name, **kwargs):
-    """model_class.from_pretrained(name) from a local directory, the cache, or the Hub, in that order; quietly."""
-    with quiet_loading():
-        return load_from_where_it_is(model_class, name, **kwargs)
-
-
-def load_from_where_it_is(model_class, name, **kwargs):
-    check_model_flag(name)
-    name = os.path.expanduser(name)
-    if os.path.isdir(name):
-        try:
-            return model_class.from_pretrained(name, **kwargs)
-        except OSError as error:
-            raise UserError(f"{name} is not a saved checkpoint directory: {str(error).splitlines()[0]}") from error
-    try:
-        return model_class.from_pretrained(name, local_files_only=True, **kwargs)
-    except OSError:
-        pass
-    if not hub_reachable(name):
-        raise UserError(missing_checkpoint_message(name, why_no_download()))
-    return model_class.from_pretrained(name, **kwargs)
 
 
 def cached_weight_file(name):

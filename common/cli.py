@@ -1,5 +1,6 @@
 """The command line every script shares: its parser, argument types that refuse bad numbers, common flags."""
 import argparse
+import functools
 import math
 
 from common.device import DEVICE_CHOICES, PRECISIONS
@@ -28,15 +29,20 @@ def script_parser(docstring):
     return ScriptParser(description=docstring, formatter_class=HelpFormatter)
 
 
-def positive_int(text):
-    """argparse type: a whole number of at least 1, refused in one line otherwise."""
+def whole_number(text, low, high, refusal):
+    """argparse type: a whole number from low to high, refused in one line otherwise."""
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+        value = low - 1
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"{text!r} {refusal}")
     return value
+
+
+positive_int = functools.partial(whole_number, low=1, high=math.inf, refusal="is not a whole number of at least 1")
+seed = functools.partial(whole_number, low=0, high=2**32 - 1,  # what numpy and torch both take
+                         refusal=f"is not a seed: a whole number from 0 to {2**32 - 1}")
 
 
 def side_pixels(text):
@@ -44,17 +50,6 @@ def side_pixels(text):
     value = positive_int(text)
     if value < 32:
         raise argparse.ArgumentTypeError(f"{text!r} pixels is too small: a ViT needs at least 2 patches on a side")
-    return value
-
-
-def seed(text):
-    """argparse type: a seed numpy and torch both take, 0 to 2^32 - 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value < 2**32:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a seed: a whole number from 0 to {2**32 - 1}")
     return value
 
 
@@ -77,14 +72,8 @@ def finite_float(text, low, allow_low):
     return value
 
 
-def positive_float(text):
-    """argparse type: a finite number above 0 (a learning rate)."""
-    return finite_float(text, 0.0, allow_low=False)
-
-
-def nonnegative_float(text):
-    """argparse type: a finite number of at least 0 (a ridge penalty lambda)."""
-    return finite_float(text, 0.0, allow_low=True)
+positive_float = functools.partial(finite_float, low=0.0, allow_low=False)  # argparse type: a learning rate
+nonnegative_float = functools.partial(finite_float, low=0.0, allow_low=True)  # argparse type: a ridge penalty
 
 
 def add_data_arguments(parser, model_default, model_help,

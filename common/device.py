@@ -10,17 +10,8 @@ from common.errors import UserError
 DEVICE_CHOICES = ("auto", "cuda", "mps", "cpu")
 
 
-def _mps_available():
-    return getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
-
-
 def keep_freed_memory():
-    """Let glibc keep freed memory for the next batch instead of handing it back to the system.
-
-    By default every block over 32 MB is a fresh mmap, so each batch's activations are page-faulted
-    in again (the README's performance section has the cost). mallopt(M_MMAP_THRESHOLD) and
-    (M_TRIM_THRESHOLD) at 2^31 - 1 keep such blocks in the heap. Elsewhere than glibc this does nothing.
-    """
+    """glibc keeps freed blocks over 32 MB for the next batch, not page-faulted in anew (docs/performance.md)."""
     if not sys.platform.startswith("linux"):
         return False
     try:
@@ -37,10 +28,10 @@ def pick_device(name="auto"):
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
-        return torch.device("mps") if _mps_available() else torch.device("cpu")
+        return torch.device("mps") if torch.backends.mps.is_available() else torch.device("cpu")
     if name == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: no CUDA GPU is visible to torch here; use --device auto or cpu")
-    if name == "mps" and not _mps_available():
+    if name == "mps" and not torch.backends.mps.is_available():
         raise UserError("--device mps: Apple's Metal backend is not available here; use --device auto or cpu")
     if name not in DEVICE_CHOICES:
         raise UserError(f"--device {name}: unknown device; choose one of {', '.join(DEVICE_CHOICES)}")
@@ -48,11 +39,7 @@ def pick_device(name="auto"):
 
 
 PRECISIONS = ("fp32", "tf32", "bf16")
-# What float32 means on NVIDIA GPUs of the Ampere generation and later, which can multiply float32 with
-# TF32's 10-bit mantissas: (matrix multiplies, cuDNN convolutions) in TF32 or not. "strict" is IEEE float32
-# everywhere; "torch defaults" is what a program that sets nothing gets (TF32 convolutions, such as ViT's
-# patch embedding, and IEEE matrix multiplies). Elsewhere (CPUs, Apple's mps) there is no TF32 and both
-# rules are IEEE float32.
+# float32 on NVIDIA GPUs that have TF32: (matrix multiplies, cuDNN convolutions) in TF32 (docs/layout.md)
 FP32_RULES = {"strict": (False, False), "torch defaults": (False, True)}
 
 
@@ -62,13 +49,7 @@ def float32_rule(precision, fp32_rule):
 
 
 def set_precision(device, precision="fp32", fp32_rule="strict"):
-    """The arithmetic of matrix multiplies and convolutions; returns the context to run forward passes in.
-
-    fp32 follows fp32_rule, the rule of the article the script reproduces: Part 3 ran on Apple's mps,
-    which has no TF32 (strict), the backbone article on a CUDA GPU with torch's defaults. fp32-strict
-    is strict whatever the article. tf32 multiplies and convolves in TF32 on NVIDIA GPUs. bf16 runs the
-    forward pass under autocast in bfloat16.
-    """
+    """The arithmetic of matrix multiplies and convolutions (docs/layout.md); returns the forward passes' context."""
     if precision not in PRECISIONS + ("fp32-strict",):
         raise UserError(f"--precision {precision}: choose one of {', '.join(PRECISIONS + ('fp32-strict',))}")
     if precision == "tf32" and device.type != "cuda":
@@ -103,11 +84,7 @@ def mps_has_bfloat16(device):
 
 
 def to_device(array, device):
-    """A batch (numpy or torch) on the device; on a GPU through pinned memory, so the copy does not block.
-
-    A batch the loader has pinned already is not copied again (pin_memory() of a pinned tensor is itself),
-    nor is one on the device already (fine-tuning's checks keep their batches there).
-    """
+    """A batch (numpy or torch) on the device; on a GPU through pinned memory, so that the copy does not block."""
     tensor = torch.as_tensor(array)
     if device.type == "cuda" and tensor.device.type == "cpu":
         return tensor.pin_memory().to(device, non_blocking=True)

@@ -1,15 +1,8 @@
-"""How a run's setup differs from the article's: {item: {"flag", "why"}}, what --compare reads (common/reference.py).
-
-A subset of the pictures also carries "n" and "of" (its sampling interval); a flag that picks other cells of a
-table carries "removes" (the reference numbers it never produces) and "moves": False (its own cells stay).
-"""
+"""How a run's setup differs from the article's, {item: {"flag", "why", ...}}: what --compare reads (docs/layout.md)."""
 
 
 def flag_differences(args, article_flags):
-    """{item: difference} for each flag whose value is not the article's.
-
-    article_flags: {item: (argparse dest, the article's value)}, e.g. {"steps": ("steps", 300)}.
-    """
+    """{item: difference} for each flag whose value is not the article's; article_flags: {item: (dest, value)}."""
     differences = {}
     for item, (dest, article) in article_flags.items():
         value = getattr(args, dest)
@@ -21,12 +14,8 @@ def flag_differences(args, article_flags):
 
 
 def subset_differences(args, counts, released, how_chosen="the first {n} of each class"):
-    """{item: difference} for each split of which this run used another number of pictures than the release.
-
-    counts: {item ("validation pictures"): pictures this run used, or None when the data did not load};
-    released: {item: the release's count}. A subset carries n of the release's count, for the sampling
-    interval of its accuracies (common/reference.py's verdict_in_setup).
-    """
+    """{item: difference} for each split ("validation pictures") of which this run used (counts; None: not loaded)
+    another number of pictures than the release (released), with n and of for the sampling interval."""
     differences = {}
     for item, count in counts.items():
         if args.per_class and count is None:
@@ -41,12 +30,8 @@ def subset_differences(args, counts, released, how_chosen="the first {n} of each
 
 
 def cell_differences(args, article_table, cells):
-    """{flag: difference} for each flag that picks other rows or columns of the article's table than the article.
-
-    article_table: {argparse dest: the article's values}, e.g. {"shots": [1, 5, 10]}; cells: {reference name:
-    {dest: the value its cell stands for}}. The cells this run does not fill are removed; those it fills stay
-    comparable ("moves": False), each depending on its own row and column alone.
-    """
+    """{dest: difference} for each flag that picks other rows or columns of the article's table (article_table,
+    {"shots": [1, 5, 10]}) than the article; cells: {reference name: {dest: its value}}."""
     differences = {}
     for dest, article in article_table.items():
         values = getattr(args, dest)

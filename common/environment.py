@@ -51,11 +51,9 @@ def peak_memory(device):
     import torch
 
     peak = {}
-    try:
+    if sys.platform != "win32":
         import resource
-    except ImportError:
-        resource = None
-    if resource is not None:
+
         resident = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kB on Linux, bytes on macOS
         peak["resident"] = round(resident / (1e9 if sys.platform == "darwin" else 1e6), 2)
     if device is not None and device.type == "cuda":

@@ -2,7 +2,4 @@
 
 
 class UserError(Exception):
-    """A problem the user can fix (missing weights, data or device).
-
-    Its message is one line that names what is missing and how to get it.
-    """
+    """A problem the user can fix: its message is one line naming what is missing and how to get it."""

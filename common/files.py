@@ -1,9 +1,4 @@
-"""The one way the scripts write a file: whole or not at all, and a failure said in one line.
-
-write_atomic(path, write) calls write(f) on a fresh temporary file in path's folder (tempfile), fsyncs it,
-and renames it over path (os.replace), so that a crash, a full disk or a second run writing the same path at
-the same moment never leaves a half file under path and never costs the good file already there.
-"""
+"""The one way the scripts write a file: whole or not at all (docs/faults.md), and a failure said in one line."""
 import contextlib
 import os
 import tempfile
@@ -38,11 +33,8 @@ def umask():
 
 
 def write_atomic(path, write, text=False, what="file"):
-    """write(f) into a temporary file beside path, then rename it over path; returns Path(path).
-
-    text=True opens the file as UTF-8 text; what names the file in the error ("checkpoint"). Any failure,
-    Ctrl-C included, removes the temporary file; an OSError or a library's wrapped one is a UserError.
-    """
+    """write(f) into a temporary file beside path, then rename it over path; any failure removes the temporary
+    file, and an OSError (or a library's wrapped one) is a UserError naming the file as `what`."""
     target = Path(path)
     temporary = None
     try:

@@ -1,9 +1,5 @@
-"""A run's output: each line printed from one template, every number on it recorded under its name as printed.
-
-A field {name:spec} is filled from `numbers` (recorded as prefix + name) or from the keyword words (text, not
-recorded); spec is a format spec or a name of FORMATS; a list prints as the article prints lists, entry (i, j)
-recorded as "name[i,j]". --compare, --json and the exit status read the numbers from here (docs/layout.md).
-"""
+"""A run's output: each line printed from one template, every number on it recorded under its name as printed
+(the templates' fields: docs/layout.md)."""
 import functools
 import os
 import re
@@ -48,15 +44,6 @@ def is_list(value):
     return isinstance(value, (list, tuple)) or getattr(value, "ndim", 0) > 0
 
 
-def flat_entries(values, index=()):
-    """[(index tuple, value)] of a number, a list, nested lists or an array, in printing order."""
-    if hasattr(values, "tolist"):
-        values = values.tolist()
-    if isinstance(values, (list, tuple)):
-        return [entry for i, v in enumerate(values, 1) for entry in flat_entries(v, index + (i,))]
-    return [(index, values)]
-
-
 class Report:
     """The printed lines of one script's run and the numbers on them, by name."""
 
@@ -89,9 +76,8 @@ class Report:
         self.print(f"  {self.fill(template, numbers, prefix, words)}")
 
     def fill(self, template, numbers, prefix, words):
-        """The template's {name:spec} fields filled: from numbers (each recorded once, as prefix + name, at its first
-        place; a later place prints it with its own spec), else words. A word given as functools.partial is called
-        here, so that the numbers it records (pass_text's) come in the line's order."""
+        """The {name:spec} fields filled from numbers (recorded at their first place) or words; a functools.partial
+        word is called here, so that the numbers it records come in the line's order."""
         numbers, texts = numbers or {}, {}
 
         def field(match):
@@ -122,26 +108,18 @@ class Report:
         self.pending.append(name)
         return text
 
-    def nums(self, name, values, spec=short, brackets=None):
-        """A (nested) list as the article prints it, '[[7.0, 5.0], [5.0, 15.0]]', a tuple (a shape) as '(197, 768)';
-        entry (i, j) is recorded as 'name[i,j]'."""
+    def nums(self, name, values, spec=short, brackets=None, index=()):
+        """A (nested) list or array as the article prints it, '[[7.0, 5.0], [5.0, 15.0]]', a tuple (a shape) as
+        '(197, 768)'; entry (i, j) is recorded as 'name[i,j]'."""
+        values = values.tolist() if hasattr(values, "tolist") else values
+        if not isinstance(values, (list, tuple)):
+            return self.num(f"{name}[{','.join(map(str, index))}]", values, spec)
         brackets = brackets or ("()" if isinstance(values, tuple) else "[]")
-        texts = {index: self.num(f"{name}[{','.join(map(str, index))}]", value, spec)
-                 for index, value in flat_entries(values)}
-
-        def nested(prefix):
-            if prefix in texts:
-                return texts[prefix]
-            children = sorted({index[:len(prefix) + 1] for index in texts if index[:len(prefix)] == prefix})
-            return brackets[0] + ", ".join(nested(child) for child in children) + brackets[1]
-
-        return nested(())
+        entries = [self.nums(name, value, spec, brackets, index + (i,)) for i, value in enumerate(values, 1)]
+        return brackets[0] + ", ".join(entries) + brackets[1]
 
     def pass_text(self, name, timing):
-        """'[12 s, 0.2 s waiting for pictures]': a pass's time and the part of it the model waited for pictures.
-
-        Both are named numbers ("<name> seconds", "<name> waiting seconds"); --json keeps the pass whole.
-        """
+        """'[12 s, 0.2 s waiting for pictures]', both recorded ("<name> seconds"); --json keeps the pass whole."""
         self.passes[name] = dict(timing)
         return (f"[{self.num(f'{name} seconds', timing['seconds'], '.0f')} s, "
                 f"{self.num(f'{name} waiting seconds', timing['waiting seconds'], '.1f')} s waiting for pictures]")

@@ -1,9 +1,5 @@
-"""The article's logged numbers (data/reference_<script>.json) beside this run's, with honest verdicts.
-
-An entry holds the number as the article prints it ("article", a string), what it depends on ("kind": nothing,
-weights or chance), the setup items it depends on ("inputs"), and for some a "band" with its reason ("why").
-What each verdict means, and when a number is not comparable or gets a sampling interval: docs/compare.md.
-"""
+"""The article's logged numbers (data/reference_<script>.json) beside this run's, with honest verdicts: the entries
+and the verdicts are docs/compare.md's."""
 import json
 import math
 from decimal import Decimal
@@ -47,9 +43,7 @@ def format_like(article_text, value):
 
 
 def verdict(entry, value):
-    """One of VERDICTS for this run's value (None: not run) against the entry."""
-    if value is None:
-        return "not run"
+    """Same, close, differs or varies: this run's value against the entry (verdict_in_setup: the others)."""
     if entry["kind"] == "chance" and "band" not in entry:
         return "varies"
     if format_like(entry["article"], value) == entry["article"]:
@@ -67,12 +61,8 @@ def depends_on(entry, item):
 
 
 def sampling_interval(article_percent, n, total, band=0.0):
-    """The 95% interval (%) of an accuracy on n of total pictures when the whole set's is article_percent.
-
-    n pictures drawn without replacement from total, of which K = article% x total are right: the
-    count right among them is hypergeometric(total, K, n). A band (pictures that round-off may flip,
-    or the spread over draws) widens K by band% x total on each side.
-    """
+    """The 95% interval (%) of an accuracy on n of total pictures, hypergeometric, K widened by the band
+    (docs/compare.md)."""
     from scipy.stats import hypergeom
 
     right, slack = article_percent * total / 100, math.ceil(band * total / 100 - 1e-9)
@@ -108,10 +98,8 @@ def verdict_in_setup(name, entry, value, differences):
 
 
 def compare(numbers, reference, differences=None):
-    """[{name, article, run, difference, kind, verdict, band, why}] for every reference number.
-
-    differences: this run's setup against the article's, {item: {"flag", "why", and "n", "of" for a subset}}.
-    """
+    """[{name, article, run, difference, kind, verdict, band, why}] for every reference number, under the
+    differences of common/differences.py."""
     rows = []
     for name, entry in reference.items():
         value = numbers[name]["value"] if name in numbers else None

@@ -1,6 +1,5 @@
-"""One run of a script: its flags, device and resources, its list of sections, --compare and --json, and how it
-ends (one line and an exit status for a user's error, Ctrl-C or SIGTERM). The sections' contract: docs/layout.md.
-"""
+"""One run of a script: its flags, device, resources and sections, --compare and --json, and how it ends
+(docs/layout.md; the signals: docs/faults.md)."""
 import contextlib
 import importlib.util
 import json
@@ -36,8 +35,8 @@ class Run:
         self.started = time.time()
 
     def need(self, *names, also=()):
-        """The named resources, each loaded on first use; every missing one is named in one UserError, with those of
-        `also` that are missing too (resources a later step needs, so that one line says all an offline run lacks)."""
+        """The named resources, each loaded once; one UserError names every missing one and those of `also` (needed
+        later), so that one line says all an offline run lacks."""
         problems = []
         for name in names:
             if name not in self.loaded:
@@ -56,12 +55,6 @@ class Run:
         return values[0] if len(values) == 1 else values
 
 
-def torch_version():
-    import torch
-
-    return torch.__version__
-
-
 def section_title(section):
     return section.__doc__.strip().splitlines()[0]
 
@@ -70,11 +63,8 @@ CHECK_ONLY = "VIT_PART3_CHECK_ONLY"  # set to 1: a script checks its flags and p
 
 
 def run_sections(script, run, sections, setup_differences=None):
-    """Run each section in order, then --compare and --json; exit status 1 when a section could not run.
-
-    setup_differences(run) says how this run's setup differs from the article's (common/reference.py);
-    it is asked after the sections, when the data they loaded is known.
-    """
+    """Each section, then --compare and --json; status 1 when a section could not run. setup_differences(run) is
+    asked last, when the data the sections loaded is known."""
     if run.args.json:  # a typo in the path must not cost the run
         check_output_file(run.args.json, "--json")
     report = Report(script, quiet=run.rank != 0)
@@ -92,8 +82,10 @@ def run_sections(script, run, sections, setup_differences=None):
         except NotImplementedError as missing:
             if run.device is None or run.device.type != "mps":
                 raise
+            import torch
+
             report.cannot_run(section_title(section), UserError(
-                f"an operation is missing from Apple's mps backend in torch {torch_version()} "
+                f"an operation is missing from Apple's mps backend in torch {torch.__version__} "
                 f"({str(missing).splitlines()[0][:120]}): run with PYTORCH_ENABLE_MPS_FALLBACK=1 to do it on the CPU, "
                 f"or upgrade torch"))
     return finish(run, report, setup_differences(run) if setup_differences else {})
@@ -191,9 +183,7 @@ def quiet_if_nobody_reads():
 
 
 def quiet_ctrl_c_while_loading():
-    """Until guarded() runs main(), a Ctrl-C (while torch loads: seconds) ends the script as a later one does: one
-    line and status 130, not a traceback from inside an import. The process leaves at once: nothing is written yet,
-    and an exception would be wrapped by transformers' lazy imports into a traceback of their own."""
+    """Until guarded() runs main(), Ctrl-C (while torch loads) is one line and status 130, leaving at once."""
     def leave(signum, frame):
         print("interrupted", file=sys.stderr, flush=True)
         os._exit(130)
@@ -202,28 +192,21 @@ def quiet_ctrl_c_while_loading():
 
 
 def guarded(main):
-    """Run main(); a UserError outside the sections ends in one line (once under torchrun) and exit status 2.
-
-    Ctrl-C ends with status 130 and SIGTERM with 143 (128 + the signal's number), each in one line,
-    after the code in between has cleaned up (temporary files, the process group).
-    """
+    """main()'s status; a UserError, Ctrl-C or SIGTERM ends in one line (once under torchrun) and 2, 130 or 143."""
     previous = signal.signal(signal.SIGTERM, raise_terminated)
     previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C: KeyboardInterrupt again
     first = os.environ.get("RANK", "0") == "0"
     try:
         return main()
     except UserError as problem:
-        if first:
-            print(f"error: {problem}", file=sys.stderr)
-        return 2
+        message, status = f"error: {problem}", 2
     except Terminated:
-        if first:
-            print("stopped by SIGTERM", file=sys.stderr)
-        return 128 + signal.SIGTERM
+        message, status = "stopped by SIGTERM", 128 + signal.SIGTERM
     except KeyboardInterrupt:
-        if first:
-            print("interrupted", file=sys.stderr)
-        return 130
+        message, status = "interrupted", 130
     finally:
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, previous_int)
+    if first:
+        print(message, file=sys.stderr)
+    return status

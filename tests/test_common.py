@@ -78,7 +78,6 @@ def test_a_directory_without_a_checkpoint_is_reported(tmp_path):
     ({"article": "2.3014", "kind": "chance"}, 2.3014, "varies"),                # no measured spread: no claim
     ({"article": "98.0", "kind": "chance", "band": 0.65}, 97.5, "close"),
     ({"article": "98.0", "kind": "chance", "band": 0.65}, 97.3, "differs"),
-    ({"article": "98.0", "kind": "chance", "band": 0.65}, None, "not run"),
 ])
 def test_verdicts(entry, value, expected):
     assert verdict(entry, value) == expected
