@@ -84,7 +84,8 @@ def check_layout(root):
                             f"pictures (.JPEG, .jpg or .png) in both splits")
 
 
-def check_counts(root, strict, fix=None):
+def check_counts(root, strict,
+                 fix=": delete the folder to download it again, or pass --data-dir with a complete copy"):
     """The layout; then Imagenette's counts: strict (UserError) for the copy we download, else the warning for a
     partial copy, or None."""
     check_layout(root)
@@ -96,8 +97,6 @@ def check_counts(root, strict, fix=None):
     counts = ", ".join(f"{found[split]:,} of {expected:,} {SPLIT_WORDS[split]}"
                        for split, expected in SPLIT_COUNTS.items())
     if strict:
-        fix = (": delete the folder to download it again, or pass --data-dir with a complete copy" if fix is None
-               else fix)
         raise UserError(f"found {counts} pictures in {root}{fix}")
     return f"{root} holds {counts} pictures of Imagenette: a partial copy, so its numbers cannot match the article's"
 
@@ -186,14 +185,13 @@ def ensure_imagenette(data_dir=None, url=URL):
     if not root.exists():
         if not default:
             raise UserError(f"--data-dir {data_dir} does not exist")
+        fix = f"download {url} ({ARCHIVE_MB} MB) and extract it into {root.parent}, or pass --data-dir"
         if os.environ.get("HF_HUB_OFFLINE") == "1" and url == URL:
-            raise UserError(f"Imagenette is not in {root} and offline mode is on: download {url} "
-                            f"({ARCHIVE_MB} MB) and extract it into {root.parent}, or pass --data-dir")
+            raise UserError(f"Imagenette is not in {root} and offline mode is on: {fix}")
         try:
             download_and_extract(url, root)
         except DownloadError as error:
-            raise UserError(f"Imagenette is not in {root} and could not be downloaded ({error}): download {url} "
-                            f"({ARCHIVE_MB} MB) and extract it into {root.parent}, or pass --data-dir") from error
+            raise UserError(f"Imagenette is not in {root} and could not be downloaded ({error}): {fix}") from error
     if not root.is_dir():
         raise UserError(f"--data-dir {data_dir} is a file, not a folder of {{train,val}}/<class>/ pictures")
     warning = check_counts(root, strict=default)
