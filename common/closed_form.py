@@ -1,8 +1,5 @@
-"""The closed-form linear probe of Part 3's few-shot metric, shared by the few-shot and backbone scripts.
-
-Frozen features X (one row per picture, with a bias column), targets Y in {-1, +1}, and the ridge
-solution W = (X^T X + lambda I)^-1 X^T Y: a linear head fitted by one linear solve, no training loop.
-"""
+"""Part 3's closed-form few-shot probe: frozen features X (with a bias column), targets Y in {-1, +1}, and the ridge
+solution W = (X^T X + lambda I)^-1 X^T Y, a linear head fitted by one solve."""
 import numpy as np
 import scipy.linalg
 
@@ -20,12 +17,8 @@ MIN_RCOND = 1e-10
 
 
 def closed_form(x, y, lam):
-    """W = (X^T X + lambda I)^-1 X^T Y, found by one linear solve of (X^T X + lambda I) W = X^T Y.
-
-    It minimises ||X W - Y||^2 + lambda ||W||^2: the gradient 2 X^T (X W - Y) + 2 lambda W is 0 there.
-    lambda = 0 is plain least squares; with fewer pictures than features X^T X is singular, and the
-    answer is the limit as lambda -> 0, the minimum-norm solution X^+ Y (pseudo-inverse).
-    """
+    """W = (X^T X + lambda I)^-1 X^T Y, the minimum of ||X W - Y||^2 + lambda ||W||^2, by one linear solve; lambda = 0
+    is least squares, its minimum-norm solution X^+ Y where X^T X is singular."""
     if lam > 0:
         gram = x.T @ x + lam * np.eye(x.shape[1])
         try:  # lambda > 0 makes X^T X + lambda I positive definite: Cholesky

@@ -19,14 +19,8 @@ FINETUNE_PANELS = (("training loss", "loss", "cross-entropy (nats)"), ("gradient
 
 
 def finetune_curves(series, values, article, path, say):
-    """fine-tuning: loss, gradient norm (with the clipping threshold), LR and validation accuracy against step, on the
-    run's own steps: the article's logged steps are marked only up to this run's last step.
-
-    series: {"training loss", "gradient norm", "learning rate"}: one value per step from 1, and the recipe's
-    "clipping threshold"; the
-    validation accuracy and the article's marks come from the logged steps' numbers, and so do the
-    other panels' points where a run keeps no series (one paused before its end).
-    """
+    """fine-tuning: loss, gradient norm, LR and validation accuracy against the run's steps, the article's marked up to
+    its last; series: a value per step from 1 (else the logged steps') and the "clipping threshold"."""
     plt = pyplot(say)
     if plt is None:
         return None
