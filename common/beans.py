@@ -1,6 +1,5 @@
-"""The beans dataset (AI-Lab-Makerere/beans) of the backbone article: through the Hugging Face cache, downloaded
-once, or from a local copy of its files in the Hub's layout (README.md, data/<split>-*.parquet); and its pictures'
-frozen features, cached."""
+"""The backbone article's beans dataset, from the Hugging Face cache (downloaded once) or a local copy of its files
+(README.md, data/<split>-*.parquet); and its pictures' frozen features, cached."""
 from pathlib import Path
 
 import numpy as np
@@ -29,22 +28,17 @@ def check_dir(path):
 
 
 def from_hub(name):
-    """load_dataset(name) from the Hub or the local cache; offline and not cached, one line with the fixes."""
-    from datasets import load_dataset
-
-    fix = (f"connect to the internet once to download it ({SIZE}) into the Hugging Face cache, or pass --data-dir "
-           f"with a local copy of its files")
-    if not hub_reachable(name, "dataset"):  # read the cache only, without the library's minute of retries
-        return from_cache(name, why_no_download(), fix)
-    return load_dataset(name)
-
-
-def from_cache(name, why, fix):
-    """The dataset from the cache with downloads switched off for this one call; else one line with the fixes."""
+    """load_dataset(name) from the Hub; when it cannot be reached, from the cache alone, downloads switched off for
+    this one call (not the library's minute of retries); not cached, one line with the fixes."""
     import datasets
     from datasets import load_dataset
     from huggingface_hub import constants
 
+    if hub_reachable(name, "dataset"):
+        return load_dataset(name)
+    why = why_no_download()  # before downloads are switched off
+    fix = (f"connect to the internet once to download it ({SIZE}) into the Hugging Face cache, or pass --data-dir "
+           f"with a local copy of its files")
     saved = datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE
     datasets.config.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE = True
     try:

@@ -77,23 +77,16 @@ def read_arrays(path, description, rows, say=warn):
     return arrays
 
 
-def write_arrays(path, description, arrays, say=warn):
-    """Store the arrays with their description; True when written, a warning and False when not."""
-    try:
-        write_atomic(path, lambda f: np.savez(f, key=description, **arrays), what="feature cache")
-    except UserError as problem:
-        say(f"{problem}; the run goes on without caching the features")
-        return False
-    return True
-
-
 def cached_arrays(compute, path, description, rows, say=warn):
     """(arrays, "cache" or "computed"): read when they match exactly ({name: rows}), else compute()d and stored."""
     arrays = read_arrays(path, description, rows, say)
     if arrays is not None:
         return arrays, "cache"
     arrays = compute()
-    write_arrays(path, description, arrays, say)
+    try:
+        write_atomic(path, lambda f: np.savez(f, key=description, **arrays), what="feature cache")
+    except UserError as problem:
+        say(f"{problem}; the run goes on without caching the features")
     return arrays, "computed"
 
 
