@@ -1,6 +1,5 @@
-"""Batches for the model: torch's DataLoader over the pictures, uint8 (B, R, R, 3), worker processes beside a GPU.
-
-Why it is built so (measurements): docs/data.md#the-loader and docs/performance.md#the-loader."""
+"""Batches for the model: torch's DataLoader over the pictures, uint8 (B, R, R, 3), worker processes beside a GPU;
+why it is built so: docs/data.md#the-loader."""
 import os
 import signal
 import sys
@@ -17,20 +16,17 @@ PREFETCH = 4  # batches each worker builds ahead
 
 
 def loader_workers(device):
-    """Processes that build batches ahead: none on a CPU (the model's threads use every core), half the cores beside
-    a GPU."""
+    """Processes that build batches ahead: none on a CPU (its cores run the model), half the cores beside a GPU."""
     return 0 if device.type == "cpu" else max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
 def worker_start():
-    """fork on Linux (decoded pictures shared, not copied); spawn elsewhere (forking after Metal's threads can crash
-    the child)."""
+    """fork on Linux (decoded pictures shared, not copied), else spawn (forking after Metal's threads can crash)."""
     return "fork" if sys.platform.startswith("linux") else "spawn"
 
 
 class Pictures(Dataset):
-    """The pictures (PIL images or paths), read by key (index, resolution, flip): one set of persistent workers serves
-    passes at any resolution and flips."""
+    """The pictures (PIL images or paths) read by key (index, resolution, flip): one set of workers serves any pass."""
 
     def __init__(self, pictures):
         self.pictures = pictures
@@ -47,8 +43,7 @@ class Pictures(Dataset):
 
 
 def stack_or_error(items):
-    """The batch as a uint8 tensor, or the first picture's UserError; numpy stacks in one thread (torch.stack in the
-    main process waits for every core's thread, busy ones included)."""
+    """The batch as a uint8 tensor, or the first picture's UserError; stacked by numpy, in one thread (docs/data.md)."""
     errors = [item for item in items if isinstance(item, UserError)]
     return errors[0] if errors else torch.from_numpy(np.stack(items))
 
@@ -59,8 +54,7 @@ def ignore_ctrl_c(worker_id):
 
 
 def picture_loader(pictures, device, workers=None):
-    """A DataLoader over the pictures, its workers (loader_workers unless given) persistent; picture_batches() says
-    what each pass reads."""
+    """A DataLoader over the pictures, its workers persistent; picture_batches() says what each pass reads."""
     workers = loader_workers(device) if workers is None else workers
     return DataLoader(Pictures(pictures), batch_sampler=[], collate_fn=stack_or_error, num_workers=workers,
                       pin_memory=device.type == "cuda", persistent_workers=workers > 0,
@@ -70,8 +64,7 @@ def picture_loader(pictures, device, workers=None):
 
 
 def dataset_loader(dataset, collate_fn, workers, pin_memory=False, batch_size=32):
-    """A DataLoader for one pass, in order, over a dataset that makes its own items (the backbone's beans through
-    the article's transform), with picture_loader()'s workers: Ctrl-C left to the main process, the same start."""
+    """A DataLoader for one pass, in order, over a dataset that makes its own items, with picture_loader()'s workers."""
     return DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn, num_workers=workers, pin_memory=pin_memory,
                       prefetch_factor=PREFETCH if workers else None, worker_init_fn=ignore_ctrl_c,
                       multiprocessing_context=worker_start() if workers else None)

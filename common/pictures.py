@@ -11,8 +11,7 @@ from common.errors import UserError
 
 
 def load_rgb(path):
-    """The picture as RGB (Imagenette has grayscale and CMYK JPEGs); an unreadable one, or one PIL refuses as a
-    decompression bomb (over 179 million pixels), stops the run in one line."""
+    """The picture as RGB (Imagenette has grayscale and CMYK JPEGs); unreadable or too large, one line stops the run."""
     try:
         with Image.open(path) as image:
             return image.convert("RGB")
@@ -37,8 +36,7 @@ def resized_rgb(picture, resolution, flip=False):
 
 
 def to_pixels(batch, device):
-    """uint8 (B, R, R, 3) -> float32 (B, 3, R, R) on the device, as preprocess(): the copy moves a quarter of the
-    bytes of float32."""
+    """uint8 (B, R, R, 3) -> float32 (B, 3, R, R) on the device, as preprocess(): a quarter of the bytes travel."""
     from common.device import to_device
 
     x = to_device(batch, device).permute(0, 3, 1, 2).float().contiguous()
