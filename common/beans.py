@@ -63,8 +63,7 @@ def load(data_dir=None, per_class=None):
         from datasets.exceptions import DatasetGenerationError
 
         folder = Path(data_dir).expanduser()
-        # the files named, not the folder alone: the library's cache then keys the copy by its files (paths, times),
-        # where a folder's key is its name and layout, so that two copies called beans would share one Arrow cache
+        # the files named, not the folder: the library keys its Arrow cache by them, two copies named beans apart
         files = {split: sorted(str(path) for path in folder.rglob(f"{split}*.parquet")) for split in SPLITS}
         try:
             dataset = load_dataset(str(folder), data_files=files)

@@ -11,8 +11,7 @@ def targets(labels, classes):
     return y
 
 
-# The solve of the normal equations loses about log10(1 / rcond) of float64's 16 digits: below this reciprocal
-# condition number (lambda 1e-12 on a few pictures, say) the answer would be quietly wrong in its 6th digit.
+# The solve loses about log10(1 / rcond) of float64's 16 digits: below this, fewer than 6 would be left, quietly.
 MIN_RCOND = 1e-10
 
 
@@ -28,8 +27,7 @@ def closed_form(x, y, lam):
         if factor and scipy.linalg.lapack.dpocon(factor[0], np.linalg.norm(gram, 1))[0] >= MIN_RCOND:  # upper factor
             return scipy.linalg.cho_solve(factor, x.T @ y)
         # a lambda so small that X^T X + lambda I is (nearly) singular in floating point: solved stably below
-    # The same minimum as least squares on X stacked over sqrt(lambda) I, Y over 0: no X^T X is formed, so
-    # its squared condition number never costs digits (lambda = 0: the minimum-norm X^+ Y).
+    # The same minimum as least squares on X over sqrt(lambda) I, Y over 0: no X^T X, whose condition is squared.
     stacked_x = np.vstack([x, np.sqrt(lam) * np.eye(x.shape[1])])
     stacked_y = np.vstack([y, np.zeros((x.shape[1], y.shape[1]))])
     return np.linalg.lstsq(stacked_x, stacked_y, rcond=None)[0]
