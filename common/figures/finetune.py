@@ -5,8 +5,9 @@ from common.figures import ARTICLE_STYLE, pyplot, save
 
 
 def logged_steps(values):
-    """{"lr" | "loss" | "norm" | "accuracy": {step: value}} of the fine-tuning's logged steps, by name."""
-    steps = {}
+    """{"lr" | "loss" | "norm" | "accuracy": {step: value}} of the fine-tuning's logged steps, by name, step 0's
+    accuracy ("step 0 validation") first."""
+    steps = {"accuracy": {0: values["step 0 validation"]}} if "step 0 validation" in values else {}
     for name, value in values.items():
         found = re.fullmatch(r"step (\d+) (lr|loss|norm|accuracy)", name)
         if found:
@@ -27,12 +28,8 @@ def finetune_curves(series, values, article, path, say):
     from matplotlib.ticker import MaxNLocator
 
     logged, marks = logged_steps(values), logged_steps(article)
-    if "step 0 validation" in article:
-        marks.setdefault("accuracy", {})[0] = article["step 0 validation"]
     curves = {key: dict(enumerate(series[name], 1)) if series.get(name) else logged.get(key, {})
-              for name, key, _ in FINETUNE_PANELS[:3]}
-    curves["accuracy"] = {**({0: values["step 0 validation"]} if "step 0 validation" in values else {}),
-                          **logged.get("accuracy", {})}
+              for name, key, _ in FINETUNE_PANELS}
     last = max([step for curve in curves.values() for step in curve] or [1])
     figure, axes = plt.subplots(1, 4, figsize=(20, 4), layout="constrained")
     margin = max(0.5, 0.02 * last)
