@@ -92,9 +92,8 @@ def stack_pixel_values(items):
 
 
 def cached_features(beans, transform, load_model, keep, run, cache_dir, **decides):
-    """{"features", "labels": {split: array}, "source", "seconds", "pass"}: keep(model output) of every picture of both
-    splits, from cache_dir when the cache matches exactly (the checkpoint's weight file, `decides`, the splits' picture
-    bytes), else computed in one model_pass over both splits through `transform`, and stored (--no-cache: neither)."""
+    """{"features", "labels": {split: array}, "source", "seconds", "pass"}: keep(model output) of both splits' pictures,
+    cached under the weight file, `decides` and the pictures' bytes, else one model_pass through `transform`."""
     from datasets import concatenate_datasets
 
     from common.feature_cache import cache_key, cached, dataset_digest

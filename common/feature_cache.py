@@ -99,9 +99,8 @@ def cached(compute, key, rows, cache_dir=CACHE_DIR):
 
 
 def cached_passes(sets, one_pass, key_of, names, device, cache_dir=CACHE_DIR):
-    """{set: arrays, "seconds", "passes": {set: timing}, "loader": start-up text or None, "source"} of {set: paths}:
-    from the cache for key_of(set, paths), else one_pass(loader, indices, set) -> ({name: rows}, timing); the
-    passes share one loader, made on the first miss."""
+    """{set: arrays, "seconds", "passes", "loader", "source"} of {set: paths}: cached under key_of(set, paths), else
+    one_pass(loader, indices, set) -> ({name: rows}, timing), the passes sharing one loader made on the first miss."""
     start, paths = time.perf_counter(), [path for set_paths in sets.values() for path in set_paths]
     shared, found, passes, sources, first = {}, {}, {}, set(), 0
 

@@ -21,10 +21,8 @@ def on_host(value):
 
 
 def run_model(model, pictures, resolution, device, batch_size, what_to_keep, desc="", autocast=None, indices=None):
-    """([what_to_keep(output) of each batch, in order, on the host], the pass's timing (loader.pass_timing)).
-
-    pictures: a list (PIL images or paths), a picture_loader() shared by passes (indices: which of its pictures), or
-    uint8 batches read before; the outputs stay on the device until the pass ends (docs/data.md#one-batched-pass)."""
+    """([what_to_keep(output) of each batch, in order, on the host], timing); pictures: PIL images or paths, a shared
+    picture_loader() (indices: which of its pictures), or uint8 batches read before (docs/data.md#one-batched-pass)."""
     from tqdm import tqdm
 
     start = time.perf_counter()
