@@ -1,6 +1,5 @@
-"""The beans dataset (AI-Lab-Makerere/beans) of the backbone article: through the Hugging Face cache, downloaded
-once, or from a local copy of its files in the Hub's layout (README.md, data/<split>-*.parquet); and its pictures'
-frozen features, cached."""
+"""The backbone article's beans dataset, from the Hugging Face cache (downloaded once) or a local copy of its files
+(README.md, data/<split>-*.parquet); and its pictures' frozen features, cached."""
 from pathlib import Path
 
 import numpy as np
@@ -29,22 +28,17 @@ def check_dir(path):
 
 
 def from_hub(name):
-    """load_dataset(name) from the Hub or the local cache; offline and not cached, one line with the fixes."""
-    from datasets import load_dataset
-
-    fix = (f"connect to the internet once to download it ({SIZE}) into the Hugging Face cache, or pass --data-dir "
-           f"with a local copy of its files")
-    if not hub_reachable(name, "dataset"):  # read the cache only, without the library's minute of retries
-        return from_cache(name, why_no_download(), fix)
-    return load_dataset(name)
-
-
-def from_cache(name, why, fix):
-    """The dataset from the cache with downloads switched off for this one call; else one line with the fixes."""
+    """load_dataset(name) from the Hub; when it cannot be reached, from the cache alone, downloads switched off for
+    this one call (not the library's minute of retries); not cached, one line with the fixes."""
     import datasets
     from datasets import load_dataset
     from huggingface_hub import constants
 
+    if hub_reachable(name, "dataset"):
+        return load_dataset(name)
+    why = why_no_download()  # before downloads are switched off
+    fix = (f"connect to the internet once to download it ({SIZE}) into the Hugging Face cache, or pass --data-dir "
+           f"with a local copy of its files")
     saved = datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE
     datasets.config.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE = True
     try:
@@ -69,8 +63,7 @@ def load(data_dir=None, per_class=None):
         from datasets.exceptions import DatasetGenerationError
 
         folder = Path(data_dir).expanduser()
-        # the files named, not the folder alone: the library's cache then keys the copy by its files (paths, times),
-        # where a folder's key is its name and layout, so that two copies called beans would share one Arrow cache
+        # the files named, not the folder: the library keys its Arrow cache by them, two copies named beans apart
         files = {split: sorted(str(path) for path in folder.rglob(f"{split}*.parquet")) for split in SPLITS}
         try:
             dataset = load_dataset(str(folder), data_files=files)
@@ -99,9 +92,8 @@ def stack_pixel_values(items):
 
 
 def cached_features(beans, transform, load_model, keep, run, cache_dir, **decides):
-    """{"features", "labels": {split: array}, "source", "seconds", "pass"}: keep(model output) of every picture of both
-    splits, from cache_dir when the cache matches exactly (the checkpoint's weight file, `decides`, the splits' picture
-    bytes), else computed in one model_pass over both splits through `transform`, and stored (--no-cache: neither)."""
+    """{"features", "labels": {split: array}, "source", "seconds", "pass"}: keep(model output) of both splits' pictures,
+    cached under the weight file, `decides` and the pictures' bytes, else one model_pass through `transform`."""
     from datasets import concatenate_datasets
 
     from common.feature_cache import cache_key, cached, dataset_digest

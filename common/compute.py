@@ -12,11 +12,7 @@ def sequence_shape(resolution, patch):
 
 
 def token_flops(layers, width, mlp, tokens):
-    """The per-token part of an encoder's forward compute, in FLOPs (a multiply-add counts as 2).
-
-    Per layer, s tokens of width D through the q, k, v and output projections (4 s D^2 multiply-adds)
-    and the MLP's two matrices (2 s D M): 2 L (4 s D^2 + 2 s D M) FLOPs, linear in s.
-    """
+    """The per-token part, in FLOPs (a multiply-add is 2): q, k, v, output (4 s D^2) and the MLP (2 s D M) a layer."""
     return 2 * layers * tokens * (4 * width**2 + 2 * width * mlp)
 
 
@@ -26,11 +22,8 @@ def attention_flops(layers, width, tokens):
 
 
 def encoder_flops(layers, width, mlp, tokens):
-    """Forward compute of a ViT encoder: FLOPs = 2 L (4 s D^2 + 2 s D M + 2 s^2 D).
-
-    Left out: the patch embedding (2 N (3 P^2) D FLOPs: 0.23 GFLOPs for every ViT-B at 224, since
-    N P^2 = 224^2; 2.7% of ViT-B/32's 8.6), the norms, softmax and head. This is the article's estimate.
-    """
+    """The article's estimate of a ViT encoder's forward compute: FLOPs = 2 L (4 s D^2 + 2 s D M + 2 s^2 D), without
+    the patch embedding (0.23 GFLOPs for every ViT-B at 224), norms, softmax and head."""
     return token_flops(layers, width, mlp, tokens) + attention_flops(layers, width, tokens)
 
 

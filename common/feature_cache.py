@@ -1,13 +1,5 @@
-"""A cache of arrays computed from a frozen model (features), keyed by everything that decides them.
-
-A file holds the arrays and the full description of what made them (cache_key): the checkpoint's
-weight file, and what the script says decides its features (resolution, precision, the pictures'
-bytes); it is used only when that description matches exactly. The cache is a convenience: a file
-that cannot be read or written (read-only or full disk, damaged file, two runs at once) is said in one
-warning line, and the run goes on as if there were no cache. Files are written by common/files.py,
-whole or not at all, under a unique temporary name, so two runs filling the same cache never trip over
-each other.
-"""
+"""A cache of arrays computed from a frozen model (features), used only when everything that decides them matches;
+a convenience: a file that cannot be read or written is one warning, and the run goes on (docs/data.md)."""
 import functools
 import hashlib
 import json
@@ -29,8 +21,7 @@ CACHE_DIR = FEATURE_CACHE_DIR
 
 def cache_key(name, model, **decides):
     """(file name, description) of the features of `model` and `decides` (in order), or None when the checkpoint's
-    weight file is not on disk: features cannot be matched to it. The weight file is named by its path (a Hub
-    snapshot's holds its revision), size and modification time."""
+    weight file (named by its path, size and modification time) is not on disk."""
     weights = cached_weight_file(os.path.expanduser(model))
     if weights is None:
         return None
@@ -86,23 +77,16 @@ def read_arrays(path, description, rows, say=warn):
     return arrays
 
 
-def write_arrays(path, description, arrays, say=warn):
-    """Store the arrays with their description; True when written, a warning and False when not."""
-    try:
-        write_atomic(path, lambda f: np.savez(f, key=description, **arrays), what="feature cache")
-    except UserError as problem:
-        say(f"{problem}; the run goes on without caching the features")
-        return False
-    return True
-
-
 def cached_arrays(compute, path, description, rows, say=warn):
     """(arrays, "cache" or "computed"): read when they match exactly ({name: rows}), else compute()d and stored."""
     arrays = read_arrays(path, description, rows, say)
     if arrays is not None:
         return arrays, "cache"
     arrays = compute()
-    write_arrays(path, description, arrays, say)
+    try:
+        write_atomic(path, lambda f: np.savez(f, key=description, **arrays), what="feature cache")
+    except UserError as problem:
+        say(f"{problem}; the run goes on without caching the features")
     return arrays, "computed"
 
 
@@ -115,14 +99,8 @@ def cached(compute, key, rows, cache_dir=CACHE_DIR):
 
 
 def cached_passes(sets, one_pass, key_of, names, device, cache_dir=CACHE_DIR):
-    """Each set of pictures' arrays ({set: paths}): from the cache when key_of(set, paths) is found there, else from
-    one_pass(loader, indices, set) -> ({name: array, a row per picture}, the pass's timing). The passes share one
-    loader over all the sets, made on the first cache miss: its worker processes (beside a GPU) start once, and
-    decode each picture once.
-
-    Returns {set: arrays, "seconds", "passes": {set: timing}, "loader": its start-up text or None (no pass),
-    "source": "read from the cache" when every set was, else "computed"}.
-    """
+    """{set: arrays, "seconds", "passes", "loader", "source"} of {set: paths}: cached under key_of(set, paths), else
+    one_pass(loader, indices, set) -> ({name: rows}, timing), the passes sharing one loader made on the first miss."""
     start, paths = time.perf_counter(), [path for set_paths in sets.values() for path in set_paths]
     shared, found, passes, sources, first = {}, {}, {}, set(), 0
 

@@ -1,10 +1,5 @@
-"""Imagenette (imagenette2-160): find or download it, check it, list its pictures (common/pictures.py decodes them,
-common/loader.py batches them).
-
-Layout: imagenette2-160/{train,val}/<wnid>/*.JPEG, 160 px on the short side. A folder in the same
-layout with other classes works too (class names from the folders); the Imagenette counts are
-checked only when the folders are Imagenette's ten WordNet ids.
-"""
+"""Imagenette (imagenette2-160/{train,val}/<wnid>/*.JPEG): find or download it, check it, list its pictures; any
+folder in that layout works, Imagenette's counts are checked only for its ten WordNet ids (docs/data.md)."""
 import os
 import shutil
 import sys
@@ -25,14 +20,13 @@ URL = "https://s3.amazonaws.com/fast-ai-imageclas/imagenette2-160.tgz"
 ARCHIVE_MB = 94
 DEFAULT_DIR = IMAGENETTE_DIR
 SPLIT_COUNTS = {"train": 9_469, "val": 3_925}
-# WordNet id, the article's short name, index among the 1,000 ImageNet-1k classes (checked against
-# the standard imagenet_class_index.json: 0 tench ... 701 parachute, n03888257; n03888605 is 702,
-# parallel bars, a common mix-up).
+# WordNet id, the article's short name, ImageNet-1k index (parachute is n03888257, not n03888605)
 CLASSES = [("n01440764", "tench", 0), ("n02102040", "springer", 217), ("n02979186", "cassette player", 482),
            ("n03000684", "chain saw", 491), ("n03028079", "church", 497), ("n03394916", "French horn", 566),
            ("n03417042", "garbage truck", 569), ("n03425413", "gas pump", 571), ("n03445777", "golf ball", 574),
            ("n03888257", "parachute", 701)]
-IMAGENETTE_WNIDS = [wnid for wnid, _, _ in CLASSES]
+IMAGENETTE_WNIDS = sorted(wnid for wnid, _, _ in CLASSES)  # as class_folders() lists them
+SPLIT_WORDS = {"train": "training", "val": "validation"}
 
 
 def class_folders(root, split):
@@ -42,7 +36,7 @@ def class_folders(root, split):
 
 def is_imagenette(root):
     """A folder named imagenette2-160 holding Imagenette's ten classes: its counts are known."""
-    return Path(root).name == DEFAULT_DIR.name and class_folders(root, "val") == sorted(IMAGENETTE_WNIDS)
+    return Path(root).name == DEFAULT_DIR.name and class_folders(root, "val") == IMAGENETTE_WNIDS
 
 
 def class_names(root):
@@ -90,37 +84,28 @@ def check_layout(root):
                             f"pictures (.JPEG, .jpg or .png) in both splits")
 
 
-def check_counts(root, strict, fix=None):
-    """The layout; then Imagenette's counts: strict for the copy we download, a warning for a user's own copy.
-
-    Returns the warning for a partial copy of Imagenette (its numbers cannot match the article's), else None.
-    """
+def check_counts(root, strict,
+                 fix=": delete the folder to download it again, or pass --data-dir with a complete copy"):
+    """The layout; then Imagenette's counts: strict (UserError) for the copy we download, else the warning for a
+    partial copy, or None."""
     check_layout(root)
-    if class_folders(root, "val") != sorted(IMAGENETTE_WNIDS):
+    if class_folders(root, "val") != IMAGENETTE_WNIDS:
         return None  # another data set: its own counts
     found = {split: len(list_split(root, split)) for split in SPLIT_COUNTS}
     if found == SPLIT_COUNTS:
         return None
-    counts = ", ".join(f"{found[split]:,} of {expected:,} {'training' if split == 'train' else 'validation'}"
+    counts = ", ".join(f"{found[split]:,} of {expected:,} {SPLIT_WORDS[split]}"
                        for split, expected in SPLIT_COUNTS.items())
     if strict:
-        fix = (": delete the folder to download it again, or pass --data-dir with a complete copy" if fix is None
-               else fix)
         raise UserError(f"found {counts} pictures in {root}{fix}")
     return f"{root} holds {counts} pictures of Imagenette: a partial copy, so its numbers cannot match the article's"
 
 
-SPLIT_WORDS = {"train": "training", "val": "validation"}
-
-
 def data_differences(args, root, counts):
-    """{item: difference} of this run's pictures against the article's, Imagenette as released.
-
-    counts: {split: pictures this run used, or None when the data did not load} of the splits it uses.
-    """
+    """{item: difference} of this run's pictures ({split: count used, or None when not loaded}) against Imagenette's."""
     from common.differences import subset_differences
 
-    if root is not None and Path(root).is_dir() and class_folders(root, "val") != sorted(IMAGENETTE_WNIDS):
+    if root is not None and Path(root).is_dir() and class_folders(root, "val") != IMAGENETTE_WNIDS:
         return {"data set": {"flag": f"--data-dir {args.data_dir}",
                              "why": f"--data-dir {args.data_dir}: another data set than Imagenette"}}
     items = {split: f"{SPLIT_WORDS[split]} pictures" for split in counts}
@@ -140,11 +125,9 @@ def download(url, archive, progress=True):
         try:
             with urllib.request.urlopen(url, timeout=60) as response:
                 total = int(response.headers.get("Content-Length") or 0) or None
-                with tqdm(total=total, unit="B", unit_scale=True, desc=f"downloading {archive.name}",
-                          disable=not progress, file=sys.stderr) as bar:
-                    while chunk := response.read(1 << 20):
-                        out.write(chunk)
-                        bar.update(len(chunk))
+                with tqdm.wrapattr(out, "write", total=total, bytes=False, unit="B", unit_scale=True,
+                                   desc=f"downloading {archive.name}", disable=not progress, file=sys.stderr) as written:
+                    shutil.copyfileobj(response, written, 1 << 20)
         except (OSError, EOFError) as error:  # URLError, a dropped connection, a timeout
             raise DownloadError(reason(error)) from error
 
@@ -164,13 +147,8 @@ def remove_abandoned_scratch(target):
 
 
 def download_and_extract(url, target, progress=True):
-    """Download url (.tgz) and extract it so that target appears whole or not at all.
-
-    The archive is written whole or not at all; it is extracted into a scratch folder beside target
-    (named with this process's number, so that the next run can remove it if this one is killed),
-    its counts checked, and only then renamed into place. An archive that fails any check is
-    deleted, so that the next run downloads it anew.
-    """
+    """Download url (.tgz) and extract it so that target appears whole or not at all: extracted into a scratch folder
+    beside it, checked, renamed into place; an archive that fails is deleted (docs/data.md#imagenette)."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_abandoned_scratch(target)
@@ -198,24 +176,20 @@ def download_and_extract(url, target, progress=True):
 
 
 def ensure_imagenette(data_dir=None, url=URL):
-    """The data folder, downloaded first when it is the default and missing, its layout and counts checked.
-
-    The default folder must hold the whole release; a partial copy passed with --data-dir runs, after
-    a warning on stderr that names its counts.
-    """
+    """The data folder, downloaded first when it is the default and missing; the default must hold the whole release,
+    a partial --data-dir copy runs after a warning naming its counts."""
     root = Path(data_dir) if data_dir else DEFAULT_DIR
     default = root.resolve() == DEFAULT_DIR
     if not root.exists():
         if not default:
             raise UserError(f"--data-dir {data_dir} does not exist")
+        fix = f"download {url} ({ARCHIVE_MB} MB) and extract it into {root.parent}, or pass --data-dir"
         if os.environ.get("HF_HUB_OFFLINE") == "1" and url == URL:
-            raise UserError(f"Imagenette is not in {root} and offline mode is on: download {url} "
-                            f"({ARCHIVE_MB} MB) and extract it into {root.parent}, or pass --data-dir")
+            raise UserError(f"Imagenette is not in {root} and offline mode is on: {fix}")
         try:
             download_and_extract(url, root)
         except DownloadError as error:
-            raise UserError(f"Imagenette is not in {root} and could not be downloaded ({error}): download {url} "
-                            f"({ARCHIVE_MB} MB) and extract it into {root.parent}, or pass --data-dir") from error
+            raise UserError(f"Imagenette is not in {root} and could not be downloaded ({error}): {fix}") from error
     if not root.is_dir():
         raise UserError(f"--data-dir {data_dir} is a file, not a folder of {{train,val}}/<class>/ pictures")
     warning = check_counts(root, strict=default)

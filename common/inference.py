@@ -21,19 +21,8 @@ def on_host(value):
 
 
 def run_model(model, pictures, resolution, device, batch_size, what_to_keep, desc="", autocast=None, indices=None):
-    """([what_to_keep(model output) for each batch of the pictures, in order, on the host], the pass's timing).
-
-    pictures: a list (PIL images or paths); or a picture_loader() made once for several passes, so
-    that its workers start once, and indices: which of its pictures (default: all); or a list of
-    uint8 batches already read, on the model's device or the host (fine-tuning's checks read the
-    same pictures ten times). The timing (common/loader.py's pass_timing) holds the pass's seconds,
-    start-up included, and the seconds the model waited for pictures. The outputs (what_to_keep's)
-    stay on the device until the pass ends: a copy to the host after each batch would make the host
-    wait for the GPU, which then waits for the host to queue the next batch.
-    interpolate_pos_encoding=True lets the model take any resolution: the library stretches the
-    position table (bicubic) only when its row count differs from the sequence, so a table that was
-    already stretched is used as it is.
-    """
+    """([what_to_keep(output) of each batch, in order, on the host], timing); pictures: PIL images or paths, a shared
+    picture_loader() (indices: which of its pictures), or uint8 batches read before (docs/data.md#one-batched-pass)."""
     from tqdm import tqdm
 
     start = time.perf_counter()

@@ -1,8 +1,5 @@
-"""Batches for the model: torch's DataLoader over the pictures, with worker processes beside a GPU.
-
-A batch is uint8 (B, R, R, 3), the pictures resized by resized_rgb(); to_pixels() normalises it on
-the model's device. Workers hand their batches back through shared memory, not a pipe.
-"""
+"""Batches for the model: torch's DataLoader over the pictures, uint8 (B, R, R, 3), worker processes beside a GPU;
+why it is built so: docs/data.md#the-loader."""
 import os
 import signal
 import sys
@@ -19,30 +16,17 @@ PREFETCH = 4  # batches each worker builds ahead
 
 
 def loader_workers(device):
-    """Processes that build batches ahead of the model: none on a CPU, half the cores beside a GPU.
-
-    On a CPU the model's threads already use every core, so building ahead hides nothing; beside a
-    GPU the cores are otherwise idle (the README's performance section has the measurements).
-    """
+    """Processes that build batches ahead: none on a CPU (its cores run the model), half the cores beside a GPU."""
     return 0 if device.type == "cpu" else max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
 def worker_start():
-    """fork on Linux, so that pictures decoded in the main process are shared with the workers, not copied.
-
-    spawn elsewhere: forking a process whose system libraries have started threads (Metal has, once
-    mps is in use) can crash the child, and spawn is Python's default on macOS. A spawned worker
-    receives the pictures pickled, once, since the workers persist.
-    """
+    """fork on Linux (decoded pictures shared, not copied), else spawn (forking after Metal's threads can crash)."""
     return "fork" if sys.platform.startswith("linux") else "spawn"
 
 
 class Pictures(Dataset):
-    """The pictures (PIL images, or paths decoded at each read), read by key (index, resolution, flip).
-
-    The resolution and the flip travel in the key, not in the dataset, so that one set of persistent
-    workers serves passes at several resolutions (posemb's rows) and with any flips (fine-tuning).
-    """
+    """The pictures (PIL images or paths) read by key (index, resolution, flip): one set of workers serves any pass."""
 
     def __init__(self, pictures):
         self.pictures = pictures
@@ -59,31 +43,18 @@ class Pictures(Dataset):
 
 
 def stack_or_error(items):
-    """The batch as a uint8 tensor, or the first picture's UserError for picture_batches() to raise as itself.
-
-    numpy stacks in one thread: torch.stack would spread the copy over torch's threads, and in the
-    main process they wait for every core, busy ones included (20 times slower on a loaded 2-core machine).
-    """
+    """The batch as a uint8 tensor, or the first picture's UserError; stacked by numpy, in one thread (docs/data.md)."""
     errors = [item for item in items if isinstance(item, UserError)]
     return errors[0] if errors else torch.from_numpy(np.stack(items))
 
 
 def ignore_ctrl_c(worker_id):
-    """The main process alone decides what Ctrl-C does (fine-tuning finishes its step, saves, then stops).
-
-    A worker that died of the terminal's SIGINT would break that step. SIGTERM is left as it is: the
-    DataLoader ends its workers with it when it shuts down.
-    """
+    """The main process alone decides what Ctrl-C does (fine-tuning finishes its step, saves, then stops)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def picture_loader(pictures, device, workers=None):
-    """A DataLoader over the pictures; picture_batches() says what each pass reads.
-
-    workers: loader_workers(device) unless given. They persist, so several passes (posemb's five
-    rows, fine-tuning's checks) start them once; they end with the loader. Batches bound for a CUDA
-    GPU are pinned, so that the copy does not block.
-    """
+    """A DataLoader over the pictures, its workers persistent; picture_batches() says what each pass reads."""
     workers = loader_workers(device) if workers is None else workers
     return DataLoader(Pictures(pictures), batch_sampler=[], collate_fn=stack_or_error, num_workers=workers,
                       pin_memory=device.type == "cuda", persistent_workers=workers > 0,
@@ -93,21 +64,15 @@ def picture_loader(pictures, device, workers=None):
 
 
 def dataset_loader(dataset, collate_fn, workers, pin_memory=False, batch_size=32):
-    """A DataLoader for one pass, in order, over a dataset that makes its own items (the backbone's beans through
-    the article's transform), with picture_loader()'s workers: Ctrl-C left to the main process, the same start."""
+    """A DataLoader for one pass, in order, over a dataset that makes its own items, with picture_loader()'s workers."""
     return DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn, num_workers=workers, pin_memory=pin_memory,
                       prefetch_factor=PREFETCH if workers else None, worker_init_fn=ignore_ctrl_c,
                       multiprocessing_context=worker_start() if workers else None)
 
 
 def picture_batches(loader, resolution, batch_size, flips=None, indices=None):
-    """uint8 batches (B, R, R, 3) of the loader's pictures, in order; flips[i] True mirrors the i-th left to right.
-
-    indices: which of the loader's pictures, in this order (default: all), so that one loader, its
-    workers started once, serves passes over several sets (few-shot's pool and validation pictures).
-    A DataLoader's batch sampler cannot be replaced, so this pass's batches of keys are put into
-    the list it was given (picture_loader's batch_sampler).
-    """
+    """uint8 batches (B, R, R, 3) of the loader's pictures (indices: which, in order; default all); flips[i] mirrors
+    the i-th. A DataLoader's batch sampler cannot be replaced: this pass's keys go into its list."""
     indices = range(len(loader.dataset)) if indices is None else indices
     flips = np.zeros(len(indices), dtype=bool) if flips is None else np.asarray(flips)
     keys = [(int(i), resolution, bool(flip)) for i, flip in zip(indices, flips)]
@@ -119,10 +84,7 @@ def picture_batches(loader, resolution, batch_size, flips=None, indices=None):
 
 
 def start_workers(loader):
-    """Start the loader's worker processes now, before any timed pass; the seconds it took (0 without workers).
-
-    They persist, so a run pays this once; the first pass would otherwise show it as its wait for pictures.
-    """
+    """Start the loader's workers now, so the first pass does not count it as waiting; the seconds it took."""
     begun = time.perf_counter()
     if loader.num_workers:
         loader.batch_sampler[:] = []
@@ -132,12 +94,7 @@ def start_workers(loader):
 
 
 def end_workers(*loaders):
-    """End the worker processes of persistent loaders now, not at the interpreter's exit.
-
-    There torch waits up to 5 s for each worker still alive (seen on an H200: the backbone's process
-    lived 87 s after its last line), so the persistent iterator a DataLoader keeps in its _iterator
-    is shut down here, while its workers still answer. A loader may be used again: it starts new ones.
-    """
+    """End persistent loaders' workers now: at the interpreter's exit torch waits up to 5 s for each one alive."""
     for loader in loaders:
         iterator = getattr(loader, "_iterator", None)
         if iterator is not None:
@@ -163,15 +120,8 @@ def pass_timing():
 
 
 def timed(batches, timing, count=len, device=None):
-    """The batches, in order; each one's wait for pictures and its pictures added to timing.
-
-    On a CPU (and Apple's mps) the wait is timm's data time, the host's time in next(): the model
-    computes on the host, so it idles while the loader decodes or its workers are behind. On a CUDA GPU
-    the host runs ahead of the GPU, and its time in next() may overlap the GPU's work on the last batch;
-    the GPU's own idle time is measured instead, with CUDA events: one recorded when the host asks for
-    the next batch (the GPU reaches it once the work queued so far is done) and one when it has the
-    batch, with nothing queued between them: their elapsed time is the GPU idling for want of it.
-    """
+    """The batches, in order; each one's wait and pictures added to timing: the host's time in next(), on a CUDA GPU
+    the GPU's own idle time between two CUDA events (docs/data.md#the-wait-for-pictures)."""
     on_cuda = device is not None and device.type == "cuda"
     pairs = []
     iterator = iter(batches)
@@ -203,12 +153,7 @@ def record_event():
 
 
 class TimedLoader:
-    """A data loader whose every next() is timed into a pass timing; all else is the loader's own.
-
-    For loops that a library runs (transformers' Trainer), where the wait cannot be timed inside.
-    count(batch): the pictures in a batch. Through the Trainer, accelerate's loader copies each batch to
-    the GPU inside next(), so there the measured wait includes queuing that copy.
-    """
+    """A data loader whose every next() is timed into a pass timing, for loops a library runs (the Trainer's)."""
 
     def __init__(self, loader, timing, count=len, device=None):
         self.loader, self.timing, self.count, self.device = loader, timing, count, device

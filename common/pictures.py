@@ -11,11 +11,7 @@ from common.errors import UserError
 
 
 def load_rgb(path):
-    """The picture as RGB (Imagenette has grayscale and CMYK JPEGs); unreadable files stop the run.
-
-    PIL refuses to decode a picture of over 2 x Image.MAX_IMAGE_PIXELS (179 million) pixels, which
-    could take gigabytes (a "decompression bomb"): it is named like any other unreadable picture.
-    """
+    """The picture as RGB (Imagenette has grayscale and CMYK JPEGs); unreadable or too large, one line stops the run."""
     try:
         with Image.open(path) as image:
             return image.convert("RGB")
@@ -27,11 +23,7 @@ def load_rgb(path):
 
 
 def preprocess(image, resolution):
-    """The ViT image processor of the checkpoints: resize to R x R (bilinear), (x/255 - 0.5) / 0.5.
-
-    Returns a float32 array (3, R, R) in [-1, 1]. The batched path below computes the same numbers
-    in two halves: resized_rgb() on the loader's workers, to_pixels() on the model's device.
-    """
+    """The checkpoints' ViT image processor: float32 (3, R, R) in [-1, 1]; the batched path splits it in two halves."""
     array = resized_rgb(image, resolution).astype(np.float32) * np.float32(1 / 255)
     return ((array - 0.5) / 0.5).transpose(2, 0, 1)
 
@@ -44,10 +36,7 @@ def resized_rgb(picture, resolution, flip=False):
 
 
 def to_pixels(batch, device):
-    """uint8 (B, R, R, 3), a tensor or an array -> float32 (B, 3, R, R) on the device: (x/255 - 0.5) / 0.5, as preprocess().
-
-    The copy moves a quarter of the bytes of float32, and the arithmetic runs where the model runs.
-    """
+    """uint8 (B, R, R, 3) -> float32 (B, 3, R, R) on the device, as preprocess(): a quarter of the bytes travel."""
     from common.device import to_device
 
     x = to_device(batch, device).permute(0, 3, 1, 2).float().contiguous()

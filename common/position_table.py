@@ -1,8 +1,5 @@
-"""Stretching ViT's position table to a bigger grid: the official 2D bilinear rule and its alternatives.
-
-A table of a (1 + n^2, d) holds the [class] row, then an n x n grid of rows, one per patch place.
-Fine-tuning at a higher resolution needs more places; the paper interpolates the grid in 2D.
-"""
+"""Stretching ViT's position table, (1 + n^2, d): the [class] row, then an n x n grid of rows, to a bigger grid: the
+paper's 2D bilinear rule and its alternatives."""
 import math
 
 import numpy as np
@@ -11,11 +8,8 @@ from common.errors import UserError
 
 
 def stretch_positions(n_old, n_new):
-    """For each new row i: (floor, delta) with y = i (n_old - 1) / (n_new - 1), delta = y - floor(y).
-
-    The corners map onto the corners, as in scipy.ndimage.zoom(order=1); the last row uses
-    (n_old - 2, 1.0) so that it needs no row past the end.
-    """
+    """For each new row i: (floor, delta) with y = i (n_old - 1) / (n_new - 1), delta = y - floor(y), corners onto
+    corners as scipy.ndimage.zoom(order=1); the last row is (n_old - 2, 1.0), so that it needs no row past the end."""
     if n_new < 2 or n_old < 2:
         raise UserError(f"a {n_old}x{n_old} position grid cannot be stretched to {n_new}x{n_new}: "
                         f"choose a --resolution of at least 2 patches on a side")
@@ -60,10 +54,7 @@ def linear_resize_1d(rows, n_new):
 
 
 def model_table(model):
-    """A ViT's (1 + n^2, d) position table as float64 numpy on the host.
-
-    The cast happens in numpy: Apple's mps backend has no float64 tensors.
-    """
+    """A ViT's (1 + n^2, d) position table as float64 numpy on the host (cast there: mps has no float64 tensors)."""
     return model.vit.embeddings.position_embeddings.detach()[0].cpu().numpy().astype(np.float64)
 
 
@@ -87,10 +78,8 @@ def bilinear_table(table, n_new):
 
 
 def position_tables(table, n_new):
-    """The four tables of the higher resolution, each (1 + n_new^2, d) with the [class] row first.
-
-    "2D bicubic" is None: the library computes it inside the forward pass (interpolate_pos_encoding).
-    """
+    """The four tables of the higher resolution, each (1 + n_new^2, d); "2D bicubic" is None: the library computes it
+    inside the forward pass (interpolate_pos_encoding)."""
     class_row, rows = table[:1], table[1:]
     return {"2D bilinear": bilinear_table(table, n_new),
             "2D bicubic": None,

@@ -38,6 +38,8 @@ def test_a_six_step_fine_tuning_is_drawn_on_its_own_steps_with_the_articles_poin
     assert list(loss_marks.get_xdata()) == [5] and list(loss_marks.get_ydata()) == [2.3014]
     accuracy_marks = next(line for line in axes[3].get_lines() if line.get_label() == "article")
     assert sorted(accuracy_marks.get_xdata()) == [0, 5]
+    accuracy = next(line for line in axes[3].get_lines() if line.get_label() == "this run")
+    assert list(accuracy.get_xdata()) == [0, 5, 6] and list(accuracy.get_ydata()) == [10.0, 20.0, 20.0]
 
 
 def test_a_zero_accuracy_bar_carries_its_value(drawn, tmp_path):

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from common import imagenette
 from common.errors import UserError
-from common.imagenette import check_counts, download_and_extract, imagenet_indices, list_split
+from common.imagenette import URL, check_counts, download_and_extract, ensure_imagenette, imagenet_indices, list_split
 from common.pictures import load_rgb, preprocess
 from job.standins import imagenette_folder
 
@@ -47,6 +48,19 @@ def test_incomplete_imagenette_is_refused_where_we_download_it_and_a_warning_els
     with pytest.raises(UserError, match="found 10 of 9,469 training, 10 of 3,925 validation pictures"):
         check_counts(root, strict=True)
     assert "a partial copy, so its numbers cannot match" in check_counts(root, strict=False)
+
+
+@pytest.mark.parametrize("offline,url,why", [
+    ("1", URL, "offline mode is on"),
+    ("0", "http://127.0.0.1:9/imagenette2-160.tgz", "could not be downloaded ("),
+])
+def test_imagenette_that_cannot_be_had_names_where_to_download_it(tmp_path, monkeypatch, offline, url, why):
+    monkeypatch.setattr(imagenette, "DEFAULT_DIR", tmp_path / "imagenette2-160")
+    monkeypatch.setenv("HF_HUB_OFFLINE", offline)
+    with pytest.raises(UserError) as error:
+        ensure_imagenette(url=url)
+    assert str(error.value).startswith(f"Imagenette is not in {tmp_path / 'imagenette2-160'} and {why}")
+    assert str(error.value).endswith(f": download {url} (94 MB) and extract it into {tmp_path}, or pass --data-dir")
 
 
 def test_own_classes_work_without_imagenette_counts(tmp_path):

@@ -1,9 +1,5 @@
-"""The figures of the scripts' --plots and of the reproduction page, a module per script (posemb, fewshot, finetune,
-backbone); here what they share. Without matplotlib, one line says so.
-
-Each figure is drawn from plain data (what a run keeps in its --json "series" and numbers), so a script draws it at
-the end of a run and job/page.py draws the same one from the JSON.
-"""
+"""What the figures share (a module per script): each is drawn from what a run keeps in its --json, so that
+job/page.py draws the same one; without matplotlib, one line says so."""
 from pathlib import Path
 
 from common.files import write_atomic

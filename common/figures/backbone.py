@@ -3,10 +3,8 @@ from common.figures import pyplot, save
 
 
 def backbone_curves(series, path, say):
-    """backbone: the article's figure, the training loss and (on a second axis) the evaluation accuracy against step.
-
-    series: {"training loss": [[step, loss]], "evaluation accuracy": [[step, accuracy]]}.
-    """
+    """backbone: the article's figure, training loss and (a second axis) evaluation accuracy; series {name: [[step, y]]}
+    of "training loss" and "evaluation accuracy"."""
     plt = pyplot(say)
     if plt is None:
         return None
@@ -25,10 +23,8 @@ def backbone_curves(series, path, say):
 
 
 def backbone_feature_maps(maps, path, say):
-    """backbone: each picture beside its patch tokens' first three principal components as RGB, before and after.
-
-    maps: {"pictures": [h x w x 3 uint8], "before", "after": [H_p x W_p x 3 in [0, 1]], "labels": [name]}.
-    """
+    """backbone: each picture beside its patch tokens' first three principal components as RGB, before and after;
+    maps: {"pictures": [h x w x 3 uint8], "before", "after": [H_p x W_p x 3 in [0, 1]], "labels": [name]}."""
     plt = pyplot(say)
     if plt is None:
         return None

@@ -5,8 +5,9 @@ from common.figures import ARTICLE_STYLE, pyplot, save
 
 
 def logged_steps(values):
-    """{"lr" | "loss" | "norm" | "accuracy": {step: value}} of the fine-tuning's logged steps, by name."""
-    steps = {}
+    """{"lr" | "loss" | "norm" | "accuracy": {step: value}} of the fine-tuning's logged steps, by name, step 0's
+    accuracy ("step 0 validation") first."""
+    steps = {"accuracy": {0: values["step 0 validation"]}} if "step 0 validation" in values else {}
     for name, value in values.items():
         found = re.fullmatch(r"step (\d+) (lr|loss|norm|accuracy)", name)
         if found:
@@ -19,26 +20,16 @@ FINETUNE_PANELS = (("training loss", "loss", "cross-entropy (nats)"), ("gradient
 
 
 def finetune_curves(series, values, article, path, say):
-    """fine-tuning: loss, gradient norm (with the clipping threshold), LR and validation accuracy against step, on the
-    run's own steps: the article's logged steps are marked only up to this run's last step.
-
-    series: {"training loss", "gradient norm", "learning rate"}: one value per step from 1, and the recipe's
-    "clipping threshold"; the
-    validation accuracy and the article's marks come from the logged steps' numbers, and so do the
-    other panels' points where a run keeps no series (one paused before its end).
-    """
+    """fine-tuning: loss, gradient norm, LR and validation accuracy against the run's steps, the article's marked up to
+    its last; series: a value per step from 1 (else the logged steps') and the "clipping threshold"."""
     plt = pyplot(say)
     if plt is None:
         return None
     from matplotlib.ticker import MaxNLocator
 
     logged, marks = logged_steps(values), logged_steps(article)
-    if "step 0 validation" in article:
-        marks.setdefault("accuracy", {})[0] = article["step 0 validation"]
     curves = {key: dict(enumerate(series[name], 1)) if series.get(name) else logged.get(key, {})
-              for name, key, _ in FINETUNE_PANELS[:3]}
-    curves["accuracy"] = {**({0: values["step 0 validation"]} if "step 0 validation" in values else {}),
-                          **logged.get("accuracy", {})}
+              for name, key, _ in FINETUNE_PANELS}
     last = max([step for curve in curves.values() for step in curve] or [1])
     figure, axes = plt.subplots(1, 4, figsize=(20, 4), layout="constrained")
     margin = max(0.5, 0.02 * last)
