@@ -280,8 +280,8 @@ def test_resume_refuses_other_settings(tiny_in21k, pictures, tmp_path, capsys):
            "why": "--check-per-class 200: 2,000 pictures checked (the first 200 of each class), the article's 1,000"}),
 ])
 def test_checking_fewer_pictures_samples_the_articles_1000(per_class, difference):
-    """A smaller check is a sample of the article's 1,000 watched pictures: step 0 gets their 95% interval, the rows
-    of chance and the counts are not comparable; a larger one is not a sample of them."""
+    """A smaller check is a sample of the article's 1,000 watched pictures: step 0 gets their 95% interval, the checked
+    accuracies and the counts are not comparable, the training's numbers keep theirs; a larger one is no sample."""
     from argparse import Namespace
 
     from scipy.stats import hypergeom
@@ -293,12 +293,16 @@ def test_checking_fewer_pictures_samples_the_articles_1000(per_class, difference
     if per_class != 10:
         return
     numbers = {"step 0 validation": {"value": 10.0}, "step 5 accuracy": {"value": 97.0},
-               "monitor pictures": {"value": 100.0}}
+               "monitor pictures": {"value": 100.0}, "step 5 loss": {"value": 2.3}, "mean loss last": {"value": 0.1},
+               "average accuracy": {"value": 98.0}}
     rows = {row["name"]: row for row in compare(numbers, load_reference("finetune"), differences)}
     low, high = (100 * hypergeom.ppf(q, 1000, 100, 100) / 100 for q in (0.025, 0.975))  # 100 right of the 1,000
     assert rows["step 0 validation"]["verdict"] == "close" and rows["step 0 validation"]["interval"] == [low, high]
     assert rows["step 5 accuracy"]["verdict"] == rows["monitor pictures"]["verdict"] == "not comparable"
     assert rows["step 5 accuracy"]["flags"] == ["--check-per-class 10"]
+    # what the checks do not touch (the training, the final pass over every validation picture) keeps its verdict
+    assert rows["step 5 loss"]["verdict"] == rows["mean loss last"]["verdict"] == "varies"
+    assert rows["average accuracy"]["verdict"] == "varies"
 
 
 def same_training_numbers(first_json, second_json, rel):
