@@ -42,9 +42,9 @@ from common.closed_form import closed_form, targets, with_bias
 from common.device import PRECISIONS, float32_arithmetic, float32_rule
 from common.differences import flag_differences, subset_differences
 from common.errors import UserError
-from common.feature_cache import CACHE_DIR
 from common.figures import backbone as figures
 from common.loader import loader_workers
+from common.paths import FEATURE_CACHE_DIR
 from common.reference import verdict
 from common.run import Run, guarded, run_sections
 
@@ -292,7 +292,7 @@ def load_features(run):
         return load_pretrained(ViTModel, run.args.model, add_pooling_layer=False).to(run.device).eval()
 
     precision, transform = run.args.precision, functools.partial(article_transform, run.need("processor"))
-    return beans_data.cached_features(run.need("beans"), transform, backbone, frozen_features, run, CACHE_DIR,
+    return beans_data.cached_features(run.need("beans"), transform, backbone, frozen_features, run, FEATURE_CACHE_DIR,
                                       precision=precision, float32=float32_rule(precision, run.fp32_rule),
                                       features="class token + mean of the patch tokens")
 

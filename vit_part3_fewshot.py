@@ -39,11 +39,12 @@ from common.cli import (
 from common.closed_form import closed_form, targets, with_bias
 from common.differences import cell_differences, flag_differences
 from common.errors import UserError
-from common.feature_cache import CACHE_DIR, cache_key, cached_passes, picture_digests, shown
+from common.feature_cache import cache_key, cached_passes, picture_digests, shown
 from common.figures import fewshot as figures
 from common.imagenette import DEFAULT_DIR as DEFAULT_DATA_DIR
 from common.imagenette import class_names, data_differences, ensure_imagenette, list_split
 from common.inference import run_model
+from common.paths import FEATURE_CACHE_DIR
 from common.reference import article_values, load_reference
 from common.run import Run, guarded, run_sections
 
@@ -137,7 +138,7 @@ def load_features(run):
                                                     pictures=picture_digests(paths, data["root"]))
 
     sets = {desc: [path for path, _ in data[desc]] for desc in ("pool", "val")}
-    return {**cached_passes(sets, one_pass, key, REPRESENTATIONS, run.device, CACHE_DIR),
+    return {**cached_passes(sets, one_pass, key, REPRESENTATIONS, run.device, FEATURE_CACHE_DIR),
             **{f"{desc} labels": np.array([label for _, label in data[desc]]) for desc in sets}}
 
 
@@ -180,7 +181,7 @@ def section_frozen(run, report):
                      for desc, timing in features["passes"].items())
     passes += f"; the loader: {features['loader']}" if features["loader"] else ""
     report.line("features {source} in {features seconds:.1f} s ({cache}/; {cache_note}){passes}",
-                {"features seconds": features["seconds"]}, source=features["source"], cache=shown(CACHE_DIR),
+                {"features seconds": features["seconds"]}, source=features["source"], cache=shown(FEATURE_CACHE_DIR),
                 passes=passes, cache_note=("--no-cache: the cache was neither read nor written" if args.no_cache
                                            else "--no-cache recomputes"))
     report.line('representation "pre-logits": the tanh layer on the [class] token, {feature width} numbers;  '

@@ -21,6 +21,7 @@ downloaded) and a generated folder of 160-px JPEGs:
 
 Times are medians over --repeats timed batches after one warm-up batch; the loader's, best of 3 rounds.
 """
+import json
 import math
 import os
 import statistics
@@ -39,11 +40,12 @@ from common.cli import positive_int, script_parser
 from common.compute import config_forward_flops
 from common.device import DEVICE_CHOICES, PRECISIONS
 from common.environment import device_name
+from common.files import write_text
 from common.inference import run_model
 from common.loader import PREFETCH, picture_batches, picture_loader
 from common.output import Report
 from common.pictures import load_all, resized_rgb
-from common.run import Run, check_output_file, guarded, write_json
+from common.run import Run, check_output_file, guarded
 from job.standins import smooth_pictures, vit_config
 
 ATTENTION = ("sdpa", "eager")
@@ -393,7 +395,7 @@ def main(argv=None):
         section_scaling(run, figures, report)
     section_loader(run, figures, report)
     if args.json:
-        write_json(args.json, figures)
+        write_text(args.json, json.dumps(figures, indent=2, default=str), what="--json file")
     print("\n" + "\n".join(loader_lines(figures)))
     if not args.loader_only:
         print(f"end-to-end / model-only at 224: {figures['end-to-end / model-only']:.2f}")

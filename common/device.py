@@ -54,9 +54,12 @@ def set_precision(device, precision="fp32", fp32_rule="strict"):
         raise UserError(f"--precision {precision}: choose one of {', '.join(PRECISIONS + ('fp32-strict',))}")
     if precision == "tf32" and device.type != "cuda":
         raise UserError(f"--precision tf32 exists on NVIDIA GPUs only, not on {device.type}: use fp32 or bf16")
-    if precision == "bf16" and device.type == "mps" and not mps_has_bfloat16(device):
-        raise UserError("--precision bf16: this Mac's Metal backend has no bfloat16 (it needs macOS 14 or later): "
-                        "use fp32")
+    if precision == "bf16" and device.type == "mps":
+        try:
+            torch.ones(1, dtype=torch.bfloat16, device=device)
+        except (RuntimeError, TypeError) as error:
+            raise UserError("--precision bf16: this Mac's Metal backend has no bfloat16 (it needs macOS 14 or "
+                            "later): use fp32") from error
     rule = float32_rule(precision, fp32_rule)
     matmul, convolutions = (True, True) if rule == "tf32" else FP32_RULES[rule]
     # The flags whose defaults are the rule "torch defaults"; torch's newer fp32_precision API is left alone, since
@@ -73,14 +76,6 @@ def float32_arithmetic(device, precision, fp32_rule):
     tf32_hardware = device is not None and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8
     return {"rule": rule, "TF32 matrix multiplies": torch.backends.cuda.matmul.allow_tf32,
             "TF32 cuDNN convolutions": torch.backends.cudnn.allow_tf32, "TF32 on this device": tf32_hardware}
-
-
-def mps_has_bfloat16(device):
-    try:
-        torch.ones(1, dtype=torch.bfloat16, device=device)
-    except (RuntimeError, TypeError):
-        return False
-    return True
 
 
 def to_device(array, device):

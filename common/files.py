@@ -1,7 +1,7 @@
 """The one way the scripts write a file: whole or not at all (docs/faults.md), and a failure said in one line."""
 import contextlib
 import os
-import tempfile
+import secrets
 from pathlib import Path
 
 from common.errors import UserError
@@ -21,17 +21,6 @@ def reason(error):
     return text[:160]
 
 
-def umask():
-    """The process's umask, read where Linux shows it, without setting it (a thread writing meanwhile would get 0)."""
-    try:
-        with open("/proc/self/status") as status:
-            return int(next(line.split()[1] for line in status if line.startswith("Umask:")), 8)
-    except (OSError, StopIteration, ValueError, IndexError):  # elsewhere the one way to read it is to set it
-        mask = os.umask(0)
-        os.umask(mask)
-        return mask
-
-
 def write_atomic(path, write, text=False, what="file"):
     """write(f) into a temporary file beside path, then rename it over path; any failure removes the temporary
     file, and an OSError (or a library's wrapped one) is a UserError naming the file as `what`."""
@@ -39,12 +28,11 @@ def write_atomic(path, write, text=False, what="file"):
     temporary = None
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w" if text else "wb", encoding="utf-8" if text else None, delete=False,
-                                         dir=target.parent, prefix=f"{TEMP_PREFIX}{target.name}-") as f:
-            temporary = f.name
+        name = target.parent / f"{TEMP_PREFIX}{target.name}-{secrets.token_hex(8)}"  # a new file: the umask's mode
+        with open(name, "x" if text else "xb", encoding="utf-8" if text else None) as f:
+            temporary = name
             write(f)
             f.flush()
-            os.fchmod(f.fileno(), 0o666 & ~umask())  # what any new file gets, not mkstemp's 0600: results are shared
             os.fsync(f.fileno())
         os.replace(temporary, target)
         temporary = None

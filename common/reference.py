@@ -6,12 +6,10 @@ from decimal import Decimal
 
 from common.paths import DATA_DIR
 
-KINDS = ("nothing", "weights", "chance")
 VERDICTS = ("same", "close", "differs", "varies", "not comparable", "not run")
 LEGEND = ("same: equal at the article's digits; close: within the band the reference states, for the reason it "
           "states; differs: outside it; varies: depends on chance, spread unmeasured, no claim; not comparable: "
           "this run's setup differs from the article's in an input of the number (the flag is named)")
-ARTICLE_SETUP = "the article's"
 
 
 def load_reference(script):
@@ -35,10 +33,8 @@ def format_like(article_text, value):
     decimals = len(mantissa.partition(".")[2])
     if decimals >= 15:  # Python's repr of a float (the backbone's eval dicts): more digits would be invented
         return repr(float(value))
-    if power:
-        text = f"{value:.{decimals}e}"
-    else:
-        text = f"{value:,.{decimals}f}" if "," in article_text else f"{value:.{decimals}f}"
+    grouping = "," if "," in article_text else ""
+    text = format(value, f".{decimals}e" if power else f"{grouping}.{decimals}f")
     return text[1:] if text.startswith("-") and float(text.replace(",", "")) == 0 else text  # -0.0 is 0.0
 
 

@@ -102,7 +102,8 @@ def finish(run, report, differences):
         report.say(f"\n{len(report.could_not_run)} section(s) could not run ({titles}); see the lines 'cannot run'")
     if args.json and run.rank == 0:
         try:  # the numbers are printed above whatever happens here
-            write_json(args.json, run_record(run, report, rows, differences))
+            write_text(args.json, json.dumps(run_record(run, report, rows, differences), indent=2, default=str),
+                       what="--json file")
         except UserError as problem:
             report.say(f"error: {problem}; every number is printed above")
             status = 1
@@ -151,11 +152,6 @@ def check_writable(folder, flag, path):
     except OSError as error:
         raise UserError(f"{flag} {path} cannot be written ({error.strerror or error}): "
                         f"choose a place you can write to") from error
-
-
-def write_json(path, record):
-    """Written whole or not at all (common/files.py); a failure is a UserError naming the path and the reason."""
-    write_text(path, json.dumps(record, indent=2, default=str), what="--json file")
 
 
 class Terminated(KeyboardInterrupt):

@@ -35,7 +35,6 @@ from common.errors import UserError
 from common.figures import backbone, fewshot, finetune, posemb
 from common.files import write_text
 from common.reference import (
-    ARTICLE_SETUP,
     LEGEND,
     article_values,
     compare,
@@ -50,6 +49,7 @@ from job.time_estimate import clock
 SCRIPTS = ("setup", "posemb", "fewshot", "finetune", "backbone")
 JOB_RECORD = "reproduce.json"  # what reproduce.py ran into the folder, and why a script did not run
 ARTICLES = {"backbone": "ViT as a backbone"}  # the others: "ViT, explained · Part 3"
+ARTICLE_SETUP = "the article's"  # the setup cell of a run whose setup is the article's
 TIME = "wall time of its process as reproduce.py measured it, model loading included"
 COLUMNS = ("Columns: setup, the article's or the flags that make this run another (docs/compare.md); verdicts, the "
            f"count of each; time, the {TIME} (the terminal's and reproduce.json's seconds), or without reproduce.py "

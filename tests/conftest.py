@@ -212,7 +212,7 @@ def backbone_runs(beans_standins, tmp_path_factory):
     import vit_backbone
 
     out = tmp_path_factory.mktemp("backbone-runs")
-    saved, vit_backbone.CACHE_DIR = vit_backbone.CACHE_DIR, out / "features"
+    saved, vit_backbone.FEATURE_CACHE_DIR = vit_backbone.FEATURE_CACHE_DIR, out / "features"
     records = []
     try:
         for k, model in enumerate([beans_standins["models"][0], *beans_standins["models"]]):
@@ -223,5 +223,5 @@ def backbone_runs(beans_standins, tmp_path_factory):
             assert status == 0
             records.append(json.loads(path.read_text()))
     finally:
-        vit_backbone.CACHE_DIR = saved
+        vit_backbone.FEATURE_CACHE_DIR = saved
     return {"records": records, "figures": out / "figures", "cache": out / "features"}

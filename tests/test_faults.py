@@ -62,14 +62,14 @@ class FullFile:
 @pytest.fixture
 def full_disk(monkeypatch):
     """full_disk(name, room=0): from now on, files whose name holds `name` fail after `room` bytes."""
-    real_temporary, full = files.tempfile.NamedTemporaryFile, {}
+    full = {}
 
-    def temporary(*args, **kwargs):
-        f = real_temporary(*args, **kwargs)
+    def temporary(*args, **kwargs):  # the writer's open() of its temporary file
+        f = open(*args, **kwargs)  # noqa: SIM115 - the writer closes it
         room = next((room for name, room in full.items() if name in Path(f.name).name), None)
         return f if room is None else FullFile(f, room)
 
-    monkeypatch.setattr(files.tempfile, "NamedTemporaryFile", temporary)
+    monkeypatch.setattr(files, "open", temporary, raising=False)
     return lambda name, room=0: full.update({name: room})
 
 
@@ -178,7 +178,7 @@ def few_shot_flags(model, data):
 
 def test_a_feature_cache_that_cannot_be_written_is_a_warning(tiny_in21k, pictures, tmp_path, capsys,
                                                                        full_disk, monkeypatch):
-    monkeypatch.setattr(fewshot, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setattr(fewshot, "FEATURE_CACHE_DIR", tmp_path / "cache")
     full_disk(".npz")
     status, out, err = run(fewshot.main, few_shot_flags(tiny_in21k, pictures), capsys, monkeypatch)
     assert status == 0 and "features computed" in out and "1-shot" in out
@@ -188,7 +188,7 @@ def test_a_feature_cache_that_cannot_be_written_is_a_warning(tiny_in21k, picture
 
 
 def test_a_feature_cache_that_cannot_be_read_is_a_warning(tiny_in21k, pictures, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(fewshot, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setattr(fewshot, "FEATURE_CACHE_DIR", tmp_path / "cache")
     assert run(fewshot.main, few_shot_flags(tiny_in21k, pictures), capsys, monkeypatch)[0] == 0
     unreadable = []  # each entry becomes a folder, which cannot be read (nor replaced) as a file
     for entry in (tmp_path / "cache").glob("*.npz"):

@@ -116,7 +116,7 @@ def few_shot_run(model, data, cache_dir, capsys, *extra):
 
 def test_a_picture_changed_under_the_same_name_is_recomputed(tiny_in21k, tmp_path, monkeypatch, capsys):
     """Two folders with the same file names, one picture truncated in the second: its features are not reused."""
-    monkeypatch.setattr(fewshot, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setattr(fewshot, "FEATURE_CACHE_DIR", tmp_path / "cache")
     monkeypatch.setenv("TQDM_DISABLE", "1")
     first = imagenette_folder(tmp_path / "first", per_class=2)
     second = imagenette_folder(tmp_path / "second", per_class=2)
@@ -137,7 +137,7 @@ def test_a_picture_changed_under_the_same_name_is_recomputed(tiny_in21k, tmp_pat
 
 
 def test_no_cache_neither_reads_nor_writes(tiny_in21k, pictures, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(fewshot, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setattr(fewshot, "FEATURE_CACHE_DIR", tmp_path / "cache")
     monkeypatch.setenv("TQDM_DISABLE", "1")
     status, out = few_shot_run(tiny_in21k, pictures, tmp_path, capsys, "--no-cache")
     assert status == 0 and "features computed" in out and not (tmp_path / "cache").exists()
