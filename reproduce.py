@@ -177,6 +177,12 @@ def code_digest(script):
     return digest.hexdigest()
 
 
+def script_keys(args, out):
+    """What a script's JSON in OUT must have been made by to count as done: its command and its code."""
+    return {script: {"command": command_key(script_command(script, args, out), out), "code": code_digest(script)}
+            for script in SCRIPTS}
+
+
 # ---------------------------------------------------------------- what is done already
 
 def file_digest(path):
@@ -271,8 +277,7 @@ def page_is_stale(page, out):
 def plan(args, out, manifest):
     """(keys, done, cannot, runnable, lines): what is complete, what lacks a piece (and why), what runs, and the lines
     that say so; UserError when a disk has too little room."""
-    keys = {script: {"command": command_key(script_command(script, args, out), out), "code": code_digest(script)}
-            for script in SCRIPTS}
+    keys = script_keys(args, out)
     done = [script for script in SCRIPTS if not args.force and is_complete(out, script, keys[script], manifest)]
     to_run = [script for script in SCRIPTS if script not in done]
     pieces = {piece for script in to_run for piece in NEEDS[script] + OPTIONAL.get(script, [])}
@@ -365,9 +370,8 @@ def start_estimate(args, runnable, estimable, reference):
 def check_extra(args, out):
     """Each script given --extra checks its whole command, runnable or not, before OUT, its logs or its lock exist: a
     typo costs seconds, not a job, and leaves nothing. Its outputs go to a scratch folder; a done script is not asked."""
-    manifest = read_manifest(out) if out.is_dir() else {}
-    asked = [s for s in SCRIPTS if args.extra[s] and (args.force or not is_complete(out, s, {
-        "command": command_key(script_command(s, args, out), out), "code": code_digest(s)}, manifest))]
+    manifest, keys = read_manifest(out) if out.is_dir() else {}, script_keys(args, out)
+    asked = [s for s in SCRIPTS if args.extra[s] and (args.force or not is_complete(out, s, keys[s], manifest))]
     with tempfile.TemporaryDirectory() as scratch:
         refused = first_refusal({s: [scratch + token[len(str(out)):] if token.startswith(f"{out}{os.sep}") else token
                                      for token in script_command(s, args, out)] for s in asked}, ROOT)
