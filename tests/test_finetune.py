@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import ARTICLE, ROOT, article_block
+from conftest import ARTICLE, ROOT, article_block, library_pixels
 
 import vit_part3_finetune as finetune
 from common import distributed, training
@@ -125,7 +125,6 @@ def test_one_pass_gives_each_models_accuracy_and_the_checks_read_the_kept_batche
 
     from common.imagenette import list_split
     from common.loader import picture_loader
-    from common.pictures import preprocess
 
     models = []
     for seed in (1, 2):
@@ -135,7 +134,7 @@ def test_one_pass_gives_each_models_accuracy_and_the_checks_read_the_kept_batche
         models.append(model.eval())
     items = list_split(pictures, "val")
     labels = np.array([label for _, label in items])
-    pixels = torch.from_numpy(np.stack([preprocess(path, 224) for path, _ in items]))
+    pixels = torch.from_numpy(library_pixels([path for path, _ in items], 224))
     with torch.no_grad():
         by_hand = [100 * np.mean(m(pixel_values=pixels).logits.argmax(1).numpy() == labels) for m in models]
     assert by_hand[0] != by_hand[1]  # the two heads are told apart
