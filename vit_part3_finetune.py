@@ -42,7 +42,6 @@ from common.differences import flag_differences
 from common.distributed import accumulating, first_process_first, sum_over_processes
 from common.errors import UserError
 from common.figures import finetune as figures
-from common.imagenette import DEFAULT_DIR as DEFAULT_DATA_DIR
 from common.imagenette import class_folders, data_differences, ensure_imagenette, is_imagenette, list_split
 from common.loader import end_workers
 from common.position_table import as_parameter_rows, bilinear_table, model_table
@@ -485,7 +484,7 @@ def setup_differences(run):
     the article's rows of the steps this run never logs: not comparable, not "not run"."""
     args, data = run.args, run.loaded.get("data")
     counts = {split: len(data[split]) if isinstance(data, dict) else None for split in ("train", "val")}
-    differences = {**data_differences(args, args.data_dir or DEFAULT_DATA_DIR, counts),
+    differences = {**data_differences(args, counts),
                    **flag_differences(args, ARTICLE_FLAGS), **check_differences(args, data)}
     if "steps" in differences:
         logged = set(report_steps(args.steps))

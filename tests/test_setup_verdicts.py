@@ -256,6 +256,6 @@ def test_the_comparison_names_the_setup_at_the_top(release, tiny_classifier, as_
 def test_a_user_copy_of_another_data_set_is_not_comparable(tmp_path, tiny_classifier, monkeypatch):
     monkeypatch.setenv("TQDM_DISABLE", "1")
     other = imagenette_folder(tmp_path / "cats", per_class=2, classes=["cats", "dogs"])
-    differences = imagenette.data_differences(type("Args", (), {"data_dir": str(other), "per_class": None})(), other,
+    differences = imagenette.data_differences(type("Args", (), {"data_dir": str(other), "per_class": None})(),
                                               {"val": 4})
     assert list(differences) == ["data set"] and "another data set than Imagenette" in differences["data set"]["why"]
