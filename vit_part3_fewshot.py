@@ -41,7 +41,6 @@ from common.differences import cell_differences, flag_differences
 from common.errors import UserError
 from common.feature_cache import cache_key, cached_passes, picture_digests, shown
 from common.figures import fewshot as figures
-from common.imagenette import DEFAULT_DIR as DEFAULT_DATA_DIR
 from common.imagenette import class_names, data_differences, ensure_imagenette, list_split
 from common.inference import run_model
 from common.paths import FEATURE_CACHE_DIR
@@ -252,7 +251,7 @@ def setup_differences(run):
     """How this run's setup differs from the article's: the validation pictures, the pool, draws, the solve shown."""
     args, data = run.args, run.loaded.get("data")
     count = len(data["val"]) if isinstance(data, dict) else None
-    differences = {**data_differences(args, args.data_dir or DEFAULT_DATA_DIR, {"val": count}),
+    differences = {**data_differences(args, {"val": count}),
                    **flag_differences(args, ARTICLE_FLAGS)}
     differences.update(table_differences(args, load_reference("fewshot")))
     if 5 not in args.shots:

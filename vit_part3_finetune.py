@@ -28,6 +28,7 @@ import math
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -42,9 +43,7 @@ from common.differences import flag_differences
 from common.distributed import accumulating, first_process_first, sum_over_processes
 from common.errors import UserError
 from common.figures import finetune as figures
-from common.imagenette import DEFAULT_DIR as DEFAULT_DATA_DIR
 from common.imagenette import class_folders, data_differences, ensure_imagenette, is_imagenette, list_split
-from common.loader import end_workers
 from common.position_table import as_parameter_rows, bilinear_table, model_table
 from common.reference import article_values, load_reference
 from common.run import Run, check_output_dir, check_output_file, guarded, run_sections
@@ -359,9 +358,8 @@ def start_training(run, report, data, model, micro):
     trained = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids) if run.world > 1 else model
     checked = args.check_per_class or MONITOR_PER_CLASS
     items = list_split(data["root"], "val", min(checked, args.per_class or checked))
-    loader, labels = plumbing.share_loader(items, run, history)
     # read once, kept on the device: an unreadable picture stops the run here; the reading counts as the checks' wait
-    monitor = (plumbing.kept_batches(loader, args.resolution, micro, run.device, checks), labels)
+    monitor = plumbing.kept_batches(items, run, micro, history)
     if start == 0:
         (history["step 0"],), _ = plumbing.accuracies([model.eval()], *monitor, run, micro, "step 0", into=checks)
         ties = not model.classifier.weight.any() and not model.classifier.bias.any()
@@ -388,31 +386,32 @@ def train(run, report, data, training, last_step):
                  total=args.steps)
     with plumbing.StopOnSignal() as stop:
         for step in steps:
-            with plumbing.counted(passes["training"]):  # a step's seconds and wait for pictures, not its check's
-                pixels, labels = next(batches)
-                trained.train()
-                lr = lr_at(step, args.lr, args.steps)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                optimizer.zero_grad(set_to_none=True)
-                loss = 0.0
-                for k, (x, y, weight) in enumerate(plumbing.micro_batches(pixels, labels, args.accum_steps)):
-                    with accumulating(trained, run, last=k == args.accum_steps - 1), run.autocast:
-                        logits = trained(pixel_values=x, interpolate_pos_encoding=True).logits.float()  # a float32 loss
-                        part = F.cross_entropy(logits, y) * weight  # this micro-batch's share of the batch's mean loss
-                        part.backward()
-                    loss += part.item()
-                loss = sum_over_processes(loss, run) / run.world  # DDP averaged the gradients of the equal shares
-                if not math.isfinite(loss):
-                    saved = Path(args.save_dir or ".") / CHECKPOINT
-                    kept = f"; the last good checkpoint is {saved}" if args.save_dir and saved.exists() else ""
-                    raise UserError(f"the training loss is {loss} at step {step} (lr {lr:.2g}): the run stopped before "
-                                    f"applying it{kept}; lower --lr")
-                norm = torch.nn.utils.clip_grad_norm_(trained.parameters(), CLIP_NORM).item()
-                optimizer.step()
-                update_average(training["average"], model)
-                history["losses"].append(loss)
-                history["norms"].append(norm)
+            begun = time.perf_counter()  # a step's seconds and wait for pictures, not its check's
+            pixels, labels = next(batches)
+            trained.train()
+            lr = lr_at(step, args.lr, args.steps)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            optimizer.zero_grad(set_to_none=True)
+            loss = 0.0
+            for k, (x, y, weight) in enumerate(plumbing.micro_batches(pixels, labels, args.accum_steps)):
+                with accumulating(trained, run, last=k == args.accum_steps - 1), run.autocast:
+                    logits = trained(pixel_values=x, interpolate_pos_encoding=True).logits.float()  # a float32 loss
+                    part = F.cross_entropy(logits, y) * weight  # this micro-batch's share of the batch's mean loss
+                    part.backward()
+                loss += part.item()
+            loss = sum_over_processes(loss, run) / run.world  # DDP averaged the gradients of the equal shares
+            if not math.isfinite(loss):
+                saved = Path(args.save_dir or ".") / CHECKPOINT
+                kept = f"; the last good checkpoint is {saved}" if args.save_dir and saved.exists() else ""
+                raise UserError(f"the training loss is {loss} at step {step} (lr {lr:.2g}): the run stopped before "
+                                f"applying it{kept}; lower --lr")
+            norm = torch.nn.utils.clip_grad_norm_(trained.parameters(), CLIP_NORM).item()
+            optimizer.step()
+            update_average(training["average"], model)
+            history["losses"].append(loss)
+            history["norms"].append(norm)
+            passes["training"]["seconds"] += time.perf_counter() - begun
             if step in report_steps(args.steps):
                 (percent,), _ = plumbing.accuracies([model.eval()], *training["monitor"], run, training["micro"],
                                                     f"step {step}", into=passes["checks"])
@@ -452,7 +451,6 @@ def finish(run, report, data, training, last_step):
         models = [training["model"].eval(), training["average"].eval()]
         (last, averaged), final["both weights on all validation pictures"] = plumbing.accuracies(
             models, loader, labels, run, training["micro"], "both weights")
-        end_workers(loader)
         report.line("on all {pictures:,} validation pictures: the weight average (factor {factor}) "
                     "{average accuracy:.2f}%, the last weights {last accuracy:.2f}%",
                     {"average accuracy": averaged, "last accuracy": last}, pictures=len(data["val"]),
@@ -485,7 +483,7 @@ def setup_differences(run):
     the article's rows of the steps this run never logs: not comparable, not "not run"."""
     args, data = run.args, run.loaded.get("data")
     counts = {split: len(data[split]) if isinstance(data, dict) else None for split in ("train", "val")}
-    differences = {**data_differences(args, args.data_dir or DEFAULT_DATA_DIR, counts),
+    differences = {**data_differences(args, counts),
                    **flag_differences(args, ARTICLE_FLAGS), **check_differences(args, data)}
     if "steps" in differences:
         logged = set(report_steps(args.steps))
@@ -550,12 +548,9 @@ def main(argv=None):
         os.environ["TQDM_DISABLE"] = "1"
     torch.manual_seed(args.seed)
     loaders = {"data": load_data, "checkpoint": load_checkpoint, "classifier": load_classifier}
-    try:
-        status = run_sections("finetune", Run(args, loaders, device, rank, world), SECTIONS, setup_differences)
-        distributed.finish_together(world)  # a process that leaves while the first writes its JSON can abort gloo
-        return status
-    finally:
-        distributed.end(world)
+    status = run_sections("finetune", Run(args, loaders, device, rank, world), SECTIONS, setup_differences)
+    distributed.finish_together(world)  # a process that leaves while the first writes its JSON can abort gloo
+    return status  # distributed.leave() ends torchrun's process group
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ from common.cli import add_common_arguments, add_data_arguments, script_parser, 
 from common.differences import flag_differences
 from common.errors import UserError
 from common.figures import posemb as figures
-from common.imagenette import DEFAULT_DIR as DEFAULT_DATA_DIR
 from common.imagenette import data_differences, ensure_imagenette, imagenet_indices, list_split
 from common.inference import run_model
 from common.loader import end_workers, picture_loader, start_workers, workers_text
@@ -263,7 +262,7 @@ def setup_differences(run):
     """How this run's setup differs from the article's: the pictures, the resolution, the precision."""
     pictures = run.loaded.get("pictures")
     count = len(pictures[1]) if isinstance(pictures, tuple) else None
-    return {**data_differences(run.args, run.args.data_dir or DEFAULT_DATA_DIR, {"val": count}),
+    return {**data_differences(run.args, {"val": count}),
             **flag_differences(run.args, ARTICLE_FLAGS)}
 
 

@@ -66,14 +66,11 @@ def finish_together(world):
         LEAVING["together"] = True
 
 
-def end(world):
-    if world > 1:
-        dist.destroy_process_group()
-
-
 def leave(status):
-    """sys.exit(status); once every torchrun process has finished, os._exit: a finalizing interpreter can abort under a
-    gloo thread (docs/performance.md, "Several processes")."""
+    """sys.exit(status), torchrun's process group ended first; once every torchrun process has finished, os._exit: a
+    finalizing interpreter can abort under a gloo thread (docs/performance.md, "Several processes")."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
     if not LEAVING["together"]:
         sys.exit(status)
     sys.stdout.flush()

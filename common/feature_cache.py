@@ -14,9 +14,8 @@ from common.errors import UserError
 from common.files import reason, write_atomic
 from common.loader import end_workers, picture_loader, start_workers, workers_text
 from common.output import say
-from common.paths import DATA_DIR, FEATURE_CACHE_DIR
-
-CACHE_DIR = FEATURE_CACHE_DIR
+from common.paths import DATA_DIR
+from common.paths import FEATURE_CACHE_DIR as CACHE_DIR
 
 
 def cache_key(name, model, **decides):
@@ -77,8 +76,12 @@ def read_arrays(path, description, rows, say=warn):
     return arrays
 
 
-def cached_arrays(compute, path, description, rows, say=warn):
-    """(arrays, "cache" or "computed"): read when they match exactly ({name: rows}), else compute()d and stored."""
+def cached(compute, key, rows, cache_dir=CACHE_DIR, say=warn):
+    """(arrays, "cache" or "computed"): read from cache_dir when they match a cache_key exactly ({name: rows}), else
+    compute()d and stored; with no key (--no-cache, or no weight file on disk) compute()d, neither read nor written."""
+    if key is None:
+        return compute(), "computed"
+    path, description = cache_dir / key[0], key[1]
     arrays = read_arrays(path, description, rows, say)
     if arrays is not None:
         return arrays, "cache"
@@ -88,14 +91,6 @@ def cached_arrays(compute, path, description, rows, say=warn):
     except UserError as problem:
         say(f"{problem}; the run goes on without caching the features")
     return arrays, "computed"
-
-
-def cached(compute, key, rows, cache_dir=CACHE_DIR):
-    """(arrays, "cache" or "computed"): cached_arrays under cache_dir for a cache_key; with no key (--no-cache, or no
-    weight file on disk) compute()d, neither read nor written."""
-    if key is None:
-        return compute(), "computed"
-    return cached_arrays(compute, cache_dir / key[0], key[1], rows)
 
 
 def cached_passes(sets, one_pass, key_of, names, device, cache_dir=CACHE_DIR):

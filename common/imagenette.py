@@ -11,14 +11,14 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from common.differences import subset_differences
 from common.errors import UserError
 from common.files import reason, write_atomic
 from common.output import say
-from common.paths import IMAGENETTE_DIR
+from common.paths import IMAGENETTE_DIR as DEFAULT_DIR
 
 URL = "https://s3.amazonaws.com/fast-ai-imageclas/imagenette2-160.tgz"
 ARCHIVE_MB = 94
-DEFAULT_DIR = IMAGENETTE_DIR
 SPLIT_COUNTS = {"train": 9_469, "val": 3_925}
 # WordNet id, the article's short name, ImageNet-1k index (parachute is n03888257, not n03888605)
 CLASSES = [("n01440764", "tench", 0), ("n02102040", "springer", 217), ("n02979186", "cassette player", 482),
@@ -101,11 +101,11 @@ def check_counts(root, strict,
     return f"{root} holds {counts} pictures of Imagenette: a partial copy, so its numbers cannot match the article's"
 
 
-def data_differences(args, root, counts):
-    """{item: difference} of this run's pictures ({split: count used, or None when not loaded}) against Imagenette's."""
-    from common.differences import subset_differences
-
-    if root is not None and Path(root).is_dir() and class_folders(root, "val") != IMAGENETTE_WNIDS:
+def data_differences(args, counts):
+    """{item: difference} of this run's pictures ({split: count used, or None when not loaded}) against Imagenette's;
+    the pictures: --data-dir, else the default folder."""
+    root = args.data_dir or DEFAULT_DIR
+    if Path(root).is_dir() and class_folders(root, "val") != IMAGENETTE_WNIDS:
         return {"data set": {"flag": f"--data-dir {args.data_dir}",
                              "why": f"--data-dir {args.data_dir}: another data set than Imagenette"}}
     items = {split: f"{SPLIT_WORDS[split]} pictures" for split in counts}

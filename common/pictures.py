@@ -22,12 +22,6 @@ def load_rgb(path):
         raise UserError(f"cannot read picture {path}: {error}") from error
 
 
-def preprocess(image, resolution):
-    """The checkpoints' ViT image processor: float32 (3, R, R) in [-1, 1]; the batched path splits it in two halves."""
-    array = resized_rgb(image, resolution).astype(np.float32) * np.float32(1 / 255)
-    return ((array - 0.5) / 0.5).transpose(2, 0, 1)
-
-
 def resized_rgb(picture, resolution, flip=False):
     """The picture (a PIL image or a path) resized to R x R (bilinear): uint8 (R, R, 3), mirrored if flip."""
     image = picture if isinstance(picture, Image.Image) else load_rgb(picture)
@@ -36,7 +30,7 @@ def resized_rgb(picture, resolution, flip=False):
 
 
 def to_pixels(batch, device):
-    """uint8 (B, R, R, 3) -> float32 (B, 3, R, R) on the device, as preprocess(): a quarter of the bytes travel."""
+    """uint8 (B, R, R, 3) -> float32 (B, 3, R, R) on the device, as the image processor: a quarter of the bytes travel."""
     from common.device import to_device
 
     x = to_device(batch, device).permute(0, 3, 1, 2).float().contiguous()

@@ -1,5 +1,4 @@
 """Fine-tuning's plumbing: its batches and their timing, its clock, its checked checkpoint, the stop on a signal."""
-import contextlib
 import hashlib
 import os
 import signal
@@ -189,14 +188,6 @@ def run_passes(history):
     return history.setdefault("passes", {"training": pass_timing(), "checks": pass_timing()})
 
 
-@contextlib.contextmanager
-def counted(timing):
-    """The block's seconds added to the pass's: a pass made of pieces (fine-tuning's steps, not the checks between)."""
-    begun = time.perf_counter()
-    yield
-    timing["seconds"] += time.perf_counter() - begun
-
-
 def run_clock(history):
     """A function: the run's seconds so far, a resumed run's included, also kept in history["seconds"]."""
     begun = time.perf_counter() - history["seconds"]
@@ -210,7 +201,8 @@ def run_clock(history):
 
 def accuracies(models, pictures, labels, run, batch_size, desc, into=None):
     """([per cent right of each model over all processes], this process's pass timing, also added to `into`): one pass,
-    each batch through every model; pictures as run_model's, labels this process's share."""
+    each batch through every model; pictures as run_model's (a loader's workers end after it), labels this process's
+    share."""
     def predictions(**inputs):
         return [model(**inputs).logits.argmax(1) for model in models]
 
@@ -222,16 +214,20 @@ def accuracies(models, pictures, labels, run, batch_size, desc, into=None):
         percents.append(100 * sum_over_processes(correct, run) / total)
     if into is not None:
         add_timing(into, timing)
+    end_workers(pictures)
     return percents, timing
 
 
-def kept_batches(loader, resolution, batch_size, device, into):
-    """The loader's pictures as uint8 batches kept on the device (fine-tuning's checks, read ten times), the reading's
-    seconds and wait added to `into` (no pictures counted); the loader's workers end."""
+def kept_batches(items, run, batch_size, counts):
+    """(this process's share of the (path, label) items, read once by share_loader() as uint8 batches kept on the
+    device (fine-tuning's checks, read ten times); their labels): the reading's seconds and wait added to the checks'
+    pass (no pictures counted); the loader's workers end."""
+    loader, labels = share_loader(items, run, counts)
     timing, kept, begun = pass_timing(), [], time.perf_counter()
-    for pixels in timed(picture_batches(loader, resolution, batch_size), timing, count=lambda batch: 0, device=device):
-        kept.append(to_device(pixels, device))
+    for pixels in timed(picture_batches(loader, run.args.resolution, batch_size), timing, count=lambda batch: 0,
+                        device=run.device):
+        kept.append(to_device(pixels, run.device))
     timing["seconds"] = time.perf_counter() - begun
     end_workers(loader)
-    add_timing(into, timing)
-    return kept
+    add_timing(run_passes(counts)["checks"], timing)
+    return kept, labels

@@ -115,13 +115,24 @@ def tiny_in21k(tmp_path_factory):
     return vit_in21k(tmp_path_factory.mktemp("vit21k"))
 
 
+def library_pixels(pictures, resolution):
+    """The checkpoints' image processor, transformers' ViTImageProcessorPil (resize to R x R, bilinear, then
+    (x/255 - 0.5) / 0.5), of the pictures (paths or PIL images): float32 (N, 3, R, R)."""
+    from PIL import Image
+    from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
+
+    from common.pictures import load_rgb
+
+    images = [picture if isinstance(picture, Image.Image) else load_rgb(picture) for picture in pictures]
+    processor = ViTImageProcessorPil(size={"height": resolution, "width": resolution})
+    return processor(images=images, return_tensors="np")["pixel_values"]
+
+
 def expected_batch(paths, resolution, flips):
-    """The inline path, picture by picture: the processor's arithmetic (preprocess), mirrored where told."""
+    """The library's processor, picture by picture, mirrored where told (compare within 1e-6: float32 rounding)."""
     import numpy as np
 
-    from common.pictures import load_rgb, preprocess
-
-    expected = [preprocess(load_rgb(path), resolution) for path in paths]
+    expected = library_pixels(paths, resolution)
     return np.stack([np.flip(a, axis=2) if flip else a for a, flip in zip(expected, flips)])  # axis 2: left-right
 
 

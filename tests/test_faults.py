@@ -29,7 +29,7 @@ import vit_part3_finetune as finetune
 import vit_part3_setup as setup
 from common import files, training
 from common.errors import UserError
-from common.feature_cache import cached_arrays
+from common.feature_cache import cached
 from common.imagenette import IMAGENETTE_WNIDS, download_and_extract, scratch_prefix
 from common.run import guarded
 from job.standins import imagenette_folder
@@ -141,14 +141,14 @@ def test_sigterm_outside_training_is_one_line(capsys, monkeypatch):
 def test_a_full_disk_while_saving_keeps_the_last_good_checkpoint(tiny_in21k, pictures, tmp_path, capsys, full_disk,
                                                                   monkeypatch):
     flags = tune_flags(tiny_in21k, pictures, tmp_path, steps=4) + ["--save-every", "2"]
-    real_save = finetune.save_checkpoint
+    real_save = finetune.plumbing.save_checkpoint
 
     def save_then_fill(*args):  # the disk fills up after the first checkpoint, in the middle of the second
         path = real_save(*args)
         full_disk(finetune.CHECKPOINT, room=5000)
         return path
 
-    monkeypatch.setattr(finetune, "save_checkpoint", save_then_fill)
+    monkeypatch.setattr(finetune.plumbing, "save_checkpoint", save_then_fill)
     status, out, err = run(finetune.main, flags, capsys, monkeypatch)
     assert status == 1 and "Traceback" not in out + err
     line = next(text for text in out.splitlines() if "cannot run section" in text)
@@ -208,8 +208,8 @@ def test_two_runs_filling_the_same_cache_at_once(tmp_path):
     def fill():
         try:
             for _ in range(30):
-                cached_arrays(lambda: arrays, path, "the same description", dict.fromkeys(arrays, 4),
-                              warnings.append)
+                cached(lambda: arrays, (path.name, "the same description"), dict.fromkeys(arrays, 4), path.parent,
+                       warnings.append)
                 path.unlink(missing_ok=True)  # the other run finds it gone and writes again
         except Exception as error:  # noqa: BLE001 - any exception is the failure this test looks for
             problems.append(error)

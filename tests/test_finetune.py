@@ -10,14 +10,13 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import ARTICLE, ROOT, article_block
+from conftest import ARTICLE, ROOT, article_block, library_pixels
 
 import vit_part3_finetune as finetune
 from common import distributed, training
 from common.checkpoints import load_pretrained
-from common.loader import pass_timing
 from common.schedules import warmup_cosine_lr
-from common.training import accuracies, kept_batches, share_loader
+from common.training import accuracies, kept_batches
 
 # The article's step lines: step, lr as printed.
 ARTICLE_LRS = {5: "0.00040", 10: "0.00090", 25: "0.00240", 50: "0.00296", 100: "0.00254", 150: "0.00178",
@@ -125,7 +124,6 @@ def test_one_pass_gives_each_models_accuracy_and_the_checks_read_the_kept_batche
 
     from common.imagenette import list_split
     from common.loader import picture_loader
-    from common.pictures import preprocess
 
     models = []
     for seed in (1, 2):
@@ -135,7 +133,7 @@ def test_one_pass_gives_each_models_accuracy_and_the_checks_read_the_kept_batche
         models.append(model.eval())
     items = list_split(pictures, "val")
     labels = np.array([label for _, label in items])
-    pixels = torch.from_numpy(np.stack([preprocess(path, 224) for path, _ in items]))
+    pixels = torch.from_numpy(library_pixels([path for path, _ in items], 224))
     with torch.no_grad():
         by_hand = [100 * np.mean(m(pixel_values=pixels).logits.argmax(1).numpy() == labels) for m in models]
     assert by_hand[0] != by_hand[1]  # the two heads are told apart
@@ -145,9 +143,9 @@ def test_one_pass_gives_each_models_accuracy_and_the_checks_read_the_kept_batche
     percents, timing = accuracies(models, loader, list(labels), run, 16, "both")
     assert percents == pytest.approx(by_hand, abs=1e-9) and timing["pictures"] == len(items)
 
-    checks = pass_timing()
-    loader, shared = share_loader(items, run, {})
-    kept = kept_batches(loader, 224, 16, run.device, checks)
+    history = {}
+    kept, shared = kept_batches(items, run, 16, history)
+    checks = history["passes"]["checks"]
     assert [len(batch) for batch in kept] == [16, 16, 8] and checks["pictures"] == 0
     assert shared == list(labels)
     for k in (1, 2):
@@ -160,10 +158,10 @@ def test_reading_the_checks_pictures_counts_as_the_checks_wait(tiny_in21k, pictu
     """The checks' pictures are read before the first step; that time is the checks' (seconds and wait)."""
     real_read = training.kept_batches
 
-    def slow_read(loader, resolution, batch_size, device, into):
-        kept = real_read(loader, resolution, batch_size, device, into)
-        into["seconds"] += 1000
-        into["waiting seconds"] += 1000
+    def slow_read(items, run, batch_size, counts):
+        kept = real_read(items, run, batch_size, counts)
+        counts["passes"]["checks"]["seconds"] += 1000
+        counts["passes"]["checks"]["waiting seconds"] += 1000
         return kept
 
     monkeypatch.setattr(training, "kept_batches", slow_read)

@@ -4,24 +4,24 @@ import tarfile
 
 import numpy as np
 import pytest
+import torch
+from conftest import library_pixels
 from PIL import Image
 
 from common import imagenette
 from common.errors import UserError
 from common.imagenette import URL, check_counts, download_and_extract, ensure_imagenette, imagenet_indices, list_split
-from common.pictures import load_rgb, preprocess
+from common.pictures import load_rgb, resized_rgb, to_pixels
 from job.standins import imagenette_folder
 
 
-def test_preprocessing_equals_the_library_processor(pictures):
-    from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
-
-    for path, _ in list_split(pictures, "val")[:3]:
-        image = load_rgb(path)
-        for resolution in (224, 384):
-            processor = ViTImageProcessorPil(size={"height": resolution, "width": resolution})
-            expected = processor(images=image, return_tensors="np")["pixel_values"][0]
-            assert np.abs(preprocess(image, resolution) - expected).max() < 1e-6
+def test_the_batched_path_equals_the_library_processor(pictures):
+    """resized_rgb on the workers, then to_pixels on the device: the checkpoints' image processor's numbers."""
+    paths = [path for path, _ in list_split(pictures, "val")[:3]]
+    for resolution in (224, 384):
+        batch = torch.from_numpy(np.stack([resized_rgb(load_rgb(path), resolution) for path in paths]))
+        pixels = to_pixels(batch, torch.device("cpu")).numpy()
+        assert pixels.dtype == np.float32 and np.abs(pixels - library_pixels(paths, resolution)).max() < 1e-6
 
 
 def test_grayscale_and_cmyk_become_rgb(pictures):

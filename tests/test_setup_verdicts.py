@@ -12,13 +12,13 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import library_pixels
 
 import vit_part3_fewshot as fewshot
 import vit_part3_finetune as finetune
 import vit_part3_posemb as posemb
 from common import imagenette, reference
 from common.imagenette import CLASSES, list_split
-from common.pictures import load_rgb, preprocess
 from common.reference import compare, format_like, load_reference, sampling_interval
 from job.standins import imagenette_folder, vit_classifier
 
@@ -206,7 +206,7 @@ def fitted_classifier(directory, data, seed):
 
     model = ViTForImageClassification.from_pretrained(vit_classifier(directory, seed=seed)).eval()
     items = list_split(data, "val")
-    pixels = torch.from_numpy(np.stack([preprocess(load_rgb(path), 224) for path, _ in items]))
+    pixels = torch.from_numpy(library_pixels([path for path, _ in items], 224))
     with torch.no_grad():
         features = model.vit(pixel_values=pixels).last_hidden_state[:, 0].numpy().astype(np.float64)
     x = np.hstack([features, np.ones((len(items), 1))])
@@ -256,6 +256,6 @@ def test_the_comparison_names_the_setup_at_the_top(release, tiny_classifier, as_
 def test_a_user_copy_of_another_data_set_is_not_comparable(tmp_path, tiny_classifier, monkeypatch):
     monkeypatch.setenv("TQDM_DISABLE", "1")
     other = imagenette_folder(tmp_path / "cats", per_class=2, classes=["cats", "dogs"])
-    differences = imagenette.data_differences(type("Args", (), {"data_dir": str(other), "per_class": None})(), other,
+    differences = imagenette.data_differences(type("Args", (), {"data_dir": str(other), "per_class": None})(),
                                               {"val": 4})
     assert list(differences) == ["data set"] and "another data set than Imagenette" in differences["data set"]["why"]
