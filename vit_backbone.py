@@ -28,7 +28,6 @@ import functools
 import math
 import re
 import sys
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -72,7 +71,6 @@ PROBE = {"std": 0.01, "momentum": 0.9, "base_lr": 0.001, "batch_size": 128}
 PROBE_EPOCHS = 100
 LAMBDAS = [0.01, 1.0, 100.0]  # Part 3's closed-form probe: the ridge penalties it tries
 MAP_PICTURES = 4  # validation pictures in the feature-map figure
-CURVES_FIGURE, MAPS_FIGURE = "backbone_curves.png", "backbone_feature_maps.png"
 
 
 # ---------------------------------------------------------------- the article's functions, pure
@@ -452,8 +450,8 @@ def keep_feature_maps(run, report, result, beans):
                                  "labels": [beans["names"][beans["validation"][i]["labels"]]
                                             for i in result["map indices"]]})
     if run.args.plots:
-        figures.backbone_curves(report.series, Path(run.args.plots) / CURVES_FIGURE, report.say)
-        figures.backbone_feature_maps(report.series["feature maps"], Path(run.args.plots) / MAPS_FIGURE, report.say)
+        figures.backbone_curves(report.series, run.args.plots, report.say)
+        figures.backbone_feature_maps(report.series["feature maps"], run.args.plots, report.say)
 
 
 FLOAT32 = {"torch defaults": "torch's defaults, as the article ran: convolutions (the patch embedding) in TF32 on "

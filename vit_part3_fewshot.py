@@ -20,7 +20,6 @@ if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as 
 
 import re
 import sys
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -50,7 +49,6 @@ from common.run import Run, guarded, run_sections
 DEFAULT_MODEL = "google/vit-base-patch16-224-in21k"
 REPRESENTATIONS = ("pre-logits", "class token")
 WHAT = {"pool": "the pool", "val": "the validation pictures"}
-FIGURE = "fewshot_accuracy.png"
 
 # The article's tiny example: pictures A1, A2 (class A) and B1, B2 (class B), two features each.
 HAND_X = [[2.0, 1.0], [1.0, 0.0], [0.0, 2.0], [1.0, 3.0]]
@@ -204,7 +202,7 @@ def section_frozen(run, report):
     report.line("chance is {chance (%):.0f}%; 1-shot means {1-shot pictures} training pictures in total, one per class",
                 {"chance (%)": 100 / classes, "1-shot pictures": classes})
     if args.plots:
-        figures.fewshot_accuracy(report.values(), article_values("fewshot"), Path(args.plots) / FIGURE, report.say)
+        figures.fewshot_accuracy(report.values(), article_values("fewshot"), args.plots, report.say)
 
 
 def section_one_solve(run, report):

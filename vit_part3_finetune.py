@@ -73,7 +73,6 @@ ARTICLE_FLAGS = {"steps": ("steps", STEPS), "batch": ("batch_size", BATCH), "lr"
 
 CHECKPOINT = "checkpoint.pt"
 CHECKPOINT_FORMAT = "vit_part3_finetune checkpoint, v3"  # v3: the history holds the passes' timings
-FIGURE = "finetune_curves.png"
 
 
 # ---------------------------------------------------------------- the recipe, as pure functions
@@ -350,7 +349,7 @@ def start_training(run, report, data, model, micro):
     start, history = 0, {"losses": [], "norms": [], "rows": [], "seconds": 0.0}
     if args.resume:
         state = plumbing.resume(args.save_dir, CHECKPOINT, CHECKPOINT_FORMAT, "vit_part3_finetune.py", settings,
-                       {"model": model, "average": average, "optimizer": optimizer})
+                                {"model": model, "average": average, "optimizer": optimizer})
         start, history = state["step"], state["history"]
         report.line("resumed from {path} at step {start}", path=Path(args.save_dir) / CHECKPOINT, start=start)
     clock, checks = plumbing.run_clock(history), plumbing.run_passes(history)["checks"]
@@ -471,7 +470,7 @@ def finish(run, report, data, training, last_step):
     report.keep("learning rate", [lr_at(step, args.lr, args.steps) for step in range(1, last_step + 1)])
     report.keep("clipping threshold", CLIP_NORM)  # the figure's line, for the page too
     if args.plots and run.rank == 0:
-        figures.finetune_curves(report.series, report.values(), article_values("finetune"), Path(args.plots) / FIGURE,
+        figures.finetune_curves(report.series, report.values(), article_values("finetune"), args.plots,
                                 report.say)
 
 

@@ -21,7 +21,6 @@ if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as 
 import copy
 import functools
 import sys
-from pathlib import Path
 
 import numpy as np
 import scipy.ndimage
@@ -52,7 +51,6 @@ from common.run import Run, guarded, run_sections
 
 DEFAULT_MODEL = "google/vit-base-patch16-224"
 ARTICLE_PLACE = (3, 10)  # the position row of section 3, on the 14x14 grid
-COSINE_FIGURE, ACCURACY_FIGURE = "posemb_cosine_similarity.png", "posemb_accuracy.png"
 
 
 def accuracy_counts(logits, labels, imagenet_classes):
@@ -199,7 +197,7 @@ def section_cosine(run, report):
         maps[name] = similarity.tolist()
     report.keep("cosine maps", maps)
     if run.args.plots:
-        figures.cosine_maps(maps, Path(run.args.plots) / COSINE_FIGURE, report.say)
+        figures.cosine_maps(maps, run.args.plots, report.say)
 
 
 def evaluate(model, images, labels, resolution, device, batch_size, imagenet_classes, desc="", autocast=None):
@@ -250,7 +248,7 @@ def section_accuracy(run, report):
     report.line("zeros: all {zeros rows} rows of E_pos set to 0, the [class] row included; 1D and 2D tables keep the "
                 "[class] row as it is", {"zeros rows": n_new * n_new + 1})
     if args.plots:
-        figures.accuracy_bars(report.values(), article_values("posemb"), Path(args.plots) / ACCURACY_FIGURE,
+        figures.accuracy_bars(report.values(), article_values("posemb"), args.plots,
                               report.say)
 
 

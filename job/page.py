@@ -88,19 +88,19 @@ def cell(text):
 
 # Each figure's one-line caption on the page: what it shows, so that a reader needs no code to read it.
 CAPTIONS = {
-    "posemb_cosine_similarity.png": ("Cosine similarity of one position's row of the table with every row, on the "
+    posemb.COSINE_FILE: ("Cosine similarity of one position's row of the table with every row, on the "
                                      "checkpoint's grid and on the stretched one: each panel's title names the "
                                      "position, its axes are grid positions."),
-    "posemb_accuracy.png": ("Accuracy of the five versions of the position table, of the 10 Imagenette classes and of "
+    posemb.ACCURACY_FILE: ("Accuracy of the five versions of the position table, of the 10 Imagenette classes and of "
                             "all 1000: this run's bars with their values, the article's as crosses."),
-    "fewshot_accuracy.png": ("Few-shot accuracy against pictures per class, a line per lambda, the spread over draws "
+    fewshot.FILE: ("Few-shot accuracy against pictures per class, a line per lambda, the spread over draws "
                              "as bars; the article's as crosses."),
-    "finetune_curves.png": ("The fine-tuning run against step, on this run's own steps: loss, gradient norm with the "
+    finetune.FILE: ("The fine-tuning run against step, on this run's own steps: loss, gradient norm with the "
                             "clipping threshold, learning rate, validation accuracy; the article's logged steps as "
                             "crosses where this run reached them and its setup makes them comparable."),
-    "backbone_curves.png": ("Training loss and evaluation accuracy (a fraction) against step, drawn by the article's "
+    backbone.CURVES_FILE: ("Training loss and evaluation accuracy (a fraction) against step, drawn by the article's "
                             "own figure code (its title and twin axes), from this run's numbers."),
-    "backbone_feature_maps.png": ("Each picture beside its patch tokens on their first three principal components as "
+    backbone.MAPS_FILE: ("Each picture beside its patch tokens on their first three principal components as "
                                   "RGB, before and after fine-tuning."),
 }
 
@@ -116,18 +116,18 @@ def draw_figures(script, record, rows, folder, say):
     drawn = []
     if script == "posemb":
         if series.get("cosine maps"):
-            drawn.append(posemb.cosine_maps(series["cosine maps"], out / "posemb_cosine_similarity.png", say))
+            drawn.append(posemb.cosine_maps(series["cosine maps"], out, say))
         if posemb.accuracy_rows(values):
-            drawn.append(posemb.accuracy_bars(values, article, out / "posemb_accuracy.png", say))
+            drawn.append(posemb.accuracy_bars(values, article, out, say))
     elif script == "fewshot" and fewshot.fewshot_cells(values):
-        drawn.append(fewshot.fewshot_accuracy(values, article, out / "fewshot_accuracy.png", say))
+        drawn.append(fewshot.fewshot_accuracy(values, article, out, say))
     elif script == "finetune" and (series.get("training loss") or "step 0 validation" in values):
-        drawn.append(finetune.finetune_curves(series, values, article, out / "finetune_curves.png", say))
+        drawn.append(finetune.finetune_curves(series, values, article, out, say))
     elif script == "backbone":
         if series.get("training loss") or series.get("evaluation accuracy"):
-            drawn.append(backbone.backbone_curves(series, out / "backbone_curves.png", say))
+            drawn.append(backbone.backbone_curves(series, out, say))
         if series.get("feature maps"):
-            drawn.append(backbone.backbone_feature_maps(series["feature maps"], out / "backbone_feature_maps.png", say))
+            drawn.append(backbone.backbone_feature_maps(series["feature maps"], out, say))
     return [(CAPTIONS[path.name], path.name) for path in drawn if path is not None]
 
 

@@ -249,7 +249,7 @@ def test_the_validation_pictures_preprocessed_once_are_what_the_processor_makes(
 
 def test_figures_are_pngs_that_open(backbone_runs):
     pytest.importorskip("matplotlib")
-    for name in (backbone.CURVES_FIGURE, backbone.MAPS_FIGURE):
+    for name in (backbone.figures.CURVES_FILE, backbone.figures.MAPS_FILE):
         with Image.open(backbone_runs["figures"] / name) as picture:
             picture.verify()
             assert picture.format == "PNG"

@@ -166,7 +166,7 @@ def test_script_end_to_end_on_stand_ins(tiny_in21k, pictures, tmp_path):
     except ImportError:
         assert "matplotlib is not installed (pip install matplotlib)" in run.stderr
     else:
-        assert (tmp_path / fewshot.FIGURE).stat().st_size > 0
+        assert (tmp_path / fewshot.figures.FILE).stat().st_size > 0
 
 
 def test_script_offline_without_weights_runs_section_1():

@@ -11,8 +11,12 @@ pytest.importorskip("matplotlib")
 def drawn(monkeypatch, tmp_path):
     """{file name: the matplotlib figure} of what the functions save."""
     caught = {}
+    def save(figure, folder, name, say):
+        caught[name] = figure
+        return folder / name
+
     for module in (backbone, finetune, posemb):
-        monkeypatch.setattr(module, "save", lambda figure, path, say: caught.setdefault(path.name, figure) and path)
+        monkeypatch.setattr(module, "save", save)
     return caught
 
 
@@ -26,7 +30,7 @@ def test_a_six_step_fine_tuning_is_drawn_on_its_own_steps_with_the_articles_poin
     values = {"step 0 validation": 10.0, "step 5 accuracy": 20.0, "step 6 accuracy": 20.0}
     article = {"step 0 validation": 10.0, "step 5 loss": 2.3014, "step 50 loss": 1.68, "step 300 loss": 0.30,
                "step 5 accuracy": 98.3, "step 300 accuracy": 99.7}
-    finetune.finetune_curves(series, values, article, tmp_path / "finetune_curves.png", print)
+    finetune.finetune_curves(series, values, article, tmp_path, print)
     axes = drawn["finetune_curves.png"].axes
     assert len(axes) == 4 and all(titled(axis) for axis in axes)
     for axis in axes:
@@ -45,7 +49,7 @@ def test_a_six_step_fine_tuning_is_drawn_on_its_own_steps_with_the_articles_poin
 def test_a_zero_accuracy_bar_carries_its_value(drawn, tmp_path):
     values = {f"{row} of {n}": 0.0 for row in posemb.POSEMB_ROWS for n in (10, 1000)}
     values["zeros of 10"] = 10.0
-    posemb.accuracy_bars(values, {}, tmp_path / "posemb_accuracy.png", print)
+    posemb.accuracy_bars(values, {}, tmp_path, print)
     axes = drawn["posemb_accuracy.png"].axes
     assert all(titled(axis) for axis in axes)
     labels = [text.get_text() for text in axes[0].texts]
@@ -55,27 +59,27 @@ def test_a_zero_accuracy_bar_carries_its_value(drawn, tmp_path):
 
 def test_the_cosine_grids_name_the_position_shown_and_have_grid_positions_on_their_axes(drawn, tmp_path):
     grid = [[0.1, 0.2, 0.3], [0.0, 0.5, 0.4], [0.2, 1.0, -0.3]]  # position (2, 1) is the row itself
-    posemb.cosine_maps({"3x3": grid}, tmp_path / "cosine.png", print)
-    axis = drawn["cosine.png"].axes[0]
+    posemb.cosine_maps({"3x3": grid}, tmp_path, print)
+    axis = drawn[posemb.COSINE_FILE].axes[0]
     assert "(2, 1)" in axis.get_title() and titled(axis)
     for ticks in (axis.get_xticks(), axis.get_yticks()):
         shown = [tick for tick in ticks if -0.5 <= tick <= 2.5]
         assert shown and all(float(tick).is_integer() for tick in shown), ticks
-    assert drawn["cosine.png"].axes[1].get_ylabel() == "cosine similarity"  # the colour bar
+    assert drawn[posemb.COSINE_FILE].axes[1].get_ylabel() == "cosine similarity"  # the colour bar
 
 
 def test_the_feature_maps_show_each_class_once(drawn, tmp_path):
     picture, tokens = [[[0, 0, 0]] * 2] * 2, [[[0.5] * 3] * 2] * 2
     maps = {"pictures": [picture] * 4, "before": [tokens] * 4, "after": [tokens] * 4,
             "labels": ["angular_leaf_spot", "bean_rust", "healthy", "angular_leaf_spot"]}
-    backbone.backbone_feature_maps(maps, tmp_path / "maps.png", print)
-    titles = [axis.get_title() for axis in drawn["maps.png"].axes[::3]]
+    backbone.backbone_feature_maps(maps, tmp_path, print)
+    titles = [axis.get_title() for axis in drawn[backbone.MAPS_FILE].axes[::3]]
     assert titles == ["angular_leaf_spot", "bean_rust", "healthy"]
 
 
 def test_the_backbone_curves_keep_the_articles_figure_with_the_legend_off_the_lines(drawn, tmp_path):
     series = {"training loss": [[10, 1.1], [20, 0.5], [30, 0.2]], "evaluation accuracy": [[10, 0.6], [30, 0.98]]}
-    figure = backbone.backbone_curves(series, tmp_path / "curves.png", print) and drawn["curves.png"]
+    figure = backbone.backbone_curves(series, tmp_path, print) and drawn[backbone.CURVES_FILE]
     axis = figure.axes[0]
     assert axis.get_title() == "ViT Training Loss Curve" and len(figure.axes) == 2  # the article's twin axes
     figure.canvas.draw()

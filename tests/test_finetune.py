@@ -248,7 +248,7 @@ def test_resumed_run_ends_like_an_uninterrupted_one(tiny_in21k, pictures, tmp_pa
     assert curves["learning rate"] == [0.003 * t / 1 if t < 1 else 0.0015 * (1 + math.cos(math.pi * (t - 1) / 5))
                                        for t in range(3)]  # warm-up of round(0.6) = 1 step, then cosine over 5
     if importlib.util.find_spec("matplotlib"):
-        assert (tmp_path / "figures" / finetune.FIGURE).stat().st_size > 0
+        assert (tmp_path / "figures" / finetune.figures.FILE).stat().st_size > 0
     status, out = run_main(common_flags(tiny_in21k, pictures, parts, steps=6) + ["--resume", "--json",
                                                                                   str(tmp_path / "b.json")], capsys)
     assert status == 0 and "resumed from" in out and "step   6:" in out

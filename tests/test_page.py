@@ -83,8 +83,12 @@ def test_a_paused_fine_tuning_and_a_backbone_without_logged_steps_still_have_the
     finetune["numbers"] = {name: number for name, number in finetune["numbers"].items()
                            if name == "step 0 validation" or name.startswith("step 5 ")}
     drawn = {}
+    def save(figure, folder, name, say):
+        drawn[name] = figure
+        return folder / name
+
     for module in (figures.backbone, figures.finetune):
-        monkeypatch.setattr(module, "save", lambda figure, path, say: drawn.setdefault(path.name, figure) and path)
+        monkeypatch.setattr(module, "save", save)
     assert page_maker.draw_figures("finetune", finetune, [], four_runs, print) == [
         (page_maker.CAPTIONS["finetune_curves.png"], "finetune_curves.png")]
     panels = drawn["finetune_curves.png"].axes

@@ -21,13 +21,14 @@ def pyplot(say):
     return plt
 
 
-def save(figure, path, say):
-    """Save the figure as a PNG at path (whole or not at all) and say where; UserError when it cannot be written."""
+def save(figure, folder, name, say):
+    """Save the figure as the PNG folder/name (whole or not at all) and say where; UserError when it cannot be written."""
     import matplotlib.pyplot as plt
 
+    path = Path(folder) / name
     try:
         write_atomic(path, lambda f: figure.savefig(f, format="png", dpi=100, bbox_inches="tight"), what="figure")
     finally:
         plt.close(figure)
     say(f"saved {path}")
-    return Path(path)
+    return path

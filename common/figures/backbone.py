@@ -1,8 +1,10 @@
 """The backbone article's figures: its own training curves, and the patch tokens' principal components."""
 from common.figures import pyplot, save
 
+CURVES_FILE, MAPS_FILE = "backbone_curves.png", "backbone_feature_maps.png"
 
-def backbone_curves(series, path, say):
+
+def backbone_curves(series, folder, say):
     """backbone: the article's figure, training loss and (a second axis) evaluation accuracy; series {name: [[step, y]]}
     of "training loss" and "evaluation accuracy"."""
     plt = pyplot(say)
@@ -19,10 +21,10 @@ def backbone_curves(series, path, say):
     lines = line1 + line2  # the legend below the axes, where it hides no line (the article's sat on them)
     ax1.legend(lines, [line.get_label() for line in lines], loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2,
                frameon=False)
-    return save(figure, path, say)
+    return save(figure, folder, CURVES_FILE, say)
 
 
-def backbone_feature_maps(maps, path, say):
+def backbone_feature_maps(maps, folder, say):
     """backbone: each picture beside its patch tokens' first three principal components as RGB, before and after;
     maps: {"pictures": [h x w x 3 uint8], "before", "after": [H_p x W_p x 3 in [0, 1]], "labels": [name]}."""
     plt = pyplot(say)
@@ -38,4 +40,4 @@ def backbone_feature_maps(maps, path, say):
             axis.set_title(title, fontsize=9)
             axis.axis("off")
     figure.suptitle("patch tokens on their first 3 principal components (RGB), one picture per class")
-    return save(figure, path, say)
+    return save(figure, folder, MAPS_FILE, say)

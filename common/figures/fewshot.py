@@ -3,6 +3,8 @@ import re
 
 from common.figures import ARTICLE_STYLE, pyplot, save
 
+FILE = "fewshot_accuracy.png"
+
 
 def fewshot_cells(values):
     """[{"representation", "lambda", "shots", "mean", "std"}] of the few-shot table, from numbers by name."""
@@ -16,7 +18,7 @@ def fewshot_cells(values):
     return cells
 
 
-def fewshot_accuracy(values, article, path, say):
+def fewshot_accuracy(values, article, folder, say):
     """few-shot: accuracy against shots, one line per lambda, a panel per representation; std over draws as bars."""
     plt = pyplot(say)
     if plt is None:
@@ -36,4 +38,4 @@ def fewshot_accuracy(values, article, path, say):
                  ylabel="accuracy (%)")
         axis.set_xticks(sorted({cell["shots"] for cell in cells} | {shots for shots, _ in marks}))
         axis.legend()
-    return save(figure, path, say)
+    return save(figure, folder, FILE, say)

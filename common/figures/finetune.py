@@ -3,6 +3,8 @@ import re
 
 from common.figures import ARTICLE_STYLE, pyplot, save
 
+FILE = "finetune_curves.png"
+
 
 def logged_steps(values):
     """{"lr" | "loss" | "norm" | "accuracy": {step: value}} of the fine-tuning's logged steps, by name, step 0's
@@ -19,7 +21,7 @@ FINETUNE_PANELS = (("training loss", "loss", "cross-entropy (nats)"), ("gradient
                    ("learning rate", "lr", "learning rate"), ("validation accuracy", "accuracy", "accuracy (%)"))
 
 
-def finetune_curves(series, values, article, path, say):
+def finetune_curves(series, values, article, folder, say):
     """fine-tuning: loss, gradient norm, LR and validation accuracy against the run's steps, the article's marked up to
     its last; series: a value per step from 1 (else the logged steps') and the "clipping threshold"."""
     plt = pyplot(say)
@@ -46,4 +48,4 @@ def finetune_curves(series, values, article, path, say):
         axis.set(title=name, xlabel="step (optimizer updates)", ylabel=unit, xlim=(-margin, last + margin))
         axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.legend(fontsize=8)
-    return save(figure, path, say)
+    return save(figure, folder, FILE, say)

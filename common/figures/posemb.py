@@ -1,8 +1,10 @@
 """posemb's figures: the cosine similarity of position rows, the accuracy of each version of the table."""
 from common.figures import ARTICLE_STYLE, pyplot, save
 
+COSINE_FILE, ACCURACY_FILE = "posemb_cosine_similarity.png", "posemb_accuracy.png"
 
-def cosine_maps(maps, path, say):
+
+def cosine_maps(maps, folder, say):
     """posemb: the cosine similarity of one position row with every row, one panel per grid {name: 2D list}; the row
     shown is the one whose similarity with itself is the largest (1), marked and named in the panel's title."""
     plt = pyplot(say)
@@ -23,7 +25,7 @@ def cosine_maps(maps, path, say):
         for ticks in (axis.xaxis, axis.yaxis):
             ticks.set_major_locator(MaxNLocator(integer=True))
     figure.colorbar(image, ax=list(axes[0]), shrink=0.8, label="cosine similarity")
-    return save(figure, path, say)
+    return save(figure, folder, COSINE_FILE, say)
 
 
 POSEMB_ROWS = ("224", "2D bilinear", "2D bicubic", "1D", "zeros")
@@ -35,7 +37,7 @@ def accuracy_rows(values):
             if f"{row} of 10" in values and f"{row} of 1000" in values}
 
 
-def accuracy_bars(values, article, path, say):
+def accuracy_bars(values, article, folder, say):
     """posemb: accuracy of each version of the table, "of 10" and "of 1000", each bar with its value (0.00 reads as
     zero, not as missing), the article's values marked."""
     plt = pyplot(say)
@@ -53,4 +55,4 @@ def accuracy_bars(values, article, path, say):
         axis.set(title=f"accuracy {title}", xlabel="version of the position table", ylabel="accuracy (%)",
                  ylim=(0, 112))
         axis.legend(loc="upper right", fontsize=8)
-    return save(figure, path, say)
+    return save(figure, folder, ACCURACY_FILE, say)
