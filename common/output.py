@@ -24,9 +24,14 @@ def zero_or_3g(value):
 MATPLOTLIB_MISSING = "matplotlib is not installed (pip install matplotlib)"  # --plots and the page say so
 
 
+def speaks():
+    """Whether this process talks to the terminal: torchrun's first, or any outside torchrun (a stray RANK aside)."""
+    return os.environ.get("RANK", "0") == "0" or int(os.environ.get("WORLD_SIZE", "1")) <= 1
+
+
 def say(text=""):
     """The one way to tell the person at the terminal something: stderr (results go to stdout), once under torchrun."""
-    if os.environ.get("RANK", "0") == "0":
+    if speaks():
         print(text, file=sys.stderr, flush=True)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from common.environment import environment, standin_inputs
 from common.errors import UserError
 from common.files import write_text
-from common.output import MATPLOTLIB_MISSING, Report
+from common.output import MATPLOTLIB_MISSING, Report, speaks
 from common.reference import compare, load_reference, print_comparison
 
 
@@ -191,7 +191,7 @@ def guarded(main):
     """main()'s status; a UserError, Ctrl-C or SIGTERM ends in one line (once under torchrun) and 2, 130 or 143."""
     previous = signal.signal(signal.SIGTERM, raise_terminated)
     previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C: KeyboardInterrupt again
-    first = os.environ.get("RANK", "0") == "0"
+    first = speaks()
     try:
         return main()
     except UserError as problem:

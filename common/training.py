@@ -1,6 +1,5 @@
 """Fine-tuning's plumbing: its batches and their timing, its clock, its checked checkpoint, the stop on a signal."""
 import hashlib
-import os
 import signal
 import sys
 import time
@@ -15,6 +14,7 @@ from common.errors import UserError
 from common.files import write_atomic
 from common.inference import run_model
 from common.loader import add_timing, end_workers, pass_timing, picture_batches, picture_loader, start_workers, timed
+from common.output import speaks
 from common.pictures import to_pixels
 from common.run import Terminated, quiet_if_nobody_reads
 
@@ -118,7 +118,7 @@ class StopOnSignal:
                 return
             raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
         self.asked, self.first, self.asked_at = self.names[signum], signum, time.monotonic()
-        if os.environ.get("RANK", "0") == "0":  # one process speaks for all
+        if speaks():  # one process speaks for all
             print(f"\n{self.asked}: stopping after this step (again: at once)", file=sys.stderr)
 
     def stop(self):

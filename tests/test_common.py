@@ -50,6 +50,25 @@ def test_guarded_turns_a_user_error_into_exit_2(capsys):
     assert capsys.readouterr().err.strip() == "error: no such thing; do this instead"
 
 
+@pytest.mark.parametrize("environment,speaks", [
+    ({}, True),
+    ({"RANK": "1"}, True),  # a RANK exported by a cluster's job, not torchrun's: the one process still speaks
+    ({"RANK": "0", "WORLD_SIZE": "2"}, True),
+    ({"RANK": "1", "WORLD_SIZE": "2"}, False),  # torchrun's second process: the first speaks for it
+])
+def test_a_user_error_is_said_once_under_torchrun_and_always_outside_it(environment, speaks, monkeypatch, capsys):
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+
+    def main():
+        raise UserError("--json x: cannot be written")
+
+    assert guarded(main) == 2
+    assert capsys.readouterr().err == ("error: --json x: cannot be written\n" if speaks else "")
+
+
 def test_missing_checkpoint_offline_names_it_and_the_fix():
     from transformers import ViTModel
 
