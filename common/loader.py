@@ -150,19 +150,3 @@ def record_event():
     event = torch.cuda.Event(enable_timing=True)
     event.record()
     return event
-
-
-class TimedLoader:
-    """A data loader whose every next() is timed into a pass timing, for loops a library runs (the Trainer's)."""
-
-    def __init__(self, loader, timing, count=len, device=None):
-        self.loader, self.timing, self.count, self.device = loader, timing, count, device
-
-    def __iter__(self):
-        return timed(self.loader, self.timing, self.count, self.device)
-
-    def __len__(self):
-        return len(self.loader)
-
-    def __getattr__(self, name):
-        return getattr(self.loader, name)

@@ -12,7 +12,23 @@ import torch.nn.functional as F
 from common.checkpoints import checkpoint_config, load_pretrained, looks_like_a_path
 from common.device import to_device
 from common.errors import UserError
-from common.loader import TimedLoader, dataset_loader, end_workers, loader_workers, pass_timing, timed
+from common.loader import dataset_loader, end_workers, loader_workers, pass_timing, timed
+
+
+class TimedLoader:
+    """A data loader whose every next() is timed into a pass timing, for loops a library runs (the Trainer's)."""
+
+    def __init__(self, loader, timing, count=len, device=None):
+        self.loader, self.timing, self.count, self.device = loader, timing, count, device
+
+    def __iter__(self):
+        return timed(self.loader, self.timing, self.count, self.device)
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
 
 
 def check_classifier_files(name, example):
