@@ -370,7 +370,10 @@ def start_estimate(args, runnable, estimable, reference):
 def check_extra(args, out):
     """Each script given --extra checks its whole command, runnable or not, before OUT, its logs or its lock exist: a
     typo costs seconds, not a job, and leaves nothing. Its outputs go to a scratch folder; a done script is not asked."""
-    manifest, keys = read_manifest(out) if out.is_dir() else {}, script_keys(args, out)
+    if not any(args.extra.values()):
+        return
+    manifest = read_manifest(out) if out.is_dir() else {}
+    keys = script_keys(args, out)
     asked = [s for s in SCRIPTS if args.extra[s] and (args.force or not is_complete(out, s, keys[s], manifest))]
     with tempfile.TemporaryDirectory() as scratch:
         refused = first_refusal({s: [scratch + token[len(str(out)):] if token.startswith(f"{out}{os.sep}") else token

@@ -344,8 +344,8 @@ def start_training(run, report, data, model, micro):
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
     settings = {"model": args.model, "steps": args.steps, "batch size": args.batch_size, "lr": args.lr,
                 "seed": args.seed, "resolution": args.resolution, "per class": args.per_class,
-                "checked per class": args.check_per_class, "precision": args.precision,
-                "processes": run.world}  # all but the processes must stay on --resume
+                "precision": args.precision, "processes": run.world,  # all but the processes must stay on --resume
+                "checked per class": None if args.check_per_class == MONITOR_PER_CLASS else args.check_per_class}
     start, history = 0, {"losses": [], "norms": [], "rows": [], "seconds": 0.0}
     if args.resume:
         state = plumbing.resume(args.save_dir, CHECKPOINT, CHECKPOINT_FORMAT, "vit_part3_finetune.py", settings,
@@ -355,8 +355,7 @@ def start_training(run, report, data, model, micro):
     clock, checks = plumbing.run_clock(history), plumbing.run_passes(history)["checks"]
     ids = [run.device.index] if run.device.type == "cuda" else None
     trained = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids) if run.world > 1 else model
-    checked = args.check_per_class or MONITOR_PER_CLASS
-    items = list_split(data["root"], "val", min(checked, args.per_class or checked))
+    items = list_split(data["root"], "val", checked_per_class(args))
     # read once, kept on the device: an unreadable picture stops the run here; the reading counts as the checks' wait
     monitor = plumbing.kept_batches(items, run, micro, history)
     if start == 0:
@@ -491,12 +490,19 @@ def setup_differences(run):
     return differences
 
 
+def checked_per_class(args):
+    """The validation pictures of each class checked at the logged steps: --check-per-class, at most --per-class."""
+    checked = args.check_per_class or MONITOR_PER_CLASS
+    return min(checked, args.per_class or checked)
+
+
 def check_differences(args, data):
     """--check-per-class below the article's 100: a sample of the 1,000 pictures it checks (their 95% interval)."""
-    per_class, classes = args.check_per_class, data["classes"] if isinstance(data, dict) else 10
-    if per_class in (None, MONITOR_PER_CLASS):
+    if args.check_per_class in (None, MONITOR_PER_CLASS):
         return {}
-    flag, n, watched = f"--check-per-class {per_class}", per_class * classes, MONITOR_PER_CLASS * classes
+    per_class, flag = checked_per_class(args), f"--check-per-class {args.check_per_class}"
+    watched = 10 * MONITOR_PER_CLASS  # the article's 1,000: Imagenette's 10 classes
+    n = per_class * (data["classes"] if isinstance(data, dict) else 10)  # Imagenette's 10 classes until the data loads
     sample = {"n": n, "of": watched} if per_class < MONITOR_PER_CLASS else {}
     why = f"{flag}: {n:,} pictures checked (the first {per_class} of each class), the article's {watched:,}"
     return {"checked pictures": {"flag": flag, **sample, "why": why}}

@@ -69,7 +69,7 @@ def finish_together(world):
 def leave(status):
     """sys.exit(status), torchrun's process group ended first; once every torchrun process has finished, os._exit: a
     finalizing interpreter can abort under a gloo thread (docs/performance.md, "Several processes")."""
-    if dist.is_initialized():
+    if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     if not LEAVING["together"]:
         sys.exit(status)

@@ -89,19 +89,19 @@ def cell(text):
 # Each figure's one-line caption on the page: what it shows, so that a reader needs no code to read it.
 CAPTIONS = {
     posemb.COSINE_FILE: ("Cosine similarity of one position's row of the table with every row, on the "
-                                     "checkpoint's grid and on the stretched one: each panel's title names the "
-                                     "position, its axes are grid positions."),
+                         "checkpoint's grid and on the stretched one: each panel's title names the "
+                         "position, its axes are grid positions."),
     posemb.ACCURACY_FILE: ("Accuracy of the five versions of the position table, of the 10 Imagenette classes and of "
-                            "all 1000: this run's bars with their values, the article's as crosses."),
+                           "all 1000: this run's bars with their values, the article's as crosses."),
     fewshot.FILE: ("Few-shot accuracy against pictures per class, a line per lambda, the spread over draws "
-                             "as bars; the article's as crosses."),
+                   "as bars; the article's as crosses."),
     finetune.FILE: ("The fine-tuning run against step, on this run's own steps: loss, gradient norm with the "
-                            "clipping threshold, learning rate, validation accuracy; the article's logged steps as "
-                            "crosses where this run reached them and its setup makes them comparable."),
+                    "clipping threshold, learning rate, validation accuracy; the article's logged steps as "
+                    "crosses where this run reached them and its setup makes them comparable."),
     backbone.CURVES_FILE: ("Training loss and evaluation accuracy (a fraction) against step, drawn by the article's "
-                            "own figure code (its title and twin axes), from this run's numbers."),
+                           "own figure code (its title and twin axes), from this run's numbers."),
     backbone.MAPS_FILE: ("Each picture beside its patch tokens on their first three principal components as "
-                                  "RGB, before and after fine-tuning."),
+                         "RGB, before and after fine-tuning."),
 }
 
 

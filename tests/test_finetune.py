@@ -267,6 +267,9 @@ def test_resume_refuses_other_settings(tiny_in21k, pictures, tmp_path, capsys):
     status, out = run_main(common_flags(tiny_in21k, pictures, tmp_path, steps=2) + ["--resume", "--check-per-class",
                                                                                      "1"], capsys)
     assert status == 1 and "made with other settings (checked per class None -> 1)" in out
+    status, out = run_main(common_flags(tiny_in21k, pictures, tmp_path, steps=2) + ["--resume", "--check-per-class",
+                                                                                     "100"], capsys)
+    assert status == 0 and "resumed from" in out  # the article's 100, said, is the default's run
 
 
 @pytest.mark.parametrize("per_class,difference", [
@@ -276,6 +279,8 @@ def test_resume_refuses_other_settings(tiny_in21k, pictures, tmp_path, capsys):
           "why": "--check-per-class 10: 100 pictures checked (the first 10 of each class), the article's 1,000"}),
     (200, {"flag": "--check-per-class 200",
            "why": "--check-per-class 200: 2,000 pictures checked (the first 200 of each class), the article's 1,000"}),
+    ((10, 5), {"flag": "--check-per-class 10", "n": 50, "of": 1000,  # --per-class 5 caps it: 5 a class checked
+               "why": "--check-per-class 10: 50 pictures checked (the first 5 of each class), the article's 1,000"}),
 ])
 def test_checking_fewer_pictures_samples_the_articles_1000(per_class, difference):
     """A smaller check is a sample of the article's 1,000 watched pictures: step 0 gets their 95% interval, the checked
@@ -286,9 +291,10 @@ def test_checking_fewer_pictures_samples_the_articles_1000(per_class, difference
 
     from common.reference import compare, load_reference
 
-    differences = finetune.check_differences(Namespace(check_per_class=per_class), {"classes": 10})
+    per_class, cap = per_class if isinstance(per_class, tuple) else (per_class, None)
+    differences = finetune.check_differences(Namespace(check_per_class=per_class, per_class=cap), {"classes": 10})
     assert differences == ({"checked pictures": difference} if difference else {})
-    if per_class != 10:
+    if per_class != 10 or cap:
         return
     numbers = {"step 0 validation": {"value": 10.0}, "step 5 accuracy": {"value": 97.0},
                "monitor pictures": {"value": 100.0}, "step 5 loss": {"value": 2.3}, "mean loss last": {"value": 0.1},

@@ -725,3 +725,13 @@ def test_a_checkpoint_of_another_command_is_kept_aside_not_deleted(tmp_path, cap
     previous = checkpoint.with_name("checkpoint.previous.pt")
     assert previous.is_file() is kept and (not kept or previous.read_bytes() == b"weights")
     assert ("starts afresh" in capsys.readouterr().err) is kept
+
+
+def test_a_paused_fine_tunings_note_says_the_full_job_runs_it_whole():
+    """The quick check's fine-tuning, paused after step 5 on 100 checked pictures, is not continued by the full job
+    (its checks are another sample): the note under the table says what the full job does."""
+    paused = "  paused after step 5 of 300; saved OUT/finetune-run/checkpoint.pt: add --resume to continue"
+    record = {"printed": ["  step   5: ...", paused]}
+    assert ending.paused(record) == (" (paused after step 5 of 300: its later rows are not run; `python reproduce.py` "
+                                     "without --quick runs the whole fine-tuning)")
+    assert ending.paused({"printed": ["  step 300: ..."]}) == ""
