@@ -59,11 +59,11 @@ KEPT_ASIDE = "checkpoint.previous.pt"  # a checkpoint of another command or code
 SET_BY_THE_JOB = ("--json", "--plots", "--compare", "--save-dir", "--resume")
 
 # --quick: the flags of the README's Quick check table (a test reads both); fine-tuning's --save-dir there
-# is OUT/finetune-run here. Fine-tuning pauses after the article's step-5 row, checking 100 of its 1,000 pictures,
-# and the backbone trains 2 epochs of 8 steps of 4 pictures, so that each one's figure has more than one point.
+# is OUT/finetune-run here. Fine-tuning pauses after the article's step-5 row, checking 50 of its 1,000 pictures,
+# and the backbone trains 2 epochs of 15 steps of 1 picture, so that each one's figure has more than one point.
 QUICK_FLAGS = {"setup": [], "posemb": ["--per-class", "5"], "fewshot": ["--per-class", "10"],
-               "finetune": ["--pause-at", "5", "--check-per-class", "10"],
-               "backbone": ["--per-class", "10", "--epochs", "2", "--batch-size", "4", "--probe-epochs", "10"]}
+               "finetune": ["--pause-at", "5", "--check-per-class", "5"],
+               "backbone": ["--per-class", "5", "--epochs", "2", "--batch-size", "1", "--probe-epochs", "10"]}
 # The README's times on a 2-core CPU (a test holds them equal) and that CPU's matrix-multiply speed; the quick
 # ones are one whole job's (benchmarks/quick_job.py), "job" its wall time, the scripts' processes and its own.
 REFERENCE = {

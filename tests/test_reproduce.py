@@ -352,15 +352,15 @@ def test_each_script_gets_its_flags(tmp_path):
         "vit_part3_fewshot.py", "--per-class", "10", "--model", str(models / IN21K), "--data-dir", "/data/nette",
         "--device", "cpu", "--precision", "bf16", "--no-cache", "--json", str(out / "fewshot.json"), *outputs]
     assert reproduce.script_command("finetune", args, out, resume=True) == python + [
-        "vit_part3_finetune.py", "--pause-at", "5", "--check-per-class", "10", "--model", str(models / IN21K), "--data-dir", "/data/nette",
-        "--device", "cpu", "--precision", "bf16", "--save-dir", str(out / "finetune-run"), "--resume", "--json",
-        str(out / "finetune.json"), *outputs]
+        "vit_part3_finetune.py", "--pause-at", "5", "--check-per-class", "5", "--model", str(models / IN21K),
+        "--data-dir", "/data/nette", "--device", "cpu", "--precision", "bf16", "--save-dir", str(out / "finetune-run"),
+        "--resume", "--json", str(out / "finetune.json"), *outputs]
     assert reproduce.script_command("backbone", namespace(beans="/data/beans"), out) == python + [
         "vit_backbone.py", "--data-dir", "/data/beans", "--json", str(out / "backbone.json"), *outputs]
 
 
 def test_fine_tuning_continues_a_run_paused_with_the_same_flags_but_not_the_quick_check(tmp_path):
-    """--pause-at aside, a paused run and its continuation are one run; the quick check, which checks 100 of the
+    """--pause-at aside, a paused run and its continuation are one run; the quick check, which checks 50 of the
     1,000 pictures, is not continued by the full job (its step-0 and step-5 rows would be of the smaller sample)."""
     out = tmp_path / "out"
     quick = reproduce.script_command("finetune", namespace(quick=True), out)
@@ -728,7 +728,7 @@ def test_a_checkpoint_of_another_command_is_kept_aside_not_deleted(tmp_path, cap
 
 
 def test_a_paused_fine_tunings_note_says_the_full_job_runs_it_whole():
-    """The quick check's fine-tuning, paused after step 5 on 100 checked pictures, is not continued by the full job
+    """The quick check's fine-tuning, paused after step 5 on 50 checked pictures, is not continued by the full job
     (its checks are another sample): the note under the table says what the full job does."""
     paused = "  paused after step 5 of 300; saved OUT/finetune-run/checkpoint.pt: add --resume to continue"
     record = {"printed": ["  step   5: ...", paused]}
