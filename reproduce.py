@@ -67,8 +67,8 @@ QUICK_FLAGS = {"setup": [], "posemb": ["--per-class", "5"], "fewshot": ["--per-c
 # The README's times on a 2-core CPU (a test holds them equal) and that CPU's matrix-multiply speed; the quick
 # ones are one whole job's (benchmarks/quick_job.py), "job" its wall time, the scripts' processes and its own.
 REFERENCE = {
-    "quick": {"machine": "the Quick check table's 2-core CPU", "gflops": 80, "job": 13.6 * MINUTE,
-              "seconds": {"setup": 12, "posemb": 3.3 * MINUTE, "fewshot": 3.4 * MINUTE, "finetune": 4.6 * MINUTE,
+    "quick": {"machine": "the Quick check table's 2-core CPU", "gflops": 80, "job": 14.1 * MINUTE,
+              "seconds": {"setup": 13, "posemb": 4.0 * MINUTE, "fewshot": 3.3 * MINUTE, "finetune": 4.5 * MINUTE,
                           "backbone": 1.7 * MINUTE}},
     "full": {"machine": "the 2-core Xeon of \"How long will it take\"", "gflops": 300,
              "seconds": {"setup": 5, "posemb": 2.3 * HOUR, "fewshot": 10 * MINUTE, "finetune": 1.9 * HOUR,
