@@ -185,6 +185,8 @@ def quiet_ctrl_c_while_loading():
         os._exit(130)
 
     signal.signal(signal.SIGINT, leave)
+    if hasattr(signal, "pthread_sigmask"):  # reproduce.py starts a script with Ctrl-C held back until here
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def guarded(main):

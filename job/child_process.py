@@ -4,7 +4,7 @@ end tied to the job's.
 The job holds an exclusive lock on OUT/.reproduce.lock (only_job_on) and each script it starts
 inherits it (run_logged), so the lock lasts while any of them lives: a new job never writes into an
 OUT where a script of an ended job still runs. On Linux that script was sent SIGTERM when its job
-ended (sigterm_when_the_job_ends) and saves and stops as on any SIGTERM, so the new job waits for it.
+ended (script_start) and saves and stops as on any SIGTERM, so the new job waits for it.
 """
 import os
 import selectors
@@ -50,21 +50,27 @@ class StopRequests:
             self.child.send_signal(signum)
 
 
-def sigterm_when_the_job_ends():
-    """A preexec_fn with which a script asks Linux to send it SIGTERM when the job's process ends, however it ends (a
-    scheduler's SIGKILL of the job's process group too). Elsewhere (macOS, Windows) there is no such request: a
-    script outlives a job killed by SIGKILL until it ends, and the lock it inherits keeps a new job off OUT."""
-    if not sys.platform.startswith("linux"):
+def script_start():
+    """A preexec_fn: the script starts with Ctrl-C held back (blocked, kept pending) until its first line handles it
+    (common/run.py's quiet_ctrl_c_while_loading), so that one forwarded as it starts is one line, not a traceback from
+    the interpreter's start; on Linux it asks to be sent SIGTERM when the job's process ends, however it ends (a
+    scheduler's SIGKILL of the job's process group too). Elsewhere there is no such request: a script outlives a job
+    killed by SIGKILL until it ends, and the lock it inherits keeps a new job off OUT. Windows has neither."""
+    if not hasattr(signal, "pthread_sigmask"):
         return None
-    import ctypes
+    linux, job = sys.platform.startswith("linux"), os.getpid()
+    if linux:
+        import ctypes
 
-    prctl, job, pr_set_pdeathsig = ctypes.CDLL(None, use_errno=True).prctl, os.getpid(), 1
+        prctl, pr_set_pdeathsig = ctypes.CDLL(None, use_errno=True).prctl, 1
 
-    def ask():
-        prctl(pr_set_pdeathsig, int(signal.SIGTERM))
-        if os.getppid() != job:  # the job ended before the request was made
-            os.kill(os.getpid(), signal.SIGTERM)
-    return ask
+    def start():
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        if linux:
+            prctl(pr_set_pdeathsig, int(signal.SIGTERM))
+            if os.getppid() != job:  # the job ended before the request was made
+                os.kill(os.getpid(), signal.SIGTERM)
+    return start
 
 
 def final_states(output):
@@ -98,7 +104,7 @@ def run_logged(command, cwd, log_path, stop, lock, say):
         columns, lines = shutil.get_terminal_size()
         env.update(COLUMNS=str(columns), LINES=str(lines))
     child = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, process_group=0, preexec_fn=sigterm_when_the_job_ends(),  # noqa: PLW1509 - no threads
+                             stderr=subprocess.PIPE, process_group=0, preexec_fn=script_start(),  # noqa: PLW1509 - no threads
                              pass_fds=[lock.fileno()] if lock else [])
     stop.child = child
     stop.forward()  # a signal that came while it started

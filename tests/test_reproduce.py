@@ -735,3 +735,14 @@ def test_a_paused_fine_tunings_note_says_the_full_job_runs_it_whole():
     assert ending.paused(record) == (" (paused after step 5 of 300: its later rows are not run; `python reproduce.py` "
                                      "without --quick runs the whole fine-tuning)")
     assert ending.paused({"printed": ["  step 300: ..."]}) == ""
+
+
+def test_a_ctrl_c_forwarded_as_a_script_starts_is_one_line_not_a_traceback(tmp_path, capfd):
+    """A Ctrl-C that came while the job started a script is passed on at once, before the interpreter has run the
+    script's first line: held back until that line handles it, it ends the script in one line with status 130."""
+    stop = child_process.StopRequests()
+    stop.asked.append(signal.SIGINT)
+    status, _ = child_process.run_logged([sys.executable, "vit_part3_setup.py"], ROOT, tmp_path / "setup.log", stop,
+                                         None, print)
+    err = capfd.readouterr().err
+    assert status == 130 and err.strip() == "interrupted", err
