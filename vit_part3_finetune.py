@@ -40,13 +40,12 @@ from common import cli, distributed
 from common import training as plumbing
 from common.checkpoints import checkpoint_config, load_pretrained
 from common.differences import flag_differences
-from common.distributed import accumulating, first_process_first, sum_over_processes
 from common.errors import UserError
 from common.figures import finetune as figures
 from common.imagenette import class_folders, data_differences, ensure_imagenette, is_imagenette, list_split
 from common.position_table import as_parameter_rows, bilinear_table, model_table
 from common.reference import article_values, load_reference
-from common.run import Run, check_output_dir, check_output_file, guarded, run_sections
+from common.run import Run, check_output_dir, guarded, run_sections
 from common.schedules import warmup_cosine_lr
 
 # ---------------------------------------------------------------- the recipe
@@ -207,7 +206,7 @@ def check_resolution(config, resolution):
 
 def load_data(run):
     args = run.args
-    root = first_process_first(run, lambda: ensure_imagenette(args.data_dir))
+    root = distributed.first_process_first(run, lambda: ensure_imagenette(args.data_dir))
     return {"root": root, "train": list_split(root, "train", args.per_class),
             "val": list_split(root, "val", args.per_class), "classes": len(class_folders(root, "val")),
             "name": "Imagenette" if is_imagenette(root) else Path(root).name}
@@ -217,8 +216,10 @@ def load_checkpoint(run):
     """(model, loading info) of --model, loaded by the first process first (it downloads), its resolution checked."""
     from transformers import ViTForImageClassification
 
-    model, info = first_process_first(run, lambda: load_pretrained(ViTForImageClassification, run.args.model,
-                                                                   output_loading_info=True))
+    def load():
+        return load_pretrained(ViTForImageClassification, run.args.model, output_loading_info=True)
+
+    model, info = distributed.first_process_first(run, load)
     check_resolution(model.config, run.args.resolution)
     return model, info
 
@@ -393,12 +394,12 @@ def train(run, report, data, training, last_step):
             optimizer.zero_grad(set_to_none=True)
             loss = 0.0
             for k, (x, y, weight) in enumerate(plumbing.micro_batches(pixels, labels, args.accum_steps)):
-                with accumulating(trained, run, last=k == args.accum_steps - 1), run.autocast:
+                with distributed.accumulating(trained, run, last=k == args.accum_steps - 1), run.autocast:
                     logits = trained(pixel_values=x, interpolate_pos_encoding=True).logits.float()  # a float32 loss
                     part = F.cross_entropy(logits, y) * weight  # this micro-batch's share of the batch's mean loss
                     part.backward()
                 loss += part.item()
-            loss = sum_over_processes(loss, run) / run.world  # DDP averaged the gradients of the equal shares
+            loss = distributed.sum_over_processes(loss, run) / run.world  # DDP averaged the equal shares' gradients
             if not math.isfinite(loss):
                 saved = Path(args.save_dir or ".") / CHECKPOINT
                 kept = f"; the last good checkpoint is {saved}" if args.save_dir and saved.exists() else ""
@@ -539,8 +540,6 @@ def parse_flags(argv, world):
     config = checkpoint_config(args.model)  # refuses a --model path that does not exist
     if config is not None:
         check_resolution(config, args.resolution)
-    if args.json:
-        check_output_file(args.json, "--json")  # before torchrun starts its processes
     if args.save_dir:
         check_output_dir(args.save_dir, "--save-dir")
     return args

@@ -51,11 +51,8 @@ class StopRequests:
 
 
 def script_start():
-    """A preexec_fn: the script starts with Ctrl-C held back (blocked, kept pending) until its first line handles it
-    (common/run.py's quiet_ctrl_c_while_loading), so that one forwarded as it starts is one line, not a traceback from
-    the interpreter's start; on Linux it asks to be sent SIGTERM when the job's process ends, however it ends (a
-    scheduler's SIGKILL of the job's process group too). Elsewhere there is no such request: a script outlives a job
-    killed by SIGKILL until it ends, and the lock it inherits keeps a new job off OUT. Windows has neither."""
+    """A preexec_fn: Ctrl-C held back until the script's first line handles it; on Linux, SIGTERM when the job's
+    process ends, however it ends (docs/reproduce.md, "Stopping")."""
     if not hasattr(signal, "pthread_sigmask"):
         return None
     linux, job = sys.platform.startswith("linux"), os.getpid()
