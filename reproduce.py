@@ -167,10 +167,11 @@ def checkpoint_key(command, out):
 
 
 def code_digest(script):
-    """One digest of the code a script's numbers come from: the script, every module of common/, its reference
-    numbers, the libraries' versions."""
+    """One digest of the code a script's numbers and figures come from: the script, every module of common/ and
+    figures/, its reference numbers, the libraries' versions."""
     digest = hashlib.sha256()
-    for path in [ROOT / script_file(script), *sorted((ROOT / "common").rglob("*.py")),
+    code = [path for folder in ("common", "figures") for path in sorted((ROOT / folder).rglob("*.py"))]
+    for path in [ROOT / script_file(script), *code,
                  ROOT / "data" / f"reference_{script}.json"]:
         digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
     digest.update(json.dumps(library_versions(), sort_keys=True).encode())

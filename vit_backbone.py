@@ -41,11 +41,11 @@ from common.closed_form import closed_form, targets, with_bias
 from common.device import PRECISIONS, float32_arithmetic, float32_rule
 from common.differences import flag_differences, subset_differences
 from common.errors import UserError
-from common.figures import backbone as figures
 from common.loader import loader_workers
 from common.paths import FEATURE_CACHE_DIR
 from common.reference import verdict
 from common.run import Run, guarded, run_sections
+from figures import backbone as figures
 
 # ---------------------------------------------------------------- the recipe, where the article states it
 MODEL = "google/vit-base-patch16-224"  # model_id: an ImageNet-1k classifier whose head is replaced by a 3-class one

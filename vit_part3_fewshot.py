@@ -39,12 +39,12 @@ from common.closed_form import closed_form, targets, with_bias
 from common.differences import cell_differences, flag_differences
 from common.errors import UserError
 from common.feature_cache import cache_key, cached_passes, picture_digests, shown
-from common.figures import fewshot as figures
 from common.imagenette import class_names, data_differences, ensure_imagenette, list_split
 from common.inference import run_model
 from common.paths import FEATURE_CACHE_DIR
 from common.reference import article_values, load_reference
 from common.run import Run, guarded, run_sections
+from figures import fewshot as figures
 
 DEFAULT_MODEL = "google/vit-base-patch16-224-in21k"
 REPRESENTATIONS = ("pre-logits", "class token")

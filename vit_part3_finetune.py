@@ -41,12 +41,12 @@ from common import training as plumbing
 from common.checkpoints import checkpoint_config, load_pretrained
 from common.differences import flag_differences
 from common.errors import UserError
-from common.figures import finetune as figures
 from common.imagenette import class_folders, data_differences, ensure_imagenette, is_imagenette, list_split
 from common.position_table import as_parameter_rows, bilinear_table, model_table
 from common.reference import article_values, load_reference
 from common.run import Run, check_output_dir, guarded, run_sections
 from common.schedules import warmup_cosine_lr
+from figures import finetune as figures
 
 # ---------------------------------------------------------------- the recipe
 # The article's run ("Our fine-tuning run"), the pieces of the paper's Table 4 at a smaller scale.

@@ -30,7 +30,6 @@ from common.checkpoints import checkpoint_config, load_pretrained
 from common.cli import add_common_arguments, add_data_arguments, script_parser, side_pixels
 from common.differences import flag_differences
 from common.errors import UserError
-from common.figures import posemb as figures
 from common.imagenette import data_differences, ensure_imagenette, imagenet_indices, list_split
 from common.inference import run_model
 from common.loader import end_workers, picture_loader, start_workers, workers_text
@@ -48,6 +47,7 @@ from common.position_table import (
 )
 from common.reference import article_values
 from common.run import Run, guarded, run_sections
+from figures import posemb as figures
 
 DEFAULT_MODEL = "google/vit-base-patch16-224"
 ARTICLE_PLACE = (3, 10)  # the position row of section 3, on the 14x14 grid

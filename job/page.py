@@ -28,11 +28,10 @@ from pathlib import Path
 if __name__ == "__main__":  # run as a file from anywhere: the repository root is where common/ and job/ are found
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from common import figures
+import figures
 from common.cli import script_parser
 from common.environment import LIBRARIES
 from common.errors import UserError
-from common.figures import backbone, fewshot, finetune, posemb
 from common.files import write_text
 from common.reference import (
     LEGEND,
@@ -44,6 +43,7 @@ from common.reference import (
     verdict_text,
 )
 from common.run import guarded
+from figures import backbone, fewshot, finetune, posemb
 from job.time_estimate import clock
 
 SCRIPTS = ("setup", "posemb", "fewshot", "finetune", "backbone")

@@ -1,8 +1,8 @@
-"""common/figures/: figures a reader understands without the code: axes titled, a short run on its own steps, zero
+"""figures/: figures a reader understands without the code: axes titled, a short run on its own steps, zero
 drawn as zero, the cosine grids' position named, one picture per class. Each figure is caught before it is saved."""
 import pytest
 
-from common.figures import backbone, finetune, posemb
+from figures import backbone, finetune, posemb
 
 pytest.importorskip("matplotlib")
 

@@ -5,8 +5,8 @@ import sys
 import pytest
 from PIL import Image
 
+import figures
 import vit_part3_setup
-from common import figures
 from common.errors import UserError
 from common.reference import compare, load_reference, verdict_text
 from job import page as page_maker

@@ -407,10 +407,11 @@ def test_a_script_is_skipped_only_when_its_json_is_complete_and_made_by_the_same
     ("common/loader.py", set(NAMES)),                      # every module of common/ is every script's code
     ("data/reference_fewshot.json", {"fewshot"}),
     ("common/nothing_imports_it.py", set(NAMES)),          # a module added
-    ("common/figures/finetune.py", set(NAMES)),            # a module of a package of common/
+    ("figures/finetune.py", set(NAMES)),                   # a module of figures/: the scripts draw them
 ])
 def test_the_code_of_a_script_is_it_all_of_common_and_its_reference(tmp_path, monkeypatch, changed, runs_again):
-    for path in [*NAMES.values(), *(p.relative_to(ROOT).as_posix() for p in (ROOT / "common").rglob("*.py")),
+    code = [p.relative_to(ROOT).as_posix() for folder in ("common", "figures") for p in (ROOT / folder).rglob("*.py")]
+    for path in [*NAMES.values(), *code,
                  *(f"data/reference_{script}.json" for script in NAMES)]:
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / path, tmp_path / path)

@@ -1,7 +1,7 @@
 """fine-tuning's figure: loss, gradient norm, learning rate and validation accuracy against step."""
 import re
 
-from common.figures import ARTICLE_STYLE, pyplot, save
+from figures import ARTICLE_STYLE, pyplot, save
 
 FILE = "finetune_curves.png"
 

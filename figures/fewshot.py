@@ -1,7 +1,7 @@
 """few-shot's figure: accuracy against shots, a line per lambda, a panel per representation."""
 import re
 
-from common.figures import ARTICLE_STYLE, pyplot, save
+from figures import ARTICLE_STYLE, pyplot, save
 
 FILE = "fewshot_accuracy.png"
 

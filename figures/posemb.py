@@ -1,5 +1,5 @@
 """posemb's figures: the cosine similarity of position rows, the accuracy of each version of the table."""
-from common.figures import ARTICLE_STYLE, pyplot, save
+from figures import ARTICLE_STYLE, pyplot, save
 
 COSINE_FILE, ACCURACY_FILE = "posemb_cosine_similarity.png", "posemb_accuracy.png"
 

@@ -1,5 +1,5 @@
 """The backbone article's figures: its own training curves, and the patch tokens' principal components."""
-from common.figures import pyplot, save
+from figures import pyplot, save
 
 CURVES_FILE, MAPS_FILE = "backbone_curves.png", "backbone_feature_maps.png"
 
