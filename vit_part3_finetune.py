@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import scipy.ndimage
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
@@ -42,7 +43,6 @@ from common.checkpoints import checkpoint_config, load_pretrained
 from common.differences import flag_differences
 from common.errors import UserError
 from common.imagenette import class_folders, data_differences, ensure_imagenette, is_imagenette, list_split
-from common.position_table import as_parameter_rows, bilinear_table, model_table
 from common.reference import article_values, load_reference
 from common.run import Run, check_output_dir, guarded, run_sections
 from common.schedules import warmup_cosine_lr
@@ -179,6 +179,14 @@ def random_head(model, seed):
 
 # ---------------------------------------------------------------- the model and the pictures
 
+def stretched_table(table, n_new):
+    """The paper's stretch of a (1 + n^2, d) position table to a bigger grid: the [class] row kept, the n x n grid
+    resized by the official code's call, scipy.ndimage.zoom(order=1): bilinear, corners onto corners."""
+    n = math.isqrt(len(table) - 1)
+    grid = scipy.ndimage.zoom(table[1:].reshape(n, n, -1), (n_new / n, n_new / n, 1), order=1)
+    return np.concatenate([table[:1], grid.reshape(n_new * n_new, -1)])
+
+
 def build_classifier(checkpoint, classes, resolution):
     """(model, pre-logits shape or None): the checkpoint's body with a new zero head of `classes` outputs; the
     pre-logits layer of an ImageNet-21k checkpoint is dropped (ViTForImageClassification has none). At another
@@ -191,9 +199,10 @@ def build_classifier(checkpoint, classes, resolution):
     model.classifier = torch.nn.Linear(config.hidden_size, classes)
     zero_head(model)
     n_old, n_new = config.image_size // config.patch_size, resolution // config.patch_size
-    if n_new != n_old:
-        stretched = bilinear_table(model_table(model), n_new)
-        model.vit.embeddings.position_embeddings = torch.nn.Parameter(as_parameter_rows(stretched, "cpu"))
+    if n_new != n_old:  # the model is still on the host, where float64 exists (mps has none)
+        table = model.vit.embeddings.position_embeddings.detach()[0].double().numpy()
+        stretched = torch.from_numpy(stretched_table(table, n_new)).float()[None]
+        model.vit.embeddings.position_embeddings = torch.nn.Parameter(stretched)
     return model, pre_logits if dropped else None
 
 

@@ -35,7 +35,7 @@ from common.cli import script_parser
 
 # module: (the functions mutated, None for every top-level function; the test files whose fast tests guard them).
 # MATHS: the files of the maths tests, each named by the module it tests. A test of one module may hold another's
-# formula (fine-tuning's stretched table is position_table's, few-shot's accuracy the closed form's), so each module's
+# formula (fine-tuning's stretched table is tested beside position_table's, few-shot's accuracy the closed form's), so each module's
 # mutants run its own files first, then the rest of MATHS.
 MATHS = ["tests/test_closed_form.py", "tests/test_schedules.py", "tests/test_position_table.py", "tests/test_compute.py",
          "tests/test_setup.py", "tests/test_finetune_maths.py", "tests/test_backbone_maths.py", "tests/test_fewshot.py",
@@ -63,7 +63,7 @@ TARGETS = {
                             "polyak_average", "clip_by_global_norm", "pretraining_steps", "torch_optimizer_weight",
                             "torch_adam", "torch_sgd", "torch_clip"], guarded_by("tests/test_setup.py")),
     "vit_part3_finetune.py": (["scaled", "warmup_steps", "lr_at", "report_steps", "step_pictures",
-                               "head_gradient_by_hand", "update_average", "run_statistics", "body_gradient_norm",
+                               "stretched_table", "head_gradient_by_hand", "update_average", "run_statistics", "body_gradient_norm",
                                "zero_head", "random_head", "setup_differences", "train"],
                               guarded_by("tests/test_finetune_maths.py", "tests/test_finetune.py")),
     "common/training.py": (["micro_batches", "process_share"],

@@ -21,6 +21,7 @@ from common import training as plumbing
 from common.errors import UserError
 from common.loader import pass_timing
 from common.output import Report
+from common.position_table import bilinear_table
 
 # The article's logged learning rates of the 300-step run (step: lr as printed).
 ARTICLE_LRS = {5: "0.00040", 10: "0.00090", 25: "0.00240", 50: "0.00296", 100: "0.00254", 150: "0.00178",
@@ -89,6 +90,13 @@ def test_the_fine_tuned_classifier_stretches_its_table_row_major():
     assert table[0].tolist() == [7.0, 7.0, 7.0, 7.0]
     expected = torch.tensor([[R / 2, C / 2, 0.0, 1.0] for R in range(5) for C in range(5)])
     assert torch.allclose(table[1:], expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("n_new", [24, 12])  # 384 and 192 pixels: a stretch and a shrink of the 14x14 grid
+def test_the_fine_tuning_stretch_is_the_derived_bilinear_loop(n_new):
+    """scipy.ndimage.zoom(order=1), the official call, against position_table's loop, which posemb derives by hand."""
+    table = np.random.default_rng(0).standard_normal((1 + 14 * 14, 6))
+    np.testing.assert_allclose(finetune.stretched_table(table, n_new), bilinear_table(table, n_new), rtol=0, atol=1e-12)
 
 
 # ---------------------------------------------------------------- the run's steps, pictures, statistics and setup
