@@ -36,10 +36,10 @@ from common.cli import (
     side_pixels,
 )
 from common.closed_form import closed_form, targets, with_bias
-from common.differences import cell_differences, flag_differences
+from common.differences import flag_differences
 from common.errors import UserError
 from common.feature_cache import cache_key, cached_passes, picture_digests, shown
-from common.imagenette import class_names, data_differences, ensure_imagenette, list_split
+from common.imagenette import CLASSES, class_folders, data_differences, ensure_imagenette, list_split
 from common.inference import run_model
 from common.paths import FEATURE_CACHE_DIR
 from common.reference import article_values, load_reference
@@ -107,6 +107,12 @@ def load_frozen_model(name, device):
         raise UserError(f"{name} has no pre-logits layer (pooler): pass an ImageNet-21k checkpoint such as "
                         f"{DEFAULT_MODEL}")
     return model.to(device).eval()
+
+
+def class_names(root):
+    """Short names for Imagenette, the folder names for any other data set."""
+    names = {wnid: name for wnid, name, _ in CLASSES}
+    return [names.get(wnid, wnid) for wnid in class_folders(root, "val")]
 
 
 def load_data(run):
@@ -238,11 +244,19 @@ ARTICLE_TABLE = {"shots": [1, 5, 10], "lambdas": [0.01, 1.0, 100.0]}
 
 
 def table_differences(args, names):
-    """--shots and --lambdas other than the article's: the accuracy table's cells this run does not fill (a draw is
-    seeded by [seed, shots, draw], so a cell depends on its own shots and lambda alone)."""
+    """--shots and --lambdas other than the article's: the accuracy table's cells this run does not fill. "moves":
+    False, since a draw is seeded by [seed, shots, draw]: a cell filled depends on its own shots and lambda alone."""
     cells = (re.fullmatch(r".* lambda (\S+) (\d+)-shot (?:mean|std)", name) for name in names)
-    return cell_differences(args, ARTICLE_TABLE, {cell[0]: {"lambdas": float(cell[1]), "shots": int(cell[2])}
-                                                  for cell in cells if cell})
+    cells = {cell[0]: {"lambdas": float(cell[1]), "shots": int(cell[2])} for cell in cells if cell}
+    differences = {}
+    for dest, article in ARTICLE_TABLE.items():
+        values = getattr(args, dest)
+        if sorted(values) != sorted(article):
+            shown = " ".join(f"{value:g}" for value in values)
+            differences[dest] = {"flag": f"--{dest} {shown}", "moves": False,
+                                 "removes": [name for name, cell in cells.items() if cell[dest] not in values],
+                                 "why": f"--{dest} {shown}: the article's are {', '.join(f'{v:g}' for v in article)}"}
+    return differences
 
 
 def setup_differences(run):

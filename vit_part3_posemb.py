@@ -30,7 +30,7 @@ from common.checkpoints import checkpoint_config, load_pretrained
 from common.cli import add_common_arguments, add_data_arguments, script_parser, side_pixels
 from common.differences import flag_differences
 from common.errors import UserError
-from common.imagenette import data_differences, ensure_imagenette, imagenet_indices, list_split
+from common.imagenette import CLASSES, class_folders, data_differences, ensure_imagenette, list_split
 from common.inference import run_model
 from common.loader import end_workers, picture_loader, start_workers, workers_text
 from common.pictures import load_all
@@ -97,6 +97,17 @@ def load_model(run):
                         f"ImageNet: pass an ImageNet-1k fine-tuned checkpoint")
     check_resolution(model.config, run.args.resolution)
     return model.to(run.device).eval()
+
+
+def imagenet_indices(root):
+    """ImageNet-1k class index of each class folder (Imagenette's classes only)."""
+    index = {wnid: i for wnid, _, i in CLASSES}
+    folders = class_folders(root, "val")
+    unknown = [wnid for wnid in folders if wnid not in index]
+    if unknown:
+        raise UserError(f"{root} has classes outside Imagenette ({', '.join(unknown[:3])}): reading the ImageNet "
+                        f"head needs Imagenette's WordNet ids as folder names")
+    return [index[wnid] for wnid in folders]
 
 
 def load_pictures(run):

@@ -1,5 +1,5 @@
 """Where and how a run ran, for its --json record: library versions, device, precision, seed, commit, time, memory,
-and whether its checkpoint or data were stand-ins (job/standins.py), whose numbers mean nothing."""
+and the mark of the stand-ins job/standins.py generates (the record names them: their numbers mean nothing)."""
 import contextlib
 import os
 import platform
@@ -10,12 +10,6 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 STANDIN_MARK = "STAND-IN.txt"  # job/standins.py leaves this file in every folder it generates
-
-
-def standin_inputs(args):
-    """The --model and --data-dir of this run that job/standins.py generated: its numbers mean nothing."""
-    given = (getattr(args, "model", None), getattr(args, "data_dir", None))
-    return [str(path) for path in given if path and (Path(path) / STANDIN_MARK).is_file()]
 
 
 # the libraries a run's numbers depend on: its record, the page and the job's digest of a script's code read them here

@@ -39,23 +39,6 @@ def is_imagenette(root):
     return Path(root).name == DEFAULT_DIR.name and class_folders(root, "val") == IMAGENETTE_WNIDS
 
 
-def class_names(root):
-    """Short names for Imagenette, the folder names for any other data set."""
-    names = {wnid: name for wnid, name, _ in CLASSES}
-    return [names.get(wnid, wnid) for wnid in class_folders(root, "val")]
-
-
-def imagenet_indices(root):
-    """ImageNet-1k class index of each class folder (Imagenette's classes only)."""
-    index = {wnid: i for wnid, _, i in CLASSES}
-    folders = class_folders(root, "val")
-    unknown = [wnid for wnid in folders if wnid not in index]
-    if unknown:
-        raise UserError(f"{root} has classes outside Imagenette ({', '.join(unknown[:3])}): reading the ImageNet "
-                        f"head needs Imagenette's WordNet ids as folder names")
-    return [index[wnid] for wnid in folders]
-
-
 def list_split(root, split, per_class=None):
     """[(path, label)] sorted by class folder, then file name; per_class keeps the first N of each."""
     items = []

@@ -63,13 +63,6 @@ def picture_loader(pictures, device, workers=None):
                       generator=torch.Generator())  # each pass draws a seed from it: the global RNG stays as it was
 
 
-def dataset_loader(dataset, collate_fn, workers, pin_memory=False, batch_size=32):
-    """A DataLoader for one pass, in order, over a dataset that makes its own items, with picture_loader()'s workers."""
-    return DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn, num_workers=workers, pin_memory=pin_memory,
-                      prefetch_factor=PREFETCH if workers else None, worker_init_fn=ignore_ctrl_c,
-                      multiprocessing_context=worker_start() if workers else None)
-
-
 def picture_batches(loader, resolution, batch_size, flips=None, indices=None):
     """uint8 batches (B, R, R, 3) of the loader's pictures (indices: which, in order; default all); flips[i] mirrors
     the i-th. A DataLoader's batch sampler cannot be replaced: this pass's keys go into its list."""

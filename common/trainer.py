@@ -8,11 +8,12 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.utils.data import DataLoader
 
 from common.checkpoints import checkpoint_config, load_pretrained, looks_like_a_path
 from common.device import to_device
 from common.errors import UserError
-from common.loader import dataset_loader, end_workers, loader_workers, pass_timing, timed
+from common.loader import PREFETCH, end_workers, ignore_ctrl_c, loader_workers, pass_timing, timed, worker_start
 
 
 class TimedLoader:
@@ -184,6 +185,13 @@ def timed_passes(trainer, device):
         yield timings
     finally:  # the workers would otherwise hold the process at its exit
         end_workers(*made)
+
+
+def dataset_loader(dataset, collate_fn, workers, pin_memory=False, batch_size=32):
+    """A DataLoader for one pass, in order, over a dataset that makes its own items, with picture_loader()'s workers."""
+    return DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn, num_workers=workers, pin_memory=pin_memory,
+                      prefetch_factor=PREFETCH if workers else None, worker_init_fn=ignore_ctrl_c,
+                      multiprocessing_context=worker_start() if workers else None)
 
 
 def model_pass(load_model, dataset, collate_fn, keep, device, autocast, desc):

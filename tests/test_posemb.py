@@ -12,7 +12,7 @@ import vit_part3_posemb as posemb
 from common import position_table
 from common.device import set_precision
 from common.errors import UserError
-from common.imagenette import imagenet_indices, list_split
+from common.imagenette import list_split
 from common.output import Report
 from common.pictures import load_all
 from job.standins import vit_classifier
@@ -65,6 +65,14 @@ def test_accuracy_of_10_and_of_1000_by_hand():
     assert posemb.accuracy_counts(logits, torch.tensor([0, 1, 2, 0]), imagenet_classes) == (3, 2)
 
 
+def test_each_class_folder_reads_its_imagenet_1k_index(pictures, tmp_path):
+    """The indices of ImageNet-1k's class list (tench 0 ... parachute 701); a class outside Imagenette is refused."""
+    assert posemb.imagenet_indices(pictures) == [0, 217, 482, 491, 497, 566, 569, 571, 574, 701]
+    (tmp_path / "val" / "n99999999").mkdir(parents=True)
+    with pytest.raises(UserError, match="classes outside Imagenette \\(n99999999\\)"):
+        posemb.imagenet_indices(tmp_path)
+
+
 def test_grids_are_whole_patches_per_side():
     config = SimpleNamespace(image_size=224, patch_size=16)
     assert posemb.grids(config, 384) == (14, 24)
@@ -108,7 +116,7 @@ def test_bf16_changes_the_accuracies_by_at_most_a_tenth_of_a_point(tiny_classifi
     model = ViTForImageClassification.from_pretrained(tiny_classifier).eval()
     items = list_split(pictures, "val", per_class=4)
     images, labels = load_all([path for path, _ in items]), torch.tensor([label for _, label in items])
-    classes = imagenet_indices(pictures)
+    classes = posemb.imagenet_indices(pictures)
     cpu = torch.device("cpu")
     for resolution in (224, 384):
         fp32 = posemb.evaluate(model, images, labels, resolution, cpu, 8, classes, "", set_precision(cpu, "fp32"))[:2]
