@@ -22,6 +22,7 @@ from common.run import quiet_ctrl_c_while_loading
 if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as a later one
     quiet_ctrl_c_while_loading()
 
+import contextlib
 import copy
 import functools
 import math
@@ -93,21 +94,6 @@ def warmup_steps(total_steps):
 def lr_at(step, base_lr, total_steps):
     """The learning rate of step s = 1 .. T, the one it applies and logs: the schedule after s - 1 finished steps."""
     return warmup_cosine_lr(step - 1, base_lr, total_steps, warmup_steps(total_steps))
-
-
-def step_pictures(step, batch_size, count, seed):
-    """(indices, flips) of the global batch of step s = 1, 2, ...: positions (s-1) B ... s B - 1 of an endless sequence
-    of passes over the count pictures, pass e in its own order and flips, drawn from the seed [seed, e]. It depends on
-    the step alone, so a resumed run, any number of processes and any accumulation see the same pictures."""
-    positions = np.arange((step - 1) * batch_size, step * batch_size)
-    indices, flips = np.empty(batch_size, dtype=np.int64), np.empty(batch_size, dtype=bool)
-    for epoch in np.unique(positions // count):
-        rng = np.random.default_rng([seed, int(epoch)])
-        order, flip = rng.permutation(count), rng.random(count) < 0.5
-        here = positions // count == epoch
-        indices[here] = order[positions[here] % count]
-        flips[here] = flip[positions[here] % count]
-    return indices, flips
 
 
 def head_gradient_by_hand(features, logits, labels):
@@ -225,10 +211,8 @@ def load_checkpoint(run):
     """(model, loading info) of --model, loaded by the first process first (it downloads), its resolution checked."""
     from transformers import ViTForImageClassification
 
-    def load():
-        return load_pretrained(ViTForImageClassification, run.args.model, output_loading_info=True)
-
-    model, info = distributed.first_process_first(run, load)
+    model, info = distributed.first_process_first(run, lambda: load_pretrained(
+        ViTForImageClassification, run.args.model, output_loading_info=True))
     check_resolution(model.config, run.args.resolution)
     return model, info
 
@@ -279,7 +263,7 @@ def section_zero_head(run, report):
         return
     model, classes = classifier["model"], data["classes"]
     report.header("1. step 0 with the zero head")
-    first_batch = [step_pictures(1, run.args.batch_size, len(data["train"]), run.args.seed)]  # no workers for one batch
+    first_batch = [plumbing.step_pictures(1, run.args.batch_size, len(data["train"]), run.args.seed)]  # no workers for one batch
     pixels, labels = next(plumbing.step_batches(data["train"], first_batch, run, run.args.resolution,
                                                 run.args.batch_size, {}, 0))
     passes = run.world * run.args.accum_steps  # the micro-batch of a training step, so the peak is training's
@@ -363,8 +347,7 @@ def start_training(run, report, data, model, micro):
         start, history = state["step"], state["history"]
         report.line("resumed from {path} at step {start}", path=Path(args.save_dir) / CHECKPOINT, start=start)
     clock, checks = plumbing.run_clock(history), plumbing.run_passes(history)["checks"]
-    ids = [run.device.index] if run.device.type == "cuda" else None
-    trained = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids) if run.world > 1 else model
+    trained = torch.nn.parallel.DistributedDataParallel(model) if run.world > 1 else model  # on the model's device
     items = list_split(data["root"], "val", checked_per_class(args))
     # read once, kept on the device: an unreadable picture stops the run here; the reading counts as the checks' wait
     monitor = plumbing.kept_batches(items, run, micro, history)
@@ -387,7 +370,7 @@ def train(run, report, data, training, last_step):
     for row in history["rows"]:  # a resumed run's logged steps, printed again
         report.line(STEP_LINE, {k: v for k, v in row.items() if k != "step"}, prefix=f"step {row['step']} ",
                     step=row["step"])
-    chosen = [plumbing.process_share(step_pictures(s, args.batch_size, len(data["train"]), args.seed), run.rank,
+    chosen = [plumbing.process_share(plumbing.step_pictures(s, args.batch_size, len(data["train"]), args.seed), run.rank,
                                      run.world) for s in range(first, last_step + 1)]
     batches = plumbing.step_batches(data["train"], chosen, run, args.resolution, args.batch_size // run.world, history)
     steps = tqdm(range(first, last_step + 1), desc="fine-tuning", unit="step", file=sys.stderr, initial=first - 1,
@@ -403,7 +386,8 @@ def train(run, report, data, training, last_step):
             optimizer.zero_grad(set_to_none=True)
             loss = 0.0
             for k, (x, y, weight) in enumerate(plumbing.micro_batches(pixels, labels, args.accum_steps)):
-                with distributed.accumulating(trained, run, last=k == args.accum_steps - 1), run.autocast:
+                with (trained.no_sync() if run.world > 1 and k < args.accum_steps - 1 else contextlib.nullcontext(),
+                      run.autocast):  # DDP averages the processes' gradients after the last micro-batch alone
                     logits = trained(pixel_values=x, interpolate_pos_encoding=True).logits.float()  # a float32 loss
                     part = F.cross_entropy(logits, y) * weight  # this micro-batch's share of the batch's mean loss
                     part.backward()
@@ -431,11 +415,11 @@ def train(run, report, data, training, last_step):
 
 
 def save(run, training, step):
-    """Weights, average, momentum, step, history, settings and RNG states, as --resume needs them."""
+    """Weights, average, momentum, step, history and settings (the RNG states added), as --resume needs them."""
     training["clock"]()  # the run's seconds so far, in the history
     state = {"model": training["model"].state_dict(), "average": training["average"].state_dict(),
              "optimizer": training["optimizer"].state_dict(), "step": step, "history": training["history"],
-             "settings": training["settings"], "rng": plumbing.rng_states()}
+             "settings": training["settings"]}
     return plumbing.save_checkpoint(Path(run.args.save_dir) / CHECKPOINT, state, CHECKPOINT_FORMAT)
 
 
@@ -502,8 +486,7 @@ def setup_differences(run):
 
 def checked_per_class(args):
     """The validation pictures of each class checked at the logged steps: --check-per-class, at most --per-class."""
-    checked = args.check_per_class or MONITOR_PER_CLASS
-    return min(checked, args.per_class or checked)
+    return min(args.check_per_class or MONITOR_PER_CLASS, args.per_class or math.inf)
 
 
 def check_differences(args, data):
@@ -527,8 +510,7 @@ def parse_flags(argv, world):
     parser.add_argument("--seed", type=cli.seed, default=0, help="the order and flips of the pictures, the random head")
     parser.add_argument("--resolution", type=cli.side_pixels, default=RESOLUTION,
                         help="fine-tuning resolution (384: the paper's)")
-    parser.add_argument("--accum-steps", type=cli.positive_int, default=1,
-                        help="split each process's batch into N passes")
+    parser.add_argument("--accum-steps", type=cli.positive_int, default=1, help="split each process's batch in N passes")
     parser.add_argument("--save-dir", metavar="DIR", help=f"write DIR/{CHECKPOINT} every --save-every steps, at the "
                                                           "end and on Ctrl-C or SIGTERM")
     parser.add_argument("--save-every", type=cli.positive_int, default=50, help="steps between checkpoints")
@@ -557,8 +539,6 @@ def parse_flags(argv, world):
 def main(argv=None):
     args = parse_flags(argv, int(os.environ.get("WORLD_SIZE", "1")))
     rank, world, device = distributed.start(args.device)
-    if rank != 0:  # one process speaks for all
-        os.environ["TQDM_DISABLE"] = "1"
     torch.manual_seed(args.seed)
     loaders = {"data": load_data, "checkpoint": load_checkpoint, "classifier": load_classifier}
     status = run_sections("finetune", Run(args, loaders, device, rank, world), SECTIONS, setup_differences)

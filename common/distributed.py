@@ -1,5 +1,4 @@
 """torchrun: the processes' start, the first process first, sums over them, leaving together; with one, the identity."""
-import contextlib
 import os
 import sys
 
@@ -23,6 +22,8 @@ def start(device_name):
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if dist.get_rank() != 0:  # one process speaks for all: the others draw no progress bars
+        os.environ["TQDM_DISABLE"] = "1"
     return dist.get_rank(), world, device
 
 
@@ -49,11 +50,6 @@ def sum_over_processes(value, run):
     total = torch.tensor(float(value), dtype=torch.float64, device=run.device)
     dist.all_reduce(total)
     return total.item()
-
-
-def accumulating(model, run, last):
-    """The context of one micro-batch's backward pass: DDP averages the gradients over processes after the last."""
-    return model.no_sync() if run.world > 1 and not last else contextlib.nullcontext()
 
 
 LEAVING = {"together": False}  # set once every process has finished its sections (finish_together)

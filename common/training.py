@@ -45,16 +45,11 @@ def state_digest(state):
     return digest.hexdigest()
 
 
-def rng_states():
-    """torch's generators (the CPU's, and each GPU's), for a resumed run to draw what the uninterrupted one drew."""
-    states = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
-
-
 def save_checkpoint(path, state, version):
-    """The state, its format `version` and its digest, written whole or not at all; returns the path."""
+    """The state and torch's RNG states (the CPU's, each GPU's: a resumed run draws what the uninterrupted one drew),
+    its format `version` and its digest, written whole or not at all; returns the path."""
+    cuda = {"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {}
+    state = {**state, "rng": {"torch": torch.get_rng_state(), **cuda}}
     checked = {"format": version, "digest": state_digest(state), "state": state}
     return write_atomic(path, lambda f: torch.save(checked, f), what="checkpoint")
 
@@ -164,6 +159,21 @@ def share_loader(items, run, counts):
     """(A started() loader over this process's share of the (path, label) items, every world-th; its labels)."""
     share = items[run.rank::run.world]
     return started(picture_loader([path for path, _ in share], run.device), counts), [label for _, label in share]
+
+
+def step_pictures(step, batch_size, count, seed):
+    """(indices, flips) of the global batch of step s = 1, 2, ...: positions (s-1) B ... s B - 1 of an endless sequence
+    of passes over the count pictures, pass e in its own order and flips, drawn from the seed [seed, e]. It depends on
+    the step alone, so a resumed run, any number of processes and any accumulation see the same pictures."""
+    positions = np.arange((step - 1) * batch_size, step * batch_size)
+    indices, flips = np.empty(batch_size, dtype=np.int64), np.empty(batch_size, dtype=bool)
+    for epoch in np.unique(positions // count):
+        rng = np.random.default_rng([seed, int(epoch)])
+        order, flip = rng.permutation(count), rng.random(count) < 0.5
+        here = positions // count == epoch
+        indices[here] = order[positions[here] % count]
+        flips[here] = flip[positions[here] % count]
+    return indices, flips
 
 
 def process_share(items, rank, world):

@@ -44,14 +44,14 @@ def test_report_steps_scale_with_the_run():
 
 def test_step_pictures_walk_through_shuffled_passes():
     count, batch = 10, 4
-    steps = [finetune.step_pictures(s, batch, count, seed=0) for s in (1, 2, 3, 4, 5)]
+    steps = [training.step_pictures(s, batch, count, seed=0) for s in (1, 2, 3, 4, 5)]
     order = np.concatenate([indices for indices, _ in steps])
     assert sorted(order[:10]) == list(range(10)) and sorted(order[10:20]) == list(range(10))  # each pass once
     assert not np.array_equal(order[:10], order[10:20])  # a new order for each pass
     # one step of 8 is two steps of 4: the batch depends on the positions only
-    double, flips = finetune.step_pictures(1, 8, count, seed=0)
+    double, flips = training.step_pictures(1, 8, count, seed=0)
     assert np.array_equal(double, order[:8]) and np.array_equal(flips, np.concatenate([steps[0][1], steps[1][1]]))
-    assert not np.array_equal(finetune.step_pictures(1, 8, count, seed=1)[0], double)
+    assert not np.array_equal(training.step_pictures(1, 8, count, seed=1)[0], double)
 
 
 def test_update_average_by_hand():

@@ -108,7 +108,7 @@ def test_scaled_steps_are_at_least_1():
 
 def test_each_pass_flips_about_half_its_pictures_each_by_its_own_draw():
     for step in (1, 2):  # two whole passes of 2000 pictures
-        flips = finetune.step_pictures(step, 2000, 2000, seed=0)[1]
+        flips = plumbing.step_pictures(step, 2000, 2000, seed=0)[1]
         assert 0.45 < flips.mean() < 0.55
 
 
@@ -215,7 +215,7 @@ def train(monkeypatch, model, optimizer, batches, labels, steps, accum_steps=1, 
     in eval mode; each step asks for a checkpoint; the loader is asked for this process's share of each step's
     pictures (step_pictures), in micro-batches of the batch over the processes."""
     def step_batches(items, chosen, run, resolution, batch_size, history):
-        expected = [plumbing.process_share(finetune.step_pictures(s, len(labels), len(items), 0), run.rank, world)
+        expected = [plumbing.process_share(plumbing.step_pictures(s, len(labels), len(items), 0), run.rank, world)
                     for s in range(start + 1, steps + 1)]
         assert len(chosen) == len(expected) and batch_size == len(labels) // world
         assert all(np.array_equal(a, b) for pair, same in zip(chosen, expected) for a, b in zip(pair, same))
