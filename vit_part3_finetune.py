@@ -185,9 +185,9 @@ def build_classifier(checkpoint, classes, resolution):
     model.classifier = torch.nn.Linear(config.hidden_size, classes)
     zero_head(model)
     n_old, n_new = config.image_size // config.patch_size, resolution // config.patch_size
-    if n_new != n_old:  # the model is still on the host, where float64 exists (mps has none)
-        table = model.vit.embeddings.position_embeddings.detach()[0].double().numpy()
-        stretched = torch.from_numpy(stretched_table(table, n_new)).float()[None]
+    if n_new != n_old:  # in float64 by numpy on the host: Apple's mps has no float64 tensors
+        table = model.vit.embeddings.position_embeddings.detach()[0].cpu().numpy().astype(np.float64)
+        stretched = torch.from_numpy(stretched_table(table, n_new).astype(np.float32))[None]
         model.vit.embeddings.position_embeddings = torch.nn.Parameter(stretched)
     return model, pre_logits if dropped else None
 
