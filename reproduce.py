@@ -22,10 +22,10 @@ Exit status: 0 when every script ran every section; 1 when one could not (--stri
 number differs from the article's); 2 for a bad flag or path (one line, before any work); 130 and
 143 after Ctrl-C and SIGTERM.
 """
-from common.run import quiet_ctrl_c_while_loading
+from common.run import before_torch_loads
 
 if __name__ == "__main__":  # before the libraries load: a Ctrl-C then is one line, as a later one
-    quiet_ctrl_c_while_loading()
+    before_torch_loads()
 
 import hashlib
 import json
@@ -45,7 +45,7 @@ from common.errors import UserError
 from common.files import reason, write_text
 from common.output import say
 from common.reference import counts_text
-from common.run import Terminated, check_output_dir, guarded
+from common.run import Terminated, check_output, guarded
 from job import downloads
 from job.child_process import StopRequests, first_refusal, only_job_on, run_logged
 from job.ending import exit_status, final_table, next_line, notes, paused, result_row
@@ -468,8 +468,8 @@ def main(argv=None):
     set_precision(args.device_chosen, args.precision or "fp32")  # and tf32 off an NVIDIA GPU
     out = Path(args.out).resolve()
     check_extra(args, out)
-    check_output_dir(args.out, "OUT")
-    check_output_dir(out / "logs", "OUT")
+    check_output(args.out, "OUT", folder=True)
+    check_output(out / "logs", "OUT", folder=True)
     try:
         lock = only_job_on(out, say)  # held while the job runs, and by each script it starts
         return run_job(args, argv, out, lock)

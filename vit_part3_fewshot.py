@@ -13,10 +13,10 @@ Features are cached in data/features/, keyed by everything that decides them: th
 weight file, the resolution, the precision and each picture's name and contents. --no-cache neither
 reads nor writes the cache.
 """
-from common.run import quiet_ctrl_c_while_loading
+from common.run import before_torch_loads
 
 if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as a later one
-    quiet_ctrl_c_while_loading()
+    before_torch_loads()
 
 import re
 import sys
@@ -246,8 +246,8 @@ ARTICLE_TABLE = {"shots": [1, 5, 10], "lambdas": [0.01, 1.0, 100.0]}
 def table_differences(args, names):
     """--shots and --lambdas other than the article's: the accuracy table's cells this run does not fill. "moves":
     False, since a draw is seeded by [seed, shots, draw]: a cell filled depends on its own shots and lambda alone."""
-    cells = (re.fullmatch(r".* lambda (\S+) (\d+)-shot (?:mean|std)", name) for name in names)
-    cells = {cell[0]: {"lambdas": float(cell[1]), "shots": int(cell[2])} for cell in cells if cell}
+    found = (re.fullmatch(r".* lambda (\S+) (\d+)-shot (?:mean|std)", name) for name in names)
+    cells = {cell[0]: {"lambdas": float(cell[1]), "shots": int(cell[2])} for cell in found if cell}
     differences = {}
     for dest, article in ARTICLE_TABLE.items():
         values = getattr(args, dest)

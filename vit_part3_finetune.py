@@ -17,10 +17,10 @@ Reproduces the article's sections "Fine-tuning: a new head for a new task" and "
 --batch-size is the batch of one optimizer step; it is split over the torchrun processes, and each
 process's share over --accum-steps passes, so every setting follows the same mathematics.
 """
-from common.run import quiet_ctrl_c_while_loading
+from common.run import before_torch_loads
 
 if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as a later one
-    quiet_ctrl_c_while_loading()
+    before_torch_loads()
 
 import contextlib
 import copy
@@ -33,7 +33,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import scipy.ndimage
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
@@ -45,7 +44,7 @@ from common.differences import flag_differences
 from common.errors import UserError
 from common.imagenette import class_folders, data_differences, ensure_imagenette, is_imagenette, list_split
 from common.reference import article_values, load_reference
-from common.run import Run, check_output_dir, guarded, run_sections
+from common.run import Run, check_output, guarded, run_sections
 from common.schedules import warmup_cosine_lr
 from figures import finetune as figures
 
@@ -168,6 +167,7 @@ def random_head(model, seed):
 def stretched_table(table, n_new):
     """The paper's stretch of a (1 + n^2, d) position table to a bigger grid: the [class] row kept, the n x n grid
     resized by the official code's call, scipy.ndimage.zoom(order=1): bilinear, corners onto corners."""
+    import scipy.ndimage  # here, not at the top: 0.4 s of every start, for a run at another resolution
     n = math.isqrt(len(table) - 1)
     grid = scipy.ndimage.zoom(table[1:].reshape(n, n, -1), (n_new / n, n_new / n, 1), order=1)
     return np.concatenate([table[:1], grid.reshape(n_new * n_new, -1)])
@@ -211,8 +211,8 @@ def load_checkpoint(run):
     """(model, loading info) of --model, loaded by the first process first (it downloads), its resolution checked."""
     from transformers import ViTForImageClassification
 
-    model, info = distributed.first_process_first(run, lambda: load_pretrained(
-        ViTForImageClassification, run.args.model, output_loading_info=True))
+    model, info = distributed.first_process_first(
+        run, lambda: load_pretrained(ViTForImageClassification, run.args.model, output_loading_info=True))
     check_resolution(model.config, run.args.resolution)
     return model, info
 
@@ -263,9 +263,9 @@ def section_zero_head(run, report):
         return
     model, classes = classifier["model"], data["classes"]
     report.header("1. step 0 with the zero head")
-    first_batch = [plumbing.step_pictures(1, run.args.batch_size, len(data["train"]), run.args.seed)]  # no workers for one batch
+    first_batch = [plumbing.step_pictures(1, run.args.batch_size, len(data["train"]), run.args.seed)]
     pixels, labels = next(plumbing.step_batches(data["train"], first_batch, run, run.args.resolution,
-                                                run.args.batch_size, {}, 0))
+                                                run.args.batch_size, {}, 0))  # no loader workers for one batch
     passes = run.world * run.args.accum_steps  # the micro-batch of a training step, so the peak is training's
     with run.autocast:
         zero = head_step(model, pixels, labels, passes)
@@ -370,8 +370,8 @@ def train(run, report, data, training, last_step):
     for row in history["rows"]:  # a resumed run's logged steps, printed again
         report.line(STEP_LINE, {k: v for k, v in row.items() if k != "step"}, prefix=f"step {row['step']} ",
                     step=row["step"])
-    chosen = [plumbing.process_share(plumbing.step_pictures(s, args.batch_size, len(data["train"]), args.seed), run.rank,
-                                     run.world) for s in range(first, last_step + 1)]
+    chosen = [plumbing.process_share(plumbing.step_pictures(s, args.batch_size, len(data["train"]), args.seed),
+                                     run.rank, run.world) for s in range(first, last_step + 1)]
     batches = plumbing.step_batches(data["train"], chosen, run, args.resolution, args.batch_size // run.world, history)
     steps = tqdm(range(first, last_step + 1), desc="fine-tuning", unit="step", file=sys.stderr, initial=first - 1,
                  total=args.steps)
@@ -386,8 +386,8 @@ def train(run, report, data, training, last_step):
             optimizer.zero_grad(set_to_none=True)
             loss = 0.0
             for k, (x, y, weight) in enumerate(plumbing.micro_batches(pixels, labels, args.accum_steps)):
-                with (trained.no_sync() if run.world > 1 and k < args.accum_steps - 1 else contextlib.nullcontext(),
-                      run.autocast):  # DDP averages the processes' gradients after the last micro-batch alone
+                syncing = run.world == 1 or k == args.accum_steps - 1  # DDP averages the gradients after the last
+                with (contextlib.nullcontext() if syncing else trained.no_sync()), run.autocast:
                     logits = trained(pixel_values=x, interpolate_pos_encoding=True).logits.float()  # a float32 loss
                     part = F.cross_entropy(logits, y) * weight  # this micro-batch's share of the batch's mean loss
                     part.backward()
@@ -463,8 +463,7 @@ def finish(run, report, data, training, last_step):
     report.keep("learning rate", [lr_at(step, args.lr, args.steps) for step in range(1, last_step + 1)])
     report.keep("clipping threshold", CLIP_NORM)  # the figure's line, for the page too
     if args.plots and run.rank == 0:
-        figures.finetune_curves(report.series, report.values(), article_values("finetune"), args.plots,
-                                report.say)
+        figures.finetune_curves(report.series, report.values(), article_values("finetune"), args.plots, report.say)
 
 
 SECTIONS = [section_data_and_model, section_zero_head, section_finetune]
@@ -510,7 +509,8 @@ def parse_flags(argv, world):
     parser.add_argument("--seed", type=cli.seed, default=0, help="the order and flips of the pictures, the random head")
     parser.add_argument("--resolution", type=cli.side_pixels, default=RESOLUTION,
                         help="fine-tuning resolution (384: the paper's)")
-    parser.add_argument("--accum-steps", type=cli.positive_int, default=1, help="split each process's batch in N passes")
+    parser.add_argument("--accum-steps", type=cli.positive_int, default=1,
+                        help="split each process's batch into N passes")
     parser.add_argument("--save-dir", metavar="DIR", help=f"write DIR/{CHECKPOINT} every --save-every steps, at the "
                                                           "end and on Ctrl-C or SIGTERM")
     parser.add_argument("--save-every", type=cli.positive_int, default=50, help="steps between checkpoints")
@@ -532,7 +532,7 @@ def parse_flags(argv, world):
     if config is not None:
         check_resolution(config, args.resolution)
     if args.save_dir:
-        check_output_dir(args.save_dir, "--save-dir")
+        check_output(args.save_dir, "--save-dir", folder=True)
     return args
 
 

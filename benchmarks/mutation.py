@@ -35,11 +35,10 @@ from common.cli import script_parser
 
 # module: (the functions mutated, None for every top-level function; the test files whose fast tests guard them).
 # MATHS: the files of the maths tests, each named by the module it tests. A test of one module may hold another's
-# formula (fine-tuning's stretched table is tested beside position_table's, few-shot's accuracy the closed form's), so each module's
+# formula (fine-tuning's stretch is held to posemb's loop, few-shot's accuracy the closed form's), so each module's
 # mutants run its own files first, then the rest of MATHS.
-MATHS = ["tests/test_closed_form.py", "tests/test_schedules.py", "tests/test_position_table.py", "tests/test_compute.py",
-         "tests/test_setup.py", "tests/test_finetune_maths.py", "tests/test_backbone_maths.py", "tests/test_fewshot.py",
-         "tests/test_posemb.py"]
+MATHS = ["tests/test_closed_form.py", "tests/test_schedules.py", "tests/test_compute.py", "tests/test_setup.py",
+         "tests/test_finetune_maths.py", "tests/test_backbone_maths.py", "tests/test_fewshot.py", "tests/test_posemb.py"]
 
 
 def guarded_by(*own):
@@ -52,10 +51,6 @@ TARGETS = {
                                                "tests/test_backbone.py")),
     "common/schedules.py": (None, guarded_by("tests/test_schedules.py", "tests/test_finetune_maths.py",
                                              "tests/test_finetune.py")),
-    "common/position_table.py": (["stretch_positions", "bilinear_resize_loop", "scipy_resize", "bicubic_resize",
-                                  "linear_resize_1d", "split_table", "bilinear_table", "position_tables",
-                                  "cosine_similarities"], guarded_by("tests/test_position_table.py",
-                                                                     "tests/test_posemb.py", "tests/test_finetune.py")),
     "common/compute.py": (["sequence_shape", "token_flops", "attention_flops", "encoder_flops",
                            "patch_embedding_flops", "forward_gflops", "config_forward_flops"],
                           guarded_by("tests/test_compute.py")),
@@ -72,8 +67,10 @@ TARGETS = {
                          "one_per_class", "linear_probe", "scores_accuracy_loss", "closed_form_probe",
                          "feature_grid"], guarded_by("tests/test_backbone_maths.py", "tests/test_backbone.py")),
     "vit_part3_fewshot.py": (["draw_shots", "draw_pool", "few_shot_accuracies"], guarded_by("tests/test_fewshot.py")),
-    "vit_part3_posemb.py": (["accuracy_counts", "grids", "check_resolution", "example_places"],
-                            guarded_by("tests/test_posemb.py")),
+    "vit_part3_posemb.py": (["accuracy_counts", "grids", "check_resolution", "example_places", "stretch_positions",
+                             "bilinear_resize_loop", "scipy_resize", "bicubic_resize", "linear_resize_1d",
+                             "split_table", "bilinear_table", "position_tables", "cosine_similarities"],
+                            guarded_by("tests/test_posemb.py", "tests/test_finetune_maths.py")),
 }
 
 EQUIVALENTS = ROOT / "docs" / "mutation.md"  # its table of the mutants that change no observable result, and why
@@ -165,9 +162,10 @@ def target_functions(tree, names):
     return [functions[name] for name in (names or functions)]
 
 
-def mutants(path, names):
-    """Every mutant of the module: a dict with its function, line, description and the mutated module's source."""
-    source = (ROOT / path).read_text()
+def mutants(path, names, root=ROOT):
+    """Every mutant of the module under root (a run's: its copy, so that an edit of the working tree while it runs
+    changes nothing): a dict with its function, line, description and the mutated module's source."""
+    source = (root / path).read_text()
     lines = source.splitlines()
     found = []
     for function in target_functions(ast.parse(source), names):
@@ -313,7 +311,7 @@ def fast_tests(copy_root, tests, fast_seconds, work):
 
 def score_module(path, names, tests, args, copy_root, work):
     """Run every mutant of one module; returns (mutants, survivors)."""
-    found = mutants(path, names)
+    found = mutants(path, names, copy_root)
     keep, seconds = fast_tests(copy_root, tests, args.fast_seconds, work)
     print(f"\n{path}: {len(found)} mutants, each against {len(keep)} fast tests ({seconds:.1f} s of tests unmutated)",
           flush=True)

@@ -45,7 +45,7 @@ from common.inference import run_model
 from common.loader import PREFETCH, picture_batches, picture_loader
 from common.output import Report
 from common.pictures import load_all, resized_rgb
-from common.run import Run, check_output_file, guarded
+from common.run import Run, check_output, guarded
 from job.standins import smooth_pictures, vit_config
 
 ATTENTION = ("sdpa", "eager")
@@ -382,7 +382,7 @@ def main(argv=None):
     parser.add_argument("--json", metavar="PATH", help="also write the figures to PATH as JSON")
     args = parser.parse_args(argv)
     if args.json:
-        check_output_file(args.json, "--json")
+        check_output(args.json, "--json")
     run, report = Run(args), Report("throughput")
     run.repeats = args.repeats or (2 if run.device.type == "cpu" else 10)
     figures = {"device": device_name(run.device), "torch": torch.__version__, "precision": args.precision,

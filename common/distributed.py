@@ -22,8 +22,6 @@ def start(device_name):
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    if dist.get_rank() != 0:  # one process speaks for all: the others draw no progress bars
-        os.environ["TQDM_DISABLE"] = "1"
     return dist.get_rank(), world, device
 
 

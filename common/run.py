@@ -66,10 +66,10 @@ def run_sections(script, run, sections, setup_differences=None):
     """Each section, then --compare and --json; status 1 when a section could not run. setup_differences(run) is
     asked last, when the data the sections loaded is known."""
     if run.args.json:  # a typo in the path must not cost the run
-        check_output_file(run.args.json, "--json")
+        check_output(run.args.json, "--json")
     report = Report(script, quiet=run.rank != 0)
     if getattr(run.args, "plots", None):
-        check_output_dir(run.args.plots, "--plots")
+        check_output(run.args.plots, "--plots", folder=True)
         if importlib.util.find_spec("matplotlib") is None:  # said now, not after the long work
             report.say(f"figures: {MATPLOTLIB_MISSING}; no figure saved")
     if os.environ.get(CHECK_ONLY) == "1":  # reproduce.py asks, before its job, whether this command would start
@@ -127,27 +127,18 @@ def run_record(run, report, rows, differences):
     return record
 
 
-def check_output_file(path, flag):
-    """Refuse, before any work, an output file that cannot be written; create its folder if needed."""
+def check_output(path, flag, folder=False):
+    """Refuse, before any work, an output file (folder=True: a folder) that cannot be written: make the folder it
+    needs and write a probe file there, the one sure test whatever the permissions say."""
     target = Path(path)
-    if target.is_dir():
-        raise UserError(f"{flag} {path} is a folder: give a file name, such as {target / 'results.json'}")
-    check_writable(target.parent, flag, path)
-
-
-def check_output_dir(path, flag):
-    """Refuse, before any work, a folder that cannot be made or written to; create it if needed."""
-    folder = Path(path)
-    if folder.exists() and not folder.is_dir():
+    if folder and target.exists() and not target.is_dir():
         raise UserError(f"{flag} {path} is a file, not a folder: pass a folder, which is created if needed")
-    check_writable(folder, flag, path)
-
-
-def check_writable(folder, flag, path):
-    """Make the folder and write a probe file in it: the one sure test, whatever the permissions say."""
+    if not folder and target.is_dir():
+        raise UserError(f"{flag} {path} is a folder: give a file name, such as {target / 'results.json'}")
+    where = target if folder else target.parent
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".probe-{os.getpid()}"
+        where.mkdir(parents=True, exist_ok=True)
+        probe = where / f".probe-{os.getpid()}"
         probe.write_text("")
         probe.unlink()
     except OSError as error:
@@ -179,8 +170,12 @@ def quiet_if_nobody_reads():
             pass
 
 
-def quiet_ctrl_c_while_loading():
-    """Until guarded() runs main(), Ctrl-C (while torch loads) is one line and status 130, leaving at once."""
+def before_torch_loads():
+    """Until guarded() runs main(), Ctrl-C (while torch loads) is one line and status 130, leaving at once; a torchrun
+    process but the first draws no progress bars (tqdm reads TQDM_DISABLE once, as torch imports it)."""
+    if not speaks():
+        os.environ["TQDM_DISABLE"] = "1"
+
     def leave(signum, frame):
         print("interrupted", file=sys.stderr, flush=True)
         os._exit(130)

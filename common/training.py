@@ -1,4 +1,4 @@
-"""Fine-tuning's plumbing: its batches and their timing, its clock, its checked checkpoint, the stop on a signal."""
+"""Fine-tuning's plumbing: each step's pictures and batches, their timing, its clock, checkpoints, a signal's stop."""
 import hashlib
 import signal
 import sys

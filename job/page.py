@@ -25,7 +25,7 @@ import shlex
 import sys
 from pathlib import Path
 
-if __name__ == "__main__":  # run as a file from anywhere: the repository root is where common/ and job/ are found
+if __name__ == "__main__":  # run as a file from anywhere: the repository root is where common/, figures/ and job/ are found
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 import figures

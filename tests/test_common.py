@@ -50,12 +50,15 @@ def test_guarded_turns_a_user_error_into_exit_2(capsys):
     assert capsys.readouterr().err.strip() == "error: no such thing; do this instead"
 
 
-@pytest.mark.parametrize("environment,speaks", [
+SPEAKS = [
     ({}, True),
     ({"RANK": "1"}, True),  # a RANK exported by a cluster's job, not torchrun's: the one process still speaks
     ({"RANK": "0", "WORLD_SIZE": "2"}, True),
     ({"RANK": "1", "WORLD_SIZE": "2"}, False),  # torchrun's second process: the first speaks for it
-])
+]
+
+
+@pytest.mark.parametrize("environment,speaks", SPEAKS)
 def test_a_user_error_is_said_once_under_torchrun_and_always_outside_it(environment, speaks, monkeypatch, capsys):
     for name in ("RANK", "WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
@@ -67,6 +70,17 @@ def test_a_user_error_is_said_once_under_torchrun_and_always_outside_it(environm
 
     assert guarded(main) == 2
     assert capsys.readouterr().err == ("error: --json x: cannot be written\n" if speaks else "")
+
+
+@pytest.mark.parametrize("environment,speaks", SPEAKS)
+def test_only_the_process_that_speaks_draws_progress_bars(environment, speaks):
+    """tqdm reads TQDM_DISABLE once, when it is imported (by torch, at a script's start): before_torch_loads() sets it
+    first, as a script's first line does."""
+    code = "from common.run import before_torch_loads; before_torch_loads(); import tqdm; print(tqdm.tqdm([]).disable)"
+    plain = {name: value for name, value in os.environ.items() if name not in ("RANK", "WORLD_SIZE", "TQDM_DISABLE")}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**plain, **environment}, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.stdout.split() == [str(not speaks)], done.stderr
 
 
 def test_missing_checkpoint_offline_names_it_and_the_fix():

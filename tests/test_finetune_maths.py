@@ -21,7 +21,7 @@ from common import training as plumbing
 from common.errors import UserError
 from common.loader import pass_timing
 from common.output import Report
-from common.position_table import bilinear_table
+from vit_part3_posemb import bilinear_table
 
 # The article's logged learning rates of the 300-step run (step: lr as printed).
 ARTICLE_LRS = {5: "0.00040", 10: "0.00090", 25: "0.00240", 50: "0.00296", 100: "0.00254", 150: "0.00178",
@@ -94,7 +94,7 @@ def test_the_fine_tuned_classifier_stretches_its_table_row_major():
 
 @pytest.mark.parametrize("n_new", [24, 12])  # 384 and 192 pixels: a stretch and a shrink of the 14x14 grid
 def test_the_fine_tuning_stretch_is_the_derived_bilinear_loop(n_new):
-    """scipy.ndimage.zoom(order=1), the official call, against position_table's loop, which posemb derives by hand."""
+    """scipy.ndimage.zoom(order=1), the official call, against the loop posemb derives by hand."""
     table = np.random.default_rng(0).standard_normal((1 + 14 * 14, 6))
     np.testing.assert_allclose(finetune.stretched_table(table, n_new), bilinear_table(table, n_new), rtol=0, atol=1e-12)
 
@@ -356,3 +356,17 @@ def test_a_training_step_at_another_resolution_reads_the_stretched_table(monkeyp
     pixels = torch.randn(2, 3, 20, 20, generator=torch.Generator().manual_seed(0))
     history, _, _ = train(monkeypatch, model, optimizer, [pixels], torch.tensor([1, 7]), 1, lr=0.002)
     assert history["losses"] == pytest.approx([math.log(10)], abs=1e-6) and history["norms"][0] > 0
+
+
+def test_a_checkpoint_keeps_torchs_rng_and_resume_sets_it_back(tmp_path):
+    """save_checkpoint() adds torch's RNG states to the state; resume() loads the parts and sets the states back, so
+    the resumed run draws what the uninterrupted one drew next."""
+    saved = torch.nn.Linear(2, 3)
+    torch.manual_seed(7)
+    plumbing.save_checkpoint(tmp_path / "c.pt", {"model": saved.state_dict(), "settings": {"lr": 1.0}}, "v1")
+    drawn_next = torch.rand(3)
+    torch.manual_seed(99)  # the interrupted run drew on
+    restored = torch.nn.Linear(2, 3)
+    state = plumbing.resume(tmp_path, "c.pt", "v1", "a test", {"lr": 1.0}, {"model": restored})
+    assert sorted(state) == ["model", "rng", "settings"]
+    assert torch.equal(restored.weight, saved.weight) and torch.equal(torch.rand(3), drawn_next)

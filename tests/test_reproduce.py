@@ -409,7 +409,7 @@ def test_a_script_is_skipped_only_when_its_json_is_complete_and_made_by_the_same
     ("common/nothing_imports_it.py", set(NAMES)),          # a module added
     ("figures/finetune.py", set(NAMES)),                   # a module of figures/: the scripts draw them
 ])
-def test_the_code_of_a_script_is_it_all_of_common_and_its_reference(tmp_path, monkeypatch, changed, runs_again):
+def test_the_code_of_a_script_is_it_all_of_common_and_figures_and_its_reference(tmp_path, monkeypatch, changed, runs_again):
     code = [p.relative_to(ROOT).as_posix() for folder in ("common", "figures") for p in (ROOT / folder).rglob("*.py")]
     for path in [*NAMES.values(), *code,
                  *(f"data/reference_{script}.json" for script in NAMES)]:
