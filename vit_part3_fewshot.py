@@ -24,17 +24,8 @@ import sys
 import numpy as np
 import torch
 
+from common import cli
 from common.checkpoints import check_model_flag, load_pretrained
-from common.cli import (
-    add_common_arguments,
-    add_data_arguments,
-    distinct,
-    nonnegative_float,
-    positive_int,
-    script_parser,
-    seed,
-    side_pixels,
-)
 from common.closed_form import closed_form, targets, with_bias
 from common.differences import flag_differences
 from common.errors import UserError
@@ -109,12 +100,6 @@ def load_frozen_model(name, device):
     return model.to(device).eval()
 
 
-def class_names(root):
-    """Short names for Imagenette, the folder names for any other data set."""
-    names = {wnid: name for wnid, name, _ in CLASSES}
-    return [names.get(wnid, wnid) for wnid in class_folders(root, "val")]
-
-
 def load_data(run):
     """The data folder, the seeded pool of training pictures, the validation pictures and the class names."""
     args = run.args
@@ -124,7 +109,9 @@ def load_data(run):
     if smallest < max(args.shots):
         raise UserError(f"a class has only {smallest} training pictures in the pool, fewer than --shots "
                         f"{max(args.shots)}: lower --shots")
-    return {"root": root, "pool": pool, "val": list_split(root, "val", args.per_class), "names": class_names(root)}
+    short = {wnid: name for wnid, name, _ in CLASSES}  # Imagenette's short names; another set's folder names
+    return {"root": root, "pool": pool, "val": list_split(root, "val", args.per_class),
+            "names": [short.get(wnid, wnid) for wnid in class_folders(root, "val")]}
 
 
 def load_features(run):
@@ -246,8 +233,8 @@ ARTICLE_TABLE = {"shots": [1, 5, 10], "lambdas": [0.01, 1.0, 100.0]}
 def table_differences(args, names):
     """--shots and --lambdas other than the article's: the accuracy table's cells this run does not fill. "moves":
     False, since a draw is seeded by [seed, shots, draw]: a cell filled depends on its own shots and lambda alone."""
-    found = (re.fullmatch(r".* lambda (\S+) (\d+)-shot (?:mean|std)", name) for name in names)
-    cells = {cell[0]: {"lambdas": float(cell[1]), "shots": int(cell[2])} for cell in found if cell}
+    cells = {name: {"lambdas": float(cell[1]), "shots": int(cell[2])} for name in names
+             if (cell := re.fullmatch(r".* lambda (\S+) (\d+)-shot (?:mean|std)", name))}
     differences = {}
     for dest, article in ARTICLE_TABLE.items():
         values = getattr(args, dest)
@@ -263,9 +250,8 @@ def setup_differences(run):
     """How this run's setup differs from the article's: the validation pictures, the pool, draws, the solve shown."""
     args, data = run.args, run.loaded.get("data")
     count = len(data["val"]) if isinstance(data, dict) else None
-    differences = {**data_differences(args, {"val": count}),
-                   **flag_differences(args, ARTICLE_FLAGS)}
-    differences.update(table_differences(args, load_reference("fewshot")))
+    differences = {**data_differences(args, {"val": count}), **flag_differences(args, ARTICLE_FLAGS),
+                   **table_differences(args, load_reference("fewshot"))}
     if 5 not in args.shots:
         differences["solve shots"] = {"flag": f"--shots {' '.join(map(str, args.shots))}",
                                       "why": f"--shots without 5: the solve in detail is {args.shots[0]}-shot"}
@@ -276,27 +262,27 @@ def setup_differences(run):
 
 
 def main(argv=None):
-    parser = script_parser(__doc__)
-    add_data_arguments(parser, DEFAULT_MODEL, "with its pre-logits layer",
-                       "keep the first N validation pictures of each class (default: all); the pool is drawn from "
-                       "every training picture, as in a full run")
-    parser.add_argument("--shots", type=positive_int, nargs="+", default=[1, 5, 10], help="pictures per class")
-    parser.add_argument("--lambdas", type=nonnegative_float, nargs="+", default=[0.01, 1.0, 100.0],
+    parser = cli.script_parser(__doc__)
+    cli.add_data_arguments(parser, DEFAULT_MODEL, "with its pre-logits layer",
+                           "keep the first N validation pictures of each class (default: all); the pool is drawn "
+                           "from every training picture, as in a full run")
+    parser.add_argument("--shots", type=cli.positive_int, nargs="+", default=[1, 5, 10], help="pictures per class")
+    parser.add_argument("--lambdas", type=cli.nonnegative_float, nargs="+", default=[0.01, 1.0, 100.0],
                         help="ridge penalties, finite and >= 0 (0: plain least squares, the minimum-norm solution when "
                              "pictures are fewer than features)")
-    parser.add_argument("--draws", type=positive_int, default=5,
+    parser.add_argument("--draws", type=cli.positive_int, default=5,
                         help="random draws of the training pictures per setting")
-    parser.add_argument("--pool", type=positive_int, default=50, help="training pictures per class to draw from")
-    parser.add_argument("--seed", type=seed, default=0, help="the pool and the draws")
-    parser.add_argument("--resolution", type=side_pixels, default=224, help="pixels on a side")
+    parser.add_argument("--pool", type=cli.positive_int, default=50, help="training pictures per class to draw from")
+    parser.add_argument("--seed", type=cli.seed, default=0, help="the pool and the draws")
+    parser.add_argument("--resolution", type=cli.side_pixels, default=224, help="pixels on a side")
     parser.add_argument("--no-cache", action="store_true", help="neither read nor write data/features/")
     parser.add_argument("--plots", metavar="DIR", help="save accuracy against shots as PNG (needs matplotlib)")
-    add_common_arguments(parser)
+    cli.add_common_arguments(parser)
     args = parser.parse_args(argv)
     if max(args.shots) > args.pool:
         parser.error(f"--shots {max(args.shots)} is more than the pool of {args.pool} per class")
-    distinct(parser, "--shots", args.shots)
-    distinct(parser, "--lambdas", args.lambdas)
+    cli.distinct(parser, "--shots", args.shots)
+    cli.distinct(parser, "--lambdas", args.lambdas)
     check_model_flag(args.model)
     loaders = {"model": lambda run: load_frozen_model(args.model, run.device), "data": load_data,
                "features": load_features}
