@@ -177,3 +177,37 @@ def test_script_offline_without_weights_runs_section_1():
     section_2 = next(text for text in run.stdout.splitlines() if 'cannot run section "2. few-shot accuracy"' in text)
     assert "Imagenette is not in" in section_2 and "checkpoint google/vit-base-patch16-224-in21k" in section_2
     assert "Traceback" not in run.stderr
+
+
+def test_another_resolution_never_reads_the_features_cached_at_224(tiny_in21k, pictures, tmp_path, monkeypatch,
+                                                                   capsys):
+    """Issue 43: the script at 224 fills the cache; the same run at 64 pixels computes its own features (its own pair
+    of files), and those it uses are the model's at 64 pixels, computed here by the library's processor and a plain
+    forward pass, not those cached at 224."""
+    from conftest import library_pixels
+    from transformers import ViTModel
+
+    monkeypatch.setattr(fewshot, "FEATURE_CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    used = []  # what each run's features were: the script's own call, recorded, not changed
+    passes = fewshot.cached_passes
+    monkeypatch.setattr(fewshot, "cached_passes", lambda *args: used.append(passes(*args)) or used[-1])
+    status, out = few_shot_run(tiny_in21k, pictures, tmp_path, capsys)
+    assert status == 0 and "features computed" in out
+    assert len(list((tmp_path / "cache").glob("*.npz"))) == 2  # the pool's and the validation pictures'
+    status, out = few_shot_run(tiny_in21k, pictures, tmp_path, capsys, "--resolution", "64")
+    assert status == 0 and len(used) == 2
+
+    model = ViTModel.from_pretrained(tiny_in21k, add_pooling_layer=True).eval()
+    sets = {"pool": fewshot.draw_pool(list_split(pictures, "train"), 2, seed=0), "val": list_split(pictures, "val")}
+    for desc, items in sets.items():
+        with torch.no_grad():
+            out_64 = model(pixel_values=torch.from_numpy(library_pixels([path for path, _ in items], 64)),
+                           interpolate_pos_encoding=True)
+        direct = {"pre-logits": out_64.pooler_output.numpy(), "class token": out_64.last_hidden_state[:, 0].numpy()}
+        for representation in fewshot.REPRESENTATIONS:
+            at_224, at_64 = used[0][desc][representation], used[1][desc][representation]
+            assert np.abs(direct[representation] - at_224).max() > 1e-2, (desc, representation)  # 224's are others
+            assert np.allclose(at_64, direct[representation], atol=1e-5), (desc, representation)
+    assert len(list((tmp_path / "cache").glob("*.npz"))) == 4  # the cache gained the 64-pixel pair
+    assert "features computed" in out and "features read from the cache" not in out
