@@ -22,7 +22,7 @@ Exit status: 0 when every script ran every section; 1 when one could not (--stri
 number differs from the article's); 2 for a bad flag or path (one line, before any work); 130 and
 143 after Ctrl-C and SIGTERM.
 """
-from common.run import before_torch_loads
+from common.start import before_torch_loads
 
 if __name__ == "__main__":  # before the libraries load: a Ctrl-C then is one line, as a later one
     before_torch_loads()
@@ -48,7 +48,7 @@ from common.reference import counts_text
 from common.run import Terminated, check_output, guarded
 from job import downloads
 from job.child_process import StopRequests, first_refusal, only_job_on, run_logged
-from job.ending import exit_status, final_table, next_line, notes, paused, result_row
+from job.ending import exit_status, final_table, job_command, next_line, notes, paused, result_row, standins_line
 from job.page import JOB_RECORD, SCRIPTS, build, script_file
 from job.page import read_record as page_record
 from job.time_estimate import HOUR, MINUTE, clock, duration, estimate_seconds, how_estimated, measure_speed
@@ -105,8 +105,9 @@ def extra_flags(texts):
 
 def parse_flags(argv):
     parser = script_parser(__doc__)
-    parser.add_argument("out", nargs="?", default="results", metavar="OUT",
-                        help="the folder for the JSON files, figures, logs, fine-tuning's checkpoint and report.md")
+    parser.add_argument("out", nargs="?", default=str(ROOT / "results"), metavar="OUT",
+                        help="the folder for the JSON files, figures, logs, fine-tuning's checkpoint and report.md "
+                             "(default: results/ in the checkout, wherever the job is started)")
     parser.add_argument("--quick", action="store_true",
                         help="the README's quick checks (its Quick check table's flags), not the articles' full setup")
     parser.add_argument("--device", choices=DEVICE_CHOICES,
@@ -353,7 +354,7 @@ def kept_text(out, script, record, started):
 
 def stopped_line(signum, argv, during=""):
     name = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
-    return f"stopped by {name}{during}; the same command continues the job: {shlex.join(['python', 'reproduce.py', *argv])}"
+    return f"stopped by {name}{during}; the same command continues the job: {job_command(argv)}"
 
 
 def start_estimate(args, runnable, estimable, reference):
@@ -446,7 +447,8 @@ def finish(args, argv, out, ran, not_run):
     (cannot, finished, times), records = ran, {script: read_record(out / f"{script}.json") for script in SCRIPTS}
     rows = {script: {**result_row(script, records[script]), "time": times[script]} for script in SCRIPTS}
     marks, footnotes = notes(rows, records, not_run)
-    print("\n" + "\n".join(final_table(rows, marks)), flush=True)  # the results first: the page can still fail
+    print("\n" + "\n".join(final_table(rows, marks) + standins_line(records)), flush=True)  # the results first: the
+    # page can still fail
     page = out / "report.md"
     if finished or cannot or page_is_stale(page, out):
         try:

@@ -13,7 +13,7 @@ reachable); otherwise from the Table 1 architecture built on the meta device. Th
 microsoft/resnet-50 when cached (or reachable), otherwise the library's architecture with random
 weights: the shapes and the layer count do not depend on the weights.
 """
-from common.run import before_torch_loads
+from common.start import before_torch_loads
 
 if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as a later one
     before_torch_loads()

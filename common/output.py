@@ -1,9 +1,10 @@
 """A run's output: each line printed from one template, every number on it recorded under its name as printed
 (the templates' fields: docs/layout.md)."""
 import functools
-import os
 import re
 import sys
+
+from common.start import speaks
 
 
 def short(x, digits=4):
@@ -22,11 +23,6 @@ def zero_or_3g(value):
 
 
 MATPLOTLIB_MISSING = "matplotlib is not installed (pip install matplotlib)"  # --plots and the page say so
-
-
-def speaks():
-    """Whether this process talks to the terminal: torchrun's first, or any outside torchrun (a stray RANK aside)."""
-    return os.environ.get("RANK", "0") == "0" or int(os.environ.get("WORLD_SIZE", "1")) <= 1
 
 
 def say(text=""):

@@ -13,8 +13,9 @@ from pathlib import Path
 from common.environment import STANDIN_MARK, environment
 from common.errors import UserError
 from common.files import write_text
-from common.output import MATPLOTLIB_MISSING, Report, speaks
+from common.output import MATPLOTLIB_MISSING, Report
 from common.reference import compare, load_reference, print_comparison
+from common.start import speaks
 
 
 class Run:
@@ -168,21 +169,6 @@ def quiet_if_nobody_reads():
                 os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
         except (OSError, ValueError):  # no file descriptor (captured by a test), or closed
             pass
-
-
-def before_torch_loads():
-    """Until guarded() runs main(), Ctrl-C (while torch loads) is one line and status 130, leaving at once; a torchrun
-    process but the first draws no progress bars (tqdm reads TQDM_DISABLE once, as torch imports it)."""
-    if not speaks():
-        os.environ["TQDM_DISABLE"] = "1"
-
-    def leave(signum, frame):
-        print("interrupted", file=sys.stderr, flush=True)
-        os._exit(130)
-
-    signal.signal(signal.SIGINT, leave)
-    if hasattr(signal, "pthread_sigmask"):  # reproduce.py starts a script with Ctrl-C held back until here
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def guarded(main):

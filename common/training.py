@@ -14,9 +14,9 @@ from common.errors import UserError
 from common.files import write_atomic
 from common.inference import run_model
 from common.loader import add_timing, end_workers, pass_timing, picture_batches, picture_loader, start_workers, timed
-from common.output import speaks
 from common.pictures import to_pixels
 from common.run import Terminated, quiet_if_nobody_reads
+from common.start import speaks
 
 
 def state_digest(state):

@@ -5,6 +5,7 @@ The reasons are the page's own words (job/page.py): what the job recorded in OUT
 wrote no JSON, and each section's "could not run" for one that did.
 """
 import ast
+import os
 import shlex
 from pathlib import Path
 
@@ -12,6 +13,16 @@ from common.reference import VERDICTS, compare, load_reference, verdict_counts
 from job.page import script_file
 
 ROOT = Path(__file__).resolve().parent.parent
+STANDINS_COMMAND = "VIT_PART3_STANDINS_COMMAND"  # job/standins.py's command, which continues a job it started
+
+
+def job_command(argv):
+    """The command that runs this job again, from the folder it was started in: job/standins.py's own when that
+    started it (it builds what is missing, then runs this job)."""
+    if os.environ.get(STANDINS_COMMAND):
+        return os.environ[STANDINS_COMMAND]
+    script = os.path.relpath(ROOT / "reproduce.py")
+    return shlex.join(["python", str(ROOT / "reproduce.py") if script.startswith("..") else script, *argv])
 
 
 def section_count(script):
@@ -74,6 +85,14 @@ def final_table(rows, marks=None):
     return [" | ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in [header, *body]]
 
 
+def standins_line(records):
+    """Under the table of a job on job/standins.py's stand-ins, that its numbers mean nothing (as the page says first)."""
+    if not any(record and record.get("stand-ins") for record in records.values()):
+        return []
+    return [("these numbers mean nothing: the scripts ran on generated stand-ins (checkpoints of random weights, "
+             "generated pictures), which show that the job runs, not what the articles found")]
+
+
 def exit_status(rows, strict):
     """0 when every script ran every section; 1 when one did not, and with --strict when a number differs."""
     incomplete = any(row["sections"][0] < row["sections"][1] for row in rows.values())
@@ -82,7 +101,7 @@ def exit_status(rows, strict):
 
 def next_line(rows, status, argv, offline):
     """The one line after the reasons: the command to run next, and what it does."""
-    command = shlex.join(["python", "reproduce.py", *argv])
+    command = job_command(argv)
     if not status:
         return ""
     if not any(row["sections"][0] < row["sections"][1] for row in rows.values()):  # --strict and a number differs

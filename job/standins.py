@@ -10,18 +10,23 @@ builds the checkpoints and datasets in DIR (once) and runs reproduce.py on them 
 the same command continues a stopped job.
 """
 import os
-import shlex
 import sys
-from pathlib import Path
 
-if __name__ == "__main__":  # run as a file: the repository root, not common/, is where modules are found
-    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+if __name__ == "__main__":  # run as a file: the repository root, not job/, is where modules are found
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    from common.start import before_torch_loads
+
+    before_torch_loads()
+
+import shlex
+from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
 from common.environment import STANDIN_MARK
 from common.imagenette import CLASSES
+from job.ending import STANDINS_COMMAND
 
 MARK = STANDIN_MARK
 VIT, IN21K = "google/vit-base-patch16-224", "google/vit-base-patch16-224-in21k"
@@ -237,7 +242,9 @@ def main(argv=None):
     print(f"stand-ins in {root}; their numbers mean nothing. The job on them, offline:\n"
           f"HF_HUB_OFFLINE=1 python {shlex.join(command)}", flush=True)
     reproduce = Path(__file__).resolve().parent.parent / "reproduce.py"
-    os.execve(sys.executable, [sys.executable, str(reproduce), *command[1:]], {**os.environ, "HF_HUB_OFFLINE": "1"})
+    again = shlex.join(["python", sys.argv[0], str(root)]) if argv is None else ""  # what continues this job
+    os.execve(sys.executable, [sys.executable, str(reproduce), *command[1:]],
+              {**os.environ, "HF_HUB_OFFLINE": "1", STANDINS_COMMAND: again})
 
 
 if __name__ == "__main__":

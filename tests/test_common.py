@@ -76,7 +76,7 @@ def test_a_user_error_is_said_once_under_torchrun_and_always_outside_it(environm
 def test_only_the_process_that_speaks_draws_progress_bars(environment, speaks):
     """tqdm reads TQDM_DISABLE once, when it is imported (by torch, at a script's start): before_torch_loads() sets it
     first, as a script's first line does."""
-    code = "from common.run import before_torch_loads; before_torch_loads(); import tqdm; print(tqdm.tqdm([]).disable)"
+    code = "from common.start import before_torch_loads; before_torch_loads(); import tqdm; print(tqdm.tqdm([]).disable)"
     plain = {name: value for name, value in os.environ.items() if name not in ("RANK", "WORLD_SIZE", "TQDM_DISABLE")}
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**plain, **environment}, capture_output=True,
                           text=True, timeout=60, check=False)

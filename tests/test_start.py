@@ -1,0 +1,90 @@
+"""common/start.py: a script's first line handles Ctrl-C before anything slow loads, and a Python without the
+project's packages is one line, not a ModuleNotFoundError traceback."""
+import ast
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+from common.start import PACKAGES
+
+ENTRY_POINTS = ["reproduce.py", "vit_part3_setup.py", "vit_part3_posemb.py", "vit_part3_fewshot.py",
+                "vit_part3_finetune.py", "vit_backbone.py", "job/standins.py"]
+
+
+def new_modules(code):
+    """The modules a fresh interpreter loads to run `code`, beyond those it starts with."""
+    shown = ("import sys; before = set(sys.modules); " + code +
+             "; print(' '.join(sorted(set(sys.modules) - before)))")
+    done = subprocess.run([sys.executable, "-c", shown], cwd=ROOT, capture_output=True, text=True, check=True)
+    return set(done.stdout.split())
+
+
+def test_the_first_line_loads_nothing_but_what_signal_needs():
+    """What stands between the interpreter's start and the Ctrl-C handler: `signal` and what it imports, no more."""
+    assert new_modules("import common.start") - new_modules("import signal") == {"common", "common.start"}
+
+
+def imports_before_the_first_line(tree):
+    """The modules a script imports before it calls before_torch_loads(), in the order they come; None: no call."""
+    imported = []
+    for node in tree.body:
+        for inner in ast.walk(node):
+            if isinstance(inner, ast.Import):
+                imported += [alias.name for alias in inner.names]
+            elif isinstance(inner, ast.ImportFrom):
+                imported.append(inner.module)
+            elif isinstance(inner, ast.Call) and getattr(inner.func, "id", None) == "before_torch_loads":
+                return imported
+    return None
+
+
+@pytest.mark.parametrize("script", ENTRY_POINTS)
+def test_each_script_handles_ctrl_c_before_any_other_import(script):
+    """Before `before_torch_loads()` runs, a script imports common.start alone (job/standins.py: also os and sys, which
+    the interpreter's start has loaded, to find the checkout)."""
+    allowed = {"common.start"} | ({"os", "sys"} if script == "job/standins.py" else set())
+    imported = imports_before_the_first_line(ast.parse((ROOT / script).read_text()))
+    assert imported is not None and set(imported) <= allowed, imported
+
+
+def python_with(tmp_path, keep):
+    """A Python whose site-packages are only the entries `keep(name)` accepts: -S (no site), the kept entries
+    linked into a folder on PYTHONPATH."""
+    site = Path(sysconfig.get_paths()["purelib"])
+    folder = tmp_path / "site"
+    folder.mkdir()
+    for entry in site.iterdir():
+        if keep(entry.name):
+            (folder / entry.name).symlink_to(entry)
+    return [sys.executable, "-S"], {**os.environ, "PYTHONPATH": str(folder)}
+
+
+ENVIRONMENTS = [  # (which of site-packages' entries the Python has, the packages the line must name)
+    ("nothing", lambda name: False, list(PACKAGES.values())),
+    ("all but torch", lambda name: not name.startswith("torch"), ["torch"]),
+    ("all but Pillow and psutil", lambda name: not name.startswith(("PIL", "pillow", "psutil")), ["pillow", "psutil"]),
+]
+
+
+@pytest.mark.parametrize("script", ENTRY_POINTS)
+@pytest.mark.parametrize("what,keep,missing", ENVIRONMENTS, ids=[row[0] for row in ENVIRONMENTS])
+def test_a_python_without_the_packages_is_one_line(tmp_path, script, what, keep, missing):
+    command, environment = python_with(tmp_path, keep)
+    done = subprocess.run([*command, script, "--help"], cwd=ROOT, env=environment, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert done.stderr == (f"error: this Python ({sys.executable}) has no {', '.join(missing)}: activate the project's "
+                           f"environment (. .venv/bin/activate, which `make quick` or `make test` makes) or install "
+                           f"requirements.lock into yours (docs/setup.md)\n")
+
+
+def test_a_python_with_every_package_says_nothing_of_them(tmp_path):
+    command, environment = python_with(tmp_path, lambda name: True)
+    done = subprocess.run([*command, "reproduce.py", "--help"], cwd=ROOT, env=environment, capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 0 and done.stdout.startswith("usage: reproduce.py"), done.stderr
