@@ -259,3 +259,46 @@ def test_a_user_copy_of_another_data_set_is_not_comparable(tmp_path, tiny_classi
     differences = imagenette.data_differences(type("Args", (), {"data_dir": str(other), "per_class": None})(),
                                               {"val": 4})
     assert list(differences) == ["data set"] and "another data set than Imagenette" in differences["data set"]["why"]
+
+
+# (script, its flags, the subset's flag, another flag that moves the subset's accuracies too): issue 43
+SUBSET_AND_ANOTHER_FLAG = [
+    (posemb.main, ["--batch-size", "30", "--device", "cpu"], ["--per-class", "3"], ["--resolution", "288"]),
+    (posemb.main, ["--batch-size", "30", "--device", "cpu"], ["--per-class", "3"], ["--precision", "bf16"]),
+    (fewshot.main, ["--shots", "1", "5", "--no-cache", "--device", "cpu"], ["--per-class", "3"], ["--resolution", "256"]),
+    (fewshot.main, ["--shots", "1", "5", "--no-cache", "--device", "cpu"], ["--per-class", "3"], ["--pool", "5"]),
+    (finetune.main, ["--steps", "4", "--batch-size", "8", "--device", "cpu", "--resolution", "32"],
+     ["--check-per-class", "3"], ["--resolution", "64"]),
+    (finetune.main, ["--steps", "4", "--batch-size", "8", "--device", "cpu", "--resolution", "32"],
+     ["--check-per-class", "3"], ["--precision", "bf16"]),
+]
+
+
+@pytest.mark.parametrize("main,flags,subset,other", SUBSET_AND_ANOTHER_FLAG,
+                         ids=[f"{main.__module__.removeprefix('vit_part3_')} {subset[0]} and {' '.join(other)}"
+                              for main, _, subset, other in SUBSET_AND_ANOTHER_FLAG])
+def test_a_sampled_accuracy_that_another_flag_moved_is_not_comparable_naming_it(main, flags, subset, other, release,
+                                                                                tiny_in21k, tiny_classifier,
+                                                                                as_the_release, tmp_path, monkeypatch):
+    """An accuracy on a subset is judged by its 95% interval only when the subset is its one difference from the
+    article's setup: another flag that it depends on as well (resolution, precision, the pool) makes it "not
+    comparable", naming that flag, and it gets no interval verdict."""
+    script = main.__module__.removeprefix("vit_part3_")
+    monkeypatch.setattr(finetune, "ARTICLE_FLAGS", TINY_RECIPE)  # the stand-in's recipe as the article's
+    model = tiny_classifier if script == "posemb" else tiny_in21k
+    record = run_json(main, ["--model", str(model), "--data-dir", str(release), *flags, *subset, *other, "--compare"],
+                      tmp_path / "run.json")
+    entries, differences = load_reference(script), record["setup differences"]
+    [sample] = [item for item, difference in differences.items() if difference["flag"] == " ".join(subset)]
+    [moved] = [item for item, difference in differences.items() if difference["flag"] == " ".join(other)]
+    assert differences[sample]["n"] == 30 and differences[sample]["of"] in (60, 1000)  # a sample, had it been alone
+    sampled = [row for row in record["comparison"]
+               if entries[row["name"]].get("sample") == sample and row["value"] is not None]
+    assert sampled and all(reference.depends_on(entries[row["name"]], moved) for row in sampled)
+    for row in sampled:
+        assert row["verdict"] == "not comparable" and "interval" not in row, row
+        assert " ".join(other) in row["flags"], row
+    # the subset alone: the same numbers are judged by their interval (the case the other flag must override)
+    alone = {row["name"]: row for row in compare(record["numbers"], entries, {sample: differences[sample]})}
+    assert all("interval" in alone[row["name"]] and alone[row["name"]]["verdict"] in ("close", "differs")
+               for row in sampled)
