@@ -1,6 +1,10 @@
-"""Where the scripts keep what they download and compute: the checkout's data/ (git-ignored but the reference numbers)."""
+"""Where the scripts keep what they download and compute: the checkout's data/ (git-ignored but the reference
+numbers), or the folder VIT_PART3_DATA names (the tests' own, so that they never write into the checkout)."""
+import os
 from pathlib import Path
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+CHECKOUT = Path(__file__).resolve().parent.parent
+REFERENCE_DIR = CHECKOUT / "data"  # the articles' numbers, data/reference_<script>.json, committed
+DATA_DIR = Path(os.environ.get("VIT_PART3_DATA") or CHECKOUT / "data")  # downloads and caches
 IMAGENETTE_DIR = DATA_DIR / "imagenette2-160"  # the release's archive extracts to this folder
 FEATURE_CACHE_DIR = DATA_DIR / "features"  # few-shot's and the backbone's frozen features (common/feature_cache.py)

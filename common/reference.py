@@ -4,7 +4,7 @@ import json
 import math
 from decimal import Decimal
 
-from common.paths import DATA_DIR
+from common.paths import REFERENCE_DIR
 
 VERDICTS = ("same", "close", "differs", "varies", "not comparable", "not run")
 LEGEND = ("same: equal at the article's digits; close: within the band the reference states, for the reason it "
@@ -14,7 +14,7 @@ LEGEND = ("same: equal at the article's digits; close: within the band the refer
 
 def load_reference(script):
     """The {name: entry} reference numbers of one script, in the article's order."""
-    with open(DATA_DIR / f"reference_{script}.json") as f:
+    with open(REFERENCE_DIR / f"reference_{script}.json") as f:
         return json.load(f)["numbers"]
 
 

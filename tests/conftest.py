@@ -23,6 +23,7 @@ atexit.register(shutil.rmtree, _cache, ignore_errors=True)  # each session's (an
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_HOME"] = _cache
 os.environ["HF_HUB_CACHE"] = os.path.join(_cache, "hub")
+os.environ["VIT_PART3_DATA"] = os.path.join(_cache, "data")  # downloads and caches (common/paths.py), not data/
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 try:  # the datasets library's log handler keeps the sys.stderr of its first import: here, the session's. First
@@ -83,6 +84,36 @@ def pytest_collection_modifyitems(config, items):
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+
+def checkout_files():
+    """{path: (size, mtime)} of the checkout's files, but git's, Python's bytecode, ruff's cache and a virtual environment's."""
+    files = {}
+    for folder, subfolders, names in os.walk(ROOT):
+        subfolders[:] = [name for name in subfolders if name not in (".git", "__pycache__", ".ruff_cache")
+                         and not (Path(folder) / name / "pyvenv.cfg").exists()]
+        for name in names:
+            stat = os.stat(os.path.join(folder, name))
+            files[os.path.relpath(os.path.join(folder, name), ROOT)] = (stat.st_size, stat.st_mtime_ns)
+    return files
+
+
+def pytest_sessionstart(session):
+    if not hasattr(session.config, "workerinput"):  # the controller, before any test (xdist's workers too)
+        session.config.checkout_before = checkout_files()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """No test writes into the checkout: a file added, changed or removed there fails the run, named."""
+    before = getattr(session.config, "checkout_before", None)
+    if before is None:
+        return
+    after = checkout_files()
+    touched = sorted(path for path in before.keys() | after.keys() if before.get(path) != after.get(path))
+    if touched:
+        session.config.pluginmanager.get_plugin("terminalreporter").write_line(
+            f"FAILED: the tests wrote into the checkout: {', '.join(touched[:10])}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 ARTICLE = ROOT.parent / "shared" / "article" / "vit-explained-part3.txt"
 
 

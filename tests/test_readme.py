@@ -63,14 +63,36 @@ def test_the_readme_is_one_page_with_the_set_up_before_line_40():
     assert lines.index("## Set-up") + 1 < SET_UP_BEFORE
 
 
-def test_the_set_up_installs_the_lock_after_the_cpu_only_torch_of_the_same_version():
-    block = section(README, "Set-up").split("```")[1]
-    commands = [line.split("#")[0].strip() for line in block.splitlines()]
-    cpu = next(line for line in commands if "download.pytorch.org/whl/cpu" in line)
-    locked = re.search(r"^torch==(\S+)$", (ROOT / "requirements.lock").read_text(), re.MULTILINE).group(1)
-    assert cpu.startswith(f"pip install torch=={locked} ")
-    assert commands.index(cpu) < commands.index("pip install -r requirements.lock")
-    assert "pytest -n auto --dist loadgroup" in commands
+def commands(block):
+    return [line.split("#")[0].strip() for line in block.splitlines() if line.split("#")[0].strip()]
+
+
+def test_the_set_up_is_two_commands_and_ci_runs_the_second_verbatim():
+    assert commands(section(README, "Set-up").split("```")[1]) == ["make quick", "make test"]
+    assert commands(section(README, "Tests").split("```")[1]) == ["make test"]
+    assert commands((ROOT / ".ci" / "run").read_text())[-1] == "make test"
+
+
+def locked_torch():
+    return re.search(r"^torch==(\S+)$", (ROOT / "requirements.lock").read_text(), re.MULTILINE).group(1)
+
+
+def test_the_makefile_installs_the_locks_torch_then_the_lock_and_runs_the_readmes_commands():
+    recipe = (ROOT / "Makefile").read_text()
+    torch_line = recipe.index("pip install -q $(TORCH) $(TORCH_BUILD)")
+    assert "TORCH := $(shell grep '^torch==' requirements.lock)" in recipe
+    assert "--no-deps --index-url https://download.pytorch.org/whl/cpu" in recipe
+    assert torch_line < recipe.index("pip install -q -r requirements.lock") < recipe.index("pip check")
+    assert "$(VENV)/bin/python reproduce.py --quick\n" in recipe
+    assert "HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -n auto --dist loadgroup\n" in recipe
+
+
+def test_the_manual_set_up_installs_the_lock_after_the_cpu_only_torch_of_the_same_version():
+    manual = commands(section(ROOT / "docs" / "setup.md", "By hand, or into an environment of your own").split("```")[1])
+    cpu = next(line for line in manual if "download.pytorch.org/whl/cpu" in line)
+    assert cpu.startswith(f"pip install torch=={locked_torch()} ")
+    assert manual.index(cpu) < manual.index("pip install -r requirements.lock")
+    assert "HF_HUB_OFFLINE=1 pytest -n auto --dist loadgroup" in manual
 
 
 def test_the_headline_numbers_are_the_articles():
