@@ -5,6 +5,7 @@ import importlib.util
 import json
 import os
 import select
+import shlex
 import signal
 import sys
 import time
@@ -99,8 +100,7 @@ def finish(run, report, differences):
         print_comparison(rows, report, differences)
     status = 1 if report.could_not_run else 0
     if report.could_not_run:
-        titles = ", ".join(title for title, _ in report.could_not_run)
-        report.say(f"\n{len(report.could_not_run)} section(s) could not run ({titles}); see the lines 'cannot run'")
+        report.say("\n".join(closing_lines(report.could_not_run)))
     if args.json and run.rank == 0:
         try:  # the numbers are printed above whatever happens here
             write_text(args.json, json.dumps(run_record(run, report, rows, differences), indent=2, default=str),
@@ -109,6 +109,23 @@ def finish(run, report, differences):
             report.say(f"error: {problem}; every number is printed above")
             status = 1
     return status
+
+
+def closing_lines(could_not_run):
+    """A script's last lines when a section could not run: each reason once, then the command to run next."""
+    titles = ", ".join(title for title, _ in could_not_run)
+    reasons = dict.fromkeys(part for _, why in could_not_run for part in why.split("; also "))
+    return [f"\n{len(could_not_run)} section(s) could not run ({titles}):", *(f"  {why}" for why in reasons),
+            f"next: do what each line above says, then {same_command()} runs every section"]
+
+
+def same_command():
+    """The command this process was started with, as typed: python and the script's path as given, then its flags."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        return "the same torchrun command"
+    if not Path(sys.argv[0]).name.startswith("vit_"):  # main() called from Python, not from the shell
+        return "the same command"
+    return shlex.join(["python", *sys.argv])
 
 
 def run_record(run, report, rows, differences):

@@ -383,3 +383,18 @@ def test_a_dataset_neither_cached_nor_reachable_says_why_and_the_fixes(monkeypat
                                 f"connect to the internet once to download it (about 180 MB) into the Hugging Face "
                                 f"cache, or pass --data-dir with a local copy of its files")
     assert (constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE) == (offline, offline)  # switched back
+
+
+def test_a_script_that_could_not_run_a_section_ends_on_each_reason_once_and_the_command_to_run(tmp_path):
+    """Run from another folder, offline, without the checkpoint or the pictures: the last lines name each missing
+    thing once (three sections lack the checkpoint, one also the pictures) and the command as typed, which works
+    from that folder."""
+    script = str(ROOT / "vit_part3_posemb.py")
+    done = subprocess.run([sys.executable, script, "--per-class", "5"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, check=False)
+    last = done.stderr.strip().splitlines()[-4:]
+    assert done.returncode == 1 and last[0] == ("3 section(s) could not run (2. the position table, 3. cosine "
+                                                "similarity, 4. accuracy at both resolutions):"), done.stderr
+    assert last[1].startswith("  checkpoint google/vit-base-patch16-224 is not in the local Hugging Face cache")
+    assert last[2].startswith(f"  Imagenette is not in {os.environ['VIT_PART3_DATA']}/imagenette2-160")
+    assert last[3] == f"next: do what each line above says, then python {script} --per-class 5 runs every section"

@@ -1,0 +1,45 @@
+"""job/ending.py: the job's last lines give a command that runs from the folder the job was started in."""
+import os
+import shlex
+
+import pytest
+from conftest import ROOT
+
+import reproduce
+from job import ending
+
+
+@pytest.mark.parametrize("folder,shown", [
+    (ROOT, "reproduce.py"),                                   # the checkout: as the README types it
+    (ROOT.parent, os.path.join(ROOT.name, "reproduce.py")),   # above it: the path from there
+    ("tmp", str(ROOT / "reproduce.py")),                      # elsewhere: the whole path
+])
+def test_the_command_that_continues_the_job_runs_where_it_was_started(folder, shown, tmp_path, monkeypatch):
+    monkeypatch.delenv(ending.STANDINS_COMMAND, raising=False)
+    monkeypatch.chdir(tmp_path if folder == "tmp" else folder)
+    command = ending.job_command(["--quick", "my results"])
+    assert command == f"python {shown} --quick 'my results'"
+    assert (tmp_path if folder == "tmp" else folder).joinpath(shlex.split(command)[1]).resolve() == \
+        ROOT / "reproduce.py"
+
+
+def test_a_job_that_job_standins_started_is_continued_by_its_command(monkeypatch):
+    monkeypatch.setenv(ending.STANDINS_COMMAND, "python job/standins.py /tmp/demo")
+    assert ending.job_command(["/tmp/demo/results", "--models", "/tmp/demo/models"]) == \
+        "python job/standins.py /tmp/demo"
+    assert reproduce.stopped_line(2, []).endswith("the same command continues the job: "
+                                                  "python job/standins.py /tmp/demo")
+
+
+def test_the_default_out_is_the_checkouts_results_wherever_the_job_starts(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert reproduce.parse_flags([]).out == str(ROOT / "results")
+
+
+@pytest.mark.parametrize("records,said", [
+    ({"setup": {"numbers": {}}, "posemb": None}, False),
+    ({"setup": {"numbers": {}}, "posemb": {"stand-ins": ["/tmp/demo/models"]}}, True),
+])
+def test_a_job_on_stand_ins_says_under_its_table_that_its_numbers_mean_nothing(records, said):
+    lines = ending.standins_line(records)
+    assert bool(lines) is said and all(line.startswith("these numbers mean nothing: ") for line in lines)
