@@ -45,11 +45,13 @@ def check_classifier_files(name, example):
 
 
 def image_processor(name):
-    """The checkpoint's image processor; one line when it was saved without one."""
+    """The checkpoint's image processor, its PIL backend (PIL's resize, which common/pictures.py reproduces: left to
+    itself, transformers picks its torchvision backend wherever torchvision is installed); one line when it was saved
+    without one."""
     from transformers import AutoImageProcessor
 
     try:
-        return load_pretrained(AutoImageProcessor, name)
+        return load_pretrained(AutoImageProcessor, name, backend="pil")
     except (ValueError, KeyError) as error:
         raise UserError(f"{name} has no image processor (preprocessor_config.json): pass a checkpoint "
                         f"saved with one") from error

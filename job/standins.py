@@ -18,6 +18,7 @@ if __name__ == "__main__":  # run as a file: the repository root, not job/, is w
 
     before_torch_loads()
 
+import json
 import shlex
 from pathlib import Path
 
@@ -43,6 +44,18 @@ def marked(folder):
                                      "Numbers computed on it mean nothing.\n")
     return Path(folder)
 
+# The Hub's config.json of google/vit-base-patch16-224-in21k, every field: a ViTModel, and no id2label or label2id,
+# so that the library reads num_labels 2 (its default), not the 21,843 classes of the head that was not released.
+IN21K_CONFIG = {"architectures": ["ViTModel"], "attention_probs_dropout_prob": 0.0, "hidden_act": "gelu",
+                "hidden_dropout_prob": 0.0, "hidden_size": 768, "image_size": 224, "initializer_range": 0.02,
+                "intermediate_size": 3072, "layer_norm_eps": 1e-12, "model_type": "vit", "num_attention_heads": 12,
+                "num_channels": 3, "num_hidden_layers": 12, "patch_size": 16, "qkv_bias": True,
+                "transformers_version": "4.13.0.dev0"}
+# Its preprocessor_config.json, every field: the old feature extractor's, naming no backend, so that
+# AutoImageProcessor picks one itself (torchvision's whenever torchvision is installed, unless told).
+HUB_PROCESSOR = {"do_normalize": True, "do_resize": True, "feature_extractor_type": "ViTFeatureExtractor",
+                 "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "resample": 2, "size": 224}
+
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "intermediate_size": 64, "num_attention_heads": 4,
         "patch_size": 16, "image_size": 224}
 
@@ -63,11 +76,11 @@ def vit_config(size="tiny", num_labels=1000, **overrides):
 def vit_classifier(directory, num_labels=1000, seed=0, size="tiny", processor=False, **overrides):
     """An ImageNet-1k-shaped ViTForImageClassification of random weights, saved with save_pretrained.
 
-    processor: also save the image processor of google/vit-base-patch16-224 (resize to the model's size,
-    rescale to [0, 1], normalise with mean 0.5 and std 0.5), for code that loads AutoImageProcessor.
+    processor: also write the image processor's file as the Hub holds it (HUB_PROCESSOR, its size the model's:
+    resize to R x R, rescale to [0, 1], normalise with mean 0.5 and std 0.5), for code that loads AutoImageProcessor.
     """
     import torch
-    from transformers import ViTForImageClassification, ViTImageProcessor
+    from transformers import ViTForImageClassification
 
     torch.manual_seed(seed)
     model = ViTForImageClassification(vit_config(size, num_labels, **overrides))
@@ -75,19 +88,28 @@ def vit_classifier(directory, num_labels=1000, seed=0, size="tiny", processor=Fa
         model.vit.embeddings.position_embeddings.normal_(0, 0.1)
     model.save_pretrained(directory)
     if processor:
-        side = model.config.image_size
-        ViTImageProcessor(size={"height": side, "width": side}, image_mean=[0.5] * 3,
-                          image_std=[0.5] * 3).save_pretrained(directory)
+        hub_processor(directory, model.config.image_size)
     return marked(directory)
 
 
-def vit_in21k(directory, seed=0, size="tiny", **overrides):
-    """A ViTModel with its pooler (the pre-logits layer), the layout of the ImageNet-21k releases."""
+def hub_processor(directory, side):
+    """The Hub's preprocessor_config.json, its size `side`."""
+    (Path(directory) / "preprocessor_config.json").write_text(json.dumps({**HUB_PROCESSOR, "size": side}, indent=2))
+
+
+def vit_in21k(directory, seed=0, size="tiny", processor=False, **overrides):
+    """A ViTModel with its pooler (the pre-logits layer), the layout of the ImageNet-21k releases: its config.json
+    holds the fields of the Hub's (IN21K_CONFIG, its sizes the stand-in's), so no labels (the library reads 2)."""
     import torch
     from transformers import ViTModel
 
     torch.manual_seed(seed)
-    ViTModel(vit_config(size, **overrides), add_pooling_layer=True).save_pretrained(directory)
+    config = vit_config(size, **overrides)
+    ViTModel(config, add_pooling_layer=True).save_pretrained(directory)
+    sizes = {key: getattr(config, key) for key in IN21K_CONFIG if key not in ("architectures", "transformers_version")}
+    (Path(directory) / "config.json").write_text(json.dumps({**IN21K_CONFIG, **sizes}, indent=2, sort_keys=True))
+    if processor:
+        hub_processor(directory, config.image_size)
     return marked(directory)
 
 
@@ -99,7 +121,10 @@ def picture(rng, tint, width=None, height=160):
 
 
 def imagenette_folder(root, per_class=2, classes=None, seed=0, splits=("train", "val")):
-    """{train,val}/<wnid>/*.JPEG of generated 160-px pictures; in each class one grayscale and one CMYK."""
+    """{train,val}/<wnid>/*.JPEG of generated pictures 160 px on the short side, as imagenette2-160's: in each class
+    one grayscale and one CMYK picture in three, and one portrait (160 px wide, taller than wide) in four; in val/ one
+    in four is named as Imagenette names ImageNet's own validation pictures, ILSVRC2012_val_<8 digits>.JPEG (500 of
+    its 3,925), the others <wnid>_<number>.JPEG: the ILSVRC names sort first."""
     rng = np.random.default_rng(seed)
     root = Path(root)
     wnids = classes or [wnid for wnid, _, _ in CLASSES]
@@ -108,12 +133,15 @@ def imagenette_folder(root, per_class=2, classes=None, seed=0, splits=("train", 
             folder = root / split / wnid
             folder.mkdir(parents=True, exist_ok=True)
             for i in range(per_class):
-                image = picture(rng, 25 * k)
+                portrait = i % 4 == 2
+                image = picture(rng, 25 * k, *((160, int(rng.integers(200, 240))) if portrait else ()))
                 if i % 3 == 1:
                     image = image.convert("L")
                 elif i % 3 == 2:
                     image = image.convert("CMYK")
-                image.save(folder / f"{wnid}_{i:04d}.JPEG", quality=90)
+                name = (f"ILSVRC2012_val_{1 + k * per_class + i:08d}" if split == "val" and i % 4 == 1
+                        else f"{wnid}_{i:04d}")
+                image.save(folder / f"{name}.JPEG", quality=90)
     return marked(root)
 
 
