@@ -18,7 +18,7 @@ from common.output import say
 from common.paths import IMAGENETTE_DIR as DEFAULT_DIR
 
 URL = "https://s3.amazonaws.com/fast-ai-imageclas/imagenette2-160.tgz"
-ARCHIVE_MB = 94
+ARCHIVE_MB = 99  # 99,003,388 bytes; MB are 10^6 bytes, as every size the project states (94 MiB)
 SPLIT_COUNTS = {"train": 9_469, "val": 3_925}
 # WordNet id, the article's short name, ImageNet-1k index (parachute is n03888257, not n03888605)
 CLASSES = [("n01440764", "tench", 0), ("n02102040", "springer", 217), ("n02979186", "cassette player", 482),
@@ -40,7 +40,8 @@ def is_imagenette(root):
 
 
 def list_split(root, split, per_class=None):
-    """[(path, label)] sorted by class folder, then file name; per_class keeps the first N of each."""
+    """[(path, label)] sorted by class folder, then file name; per_class keeps the first N of each (in Imagenette's
+    val/ its ILSVRC2012_val_* pictures, whose names sort first: docs/data.md)."""
     items = []
     for label, wnid in enumerate(class_folders(root, split)):
         folder = Path(root) / split / wnid

@@ -1,5 +1,6 @@
 """common/imagenette.py: finding, checking, downloading, decoding and preprocessing the pictures."""
 import io
+import re
 import tarfile
 
 import numpy as np
@@ -38,8 +39,37 @@ def test_unreadable_picture_names_its_path(tmp_path):
 
 
 def test_per_class_subsets_are_the_first_files(pictures):
-    subset = list_split(pictures, "val", per_class=2)
+    subset = list_split(pictures, "train", per_class=2)
     assert len(subset) == 20 and [p.name for p, _ in subset[:2]] == ["n01440764_0000.JPEG", "n01440764_0001.JPEG"]
+
+
+def test_per_class_takes_imagenets_validation_pictures_first(tmp_path):
+    """docs/data.md: in Imagenette's val/, the ILSVRC2012_val_* names sort before the <wnid>_* ones (capital I before
+    n), so --per-class N up to their count takes them alone, in their number's order; then the others by name, as
+    strings ('_10' before '_9')."""
+    names = ["n01440764_9.JPEG", "ILSVRC2012_val_00009111.JPEG", "n01440764_10.JPEG", "ILSVRC2012_val_00000293.JPEG"]
+    for split in ("train", "val"):
+        (tmp_path / split / "n01440764").mkdir(parents=True)
+    for name in names:
+        Image.new("RGB", (4, 4)).save(tmp_path / "val" / "n01440764" / name)
+    firsts = [[path.name for path, _ in list_split(tmp_path, "val", per_class=n)] for n in (1, 2, 3, None)]
+    assert firsts == [["ILSVRC2012_val_00000293.JPEG"],
+                      ["ILSVRC2012_val_00000293.JPEG", "ILSVRC2012_val_00009111.JPEG"],
+                      ["ILSVRC2012_val_00000293.JPEG", "ILSVRC2012_val_00009111.JPEG", "n01440764_10.JPEG"],
+                      ["ILSVRC2012_val_00000293.JPEG", "ILSVRC2012_val_00009111.JPEG", "n01440764_10.JPEG",
+                       "n01440764_9.JPEG"]]
+
+
+def test_the_standins_have_imagenettes_validation_names_and_portraits(pictures):
+    """As imagenette2-160: 160 px on the short side, some pictures taller than wide; in val/ some named
+    ILSVRC2012_val_<8 digits>.JPEG, which --per-class takes first."""
+    sizes = {path: Image.open(path).size for split in ("train", "val") for path, _ in list_split(pictures, split)}
+    assert all(min(size) == 160 for size in sizes.values())
+    assert any(height > width for width, height in sizes.values())
+    assert any(width > height for width, height in sizes.values())
+    first = list_split(pictures, "val", per_class=1)
+    assert len(first) == 10 and all(re.fullmatch(r"ILSVRC2012_val_\d{8}\.JPEG", path.name) for path, _ in first)
+    assert not [path for path, _ in list_split(pictures, "train") if path.name.startswith("ILSVRC")]
 
 
 def test_incomplete_imagenette_is_refused_where_we_download_it_and_a_warning_elsewhere(tmp_path):
@@ -59,7 +89,8 @@ def test_imagenette_that_cannot_be_had_names_where_to_download_it(tmp_path, monk
     with pytest.raises(UserError) as error:
         ensure_imagenette(url=url)
     assert str(error.value).startswith(f"Imagenette is not in {tmp_path / 'imagenette2-160'} and {why}")
-    assert str(error.value).endswith(f": download {url} (94 MB) and extract it into {tmp_path}, or pass --data-dir")
+    # imagenette2-160.tgz is 99,003,388 bytes: 99 MB of 10^6 bytes (94 MiB)
+    assert str(error.value).endswith(f": download {url} (99 MB) and extract it into {tmp_path}, or pass --data-dir")
 
 
 def test_own_classes_work_without_imagenette_counts(tmp_path):
