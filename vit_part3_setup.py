@@ -8,10 +8,11 @@ Adam, SGD with momentum, Polyak averaging and gradient clipping by hand against 
     python vit_part3_setup.py              # everything, offline, in seconds
     python vit_part3_setup.py --compare    # ... then this run's numbers beside the article's
 
-Parameter counts come from the checkpoints' safetensors headers when the files are cached (or
-reachable); otherwise from the Table 1 architecture built on the meta device. The ResNet-50 is
-microsoft/resnet-50 when cached (or reachable), otherwise the library's architecture with random
-weights: the shapes and the layer count do not depend on the weights.
+Parameter counts come from the checkpoints' weight files when they are cached (a safetensors header,
+or the tensors of a pytorch_model.bin, the only weight file two of the releases have), else from the
+Hub's safetensors header when it answers, otherwise from the Table 1 architecture built on the meta
+device. The ResNet-50 is microsoft/resnet-50 when cached (or reachable), otherwise the library's
+architecture with random weights: the shapes and the layer count do not depend on the weights.
 """
 from common.start import before_torch_loads
 
@@ -39,8 +40,8 @@ from common.paths import IMAGENETTE_DIR
 from common.run import Run, guarded, run_sections
 from common.schedules import cosine_lr, warmup_linear_lr
 
-# Table 1's parameter counts (millions), its rows, and the released checkpoints; ViT-L/16's only one
-# is ImageNet fine-tuned, without a pre-logits layer.
+# Table 1's parameter counts (millions), its rows, and the released checkpoints; ViT-L/16's is the ImageNet
+# fine-tuned one, without a pre-logits layer: the article's only cached file of ViT-L/16.
 TABLE1_MILLIONS = {"B": 86, "L": 307, "H": 632}
 TABLE1_ROWS = [("B", 32), ("B", 16), ("L", 32), ("L", 16), ("H", 14)]
 RELEASED = [("B", 32, "google/vit-base-patch32-224-in21k", True),
@@ -76,6 +77,26 @@ def read_safetensors_header(path):
     except (SafetensorError, OSError, ValueError) as error:
         raise UserError(f"{path} is not a readable safetensors file ({str(error).splitlines()[0][:120]}): delete it "
                         f"to download it again") from error
+
+
+def read_pytorch_shapes(path):
+    """{tensor name: shape} from a pytorch_model.bin (torch.load, weights_only: tensors and plain containers only,
+    memory-mapped when it is a zip archive, so the weights are not read into memory); a damaged file is one
+    UserError."""
+    import pickle
+    import zipfile
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
+    except (pickle.UnpicklingError, RuntimeError, OSError, ValueError, EOFError) as error:
+        raise UserError(f"{path} is not a readable PyTorch weight file ({str(error).splitlines()[0][:120]}): delete "
+                        f"it to download it again") from error
+    return {name: list(tensor.shape) for name, tensor in state.items() if isinstance(tensor, torch.Tensor)}
+
+
+def read_weight_shapes(path):
+    """{tensor name: shape} of a weight file, safetensors or pytorch_model.bin."""
+    return read_safetensors_header(path) if str(path).endswith(".safetensors") else read_pytorch_shapes(path)
 
 
 def remote_weight_header(name):
@@ -118,10 +139,11 @@ def meta_parameter_shapes(config, pre_logits):
 
 
 def checkpoint_shapes(name, size, patch, pre_logits):
-    """({name: shape}, source): the cached weight file, else its header on the Hub, else meta."""
+    """({name: shape}, source): the cached weight file (safetensors, else pytorch_model.bin), else its safetensors
+    header on the Hub, else meta."""
     path = cached_weight_file(name)
     if path:
-        return read_safetensors_header(path), "weight file"
+        return read_weight_shapes(path), "weight file"
     shapes = remote_weight_header(name)
     if shapes:
         return shapes, "header from the Hub"

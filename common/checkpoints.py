@@ -84,12 +84,21 @@ def load_pretrained(model_class, name, **kwargs):
         logging.set_verbosity(level)
 
 
+# The weight files from_pretrained reads, in its order: safetensors first; some releases hold only the pickled
+# pytorch_model.bin (google/vit-large-patch16-224 and google/vit-large-patch32-224-in21k on their main branch).
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
 def cached_weight_file(name):
-    """Path of the checkpoint's model.safetensors in a local directory or the HF cache, else None."""
-    if os.path.isdir(name):
-        path = os.path.join(name, "model.safetensors")
-        return path if os.path.isfile(path) else None
+    """Path of the checkpoint's weight file (model.safetensors, else pytorch_model.bin) in a local directory or the
+    HF cache, else None."""
     from huggingface_hub import try_to_load_from_cache
 
-    path = try_to_load_from_cache(name, "model.safetensors")
-    return path if isinstance(path, str) else None
+    for file in WEIGHT_FILES:
+        if os.path.isdir(name):
+            path = os.path.join(name, file)
+        else:
+            path = try_to_load_from_cache(name, file)
+        if isinstance(path, str) and os.path.isfile(path):
+            return path
+    return None

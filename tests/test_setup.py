@@ -11,6 +11,7 @@ from conftest import ARTICLE, ROOT
 
 import vit_part3_setup as setup
 from common import compute
+from common.errors import UserError
 
 # ---------------------------------------------------------------- parameters
 
@@ -23,6 +24,58 @@ def test_meta_count_equals_a_saved_checkpoint_header(tmp_path):
     from_file = setup.split_parameter_count(setup.read_safetensors_header(tmp_path / "model.safetensors"))
     assert from_file == setup.split_parameter_count(setup.meta_parameter_shapes(config, pre_logits=True))
     assert from_file[1] == 48 * 48 + 48  # the pooler: dense D x D plus bias
+
+
+def pickled_only_checkpoint(folder, pre_logits=True):
+    """A tiny ViTModel whose only weight file is pytorch_model.bin, as the Hub holds google/vit-large-patch16-224 and
+    google/vit-large-patch32-224-in21k (transformers 4.x's save_pretrained(safe_serialization=False) wrote it with
+    torch.save; transformers 5 no longer writes one). Returns (its backbone count, its pooler count), each the sum of
+    numel over the model's own parameters."""
+    from transformers import ViTConfig, ViTModel
+
+    config = ViTConfig(hidden_size=24, num_hidden_layers=1, intermediate_size=40, num_attention_heads=2, patch_size=8,
+                       image_size=32)
+    model = ViTModel(config, add_pooling_layer=pre_logits)
+    model.save_pretrained(folder)
+    (folder / "model.safetensors").unlink()
+    torch.save(model.state_dict(), folder / "pytorch_model.bin")
+    pooler = sum(p.numel() for name, p in model.named_parameters() if name.startswith("pooler."))
+    return sum(p.numel() for p in model.parameters()) - pooler, pooler
+
+
+def test_a_checkpoint_with_only_pytorch_model_bin_is_counted_from_its_file(tmp_path):
+    folder = tmp_path / "vit"
+    folder.mkdir()
+    counts = pickled_only_checkpoint(folder)
+    assert counts[1] == 24 * 24 + 24  # the pooler: dense D x D plus bias
+    shapes, source = setup.checkpoint_shapes(str(folder), "L", 16, True)
+    assert source == "weight file" and setup.split_parameter_count(shapes) == counts
+
+
+def test_a_cached_pytorch_model_bin_is_read_where_the_hub_has_no_safetensors(tmp_path, monkeypatch):
+    """The Hugging Face cache after from_pretrained downloaded google/vit-large-patch16-224: refs/main, the snapshot
+    holding pytorch_model.bin, and .no_exist/ noting that the revision has no model.safetensors."""
+    from huggingface_hub import constants
+
+    name, revision = "google/vit-large-patch16-224", "a" * 40
+    repo = tmp_path / "hub" / "models--google--vit-large-patch16-224"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(revision)
+    (repo / "snapshots" / revision).mkdir(parents=True)
+    (repo / ".no_exist" / revision).mkdir(parents=True)
+    (repo / ".no_exist" / revision / "model.safetensors").write_text("")
+    counts = pickled_only_checkpoint(repo / "snapshots" / revision, pre_logits=False)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    shapes, source = setup.checkpoint_shapes(name, "L", 16, False)
+    assert source == "weight file" and setup.split_parameter_count(shapes) == counts
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty"))  # not cached: the architecture, offline
+    assert setup.checkpoint_shapes(name, "L", 16, False)[1] == "meta device"
+
+
+def test_a_damaged_pytorch_model_bin_is_one_line(tmp_path):
+    (tmp_path / "pytorch_model.bin").write_bytes(b"PK\x03\x04 not a weight file")
+    with pytest.raises(UserError, match="pytorch_model.bin is not a readable PyTorch weight file"):
+        setup.checkpoint_shapes(str(tmp_path), "L", 16, False)
 
 
 def test_head_is_counted_in_neither_part():
