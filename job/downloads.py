@@ -21,7 +21,7 @@ from common.imagenette import URL as IMAGENETTE_URL
 VIT, IN21K, RESNET = "google/vit-base-patch16-224", "google/vit-base-patch16-224-in21k", "microsoft/resnet-50"
 IMAGENETTE, BEANS = "Imagenette", "AI-Lab-Makerere/beans"
 HUB = urlparse(HF_ENDPOINT).hostname  # huggingface.co, or the mirror HF_ENDPOINT names
-# (size in MB, MB on disk at most, where it comes from)
+# (size in MB of 10^6 bytes, MB on disk at most, where it comes from)
 PIECES = {VIT: (346, 346, HUB), IN21K: (346, 346, HUB),
           IMAGENETTE: (ARCHIVE_MB, 2 * ARCHIVE_MB, urlparse(IMAGENETTE_URL).hostname),  # the archive and its extraction
           BEANS: (180, 2 * 180, HUB),             # the parquet files and the library's Arrow copy
@@ -71,8 +71,10 @@ def check_copies(args):
                 raise UserError(f"--models {args.models}: {models / name} has no config.json: pass checkpoints "
                                 f"saved with save_pretrained (or a snapshot from the Hub)")
     if args.imagenette and not all((Path(args.imagenette) / split).is_dir() for split in ("train", "val")):
-        raise UserError(f"--imagenette {args.imagenette} has no train/ and val/ folders: pass a folder in "
-                        f"Imagenette's layout, {{train,val}}/<class>/*.JPEG (e.g. imagenette2-160/)")
+        given = Path(args.imagenette)
+        what = "is a file, not a folder" if given.exists() and not given.is_dir() else "has no train/ and val/ folders"
+        raise UserError(f"--imagenette {args.imagenette} {what}: pass a folder in Imagenette's layout, "
+                        f"{{train,val}}/<class>/*.JPEG (e.g. imagenette2-160/)")
     if args.imagenette:
         try:
             from common.imagenette import check_layout
@@ -89,8 +91,8 @@ def check_copies(args):
 
 def weights_mb(piece, models):
     """The MB of a checkpoint's weights: the local copy's or the cached file's, else its download size."""
-    local = Path(models) / piece / "model.safetensors" if models else None
-    weights = local if local and local.is_file() else cached_weight_file(piece)
+    local = Path(models) / piece if models else None
+    weights = (cached_weight_file(str(local)) if local and local.is_dir() else None) or cached_weight_file(piece)
     return Path(weights).stat().st_size / 1e6 if weights else PIECES[piece][0]
 
 

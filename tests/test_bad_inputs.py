@@ -91,6 +91,7 @@ CASES = [
     ("posemb", ["--model", "{classifier}", "--data-dir", "{folder}/nowhere"], 1, "--data-dir"),
     ("posemb", ["--model", "{classifier}", "--data-dir", "{file}"], 1, "is a file"),
     ("posemb", ["--model", "{classifier}", "--plots", "{file}/figures"], 2, "--plots"),
+    ("posemb", ["--model", "{in21k}", "--data-dir", "{data}"], 1, "has 2 labels, not the 1,000 of ImageNet"),
     ("fewshot", ["--lambdas", "-1"], 2, "--lambdas"),
     ("fewshot", ["--lambdas", "nan"], 2, "--lambdas"),
     ("fewshot", ["--lambdas", "1", "inf"], 2, "--lambdas"),
@@ -104,6 +105,7 @@ CASES = [
      "n03888257"),
     ("fewshot", ["--model", "{in21k}", "--data-dir", "{one split}", "--no-cache", "--pool", "2", "--shots", "1"], 1,
      "n01440764"),
+    ("fewshot", ["--model", "{in21k}", "--data-dir", "{file}", "--no-cache"], 1, "is a file, not a folder"),
     ("finetune", ["--lr", "-1"], 2, "--lr"),
     ("finetune", ["--lr", "nan"], 2, "--lr"),
     ("finetune", ["--lr", "0"], 2, "--lr"),
@@ -120,6 +122,7 @@ CASES = [
     ("finetune", ["--model", "{in21k}", "--data-dir", "{data}", "--save-dir", "{out}/empty", "--resume"], 1,
      "--resume"),
     ("finetune", ["--model", "{in21k}", "--data-dir", "{empty class}", "--steps", "1"], 1, "n03888257"),
+    ("finetune", ["--model", "{in21k}", "--data-dir", "{file}", "--steps", "1"], 1, "is a file, not a folder"),
     ("backbone", ["--data-dir", "{folder}/nowhere"], 2, "/nowhere does not exist"),
     ("backbone", ["--data-dir", "{file}"], 2, "is a file, not a folder"),
     ("backbone", ["--data-dir", "{data}"], 2, "no parquet file for the split(s) train, validation"),
@@ -152,6 +155,7 @@ CASES = [
     ("reproduce", ["{out}/job", "--extra", "finetune=--steps -5"], 2, "--extra for vit_part3_finetune.py: argument --steps"),
     ("reproduce", ["{out}/job", "--extra", "finetune=--resu"], 2, "--resu is set by reproduce.py itself"),
     ("reproduce", ["{out}/job", "--device", "cuda"], 2, "cuda"),  # where torch sees no CUDA GPU
+    ("reproduce", ["{out}/job", "--imagenette", "{file}"], 2, "is a file, not a folder"),
 ]
 
 
