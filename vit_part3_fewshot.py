@@ -5,7 +5,7 @@ Reproduces the article's section "Metrics: fine-tuning accuracy and few-shot acc
   2. frozen ViT-B/16 (ImageNet-21k weights) on Imagenette: 1, 5 and 10 pictures per class drawn 5
      times from a pool of 50 per class, three values of lambda, two representations.
 
-    python vit_part3_fewshot.py                  # downloads the checkpoint (346 MB) and Imagenette (94 MB) once
+    python vit_part3_fewshot.py                  # downloads the checkpoint (346 MB) and Imagenette (99 MB) once
     python vit_part3_fewshot.py --lambdas 0.1 10 --draws 20     # a second run reads the cached features
     python vit_part3_fewshot.py --per-class 20 --compare     # 200 validation pictures, the article's pool
 

@@ -7,7 +7,7 @@ Reproduces the article's sections "Fine-tuning: a new head for a new task" and "
   2. the recipe below: 300 steps of batch 32, validation along the way, then the averaged and the last
      weights on all validation pictures.
 
-    python vit_part3_finetune.py                              # downloads ViT-B/16 in21k (346 MB), Imagenette (94 MB)
+    python vit_part3_finetune.py                              # downloads ViT-B/16 in21k (346 MB), Imagenette (99 MB)
     python vit_part3_finetune.py --save-dir runs/ft           # a checkpoint every 50 steps, on Ctrl-C and SIGTERM
     python vit_part3_finetune.py --save-dir runs/ft --resume  # ... and the run continues where it stopped
     python vit_part3_finetune.py --batch-size 512 --accum-steps 16 --resolution 384   # the paper's batch and size

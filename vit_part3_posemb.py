@@ -7,7 +7,7 @@ Reproduces the article's section "Fine-tuning at a higher resolution":
   3. cosine similarity of one position row with its neighbours, before and after the stretch;
   4. accuracy on the Imagenette validation set at 224, and at 384 with four versions of the table.
 
-    python vit_part3_posemb.py                    # downloads the checkpoint (350 MB) and Imagenette (94 MB) once
+    python vit_part3_posemb.py                    # downloads the checkpoint (346 MB) and Imagenette (99 MB) once
     python vit_part3_posemb.py --per-class 20     # a quick run on 200 validation pictures
     python vit_part3_posemb.py --compare --json posemb.json --plots figures/
 
