@@ -1,9 +1,12 @@
 """few-shot's figure: accuracy against shots, a line per lambda, a panel per representation."""
+import itertools
+import math
 import re
 
-from figures import ARTICLE_STYLE, pyplot, save
+from figures import pyplot, save
 
 FILE = "fewshot_accuracy.png"
+ARTICLE_MARKERS = ("x", "+", "*", "X", "P", "1")  # the article's points: a marker of its own per lambda
 
 
 def fewshot_cells(values):
@@ -18,24 +21,55 @@ def fewshot_cells(values):
     return cells
 
 
-def fewshot_accuracy(values, article, folder, say):
-    """few-shot: accuracy against shots, one line per lambda, a panel per representation; std over draws as bars."""
+def error_bars(draws, article):
+    """What a point and its bar are (the script's table: np.mean and np.std, ddof 0, of the draws' accuracies)."""
+    over = f"{draws} random draws" if draws else "the random draws"
+    return (f"point: mean accuracy over {over} of the training pictures;\n"
+            f"bar: ± 1 standard deviation over the draws (ddof 0{'; the article: over its 5 draws' if article else ''})")
+
+
+def fewshot_accuracy(values, article, folder, say, draws=None):
+    """few-shot: accuracy against shots, a line per lambda and the article's points, a colour and (the article's) a
+    marker of its own per lambda, a panel per representation; the mean over the draws +- their std as bars (draws: how
+    many, when known). Each lambda's points sit a little apart along the (log) x axis, the article's beside the run's, so
+    that equal ones stay seen; the ticks are the shots."""
     plt = pyplot(say)
     if plt is None:
         return None
+    from matplotlib.ticker import NullLocator
+
     cells, article_cells = fewshot_cells(values), fewshot_cells(article)
     representations = sorted({cell["representation"] for cell in cells}, reverse=True)
-    figure, axes = plt.subplots(1, len(representations), figsize=(6 * len(representations), 4), squeeze=False)
+    lambdas = sorted({cell["lambda"] for cell in cells + article_cells})
+    shots = sorted({cell["shots"] for cell in cells + article_cells})
+    decades = [math.log10(n) for n in shots]  # shots on a log axis: 1, 2, 5 and 10 apart
+    steps = [b - a for a, b in itertools.pairwise(decades)]
+    gap = min([0.015 * max(decades[-1] - decades[0], 1)] + [step / (2 * len(lambdas) + 1) for step in steps])
+    figure, axes = plt.subplots(1, len(representations), figsize=(5.5 * len(representations), 4.2), squeeze=False,
+                                layout="constrained")
     for axis, representation in zip(axes[0], representations):
-        for lam in sorted({cell["lambda"] for cell in cells if cell["representation"] == representation}):
-            points = sorted((c["shots"], c["mean"], c["std"]) for c in cells
-                            if c["representation"] == representation and c["lambda"] == lam)
-            axis.errorbar(*zip(*points), capsize=3, marker="o", label=f"lambda {lam:g}")
-        marks = [(c["shots"], c["mean"]) for c in article_cells if c["representation"] == representation]
-        if marks:
-            axis.plot(*zip(*marks), **ARTICLE_STYLE)
+        for k, lam in enumerate(lambdas):
+            offset = (2 * k - len(lambdas) + 0.5) * gap  # in decades: the run's point, the article's a gap right
+            for source, kept, style in (("this run", cells, {"marker": "o", "linestyle": "-", "markersize": 5}),
+                                        ("article", article_cells, {"marker": ARTICLE_MARKERS[k % len(ARTICLE_MARKERS)],
+                                                                    "linestyle": "none", "markersize": 9})):
+                points = sorted((c["shots"], c["mean"], c["std"]) for c in kept
+                                if c["representation"] == representation and c["lambda"] == lam)
+                if points:
+                    x, mean, std = zip(*points)
+                    shift = offset + (gap if source == "article" else 0)
+                    axis.errorbar([s * 10 ** shift for s in x], mean, std, capsize=3, color=f"C{k}",
+                                  label=f"lambda {lam:g}, {source}", **style)
         axis.set(title=f"few-shot accuracy, {representation}", xlabel="training pictures per class (shots)",
                  ylabel="accuracy (%)")
-        axis.set_xticks(sorted({cell["shots"] for cell in cells} | {shots for shots, _ in marks}))
-        axis.legend()
+        axis.set_xscale("log")
+        axis.set_xticks(shots, [str(n) for n in shots])
+        axis.xaxis.set_minor_locator(NullLocator())
+    handles = {}  # one entry per label across the panels, in lambda order
+    for axis in axes[0]:
+        for handle, label in zip(*axis.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    order = sorted(handles, key=lambda label: (float(label.split()[1].rstrip(",")), "article" in label))
+    figure.legend([handles[label] for label in order], order, loc="outside lower center", ncol=len(lambdas),
+                  fontsize=8, title=error_bars(draws, article_cells), title_fontsize=8)
     return save(figure, folder, FILE, say)

@@ -33,9 +33,9 @@ def finetune_curves(series, values, article, folder, say):
     curves = {key: dict(enumerate(series[name], 1)) if series.get(name) else logged.get(key, {})
               for name, key, _ in FINETUNE_PANELS}
     last = max([step for curve in curves.values() for step in curve] or [1])
-    figure, axes = plt.subplots(1, 4, figsize=(20, 4), layout="constrained")
+    figure, axes = plt.subplots(2, 2, figsize=(9, 6.5), layout="constrained")  # readable at a page's width
     margin = max(0.5, 0.02 * last)
-    for axis, (name, key, unit) in zip(axes, FINETUNE_PANELS):
+    for axis, (name, key, unit) in zip(axes.flat, FINETUNE_PANELS):
         curve = curves[key]
         style = "o-" if len(curve) <= 30 else "-"  # a short run's every point is seen
         axis.plot(list(curve), list(curve.values()), style, markersize=3, label="this run")
@@ -47,5 +47,9 @@ def finetune_curves(series, values, article, folder, say):
             axis.axhline(clip, color="tab:red", linestyle="--", label=f"clipping at {clip:g}")
         axis.set(title=name, xlabel="step (optimizer updates)", ylabel=unit, xlim=(-margin, last + margin))
         axis.xaxis.set_major_locator(MaxNLocator(integer=True))
-        axis.legend(fontsize=8)
+    entries = {}  # one legend for the four panels, below them, where it hides no point
+    for axis in axes.flat:
+        for handle, label in zip(*axis.get_legend_handles_labels()):
+            entries.setdefault(label, handle)
+    figure.legend(list(entries.values()), list(entries), loc="outside lower center", ncol=len(entries))
     return save(figure, folder, FILE, say)

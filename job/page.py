@@ -93,13 +93,18 @@ CAPTIONS = {
                          "position, its axes are grid positions."),
     posemb.ACCURACY_FILE: ("Accuracy of the five versions of the position table, of the 10 Imagenette classes and of "
                            "all 1000: this run's bars with their values, the article's as crosses."),
-    fewshot.FILE: ("Few-shot accuracy against pictures per class, a line per lambda, the spread over draws "
-                   "as bars; the article's as crosses."),
+    fewshot.FILE: ("Few-shot accuracy against pictures per class (a log axis), a panel per representation: this "
+                   "run's line and the article's points (a marker of its own) in one colour per lambda, each lambda's "
+                   "points set a little apart along x so that equal ones stay seen; a point is the mean over the "
+                   "random draws of the training pictures, its bar +- 1 standard deviation over them."),
     finetune.FILE: ("The fine-tuning run against step, on this run's own steps: loss, gradient norm with the "
-                    "clipping threshold, learning rate, validation accuracy; the article's logged steps as "
-                    "crosses where this run reached them and its setup makes them comparable."),
-    backbone.CURVES_FILE: ("Training loss and evaluation accuracy (a fraction) against step, drawn by the article's "
-                           "own figure code (its title and twin axes), from this run's numbers."),
+                    "clipping threshold, learning rate, validation accuracy, one legend below the four; the article's "
+                    "logged steps as crosses where this run reached them and its setup makes them comparable."),
+    backbone.CURVES_FILE: ("Drawn by the article's own figure code from this run's numbers: the title, \"ViT "
+                           "Training Loss Curve\", is the article's, though the figure shows accuracy too; against step, the "
+                           "left y axis is the training loss (cross-entropy in nats, the mean of the steps since the "
+                           "last logged one), the right y axis the evaluation accuracy (a fraction from 0 to 1 of the "
+                           "validation pictures)."),
     backbone.MAPS_FILE: ("Each picture beside its patch tokens on their first three principal components as "
                          "RGB, before and after fine-tuning."),
 }
@@ -120,7 +125,7 @@ def draw_figures(script, record, rows, folder, say):
         if posemb.accuracy_rows(values):
             drawn.append(posemb.accuracy_bars(values, article, out, say))
     elif script == "fewshot" and fewshot.fewshot_cells(values):
-        drawn.append(fewshot.fewshot_accuracy(values, article, out, say))
+        drawn.append(fewshot.fewshot_accuracy(values, article, out, say, draws=record.get("flags", {}).get("draws")))
     elif script == "finetune" and (series.get("training loss") or "step 0 validation" in values):
         drawn.append(finetune.finetune_curves(series, values, article, out, say))
     elif script == "backbone":

@@ -1,8 +1,10 @@
 """figures/: figures a reader understands without the code: axes titled, a short run on its own steps, zero
-drawn as zero, the cosine grids' position named, one picture per class. Each figure is caught before it is saved."""
+drawn as zero, the cosine grids' position named, one picture per class, points no legend hides, each lambda's points
+told apart, the error bars named. Each figure is caught before it is saved."""
 import pytest
 
-from figures import backbone, finetune, posemb
+from figures import backbone, fewshot, finetune, posemb
+from job import page as page_maker
 
 pytest.importorskip("matplotlib")
 
@@ -15,13 +17,26 @@ def drawn(monkeypatch, tmp_path):
         caught[name] = figure
         return folder / name
 
-    for module in (backbone, finetune, posemb):
+    for module in (backbone, fewshot, finetune, posemb):
         monkeypatch.setattr(module, "save", save)
     return caught
 
 
 def titled(axis):
     return axis.get_xlabel().strip() and axis.get_ylabel().strip()
+
+
+def points_under(legend, figure):
+    """The data points (of lines and error bars' points) that the legend, drawn, covers, in pixels."""
+    figure.canvas.draw()
+    box = legend.get_window_extent()
+    covered = []
+    for axis in figure.axes:
+        for line in axis.get_lines():
+            for x, y in axis.transData.transform(line.get_xydata()):
+                if box.x0 <= x <= box.x1 and box.y0 <= y <= box.y1:
+                    covered.append((axis.get_title(), line.get_label(), x, y))
+    return covered
 
 
 def test_a_six_step_fine_tuning_is_drawn_on_its_own_steps_with_the_articles_points_it_reached(drawn, tmp_path):
@@ -85,3 +100,78 @@ def test_the_backbone_curves_keep_the_articles_figure_with_the_legend_off_the_li
     figure.canvas.draw()
     legend, plotted = axis.get_legend().get_window_extent(), axis.get_window_extent()
     assert legend.y1 <= plotted.y0 or legend.x0 >= plotted.x1  # outside the axes: over no line
+
+
+def test_the_fine_tuning_panels_are_a_grid_readable_at_a_pages_width_with_one_legend_over_no_point(drawn, tmp_path):
+    series = {"training loss": [2.3, 2.2, 2.1, 2.0, 1.9, 1.8], "gradient norm": [1.5] * 6,
+              "learning rate": [0.0, 0.003, 0.0027, 0.002, 0.001, 0.0003], "clipping threshold": 1.0}
+    values = {"step 0 validation": 10.0, "step 5 accuracy": 97.0, "step 6 accuracy": 99.0}
+    article = {"step 5 loss": 2.3014, "step 5 accuracy": 98.3}  # step 5's points: high in their panels
+    finetune.finetune_curves(series, values, article, tmp_path, print)
+    figure = drawn[finetune.FILE]
+    width, height = figure.get_size_inches()
+    assert width / height <= 2 and width * 100 <= 1000  # saved at 100 dpi: no wider than a page
+    assert [axis.get_subplotspec().get_geometry()[:2] for axis in figure.axes] == [(2, 2)] * 4
+    assert all(axis.get_legend() is None for axis in figure.axes) and len(figure.legends) == 1
+    legend = figure.legends[0]
+    assert [text.get_text() for text in legend.get_texts()] == ["this run", "article", "clipping at 1"]
+    assert points_under(legend, figure) == []
+    box = legend.get_window_extent()  # nor on a panel, its title or its axes' labels
+    assert not any(box.overlaps(axis.get_tightbbox()) for axis in figure.axes)
+
+
+FEWSHOT_RUN = {f"{representation} lambda {lam} {shots}-shot {what}": value
+               for representation in ("pre-logits", "class token") for lam in ("0.01", "1", "100")
+               for shots in (1, 2) for what, value in (("mean", 50.0), ("std", 2.0))}
+FEWSHOT_ARTICLE = {f"pre-logits lambda {lam} 1-shot {what}": value
+                   for lam in ("0.01", "1", "100") for what, value in (("mean", 98.0), ("std", 0.6))}
+
+
+def test_each_lambda_of_the_few_shot_figure_has_its_own_points_and_legend_entries_and_the_bars_are_named(drawn, tmp_path):
+    """Every lambda at 50 +- 2 (the article's at 98.0 +- 0.6): six points at each shot, none hidden by another."""
+    fewshot.fewshot_accuracy(FEWSHOT_RUN, FEWSHOT_ARTICLE, tmp_path, print, draws=5)
+    figure = drawn[fewshot.FILE]
+    assert len(figure.legends) == 1 and all(axis.get_legend() is None for axis in figure.axes)
+    legend = figure.legends[0]
+    assert [text.get_text() for text in legend.get_texts()] == [
+        "lambda 0.01, this run", "lambda 0.01, article", "lambda 1, this run", "lambda 1, article",
+        "lambda 100, this run", "lambda 100, article"]
+    title = legend.get_title().get_text()
+    assert "mean accuracy over 5 random draws" in title and "± 1 standard deviation over the draws" in title
+    assert "the article: over its 5 draws" in title
+    assert points_under(legend, figure) == []
+    assert not any(legend.get_window_extent().overlaps(axis.get_tightbbox()) for axis in figure.axes)
+    pre_logits = figure.axes[0]
+    assert pre_logits.get_title() == "few-shot accuracy, pre-logits"
+    marks = {}
+    for container in pre_logits.containers:
+        label = container.get_label()
+        line, _, (bars,) = container
+        marks[label] = line.get_xdata()
+        for (x, y), segment in zip(line.get_xydata(), bars.get_segments()):
+            spread = 0.6 if label.endswith("article") else 2.0
+            assert segment[0][0] == segment[1][0] == x and sorted([segment[0][1], segment[1][1]]) == pytest.approx(
+                [y - spread, y + spread])
+    assert set(marks) == {text.get_text() for text in legend.get_texts()}
+    at_one = sorted(x[0] for x in marks.values())  # the six points of 1 shot: apart, and near 1 on its log axis
+    assert len(set(at_one)) == 6 and 0.8 < at_one[0] and at_one[-1] < 1.25
+    assert list(pre_logits.get_xticks()) == [1, 2] and pre_logits.get_xscale() == "log"
+    assert [marks[f"lambda {lam}, article"][0] for lam in ("0.01", "1", "100")] == sorted(
+        marks[f"lambda {lam}, article"][0] for lam in ("0.01", "1", "100"))  # in lambda order
+
+
+def test_without_the_count_of_draws_the_few_shot_legend_still_names_the_bars(drawn, tmp_path):
+    fewshot.fewshot_accuracy(FEWSHOT_RUN, {}, tmp_path, print)
+    title = drawn[fewshot.FILE].legends[0].get_title().get_text()
+    assert "mean accuracy over the random draws" in title and "standard deviation" in title
+    assert "article" not in title  # none of its points drawn
+
+
+def test_the_backbone_caption_says_the_title_is_the_articles_and_names_both_y_axes(drawn, tmp_path):
+    series = {"training loss": [[10, 1.1], [20, 0.5]], "evaluation accuracy": [[10, 0.6], [20, 0.98]]}
+    backbone.backbone_curves(series, tmp_path, print)
+    loss_axis, accuracy_axis = drawn[backbone.CURVES_FILE].axes
+    caption = page_maker.CAPTIONS[backbone.CURVES_FILE]
+    assert f'the title, "{loss_axis.get_title()}", is the article\'s' in caption
+    assert f"left y axis is the {loss_axis.get_ylabel().lower()} (cross-entropy in nats" in caption
+    assert f"right y axis the {accuracy_axis.get_ylabel().lower()} (a fraction from 0 to 1" in caption

@@ -188,3 +188,17 @@ def test_the_page_shows_the_jobs_seconds_for_a_json_the_job_recorded_else_the_sc
         page = page_maker.build(tmp_path, say=lambda text: None).read_text()
         assert f"| {shown} |" in page.split("| vit_part3_setup.py |", 1)[1].split("\n", 1)[0], recorded
         assert f", {shown}; commit" in page  # the environment line's time is the same
+
+
+def test_the_few_shot_figure_on_the_page_names_the_runs_count_of_draws(monkeypatch, tmp_path):
+    """The page draws from the record alone: the count of draws comes from its flags."""
+    pytest.importorskip("matplotlib")
+    caught = {}
+    monkeypatch.setattr(figures.fewshot, "save", lambda figure, folder, name, say: caught.setdefault(name, figure)
+                        and folder / name)
+    record = {"numbers": {"pre-logits lambda 1 1-shot mean": {"value": 40.0}, "pre-logits lambda 1 1-shot std":
+                          {"value": 1.0}}, "flags": {"draws": 3}}
+    drawn = page_maker.draw_figures("fewshot", record, [], tmp_path, lambda text: None)
+    assert drawn == [(page_maker.CAPTIONS[figures.fewshot.FILE], figures.fewshot.FILE)]
+    title = caught[figures.fewshot.FILE].legends[0].get_title().get_text()
+    assert "over 3 random draws of the training pictures" in title
