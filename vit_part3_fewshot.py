@@ -195,7 +195,7 @@ def section_frozen(run, report):
     report.line("chance is {chance (%):.0f}%; 1-shot means {1-shot pictures} training pictures in total, one per class",
                 {"chance (%)": 100 / classes, "1-shot pictures": classes})
     if args.plots:
-        figures.fewshot_accuracy(report.values(), article_values("fewshot"), args.plots, report.say)
+        figures.fewshot_accuracy(report.values(), article_values("fewshot"), args.plots, report.say, args.draws)
 
 
 def section_one_solve(run, report):
