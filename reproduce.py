@@ -46,6 +46,7 @@ from common.files import reason, write_text
 from common.output import say
 from common.reference import counts_text
 from common.run import Terminated, check_output, guarded
+from figures import backbone, fewshot, finetune, posemb
 from job import downloads
 from job.child_process import StopRequests, first_refusal, only_job_on, run_logged
 from job.ending import exit_status, final_table, job_command, next_line, notes, paused, result_row, standins_line
@@ -334,11 +335,22 @@ def move(source, target):
         raise UserError(f"cannot move {source} to {target} ({reason(error)}): make OUT writable") from error
 
 
+FIGURES = {"setup": (), "posemb": (posemb.COSINE_FILE, posemb.ACCURACY_FILE), "fewshot": (fewshot.FILE,),
+           "finetune": (finetune.FILE,), "backbone": (backbone.CURVES_FILE, backbone.MAPS_FILE)}
+
+
 def move_stale(out, script, manifest):
-    """OUT keeps only the JSON of this job's commands, so the page never mixes two setups; the old one is kept aside."""
+    """OUT keeps only the JSON of this job's commands, so the page never mixes two setups; the old one is kept aside,
+    and the figures drawn from it in OUT/figures are removed (a run draws its own, and the page draws them again from
+    its JSON): a reused OUT/figures holds no figure of an earlier run."""
     stale = out / f"{script}.json"
     if stale.is_file():
         move(stale, out / "logs" / f"{script}.previous.json")
+    for name in FIGURES[script]:
+        try:
+            (out / "figures" / name).unlink(missing_ok=True)
+        except OSError as error:
+            raise UserError(f"cannot remove {out / 'figures' / name} ({reason(error)}): make OUT writable") from error
     manifest.pop(script, None)
     write_manifest(out, manifest)
 
@@ -472,6 +484,7 @@ def main(argv=None):
     check_extra(args, out)
     check_output(args.out, "OUT", folder=True)
     check_output(out / "logs", "OUT", folder=True)
+    lock = None
     try:
         lock = only_job_on(out, say)  # held while the job runs, and by each script it starts
         return run_job(args, argv, out, lock)
@@ -479,6 +492,9 @@ def main(argv=None):
         signum = signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT
         say(stopped_line(signum, argv))
         return 128 + signum
+    finally:
+        if lock:
+            lock.close()  # its file removed, unless a script of the job still runs (job/child_process.py)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ end tied to the job's.
 The job holds an exclusive lock on OUT/.reproduce.lock (only_job_on) and each script it starts
 inherits it (run_logged), so the lock lasts while any of them lives: a new job never writes into an
 OUT where a script of an ended job still runs. On Linux that script was sent SIGTERM when its job
-ended (script_start) and saves and stops as on any SIGTERM, so the new job waits for it.
+ended (script_start) and saves and stops as on any SIGTERM, so the new job waits for it. The job
+removes the file as it ends (JobLock.close), unless a script of it still runs.
 """
 import os
 import selectors
@@ -103,11 +104,13 @@ def run_logged(command, cwd, log_path, stop, lock, say):
     child = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, process_group=0, preexec_fn=script_start(),  # noqa: PLW1509 - no threads
                              pass_fds=[lock.fileno()] if lock else [])
+    if lock:
+        lock.scripts.append(child)
     stop.child = child
     stop.forward()  # a signal that came while it started
     passes_to = {child.stdout: sys.stdout.buffer, child.stderr: sys.stderr.buffer}
     log, saved_at, warned = bytearray(), time.perf_counter(), False
-    with selectors.DefaultSelector() as selector:
+    with child.stdout, child.stderr, selectors.DefaultSelector() as selector:  # the pipes closed however this ends
         for pipe in passes_to:
             selector.register(pipe, selectors.EVENT_READ)
         while selector.get_map():
@@ -141,39 +144,84 @@ def first_refusal(commands, cwd):
             if check.returncode != 0:
                 last = [line for line in err.splitlines() if line.strip()][-1:] or [f"exit status {check.returncode}"]
                 return name, last[0].removeprefix("error: ").removesuffix(" (--help lists every flag)")
-    finally:
+    finally:  # the checks not asked yet, once one refused: stopped, their pipes closed
         for check in checks.values():
             if check.poll() is None:
                 check.kill()
-                check.wait()
+            check.wait()
+            check.stderr.close()
     return None
+
+
+class JobLock:
+    """The job's lock (only_job_on): its open file, which each script the job starts inherits (fileno), and those
+    scripts (run_logged)."""
+
+    def __init__(self, path, handle):
+        self.path, self.handle, self.scripts = path, handle, []
+
+    def fileno(self):
+        return self.handle.fileno()
+
+    def close(self):
+        """The job's end, however it ends: the file removed while the lock is still held, then closed, which frees
+        the lock; the file stays while a script of the job still runs and holds the lock (a new job waits for it
+        there), or when the path is no longer this lock's file."""
+        if self.handle.closed:
+            return
+        try:
+            if all(script.poll() is not None for script in self.scripts) and is_locked_file(self.path, self.handle):
+                self.path.unlink()
+        except OSError:
+            pass  # a file that cannot be removed stays, as it would have: the next job takes it
+        finally:
+            self.handle.close()
+
+
+def is_locked_file(path, handle):
+    """Whether path is still the file the handle is open on: a job that ended removed the file it had locked."""
+    try:
+        named, held = os.stat(path), os.fstat(handle.fileno())
+    except OSError:
+        return False
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
 
 
 def only_job_on(out, say):
     """An exclusive lock on OUT/.reproduce.lock, held while the job or a script it started lives: two jobs on one
     OUT would move each other's JSON aside and write one fine-tuning folder. A job still running is one line; a
-    script of an ended job is waited for. The open file is returned (the lock lasts while it is open); where the
-    system has no flock nothing is locked."""
+    script of an ended job is waited for. A JobLock is returned (the lock lasts while it is open; closing it at the
+    job's end removes the file); where the system has no flock nothing is locked."""
     try:
         import fcntl
     except ImportError:
         return None
-    path = out / LOCK
-    handle = open(path, "a+")  # noqa: SIM115 - held open for the whole job
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as error:
-        if job_is_alive(path):
-            handle.close()
-            raise UserError(f"another reproduce.py is running on {out}: wait for it, or give this one another OUT") \
-                from error
-        say(f"a script of an ended job still runs on {out}; it was sent SIGTERM and saves what it can: waiting for "
-            f"it to end (Ctrl-C gives up)")
-        fcntl.flock(handle, fcntl.LOCK_EX)
+    path, waited = out / LOCK, False
+    while True:
+        handle = open(path, "a+")  # noqa: SIM115 - held open for the whole job
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            if job_is_alive(path):
+                handle.close()
+                raise UserError(f"another reproduce.py is running on {out}: wait for it, or give this one another "
+                                f"OUT") from error
+            if not waited:
+                say(f"a script of an ended job still runs on {out}; it was sent SIGTERM and saves what it can: "
+                    f"waiting for it to end (Ctrl-C gives up)")
+            waited = True
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX)
+            except BaseException:
+                handle.close()
+                raise
+        if is_locked_file(path, handle):
+            break
+        handle.close()  # the job that held it removed the file as it ended: the lock is now the file there
     handle.truncate(0)
     handle.write(f"{os.getpid()}\n")  # for a later job to tell this one from a script it left
     handle.flush()
-    return handle
+    return JobLock(path, handle)
 
 
 def job_is_alive(lock_path):

@@ -220,8 +220,7 @@ def test_a_second_call_skips_all_five(job, tmp_path):
         assert f"[{index}/5] {name}: skipped" in err
     assert " ... about " not in err and "time: " not in err  # nothing to run, nothing measured
     after = {path: path.read_bytes() for path in out.rglob("*") if path.is_file()}
-    assert after.pop(out / ".reproduce.lock").strip().isdigit()  # the lock names the job that took it
-    before.pop(out / ".reproduce.lock")
+    assert out / ".reproduce.lock" not in before and out / ".reproduce.lock" not in after  # removed as each job ended
     assert after == before
     assert all(cells[8].startswith("skipped (") for cells in table_rows(stdout).values())
 
@@ -773,3 +772,122 @@ def test_a_ctrl_c_forwarded_as_a_script_starts_is_one_line_not_a_traceback(tmp_p
                                          None, print)
     err = capfd.readouterr().err
     assert status == 130 and err.strip() == "interrupted", err
+
+
+# ---------------------------------------------------------------- the lock's file, its handles, OUT/figures (issue 45)
+
+def no_resource_warning(action):
+    """action()'s result; fails if an unclosed file, pipe or process was left behind (collected here)."""
+    import gc
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        result = action()
+        gc.collect()
+    left = [str(warning.message) for warning in caught if issubclass(warning.category, ResourceWarning)]
+    assert not left, left
+    return result
+
+
+def test_run_logged_closes_the_scripts_pipes(tmp_path, capfd):
+    command = [sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr)"]
+    status, _ = no_resource_warning(lambda: child_process.run_logged(command, ROOT, tmp_path / "a.log",
+                                                                     child_process.StopRequests(), None, print))
+    assert status == 0 and (tmp_path / "a.log").read_bytes() in (b"out\nerr\n", b"err\nout\n")
+    assert capfd.readouterr().out == "out\n"
+
+
+def test_the_checks_stopped_after_a_refusal_leave_no_pipe_open():
+    refuses = [sys.executable, "-c", "import sys; sys.exit('error: --x 3: no')"]
+    waits = [sys.executable, "-c", "import time; time.sleep(120)"]  # killed once the first has refused
+    refused = no_resource_warning(lambda: child_process.first_refusal({"a": refuses, "b": waits}, ROOT))
+    assert refused == ("a", "--x 3: no")
+
+
+@pytest.mark.parametrize("ending", ["ends", "refuses", "stopped"])
+def test_a_job_removes_its_lock_file_however_it_ends_and_closes_it(tmp_path, monkeypatch, capsys, ending):
+    pytest.importorskip("fcntl")
+    out = tmp_path / "out"
+    seen = []
+
+    def run_job(args, argv, folder, lock):
+        seen.append((folder / child_process.LOCK).read_text())  # held while the job runs, naming it
+        if ending == "refuses":
+            raise reproduce.UserError("a line")
+        if ending == "stopped":
+            raise Terminated
+        return 0
+
+    monkeypatch.setattr(reproduce, "run_job", run_job)
+    status = no_resource_warning(lambda: guarded(lambda: reproduce.main([str(out), "--quick", "--device", "cpu"])))
+    assert status == {"ends": 0, "refuses": 2, "stopped": 143}[ending]
+    assert seen == [f"{os.getpid()}\n"] and not (out / child_process.LOCK).exists()
+
+
+def test_a_job_leaves_the_lock_file_while_a_script_of_it_runs(tmp_path):
+    """The script holds the lock till it ends (it inherited the file): the file stays for a new job to wait on."""
+    fcntl = pytest.importorskip("fcntl")
+    lock = child_process.only_job_on(tmp_path, print)
+    script = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], pass_fds=[lock.fileno()])
+    lock.scripts.append(script)
+    try:
+        lock.close()
+        with open(tmp_path / child_process.LOCK, "a") as other, pytest.raises(OSError):
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # still locked, by the script
+    finally:
+        script.kill()
+        script.wait()
+    again = child_process.only_job_on(tmp_path, print)  # the script has ended: taken at once
+    again.close()
+    assert not (tmp_path / child_process.LOCK).exists()
+
+
+def test_a_job_never_removes_a_lock_file_that_is_not_its_own(tmp_path):
+    pytest.importorskip("fcntl")
+    first = child_process.only_job_on(tmp_path, print)
+    (tmp_path / child_process.LOCK).unlink()  # removed by hand while the first job runs; a second job takes its own
+    second = child_process.only_job_on(tmp_path, print)
+    first.close()
+    assert (tmp_path / child_process.LOCK).read_text() == f"{os.getpid()}\n"  # the second's, still there
+    second.close()
+    assert not (tmp_path / child_process.LOCK).exists()
+
+
+def test_a_job_that_opened_the_lock_file_its_ending_holder_removes_takes_the_new_one(tmp_path, monkeypatch):
+    """The holder removes its file, then frees the lock: a job that opened that file in between gets the lock of a
+    file no longer in OUT, so it opens the file there anew and locks that, as a third job would."""
+    pytest.importorskip("fcntl")
+    holder = child_process.only_job_on(tmp_path, print)
+    opened = []
+
+    def opening(path, mode):
+        handle = open(path, mode)  # noqa: SIM115 - only_job_on keeps it
+        opened.append(os.fstat(handle.fileno()).st_ino)
+        if len(opened) == 1:
+            holder.close()  # the holder ends between this job's open and its flock
+        return handle
+
+    monkeypatch.setattr(child_process, "open", opening, raising=False)
+    lock = child_process.only_job_on(tmp_path, print)
+    assert len(opened) == 2 and child_process.is_locked_file(tmp_path / child_process.LOCK, lock.handle)
+    assert os.stat(tmp_path / child_process.LOCK).st_ino == opened[1]
+    lock.close()
+
+
+def test_a_script_run_again_leaves_no_figure_of_its_earlier_run(job, tmp_path):
+    """Before a script runs again (or is found unable to run), its JSON goes to logs/ and its figures in OUT/figures
+    go: the page then links only the figures drawn from the JSON it reports."""
+    pytest.importorskip("matplotlib")
+    from job.page import build
+
+    out = shutil.copytree(job["out"], tmp_path / "results")
+    posemb = {"posemb_cosine_similarity.png", "posemb_accuracy.png"}
+    assert posemb <= {path.name for path in (out / "figures").iterdir()}
+    reproduce.move_stale(out, "posemb", reproduce.read_manifest(out))
+    left = {path.name for path in (out / "figures").iterdir()}
+    assert not posemb & left and "fewshot_accuracy.png" in left and (out / "logs" / "posemb.previous.json").is_file()
+    build(out, say=lambda text: None)
+    linked = set(re.findall(r"\]\(figures/([^)]+\.png)\)", (out / "report.md").read_text()))
+    assert {"fewshot_accuracy.png", "finetune_curves.png", "backbone_curves.png",
+            "backbone_feature_maps.png"} == linked
