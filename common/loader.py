@@ -1,5 +1,6 @@
 """Batches for the model: torch's DataLoader over the pictures, uint8 (B, R, R, 3), worker processes beside a GPU;
 why it is built so: docs/data.md#the-loader."""
+import multiprocessing
 import os
 import signal
 import sys
@@ -7,6 +8,7 @@ import time
 
 import numpy as np
 import torch
+from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from common.errors import UserError
@@ -21,25 +23,71 @@ def loader_workers(device):
 
 
 def worker_start():
-    """fork on Linux (decoded pictures shared, not copied), else spawn (forking after Metal's threads can crash)."""
-    return "fork" if sys.platform.startswith("linux") else "spawn"
+    """forkserver on Linux: each worker forked from a server of one thread that has imported this module, not from the
+    model's process, whose libraries run threads (such a fork may deadlock the child); spawn elsewhere (Python's default
+    on macOS: forking after Metal's threads can crash)."""
+    if not sys.platform.startswith("linux"):
+        return "spawn"
+    multiprocessing.get_context("forkserver").set_forkserver_preload(["common.fork_server", __name__])
+    return "forkserver"
 
 
 class Pictures(Dataset):
-    """The pictures (PIL images or paths) read by key (index, resolution, flip): one set of workers serves any pass."""
+    """The pictures (PIL images or paths) read by key (index, resolution, flip): one set of workers serves any pass.
+    Into a worker process, decoded (RGB) pictures travel as one uint8 tensor in shared memory, which each worker maps:
+    not a copy each."""
 
     def __init__(self, pictures):
-        self.pictures = pictures
+        self.pictures, self.shared = pictures, None
 
     def __len__(self):
         return len(self.pictures)
 
     def __getitem__(self, key):
         index, resolution, flip = key
+        picture = self.pictures[index]
+        if isinstance(picture, SharedPicture):
+            pixels = self.shared[0][picture.start:picture.end].numpy()
+            picture = Image.frombuffer("RGB", picture.size, pixels, "raw", "RGB", 0, 1)
         try:
-            return resized_rgb(self.pictures[index], resolution, flip)
+            return resized_rgb(picture, resolution, flip)
         except UserError as error:
             return error  # a value, not raised: raised in a worker it would reach the user as the worker's traceback
+
+    def __getstate__(self):
+        """Pickled for a worker: the RGB pictures' pixels moved into shared memory once, for every worker (torch's
+        pickler hands a tensor there over as a handle), each picture then named by its place in them."""
+        if self.shared is None:
+            self.shared = shared_pixels(self.pictures)
+        pixels, places = self.shared
+        return {"pictures": places, "shared": (pixels, places)}
+
+
+class SharedPicture:
+    """An RGB picture's size and where its pixels lie in the shared tensor of Pictures."""
+
+    def __init__(self, size, start):
+        self.size, self.start, self.end = size, start, start + 3 * size[0] * size[1]
+
+
+def shared_pixels(pictures):
+    """(one uint8 tensor in shared memory holding the RGB pictures' pixels, the pictures each of those replaced by its
+    SharedPicture); paths and other pictures stay as they are, and with no RGB picture so do those (no tensor)."""
+    places, end = [], 0
+    for picture in pictures:
+        if isinstance(picture, Image.Image) and picture.mode == "RGB":
+            places.append(SharedPicture(picture.size, end))
+            end = places[-1].end
+        else:
+            places.append(picture)
+    if not end:
+        return None, pictures
+    pixels = torch.empty(end, dtype=torch.uint8).share_memory_()
+    array = pixels.numpy()
+    for picture, place in zip(pictures, places):
+        if isinstance(place, SharedPicture):
+            array[place.start:place.end] = np.asarray(picture).reshape(-1)
+    return pixels, places
 
 
 def stack_or_error(items):

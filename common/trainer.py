@@ -136,7 +136,8 @@ def timed_trainer(recipe, device, precision, workers, **parts):
     with tempfile.TemporaryDirectory(prefix="vit-backbone-trainer-") as output_dir:
         args = TrainingArguments(**recipe, output_dir=output_dir, report_to="none", use_cpu=device.type == "cpu",
                                  bf16=precision == "bf16", dataloader_num_workers=workers,
-                                 dataloader_persistent_workers=workers > 0, dataloader_pin_memory=device.type == "cuda")
+                                 dataloader_persistent_workers=workers > 0, dataloader_pin_memory=device.type == "cuda",
+                                 dataloader_multiprocessing_context=worker_start() if workers else None)
         trainer = Trainer(args=args, **parts)
         trainer.remove_callback(ProgressCallback)
         trainer.add_callback(progress_on_stderr())
@@ -161,13 +162,16 @@ def timed_passes(trainer, device):
         return TimedLoader(made[-1], timings["training"], count=labels_in, device=device)
 
     def eval_loader(*a, **k):  # no workers, no pinning: its pictures are on the model's device already
-        args = trainer.args
-        kept = args.dataloader_num_workers, args.dataloader_persistent_workers, args.dataloader_pin_memory
-        args.dataloader_num_workers, args.dataloader_persistent_workers, args.dataloader_pin_memory = 0, False, False
+        names = ("dataloader_num_workers", "dataloader_persistent_workers", "dataloader_pin_memory",
+                 "dataloader_multiprocessing_context")
+        kept = [getattr(trainer.args, name) for name in names]
+        for name, value in zip(names, (0, False, False, None)):
+            setattr(trainer.args, name, value)
         try:
             made.append(make_eval(*a, **k))
         finally:
-            args.dataloader_num_workers, args.dataloader_persistent_workers, args.dataloader_pin_memory = kept
+            for name, value in zip(names, kept):
+                setattr(trainer.args, name, value)
         return TimedLoader(made[-1], timings["evaluations"], count=labels_in, device=device)
 
     def timed_evaluate(*a, **k):

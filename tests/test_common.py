@@ -308,6 +308,54 @@ def test_a_pass_leaves_the_global_random_state_as_it_was(pictures):
     assert torch.equal(torch.get_rng_state(), state)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forkserver is the Linux choice")
+def test_the_workers_are_forked_by_a_server_of_one_thread_not_by_this_process(pictures):
+    """A process of several threads (torch's, the BLAS libraries') may fork a child that deadlocks, and Python 3.12
+    on warns that it may: the workers are forked by a server that has imported the loader and runs one thread."""
+    import psutil
+
+    from common.imagenette import list_split
+    from common.loader import end_workers, picture_loader, start_workers
+
+    torch.ones(256, 256) @ torch.ones(256, 256)  # this process's threads started, as a script's are
+    paths = [path for path, _ in list_split(pictures, "val", per_class=1)]
+    loader = picture_loader(paths, torch.device("cpu"), workers=2)
+    start_workers(loader)
+    try:
+        parents = {psutil.Process(worker.pid).ppid() for worker in loader._iterator._workers}
+        assert len(parents) == 1 and os.getpid() not in parents
+        server = psutil.Process(parents.pop())
+        assert server.num_threads() == 1 and "'common.fork_server', 'common.loader'" in " ".join(server.cmdline())
+    finally:
+        end_workers(loader)
+
+
+def test_decoded_pictures_reach_the_workers_as_one_tensor_in_shared_memory(pictures):
+    """Not pickled for each worker (posemb's 3,925 decoded pictures are 0.4 GB, beside a GPU up to 8 workers): what a
+    worker receives names each picture's place in one uint8 tensor in shared memory, the same tensor for every worker,
+    and reads the same pictures from it; a path stays a path."""
+    import pickle
+
+    from PIL import Image
+
+    from common.imagenette import list_split
+    from common.loader import Pictures
+    from common.pictures import load_all
+
+    paths = [path for path, _ in list_split(pictures, "val", per_class=1)]  # gray and CMYK among them: RGB once decoded
+    decoded = load_all(paths)
+    dataset = Pictures([*decoded, paths[0]])
+    first, second = dataset.__getstate__(), dataset.__getstate__()  # two workers' share
+    pixels = first["shared"][0]
+    assert pixels.is_shared() and pixels.dtype == torch.uint8 and pixels.data_ptr() == second["shared"][0].data_ptr()
+    assert pixels.numel() == sum(3 * picture.width * picture.height for picture in decoded)
+    assert not any(isinstance(picture, Image.Image) for picture in first["pictures"]) and first["pictures"][-1] == paths[0]
+    worker = pickle.loads(pickle.dumps(dataset))  # as a worker unpickles it (here the tensor is copied, not shared)
+    for index in range(len(dataset)):
+        for key in ((index, 32, False), (index, 48, True)):
+            assert np.array_equal(worker[key], Pictures([*decoded, paths[0]])[key])
+
+
 def test_precision_flags():
     from common.device import set_precision
 

@@ -75,10 +75,10 @@ def test_the_loader_does_not_fork_on_macos(monkeypatch):
     assert loader.multiprocessing_context.get_start_method() == "spawn"
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork is the Linux choice")
-def test_the_loader_forks_on_linux():
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forkserver is the Linux choice")
+def test_the_loader_forks_from_a_server_on_linux():
     loader = picture_loader([], torch.device("cpu"), workers=2)
-    assert loader.multiprocessing_context.get_start_method() == "fork"
+    assert loader.multiprocessing_context.get_start_method() == "forkserver"
 
 
 def test_spawned_workers_build_the_same_batches(pictures, monkeypatch):
