@@ -265,7 +265,9 @@ def main(argv=None):
     parser = cli.script_parser(__doc__)
     cli.add_data_arguments(parser, DEFAULT_MODEL, "with its pre-logits layer",
                            "keep the first N validation pictures of each class (default: all); the pool is drawn "
-                           "from every training picture, as in a full run")
+                           "from every training picture, as in a full run",
+                           batch_help="pictures per batch of the passes that extract the frozen features (the "
+                                      "pool's pictures and the validation pictures)")
     parser.add_argument("--shots", type=cli.positive_int, nargs="+", default=[1, 5, 10], help="pictures per class")
     parser.add_argument("--lambdas", type=cli.nonnegative_float, nargs="+", default=[0.01, 1.0, 100.0],
                         help="ridge penalties, finite and >= 0 (0: plain least squares, the minimum-norm solution when "

@@ -502,7 +502,8 @@ def check_differences(args, data):
 
 def parse_flags(argv, world):
     parser = cli.script_parser(__doc__)
-    cli.add_data_arguments(parser, MODEL, "the body to fine-tune; its head is replaced")
+    cli.add_data_arguments(parser, MODEL, "the body to fine-tune; its head is replaced",
+                           batch_help="pictures per optimizer step, split over the torchrun processes and --accum-steps")
     parser.set_defaults(batch_size=BATCH)
     parser.add_argument("--steps", type=cli.positive_int, default=STEPS, help="optimizer steps; warm-up stays 10%%")
     parser.add_argument("--lr", type=cli.positive_float, default=LR, help="base learning rate, finite and > 0")

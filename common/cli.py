@@ -77,13 +77,15 @@ nonnegative_float = functools.partial(finite_float, low=0.0, allow_low=True)  # 
 
 
 def add_data_arguments(parser, model_default, model_help,
-                       per_class_help="keep the first N pictures of each class in each split used (default: all)"):
+                       per_class_help="keep the first N pictures of each class in each split used (default: all)", *,
+                       batch_help):
+    """--model, --data-dir, --per-class, --batch-size (batch_help: what a batch is in the script's own work),
+    --precision."""
     parser.add_argument("--model", default=model_default, help=f"checkpoint id or local directory ({model_help})")
     parser.add_argument("--data-dir", help="an imagenette2-160 folder; by default data/imagenette2-160, downloaded "
                                            "when missing")
     parser.add_argument("--per-class", type=positive_int, help=per_class_help)
-    parser.add_argument("--batch-size", type=positive_int, default=32,
-                        help="pictures per batch (fine-tuning: per optimizer step)")
+    parser.add_argument("--batch-size", type=positive_int, default=32, help=batch_help)
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS,
                         help="fp32 gives the article's numbers; bf16 is faster on recent GPUs and Apple silicon; "
                              "tf32 exists on NVIDIA GPUs only")

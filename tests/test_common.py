@@ -356,6 +356,21 @@ def test_decoded_pictures_reach_the_workers_as_one_tensor_in_shared_memory(pictu
             assert np.array_equal(worker[key], Pictures([*decoded, paths[0]])[key])
 
 
+@pytest.mark.parametrize("script,own,other", [
+    ("vit_part3_posemb", "evaluation passes", ("fine-tun", "optimizer")),
+    ("vit_part3_fewshot", "extract the frozen features", ("fine-tun", "optimizer")),
+    ("vit_part3_finetune", "per optimizer step", ("evaluation", "features")),
+])
+def test_each_scripts_batch_size_help_speaks_of_its_own_work(script, own, other, capsys):
+    import importlib
+
+    with pytest.raises(SystemExit):
+        importlib.import_module(script).main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    help_text = text.rsplit("--batch-size BATCH_SIZE ", 1)[1].split(" --precision", 1)[0]
+    assert own in help_text and not any(word in help_text for word in other), help_text
+
+
 def test_precision_flags():
     from common.device import set_precision
 
