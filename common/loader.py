@@ -23,12 +23,12 @@ def loader_workers(device):
 
 
 def worker_start():
-    """forkserver on Linux: each worker forked from a server of one thread that has imported this module, not from the
-    model's process, whose libraries run threads (such a fork may deadlock the child); spawn elsewhere (Python's default
-    on macOS: forking after Metal's threads can crash)."""
+    """forkserver on Linux: each worker forked from a server that has imported this module and runs nothing, one thread
+    when it forks, not from the model's process, whose libraries run threads (such a fork may deadlock the child);
+    spawn elsewhere (Python's default on macOS: forking after Metal's threads can crash)."""
     if not sys.platform.startswith("linux"):
         return "spawn"
-    multiprocessing.get_context("forkserver").set_forkserver_preload(["common.fork_server", __name__])
+    multiprocessing.get_context("forkserver").set_forkserver_preload([__name__])
     return "forkserver"
 
 

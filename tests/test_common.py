@@ -311,7 +311,8 @@ def test_a_pass_leaves_the_global_random_state_as_it_was(pictures):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forkserver is the Linux choice")
 def test_the_workers_are_forked_by_a_server_of_one_thread_not_by_this_process(pictures):
     """A process of several threads (torch's, the BLAS libraries') may fork a child that deadlocks, and Python 3.12
-    on warns that it may: the workers are forked by a server that has imported the loader and runs one thread."""
+    on warns that it may: the workers are forked by a server that has imported the loader and runs one thread (the
+    threads OpenBLAS starts as numpy loads it stops around a fork)."""
     import psutil
 
     from common.imagenette import list_split
@@ -325,7 +326,7 @@ def test_the_workers_are_forked_by_a_server_of_one_thread_not_by_this_process(pi
         parents = {psutil.Process(worker.pid).ppid() for worker in loader._iterator._workers}
         assert len(parents) == 1 and os.getpid() not in parents
         server = psutil.Process(parents.pop())
-        assert server.num_threads() == 1 and "'common.fork_server', 'common.loader'" in " ".join(server.cmdline())
+        assert server.num_threads() == 1 and "['common.loader']" in " ".join(server.cmdline())
     finally:
         end_workers(loader)
 
