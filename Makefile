@@ -15,8 +15,12 @@ test: $(VENV)/installed  ## the set-up, then the tests, offline
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -n auto --dist loadgroup
 
 $(VENV)/installed: requirements.lock
+	@$(PYTHON) -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 13))' || { echo "make: $(PYTHON) is \
+	not Python 3.11 to 3.13, the tested ones: name one, e.g. make $(MAKECMDGOALS) PYTHON=python3.12" >&2; exit 1; }
+	@if [ -e $(VENV) ] && [ ! -e $(VENV)/made-by-make ]; then echo "make: $(VENV) was not made by make, which leaves it alone: \
+	move it away, or name another folder: make $(MAKECMDGOALS) VENV=.venv-make" >&2; exit 1; fi
 	rm -rf $(VENV)
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV) && touch $(VENV)/made-by-make
 	$(VENV)/bin/python -m pip install -q $(TORCH) $(TORCH_BUILD)
 	$(VENV)/bin/python -m pip install -q -r requirements.lock
 	$(VENV)/bin/python -m pip check

@@ -1,5 +1,6 @@
 """Batches for the model: torch's DataLoader over the pictures, uint8 (B, R, R, 3), worker processes beside a GPU;
 why it is built so: docs/data.md#the-loader."""
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -23,13 +24,10 @@ def loader_workers(device):
 
 
 def worker_start():
-    """forkserver on Linux: each worker forked from a server that has imported this module and runs nothing, one thread
-    when it forks, not from the model's process, whose libraries run threads (such a fork may deadlock the child);
-    spawn elsewhere (Python's default on macOS: forking after Metal's threads can crash)."""
-    if not sys.platform.startswith("linux"):
-        return "spawn"
-    multiprocessing.get_context("forkserver").set_forkserver_preload([__name__])
-    return "forkserver"
+    """spawn: each worker a new interpreter, the script's own child (torch ends it when the script dies). Forking the
+    model's process, whose libraries run threads, may deadlock the child (Python 3.12 on warns that it may); forking
+    after Metal's threads can crash; a fork server outlives a killed script with its workers."""
+    return "spawn"
 
 
 class Pictures(Dataset):
@@ -37,8 +35,9 @@ class Pictures(Dataset):
     Into a worker process, decoded (RGB) pictures travel as one uint8 tensor in shared memory, which each worker maps:
     not a copy each."""
 
-    def __init__(self, pictures):
+    def __init__(self, pictures, ready=None):
         self.pictures, self.shared = pictures, None
+        self.ready = ready  # a semaphore each worker releases once it runs (start_workers waits for them)
 
     def __len__(self):
         return len(self.pictures)
@@ -60,7 +59,7 @@ class Pictures(Dataset):
         if self.shared is None:
             self.shared = shared_pixels(self.pictures)
         pixels, places = self.shared
-        return {"pictures": places, "shared": (pixels, places)}
+        return {"pictures": places, "shared": (pixels, places), "ready": self.ready}
 
 
 class SharedPicture:
@@ -96,17 +95,29 @@ def stack_or_error(items):
     return errors[0] if errors else torch.from_numpy(np.stack(items))
 
 
-def ignore_ctrl_c(worker_id):
-    """The main process alone decides what Ctrl-C does (fine-tuning finishes its step, saves, then stops)."""
+def worker_setup(worker_id):
+    """In each worker: the main process alone decides what Ctrl-C does (fine-tuning finishes its step, saves, then
+    stops); on Linux the worker ends with that process, even one killed while its workers started (torch looks for
+    the parent it finds once it runs); then it says it runs (Pictures.ready)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1: PR_SET_PDEATHSIG
+        if os.getppid() != multiprocessing.parent_process().pid:  # it ended before the request was made
+            os._exit(0)
+    ready = getattr(torch.utils.data.get_worker_info().dataset, "ready", None)
+    if ready is not None:
+        ready.release()
 
 
 def picture_loader(pictures, device, workers=None):
     """A DataLoader over the pictures, its workers persistent; picture_batches() says what each pass reads."""
     workers = loader_workers(device) if workers is None else workers
-    return DataLoader(Pictures(pictures), batch_sampler=[], collate_fn=stack_or_error, num_workers=workers,
+    ready = multiprocessing.get_context(worker_start()).Semaphore(0) if workers else None
+    return DataLoader(Pictures(pictures, ready), batch_sampler=[], collate_fn=stack_or_error, num_workers=workers,
                       pin_memory=device.type == "cuda", persistent_workers=workers > 0,
-                      prefetch_factor=PREFETCH if workers else None, worker_init_fn=ignore_ctrl_c,
+                      prefetch_factor=PREFETCH if workers else None, worker_init_fn=worker_setup,
                       multiprocessing_context=worker_start() if workers else None,
                       generator=torch.Generator())  # each pass draws a seed from it: the global RNG stays as it was
 
@@ -129,9 +140,25 @@ def start_workers(loader):
     begun = time.perf_counter()
     if loader.num_workers:
         loader.batch_sampler[:] = []
-        for _ in loader:  # no batches: this only makes the persistent iterator, which starts the workers
-            pass
+        with ctrl_c_held():  # the workers inherit it held, until worker_setup: no traceback from their start
+            for _ in loader:  # no batches: this only makes the persistent iterator, which starts the workers
+                pass
+            for _ in range(loader.num_workers):  # each new interpreter has imported what it needs and runs
+                loader.dataset.ready.acquire(timeout=300)  # a bound: a worker that died is the first pass's error
     return time.perf_counter() - begun
+
+
+@contextlib.contextmanager
+def ctrl_c_held():
+    """Ctrl-C kept pending (blocked) in the block, then handled as usual; where signals cannot be blocked, as it is."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def end_workers(*loaders):

@@ -62,6 +62,7 @@ def section_title(section):
 
 
 CHECK_ONLY = "VIT_PART3_CHECK_ONLY"  # set to 1: a script checks its flags and paths, then stops before its sections
+IN_JOB = "VIT_PART3_IN_JOB"  # set to 1 by reproduce.py for its scripts: the job's last lines say what to run next
 
 
 def run_sections(script, run, sections, setup_differences=None):
@@ -115,8 +116,10 @@ def closing_lines(could_not_run):
     """A script's last lines when a section could not run: each reason once, then the command to run next."""
     titles = ", ".join(title for title, _ in could_not_run)
     reasons = dict.fromkeys(part for _, why in could_not_run for part in why.split("; also "))
-    return [f"\n{len(could_not_run)} section(s) could not run ({titles}):", *(f"  {why}" for why in reasons),
-            f"next: do what each line above says, then {same_command()} runs every section"]
+    lines = [f"\n{len(could_not_run)} section(s) could not run ({titles}):", *(f"  {why}" for why in reasons)]
+    if os.environ.get(IN_JOB) != "1":  # the job's own command, not the script's, continues a job
+        lines.append(f"next: do what each line above says, then {same_command()} runs every section")
+    return lines
 
 
 def same_command():

@@ -41,5 +41,6 @@ def before_torch_loads():
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     missing = missing_packages()
     if missing:
-        print(f"error: this Python ({sys.executable}) has no {', '.join(missing)}: {SET_UP}", file=sys.stderr)
+        if speaks():  # once under torchrun
+            print(f"error: this Python ({sys.executable}) has no {', '.join(missing)}: {SET_UP}", file=sys.stderr)
         sys.exit(2)

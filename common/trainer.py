@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 from common.checkpoints import checkpoint_config, load_pretrained, looks_like_a_path
 from common.device import to_device
 from common.errors import UserError
-from common.loader import PREFETCH, end_workers, ignore_ctrl_c, loader_workers, pass_timing, timed, worker_start
+from common.loader import PREFETCH, end_workers, loader_workers, pass_timing, timed, worker_setup, worker_start
 
 
 class TimedLoader:
@@ -137,7 +137,8 @@ def timed_trainer(recipe, device, precision, workers, **parts):
         args = TrainingArguments(**recipe, output_dir=output_dir, report_to="none", use_cpu=device.type == "cpu",
                                  bf16=precision == "bf16", dataloader_num_workers=workers,
                                  dataloader_persistent_workers=workers > 0, dataloader_pin_memory=device.type == "cuda",
-                                 dataloader_multiprocessing_context=worker_start() if workers else None)
+                                 dataloader_multiprocessing_context=(  # on macOS the library's own choice
+                                     worker_start() if workers and sys.platform.startswith("linux") else None))
         trainer = Trainer(args=args, **parts)
         trainer.remove_callback(ProgressCallback)
         trainer.add_callback(progress_on_stderr())
@@ -196,7 +197,7 @@ def timed_passes(trainer, device):
 def dataset_loader(dataset, collate_fn, workers, pin_memory=False, batch_size=32):
     """A DataLoader for one pass, in order, over a dataset that makes its own items, with picture_loader()'s workers."""
     return DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn, num_workers=workers, pin_memory=pin_memory,
-                      prefetch_factor=PREFETCH if workers else None, worker_init_fn=ignore_ctrl_c,
+                      prefetch_factor=PREFETCH if workers else None, worker_init_fn=worker_setup,
                       multiprocessing_context=worker_start() if workers else None)
 
 

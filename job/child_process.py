@@ -96,8 +96,10 @@ def save_log(path, log, warned, say):
 def run_logged(command, cwd, log_path, stop, lock, say):
     """Run one script, its stdout and stderr passed through to ours as they come and kept in log_path (rewritten
     whole every LOG_EVERY seconds and at the end); it inherits the job's lock. Returns (exit status, seconds)."""
+    from common.run import IN_JOB
+
     started = time.perf_counter()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", IN_JOB: "1"}
     if sys.stderr.isatty():  # progress bars as wide as the terminal, which the script's pipe cannot tell it
         columns, lines = shutil.get_terminal_size()
         env.update(COLUMNS=str(columns), LINES=str(lines))

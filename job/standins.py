@@ -27,7 +27,7 @@ from PIL import Image
 
 from common.environment import STANDIN_MARK
 from common.imagenette import CLASSES
-from job.ending import STANDINS_COMMAND
+from job.ending import STANDINS_COMMAND, job_command
 
 MARK = STANDIN_MARK
 VIT, IN21K = "google/vit-base-patch16-224", "google/vit-base-patch16-224-in21k"
@@ -268,7 +268,7 @@ def main(argv=None):
         inputs = job_inputs(root)
     command = ["reproduce.py", str(root / "results"), *job_flags(inputs)]
     print(f"stand-ins in {root}; their numbers mean nothing. The job on them, offline:\n"
-          f"HF_HUB_OFFLINE=1 python {shlex.join(command)}", flush=True)
+          f"HF_HUB_OFFLINE=1 {job_command(command[1:])}", flush=True)
     reproduce = Path(__file__).resolve().parent.parent / "reproduce.py"
     again = shlex.join(["python", sys.argv[0], str(root)]) if argv is None else ""  # what continues this job
     os.execve(sys.executable, [sys.executable, str(reproduce), *command[1:]],

@@ -308,27 +308,38 @@ def test_a_pass_leaves_the_global_random_state_as_it_was(pictures):
     assert torch.equal(torch.get_rng_state(), state)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forkserver is the Linux choice")
-def test_the_workers_are_forked_by_a_server_of_one_thread_not_by_this_process(pictures):
-    """A process of several threads (torch's, the BLAS libraries') may fork a child that deadlocks, and Python 3.12
-    on warns that it may: the workers are forked by a server that has imported the loader and runs one thread (the
-    threads OpenBLAS starts as numpy loads it stops around a fork)."""
+ORPHAN = """
+import sys, time, torch
+from common.imagenette import list_split
+from common.loader import picture_loader, start_workers
+paths = [path for path, _ in list_split(sys.argv[1], "val", per_class=1)]
+loader = picture_loader(paths, torch.device("cpu"), workers=2)
+start_workers(loader)
+print("started", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the processes' tree (psutil, Linux)")
+def test_the_workers_are_the_scripts_children_and_end_when_it_is_killed(pictures):
+    """No fork of this process, whose libraries run threads (Python 3.12 on warns that the child may deadlock): the
+    workers are spawned, the script's own children, and a script killed at once (SIGKILL, the OOM killer), here while
+    its workers start, leaves no process behind to hold its output's pipes open."""
     import psutil
 
-    from common.imagenette import list_split
-    from common.loader import end_workers, picture_loader, start_workers
-
-    torch.ones(256, 256) @ torch.ones(256, 256)  # this process's threads started, as a script's are
-    paths = [path for path, _ in list_split(pictures, "val", per_class=1)]
-    loader = picture_loader(paths, torch.device("cpu"), workers=2)
-    start_workers(loader)
+    script = subprocess.Popen([sys.executable, "-c", ORPHAN, str(pictures)], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True)
     try:
-        parents = {psutil.Process(worker.pid).ppid() for worker in loader._iterator._workers}
-        assert len(parents) == 1 and os.getpid() not in parents
-        server = psutil.Process(parents.pop())
-        assert server.num_threads() == 1 and "['common.loader']" in " ".join(server.cmdline())
+        assert script.stdout.readline() == "started\n"
+        descendants = psutil.Process(script.pid).children(recursive=True)
+        workers = [child for child in descendants if child.ppid() == script.pid and "spawn_main" in " ".join(
+            child.cmdline())]
+        assert len(workers) == 2
     finally:
-        end_workers(loader)
+        script.kill()
+        script.wait()
+    _, alive = psutil.wait_procs(descendants, timeout=120)  # a bound for a loaded machine, not a timing
+    assert not alive, alive
 
 
 def test_decoded_pictures_reach_the_workers_as_one_tensor_in_shared_memory(pictures):
@@ -462,3 +473,16 @@ def test_a_script_that_could_not_run_a_section_ends_on_each_reason_once_and_the_
     assert last[1].startswith("  checkpoint google/vit-base-patch16-224 is not in the local Hugging Face cache")
     assert last[2].startswith(f"  Imagenette is not in {os.environ['VIT_PART3_DATA']}/imagenette2-160")
     assert last[3] == f"next: do what each line above says, then python {script} --per-class 5 runs every section"
+
+
+def test_inside_the_job_a_script_leaves_the_command_to_run_next_to_the_job(monkeypatch):
+    """Each reason once, in order; the next command only outside reproduce.py, whose own last line gives the job's."""
+    from common.run import IN_JOB, closing_lines
+
+    could_not_run = [("2. a", "no checkpoint; also no pictures"), ("3. b", "no checkpoint")]
+    reasons = ["\n2 section(s) could not run (2. a, 3. b):", "  no checkpoint", "  no pictures"]
+    monkeypatch.setenv(IN_JOB, "1")
+    assert closing_lines(could_not_run) == reasons
+    monkeypatch.delenv(IN_JOB)
+    assert closing_lines(could_not_run) == [*reasons, ("next: do what each line above says, then the same command "
+                                                      "runs every section")]

@@ -375,7 +375,7 @@ def numbers_as_hash(text):
     return re.sub(r"-?\d[\d,]*(\.\d+)?(e[-+]\d+)?", "#", text)
 
 
-@pytest.mark.skipif(not ARTICLE.exists(), reason="needs ../shared/article")
+@pytest.mark.skipif(not ARTICLE.exists(), reason="the article is not beside the checkout")
 def test_script_end_to_end_on_stand_ins(tiny_in21k, pictures, tmp_path):
     sizes = tmp_path / "batches.json"  # the sizes of the batches the loader hands over, pass by pass
     command = [sys.executable, "tests/batch_counter.py", str(sizes), "vit_part3_finetune.py", "--model",

@@ -69,23 +69,17 @@ def test_the_weight_dependent_scripts_use_no_float64_tensor(script, classifier, 
     assert len(as_usual) > 20 and as_on_a_mac == as_usual
 
 
-def test_the_loader_does_not_fork_on_macos(monkeypatch):
-    monkeypatch.setattr(sys, "platform", "darwin")
+@pytest.mark.parametrize("platform", ["darwin", "linux", "win32"])
+def test_the_loader_never_forks(platform, monkeypatch):
+    monkeypatch.setattr(sys, "platform", platform)
     loader = picture_loader([], torch.device("cpu"), workers=2)
     assert loader.multiprocessing_context.get_start_method() == "spawn"
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forkserver is the Linux choice")
-def test_the_loader_forks_from_a_server_on_linux():
-    loader = picture_loader([], torch.device("cpu"), workers=2)
-    assert loader.multiprocessing_context.get_start_method() == "forkserver"
-
-
-def test_spawned_workers_build_the_same_batches(pictures, monkeypatch):
+def test_spawned_workers_build_the_same_batches(pictures):
     """What macOS runs: the dataset, its collation and the workers' set-up must survive pickling into a new process."""
     import numpy as np
 
-    from common import loader as loaders
     from common.imagenette import list_split
     from common.loader import picture_batches
     from common.pictures import load_all
@@ -93,8 +87,12 @@ def test_spawned_workers_build_the_same_batches(pictures, monkeypatch):
     paths = [path for path, _ in list_split(pictures, "val", per_class=1)]
     flips = np.arange(10) % 2 == 0
     inline = list(picture_batches(picture_loader(load_all(paths), torch.device("cpu"), 0), 32, 4, flips))
-    monkeypatch.setattr(loaders, "worker_start", lambda: "spawn")
-    spawned = list(picture_batches(picture_loader(load_all(paths), torch.device("cpu"), 1), 32, 4, flips))
+    strategy = torch.multiprocessing.get_sharing_strategy()
+    torch.multiprocessing.set_sharing_strategy("file_system")  # macOS's: shared pictures travel by file name there
+    try:
+        spawned = list(picture_batches(picture_loader(load_all(paths), torch.device("cpu"), 1), 32, 4, flips))
+    finally:
+        torch.multiprocessing.set_sharing_strategy(strategy)
     assert all(torch.equal(a, b) for a, b in zip(inline, spawned, strict=True))
 
 

@@ -210,7 +210,7 @@ def test_every_logged_line_is_one_template():
     assert not not_templates, f"a logged line built otherwise than from one string template: {not_templates}"
 
 
-@pytest.mark.skipif(not ARTICLES.is_dir(), reason="the articles are in ../shared/article, beside the checkout")
+@pytest.mark.skipif(not ARTICLES.is_dir(), reason="the article is not beside the checkout")
 def test_every_template_is_an_article_line_or_the_projects_own():
     """Part 3's logged lines stand alone, indented ("  ", "== ", "-- "): a Part 3 script's template must be one of
     them, whole. The backbone article prints its lines inside its prose: a backbone template must be found there,
