@@ -459,8 +459,7 @@ def finish(args, argv, out, ran, not_run):
     (cannot, finished, times), records = ran, {script: read_record(out / f"{script}.json") for script in SCRIPTS}
     rows = {script: {**result_row(script, records[script]), "time": times[script]} for script in SCRIPTS}
     marks, footnotes = notes(rows, records, not_run)
-    print("\n" + "\n".join(final_table(rows, marks) + standins_line(records)), flush=True)  # the results first: the
-    # page can still fail
+    print("\n" + "\n".join(final_table(rows, marks) + standins_line(records)), flush=True)  # before the page: it may fail
     page = out / "report.md"
     if finished or cannot or page_is_stale(page, out):
         try:
