@@ -510,8 +510,7 @@ def parse_flags(argv, world):
     parser.add_argument("--seed", type=cli.seed, default=0, help="the order and flips of the pictures, the random head")
     parser.add_argument("--resolution", type=cli.side_pixels, default=RESOLUTION,
                         help="fine-tuning resolution (384: the paper's)")
-    parser.add_argument("--accum-steps", type=cli.positive_int, default=1,
-                        help="split each process's batch into N passes")
+    parser.add_argument("--accum-steps", type=cli.positive_int, default=1, help="split each process's batch into N passes")
     parser.add_argument("--save-dir", metavar="DIR", help=f"write DIR/{CHECKPOINT} every --save-every steps, at the "
                                                           "end and on Ctrl-C or SIGTERM")
     parser.add_argument("--save-every", type=cli.positive_int, default=50, help="steps between checkpoints")
