@@ -22,7 +22,7 @@ Exit status: 0 when every script ran every section; 1 when one could not (--stri
 number differs from the article's); 2 for a bad flag or path (one line, before any work); 130 and
 143 after Ctrl-C and SIGTERM.
 """
-from common.start import before_torch_loads
+from common.start import Terminated, before_torch_loads, guarded
 
 if __name__ == "__main__":  # before the libraries load: a Ctrl-C then is one line, as a later one
     before_torch_loads()
@@ -45,7 +45,7 @@ from common.errors import UserError
 from common.files import reason, write_text
 from common.output import say
 from common.reference import counts_text
-from common.run import Terminated, check_output, guarded
+from common.run import check_output
 from figures import backbone, fewshot, finetune, posemb
 from job import downloads
 from job.child_process import StopRequests, first_refusal, only_job_on, run_logged

@@ -19,7 +19,7 @@ Reproduces the companion article "ViT as a backbone":
     python vit_backbone.py --per-class 20 --epochs 1    # a quick look: not the article's setup
     python vit_backbone.py --no-cache        # section 5's features neither read from nor kept in data/features/
 """
-from common.start import before_torch_loads
+from common.start import before_torch_loads, guarded
 
 if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as a later one
     before_torch_loads()
@@ -44,7 +44,7 @@ from common.errors import UserError
 from common.loader import loader_workers
 from common.paths import FEATURE_CACHE_DIR
 from common.reference import verdict
-from common.run import Run, guarded, run_sections
+from common.run import Run, run_sections
 from figures import backbone as figures
 
 # ---------------------------------------------------------------- the recipe, where the article states it

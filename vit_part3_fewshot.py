@@ -13,7 +13,7 @@ Features are cached in data/features/, keyed by everything that decides them: th
 weight file, the resolution, the precision and each picture's name and contents. --no-cache neither
 reads nor writes the cache.
 """
-from common.start import before_torch_loads
+from common.start import before_torch_loads, guarded
 
 if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as a later one
     before_torch_loads()
@@ -34,7 +34,7 @@ from common.imagenette import CLASSES, class_folders, data_differences, ensure_i
 from common.inference import run_model
 from common.paths import FEATURE_CACHE_DIR
 from common.reference import article_values, load_reference
-from common.run import Run, guarded, run_sections
+from common.run import Run, run_sections
 from figures import fewshot as figures
 
 DEFAULT_MODEL = "google/vit-base-patch16-224-in21k"

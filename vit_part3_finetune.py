@@ -17,7 +17,7 @@ Reproduces the article's sections "Fine-tuning: a new head for a new task" and "
 --batch-size is the batch of one optimizer step; it is split over the torchrun processes, and each
 process's share over --accum-steps passes, so every setting follows the same mathematics.
 """
-from common.start import before_torch_loads
+from common.start import before_torch_loads, guarded, stop_between_steps
 
 if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as a later one
     before_torch_loads()
@@ -44,7 +44,7 @@ from common.differences import flag_differences
 from common.errors import UserError
 from common.imagenette import class_folders, data_differences, ensure_imagenette, is_imagenette, list_split
 from common.reference import article_values, load_reference
-from common.run import Run, check_output, guarded, run_sections
+from common.run import Run, check_output, run_sections
 from common.schedules import warmup_cosine_lr
 from figures import finetune as figures
 
@@ -375,7 +375,7 @@ def train(run, report, data, training, last_step):
     batches = plumbing.step_batches(data["train"], chosen, run, args.resolution, args.batch_size // run.world, history)
     steps = tqdm(range(first, last_step + 1), desc="fine-tuning", unit="step", file=sys.stderr, initial=first - 1,
                  total=args.steps)
-    with plumbing.StopOnSignal() as stop:
+    with stop_between_steps() as stop:
         for step in steps:
             begun = time.perf_counter()  # a step's seconds and wait for pictures, not its check's
             pixels, labels = next(batches)

@@ -13,7 +13,7 @@ Reproduces the article's section "Fine-tuning at a higher resolution":
 
 Section 1 needs nothing; sections 2-4 need the checkpoint, section 4 the pictures too.
 """
-from common.start import before_torch_loads
+from common.start import before_torch_loads, guarded
 
 if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as a later one
     before_torch_loads()
@@ -37,7 +37,7 @@ from common.inference import run_model
 from common.loader import end_workers, picture_loader, start_workers, workers_text
 from common.pictures import load_all
 from common.reference import article_values
-from common.run import Run, guarded, run_sections
+from common.run import Run, run_sections
 from figures import posemb as figures
 
 DEFAULT_MODEL = "google/vit-base-patch16-224"

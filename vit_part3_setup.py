@@ -14,7 +14,7 @@ Hub's safetensors header when it answers, otherwise from the Table 1 architectur
 device. The ResNet-50 is microsoft/resnet-50 when cached (or reachable), otherwise the library's
 architecture with random weights: the shapes and the layer count do not depend on the weights.
 """
-from common.start import before_torch_loads
+from common.start import before_torch_loads, guarded
 
 if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as a later one
     before_torch_loads()
@@ -37,7 +37,7 @@ from common.compute import (
 )
 from common.errors import UserError
 from common.paths import IMAGENETTE_DIR
-from common.run import Run, guarded, run_sections
+from common.run import Run, run_sections
 from common.schedules import cosine_lr, warmup_linear_lr
 
 # Table 1's parameter counts (millions), its rows, and the released checkpoints; ViT-L/16's is the ImageNet

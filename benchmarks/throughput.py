@@ -45,7 +45,8 @@ from common.inference import run_model
 from common.loader import PREFETCH, picture_batches, picture_loader
 from common.output import Report
 from common.pictures import load_all, resized_rgb
-from common.run import Run, check_output, guarded
+from common.run import Run, check_output
+from common.start import guarded
 from job.standins import smooth_pictures, vit_config
 
 ATTENTION = ("sdpa", "eager")

@@ -4,9 +4,7 @@ import contextlib
 import importlib.util
 import json
 import os
-import select
 import shlex
-import signal
 import sys
 import time
 from pathlib import Path
@@ -16,7 +14,6 @@ from common.errors import UserError
 from common.files import write_text
 from common.output import MATPLOTLIB_MISSING, Report
 from common.reference import compare, load_reference, print_comparison
-from common.start import speaks
 
 
 class Run:
@@ -165,48 +162,3 @@ def check_output(path, flag, folder=False):
     except OSError as error:
         raise UserError(f"{flag} {path} cannot be written ({error.strerror or error}): "
                         f"choose a place you can write to") from error
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (a scheduler's stop, `timeout`, `docker stop`), raised where the program is, as Ctrl-C is."""
-
-
-def raise_terminated(signum, frame):
-    quiet_if_nobody_reads()
-    raise Terminated
-
-
-def quiet_if_nobody_reads():
-    """Send stdout and stderr to /dev/null where the pipe they write to has lost its reader (a job killed at once,
-    whose script was then sent SIGTERM): a write there would raise before the step in flight is saved."""
-    if not hasattr(select, "poll"):  # Windows: no pipes to a job that the system ends with it
-        return
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            poller = select.poll()
-            poller.register(stream.fileno(), select.POLLOUT)
-            if any(event & select.POLLERR for _, event in poller.poll(0)):  # a pipe whose reading end is closed
-                os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
-        except (OSError, ValueError):  # no file descriptor (captured by a test), or closed
-            pass
-
-
-def guarded(main):
-    """main()'s status; a UserError, Ctrl-C or SIGTERM ends in one line (once under torchrun) and 2, 130 or 143."""
-    previous = signal.signal(signal.SIGTERM, raise_terminated)
-    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C: KeyboardInterrupt again
-    first = speaks()
-    try:
-        return main()
-    except UserError as problem:
-        message, status = f"error: {problem}", 2
-    except Terminated:
-        message, status = "stopped by SIGTERM", 128 + signal.SIGTERM
-    except KeyboardInterrupt:
-        message, status = "interrupted", 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        signal.signal(signal.SIGINT, previous_int)
-    if first:
-        print(message, file=sys.stderr)
-    return status

@@ -1,9 +1,13 @@
-"""A script's first line, before anything slow loads: Ctrl-C is one line from here on, and a Python without the
-project's packages is told so in one line (docs/faults.md). It imports os, signal and sys alone, so that a Ctrl-C
-is handled a few milliseconds after the interpreter's own start (docs/reproduce.md, Stopping)."""
+"""Signals and a script's ending, in one place: a script's first line, before anything slow loads (Ctrl-C is one
+line from here on, and a Python without the project's packages is told so in one line); guarded(main), where a
+user's error, Ctrl-C, SIGTERM or a lost reader ends in one line; and the stop between two training steps
+(docs/faults.md). It imports os, signal, sys and contextlib alone, so that a Ctrl-C is handled a few milliseconds
+after the interpreter's own start (docs/reproduce.md, Stopping)."""
+import contextlib
 import os
 import signal
 import sys
+import time
 
 # The import names of requirements.txt's packages (matplotlib aside: without it the scripts draw no figures).
 PACKAGES = {"torch": "torch", "transformers": "transformers", "datasets": "datasets", "accelerate": "accelerate",
@@ -44,3 +48,77 @@ def before_torch_loads():
         if speaks():  # once under torchrun
             print(f"error: this Python ({sys.executable}) has no {', '.join(missing)}: {SET_UP}", file=sys.stderr)
         sys.exit(2)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's stop, `timeout`, `docker stop`), raised where the program is, as Ctrl-C is."""
+
+
+def quiet_if_nobody_reads():
+    """Send stdout and stderr to /dev/null where the pipe they write to has lost its reader (a job killed at once,
+    whose script was then sent SIGTERM): a write there would raise before the step in flight is saved."""
+    import select  # once a signal came: not at the start
+
+    if not hasattr(select, "poll"):  # Windows: no pipes to a job that the system ends with it
+        return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            poller = select.poll()
+            poller.register(stream.fileno(), select.POLLOUT)
+            if any(event & select.POLLERR for _, event in poller.poll(0)):  # a pipe whose reading end is closed
+                os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+        except (OSError, ValueError):  # no file descriptor (captured by a test), or closed
+            pass
+
+
+def guarded(main):
+    """main()'s status; a UserError, Ctrl-C or SIGTERM ends in one line (once under torchrun) and 2, 130 or 143."""
+    from common.errors import UserError
+
+    def terminate(signum, frame):
+        quiet_if_nobody_reads()
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C: KeyboardInterrupt again
+    try:
+        return main()
+    except UserError as problem:
+        message, status = f"error: {problem}", 2
+    except Terminated:
+        message, status = "stopped by SIGTERM", 128 + signal.SIGTERM
+    except KeyboardInterrupt:
+        message, status = "interrupted", 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
+    if speaks():
+        print(message, file=sys.stderr)
+    return status
+
+
+REPEAT_SECONDS = 2.0  # a SIGTERM this soon after the first is the same stop delivered twice (systemd, SLURM)
+
+
+@contextlib.contextmanager
+def stop_between_steps():
+    """In the block, a first Ctrl-C or SIGTERM asks the loop to stop after its step: the dict yielded says which
+    ({"asked": "Ctrl-C"}); a second one stops at once (status 130 or 143), a repeated SIGTERM aside."""
+    stop = {"asked": None, "signal": None, "at": 0.0}
+
+    def ask(signum, frame):
+        quiet_if_nobody_reads()
+        if stop["asked"]:
+            if signum == signal.SIGTERM == stop["signal"] and time.monotonic() - stop["at"] < REPEAT_SECONDS:
+                return
+            raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+        stop.update(asked="SIGTERM" if signum == signal.SIGTERM else "Ctrl-C", signal=signum, at=time.monotonic())
+        if speaks():  # one process speaks for all
+            print(f"\n{stop['asked']}: stopping after this step (again: at once)", file=sys.stderr)
+
+    previous = {signum: signal.signal(signum, ask) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

@@ -1,7 +1,5 @@
 """Fine-tuning's plumbing: each step's pictures and batches, their timing, its clock, checkpoints, a signal's stop."""
 import hashlib
-import signal
-import sys
 import time
 from pathlib import Path
 
@@ -15,8 +13,7 @@ from common.files import write_atomic
 from common.inference import run_model
 from common.loader import add_timing, end_workers, pass_timing, picture_batches, picture_loader, start_workers, timed
 from common.pictures import to_pixels
-from common.run import Terminated, quiet_if_nobody_reads
-from common.start import speaks
+from common.start import Terminated
 
 
 def state_digest(state):
@@ -97,43 +94,11 @@ def micro_batches(pixels, labels, passes):
         yield x, y, len(y) / len(labels)
 
 
-class StopOnSignal:
-    """In the block, a first Ctrl-C or SIGTERM asks to stop after the current step (saved whole); a second, at once."""
-    REPEAT_SECONDS = 2.0  # a SIGTERM this soon after the first is the same stop delivered twice (systemd, SLURM)
-
-    def __init__(self):
-        self.names = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
-        self.asked = None  # the name of the first signal
-        self.asked_at = None
-
-    def _handler(self, signum, frame):
-        quiet_if_nobody_reads()
-        if self.asked:
-            if signum == signal.SIGTERM == self.first and time.monotonic() - self.asked_at < self.REPEAT_SECONDS:
-                return
-            raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
-        self.asked, self.first, self.asked_at = self.names[signum], signum, time.monotonic()
-        if speaks():  # one process speaks for all
-            print(f"\n{self.asked}: stopping after this step (again: at once)", file=sys.stderr)
-
-    def stop(self):
-        """Leave the run as the signal asked: exit status 143 for SIGTERM, 130 for Ctrl-C."""
-        raise Terminated if self.asked == "SIGTERM" else KeyboardInterrupt
-
-    def __enter__(self):
-        self.previous = {signum: signal.signal(signum, self._handler) for signum in self.names}
-        return self
-
-    def __exit__(self, *exc):
-        for signum, handler in self.previous.items():
-            signal.signal(signum, handler)
-
-
 def save_or_stop(run, stop, step, last_step, save, say):
     """save() (the first process alone) every --save-every steps, at the last and on a signal; then stop if one asked:
     every process learns of a signal or failed save in any, so all stop at the same step."""
     args = run.args
-    interrupted = sum_over_processes(bool(stop.asked), run) > 0
+    interrupted = sum_over_processes(bool(stop["asked"]), run) > 0
     path, problem = None, None
     if args.save_dir and run.rank == 0 and (step % args.save_every == 0 or step == last_step or interrupted):
         try:
@@ -144,8 +109,8 @@ def save_or_stop(run, stop, step, last_step, save, say):
         raise problem or UserError("the first process could not write its checkpoint (it names the reason)")
     if interrupted:
         saved = f"; saved {path}: add --resume to continue" if path else " (no --save-dir: nothing saved)"
-        say(f"\nstopped after step {step}{' on ' + stop.asked if stop.asked else ''}{saved}")
-        stop.stop()
+        say(f"\nstopped after step {step}{' on ' + stop['asked'] if stop['asked'] else ''}{saved}")
+        raise Terminated if stop["asked"] == "SIGTERM" else KeyboardInterrupt
 
 
 def started(loader, counts):

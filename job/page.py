@@ -42,7 +42,7 @@ from common.reference import (
     verdict_counts,
     verdict_text,
 )
-from common.run import guarded
+from common.start import guarded
 from figures import backbone, fewshot, finetune, posemb
 from job.time_estimate import clock
 

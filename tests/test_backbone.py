@@ -13,7 +13,8 @@ from PIL import Image
 import vit_backbone as backbone
 from common.output import Report
 from common.reference import compare, load_reference
-from common.run import Run, guarded
+from common.run import Run
+from common.start import guarded
 from common.trainer import preprocessed
 
 

@@ -15,7 +15,8 @@ from common.device import pick_device
 from common.errors import UserError
 from common.output import Report
 from common.reference import compare, format_like, load_reference, verdict
-from common.run import Run, guarded
+from common.run import Run
+from common.start import guarded
 
 
 def test_auto_device_is_one_that_exists():

@@ -27,11 +27,11 @@ from PIL import Image
 import vit_part3_fewshot as fewshot
 import vit_part3_finetune as finetune
 import vit_part3_setup as setup
-from common import files, training
+from common import files, start, training
 from common.errors import UserError
 from common.feature_cache import cached
 from common.imagenette import IMAGENETTE_WNIDS, download_and_extract, scratch_prefix
-from common.run import guarded
+from common.start import guarded
 from job.standins import imagenette_folder
 
 ENOSPC = os.strerror(errno.ENOSPC)  # "No space left on device"
@@ -244,16 +244,16 @@ def test_a_decompression_bomb_is_named(tiny_in21k, tmp_path, capsys, monkeypatch
 def test_a_second_signal_stops_at_once_unless_it_repeats_the_first_sigterm(first, second, seconds_between,
                                                                            stops_at_once, monkeypatch):
     clock = [100.0]
-    monkeypatch.setattr(training.time, "monotonic", lambda: clock[0])
-    stop = training.StopOnSignal()
-    stop._handler(first, None)
-    clock[0] += seconds_between
-    if stops_at_once:
-        with pytest.raises(KeyboardInterrupt):  # Terminated is one
-            stop._handler(second, None)
-    else:
-        stop._handler(second, None)
-    assert stop.asked == {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}[first]
+    monkeypatch.setattr(start.time, "monotonic", lambda: clock[0])
+    with start.stop_between_steps() as stop:
+        signal.raise_signal(first)
+        clock[0] += seconds_between
+        if stops_at_once:
+            with pytest.raises(KeyboardInterrupt):  # Terminated is one
+                signal.raise_signal(second)
+        else:
+            signal.raise_signal(second)
+    assert stop["asked"] == {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}[first]
 
 
 def test_a_checks_picture_damaged_before_a_resume_stops_it_before_any_step(tiny_in21k, tmp_path, capsys,

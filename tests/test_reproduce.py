@@ -29,7 +29,7 @@ import vit_part3_posemb
 import vit_part3_setup
 from common.cli import ScriptParser
 from common.files import TEMP_PREFIX
-from common.run import Terminated, guarded
+from common.start import Terminated, guarded
 from job import child_process, downloads, ending, standins
 from job.time_estimate import estimate_seconds
 
