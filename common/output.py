@@ -52,7 +52,7 @@ class Report:
         self.script = script
         self.quiet = quiet           # a process other than the first under torchrun prints nothing
         self.numbers = {}            # name -> {"value": float, "text": as printed}
-        self.could_not_run = []      # (section title, the one-line reason)
+        self.could_not_run = []      # (section title, the UserError: its reasons)
         self.lines = []              # every printed line, in order
         self.line_of = {}            # name -> index in lines of the line that printed it
         self.pending = []            # names recorded for the line being built
@@ -135,7 +135,7 @@ class Report:
 
     def cannot_run(self, title, problem):
         self.line('cannot run section "{title}": {problem}', title=title, problem=problem)
-        self.could_not_run.append((title, str(problem)))
+        self.could_not_run.append((title, problem))
 
     def say(self, text):
         if not self.quiet:

@@ -43,15 +43,28 @@ class Run:
                     self.loaded[name] = self.loaders[name](self)
                 except UserError as problem:
                     self.loaded[name] = problem
-            if isinstance(self.loaded[name], UserError):  # a loader that needs other resources says their
-                # reasons too: split them, so that each missing thing is named once
-                problems += [p for p in str(self.loaded[name]).split("; also ") if p not in problems]
+            if isinstance(self.loaded[name], UserError):
+                problems += [p for p in self.loaded[name].args if p not in problems]
         if problems:
             if also:
                 self.need(*names, *also)  # raises, naming the missing ones of also too
-            raise UserError("; also ".join(problems))
+            raise UserError(*problems)
         values = [self.loaded[name] for name in names]
         return values[0] if len(values) == 1 else values
+
+
+def loaded(*loads):
+    """Each load() in turn, their values; when any raises a UserError, one that names every problem of them all, so
+    that one line says all that an offline run lacks."""
+    values, problems = [], []
+    for load in loads:
+        try:
+            values.append(load())
+        except UserError as problem:
+            problems += [reason for reason in problem.args if reason not in problems]
+    if problems:
+        raise UserError(*problems)
+    return values
 
 
 def section_title(section):
@@ -112,7 +125,7 @@ def finish(run, report, differences):
 def closing_lines(could_not_run):
     """A script's last lines when a section could not run: each reason once, then the command to run next."""
     titles = ", ".join(title for title, _ in could_not_run)
-    reasons = dict.fromkeys(part for _, why in could_not_run for part in why.split("; also "))
+    reasons = dict.fromkeys(reason for _, problem in could_not_run for reason in problem.args)
     lines = [f"\n{len(could_not_run)} section(s) could not run ({titles}):", *(f"  {why}" for why in reasons)]
     if os.environ.get(IN_JOB) != "1":  # the job's own command, not the script's, continues a job
         lines.append(f"next: do what each line above says, then {same_command()} runs every section")
@@ -135,7 +148,7 @@ def run_record(run, report, rows, differences):
               "numbers": {name: {**number, "line": report.line_of.get(name)}
                           for name, number in report.numbers.items()},
               "series": report.series, "passes": report.passes,
-              "could_not_run": [{"section": title, "why": why} for title, why in report.could_not_run]}
+              "could_not_run": [{"section": title, "why": str(problem)} for title, problem in report.could_not_run]}
     if rows is not None:
         record["comparison"] = rows
     given = (getattr(run.args, "model", None), getattr(run.args, "data_dir", None))

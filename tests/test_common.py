@@ -480,7 +480,7 @@ def test_inside_the_job_a_script_leaves_the_command_to_run_next_to_the_job(monke
     """Each reason once, in order; the next command only outside reproduce.py, whose own last line gives the job's."""
     from common.run import IN_JOB, closing_lines
 
-    could_not_run = [("2. a", "no checkpoint; also no pictures"), ("3. b", "no checkpoint")]
+    could_not_run = [("2. a", UserError("no checkpoint", "no pictures")), ("3. b", UserError("no checkpoint"))]
     reasons = ["\n2 section(s) could not run (2. a, 3. b):", "  no checkpoint", "  no pictures"]
     monkeypatch.setenv(IN_JOB, "1")
     assert closing_lines(could_not_run) == reasons
