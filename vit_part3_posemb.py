@@ -19,7 +19,6 @@ if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as 
     before_torch_loads()
 
 import copy
-import functools
 import math
 import sys
 
@@ -326,7 +325,7 @@ def section_accuracy(run, report):
                                               imagenet_classes, key, run.autocast)
             report.line("{label:<46} accuracy {of 10:.2f}% (of 10)   {of 1000:.2f}% (of 1000)   {time}",
                         {"of 10": 100 * of_10 / len(images), "of 1000": 100 * of_1000 / len(images)},
-                        prefix=f"{key} ", label=label, time=functools.partial(report.pass_text, key, timing))
+                        prefix=f"{key} ", label=label, time=report.pass_text(key, timing))
     finally:
         embeddings.position_embeddings.data = original
         end_workers(loader)  # now, not at the interpreter's exit (common/loader.py)

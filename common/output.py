@@ -1,8 +1,9 @@
 """A run's output: each line printed from one template, every number on it recorded under its name as printed
 (the templates' fields: docs/layout.md)."""
 import functools
-import re
+import string
 import sys
+from dataclasses import dataclass, field
 
 from common.start import speaks
 
@@ -32,37 +33,31 @@ def say(text=""):
 
 
 FORMATS = {"short": short, "repr": repr, "millions": millions, "zero or 3g": zero_or_3g}
-FIELD = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
+FIELDS = string.Formatter()  # its parse() splits a template into text and {name:spec} fields, {{ and }} undone
 
 
 def render(value, spec):
-    """format(value, spec); spec may also be a name of FORMATS or a function of the value, such as short."""
-    spec = FORMATS.get(spec, spec)
-    return spec(value) if callable(spec) else format(value, spec)
+    """format(value, spec); spec may also be a name of FORMATS, such as short."""
+    return FORMATS[spec](value) if spec in FORMATS else format(value, spec)
 
 
-def is_list(value):
-    return isinstance(value, (list, tuple)) or getattr(value, "ndim", 0) > 0
-
-
+@dataclass
 class Report:
     """The printed lines of one script's run and the numbers on them, by name."""
 
-    def __init__(self, script, quiet=False):
-        self.script = script
-        self.quiet = quiet           # a process other than the first under torchrun prints nothing
-        self.numbers = {}            # name -> {"value": float, "text": as printed}
-        self.could_not_run = []      # (section title, the UserError: its reasons)
-        self.lines = []              # every printed line, in order
-        self.line_of = {}            # name -> index in lines of the line that printed it
-        self.pending = []            # names recorded for the line being built
-        self.series = {}             # what a figure needs beyond the printed numbers (maps, curves)
-        self.passes = {}             # name -> a pass over pictures: its seconds, waiting seconds, pictures
+    script: str
+    quiet: bool = False  # a process other than the first under torchrun prints nothing
+    numbers: dict = field(default_factory=dict)  # name -> {"value": float, "text": as printed}
+    could_not_run: list = field(default_factory=list)  # (section title, the UserError: its reasons)
+    lines: list = field(default_factory=list)  # every printed line, in order
+    line_of: dict = field(default_factory=dict)  # name -> index in lines of the line that printed it
+    series: dict = field(default_factory=dict)  # what a figure needs beyond the printed numbers (maps, curves)
+    passes: dict = field(default_factory=dict)  # name -> a pass over pictures: its seconds, waiting seconds, pictures
+    say = staticmethod(say)  # say() itself is quiet in the processes that do not speak
 
     def print(self, text=""):
         self.lines += text.split("\n")
-        self.line_of.update((name, len(self.lines) - 1) for name in self.pending)
-        self.pending = []
+        self.line_of.update((name, len(self.lines) - 1) for name in self.numbers if name not in self.line_of)
         if not self.quiet:
             print(text, flush=True)
 
@@ -76,29 +71,27 @@ class Report:
         """One logged line, indented as the article's: the template's fields filled, the numbers recorded."""
         self.print(f"  {self.fill(template, numbers, prefix, words)}")
 
-    def fill(self, template, numbers, prefix, words):
-        """The {name:spec} fields filled from numbers (recorded at their first place) or words; a functools.partial
-        word is called here, so that the numbers it records come in the line's order."""
-        numbers, texts = numbers or {}, {}
-
-        def field(match):
-            if match[1] is None:  # {{ or }}
-                return match[0][0]
-            name, colon, spec = match[1].rpartition(":")
-            name, spec = (name, spec) if colon else (match[1], "")
-            if name in numbers:
-                value = numbers[name]
-                if name in texts:
-                    return texts[name] if is_list(value) else render(value, spec)
-                texts[name] = (self.nums(prefix + name, value, spec or short) if is_list(value) else
+    def fill(self, template, numbers=None, prefix="", words=None):
+        """The template's {name:spec} fields filled from numbers, each recorded as prefix + name at its first place
+        (a list prints there and at its later places as its first place does), or from words: text, not recorded."""
+        numbers, words, pieces, first = numbers or {}, words or {}, [], {}
+        for text, name, spec, _ in FIELDS.parse(template):
+            pieces.append(text)
+            if name is None:
+                continue
+            if name not in numbers:
+                if name not in words:
+                    raise KeyError(f"{self.script}: the template {template!r} has a field {name!r} with no value")
+                word = words[name]  # a functools.partial until vit_backbone.py passes its pass texts computed first
+                pieces.append(render(word() if isinstance(word, functools.partial) else word, spec))
+                continue
+            value = numbers[name]
+            listed = isinstance(value, (list, tuple)) or getattr(value, "ndim", 0) > 0
+            if name not in first:
+                first[name] = (self.nums(prefix + name, value, spec or "short") if listed else
                                self.num(prefix + name, value, spec))
-                return texts[name]
-            if name not in words:
-                raise KeyError(f"{self.script}: the template {template!r} has a field {name!r} with no value")
-            word = words[name]
-            return render(word() if isinstance(word, functools.partial) else word, spec)
-
-        return FIELD.sub(field, template)
+            pieces.append(first[name] if listed else render(value, spec))
+        return "".join(pieces)
 
     def num(self, name, value, spec=""):
         """The number formatted with spec, recorded as `name` with the text it prints as."""
@@ -106,10 +99,9 @@ class Report:
             raise ValueError(f"{self.script}: the number {name!r} is printed twice")
         text = render(value, spec)
         self.numbers[name] = {"value": float(value), "text": text.strip()}
-        self.pending.append(name)
         return text
 
-    def nums(self, name, values, spec=short, brackets=None, index=()):
+    def nums(self, name, values, spec="short", brackets=None, index=()):
         """A (nested) list or array as the article prints it, '[[7.0, 5.0], [5.0, 15.0]]', a tuple (a shape) as
         '(197, 768)'; entry (i, j) is recorded as 'name[i,j]'."""
         values = values.tolist() if hasattr(values, "tolist") else values
@@ -136,7 +128,3 @@ class Report:
     def cannot_run(self, title, problem):
         self.line('cannot run section "{title}": {problem}', title=title, problem=problem)
         self.could_not_run.append((title, problem))
-
-    def say(self, text):
-        if not self.quiet:
-            say(text)

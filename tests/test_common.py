@@ -1,5 +1,4 @@
 """common/: device picking and precision, batches of pictures, checkpoint errors, the comparison with the article."""
-import functools
 import multiprocessing
 import os
 import subprocess
@@ -155,11 +154,11 @@ def test_a_template_prints_the_articles_line_and_records_its_fields(capsys):
     report = Report("test")
     numbers = {"grid": 7, "B/16 over B/32 compute": 4.0573, "shape": (197, 768)}
     report.line("grid {grid:>2}x{grid:<2} N, x{B/16 over B/32 compute:.2f}, {shape:d}, {time}, {{-1, 1}}", numbers,
-                prefix="ViT-B/32: ", time=functools.partial(report.pass_text, "224", {"seconds": 65.2,
-                                                                                      "waiting seconds": 0.04}))
+                prefix="ViT-B/32: ", time=report.pass_text("224", {"seconds": 65.2, "waiting seconds": 0.04}))
     assert capsys.readouterr().out == "  grid  7x7  N, x4.06, (197, 768), [65 s, 0.0 s waiting for pictures], {-1, 1}\n"
-    assert list(report.numbers) == ["ViT-B/32: grid", "ViT-B/32: B/16 over B/32 compute", "ViT-B/32: shape[1]",
-                                    "ViT-B/32: shape[2]", "224 seconds", "224 waiting seconds"]
+    assert list(report.numbers) == ["224 seconds", "224 waiting seconds", "ViT-B/32: grid",
+                                    "ViT-B/32: B/16 over B/32 compute", "ViT-B/32: shape[1]", "ViT-B/32: shape[2]"]
+    assert report.line_of == dict.fromkeys(report.numbers, 0)
     assert report.numbers["ViT-B/32: grid"] == {"value": 7.0, "text": "7"}
     with pytest.raises(KeyError, match="'missing'"):
         report.line("{missing}", numbers)
