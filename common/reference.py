@@ -2,7 +2,6 @@
 and the verdicts are docs/compare.md's."""
 import json
 import math
-from decimal import Decimal
 
 from common.paths import REFERENCE_DIR
 
@@ -20,11 +19,7 @@ def load_reference(script):
 
 def article_values(script):
     """{name: the article's number as a float}: the marks on the figures."""
-    return {name: article_value(entry["article"]) for name, entry in load_reference(script).items()}
-
-
-def article_value(text):
-    return float(Decimal(text.replace(",", "")))
+    return {name: float(entry["article"].replace(",", "")) for name, entry in load_reference(script).items()}
 
 
 def format_like(article_text, value):
@@ -39,21 +34,14 @@ def format_like(article_text, value):
 
 
 def verdict(entry, value):
-    """Same, close, differs or varies: this run's value against the entry (verdict_in_setup: the others)."""
+    """Same, close, differs or varies: this run's value against the entry on the article's setup (compare: the rest)."""
     if entry["kind"] == "chance" and "band" not in entry:
         return "varies"
     if format_like(entry["article"], value) == entry["article"]:
         return "same"
-    if "band" in entry and abs(value - article_value(entry["article"])) <= entry["band"]:
+    if "band" in entry and abs(value - float(entry["article"].replace(",", ""))) <= entry["band"]:
         return "close"
     return "differs"
-
-
-def depends_on(entry, item):
-    inputs = entry.get("inputs")
-    if inputs is None:
-        return entry["kind"] != "nothing"
-    return item in inputs
 
 
 def sampling_interval(article_percent, n, total, band=0.0):
@@ -67,44 +55,38 @@ def sampling_interval(article_percent, n, total, band=0.0):
     return 100 * low / n, 100 * high / n
 
 
-def not_comparable(differences):
-    """What a row says of the differences that make its number not comparable."""
-    return {"why": "; ".join(difference["why"] for difference in differences),
-            "flags": list(dict.fromkeys(difference["flag"] for difference in differences))}
-
-
-def verdict_in_setup(name, entry, value, differences):
-    """(verdict, what to add to the row) for this run's value under this run's setup differences."""
-    if value is None:
-        removed = [difference for difference in differences.values() if name in difference.get("removes", ())]
-        return ("not comparable", not_comparable(removed)) if removed else ("not run", {})
-    moved = {item: difference for item, difference in differences.items()
-             if difference.get("moves", True) and depends_on(entry, item)}
-    sample = entry.get("sample")
-    if moved and set(moved) == {sample} and moved[sample].get("of"):
-        n, total = moved[sample]["n"], moved[sample]["of"]
-        low, high = sampling_interval(article_value(entry["article"]), n, total, entry.get("band", 0.0))
-        why = (f"{n:,} of {total:,} pictures (the first of each class, taken as a random sample): the 95% "
-               f"hypergeometric interval of the article's number" + (", widened by its band" if "band" in entry
-                                                                      else ""))
-        return ("close" if low - 1e-9 <= value <= high + 1e-9 else "differs"), {"interval": [low, high], "why": why}
-    if moved:
-        return "not comparable", not_comparable(moved.values())
-    return verdict(entry, value), {}
-
-
 def compare(numbers, reference, differences=None):
-    """[{name, article, run, difference, kind, verdict, band, why}] for every reference number, under the
-    differences of common/differences.py."""
-    rows = []
+    """[{name, article, kind, verdict, run, value, difference, band, why}] for every reference number, under the setup
+    differences of common/differences.py: a number that a difference moves (one of its "inputs"; without inputs,
+    any but arithmetic's) or never produces ("removes") is not comparable, with the flags; an accuracy that only its
+    "sample" moves is close or differs by the sample's 95% interval; the rest by verdict()."""
+    rows, differences = [], differences or {}
     for name, entry in reference.items():
         value = numbers[name]["value"] if name in numbers else None
-        word, extra = verdict_in_setup(name, entry, value, differences or {})
-        row = {"name": name, "article": entry["article"], "kind": entry["kind"], "verdict": word,
+        article = float(entry["article"].replace(",", ""))
+        row = {"name": name, "article": entry["article"], "kind": entry["kind"], "verdict": "not run",
                "run": None if value is None else format_like(entry["article"], value),
-               "value": value, "difference": None if value is None else value - article_value(entry["article"])}
+               "value": value, "difference": None if value is None else value - article}
         row.update({key: entry[key] for key in ("band", "why") if key in entry})
-        row.update(extra)
+        inputs = entry.get("inputs")
+        if value is None:  # not comparable when the setup never produces it, else not run
+            moved = {item: difference for item, difference in differences.items()
+                     if name in difference.get("removes", ())}
+        else:
+            moved = {item: difference for item, difference in differences.items() if difference.get("moves", True)
+                     and (item in inputs if inputs is not None else entry["kind"] != "nothing")}
+        sample = moved.get(entry.get("sample"), {})
+        if value is not None and len(moved) == 1 and sample.get("of"):
+            low, high = sampling_interval(article, sample["n"], sample["of"], entry.get("band", 0.0))
+            row.update(verdict="close" if low - 1e-9 <= value <= high + 1e-9 else "differs", interval=[low, high],
+                       why=f"{sample['n']:,} of {sample['of']:,} pictures (the first of each class, taken as a random "
+                           f"sample): the 95% hypergeometric interval of the article's number"
+                           + (", widened by its band" if "band" in entry else ""))
+        elif moved:
+            row.update(verdict="not comparable", why="; ".join(difference["why"] for difference in moved.values()),
+                       flags=list(dict.fromkeys(difference["flag"] for difference in moved.values())))
+        elif value is not None:
+            row["verdict"] = verdict(entry, value)
         rows.append(row)
     return rows
 
