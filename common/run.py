@@ -67,46 +67,40 @@ def loaded(*loads):
     return values
 
 
-def section_title(section):
-    return section.__doc__.strip().splitlines()[0]
-
-
 CHECK_ONLY = "VIT_PART3_CHECK_ONLY"  # set to 1: a script checks its flags and paths, then stops before its sections
 IN_JOB = "VIT_PART3_IN_JOB"  # set to 1 by reproduce.py for its scripts: the job's last lines say what to run next
 
 
 def run_sections(script, run, sections, setup_differences=None):
-    """Each section, then --compare and --json; status 1 when a section could not run. setup_differences(run) is
-    asked last, when the data the sections loaded is known."""
-    if run.args.json:  # a typo in the path must not cost the run
-        check_output(run.args.json, "--json")
+    """Each section, then --compare and --json; status 1 when a section could not run or --json could not be written.
+    setup_differences(run) is asked after the sections, when the data they loaded is known."""
+    args = run.args
+    if args.json:  # a typo in the path must not cost the run
+        check_output(args.json, "--json")
     report = Report(script, quiet=run.rank != 0)
-    if getattr(run.args, "plots", None):
-        check_output(run.args.plots, "--plots", folder=True)
+    if getattr(args, "plots", None):
+        check_output(args.plots, "--plots", folder=True)
         if importlib.util.find_spec("matplotlib") is None:  # said now, not after the long work
             report.say(f"figures: {MATPLOTLIB_MISSING}; no figure saved")
     if os.environ.get(CHECK_ONLY) == "1":  # reproduce.py asks, before its job, whether this command would start
         return 0
     for section in sections:
+        title = section.__doc__.strip().splitlines()[0]
         try:
             section(run, report)
         except UserError as problem:
-            report.cannot_run(section_title(section), problem)
+            report.cannot_run(title, problem)
         except NotImplementedError as missing:
             if run.device is None or run.device.type != "mps":
                 raise
             import torch
 
-            report.cannot_run(section_title(section), UserError(
+            report.cannot_run(title, UserError(
                 f"an operation is missing from Apple's mps backend in torch {torch.__version__} "
                 f"({str(missing).splitlines()[0][:120]}): run with PYTORCH_ENABLE_MPS_FALLBACK=1 to do it on the CPU, "
                 f"or upgrade torch"))
-    return finish(run, report, setup_differences(run) if setup_differences else {})
-
-
-def finish(run, report, differences):
-    args = run.args
-    rows = compare(report.numbers, load_reference(report.script), differences) if args.compare else None
+    differences = setup_differences(run) if setup_differences else {}
+    rows = compare(report.numbers, load_reference(script), differences) if args.compare else None
     if rows:
         print_comparison(rows, report, differences)
     status = 1 if report.could_not_run else 0
