@@ -152,39 +152,15 @@ def checkpoint_shapes(name, size, patch, pre_logits):
 
 def section_table1(run, report):
     """1. Table 1: sequence, attention pairs and forward compute"""
-    report.header("1. Table 1 and the patch-size notation: ViT-<size>/<patch>")
-    report.line("N = (resolution / patch)^2 patches, plus 1 [class] token; attention compares every pair: "
-                "(N+1)^2 pairs per head")
-    for size, patch in TABLE1_ROWS:
-        for resolution in (224, 384):
-            grid, patches, seq, pairs = sequence_shape(resolution, patch)
-            key = f"ViT-{size}/{patch} at {resolution}"
-            report.line("{key}: grid {grid:>2}x{grid:<2} N = {N:>4}  sequence {sequence:>4}  pairs per head "
-                        "{pairs:>9,}  forward compute about {GFLOPs:6.1f} GFLOPs",
-                        {"grid": grid, "N": patches, "sequence": seq, "pairs": pairs,
-                         "GFLOPs": forward_gflops(size, patch, resolution)}, prefix=f"{key}: ", key=key)
-    n16, n32 = sequence_shape(224, 16)[1], sequence_shape(224, 32)[1]
-    report.line("ViT-B/16 vs ViT-B/32 at 224: {B/16 patches at 224} vs {B/32 patches at 224} patches = "
-                "x{B/16 over B/32 patches} (patch side halved, so (1/2)^-2 = 4); compute "
-                "x{B/16 over B/32 compute at 224:.2f}",
-                {"B/16 patches at 224": n16, "B/32 patches at 224": n32, "B/16 over B/32 patches": n16 // n32,
-                 "B/16 over B/32 compute at 224": forward_gflops("B", 16, 224) / forward_gflops("B", 32, 224)})
-    report_where_the_ratio_comes_from(report)
-    for size, patch, resolution in (("L", 16, 512), ("H", 14, 518)):
-        grid, patches, seq, _ = sequence_shape(resolution, patch)
-        key = f"ViT-{size}/{patch} at {resolution}"
-        report.line("Table 2 fine-tuning resolution: {key}: grid {grid}x{grid}, N = {N}, sequence {sequence}",
-                    {"grid": grid, "N": patches, "sequence": seq}, prefix=f"{key}: ", key=key)
-
-
-def report_where_the_ratio_comes_from(report):
-    """The prose's "x2.9 longer", "x8.6 the pairs" and "the extra 0.06 comes from attention", computed."""
     layers, width, mlp, _ = VIT_SIZES["B"]
-    (_, _, s224, p224), (_, _, s384, p384) = sequence_shape(224, 16), sequence_shape(384, 16)
-    s16, s32 = sequence_shape(224, 16)[2], sequence_shape(224, 32)[2]
+    (_, n16, s16, _), (_, n32, s32, _) = sequence_shape(224, 16), sequence_shape(224, 32)
+    (_, _, s384, p384), p224 = sequence_shape(384, 16), sequence_shape(224, 16)[3]
     total16, total32 = forward_gflops("B", 16, 224) * 1e9, forward_gflops("B", 32, 224) * 1e9
     embedding = patch_embedding_flops(224, 16, width)  # 2 N 3 P^2 D with N P^2 = 224^2: the same for /32
-    numbers = {"sequence 384 over 224": s384 / s224, "pairs 384 over 224": p384 / p224,
+    # the prose's "x2.9 longer", "x8.6 the pairs" and "the extra 0.06 comes from attention", computed
+    numbers = {"B/16 patches at 224": n16, "B/32 patches at 224": n32, "B/16 over B/32 patches": n16 // n32,
+               "B/16 over B/32 compute at 224": total16 / total32,
+               "sequence 384 over 224": s384 / s16, "pairs 384 over 224": p384 / p224,
                "compute 384 over 224": forward_gflops("B", 16, 384) / forward_gflops("B", 16, 224),
                "B/16 over B/32 compute above 4": total16 / total32 - 4,
                "per-token compute ratio": token_flops(layers, width, mlp, s16) / token_flops(layers, width, mlp, s32),
@@ -194,8 +170,22 @@ def report_where_the_ratio_comes_from(report):
                "patch embedding GFLOPs": embedding / 1e9,
                "patch embedding share of B/32 (%)": 100 * embedding / total32,
                "B/16 over B/32 compute with the embedding": (total16 + embedding) / (total32 + embedding)}
+    report.header("1. Table 1 and the patch-size notation: ViT-<size>/<patch>")
+    report.line("N = (resolution / patch)^2 patches, plus 1 [class] token; attention compares every pair: "
+                "(N+1)^2 pairs per head")
+    for size, patch in TABLE1_ROWS:
+        for resolution in (224, 384):
+            grid, patches, seq, pairs = sequence_shape(resolution, patch)
+            row = {"grid": grid, "N": patches, "sequence": seq, "pairs": pairs,
+                   "GFLOPs": forward_gflops(size, patch, resolution)}
+            key = f"ViT-{size}/{patch} at {resolution}"
+            report.line("{key}: grid {grid:>2}x{grid:<2} N = {N:>4}  sequence {sequence:>4}  pairs per head "
+                        "{pairs:>9,}  forward compute about {GFLOPs:6.1f} GFLOPs", row, prefix=f"{key}: ", key=key)
+    report.line("ViT-B/16 vs ViT-B/32 at 224: {B/16 patches at 224} vs {B/32 patches at 224} patches = "
+                "x{B/16 over B/32 patches} (patch side halved, so (1/2)^-2 = 4); compute "
+                "x{B/16 over B/32 compute at 224:.2f}", numbers)
     report.line("ViT-B/16 from 224 to 384: sequence {s224} -> {s384} = x{sequence 384 over 224:.1f}, pairs per head "
-                "x{pairs 384 over 224:.1f}, compute x{compute 384 over 224:.2f}", numbers, s224=s224, s384=s384)
+                "x{pairs 384 over 224:.1f}, compute x{compute 384 over 224:.2f}", numbers, s224=s16, s384=s384)
     report.line("the extra {B/16 over B/32 compute above 4:.2f} over x4: the per-token parts grow "
                 "x{per-token compute ratio:.2f} ({s16}/{s32} tokens; the [class] token keeps it under 4), attention's "
                 "pairs x{attention compute ratio:.2f}; attention is {attention share of B/32 (%):.1f}% of ViT-B/32's "
@@ -203,6 +193,11 @@ def report_where_the_ratio_comes_from(report):
     report.line("the patch embedding, left out above, costs both {patch embedding GFLOPs:.2f} GFLOPs "
                 "({patch embedding share of B/32 (%):.1f}% of ViT-B/32); with it the ratio is "
                 "x{B/16 over B/32 compute with the embedding:.2f}", numbers)
+    for size, patch, resolution in (("L", 16, 512), ("H", 14, 518)):
+        grid, patches, seq, _ = sequence_shape(resolution, patch)
+        key = f"ViT-{size}/{patch} at {resolution}"
+        report.line("Table 2 fine-tuning resolution: {key}: grid {grid}x{grid}, N = {N}, sequence {sequence}",
+                    {"grid": grid, "N": patches, "sequence": seq}, prefix=f"{key}: ", key=key)
 
 
 def section_parameters(run, report):
@@ -211,6 +206,14 @@ def section_parameters(run, report):
     for size, patch, name, pre_logits in RELEASED:
         shapes, sources[size, patch] = checkpoint_shapes(name, size, patch, pre_logits)
         counts[size, patch] = split_parameter_count(shapes)
+    # ViT-B/32 and ViT-B/16 differ only in the patch embedding E (P*P*3 x D) and the position table ((N+1) x D)
+    (b32, _), (b16, _), width = counts["B", 32], counts["B", 16], VIT_SIZES["B"][1]
+    rows16, rows32 = sequence_shape(224, 16)[2], sequence_shape(224, 32)[2]
+    numbers = {"B/32 minus B/16": b32 - b16, "B/32 over B/16 percent": 100 * (b32 - b16) / b16,
+               "E rows at /16": 16 * 16 * 3, "E rows at /32": 32 * 32 * 3,
+               "E growth": (32 * 32 * 3 - 16 * 16 * 3) * width, "position rows at /16": rows16,
+               "position rows at /32": rows32, "position table shrink": (rows16 - rows32) * width,
+               "ViT-L/32 with pre-logits (M)": sum(counts["L", 32]) / 1e6, "ViT-L/16 without (M)": counts["L", 16][0] / 1e6}
     if all(source == "weight file" for source in sources.values()):
         report.subheader("parameters of the released checkpoints, read from the weight files (no head, no pre-logits "
                          "layer)")
@@ -225,34 +228,15 @@ def section_parameters(run, report):
                     {"backbone": backbone, "backbone (M)": backbone / 1e6, "pre-logits": pre_logits},
                     prefix=f"{key} ", key=key, checkpoint=name.split("/")[-1], source=sources[size, patch],
                     table1=TABLE1_MILLIONS[size])
-    report_patch_size_difference(report, counts["B", 32][0], counts["B", 16][0])
-    report.line("ViT-L/32 with its pre-logits layer: {ViT-L/32 with pre-logits (M):.1f}M; ViT-L/16 has "
-                "{ViT-L/16 without (M):.1f}M without one",
-                {"ViT-L/32 with pre-logits (M)": sum(counts["L", 32]) / 1e6,
-                 "ViT-L/16 without (M)": counts["L", 16][0] / 1e6})
-
-
-def report_patch_size_difference(report, b32, b16):
-    """ViT-B/32 and ViT-B/16 differ only in the patch embedding E (P*P*3 x D) and the position table ((N+1) x D)."""
-    width = VIT_SIZES["B"][1]
-    rows16, rows32 = sequence_shape(224, 16)[2], sequence_shape(224, 32)[2]
     report.line("ViT-B/32 minus ViT-B/16: {B/32 minus B/16:,} parameters ({B/32 over B/16 percent:.1f}% more), because "
                 "E grows from {E rows at /16}x{width} to {E rows at /32}x{width} (+{E growth:,}) and the position "
                 "table shrinks from {position rows at /16} to {position rows at /32} rows (-{position table shrink:,})",
-                {"B/32 minus B/16": b32 - b16, "B/32 over B/16 percent": 100 * (b32 - b16) / b16,
-                 "E rows at /16": 16 * 16 * 3, "E rows at /32": 32 * 32 * 3,
-                 "E growth": (32 * 32 * 3 - 16 * 16 * 3) * width, "position rows at /16": rows16,
-                 "position rows at /32": rows32, "position table shrink": (rows16 - rows32) * width}, width=width)
+                numbers, width=width)
+    report.line("ViT-L/32 with its pre-logits layer: {ViT-L/32 with pre-logits (M):.1f}M; ViT-L/16 has "
+                "{ViT-L/16 without (M):.1f}M without one", numbers)
 
 
 # ---------------------------------------------------------------- 2. the hybrid
-
-def resnet_stage_shapes(model, pixels):
-    """(channels, height, width) of the four stage outputs of a transformers ResNet."""
-    with torch.inference_mode():
-        hidden = model(pixel_values=pixels, output_hidden_states=True).hidden_states
-    return [tuple(h.shape[1:]) for h in hidden[1:]]  # hidden[0] is the stem's output
-
 
 def load_resnet50():
     """(model, description): microsoft/resnet-50 if cached or reachable, else random weights."""
@@ -290,20 +274,21 @@ def section_hybrid(run, report):
     report.header("2. the hybrid: which ResNet-50 stage feeds ViT")
     model, model_name = load_resnet50()
     pixels, picture = hybrid_picture()
-    shapes = resnet_stage_shapes(model, pixels)
+    with torch.inference_mode():
+        hidden = model(pixel_values=pixels, output_hidden_states=True).hidden_states
+    shapes = [tuple(h.shape[1:]) for h in hidden[1:]]  # (channels, height, width) of each stage; hidden[0]: the stem
+    tokens4, tokens3 = shapes[3][1] * shapes[3][2], shapes[2][1] * shapes[2][2]
+    numbers = {"option (i) tokens": tokens4, "option (ii) tokens": tokens3, "stage 3 over stage 4 tokens": tokens3 // tokens4,
+               "BatchNorm2d layers": sum(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())}
     for stage, (channels, height, width) in enumerate(shapes, 1):
         report.line("stage {stage} output: {channels:>4} channels x {height:>2} x {width:<2} -> as 1x1 patches: "
                     "{tokens:>5} tokens of {channels} numbers",
                     {"channels": channels, "height": height, "width": width, "tokens": height * width},
                     prefix=f"stage {stage} ", stage=stage)
-    tokens4, tokens3 = shapes[3][1] * shapes[3][2], shapes[2][1] * shapes[2][2]
     report.line("option (i), stage 4: {option (i) tokens} tokens; option (ii), extended stage 3: {option (ii) tokens} "
-                "tokens = x{stage 3 over stage 4 tokens} (the \"4x longer sequence\")",
-                {"option (i) tokens": tokens4, "option (ii) tokens": tokens3,
-                 "stage 3 over stage 4 tokens": tokens3 // tokens4})
-    batch_norms = sum(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
+                "tokens = x{stage 3 over stage 4 tokens} (the \"4x longer sequence\")", numbers)
     report.line("{model} is a standard ResNet: it has {BatchNorm2d layers} BatchNorm2d layers (BiT replaces each with "
-                "Group Norm)", {"BatchNorm2d layers": batch_norms}, model=model_name)
+                "Group Norm)", numbers, model=model_name)
     report.line("(picture: {picture}, resized to 224x224)", picture=picture)
 
 
@@ -341,20 +326,16 @@ def weight_standardize(weights, eps=0.0):
     return (weights - mean) / torch.sqrt(weights.var(dim=-1, unbiased=False, keepdim=True) + eps)
 
 
-def torch_norms_agree(batch):
-    """torch's BatchNorm (training mode: the batch's statistics) and GroupNorm (2 groups) give what ours give."""
-    torch_bn = torch.nn.BatchNorm1d(4, affine=False, eps=NORM_EPS, dtype=torch.float64).train()
-    torch_gn = torch.nn.GroupNorm(2, 4, affine=False, eps=NORM_EPS, dtype=torch.float64)
-    return (torch.allclose(torch_bn(batch), batch_norm(batch), atol=1e-12)
-            and torch.allclose(torch_gn(batch), group_norm(batch, 2), atol=1e-12))
-
-
 def section_norms(run, report):
     """3. Batch Norm vs Group Norm"""
     report.header("3. Batch Norm vs Group Norm on a tiny batch (4 channels, 2 pixels per channel, 2 groups)")
     a = torch.tensor(PICTURE_A, dtype=torch.float64)
     batches = [torch.stack([a, torch.tensor(partner, dtype=torch.float64)]) for partner in (PARTNER_1, PARTNER_2)]
-    torch_agrees = all(torch_norms_agree(batch) for batch in batches)
+    # torch's BatchNorm (training mode: the batch's statistics) and GroupNorm (2 groups) must give what ours give
+    torch_bn = torch.nn.BatchNorm1d(4, affine=False, eps=NORM_EPS, dtype=torch.float64).train()
+    torch_gn = torch.nn.GroupNorm(2, 4, affine=False, eps=NORM_EPS, dtype=torch.float64)
+    torch_agrees = all(torch.allclose(torch_bn(batch), batch_norm(batch), atol=1e-12)
+                       and torch.allclose(torch_gn(batch), group_norm(batch, 2), atol=1e-12) for batch in batches)
     if not torch_agrees:
         raise RuntimeError("torch's BatchNorm/GroupNorm disagree with the by-hand formulas")
     group, filters = a[:2].flatten(), torch.tensor([FILTER_1, FILTER_2], dtype=torch.float64)
@@ -444,14 +425,6 @@ def torch_optimizer_weight(optimizer_class, gradients, **settings):
     return w.item()
 
 
-def torch_adam(gradients, lr=1e-3):
-    return torch_optimizer_weight(torch.optim.Adam, gradients, lr=lr)
-
-
-def torch_sgd(gradients, lr=0.01, momentum=0.9):
-    return torch_optimizer_weight(torch.optim.SGD, gradients, lr=lr, momentum=momentum)
-
-
 def torch_clip(gradients, max_norm):
     params = [torch.nn.Parameter(torch.zeros(len(g), dtype=torch.float64)) for g in gradients]
     for p, g in zip(params, gradients):
@@ -464,18 +437,22 @@ def section_adam(run, report):
     """4a. Adam by hand and by torch"""
     report.header("4. pre-training and fine-tuning by hand: Adam, Table 3, SGD with momentum, Polyak averaging, "
                   "clipping, Table 4")
-    rows = adam_by_hand(GRADIENTS)
+    rows, by_torch = adam_by_hand(GRADIENTS), torch_optimizer_weight(torch.optim.Adam, GRADIENTS, lr=1e-3)
     for t, g, m, v, m_hat, v_hat, step, w in rows:
         report.line("Adam t={t}: g={g:5.2f}  m={m:.4f}  v={v:.6f}  m_hat={m_hat:.4f}  v_hat={v_hat:.4f}  "
                     "step = lr*m_hat/sqrt(v_hat) = {step:.6f}  w={w:.6f}",
                     {"m": m, "v": v, "m_hat": m_hat, "v_hat": v_hat, "step": step, "w": w}, prefix=f"Adam t={t} ",
                     t=t, g=g)
     report.line("torch.optim.Adam after the same three gradients: w={torch Adam w:.6f}  (ours {ours:.6f})",
-                {"torch Adam w": torch_adam(GRADIENTS)}, ours=rows[-1][-1])
+                {"torch Adam w": by_torch}, ours=rows[-1][-1])
 
 
 def section_pretraining(run, report):
     """4b. Table 3 in steps, and the warm-up"""
+    total = pretraining_steps(7, 303e6)
+    middle = PRETRAIN_WARMUP + (total - PRETRAIN_WARMUP) // 2
+    learning_rates = {name: warmup_linear_lr(step, 8e-4, total, PRETRAIN_WARMUP) for name, step in
+                      (("JFT LR at 5,000", 5_000), ("JFT LR at 10,000", 10_000), ("JFT LR at mid-decay", middle))}
     report.print()
     for label, epochs, pictures, base_lr, decay in TABLE3:
         steps = pretraining_steps(epochs, pictures)
@@ -484,28 +461,27 @@ def section_pretraining(run, report):
                     {"steps": steps, "warm-up %": 100 * PRETRAIN_WARMUP / steps}, prefix=f"{label}: ", label=label,
                     epochs=epochs, millions=pictures / 1e6, batch=PRETRAIN_BATCH, warmup=PRETRAIN_WARMUP,
                     base_lr=base_lr, decay=decay)
-    total = pretraining_steps(7, 303e6)
-    middle = PRETRAIN_WARMUP + (total - PRETRAIN_WARMUP) // 2
     report.line("ViT-B/16 on JFT: LR at step 5,000 = {JFT LR at 5,000:.1e} (half way up the warm-up), at 10,000 = "
-                "{JFT LR at 10,000:.1e}, at the middle of the decay = {JFT LR at mid-decay:.1e}",
-                {name: warmup_linear_lr(step, 8e-4, total, PRETRAIN_WARMUP) for name, step in
-                 (("JFT LR at 5,000", 5_000), ("JFT LR at 10,000", 10_000), ("JFT LR at mid-decay", middle))})
+                "{JFT LR at 10,000:.1e}, at the middle of the decay = {JFT LR at mid-decay:.1e}", learning_rates)
 
 
 def section_sgd_and_polyak(run, report):
     """4c. SGD with momentum and Polyak averaging"""
     report.print()
     rows = sgd_momentum_by_hand(GRADIENTS)
+    weights = [1.0, 1.2, 0.9, 1.1, 1.05]
+    numbers = {"torch SGD w": torch_optimizer_weight(torch.optim.SGD, GRADIENTS, lr=0.01, momentum=0.9),
+               "Polyak weights": weights, "Polyak average": polyak_average(weights, 0.9),
+               "Polyak 0.9999 memory": 1 / (1 - 0.9999)}
     for t, g, velocity, w in rows:
         report.line("SGD momentum 0.9, lr 0.01, t={t}: g={g:5.2f}  velocity = 0.9*velocity + g = {velocity:.4f}  "
                     "w = w - lr*velocity = {w:.5f}", {"velocity": velocity, "w": w}, prefix=f"SGD t={t} ", t=t, g=g)
     report.line("torch.optim.SGD(momentum=0.9) after the same gradients: w={torch SGD w:.5f}  (ours {ours:.5f})",
-                {"torch SGD w": torch_sgd(GRADIENTS)}, ours=rows[-1][-1])
-    weights = [1.0, 1.2, 0.9, 1.1, 1.05]
+                numbers, ours=rows[-1][-1])
     report.line("Polyak (exponential) averaging, factor 0.9: weights {Polyak weights} -> averages {Polyak average}",
-                {"Polyak weights": weights, "Polyak average": polyak_average(weights, 0.9)})
+                numbers)
     report.line("a factor of 0.9999 averages over roughly the last 1/(1 - 0.9999) = {Polyak 0.9999 memory:,.0f} steps",
-                {"Polyak 0.9999 memory": 1 / (1 - 0.9999)})
+                numbers)
 
 
 def section_clipping(run, report):
@@ -524,6 +500,7 @@ def section_clipping(run, report):
 
 def section_table4(run, report):
     """4e. Table 4 in steps and passes, and cosine decay"""
+    learning_rates = {f"cosine LR at {step:,}": cosine_lr(step, 0.03, 20_000) for step in (0, 10_000, 15_000, 20_000)}
     report.print()
     for task, steps, pictures in TABLE4:
         seen = steps * FINETUNE_BATCH
@@ -533,8 +510,7 @@ def section_table4(run, report):
                     label=f"fine-tuning {task}", steps=steps, batch=FINETUNE_BATCH, pictures=pictures)
     report.line("ImageNet fine-tuning at base LR 0.03, cosine: step 0 -> {cosine LR at 0:.2g}, step 10,000 -> "
                 "{cosine LR at 10,000:.2g}, step 15,000 -> {cosine LR at 15,000:.2g}, step 20,000 -> "
-                "{cosine LR at 20,000:.2g}",
-                {f"cosine LR at {step:,}": cosine_lr(step, 0.03, 20_000) for step in (0, 10_000, 15_000, 20_000)})
+                "{cosine LR at 20,000:.2g}", learning_rates)
 
 
 SECTIONS = [section_table1, section_parameters, section_hybrid, section_norms, section_adam, section_pretraining,

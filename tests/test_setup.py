@@ -140,7 +140,7 @@ def test_adam_by_hand_of_the_article():
 
 def test_adam_by_hand_equals_torch_on_random_gradients():
     gradients = torch.randn(20, generator=torch.Generator().manual_seed(1)).tolist()
-    by_torch = setup.torch_adam(gradients, lr=0.01)
+    by_torch = setup.torch_optimizer_weight(torch.optim.Adam, gradients, lr=0.01)
     assert setup.adam_by_hand(gradients, lr=0.01)[-1][-1] == pytest.approx(by_torch, abs=1e-12)
 
 
@@ -149,7 +149,8 @@ def test_sgd_momentum_by_hand():
     assert [r[2] for r in rows] == pytest.approx([0.5, 0.35, 0.615])
     assert [r[3] for r in rows] == pytest.approx([0.995, 0.9915, 0.98535])
     gradients = torch.randn(20, generator=torch.Generator().manual_seed(2)).tolist()
-    assert setup.sgd_momentum_by_hand(gradients)[-1][-1] == pytest.approx(setup.torch_sgd(gradients), abs=1e-12)
+    assert setup.sgd_momentum_by_hand(gradients)[-1][-1] == pytest.approx(
+        setup.torch_optimizer_weight(torch.optim.SGD, gradients, lr=0.01, momentum=0.9), abs=1e-12)
 
 
 def test_the_optimizer_rows_count_steps_from_1():
@@ -159,8 +160,10 @@ def test_the_optimizer_rows_count_steps_from_1():
 
 def test_torch_adam_with_its_default_lr_gives_the_articles_weight():
     """The article's line: torch.optim.Adam after the same three gradients: w=0.997824 (lr 0.001)."""
-    assert setup.torch_adam([0.5, -0.1, 0.3]) == pytest.approx(0.997824, abs=5e-7)
-    assert setup.torch_sgd([0.5, -0.1, 0.3]) == pytest.approx(0.98535, abs=5e-6)
+    gradients = [0.5, -0.1, 0.3]
+    assert setup.torch_optimizer_weight(torch.optim.Adam, gradients, lr=1e-3) == pytest.approx(0.997824, abs=5e-7)
+    assert setup.torch_optimizer_weight(torch.optim.SGD, gradients, lr=0.01, momentum=0.9) == pytest.approx(
+        0.98535, abs=5e-6)
 
 
 def test_polyak_average_equals_torch_ema():
