@@ -19,6 +19,7 @@ if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as 
     before_torch_loads()
 
 import copy
+import functools
 import math
 import sys
 
@@ -36,7 +37,7 @@ from common.inference import run_model
 from common.loader import end_workers, picture_loader, start_workers, workers_text
 from common.pictures import load_all
 from common.reference import article_values
-from common.run import Run, run_sections
+from common.run import Run, loaded, run_sections
 from figures import posemb as figures
 
 DEFAULT_MODEL = "google/vit-base-patch16-224"
@@ -125,11 +126,6 @@ def model_table(model):
     return model.vit.embeddings.position_embeddings.detach()[0].cpu().numpy().astype(np.float64)
 
 
-def as_parameter_rows(table, device):
-    """A (rows, d) float64 table as the (1, rows, d) float32 tensor a ViT holds, on the device."""
-    return torch.from_numpy(np.asarray(table, dtype=np.float32))[None].to(device)
-
-
 def split_table(table):
     """([class] row (1, d), grid (n, n, d)) of a (1 + n^2, d) table."""
     n = math.isqrt(len(table) - 1)
@@ -161,6 +157,7 @@ def cosine_similarities(grid, place):
 
 # ---------------------------------------------------------------- resources
 
+@functools.lru_cache(maxsize=1)  # once per run: sections 2-4 ask for it
 def load_model(run):
     from transformers import ViTForImageClassification
 
@@ -183,8 +180,9 @@ def imagenet_indices(root):
     return [index[wnid] for wnid in folders]
 
 
+@functools.lru_cache(maxsize=1)  # once per run: section 4 and setup_differences ask for them
 def load_pictures(run):
-    """(decoded pictures, labels, the ImageNet index of each class) of the validation split, decoded once."""
+    """(decoded pictures, labels, the ImageNet index of each class) of the validation split."""
     root = ensure_imagenette(run.args.data_dir)
     items = list_split(root, "val", run.args.per_class)
     return load_all([path for path, _ in items]), torch.tensor([label for _, label in items]), imagenet_indices(root)
@@ -208,7 +206,7 @@ def section_tiny_grid(run, report):
 
 def section_position_table(run, report):
     """2. the position table"""
-    model = run.need("model")
+    model = load_model(run)
     config, resolution = model.config, run.args.resolution
     table = model_table(model)
     n_old, n_new = grids(config, resolution)
@@ -259,7 +257,7 @@ def library_table(model, resolution):
 
 def section_cosine(run, report):
     """3. cosine similarity"""
-    model = run.need("model")
+    model = load_model(run)
     n_old, n_new = grids(model.config, run.args.resolution)
     _, grid = split_table(model_table(model))
     old_place, new_place = example_places(n_old, n_new)
@@ -284,25 +282,9 @@ def section_cosine(run, report):
         figures.cosine_maps(maps, run.args.plots, report.say)
 
 
-def evaluate(model, images, labels, resolution, device, batch_size, imagenet_classes, desc="", autocast=None):
-    """(right of 10, right of 1000) over all pictures, and the pass's timing (common/loader.py)."""
-    logits, timing = run_model(model, images, resolution, device, batch_size, lambda out: out.logits.float(), desc,
-                               autocast)
-    return (*accuracy_counts(torch.cat(logits), labels, imagenet_classes), timing)
-
-
-def accuracy_rows(n_old, resolution):
-    """(name, label, the table's name or None for the checkpoint's own at its resolution)."""
-    return [("224", f"224, the training resolution ({n_old * n_old} patches)", None),
-            ("2D bilinear", f"{resolution}, 2D bilinear (the official code)", "2D bilinear"),
-            ("2D bicubic", f"{resolution}, 2D bicubic (the library)", "2D bicubic"),
-            ("1D", f"{resolution}, 1D: the {n_old * n_old} rows stretched as one list", "1D"),
-            ("zeros", f"{resolution}, no position rows at all (zeros)", "zeros")]
-
-
 def section_accuracy(run, report):
     """4. accuracy at both resolutions"""
-    model, (images, labels, imagenet_classes) = run.need("model", "pictures")
+    model, (images, labels, imagenet_classes) = loaded(lambda: load_model(run), lambda: load_pictures(run))
     args = run.args
     report.header("4. accuracy on the Imagenette validation set: {validation pictures} pictures (160 px on the short "
                   "side), device {device}", {"validation pictures": len(images)}, device=run.device.type)
@@ -312,17 +294,23 @@ def section_accuracy(run, report):
     original = embeddings.position_embeddings.data.clone()
     n_old, n_new = grids(model.config, args.resolution)
     tables = position_tables(model_table(model), n_new)
+    rows = [("224", f"224, the training resolution ({n_old * n_old} patches)"),
+            ("2D bilinear", f"{args.resolution}, 2D bilinear (the official code)"),
+            ("2D bicubic", f"{args.resolution}, 2D bicubic (the library)"),
+            ("1D", f"{args.resolution}, 1D: the {n_old * n_old} rows stretched as one list"),
+            ("zeros", f"{args.resolution}, no position rows at all (zeros)")]
     loader = picture_loader(images, run.device)  # its workers, if any, serve all five rows
     report.line("the loader: {loader}; each row's wait for pictures is its own",
                 loader=workers_text(loader, start_workers(loader)))
     try:
-        for key, label, table_name in accuracy_rows(n_old, args.resolution):
-            table = tables.get(table_name) if table_name else None
-            embeddings.position_embeddings.data = (original if table is None else
-                                                   as_parameter_rows(table, original.device))
-            size = model.config.image_size if table_name is None else args.resolution
-            of_10, of_1000, timing = evaluate(model, loader, labels, size, run.device, args.batch_size,
-                                              imagenet_classes, key, run.autocast)
+        for key, label in rows:
+            table = tables.get(key)  # None: the checkpoint's own, or 2D bicubic: the library's, stretched in the pass
+            embeddings.position_embeddings.data = (original if table is None else torch.from_numpy(
+                np.asarray(table, dtype=np.float32))[None].to(original.device))
+            size = model.config.image_size if key == "224" else args.resolution
+            logits, timing = run_model(model, loader, size, run.device, args.batch_size,
+                                       lambda out: out.logits.float(), key, run.autocast)
+            of_10, of_1000 = accuracy_counts(torch.cat(logits), labels, imagenet_classes)
             report.line("{label:<46} accuracy {of 10:.2f}% (of 10)   {of 1000:.2f}% (of 1000)   {time}",
                         {"of 10": 100 * of_10 / len(images), "of 1000": 100 * of_1000 / len(images)},
                         prefix=f"{key} ", label=label, time=report.pass_text(key, timing))
@@ -342,8 +330,10 @@ ARTICLE_FLAGS = {"resolution": ("resolution", 384), "precision": ("precision", "
 
 def setup_differences(run):
     """How this run's setup differs from the article's: the pictures, the resolution, the precision."""
-    pictures = run.loaded.get("pictures")
-    count = len(pictures[1]) if isinstance(pictures, tuple) else None
+    try:
+        count = len(load_pictures(run)[1])
+    except UserError:  # said by section 4: the count is unknown
+        count = None
     return {**data_differences(run.args, {"val": count}),
             **flag_differences(run.args, ARTICLE_FLAGS)}
 
@@ -360,8 +350,7 @@ def main(argv=None):
     config = checkpoint_config(args.model)
     if config is not None:  # a checkpoint on disk: refuse a resolution it cannot serve before any work
         check_resolution(config, args.resolution)
-    return run_sections("posemb", Run(args, {"model": load_model, "pictures": load_pictures}), SECTIONS,
-                        setup_differences)
+    return run_sections("posemb", Run(args), SECTIONS, setup_differences)
 
 
 if __name__ == "__main__":
