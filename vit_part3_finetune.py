@@ -17,14 +17,13 @@ Reproduces the article's sections "Fine-tuning: a new head for a new task" and "
 --batch-size is the batch of one optimizer step; it is split over the torchrun processes, and each
 process's share over --accum-steps passes, so every setting follows the same mathematics.
 """
-from common.start import before_torch_loads, guarded, stop_between_steps
+from common.start import Terminated, before_torch_loads, guarded, stop_between_steps
 
 if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as a later one
     before_torch_loads()
 
 import contextlib
 import copy
-import functools
 import math
 import os
 import statistics
@@ -38,14 +37,18 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from common import cli, distributed
-from common import training as plumbing
 from common.checkpoints import checkpoint_config, load_pretrained
+from common.device import to_device
 from common.differences import flag_differences
 from common.errors import UserError
 from common.imagenette import class_folders, data_differences, ensure_imagenette, is_imagenette, list_split
+from common.inference import run_model
+from common.loader import add_timing, one_pass, pass_timing, start_pass, timed
+from common.pictures import to_pixels
 from common.reference import article_values, load_reference
-from common.run import Run, check_output, run_sections
+from common.run import Run, check_output, loaded, run_sections
 from common.schedules import warmup_cosine_lr
+from common.training import read_checkpoint, save_checkpoint, set_rng_states
 from figures import finetune as figures
 
 # ---------------------------------------------------------------- the recipe
@@ -71,7 +74,7 @@ ARTICLE_FLAGS = {"steps": ("steps", STEPS), "batch": ("batch_size", BATCH), "lr"
 # --accum-steps and torchrun's processes keep the recipe's arithmetic, so they are not in ARTICLE_FLAGS.
 
 CHECKPOINT = "checkpoint.pt"
-CHECKPOINT_FORMAT = "vit_part3_finetune checkpoint, v3"  # v3: the history holds the passes' timings
+CHECKPOINT_FORMAT = "vit_part3_finetune checkpoint, v4"  # v4: the run's log, one dict beside the weights
 
 
 # ---------------------------------------------------------------- the recipe, as pure functions
@@ -93,6 +96,34 @@ def warmup_steps(total_steps):
 def lr_at(step, base_lr, total_steps):
     """The learning rate of step s = 1 .. T, the one it applies and logs: the schedule after s - 1 finished steps."""
     return warmup_cosine_lr(step - 1, base_lr, total_steps, warmup_steps(total_steps))
+
+
+def step_pictures(step, batch_size, count, seed):
+    """(indices, flips) of the global batch of step s = 1, 2, ...: positions (s-1) B ... s B - 1 of an endless sequence
+    of passes over the count pictures, pass e in its own order and flips, drawn from the seed [seed, e]. It depends on
+    the step alone, so a resumed run, any number of processes and any accumulation see the same pictures."""
+    positions = np.arange((step - 1) * batch_size, step * batch_size)
+    indices, flips = np.empty(batch_size, dtype=np.int64), np.empty(batch_size, dtype=bool)
+    for epoch in np.unique(positions // count):
+        rng = np.random.default_rng([seed, int(epoch)])
+        order, flip = rng.permutation(count), rng.random(count) < 0.5
+        here = positions // count == epoch
+        indices[here] = order[positions[here] % count]
+        flips[here] = flip[positions[here] % count]
+    return indices, flips
+
+
+def process_share(items, rank, world):
+    """This process's contiguous share of a step's batch (an array, or a tuple of arrays)."""
+    share = len(items[0]) // world
+    return tuple(part[rank * share:(rank + 1) * share] for part in items)
+
+
+def micro_batches(pixels, labels, passes):
+    """(pictures, labels, weight) of each of `passes` parts of a batch; weight: the part's share, so that the weighted
+    mean losses add up to the batch's."""
+    for x, y in zip(pixels.chunk(passes), labels.chunk(passes)):
+        yield x, y, len(y) / len(labels)
 
 
 def head_gradient_by_hand(features, logits, labels):
@@ -134,7 +165,7 @@ def head_step(model, pixels, labels, passes=1):
         lambda module, inputs, output: captured.append(inputs[0].detach().float()))
     model.zero_grad(set_to_none=True)
     try:
-        for x, y, weight in plumbing.micro_batches(pixels, labels, passes):
+        for x, y, weight in micro_batches(pixels, labels, passes):
             part = model(pixel_values=x, interpolate_pos_encoding=True).logits.float()  # the loss in float32, bf16 too
             share = F.cross_entropy(part, y) * weight
             share.backward()
@@ -217,18 +248,22 @@ def load_checkpoint(run):
     return model, info
 
 
-def load_classifier(run):
-    checkpoint, data = run.need("checkpoint", "data")
-    model, pre_logits = build_classifier(checkpoint, data["classes"], run.args.resolution)
-    return {"model": model.to(run.device), "pre-logits": pre_logits}
+def data_and_model(run):
+    """(the pictures, the classifier on the device, its dropped pre-logits shape): the first section loads them, the
+    next ones find them in run.loaded; one line names all that an offline run lacks, the checkpoint and the pictures."""
+    if "data and model" not in run.loaded:
+        data, checkpoint = loaded(lambda: load_data(run), lambda: load_checkpoint(run))
+        model, pre_logits = build_classifier(checkpoint, data["classes"], run.args.resolution)
+        run.loaded["data and model"] = data, model.to(run.device), pre_logits
+    return run.loaded["data and model"]
 
 
 # ---------------------------------------------------------------- sections
 
 def section_data_and_model(run, report):
     """0. data and model"""
-    data, classifier = run.need("data", "classifier")
-    model, pre_logits, args = classifier["model"], classifier["pre-logits"], run.args
+    data, model, pre_logits = data_and_model(run)
+    args = run.args
     report.header("0. data: {name}, {training pictures} training and {validation pictures} validation pictures, "
                   "{classes} classes; device {device}", {"training pictures": len(data["train"]),
                   "validation pictures": len(data["val"]), "classes": data["classes"]}, name=data["name"],
@@ -258,14 +293,16 @@ def section_data_and_model(run, report):
 
 def section_zero_head(run, report):
     """1. step 0 with the zero head"""
-    data, classifier = run.need("data", "classifier")
+    data, model, _ = data_and_model(run)
     if run.rank != 0:
         return
-    model, classes = classifier["model"], data["classes"]
+    classes = data["classes"]
     report.header("1. step 0 with the zero head")
-    first_batch = [plumbing.step_pictures(1, run.args.batch_size, len(data["train"]), run.args.seed)]
-    pixels, labels = next(plumbing.step_batches(data["train"], first_batch, run, run.args.resolution,
-                                                run.args.batch_size, {}, 0))  # no loader workers for one batch
+    indices, flips = step_pictures(1, run.args.batch_size, len(data["train"]), run.args.seed)  # step 1's whole batch
+    loader = one_pass([data["train"][i][0] for i in indices], run.args.resolution, run.args.batch_size, run.device,
+                      flips, workers=0)  # no workers for one batch
+    pixels = to_pixels(next(start_pass(loader)[0]), run.device)
+    labels = torch.tensor([data["train"][i][1] for i in indices], device=run.device)
     passes = run.world * run.args.accum_steps  # the micro-batch of a training step, so the peak is training's
     with run.autocast:
         zero = head_step(model, pixels, labels, passes)
@@ -312,7 +349,7 @@ STEP_LINE = ("step {step:3d}: lr {lr:.5f}  loss {loss:.4f}  gradient norm before
 
 def section_finetune(run, report):
     """2. fine-tuning"""
-    data, classifier = run.need("data", "classifier")
+    data, model, _ = data_and_model(run)
     args = run.args
     warmup, micro = warmup_steps(args.steps), args.batch_size // (run.world * args.accum_steps)
     report.header("2. fine-tuning: {steps} steps, batch {batch}, SGD momentum {momentum}, no weight decay, base LR "
@@ -324,75 +361,50 @@ def section_finetune(run, report):
         report.line("{resolution} pixels; batch {batch} = {world} process(es) x {accum} accumulation step(s) x "
                     "{micro} pictures", resolution=args.resolution, batch=args.batch_size, world=run.world,
                     accum=args.accum_steps, micro=micro)
-    training = start_training(run, report, data, classifier["model"], micro)
-    last_step = min(args.pause_at or args.steps, args.steps)
-    train(run, report, data, training, last_step)
-    finish(run, report, data, training, last_step)
-
-
-def start_training(run, report, data, model, micro):
-    """The optimizer, the weight average, the DDP wrapper and the step to start from (--resume: the checkpoint's);
-    the validation subset watched during the run, read once, and its accuracy before the first step."""
-    args = run.args
     average = copy.deepcopy(model).requires_grad_(False)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
-    settings = {"model": args.model, "steps": args.steps, "batch size": args.batch_size, "lr": args.lr,
-                "seed": args.seed, "resolution": args.resolution, "per class": args.per_class,
-                "precision": args.precision, "processes": run.world,  # all but the processes must stay on --resume
-                "checked per class": None if args.check_per_class == MONITOR_PER_CLASS else args.check_per_class}
-    start, history = 0, {"losses": [], "norms": [], "rows": [], "seconds": 0.0}
+    # what the run logs, kept whole in its checkpoint: a resumed run goes on with it
+    log = {"losses": [], "norms": [], "rows": [], "seconds": 0.0, "loader workers": 0, "loader start-up seconds": 0.0,
+           "passes": {"training": pass_timing(), "checks": pass_timing()}}
+    start = 0
     if args.resume:
-        state = plumbing.resume(args.save_dir, CHECKPOINT, CHECKPOINT_FORMAT, "vit_part3_finetune.py", settings,
-                                {"model": model, "average": average, "optimizer": optimizer})
-        start, history = state["step"], state["history"]
+        start, log = resume(run, model, average, optimizer)
         report.line("resumed from {path} at step {start}", path=Path(args.save_dir) / CHECKPOINT, start=start)
-    clock, checks = plumbing.run_clock(history), plumbing.run_passes(history)["checks"]
-    trained = torch.nn.parallel.DistributedDataParallel(model) if run.world > 1 else model  # on the model's device
     items = list_split(data["root"], "val", checked_per_class(args))
     # read once, kept on the device: an unreadable picture stops the run here; the reading counts as the checks' wait
-    monitor = plumbing.kept_batches(items, run, micro, history)
+    monitor = kept_batches(items, run, micro, log)
     if start == 0:
-        (history["step 0"],), _ = plumbing.accuracies([model.eval()], *monitor, run, micro, "step 0", into=checks)
+        (log["step 0"],), _ = accuracies([model.eval()], *monitor, run, micro, "step 0", log["passes"]["checks"])
         ties = not model.classifier.weight.any() and not model.classifier.bias.any()
-        history["tie note"] = "  (zero head: every class ties, the first wins)" if ties else ""
+        log["tie note"] = "  (zero head: every class ties, the first wins)" if ties else ""
     report.line("step   0: validation accuracy ({monitor pictures:,} pictures, {monitor per class} per class) "
                 "{step 0 validation:.1f}%{tie_note}", {"monitor pictures": len(items),
-                "monitor per class": len(items) // data["classes"], "step 0 validation": history["step 0"]},
-                tie_note=history["tie note"])
-    return {"model": model, "trained": trained, "average": average, "optimizer": optimizer, "settings": settings,
-            "start": start, "history": history, "clock": clock, "monitor": monitor, "micro": micro}
+                "monitor per class": len(items) // data["classes"], "step 0 validation": log["step 0"]},
+                tie_note=log["tie note"])
+    last_step = min(args.pause_at or args.steps, args.steps)
+    train(run, report, data, model, average, optimizer, log, monitor, start, last_step)
+    finish(run, report, data, model, average, log, last_step)
 
 
-def train(run, report, data, training, last_step):
-    """Steps start+1 .. last_step: the article's loop, its logged steps, and checkpoints (common/training.py)."""
-    args, model, trained, history = run.args, training["model"], training["trained"], training["history"]
-    optimizer, passes, first = training["optimizer"], plumbing.run_passes(history), training["start"] + 1
-    for row in history["rows"]:  # a resumed run's logged steps, printed again
+def train(run, report, data, model, average, optimizer, log, monitor, start, last_step):
+    """Steps start+1 .. last_step: the article's loop, its logged steps, and a checkpoint every --save-every steps, at
+    the last one and on Ctrl-C or SIGTERM (then the run stops, every process at the same step)."""
+    args, passes = run.args, log["passes"]
+    micro = args.batch_size // (run.world * args.accum_steps)  # the pictures of one forward pass
+    trained = torch.nn.parallel.DistributedDataParallel(model) if run.world > 1 else model  # on the model's device
+    for row in log["rows"]:  # a resumed run's logged steps, printed again
         report.line(STEP_LINE, {k: v for k, v in row.items() if k != "step"}, prefix=f"step {row['step']} ",
                     step=row["step"])
-    chosen = [plumbing.process_share(plumbing.step_pictures(s, args.batch_size, len(data["train"]), args.seed),
-                                     run.rank, run.world) for s in range(first, last_step + 1)]
-    batches = plumbing.step_batches(data["train"], chosen, run, args.resolution, args.batch_size // run.world, history)
-    steps = tqdm(range(first, last_step + 1), desc="fine-tuning", unit="step", file=sys.stderr, initial=first - 1,
+    begun = time.perf_counter() - log["seconds"]  # the run's clock: a resumed run's seconds go on
+    batches = step_batches(data["train"], start + 1, last_step, run, log)
+    steps = tqdm(range(start + 1, last_step + 1), desc="fine-tuning", unit="step", file=sys.stderr, initial=start,
                  total=args.steps)
     with stop_between_steps() as stop:
         for step in steps:
-            begun = time.perf_counter()  # a step's seconds and wait for pictures, not its check's
+            step_begun = time.perf_counter()  # a step's seconds and wait for pictures, not its check's
             pixels, labels = next(batches)
-            trained.train()
             lr = lr_at(step, args.lr, args.steps)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            optimizer.zero_grad(set_to_none=True)
-            loss = 0.0
-            for k, (x, y, weight) in enumerate(plumbing.micro_batches(pixels, labels, args.accum_steps)):
-                syncing = run.world == 1 or k == args.accum_steps - 1  # DDP averages the gradients after the last
-                with (contextlib.nullcontext() if syncing else trained.no_sync()), run.autocast:
-                    logits = trained(pixel_values=x, interpolate_pos_encoding=True).logits.float()  # a float32 loss
-                    part = F.cross_entropy(logits, y) * weight  # this micro-batch's share of the batch's mean loss
-                    part.backward()
-                loss += part.item()
-            loss = distributed.sum_over_processes(loss, run) / run.world  # DDP averaged the equal shares' gradients
+            loss = gradients(trained, optimizer, pixels, labels, lr, run)
             if not math.isfinite(loss):
                 saved = Path(args.save_dir or ".") / CHECKPOINT
                 kept = f"; the last good checkpoint is {saved}" if args.save_dir and saved.exists() else ""
@@ -400,37 +412,143 @@ def train(run, report, data, training, last_step):
                                 f"applying it{kept}; lower --lr")
             norm = torch.nn.utils.clip_grad_norm_(trained.parameters(), CLIP_NORM).item()
             optimizer.step()
-            update_average(training["average"], model)
-            history["losses"].append(loss)
-            history["norms"].append(norm)
-            passes["training"]["seconds"] += time.perf_counter() - begun
+            update_average(average, model)
+            log["losses"].append(loss)
+            log["norms"].append(norm)
+            passes["training"]["seconds"] += time.perf_counter() - step_begun
             if step in report_steps(args.steps):
-                (percent,), _ = plumbing.accuracies([model.eval()], *training["monitor"], run, training["micro"],
-                                                    f"step {step}", into=passes["checks"])
-                numbers = {"lr": lr, "loss": loss, "norm": norm, "accuracy": percent, "seconds": training["clock"](),
-                           "waiting seconds": sum(timing["waiting seconds"] for timing in passes.values())}
-                history["rows"].append({"step": step, **numbers})
-                report.line(STEP_LINE, numbers, prefix=f"step {step} ", step=step)
-            plumbing.save_or_stop(run, stop, step, last_step, functools.partial(save, run, training, step), report.say)
+                (percent,), _ = accuracies([model.eval()], *monitor, run, micro, f"step {step}", passes["checks"])
+                log["seconds"] = time.perf_counter() - begun
+                row = {"lr": lr, "loss": loss, "norm": norm, "accuracy": percent, "seconds": log["seconds"],
+                       "waiting seconds": sum(timing["waiting seconds"] for timing in passes.values())}
+                log["rows"].append({"step": step, **row})
+                report.line(STEP_LINE, row, prefix=f"step {step} ", step=step)
+            # every process learns of a signal, or of a failed save, in any: all stop at the same step
+            interrupted = distributed.sum_over_processes(bool(stop["asked"]), run) > 0
+            path, problem = None, None
+            if args.save_dir and run.rank == 0 and (step % args.save_every == 0 or step == last_step or interrupted):
+                log["seconds"] = time.perf_counter() - begun
+                checkpoint = {"model": model.state_dict(), "average": average.state_dict(),
+                              "optimizer": optimizer.state_dict(), "step": step, "log": log, "settings": settings(run)}
+                try:
+                    path = save_checkpoint(Path(args.save_dir) / CHECKPOINT, checkpoint, CHECKPOINT_FORMAT)
+                except UserError as error:
+                    problem = error
+            if distributed.sum_over_processes(problem is not None, run) > 0:
+                raise problem or UserError("the first process could not write its checkpoint (it names the reason)")
+            if interrupted:
+                saved = f"; saved {path}: add --resume to continue" if path else " (no --save-dir: nothing saved)"
+                report.say(f"\nstopped after step {step}{' on ' + stop['asked'] if stop['asked'] else ''}{saved}")
+                raise Terminated if stop["asked"] == "SIGTERM" else KeyboardInterrupt
 
 
-def save(run, training, step):
-    """Weights, average, momentum, step, history and settings (the RNG states added), as --resume needs them."""
-    training["clock"]()  # the run's seconds so far, in the history
-    state = {"model": training["model"].state_dict(), "average": training["average"].state_dict(),
-             "optimizer": training["optimizer"].state_dict(), "step": step, "history": training["history"],
-             "settings": training["settings"]}
-    return plumbing.save_checkpoint(Path(run.args.save_dir) / CHECKPOINT, state, CHECKPOINT_FORMAT)
+def gradients(trained, optimizer, pixels, labels, lr, run):
+    """The gradient of the batch's mean loss, left in .grad, and that loss (a float, the mean over every process): this
+    process's share in --accum-steps micro-batches, DDP averaging the processes' gradients after the last one."""
+    trained.train()
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    optimizer.zero_grad(set_to_none=True)
+    loss, passes = 0.0, run.args.accum_steps
+    for k, (x, y, weight) in enumerate(micro_batches(pixels, labels, passes)):
+        syncing = run.world == 1 or k == passes - 1  # DDP averages the gradients after the last
+        with (contextlib.nullcontext() if syncing else trained.no_sync()), run.autocast:
+            logits = trained(pixel_values=x, interpolate_pos_encoding=True).logits.float()  # a float32 loss
+            part = F.cross_entropy(logits, y) * weight  # this micro-batch's share of the batch's mean loss
+            part.backward()
+        loss += part.item()
+    return distributed.sum_over_processes(loss, run) / run.world  # DDP averaged the equal shares' gradients
 
 
-def finish(run, report, data, training, last_step):
+def settings(run):
+    """The flags a checkpoint was made with: all but the processes must be the same on --resume."""
+    args = run.args
+    return {"model": args.model, "steps": args.steps, "batch size": args.batch_size, "lr": args.lr, "seed": args.seed,
+            "resolution": args.resolution, "per class": args.per_class, "precision": args.precision,
+            "processes": run.world,
+            "checked per class": None if args.check_per_class == MONITOR_PER_CLASS else args.check_per_class}
+
+
+def resume(run, model, average, optimizer):
+    """(the step, the log) of --save-dir's checkpoint, its weights, average and momentum loaded, torch's RNG set back;
+    refused when it is missing, foreign, changed or made with other flags."""
+    path = Path(run.args.save_dir) / CHECKPOINT
+    if not path.is_file():
+        raise UserError(f"--resume: no {CHECKPOINT} in {run.args.save_dir}; start without --resume")
+    checkpoint = read_checkpoint(path, CHECKPOINT_FORMAT, "vit_part3_finetune.py")
+    now = settings(run)
+    changed = [f"{key} {checkpoint['settings'].get(key)} -> {value}" for key, value in now.items()
+               if key != "processes" and checkpoint["settings"].get(key) != value]
+    if changed:
+        raise UserError(f"--resume: {path} was made with other settings ({'; '.join(changed)}); "
+                        f"pass the same flags, or a new --save-dir")
+    model.load_state_dict(checkpoint["model"])
+    average.load_state_dict(checkpoint["average"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    set_rng_states(checkpoint["rng"])
+    return checkpoint["step"], checkpoint["log"]
+
+
+def step_batches(items, first, last, run, log):
+    """(pixels, labels) on the device: this process's share of each step's batch, steps first .. last, in the recipe's
+    order (step_pictures), built ahead by one pass's loader, its wait timed into the training pass."""
+    args = run.args
+    chosen = [process_share(step_pictures(s, args.batch_size, len(items), args.seed), run.rank, run.world)
+              for s in range(first, last + 1)]
+    if not chosen:
+        return
+    indices, flips = np.concatenate([i for i, _ in chosen]), np.concatenate([f for _, f in chosen])
+    loader = one_pass([path for path, _ in items], args.resolution, args.batch_size // run.world, run.device, flips,
+                      indices)
+    batches, seconds = start_pass(loader)
+    log["loader start-up seconds"] += seconds
+    log["loader workers"] = loader.num_workers
+    for (indices, _), batch in zip(chosen, timed(batches, log["passes"]["training"])):
+        yield to_pixels(batch, run.device), torch.tensor([items[i][1] for i in indices], device=run.device)
+
+
+def kept_batches(items, run, batch_size, log):
+    """(this process's share of the (path, label) items, read once as uint8 batches kept on the device (the checks,
+    read ten times), their labels): the reading's seconds and wait added to the checks' pass (no pictures counted)."""
+    share = items[run.rank::run.world]
+    loader = one_pass([path for path, _ in share], run.args.resolution, batch_size, run.device)
+    batches, seconds = start_pass(loader)
+    log["loader start-up seconds"] += seconds
+    log["loader workers"] = loader.num_workers
+    timing, begun = pass_timing(), time.perf_counter()
+    kept = [to_device(pixels, run.device)
+            for pixels in timed(batches, timing, count=lambda batch: 0, device=run.device)]
+    timing["seconds"] = time.perf_counter() - begun
+    add_timing(log["passes"]["checks"], timing)
+    return kept, [label for _, label in share]
+
+
+def accuracies(models, batches, labels, run, batch_size, desc, into=None):
+    """([per cent right of each model over all processes], this pass's timing, also added to `into`): one pass, each
+    batch through every model; batches as run_model's, labels this process's share."""
+    def predictions(**inputs):
+        return [model(**inputs).logits.argmax(1) for model in models]
+
+    predicted, timing = run_model(predictions, batches, run.args.resolution, run.device, batch_size, list, desc,
+                                  run.autocast, count=len(labels))
+    total, percents = distributed.sum_over_processes(len(labels), run), []
+    for k in range(len(models)):
+        correct = int((torch.cat([batch[k] for batch in predicted]) == torch.as_tensor(labels)).sum()) if labels else 0
+        percents.append(100 * distributed.sum_over_processes(correct, run) / total)
+    if into is not None:
+        add_timing(into, timing)
+    return percents, timing
+
+
+def finish(run, report, data, model, average, log, last_step):
     """At the end: how often clipping acted, the losses at both ends, both sets of weights on every validation
     picture. Then, a paused run's too: the passes over pictures and the curves (kept for the page, drawn with
     --plots)."""
-    args, history, final = run.args, training["history"], {}
+    args, passes, final = run.args, log["passes"], {}
+    micro = args.batch_size // (run.world * args.accum_steps)
     if last_step == args.steps:
         norm_window, loss_window = scaled(NORM_WINDOW, args.steps), scaled(LOSS_WINDOW, args.steps)
-        numbers = run_statistics(history["losses"], history["norms"], CLIP_NORM, norm_window, loss_window)
+        numbers = run_statistics(log["losses"], log["norms"], CLIP_NORM, norm_window, loss_window)
         numbers["pictures seen"] = args.steps * args.batch_size
         numbers["passes"] = numbers["pictures seen"] / len(data["train"])
         report.line("clipping was active in {clipped steps} of {steps} steps; median gradient norm: first {window} "
@@ -439,27 +557,30 @@ def finish(run, report, data, training, last_step):
         report.line("mean training loss: steps 1 to {window} {mean loss first:.3f}, steps {last_from} to {steps} "
                     "{mean loss last:.3f}; pictures seen {pictures seen:,} = {passes:.2f} passes over the training "
                     "set", numbers, window=loss_window, last_from=args.steps - loss_window + 1, steps=args.steps)
-        loader, labels = plumbing.share_loader(data["val"], run, history)
-        models = [training["model"].eval(), training["average"].eval()]
-        (last, averaged), final["both weights on all validation pictures"] = plumbing.accuracies(
-            models, loader, labels, run, training["micro"], "both weights")
+        share = data["val"][run.rank::run.world]
+        loader = one_pass([path for path, _ in share], args.resolution, micro, run.device)
+        batches, seconds = start_pass(loader)
+        log["loader start-up seconds"] += seconds
+        log["loader workers"] = loader.num_workers
+        (last, averaged), final["both weights on all validation pictures"] = accuracies(
+            [model.eval(), average.eval()], batches, [label for _, label in share], run, micro,
+            "both weights")
         report.line("on all {pictures:,} validation pictures: the weight average (factor {factor}) "
                     "{average accuracy:.2f}%, the last weights {last accuracy:.2f}%",
                     {"average accuracy": averaged, "last accuracy": last}, pictures=len(data["val"]),
                     factor=AVERAGE_FACTOR)
-    passes = history["passes"]
-    words = {what: functools.partial(report.pass_text, what, passes[what]) for what in ("training", "checks")}
+    texts = {what: report.pass_text(what, timing) for what, timing in (*passes.items(), *final.items())}
     report.line("passes over pictures (this process's): training, {steps} steps {training}; the checks of the "
                 "validation subset, {checked:,} pictures in all {checks}{finals}; the loaders' {workers} worker "
                 "processes each (none on a CPU, whose cores the model uses) started in {start_up:.1f} s, outside "
-                "the passes", steps=last_step, checked=passes["checks"]["pictures"], workers=history["loader workers"],
-                start_up=history["loader start-up seconds"], **words, finals=functools.partial(
-                    lambda: "".join(f"; {what} {report.pass_text(what, timing)}" for what, timing in final.items())))
+                "the passes", steps=last_step, checked=passes["checks"]["pictures"], workers=log["loader workers"],
+                start_up=log["loader start-up seconds"], training=texts["training"], checks=texts["checks"],
+                finals="".join(f"; {what} {texts[what]}" for what in final))
     if last_step < args.steps:
         report.line("paused after step {step} of {steps}; saved {path}: add --resume to continue", step=last_step,
                     steps=args.steps, path=Path(args.save_dir) / CHECKPOINT)
-    report.keep("training loss", history["losses"])
-    report.keep("gradient norm", history["norms"])
+    report.keep("training loss", log["losses"])
+    report.keep("gradient norm", log["norms"])
     report.keep("learning rate", [lr_at(step, args.lr, args.steps) for step in range(1, last_step + 1)])
     report.keep("clipping threshold", CLIP_NORM)  # the figure's line, for the page too
     if args.plots and run.rank == 0:
@@ -472,8 +593,8 @@ SECTIONS = [section_data_and_model, section_zero_head, section_finetune]
 def setup_differences(run):
     """How this run's setup differs from the article's: the pictures and the recipe. Another --steps also removes
     the article's rows of the steps this run never logs: not comparable, not "not run"."""
-    args, data = run.args, run.loaded.get("data")
-    counts = {split: len(data[split]) if isinstance(data, dict) else None for split in ("train", "val")}
+    args, data = run.args, run.loaded.get("data and model", (None,))[0]  # None: the sections could not load it
+    counts = {split: len(data[split]) if data else None for split in ("train", "val")}
     differences = {**data_differences(args, counts),
                    **flag_differences(args, ARTICLE_FLAGS), **check_differences(args, data)}
     if "steps" in differences:
@@ -540,8 +661,7 @@ def main(argv=None):
     args = parse_flags(argv, int(os.environ.get("WORLD_SIZE", "1")))
     rank, world, device = distributed.start(args.device)
     torch.manual_seed(args.seed)
-    loaders = {"data": load_data, "checkpoint": load_checkpoint, "classifier": load_classifier}
-    status = run_sections("finetune", Run(args, loaders, device, rank, world), SECTIONS, setup_differences)
+    status = run_sections("finetune", Run(args, device=device, rank=rank, world=world), SECTIONS, setup_differences)
     distributed.finish_together(world)  # a process that leaves while the first writes its JSON can abort gloo
     return status  # distributed.leave() ends torchrun's process group
 

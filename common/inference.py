@@ -20,15 +20,19 @@ def on_host(value):
     return value
 
 
-def run_model(model, pictures, resolution, device, batch_size, what_to_keep, desc="", autocast=None, indices=None):
+def run_model(model, pictures, resolution, device, batch_size, what_to_keep, desc="", autocast=None, indices=None,
+              count=None):
     """([what_to_keep(output) of each batch, in order, on the host], timing); pictures: PIL images or paths, a shared
-    picture_loader() (indices: which of its pictures), or uint8 batches read before (docs/data.md#one-batched-pass)."""
+    picture_loader() (indices: which of its pictures), uint8 batches read before, or a started pass's batches (count:
+    its pictures) (docs/data.md#one-batched-pass)."""
     from tqdm import tqdm
 
     start = time.perf_counter()
     timing = pass_timing()
     if isinstance(pictures, list) and all(isinstance(item, torch.Tensor) for item in pictures):  # batches read before
         batches, count = pictures, sum(len(batch) for batch in pictures)
+    elif count is not None:  # a pass started before (common.loader.start_pass)
+        batches = pictures
     else:
         loader = pictures if isinstance(pictures, DataLoader) else picture_loader(pictures, device)
         count = len(loader.dataset) if indices is None else len(indices)

@@ -122,6 +122,39 @@ def picture_loader(pictures, device, workers=None):
                       generator=torch.Generator())  # each pass draws a seed from it: the global RNG stays as it was
 
 
+def one_pass(pictures, resolution, batch_size, device, flips=None, indices=None, workers=None):
+    """A DataLoader for one pass over the pictures (paths or PIL images; indices: which, in order; default all): uint8
+    batches (B, R, R, 3), flips[i] mirroring the i-th. Its workers, beside a GPU, end with the pass (start_pass)."""
+    indices = range(len(pictures)) if indices is None else indices
+    flips = np.zeros(len(indices), dtype=bool) if flips is None else np.asarray(flips)
+    keys = [(int(i), resolution, bool(flip)) for i, flip in zip(indices, flips)]  # the sampler: the pass's keys
+    workers = loader_workers(device) if workers is None else workers
+    ready = multiprocessing.get_context(worker_start()).Semaphore(0) if workers else None
+    return DataLoader(Pictures(pictures, ready), batch_size=batch_size, sampler=keys, collate_fn=stack_or_error,
+                      num_workers=workers, pin_memory=device.type == "cuda", prefetch_factor=PREFETCH if workers else None,
+                      worker_init_fn=worker_setup, multiprocessing_context=worker_start() if workers else None,
+                      generator=torch.Generator())  # each pass draws a seed from it: the global RNG stays as it was
+
+
+def start_pass(loader):
+    """(the pass's batches, the seconds its workers took to start): each worker runs before the pass begins, so the
+    pass does not count their start as waiting for pictures. A picture that cannot be read raises its UserError."""
+    begun = time.perf_counter()
+    with ctrl_c_held():  # the workers inherit it held, until worker_setup: no traceback from their start
+        batches = iter(loader)
+        for _ in range(loader.num_workers):  # each new interpreter has imported what it needs and runs
+            loader.dataset.ready.acquire(timeout=300)  # a bound: a worker that died is the pass's error
+    seconds = time.perf_counter() - begun
+
+    def checked():
+        for batch in batches:
+            if isinstance(batch, UserError):
+                raise batch
+            yield batch
+
+    return checked(), seconds
+
+
 def picture_batches(loader, resolution, batch_size, flips=None, indices=None):
     """uint8 batches (B, R, R, 3) of the loader's pictures (indices: which, in order; default all); flips[i] mirrors
     the i-th. A DataLoader's batch sampler cannot be replaced: this pass's keys go into its list."""

@@ -1,7 +1,9 @@
 """python tests/batch_counter.py SIZES.json SCRIPT [FLAGS...]: SCRIPT run as `python SCRIPT FLAGS` runs it, and
-the size of every batch that common.loader.picture_batches() hands over written to SIZES.json when it exits.
+the size of every batch that a pass of common.loader (start_pass(), or picture_batches()) hands over written to
+SIZES.json when it exits.
 
-SIZES.json holds one list per pass (a call of picture_batches), in the order of the calls: [[16, 16, 8], ...].
+SIZES.json holds one list per pass (a call of start_pass or picture_batches), in the order of the calls:
+[[16, 16, 8], ...].
 Only the main process counts: the loader's worker processes build the batches, the main process receives them.
 """
 import atexit
@@ -17,11 +19,10 @@ from common import loader
 PASSES = []
 
 
-def counted_batches(*args, **kwargs):
-    """picture_batches(), with the size of each batch it yields appended to this pass's list."""
+def counted(batches):
+    """The batches, the size of each appended to a new pass's list."""
     sizes = []
     PASSES.append(sizes)
-    batches = loader.real_picture_batches(*args, **kwargs)
 
     def each():
         for batch in batches:
@@ -33,8 +34,14 @@ def counted_batches(*args, **kwargs):
 
 def main():
     sizes_file, script, *flags = sys.argv[1:]
-    loader.real_picture_batches = loader.picture_batches
-    loader.picture_batches = counted_batches  # before the script imports it by name
+    picture_batches, start_pass = loader.picture_batches, loader.start_pass
+
+    def counted_pass(pass_loader):
+        batches, seconds = start_pass(pass_loader)
+        return counted(batches), seconds
+
+    loader.picture_batches = lambda *args, **kwargs: counted(picture_batches(*args, **kwargs))
+    loader.start_pass = counted_pass  # both before the script imports them by name
     atexit.register(lambda: Path(sizes_file).write_text(json.dumps(PASSES)))
     sys.argv = [script, *flags]
     runpy.run_path(script, run_name="__main__")

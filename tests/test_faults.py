@@ -141,14 +141,14 @@ def test_sigterm_outside_training_is_one_line(capsys, monkeypatch):
 def test_a_full_disk_while_saving_keeps_the_last_good_checkpoint(tiny_in21k, pictures, tmp_path, capsys, full_disk,
                                                                   monkeypatch):
     flags = tune_flags(tiny_in21k, pictures, tmp_path, steps=4) + ["--save-every", "2"]
-    real_save = finetune.plumbing.save_checkpoint
+    real_save = finetune.save_checkpoint
 
     def save_then_fill(*args):  # the disk fills up after the first checkpoint, in the middle of the second
         path = real_save(*args)
         full_disk(finetune.CHECKPOINT, room=5000)
         return path
 
-    monkeypatch.setattr(finetune.plumbing, "save_checkpoint", save_then_fill)
+    monkeypatch.setattr(finetune, "save_checkpoint", save_then_fill)
     status, out, err = run(finetune.main, flags, capsys, monkeypatch)
     assert status == 1 and "Traceback" not in out + err
     line = next(text for text in out.splitlines() if "cannot run section" in text)

@@ -15,8 +15,8 @@ from conftest import ARTICLE, ROOT, article_block, library_pixels
 import vit_part3_finetune as finetune
 from common import distributed, training
 from common.checkpoints import load_pretrained
+from common.loader import pass_timing
 from common.schedules import warmup_cosine_lr
-from common.training import accuracies, kept_batches
 
 # The article's step lines: step, lr as printed.
 ARTICLE_LRS = {5: "0.00040", 10: "0.00090", 25: "0.00240", 50: "0.00296", 100: "0.00254", 150: "0.00178",
@@ -44,14 +44,14 @@ def test_report_steps_scale_with_the_run():
 
 def test_step_pictures_walk_through_shuffled_passes():
     count, batch = 10, 4
-    steps = [training.step_pictures(s, batch, count, seed=0) for s in (1, 2, 3, 4, 5)]
+    steps = [finetune.step_pictures(s, batch, count, seed=0) for s in (1, 2, 3, 4, 5)]
     order = np.concatenate([indices for indices, _ in steps])
     assert sorted(order[:10]) == list(range(10)) and sorted(order[10:20]) == list(range(10))  # each pass once
     assert not np.array_equal(order[:10], order[10:20])  # a new order for each pass
     # one step of 8 is two steps of 4: the batch depends on the positions only
-    double, flips = training.step_pictures(1, 8, count, seed=0)
+    double, flips = finetune.step_pictures(1, 8, count, seed=0)
     assert np.array_equal(double, order[:8]) and np.array_equal(flips, np.concatenate([steps[0][1], steps[1][1]]))
-    assert not np.array_equal(training.step_pictures(1, 8, count, seed=1)[0], double)
+    assert not np.array_equal(finetune.step_pictures(1, 8, count, seed=1)[0], double)
 
 
 def test_update_average_by_hand():
@@ -123,7 +123,7 @@ def test_one_pass_gives_each_models_accuracy_and_the_checks_read_the_kept_batche
     from types import SimpleNamespace
 
     from common.imagenette import list_split
-    from common.loader import picture_loader
+    from common.loader import one_pass, start_pass
 
     models = []
     for seed in (1, 2):
@@ -139,32 +139,32 @@ def test_one_pass_gives_each_models_accuracy_and_the_checks_read_the_kept_batche
     assert by_hand[0] != by_hand[1]  # the two heads are told apart
     run = SimpleNamespace(args=SimpleNamespace(resolution=224), device=torch.device("cpu"), autocast=None, world=1,
                           rank=0)
-    loader = picture_loader([path for path, _ in items], run.device)
-    percents, timing = accuracies(models, loader, list(labels), run, 16, "both")
+    batches, _ = start_pass(one_pass([path for path, _ in items], 224, 16, run.device))
+    percents, timing = finetune.accuracies(models, batches, list(labels), run, 16, "both")
     assert percents == pytest.approx(by_hand, abs=1e-9) and timing["pictures"] == len(items)
 
-    history = {}
-    kept, shared = kept_batches(items, run, 16, history)
-    checks = history["passes"]["checks"]
+    log = {"loader start-up seconds": 0.0, "passes": {"checks": pass_timing()}}
+    kept, shared = finetune.kept_batches(items, run, 16, log)
+    checks = log["passes"]["checks"]
     assert [len(batch) for batch in kept] == [16, 16, 8] and checks["pictures"] == 0
     assert shared == list(labels)
     for k in (1, 2):
-        (percent,), timing = accuracies([models[0]], kept, shared, run, 16, "check", into=checks)
+        (percent,), timing = finetune.accuracies([models[0]], kept, shared, run, 16, "check", into=checks)
         assert percent == pytest.approx(by_hand[0], abs=1e-9) and timing["pictures"] == len(items)
         assert checks["pictures"] == k * len(items)
 
 
 def test_reading_the_checks_pictures_counts_as_the_checks_wait(tiny_in21k, pictures, tmp_path, capsys, monkeypatch):
     """The checks' pictures are read before the first step; that time is the checks' (seconds and wait)."""
-    real_read = training.kept_batches
+    real_read = finetune.kept_batches
 
-    def slow_read(items, run, batch_size, counts):
-        kept = real_read(items, run, batch_size, counts)
-        counts["passes"]["checks"]["seconds"] += 1000
-        counts["passes"]["checks"]["waiting seconds"] += 1000
+    def slow_read(items, run, batch_size, log):
+        kept = real_read(items, run, batch_size, log)
+        log["passes"]["checks"]["seconds"] += 1000
+        log["passes"]["checks"]["waiting seconds"] += 1000
         return kept
 
-    monkeypatch.setattr(training, "kept_batches", slow_read)
+    monkeypatch.setattr(finetune, "kept_batches", slow_read)
     status, _ = run_main(common_flags(tiny_in21k, pictures, tmp_path, steps=2) + ["--json", str(tmp_path / "a.json")],
                          capsys)
     checks = json.loads((tmp_path / "a.json").read_text())["passes"]["checks"]

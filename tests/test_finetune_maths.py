@@ -7,7 +7,6 @@ The script's runs on stand-ins and its other functions by hand: tests/test_finet
 import contextlib
 import copy
 import math
-import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -17,10 +16,10 @@ import torch.nn.functional as F
 from conftest import tiny_vit
 
 import vit_part3_finetune as finetune
-from common import training as plumbing
 from common.errors import UserError
 from common.loader import pass_timing
 from common.output import Report
+from common.training import read_checkpoint, save_checkpoint, set_rng_states
 from vit_part3_posemb import bilinear_table
 
 # The article's logged learning rates of the 300-step run (step: lr as printed).
@@ -108,7 +107,7 @@ def test_scaled_steps_are_at_least_1():
 
 def test_each_pass_flips_about_half_its_pictures_each_by_its_own_draw():
     for step in (1, 2):  # two whole passes of 2000 pictures
-        flips = plumbing.step_pictures(step, 2000, 2000, seed=0)[1]
+        flips = finetune.step_pictures(step, 2000, 2000, seed=0)[1]
         assert 0.45 < flips.mean() < 0.55
 
 
@@ -131,7 +130,7 @@ def test_the_body_gradient_norm_leaves_out_the_head_and_what_got_no_gradient():
 def test_micro_batches_weigh_each_part_by_its_share_so_the_losses_add_up_to_the_batchs():
     logits = torch.randn(5, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     labels = torch.tensor([0, 2, 1, 1, 0])
-    parts = list(plumbing.micro_batches(logits, labels, 2))
+    parts = list(finetune.micro_batches(logits, labels, 2))
     assert [y.tolist() for _, y, _ in parts] == [[0, 2, 1], [1, 0]]
     assert [weight for _, _, weight in parts] == pytest.approx([3 / 5, 2 / 5])
     total = sum(F.cross_entropy(x, y) * weight for x, y, weight in parts)
@@ -140,7 +139,7 @@ def test_micro_batches_weigh_each_part_by_its_share_so_the_losses_add_up_to_the_
 
 def test_each_process_takes_its_contiguous_share_of_the_steps_batch():
     batch = (np.arange(8) * 10, np.arange(8) % 3 == 0)
-    shares = [plumbing.process_share(batch, rank, 4) for rank in range(4)]
+    shares = [finetune.process_share(batch, rank, 4) for rank in range(4)]
     assert [indices.tolist() for indices, _ in shares] == [[0, 10], [20, 30], [40, 50], [60, 70]]
     assert [flips.tolist() for _, flips in shares] == [[True, False], [False, True], [False, False], [True, False]]
 
@@ -209,42 +208,34 @@ class RecordingSGD(torch.optim.SGD):
 
 def train(monkeypatch, model, optimizer, batches, labels, steps, accum_steps=1, world=1, lr=None, start=0, rows=(),
           save_dir=None):
-    """finetune.train() on these batches (already the model's inputs), its checks and checkpoints replaced; with lr,
-    every step's LR is lr; from step start + 1, a resumed history's logged rows given. Returns its history (the loss
-    and gradient norm of each step), its report, and the training state (the average). Each check must see the model
-    in eval mode; each step asks for a checkpoint; the loader is asked for this process's share of each step's
-    pictures (step_pictures), in micro-batches of the batch over the processes."""
-    def step_batches(items, chosen, run, resolution, batch_size, history):
-        expected = [plumbing.process_share(plumbing.step_pictures(s, len(labels), len(items), 0), run.rank, world)
-                    for s in range(start + 1, steps + 1)]
-        assert len(chosen) == len(expected) and batch_size == len(labels) // world
-        assert all(np.array_equal(a, b) for pair, same in zip(chosen, expected) for a, b in zip(pair, same))
+    """finetune.train() on these batches (already the model's inputs), its checks replaced; with lr, every step's LR is
+    lr; from step start + 1, a resumed log's rows given. Returns its log (the loss and gradient norm of each step),
+    its report, and the average. Each check must see the model in eval mode; the batches are asked for steps
+    start + 1 .. steps."""
+    def step_batches(items, first, last, run, log):
+        assert (first, last) == (start + 1, steps)
         return ((pixels, labels) for pixels in batches)
 
-    monkeypatch.setattr(finetune.plumbing, "step_batches", step_batches)
-
-    def accuracies(models, pictures, labels, run, batch_size, desc, into):
+    def accuracies(models, pictures, labels, run, batch_size, desc, into=None):
         assert not any(model.training for model in models)  # a check is an evaluation: no dropout
         return [10.0], pass_timing()
 
-    asked = []
-    monkeypatch.setattr(finetune.plumbing, "accuracies", accuracies)
-    monkeypatch.setattr(finetune.plumbing, "save_or_stop", lambda run, stop, step, *args: asked.append(step))
+    monkeypatch.setattr(finetune, "step_batches", step_batches)
+    monkeypatch.setattr(finetune, "accuracies", accuracies)
+    monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel", lambda model: model)  # the model's no_sync()
     if lr is not None:
         monkeypatch.setattr(finetune, "lr_at", lambda step, base_lr, total_steps: lr)
     args = SimpleNamespace(lr=0.003, steps=steps, batch_size=len(labels), accum_steps=accum_steps, seed=0,
-                           save_dir=save_dir, resolution=224)
+                           save_dir=save_dir, save_every=50, resolution=224)
     run = SimpleNamespace(args=args, device=torch.device("cpu"), rank=0, world=world,
                           autocast=contextlib.nullcontext())
-    history = {"losses": [], "norms": [], "rows": list(rows), "seconds": 0.0,
-               "passes": {"training": pass_timing(), "checks": pass_timing()}}
-    training = {"model": model, "trained": model, "average": copy.deepcopy(model), "optimizer": optimizer,
-                "start": start,
-                "history": history, "clock": time.perf_counter, "monitor": ([], []), "micro": len(labels)}
+    log = {"losses": [], "norms": [], "rows": list(rows), "seconds": 0.0, "loader workers": 0,
+           "loader start-up seconds": 0.0, "passes": {"training": pass_timing(), "checks": pass_timing()}}
+    average = copy.deepcopy(model)
     report = Report("finetune", quiet=True)
-    finetune.train(run, report, {"train": [(None, int(label)) for label in labels]}, training, steps)
-    assert asked == list(range(start + 1, steps + 1))  # a checkpoint (or a stop) is considered after every step
-    return history, report, training
+    finetune.train(run, report, {"train": [(None, int(label)) for label in labels]}, model, average, optimizer, log,
+                   ([], []), start, steps)
+    return log, report, average
 
 
 @pytest.mark.parametrize("accum_steps", [1, 3])
@@ -295,8 +286,8 @@ def test_the_loop_keeps_the_polyak_average_of_the_weights(monkeypatch):
         weights.append([p.detach().clone() for p in model.parameters()])
 
     optimizer.step = step
-    _, _, training = train(monkeypatch, model, optimizer, [pixels] * 2, labels, 2, lr=0.1)
-    for averaged, w0, w1, w2 in zip(training["average"].parameters(), *weights):
+    _, _, average = train(monkeypatch, model, optimizer, [pixels] * 2, labels, 2, lr=0.1)
+    for averaged, w0, w1, w2 in zip(average.parameters(), *weights):
         assert torch.allclose(averaged, 0.99 * (0.99 * w0 + 0.01 * w1) + 0.01 * w2, rtol=0, atol=1e-7)
 
 
@@ -359,14 +350,14 @@ def test_a_training_step_at_another_resolution_reads_the_stretched_table(monkeyp
 
 
 def test_a_checkpoint_keeps_torchs_rng_and_resume_sets_it_back(tmp_path):
-    """save_checkpoint() adds torch's RNG states to the state; resume() loads the parts and sets the states back, so
-    the resumed run draws what the uninterrupted one drew next."""
+    """save_checkpoint() adds torch's RNG states to the state; read back, set_rng_states() sets them, so the resumed
+    run draws what the uninterrupted one drew next."""
     saved = torch.nn.Linear(2, 3)
     torch.manual_seed(7)
-    plumbing.save_checkpoint(tmp_path / "c.pt", {"model": saved.state_dict(), "settings": {"lr": 1.0}}, "v1")
+    save_checkpoint(tmp_path / "c.pt", {"model": saved.state_dict(), "settings": {"lr": 1.0}}, "v1")
     drawn_next = torch.rand(3)
     torch.manual_seed(99)  # the interrupted run drew on
-    restored = torch.nn.Linear(2, 3)
-    state = plumbing.resume(tmp_path, "c.pt", "v1", "a test", {"lr": 1.0}, {"model": restored})
+    state = read_checkpoint(tmp_path / "c.pt", "v1", "a test")
+    set_rng_states(state["rng"])
     assert sorted(state) == ["model", "rng", "settings"]
-    assert torch.equal(restored.weight, saved.weight) and torch.equal(torch.rand(3), drawn_next)
+    assert torch.equal(state["model"]["weight"], saved.weight) and torch.equal(torch.rand(3), drawn_next)
