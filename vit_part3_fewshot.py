@@ -18,6 +18,7 @@ from common.start import before_torch_loads, guarded
 if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as a later one
     before_torch_loads()
 
+import functools
 import re
 import sys
 
@@ -29,10 +30,10 @@ from common.checkpoints import check_model_flag, load_pretrained
 from common.closed_form import closed_form, targets, with_bias
 from common.differences import flag_differences
 from common.errors import UserError
-from common.feature_cache import cache_key, cached_passes, picture_digests, shown
+from common.feature_cache import cache_key, cached_passes, picture_digests
 from common.imagenette import CLASSES, class_folders, data_differences, ensure_imagenette, list_split
 from common.inference import run_model
-from common.paths import FEATURE_CACHE_DIR
+from common.paths import CHECKOUT, FEATURE_CACHE_DIR
 from common.reference import article_values, load_reference
 from common.run import Run, run_sections
 from figures import fewshot as figures
@@ -100,6 +101,7 @@ def load_frozen_model(name, device):
     return model.to(device).eval()
 
 
+@functools.lru_cache(maxsize=1)  # once per run: sections 2, 2b and setup_differences ask for it
 def load_data(run):
     """The data folder, the seeded pool of training pictures, the validation pictures and the class names."""
     args = run.args
@@ -114,13 +116,28 @@ def load_data(run):
             "names": [short.get(wnid, wnid) for wnid in class_folders(root, "val")]}
 
 
+def data_naming_all_missing(run):
+    """The data; without it, one UserError that names the checkpoint too when it is missing (loaded otherwise only for
+    features not cached), so that one line says all an offline run lacks."""
+    try:
+        return load_data(run)
+    except UserError as missing:
+        try:
+            load_frozen_model(run.args.model, run.device)
+        except UserError as also_missing:
+            raise UserError(*missing.args, *also_missing.args) from None
+        raise
+
+
+@functools.lru_cache(maxsize=1)  # once per run: sections 2 and 2b use them
 def load_features(run):
     """The features of the pool and of the validation pictures, each read from the cache or computed in one pass."""
-    args, data = run.args, run.need("data")
+    args, data = run.args, load_data(run)
+    model = functools.cache(lambda: load_frozen_model(args.model, run.device))  # loaded by the first pass, if any
 
     def one_pass(loader, indices, desc):
-        return extract_features(run.need("model"), loader, args.resolution, run.device, args.batch_size, desc,
-                                run.autocast, indices)
+        return extract_features(model(), loader, args.resolution, run.device, args.batch_size, desc, run.autocast,
+                                indices)
 
     def key(desc, paths):  # everything that decides the features; None: neither read nor write the cache
         return None if args.no_cache else cache_key(desc, args.model, resolution=args.resolution,
@@ -160,18 +177,23 @@ def section_by_hand(run, report):
 
 def section_frozen(run, report):
     """2. few-shot accuracy"""
-    args, data = run.args, run.need("data", also=["model"])  # the model is loaded only for features not cached
+    args, data = run.args, data_naming_all_missing(run)
     report.header("2. frozen {model}, device {device}: features of {pool pictures} training pictures (a pool of "
                   "{pool} per class) and {validation pictures} validation pictures",
                   {"pool pictures": len(data["pool"]), "validation pictures": len(data["val"])},
                   model="ViT-B/16 (ImageNet-21k weights)" if args.model == DEFAULT_MODEL else args.model,
                   device=run.device.type, pool=args.pool)
-    features = run.need("features")
+    features = load_features(run)
+    x = {desc: {name: with_bias(features[desc][name]) for name in REPRESENTATIONS} for desc in ("pool", "val")}
+    accuracies = {(name, lam, shots): few_shot_accuracies(x["pool"][name], features["pool labels"], x["val"][name],
+                                                          features["val labels"], shots, lam, args.draws, args.seed)
+                  for name in REPRESENTATIONS for lam in args.lambdas for shots in args.shots}
     passes = "".join(f"; {WHAT[desc]} {report.pass_text(f'{desc} features', timing)}"
                      for desc, timing in features["passes"].items())
     passes += f"; the loader: {features['loader']}" if features["loader"] else ""
+    cache = FEATURE_CACHE_DIR.relative_to(CHECKOUT) if FEATURE_CACHE_DIR.is_relative_to(CHECKOUT) else FEATURE_CACHE_DIR
     report.line("features {source} in {features seconds:.1f} s ({cache}/; {cache_note}){passes}",
-                {"features seconds": features["seconds"]}, source=features["source"], cache=shown(FEATURE_CACHE_DIR),
+                {"features seconds": features["seconds"]}, source=features["source"], cache=cache,
                 passes=passes, cache_note=("--no-cache: the cache was neither read nor written" if args.no_cache
                                            else "--no-cache recomputes"))
     report.line('representation "pre-logits": the tanh layer on the [class] token, {feature width} numbers;  '
@@ -180,14 +202,12 @@ def section_frozen(run, report):
     report.line("accuracy on the {validation pictures (table):,} validation pictures, mean +- std over {draws} random "
                 "draws of the training pictures", {"validation pictures (table)": len(data["val"])}, draws=args.draws)
     for representation in REPRESENTATIONS:
-        x_pool, x_val = with_bias(features["pool"][representation]), with_bias(features["val"][representation])
         for lam in args.lambdas:
             cells = []
             for shots in args.shots:
-                accuracies = few_shot_accuracies(x_pool, features["pool labels"], x_val, features["val labels"], shots,
-                                                 lam, args.draws, args.seed)
+                cell = accuracies[representation, lam, shots]
                 cells.append(report.fill("{shots}-shot {mean:5.1f} +- {std:4.1f}%",
-                                         {"mean": np.mean(accuracies), "std": np.std(accuracies)},  # std: ddof=0
+                                         {"mean": np.mean(cell), "std": np.std(cell)},  # std: ddof=0
                                          f"{representation} lambda {lam:g} {shots}-shot ", {"shots": shots}))
             report.line("{representation:<11} lambda {lam:>6g}:  {cells}", representation=representation, lam=lam,
                         cells="   ".join(cells))
@@ -200,8 +220,8 @@ def section_frozen(run, report):
 
 def section_one_solve(run, report):
     """2b. one solve in detail"""
-    args, data = run.args, run.need("data", also=["model"])
-    features, names = run.need("features"), data["names"]
+    args, data = run.args, data_naming_all_missing(run)
+    features, names = load_features(run), data["names"]
     shots = 5 if 5 in args.shots else args.shots[0]
     lam = 1.0 if 1.0 in args.lambdas else args.lambdas[0]
     pool_labels, val_labels = features["pool labels"], features["val labels"]
@@ -248,8 +268,11 @@ def table_differences(args, names):
 
 def setup_differences(run):
     """How this run's setup differs from the article's: the validation pictures, the pool, draws, the solve shown."""
-    args, data = run.args, run.loaded.get("data")
-    count = len(data["val"]) if isinstance(data, dict) else None
+    args = run.args
+    try:
+        count = len(load_data(run)["val"])
+    except UserError:  # said by sections 2 and 2b: the count is unknown
+        count = None
     differences = {**data_differences(args, {"val": count}), **flag_differences(args, ARTICLE_FLAGS),
                    **table_differences(args, load_reference("fewshot"))}
     if 5 not in args.shots:
@@ -286,9 +309,7 @@ def main(argv=None):
     cli.distinct(parser, "--shots", args.shots)
     cli.distinct(parser, "--lambdas", args.lambdas)
     check_model_flag(args.model)
-    loaders = {"model": lambda run: load_frozen_model(args.model, run.device), "data": load_data,
-               "features": load_features}
-    return run_sections("fewshot", Run(args, loaders), SECTIONS, setup_differences)
+    return run_sections("fewshot", Run(args), SECTIONS, setup_differences)
 
 
 if __name__ == "__main__":

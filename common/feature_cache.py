@@ -14,7 +14,6 @@ from common.errors import UserError
 from common.files import reason, write_atomic
 from common.loader import end_workers, picture_loader, start_workers, workers_text
 from common.output import say
-from common.paths import CHECKOUT
 from common.paths import FEATURE_CACHE_DIR as CACHE_DIR
 
 
@@ -45,11 +44,6 @@ def dataset_digest(split):
         digest.update(row["image"]["bytes"] or Path(row["image"]["path"]).read_bytes())
         digest.update(str(row["labels"]).encode())
     return digest.hexdigest()
-
-
-def shown(path):
-    """The path from the checkout when it lies inside it (data/features), else in full."""
-    return path.relative_to(CHECKOUT) if path.is_relative_to(CHECKOUT) else path
 
 
 def warn(text):
