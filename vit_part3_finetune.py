@@ -230,30 +230,23 @@ def check_resolution(config, resolution):
                         f"choose at least {2 * config.patch_size} pixels")
 
 
-def load_data(run):
-    args = run.args
-    root = distributed.first_process_first(run, lambda: ensure_imagenette(args.data_dir))
-    return {"root": root, "train": list_split(root, "train", args.per_class),
-            "val": list_split(root, "val", args.per_class), "classes": len(class_folders(root, "val")),
-            "name": "Imagenette" if is_imagenette(root) else Path(root).name}
-
-
-def load_checkpoint(run):
-    """(model, loading info) of --model, loaded by the first process first (it downloads), its resolution checked."""
+def data_and_model(run):
+    """(the pictures, the classifier on the device, its dropped pre-logits shape): the first section loads them, each
+    by the first process first (it downloads), the next sections find them in run.loaded; one line names all that an
+    offline run lacks, the pictures and the checkpoint."""
     from transformers import ViTForImageClassification
 
-    model, info = distributed.first_process_first(
-        run, lambda: load_pretrained(ViTForImageClassification, run.args.model, output_loading_info=True))
-    check_resolution(model.config, run.args.resolution)
-    return model, info
-
-
-def data_and_model(run):
-    """(the pictures, the classifier on the device, its dropped pre-logits shape): the first section loads them, the
-    next ones find them in run.loaded; one line names all that an offline run lacks, the checkpoint and the pictures."""
+    args = run.args
     if "data and model" not in run.loaded:
-        data, checkpoint = loaded(lambda: load_data(run), lambda: load_checkpoint(run))
-        model, pre_logits = build_classifier(checkpoint, data["classes"], run.args.resolution)
+        root, checkpoint = loaded(
+            lambda: distributed.first_process_first(run, lambda: ensure_imagenette(args.data_dir)),
+            lambda: distributed.first_process_first(run, lambda: load_pretrained(
+                ViTForImageClassification, args.model, output_loading_info=True)))
+        check_resolution(checkpoint[0].config, args.resolution)
+        data = {"root": root, "train": list_split(root, "train", args.per_class),
+                "val": list_split(root, "val", args.per_class), "classes": len(class_folders(root, "val")),
+                "name": "Imagenette" if is_imagenette(root) else Path(root).name}
+        model, pre_logits = build_classifier(checkpoint, data["classes"], args.resolution)
         run.loaded["data and model"] = data, model.to(run.device), pre_logits
     return run.loaded["data and model"]
 

@@ -22,13 +22,6 @@ def speaks():
     return os.environ.get("RANK", "0") == "0" or int(os.environ.get("WORLD_SIZE", "1")) <= 1
 
 
-def missing_packages():
-    """requirements.txt's packages that this Python cannot import, by their pip names."""
-    from importlib.util import find_spec  # not loaded at the interpreter's start: imported once Ctrl-C is handled
-
-    return [package for name, package in PACKAGES.items() if find_spec(name) is None]
-
-
 def before_torch_loads():
     """Until guarded() runs main(), Ctrl-C (while torch loads) is one line and status 130, leaving at once; a Python
     without the project's packages is one line and status 2; a torchrun process but the first draws no progress bars
@@ -43,7 +36,9 @@ def before_torch_loads():
     signal.signal(signal.SIGINT, leave)
     if hasattr(signal, "pthread_sigmask"):  # reproduce.py starts a script with Ctrl-C held back until here
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    missing = missing_packages()
+    from importlib.util import find_spec  # not loaded at the interpreter's start: imported once Ctrl-C is handled
+
+    missing = [package for name, package in PACKAGES.items() if find_spec(name) is None]  # by their pip names
     if missing:
         if speaks():  # once under torchrun
             print(f"error: this Python ({sys.executable}) has no {', '.join(missing)}: {SET_UP}", file=sys.stderr)
