@@ -1,5 +1,6 @@
 """Batches for the model: torch's DataLoader over the pictures, uint8 (B, R, R, 3), worker processes beside a GPU;
 why it is built so: docs/data.md#the-loader."""
+import collections
 import contextlib
 import multiprocessing
 import os
@@ -62,11 +63,8 @@ class Pictures(Dataset):
         return {"pictures": places, "shared": (pixels, places), "ready": self.ready}
 
 
-class SharedPicture:
-    """An RGB picture's size and where its pixels lie in the shared tensor of Pictures."""
-
-    def __init__(self, size, start):
-        self.size, self.start, self.end = size, start, start + 3 * size[0] * size[1]
+# An RGB picture's size and where its pixels lie in the shared tensor of Pictures: [start, end).
+SharedPicture = collections.namedtuple("SharedPicture", ["size", "start", "end"])
 
 
 def shared_pixels(pictures):
@@ -75,7 +73,7 @@ def shared_pixels(pictures):
     places, end = [], 0
     for picture in pictures:
         if isinstance(picture, Image.Image) and picture.mode == "RGB":
-            places.append(SharedPicture(picture.size, end))
+            places.append(SharedPicture(picture.size, end, end + 3 * picture.size[0] * picture.size[1]))
             end = places[-1].end
         else:
             places.append(picture)
