@@ -7,9 +7,9 @@ def flag_differences(args, article_flags):
     for item, (dest, article) in article_flags.items():
         value = getattr(args, dest)
         if value != article:
-            flag = f"--{dest.replace('_', '-')} {value:g}" if isinstance(value, float) else f"--{dest.replace('_', '-')} {value}"
-            differences[item] = {"flag": flag, "why": f"{flag}: the article's is {article:g}"
-                                 if isinstance(article, float) else f"{flag}: the article's is {article}"}
+            value_text, article_text = (f"{v:g}" if isinstance(v, float) else str(v) for v in (value, article))
+            flag = f"--{dest.replace('_', '-')} {value_text}"
+            differences[item] = {"flag": flag, "why": f"{flag}: the article's is {article_text}"}
     return differences
 
 

@@ -6,6 +6,7 @@ On stand-ins, a full run of a stand-in is taken as if it were the article (its p
 temporary reference, its data folder as the release), so that "same" and "close" can be earned. Every run
 is on the CPU, with a GPU or without: the "article" and the runs judged against it share one arithmetic.
 """
+import argparse
 import json
 import math
 
@@ -18,6 +19,7 @@ import vit_part3_fewshot as fewshot
 import vit_part3_finetune as finetune
 import vit_part3_posemb as posemb
 from common import imagenette, reference
+from common.differences import flag_differences
 from common.imagenette import CLASSES, list_split
 from common.reference import compare, format_like, load_reference, sampling_interval
 from job.standins import imagenette_folder, vit_classifier
@@ -61,6 +63,14 @@ def test_a_band_widens_the_interval_by_its_pictures():
 def test_the_verdict_follows_the_inputs(entry, differences, expected):
     value = {"0.5": 0.5, "0.00296": 0.0029, "768": 768, "99.54": 99.54, "65": 70}[entry["article"]]
     assert compare({"x": {"value": value}}, {"x": entry}, differences)[0]["verdict"] == expected
+
+
+def test_a_flag_that_is_not_the_articles_is_a_difference_named_as_typed():
+    args = argparse.Namespace(base_lr=0.003, steps=300, resolution=288)
+    article = {"learning rate": ("base_lr", 0.01), "steps": ("steps", 300), "resolution": ("resolution", 384)}
+    assert flag_differences(args, article) == {
+        "learning rate": {"flag": "--base-lr 0.003", "why": "--base-lr 0.003: the article's is 0.01"},
+        "resolution": {"flag": "--resolution 288", "why": "--resolution 288: the article's is 384"}}
 
 
 STEPS_6 = {"flag": "--steps 6", "why": "--steps 6: the article's is 300", "removes": ["step 10 loss"]}
