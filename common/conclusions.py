@@ -1,0 +1,136 @@
+"""The articles' conclusions, decided by a run: each a rule over the numbers the run recorded
+(data/conclusions_<script>.json), with a verdict; how they are read: docs/compare.md#the-conclusions.
+
+A rule is a list of checks, [left, op, right, ...], the sides named numbers of the run or constants:
+  ["A", "<", "B"]                A is below B
+  ["A", ">=", "B", offset]       A is at least B + offset (offset may be negative: a slack)
+  ["A", "==", value]             A is exactly value
+  ["A", "within", "B", tol]      |A - B| <= tol
+  ["A", "times", "B", low, high] low <= A / B <= high
+An accuracy measured on a sample of its pictures (its reference entry's "sample", with n of N pictures in the
+setup's differences) is an interval, the same hypergeometric 95% interval as --compare's; a check whose
+intervals allow both answers is undecided.
+"""
+import json
+
+from common.paths import REFERENCE_DIR
+from common.reference import load_reference, sampling_interval
+
+VERDICTS = ("holds", "fails", "undecided", "not run", "not comparable")
+WORST_FIRST = ("not run", "not comparable", "fails", "undecided", "holds")  # a conclusion's verdict: its checks' worst
+
+
+def load_conclusions(script):
+    """[{says, article, inputs, checks}] of one script, in the article's order."""
+    path = REFERENCE_DIR / f"conclusions_{script}.json"
+    if not path.is_file():
+        return []
+    with open(path) as f:
+        return json.load(f)["conclusions"]
+
+
+def interval(value, entry, differences, n=None):
+    """(low, high) of a number: the value itself, or, for an accuracy on n of N pictures, its 95% interval (n: another
+    sample size, to ask what it would decide)."""
+    sample = differences.get(entry.get("sample")) if entry else None
+    if not sample or "n" not in sample:
+        return value, value
+    return sampling_interval(value, n or sample["n"], sample["of"])
+
+
+def decide(op, left, right, extra):
+    """holds, fails or undecided for intervals left and right (constants are intervals of one point)."""
+    (a_low, a_high), (b_low, b_high) = left, right
+    if op == "<":
+        return "holds" if a_high < b_low else "fails" if a_low >= b_high else "undecided"
+    if op == ">=":
+        return "holds" if a_low >= b_high + extra[0] else "fails" if a_high < b_low + extra[0] else "undecided"
+    if op == "==":
+        return "holds" if a_low == a_high == b_low else "fails" if not a_low <= b_low <= a_high else "undecided"
+    if op == "within":
+        largest, smallest = max(a_high - b_low, b_high - a_low), max(0.0, a_low - b_high, b_low - a_high)
+        return "holds" if largest <= extra[0] else "fails" if smallest > extra[0] else "undecided"
+    if op == "times":
+        low, high = extra
+        return "holds" if low <= a_low / b_low <= high else "fails"
+    raise ValueError(f"unknown check {op!r}")
+
+
+def check_verdict(check, values, reference, differences):
+    """(verdict, pictures that would decide it or None) of one check over the run's values ({name: value})."""
+    left_name, op, right_name, *extra = check
+    names = [side for side in (left_name, right_name) if isinstance(side, str)]
+    if any(name not in values for name in names):
+        return "not run", None
+
+    def sides(n=None):
+        return [interval(values[side], reference.get(side), differences, n) if isinstance(side, str)
+                else (side, side) for side in (left_name, right_name)]
+
+    verdict = decide(op, *sides(), extra)
+    if verdict != "undecided":
+        return verdict, None
+    samples = [differences[reference[name]["sample"]] for name in names if reference.get(name, {}).get("sample")
+               in differences]
+    total = max(sample["of"] for sample in samples)
+    low, high = max(sample["n"] for sample in samples), total
+    if decide(op, *sides(high), extra) == "undecided":
+        return "undecided", None  # no sample of these pictures decides it: the whole set is needed and not enough
+    while high - low > 1:  # the fewest pictures whose intervals, at this run's values, decide it
+        middle = (low + high) // 2
+        low, high = (low, middle) if decide(op, *sides(middle), extra) != "undecided" else (middle, high)
+    return "undecided", high
+
+
+def conclusion_rows(script, numbers, differences):
+    """[{says, article, verdict, flags, pictures}] of the script's conclusions for a run's recorded numbers
+    ({name: {"value": ...}}) under its setup differences."""
+    reference = load_reference(script)
+    values = {name: number["value"] for name, number in numbers.items()}
+    rows = []
+    for conclusion in load_conclusions(script):
+        row = {"says": conclusion["says"], "article": conclusion["article"]}
+        flags = [differences[item]["flag"] for item in conclusion.get("inputs", ()) if item in differences]
+        verdicts = [check_verdict(check, values, reference, differences) for check in conclusion["checks"]]
+        words = [word for word, _ in verdicts]
+        if flags and "not run" not in words:
+            row.update(verdict="not comparable", flags=list(dict.fromkeys(flags)))
+        else:
+            row["verdict"] = next(word for word in WORST_FIRST if word in words)
+        needed = [pictures for word, pictures in verdicts if word == "undecided"]
+        if row["verdict"] == "undecided":
+            row["pictures"] = None if None in needed else max(needed)
+        rows.append(row)
+    return rows
+
+
+def verdict_text(row):
+    """The verdict as printed: with the pictures that would decide it, or the flags that made it not comparable."""
+    if row["verdict"] == "not comparable":
+        return f"not comparable: {', '.join(row['flags'])}"
+    if row["verdict"] == "undecided":
+        more = (f"about {row['pictures']:,} pictures would decide it" if row["pictures"] else
+                "even all the pictures would not decide it")
+        return f"undecided: this run's sample cannot tell; {more}"
+    return row["verdict"]
+
+
+def counts(rows):
+    return {word: sum(row["verdict"] == word for row in rows) for word in VERDICTS}
+
+
+def counts_text(rows):
+    """'5 hold, 0 fail, 1 undecided, 0 not run, 0 not comparable (of 6 conclusions)'."""
+    found = counts(rows)
+    return (f"{found['holds']} hold, {found['fails']} fail, {found['undecided']} undecided, {found['not run']} not run, "
+            f"{found['not comparable']} not comparable (of {len(rows)} conclusions)")
+
+
+def conclusion_lines(rows):
+    """What --compare prints after its table: each conclusion, its verdict, then the counts."""
+    if not rows:
+        return []
+    lines = ["", "== the article's conclusions, decided by this run =="]
+    for row in rows:
+        lines += [f"  {verdict_text(row)}: {row['says']}", f"      (the article: {row['article']})"]
+    return [*lines, f"  {counts_text(rows)}"]

@@ -1,0 +1,104 @@
+"""common/conclusions.py: the articles' conclusions as rules; each holds on the article's own numbers, and each kind of
+check holds, fails and is undecided on hand-made records."""
+import pytest
+
+from common.conclusions import check_verdict, conclusion_lines, conclusion_rows, decide, load_conclusions
+from common.reference import load_reference, sampling_interval
+
+SCRIPTS = ("setup", "posemb", "fewshot", "finetune", "backbone")
+SUBSET = {"validation pictures": {"flag": "--per-class 20", "why": "--per-class 20: 200 of 3,925", "n": 200,
+                                  "of": 3925}}
+
+
+def article_numbers(script):
+    """The article's numbers of a script, as a run would record them."""
+    return {name: {"value": float(entry["article"].replace(",", ""))} for name, entry in load_reference(script).items()}
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_conclusion_holds_on_the_articles_own_numbers(script):
+    """The rules say what the article says: its numbers, on its setup, satisfy every one of them."""
+    rows = conclusion_rows(script, article_numbers(script), {})
+    assert rows and [row["verdict"] for row in rows] == ["holds"] * len(rows), rows
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_rule_reads_numbers_the_script_records(script):
+    reference = load_reference(script)
+    for conclusion in load_conclusions(script):
+        named = [side for check in conclusion["checks"] for side in (check[0], check[2]) if isinstance(side, str)]
+        assert named and set(named) <= set(reference), conclusion["says"]
+
+
+# [op, left interval, right interval, extra, verdict], worked out by hand
+DECISIONS = [
+    ("<", (1, 2), (3, 4), (), "holds"), ("<", (3, 4), (1, 2), (), "fails"), ("<", (1, 3), (2, 4), (), "undecided"),
+    ("<", (2, 2), (2, 2), (), "fails"),  # equal is not below
+    (">=", (5, 6), (5, 5), (-1,), "holds"), (">=", (3, 3.9), (5, 5), (-1,), "fails"),
+    (">=", (3.5, 4.5), (5, 5), (-1,), "undecided"),
+    ("==", (0, 0), (0, 0), (), "holds"), ("==", (1e-9, 1e-9), (0, 0), (), "fails"),
+    ("within", (1, 1), (1.4, 1.4), (0.5,), "holds"), ("within", (1, 1), (1.6, 1.6), (0.5,), "fails"),
+    ("within", (0.8, 1.2), (1.4, 1.4), (0.5,), "undecided"),  # the gap is 0.2 to 0.6
+    ("times", (8, 8), (2, 2), (3.9, 4.1), "holds"), ("times", (9, 9), (2, 2), (3.9, 4.1), "fails"),
+]
+
+
+@pytest.mark.parametrize("op,left,right,extra,verdict", DECISIONS)
+def test_each_check_decides_as_worked_out_by_hand(op, left, right, extra, verdict):
+    assert decide(op, left, right, extra) == verdict
+
+
+def test_a_sampled_accuracy_is_the_same_interval_as_compares_and_says_what_sample_would_decide():
+    """posemb on 200 of 3,925 pictures: 2D at 84.76% against 224 at 83.13% less 1 point cannot be told apart;
+    the count it names is the fewest pictures whose intervals (scipy's hypergeometric) do tell, and one fewer does not."""
+    reference = load_reference("posemb")
+    values = {"2D bilinear of 1000": 84.76, "224 of 1000": 83.13}
+    verdict, pictures = check_verdict(["2D bilinear of 1000", ">=", "224 of 1000", -1], values, reference, SUBSET)
+    assert verdict == "undecided" and 200 < pictures < 3925
+
+    def told_apart(n):
+        low_2d = sampling_interval(84.76, n, 3925)[0]
+        high_224 = sampling_interval(83.13, n, 3925)[1]
+        return low_2d >= high_224 - 1
+
+    assert told_apart(pictures) and not told_apart(pictures - 1)
+
+
+def test_a_rule_a_sample_decides_holds_and_one_it_contradicts_fails():
+    """1D (48.38%) below 2D (84.76%) is clear on 200 pictures; the same numbers swapped fail."""
+    reference = load_reference("posemb")
+    check = ["1D of 1000", "<", "2D bilinear of 1000"]
+    assert check_verdict(check, {"1D of 1000": 48.38, "2D bilinear of 1000": 84.76}, reference, SUBSET)[0] == "holds"
+    assert check_verdict(check, {"1D of 1000": 84.76, "2D bilinear of 1000": 48.38}, reference, SUBSET)[0] == "fails"
+
+
+@pytest.mark.parametrize("change,verdict", [
+    ({"zero head body gradient norm": 1e-4}, "fails"),  # any gradient at all into the body
+    ({"random head loss": 2.2}, "fails"),  # a random head below ln 10
+    ({"average accuracy": 98.0}, "fails"),  # more than half a point from the last weights
+])
+def test_a_finetune_run_that_contradicts_a_conclusion_fails_it(change, verdict):
+    numbers = article_numbers("finetune")
+    numbers.update({name: {"value": value} for name, value in change.items()})
+    rows = conclusion_rows("finetune", numbers, {})
+    assert [row["verdict"] for row in rows].count(verdict) == 1
+
+
+def test_a_missing_number_is_not_run_and_a_changed_input_is_not_comparable_naming_its_flag():
+    numbers = article_numbers("posemb")
+    del numbers["zeros of 10"]
+    resolution = {"resolution": {"flag": "--resolution 288", "why": "--resolution 288: the article's is 384"}}
+    rows = {row["says"][:20]: row for row in conclusion_rows("posemb", numbers, resolution)}
+    assert rows["with no position row"]["verdict"] == "not run"
+    assert rows["the 1D stretch is a "]["verdict"] == "not comparable"
+    assert rows["the 1D stretch is a "]["flags"] == ["--resolution 288"]
+    assert rows["our bicubic call is "]["verdict"] == "holds"  # no input of it changed
+
+
+def test_the_lines_after_the_table_name_each_verdict_and_count_them():
+    numbers = article_numbers("backbone")
+    numbers["after eval_accuracy"] = {"value": 0.5}
+    lines = conclusion_lines(conclusion_rows("backbone", numbers, {}))
+    assert lines[1] == "== the article's conclusions, decided by this run =="
+    assert lines[2].startswith("  fails: fine-tuning on beans takes the model from near chance to near perfect")
+    assert lines[-1] == "  1 hold, 1 fail, 0 undecided, 0 not run, 0 not comparable (of 2 conclusions)"
