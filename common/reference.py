@@ -2,6 +2,7 @@
 and the verdicts are docs/compare.md's."""
 import json
 import math
+from collections import Counter
 
 from common.paths import REFERENCE_DIR
 
@@ -100,12 +101,8 @@ def verdict_text(row):
     return row["verdict"]
 
 
-def verdict_counts(rows):
-    return {word: sum(row["verdict"] == word for row in rows) for word in VERDICTS}
-
-
 def counts_text(counts):
-    """'211 same, 0 close, 0 differs, 0 varies, 0 not comparable, 0 not run'."""
+    """'211 same, 0 close, 0 differs, 0 varies, 0 not comparable, 0 not run' from Counter(row["verdict"] ...)."""
     return ", ".join(f"{counts[word]} {word}" for word in VERDICTS)
 
 
@@ -126,6 +123,6 @@ def print_comparison(rows, report, differences=None):
         difference = "" if row["difference"] is None else f"{row['difference']:+.3g}"
         report.line(row_line, name=row["name"], article=row["article"], run=row["run"] or "-", difference=difference,
                     verdict=verdict_text(row))
-    counts = verdict_counts(rows)
+    counts = Counter(row["verdict"] for row in rows)
     report.line("{counts} (of {total} article numbers)", counts=counts_text(counts), total=len(rows))
     report.line("{legend}", legend=LEGEND)

@@ -7,9 +7,10 @@ wrote no JSON, and each section's "could not run" for one that did.
 import ast
 import os
 import shlex
+from collections import Counter
 from pathlib import Path
 
-from common.reference import VERDICTS, compare, load_reference, verdict_counts
+from common.reference import VERDICTS, compare, load_reference
 from job.page import script_file
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,9 +37,9 @@ def result_row(script, record):
     """{sections: (run, of all), counts: {verdict: n}} of one script from its JSON (None: no JSON)."""
     reference, total = load_reference(script), section_count(script)
     if record is None:
-        return {"sections": (0, total), "counts": verdict_counts(compare({}, reference))}
-    rows = compare(record["numbers"], reference, record.get("setup differences", {}))
-    return {"sections": (total - len(record.get("could_not_run", [])), total), "counts": verdict_counts(rows)}
+        return {"sections": (0, total), "counts": Counter(row["verdict"] for row in compare({}, reference))}
+    counts = Counter(row["verdict"] for row in compare(record["numbers"], reference, record.get("setup differences", {})))
+    return {"sections": (total - len(record.get("could_not_run", [])), total), "counts": counts}
 
 
 def paused(record):

@@ -23,6 +23,7 @@ import json
 import os
 import shlex
 import sys
+from collections import Counter
 from pathlib import Path
 
 if __name__ == "__main__":  # run as a file from anywhere: the repository root is where common/, figures/ and job/ are found
@@ -39,7 +40,6 @@ from common.reference import (
     compare,
     counts_text,
     load_reference,
-    verdict_counts,
     verdict_text,
 )
 from common.start import guarded
@@ -196,7 +196,7 @@ def script_section(script, record, rows, drawn, folder, seconds):
         lines.append(f"- setup: {ARTICLE_SETUP}")
     for problem in record.get("could_not_run", []):
         lines.append(f"- could not run section \"{problem['section']}\": {inside(problem['why'], folder)}")
-    counts = verdict_counts(rows)
+    counts = Counter(row["verdict"] for row in rows)
     lines += ["", "Verdicts: " + counts_text(counts), ""]
     for title, name in drawn:
         lines += [f"![{title}](figures/{name})", "", f"*{title}*", ""]
@@ -249,7 +249,7 @@ def build(folder, say=print):
             continue
         differences = record.get("setup differences", {})
         rows = compare(record["numbers"], load_reference(script), differences)
-        counts = verdict_counts(rows)
+        counts = Counter(row["verdict"] for row in rows)
         seconds = run_seconds(script, record, job, folder)
         summary.append(f"| {script_file(script)} | {cell(setup_cell(differences))} | {counts_text(counts)} | "
                        f"{seconds} |")
