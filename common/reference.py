@@ -69,7 +69,7 @@ def compare(numbers, reference, differences=None):
                "run": None if value is None else format_like(entry["article"], value),
                "value": value, "difference": None if value is None else value - article}
         row.update({key: entry[key] for key in ("band", "why") if key in entry})
-        inputs = entry.get("inputs")  # None: every input but arithmetic's
+        inputs = entry.get("inputs")  # None: every difference moves it, unless it is arithmetic (kind nothing)
         if value is None:  # not comparable when the setup never produces it, else not run
             moved = {item: difference for item, difference in differences.items()
                      if name in difference.get("removes", ())}
