@@ -44,7 +44,7 @@ from common.errors import UserError
 from common.loader import loader_workers
 from common.paths import FEATURE_CACHE_DIR
 from common.reference import verdict
-from common.run import Run, run_sections
+from common.run import Run, loaded, run_sections
 from figures import backbone as figures
 
 # ---------------------------------------------------------------- the recipe, where the article states it
@@ -83,13 +83,6 @@ def patch_tokens_to_feature_map(patch_tokens, grid_size):
         raise AssertionError("`num_patches` must be equal to `grid_h * grid_w`.")
     x = patch_tokens.reshape(batch_size, grid_h, grid_w, embed_dim)
     return x.permute(0, 3, 1, 2)
-
-
-def places_that_agree(patch_tokens, feature_map):
-    """How many (b, i, j) hold feature_map[b, :, i, j] == patch_tokens[b, i * W_p + j]."""
-    batch, _, grid_h, grid_w = feature_map.shape
-    return sum(bool(torch.equal(feature_map[b, :, i, j], patch_tokens[b, i * grid_w + j]))
-               for b in range(batch) for i in range(grid_h) for j in range(grid_w))
 
 
 def split_tokens(last_hidden_state):
@@ -224,28 +217,23 @@ def probe_ways(features, labels, classes, epochs, seed, lambdas):
     return [(way, *result, seconds) for way, fit in ways for result, seconds in [plumbing.clocked(fit)]]
 
 
-# ---------------------------------------------------------------- resources
+# ---------------------------------------------------------------- what the sections load
 
-def load_beans(run):
-    return beans_data.load(run.args.data_dir, run.args.per_class)
-
-
-def load_processor(run):
-    return plumbing.image_processor(run.args.model)
+# Each read once however many sections need it, keyed by its flag; a failure is not kept: it is raised again where
+# the next section needs the same thing, with the same words.
+load_beans = functools.cache(beans_data.load)  # (--data-dir, --per-class)
+load_processor = functools.cache(plumbing.image_processor)  # (--model)
 
 
-def load_checkpoint(run):
-    """The checkpoint as the article's first load: AutoModelForImageClassification with its own head."""
-    run.need("processor")
-    return plumbing.image_classifier(run.args.model, MODEL).to(run.device).eval()
-
-
+@functools.lru_cache(maxsize=1)
 def finetune(run):
     """The article's run in the article's order of random draws: seed, shuffle train, shuffle validation, the new
-    head, then evaluate, train, evaluate. The patch tokens of a few validation pictures are kept before and after."""
+    head, then evaluate, train, evaluate. The patch tokens of a few validation pictures are kept before and after.
+    Run once by section 4, which prints it; section 5 sets the same run beside the probes."""
     from transformers import AutoModelForImageClassification, ViTModel, set_seed
 
-    args, (beans, processor) = run.args, run.need("beans", "processor")
+    args = run.args
+    beans, processor = load_beans(args.data_dir, args.per_class), load_processor(args.model)
     set_seed(args.seed)  # dnnlpy.set_seed(42): random, numpy and torch
     # The article's CPU draws before its shuffles: the (2, 16, 64) test, the pooler from_pretrained adds at random.
     torch.randn(2, 16, 64)
@@ -267,30 +255,30 @@ def finetune(run):
               "num_train_epochs": args.epochs, "learning_rate": args.lr, "logging_steps": LOGGING_STEPS,
               "save_strategy": "no", "eval_strategy": "steps", "remove_unused_columns": False, "seed": args.seed}
     with plumbing.timed_trainer(recipe, run.device, args.precision, workers, model=model, processing_class=processor,
-                       train_dataset=train_ds.with_transform(transform), eval_dataset=val_items,
-                       data_collator=collate_fn, compute_metrics=accuracy_metrics) as (trainer, passes):
+                                train_dataset=train_ds.with_transform(transform), eval_dataset=val_items,
+                                data_collator=collate_fn, compute_metrics=accuracy_metrics) as (trainer, passes):
         before = trainer.evaluate()  # the article's: evaluate, train, evaluate
         tokens_before = plumbing.last_hidden_states(model.vit, map_pixels, run)[:, 1:]
         trainer.train()
         after = trainer.evaluate()
     model.eval()
+    tokens_after = plumbing.last_hidden_states(model.vit, map_pixels, run)[:, 1:]
     return {"before": before, "after": after, "seconds": passes["train() seconds"], "passes": passes,
             "history": trainer.state.log_history, "workers": workers, "preprocessing seconds": preprocessing,
             "steps": trainer.state.max_steps, "model": model, "map pixels": map_pixels, "map indices": map_indices,
-            "tokens before": tokens_before, "tokens after": plumbing.last_hidden_states(model.vit, map_pixels,
-                                                                                       run)[:, 1:],
+            "tokens before": tokens_before, "tokens after": tokens_after,
             "trained parameters": sum(p.numel() for p in model.parameters() if p.requires_grad)}
 
 
-def load_features(run):
+def load_features(run, beans, processor):
     """The frozen features of both splits, from data/features/ when they match exactly, else computed and saved."""
     from transformers import ViTModel
 
     def backbone():  # loaded while the loader's workers build their first batches
         return load_pretrained(ViTModel, run.args.model, add_pooling_layer=False).to(run.device).eval()
 
-    precision, transform = run.args.precision, functools.partial(article_transform, run.need("processor"))
-    return beans_data.cached_features(run.need("beans"), transform, backbone, frozen_features, run, FEATURE_CACHE_DIR,
+    precision, transform = run.args.precision, functools.partial(article_transform, processor)
+    return beans_data.cached_features(beans, transform, collate_fn, backbone, frozen_features, run, FEATURE_CACHE_DIR,
                                       precision=precision, float32=float32_rule(precision, run.fp32_rule),
                                       features="class token + mean of the patch tokens")
 
@@ -300,17 +288,18 @@ def load_features(run):
 def section_feature_map(run, report):
     """1. patch tokens to a feature map"""
     report.header("1. patch tokens to a feature map: (B, N, D) -> (B, H_p, W_p, D) -> (B, D, H_p, W_p)")
-    embed_dim, grid_size = 64, (4, 4)
+    embed_dim, (grid_h, grid_w) = 64, (4, 4)
     generator = torch.Generator().manual_seed(run.args.seed)
-    patch_tokens = torch.randn(2, math.prod(grid_size), embed_dim, generator=generator)
-    feature_map = patch_tokens_to_feature_map(patch_tokens, grid_size)
+    patch_tokens = torch.randn(2, grid_h * grid_w, embed_dim, generator=generator)
+    feature_map = patch_tokens_to_feature_map(patch_tokens, (grid_h, grid_w))
+    agree = sum(bool(torch.equal(feature_map[b, :, i, j], patch_tokens[b, i * grid_w + j]))  # place by place
+                for b in range(2) for i in range(grid_h) for j in range(grid_w))
     numbers = {"patch tokens shape": list(patch_tokens.shape), "feature map shape": list(feature_map.shape),
-               "positions that agree": places_that_agree(patch_tokens, feature_map)}
+               "positions that agree": agree}
     report.line("Patch tokens shape: torch.Size({patch tokens shape:d})", numbers)
     report.line("Feature map shape: torch.Size({feature map shape:d})", numbers)
     report.line("feature_map[b, :, i, j] == patch_tokens[b, i * W_p + j, :] at {positions that agree} of {places} "
-                "(b, i, j): each patch token lands at its own place in the grid", numbers,
-                places=2 * math.prod(grid_size))
+                "(b, i, j): each patch token lands at its own place in the grid", numbers, places=2 * grid_h * grid_w)
     try:
         patch_tokens_to_feature_map(patch_tokens, (4, 5))
         refused = "accepted (wrong)"
@@ -344,27 +333,19 @@ def section_table(run, report):
                 "(3 P^2 D) make the counts differ by patch and resolution")
 
 
-def token_numbers(model, pixels, run):
-    """One picture's Z_L and its parts, their shapes, and the head on the class token against the model's logits."""
-    tokens = plumbing.last_hidden_states(model.vit, pixels, run)  # Z_L: the encoder's output after its final LayerNorm
-    with torch.inference_mode(), run.autocast:
-        logits = model(pixel_values=pixels.to(run.device)).logits.float().cpu()
-        by_hand = model.classifier(tokens[:, 0].to(run.device)).float().cpu()  # logits = h_cls W + b
-    class_token, patch_tokens = split_tokens(tokens)
-    return {"pixel values shape": list(pixels.shape), "Z_L shape": list(tokens.shape),
-            "class token shape": list(class_token.shape), "patch tokens shape (picture)": list(patch_tokens.shape),
-            "feature map shape (picture)": list(patch_tokens_to_feature_map(patch_tokens, feature_grid(model)).shape),
-            "head on the class token vs logits": (by_hand - logits).abs().max().item()}
-
-
 def section_checkpoint(run, report):
     """3. the checkpoint as backbone + head"""
+    args = run.args
     try:  # the configuration and the counts need no data; the one picture does
-        processor, model = run.need("processor", "checkpoint")
-    except UserError:
-        run.need("beans", "processor", "checkpoint")  # one line that names the data too, when it is missing as well
+        processor, model = loaded(lambda: load_processor(args.model),
+                                  lambda: plumbing.image_classifier(args.model, MODEL).to(run.device).eval())
+    except UserError as missing:
+        try:
+            load_beans(args.data_dir, args.per_class)
+        except UserError as also:  # one line that names the data too, when it is missing as well
+            raise UserError(*also.args, *missing.args) from None
         raise
-    report.header("3. {model}: backbone + head", model=run.args.model)
+    report.header("3. {model}: backbone + head", model=args.model)
     numbers = {label: getattr(model.config, key) for label, key in CONFIG_LINES.items()}
     report.line("Image size: {Image size}", numbers)
     report.line("Patch size: {Patch size}", numbers)
@@ -379,9 +360,18 @@ def section_checkpoint(run, report):
                 "({backbone share (%):.2f}% in the backbone)", {"backbone parameters": backbone,
                 "head in features": model.classifier.in_features, "head out features": model.classifier.out_features,
                 "head parameters": head, "backbone share (%)": 100 * backbone / (backbone + head)})
-    beans = run.need("beans")
+    beans = load_beans(args.data_dir, args.per_class)
     picture = beans["validation"][0]
-    numbers = token_numbers(model, plumbing.pixels_of(processor, [picture["image"]]), run)
+    pixels = plumbing.pixels_of(processor, [picture["image"]])
+    tokens = plumbing.last_hidden_states(model.vit, pixels, run)  # Z_L: the encoder's output after its final LayerNorm
+    with torch.inference_mode(), run.autocast:
+        logits = model(pixel_values=pixels.to(run.device)).logits.float().cpu()
+        by_hand = model.classifier(tokens[:, 0].to(run.device)).float().cpu()  # logits = h_cls W + b
+    class_token, patch_tokens = split_tokens(tokens)
+    numbers = {"pixel values shape": list(pixels.shape), "Z_L shape": list(tokens.shape),
+               "class token shape": list(class_token.shape), "patch tokens shape (picture)": list(patch_tokens.shape),
+               "feature map shape (picture)": list(patch_tokens_to_feature_map(patch_tokens, feature_grid(model)).shape),
+               "head on the class token vs logits": (by_hand - logits).abs().max().item()}
     report.line("one validation picture ({name}, {width}x{height} px) -> pixel_values "
                 "torch.Size({pixel values shape:d}) -> Z_L torch.Size({Z_L shape:d})", numbers,
                 name=beans["names"][picture["labels"]], width=picture["image"].size[0],
@@ -391,18 +381,14 @@ def section_checkpoint(run, report):
                 "torch.Size({feature map shape (picture):d})", numbers)
     report.line("the head on the class token, h_cls W + b, gives the model's logits within "
                 "{head on the class token vs logits:.1e}", numbers)
-    run.loaded.pop("checkpoint")  # its memory back: the fine-tuning loads the checkpoint with a new head
-
-
-def print_eval(report, what, metrics):
-    """The article's dict of loss and accuracy."""
-    report.line("{What} fine-tuning:", What=what.capitalize())
-    report.line("{{'eval_loss': {eval_loss:repr}, 'eval_accuracy': {eval_accuracy:repr}}}", metrics, prefix=f"{what} ")
 
 
 def print_history(report, history):
     """Every 10 steps: the training loss of the last 10 steps and the evaluation loss and accuracy."""
-    rows = plumbing.logged_steps(history)
+    rows = {}
+    for entry in history:  # the Trainer's log entries, those of a step merged
+        if "loss" in entry or "eval_loss" in entry:
+            rows.setdefault(entry["step"], {}).update(entry)
     for step, row in sorted(rows.items()):
         numbers = {"training loss": row.get("loss"), "eval_loss": row.get("eval_loss"),
                    "eval_accuracy": row.get("eval_accuracy")}
@@ -419,34 +405,13 @@ def print_history(report, history):
                                         if "eval_accuracy" in row])
 
 
-def print_passes(report, result, val_count):
-    """How often and how long the fine-tuning's passes waited for pictures, and its total time."""
-    passes = result["passes"]
-    numbers = {"before right": round(result["before"]["eval_accuracy"] * val_count),
-               "after right": round(result["after"]["eval_accuracy"] * val_count),
-               "training seconds": result["seconds"], "validation preprocessing seconds": result["preprocessing seconds"]}
-    report.line("({before right} of {pictures} validation pictures right before, {after right} of {pictures} after; "
-                "training, with its evaluations every {every} steps, took {training seconds:,.0f} s)", numbers,
-                pictures=val_count, every=LOGGING_STEPS)
-    report.line("passes over pictures: the training steps {training}, their pictures decoded and preprocessed by "
-                "{workers} worker processes (none on a CPU: the main process); the {evaluations} evaluations "
-                "{evaluating}, their {pictures} pictures preprocessed once, before the Trainer, in "
-                "{validation preprocessing seconds:.1f} s. The Trainer's loop hides its wait, so every next() of its "
-                "data loaders is timed from outside (on a CUDA GPU, the GPU's idle time, with CUDA events)", numbers,
-                training=functools.partial(report.pass_text, "training steps", passes["training"]),
-                workers=result["workers"],
-                evaluations=passes["evaluations"]["pictures"] // max(1, val_count),
-                evaluating=functools.partial(report.pass_text, "evaluations", passes["evaluations"]),
-                pictures=val_count)
-
-
-def keep_feature_maps(run, report, result, beans):
+def keep_feature_maps(run, report, result, beans, processor):
     """The patch tokens of a few validation pictures before and after, as RGB maps, for the figure."""
     # one basis for both, so that a colour means the same direction before and after
     both = pca_rgb(torch.cat([result["tokens before"], result["tokens after"]]).numpy(), feature_grid(result["model"]))
     maps = {"before": both[:len(both) // 2], "after": both[len(both) // 2:]}
     report.keep("feature maps", {**{key: value.round(3).tolist() for key, value in maps.items()},
-                                 "pictures": plumbing.thumbnails(result["map pixels"], run.need("processor")),
+                                 "pictures": plumbing.thumbnails(result["map pixels"], processor),
                                  "labels": [beans["names"][beans["validation"][i]["labels"]]
                                             for i in result["map indices"]]})
     if run.args.plots:
@@ -463,7 +428,7 @@ FLOAT32 = {"torch defaults": "torch's defaults, as the article ran: convolutions
 def section_finetune(run, report):
     """4. the article's fine-tuning"""
     args = run.args
-    beans = run.need("beans", "processor")[0]
+    beans, processor = loaded(lambda: load_beans(args.data_dir, args.per_class), lambda: load_processor(args.model))
     recipe = {"batch_size", "epochs", "lr"} & set(flag_differences(args, ARTICLE_FLAGS))
     report.header("4. fine-tuning on beans with transformers.Trainer, {not_}as the article: batch {batch}, {epochs} "
                   "epoch{s}, learning rate {lr:g}, evaluation every {every} steps", not_="not " * bool(recipe),
@@ -482,41 +447,58 @@ def section_finetune(run, report):
                 "2026.7.21 (2026.8.24 and later seed torch alone; the article's release is unknown). The shuffles "
                 "draw from numpy: if the article's numpy was not seeded, its training order, and so its after "
                 "numbers, cannot be reproduced by anyone", seed=args.seed)
-    result = run.need("finetune")
+    result = finetune(run)
     report.line("new head Linear({width}, {classes}), random; {training steps} steps ({steps per epoch} per epoch)",
                 {"training steps": result["steps"], "steps per epoch": math.ceil(train_count / args.batch_size)},
                 width=result["model"].config.hidden_size, classes=len(names))
-    print_eval(report, "before", result["before"])
-    report.line()
-    print_eval(report, "after", result["after"])
-    print_passes(report, result, val_count)
+    for what in ("before", "after"):  # the article's dicts of loss and accuracy, an empty line between
+        report.line("{What} fine-tuning:", What=what.capitalize())
+        report.line("{{'eval_loss': {eval_loss:repr}, 'eval_accuracy': {eval_accuracy:repr}}}", result[what],
+                    prefix=f"{what} ")
+        if what == "before":
+            report.line()
+    passes = result["passes"]
+    numbers = {"before right": round(result["before"]["eval_accuracy"] * val_count),
+               "after right": round(result["after"]["eval_accuracy"] * val_count),
+               "training seconds": result["seconds"], "validation preprocessing seconds": result["preprocessing seconds"]}
+    report.line("({before right} of {pictures} validation pictures right before, {after right} of {pictures} after; "
+                "training, with its evaluations every {every} steps, took {training seconds:,.0f} s)", numbers,
+                pictures=val_count, every=LOGGING_STEPS)
+    training = report.pass_text("training steps", passes["training"])
+    evaluating = report.pass_text("evaluations", passes["evaluations"])
+    report.line("passes over pictures: the training steps {training}, their pictures decoded and preprocessed by "
+                "{workers} worker processes (none on a CPU: the main process); the {evaluations} evaluations "
+                "{evaluating}, their {pictures} pictures preprocessed once, before the Trainer, in "
+                "{validation preprocessing seconds:.1f} s. The Trainer's loop hides its wait, so every next() of its "
+                "data loaders is timed from outside (on a CUDA GPU, the GPU's idle time, with CUDA events)", numbers,
+                training=training, workers=result["workers"], evaluating=evaluating,
+                evaluations=passes["evaluations"]["pictures"] // max(1, val_count), pictures=val_count)
     print_history(report, result["history"])
-    keep_feature_maps(run, report, result, beans)
+    keep_feature_maps(run, report, result, beans, processor)
 
 
 def section_three_ways(run, report):
     """5. three ways to adapt the same backbone"""
     args = run.args
-    beans = run.need("beans", "processor")[0]
+    beans, processor = loaded(lambda: load_beans(args.data_dir, args.per_class), lambda: load_processor(args.model))
     report.header("5. beyond the article: three ways to adapt the same backbone, on the same {train:,} training and "
                   "{val} validation pictures", train=len(beans["train"]), val=len(beans["validation"]))
-    frozen, result = run.need("features", "finetune")
-
-    def pass_words(timing):  # called as the line is filled, so that the pass's numbers are recorded on it
-        return "" if not timing else (f" {report.pass_text('frozen features', timing)}, the loader's "
-                                      f"{timing['workers']} worker processes (none on a CPU) started in "
-                                      f"{timing['start-up seconds']:.1f} s, outside the pass")
+    frozen, result = loaded(lambda: load_features(run, beans, processor), lambda: finetune(run))  # section 4's run
+    timing = frozen["pass"]  # None when read from the cache
+    pass_words = "" if not timing else (f" {report.pass_text('frozen features', timing)}, the loader's "
+                                        f"{timing['workers']} worker processes (none on a CPU) started in "
+                                        f"{timing['start-up seconds']:.1f} s, outside the pass")
     report.line("frozen features: the last layer's class token beside the mean of its patch tokens, "
                 "{feature width:,} numbers per picture, {source} in {features seconds:.1f} s (--no-cache recomputes)"
                 "{pass_}", {"feature width": frozen["features"]["train"].shape[1], "features seconds": frozen["seconds"]},
-                source=frozen["source"], pass_=functools.partial(pass_words, frozen["pass"]))
+                source=frozen["source"], pass_=pass_words)
     report.line("linear probe: DINO's linear evaluation (Caron et al. 2021): normal(0, {std}) weights, SGD momentum "
                 "{momentum}, no weight decay, learning rate {base_lr} x batch {batch_size}/256, cosine to 0 over "
                 "{epochs} epochs. Unlike DINO: no random crops and flips (the features are computed once); the "
                 "pictures preprocessed as the checkpoint's processor does ({preprocessing}), not Resize 256 + "
                 "CenterCrop 224 with ImageNet's mean and std; and the accuracy is the last epoch's, where DINO reports "
                 "the best over its epochs (chosen on the validation pictures)", **PROBE, epochs=args.probe_epochs,
-                preprocessing=plumbing.preprocessing_text(run.need("processor")))
+                preprocessing=plumbing.preprocessing_text(processor))
     report.line("closed form: Part 3's W = (X^T X + lambda I)^-1 X^T Y on the same features with a bias column, "
                 "targets in {{-1, +1}}")
     rows = [("random new head (the article's before)", result["before"]["eval_accuracy"],
@@ -542,8 +524,13 @@ SECTIONS = [section_feature_map, section_table, section_checkpoint, section_fine
 def setup_differences(run):
     """How this run's setup differs from the article's: its flags and pictures. Not --model (the numbers judge the
     weights), --probe-epochs or --lambdas (section 5 goes beyond the article)."""
-    return {**subset_differences(run.args, beans_data.split_counts(run.loaded.get("beans")), RELEASED),
-            **flag_differences(run.args, ARTICLE_FLAGS)}
+    try:  # the pictures the sections read, loaded already; or none, as they could not load
+        beans = load_beans(run.args.data_dir, run.args.per_class)
+    except UserError:
+        beans = None
+    counts = {f"{word} pictures": len(beans[split]) if beans else None
+              for split, word in (("train", "training"), ("validation", "validation"))}
+    return {**subset_differences(run.args, counts, RELEASED), **flag_differences(run.args, ARTICLE_FLAGS)}
 
 
 def parse_args(argv):
@@ -581,10 +568,7 @@ def main(argv=None):
     if args.data_dir:
         beans_data.check_dir(args.data_dir)
     plumbing.check_classifier_files(args.model, MODEL)
-    loaders = {"beans": load_beans, "processor": load_processor, "checkpoint": load_checkpoint,
-               "finetune": finetune, "features": load_features}
-    run = Run(args, loaders, fp32_rule=ARTICLE_FP32_RULE)
-    return run_sections("backbone", run, SECTIONS, setup_differences)
+    return run_sections("backbone", Run(args, fp32_rule=ARTICLE_FP32_RULE), SECTIONS, setup_differences)
 
 
 if __name__ == "__main__":

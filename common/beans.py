@@ -1,12 +1,16 @@
 """The backbone article's beans dataset, from the Hugging Face cache (downloaded once) or a local copy of its files
 (README.md, data/<split>-*.parquet); and its pictures' frozen features, cached."""
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from common.checkpoints import hub_reachable, why_no_download
+from common.device import to_device
 from common.errors import UserError
+from common.loader import loader_workers, pass_timing, timed
 
 DATASET = "AI-Lab-Makerere/beans"
 SIZE = "about 180 MB"
@@ -87,38 +91,38 @@ def load(data_dir=None, per_class=None):
     return {**splits, "names": list(names)}
 
 
-def stack_pixel_values(items):
-    return torch.stack([item["pixel_values"] for item in items])
-
-
-def cached_features(beans, transform, load_model, keep, run, cache_dir, **decides):
+def cached_features(beans, transform, collate_fn, load_model, keep, run, cache_dir, **decides):
     """{"features", "labels": {split: array}, "source", "seconds", "pass"}: keep(model output) of both splits' pictures,
-    cached under the weight file, `decides` and the pictures' bytes, else one model_pass through `transform`."""
+    cached under the weight file, `decides` and the pictures' bytes; else computed in one pass through `transform`,
+    its loader's workers started first and timed apart, building batches while load_model() loads the model."""
     from datasets import concatenate_datasets
+    from tqdm import tqdm
 
     from common.feature_cache import cache_key, cached, dataset_digest
-    from common.trainer import clocked, model_pass
+    from common.trainer import clocked, dataset_loader
 
-    passes = {}
+    timing = None  # the pass's, when the features are computed
 
     def compute():
+        nonlocal timing
+        workers, timing = loader_workers(run.device), pass_timing()
         both = concatenate_datasets([beans[split] for split in SPLITS]).with_transform(transform)
-        features, passes["pass"] = model_pass(load_model, both, stack_pixel_values, keep, run.device, run.autocast,
-                                              "frozen features")
-        return dict(zip(SPLITS, np.split(features.numpy(), [len(beans["train"])])))
+        loader = dataset_loader(both, collate_fn, workers, pin_memory=run.device.type == "cuda")
+        batches, timing["start-up seconds"] = clocked(iter, loader)  # iter() starts the workers
+        timing["workers"], model, outputs = workers, load_model(), []
+        begun = time.perf_counter()
+        with torch.inference_mode(), run.autocast:
+            for batch in tqdm(timed(batches, timing, lambda batch: len(batch["labels"]), run.device),
+                              desc="frozen features", unit="batch", file=sys.stderr, leave=False, total=len(loader)):
+                outputs.append(keep(model(pixel_values=to_device(batch["pixel_values"], run.device))))
+            features = torch.cat(outputs).cpu().numpy()
+        timing["seconds"] = time.perf_counter() - begun
+        return dict(zip(SPLITS, np.split(features, [len(beans["train"])])))
 
-    def from_cache_or_computed():
-        key = None if run.args.no_cache else cache_key(
-            "backbone", run.args.model, **decides, data={split: dataset_digest(beans[split]) for split in SPLITS})
-        return cached(compute, key, {split: len(beans[split]) for split in SPLITS}, cache_dir)
-
-    (features, source), seconds = clocked(from_cache_or_computed)
+    begun = time.perf_counter()
+    key = None if run.args.no_cache else cache_key(
+        "backbone", run.args.model, **decides, data={split: dataset_digest(beans[split]) for split in SPLITS})
+    features, source = cached(compute, key, {split: len(beans[split]) for split in SPLITS}, cache_dir)
     return {"features": features, "labels": {split: np.array(beans[split]["labels"]) for split in SPLITS},
-            "source": "read from the cache" if source == "cache" else source, "seconds": seconds,
-            "pass": passes.get("pass")}
-
-
-def split_counts(beans):
-    """{"training pictures", "validation pictures": how many the run used}, None each when beans did not load."""
-    return {f"{word} pictures": len(beans[split]) if isinstance(beans, dict) else None
-            for split, word in (("train", "training"), ("validation", "validation"))}
+            "source": "read from the cache" if source == "cache" else source, "seconds": time.perf_counter() - begun,
+            "pass": timing}

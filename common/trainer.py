@@ -11,25 +11,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from common.checkpoints import checkpoint_config, load_pretrained, looks_like_a_path
-from common.device import to_device
 from common.errors import UserError
-from common.loader import PREFETCH, end_workers, loader_workers, pass_timing, timed, worker_setup, worker_start
-
-
-class TimedLoader:
-    """A data loader whose every next() is timed into a pass timing, for loops a library runs (the Trainer's)."""
-
-    def __init__(self, loader, timing, count=len, device=None):
-        self.loader, self.timing, self.count, self.device = loader, timing, count, device
-
-    def __iter__(self):
-        return timed(self.loader, self.timing, self.count, self.device)
-
-    def __len__(self):
-        return len(self.loader)
-
-    def __getattr__(self, name):
-        return getattr(self.loader, name)
+from common.loader import PREFETCH, pass_timing, timed, worker_setup, worker_start
 
 
 def check_classifier_files(name, example):
@@ -109,12 +92,21 @@ def clocked(compute, *args, **kwargs):
     return result, time.perf_counter() - begun
 
 
-def progress_on_stderr():
-    """A tqdm bar on stderr in place of the Trainer's own, whose log lines would land on stdout."""
+@contextlib.contextmanager
+def timed_trainer(recipe, device, precision, workers, **parts):
+    """Yields (a Trainer of `parts` and TrainingArguments(**recipe), writing to a temporary folder, its progress on
+    stderr; its passes {"training", "evaluations": pass timings, "train() seconds"}, filled as it runs), its training
+    pictures prepared by `workers` processes (docs/performance.md). The passes are timed through the Trainer's own
+    overrides: its training steps' next() in get_batch_samples, its evaluations' in their loader, evaluate() whole."""
     from tqdm import tqdm
-    from transformers import TrainerCallback
+    from transformers import ProgressCallback, Trainer, TrainerCallback, TrainingArguments
 
-    class Progress(TrainerCallback):
+    passes = {"training": pass_timing(), "evaluations": pass_timing()}
+
+    def labels_in(batch):
+        return len(batch["labels"])
+
+    class Progress(TrainerCallback):  # a bar on stderr: the Trainer's own writes its log lines on stdout
         def on_train_begin(self, args, state, control, **kwargs):
             self.bar = tqdm(total=state.max_steps, desc="fine-tuning", unit="step", file=sys.stderr, leave=False)
 
@@ -124,14 +116,27 @@ def progress_on_stderr():
         def on_train_end(self, args, state, control, **kwargs):
             self.bar.close()
 
-    return Progress()
+    class TimedTrainer(Trainer):
+        def get_batch_samples(self, epoch_iterator, num_batches, device):
+            with contextlib.closing(timed(epoch_iterator, passes["training"], labels_in, device)) as batches:
+                return super().get_batch_samples(batches, num_batches, device)
 
+        def get_eval_dataloader(self, eval_dataset=None):  # no workers, no pinning: its pictures are on the device
+            # prepared as the Trainer's own, so that its last batch's loss counts for its pictures alone
+            loader = self.accelerator.prepare(DataLoader(self.eval_dataset, self.args.eval_batch_size,
+                                                         collate_fn=self.data_collator))
+            return timed(loader, passes["evaluations"], labels_in, self.args.device)
 
-@contextlib.contextmanager
-def timed_trainer(recipe, device, precision, workers, **parts):
-    """Yields (a Trainer of `parts` and TrainingArguments(**recipe), writing to a temporary folder, its progress on
-    stderr; its timed_passes()), its training pictures prepared by `workers` processes (docs/performance.md)."""
-    from transformers import ProgressCallback, Trainer, TrainingArguments
+        def evaluate(self, *args, **kwargs):
+            metrics, seconds = clocked(super().evaluate, *args, **kwargs)
+            passes["evaluations"]["seconds"] += seconds
+            return metrics
+
+        def train(self, *args, **kwargs):  # the training pass: train() less the evaluations it ran
+            evaluating = passes["evaluations"]["seconds"]
+            output, passes["train() seconds"] = clocked(super().train, *args, **kwargs)
+            passes["training"]["seconds"] = passes["train() seconds"] - (passes["evaluations"]["seconds"] - evaluating)
+            return output
 
     with tempfile.TemporaryDirectory(prefix="vit-backbone-trainer-") as output_dir:
         args = TrainingArguments(**recipe, output_dir=output_dir, report_to="none", use_cpu=device.type == "cpu",
@@ -139,59 +144,9 @@ def timed_trainer(recipe, device, precision, workers, **parts):
                                  dataloader_persistent_workers=workers > 0, dataloader_pin_memory=device.type == "cuda",
                                  dataloader_multiprocessing_context=(  # on macOS the library's own choice
                                      worker_start() if workers and sys.platform.startswith("linux") else None))
-        trainer = Trainer(args=args, **parts)
+        trainer = TimedTrainer(args=args, callbacks=[Progress()], **parts)
         trainer.remove_callback(ProgressCallback)
-        trainer.add_callback(progress_on_stderr())
-        with timed_passes(trainer, device) as passes:
-            yield trainer, passes
-
-
-def labels_in(batch):
-    return len(batch["labels"])
-
-
-@contextlib.contextmanager
-def timed_passes(trainer, device):
-    """Yields {"training", "evaluations": pass timings, "train() seconds"}, filled as the Trainer runs in the block, its
-    loaders' next() and evaluate() timed from outside; its loaders' workers end with the block."""
-    timings, made = {"training": pass_timing(), "evaluations": pass_timing()}, []
-    make_train, make_eval, evaluate, train = (trainer.get_train_dataloader, trainer.get_eval_dataloader,
-                                              trainer.evaluate, trainer.train)
-
-    def train_loader(*a, **k):
-        made.append(make_train(*a, **k))
-        return TimedLoader(made[-1], timings["training"], count=labels_in, device=device)
-
-    def eval_loader(*a, **k):  # no workers, no pinning: its pictures are on the model's device already
-        names = ("dataloader_num_workers", "dataloader_persistent_workers", "dataloader_pin_memory",
-                 "dataloader_multiprocessing_context")
-        kept = [getattr(trainer.args, name) for name in names]
-        for name, value in zip(names, (0, False, False, None)):
-            setattr(trainer.args, name, value)
-        try:
-            made.append(make_eval(*a, **k))
-        finally:
-            for name, value in zip(names, kept):
-                setattr(trainer.args, name, value)
-        return TimedLoader(made[-1], timings["evaluations"], count=labels_in, device=device)
-
-    def timed_evaluate(*a, **k):
-        output, seconds = clocked(evaluate, *a, **k)
-        timings["evaluations"]["seconds"] += seconds
-        return output
-
-    def timed_train(*a, **k):
-        evaluating = timings["evaluations"]["seconds"]
-        output, timings["train() seconds"] = clocked(train, *a, **k)
-        timings["training"]["seconds"] = timings["train() seconds"] - (timings["evaluations"]["seconds"] - evaluating)
-        return output
-
-    trainer.get_train_dataloader, trainer.get_eval_dataloader = train_loader, eval_loader
-    trainer.evaluate, trainer.train = timed_evaluate, timed_train
-    try:
-        yield timings
-    finally:  # the workers would otherwise hold the process at its exit
-        end_workers(*made)
+        yield trainer, passes
 
 
 def dataset_loader(dataset, collate_fn, workers, pin_memory=False, batch_size=32):
@@ -199,26 +154,6 @@ def dataset_loader(dataset, collate_fn, workers, pin_memory=False, batch_size=32
     return DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn, num_workers=workers, pin_memory=pin_memory,
                       prefetch_factor=PREFETCH if workers else None, worker_init_fn=worker_setup,
                       multiprocessing_context=worker_start() if workers else None)
-
-
-def model_pass(load_model, dataset, collate_fn, keep, device, autocast, desc):
-    """(torch.cat of keep(model(pixel_values=batch)) on the host, the pass's timing): one pass over a dataset, its
-    workers started first and timed apart, building batches while load_model() loads the model."""
-    from tqdm import tqdm
-
-    workers = loader_workers(device)
-    loader = dataset_loader(dataset, collate_fn, workers, pin_memory=device.type == "cuda")
-    timing = pass_timing()
-    batches, timing["start-up seconds"] = clocked(iter, loader)  # iter() starts the workers
-    timing["workers"], model, outputs = workers, load_model(), []
-    begun = time.perf_counter()
-    with torch.inference_mode(), autocast:
-        for pixels in tqdm(timed(batches, timing, device=device), desc=desc, unit="batch", file=sys.stderr,
-                           leave=False, total=len(loader)):
-            outputs.append(keep(model(pixel_values=to_device(pixels, device))))
-        outputs = torch.cat(outputs).cpu()
-    timing["seconds"] = time.perf_counter() - begun
-    return outputs, timing
 
 
 def preprocessed(dataset, workers):

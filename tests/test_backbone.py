@@ -2,8 +2,10 @@
 whole script on stand-ins (a beans-shaped dataset in the Hub's layout and tiny classifiers)."""
 import argparse
 import re
+from unittest import mock
 
 import numpy as np
+import psutil
 import pytest
 import scipy.linalg
 import torch
@@ -11,6 +13,7 @@ from conftest import BACKBONE_ARTICLE, BACKBONE_FLAGS, script_output
 from PIL import Image
 
 import vit_backbone as backbone
+from common.errors import UserError
 from common.output import Report
 from common.reference import compare, load_reference
 from common.run import Run
@@ -144,9 +147,14 @@ def test_pca_rgb_against_numpy_eigh():
 
 
 def differences(argv, counts=None):
-    """setup_differences of a run with these flags, its data loaded with (training, validation) pictures."""
-    loaded = {"beans": {"train": range(counts[0]), "validation": range(counts[1])}} if counts else {}
-    return backbone.setup_differences(argparse.Namespace(args=backbone.parse_args(argv), loaded=loaded))
+    """setup_differences of a run with these flags, its data loaded with (training, validation) pictures, or missing."""
+    def load_beans(data_dir, per_class):
+        if counts is None:
+            raise UserError("dataset AI-Lab-Makerere/beans is not here")
+        return {"train": range(counts[0]), "validation": range(counts[1])}
+
+    with mock.patch.object(backbone, "load_beans", load_beans):
+        return backbone.setup_differences(argparse.Namespace(args=backbone.parse_args(argv)))
 
 
 def test_setup_differences_name_the_flags():
@@ -218,11 +226,14 @@ def test_the_trainer_with_2_workers_gives_the_numbers_it_gives_with_none(beans_s
     results = []
     for workers in (0, 2):
         monkeypatch.setattr(backbone, "loader_workers", lambda device, workers=workers: workers)
-        run = Run(args, {"beans": backbone.load_beans, "processor": backbone.load_processor},
-                  fp32_rule=backbone.ARTICLE_FP32_RULE)
-        result = backbone.finetune(run)
+        result = backbone.finetune(Run(args, fp32_rule=backbone.ARTICLE_FP32_RULE))
         assert result["workers"] == workers and result["passes"]["training"]["pictures"] == 15 * 4  # 15 steps of 4
+        assert result["passes"]["evaluations"]["pictures"] == 4 * 6  # before, at steps 10 and 15, after: 6 pictures
         results.append(result)
+    # the training loader's persistent workers ended with the Trainer: none is left to hold the process at its exit
+    spawned = [child for child in psutil.Process().children(recursive=True)
+               if "multiprocessing.spawn" in " ".join(child.cmdline())]
+    assert spawned == []
     without, with_workers = ([{key: entry[key] for key in ("step", "loss", "eval_loss", "eval_accuracy") if key in entry}
                               for entry in result["history"]] for result in results)
     assert without == with_workers and any("loss" in entry for entry in without)
