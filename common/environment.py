@@ -10,6 +10,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 STANDIN_MARK = "STAND-IN.txt"  # job/standins.py leaves this file in every folder it generates
+MINIATURE_MARK = "MINIATURE.txt"  # job/miniature.py leaves this one: a ViT trained here, its numbers its own
 
 
 # the libraries a run's numbers depend on: its record, the page and the job's digest of a script's code read them here

@@ -1,0 +1,334 @@
+"""The two articles in miniature, offline: a small ViT trained here on generated pictures, then the whole job on it.
+
+    python job/miniature.py DIR    # pictures, training, the five scripts and the page (DIR/results/report.md)
+
+The articles' conclusions are about where things are: position rows stretched in 2D keep a ViT working at a
+higher resolution, a zero head sends nothing into the body, a few steps of fine-tuning sort the pictures before
+the loss moves. So the pictures here have classes decided by WHERE a bright blob is:
+
+  - Imagenette's layout (imagenette/{train,val}/<wnid>/*.JPEG, 160 x 160 px): the picture is cut into 2 rows of
+    5 cells, and class k (Imagenette's k-th WordNet id) has its blob in cell k;
+  - beans' layout (beans/README.md, beans/data/<split>-*.parquet, as job/standins.py writes it): class k
+    (angular_leaf_spot, bean_rust, healthy) has its blob in the k-th third of the picture's height, a
+    question the Imagenette cells do not ask (they split the height in two).
+
+A ViT of 4 layers of width 64 (patch 8 at 64 px: an 8 x 8 grid, as the article's 14 x 14 at 224) is trained
+from scratch on pictures drawn afresh (not the folders' own), with two heads at once: a 1000-way head on the
+class token (Imagenette's classes at their ImageNet-1k indices) and a pre-logits layer with a head of its own.
+It is saved with save_pretrained under the Hub ids the scripts load (DIR/models/google/vit-base-patch16-224, the
+classifier with its image processor; .../vit-base-patch16-224-in21k, the body with its pre-logits layer and no
+head), then reproduce.py runs the five scripts on it offline, and the page says first what it is: its numbers
+are its own, the articles' do not apply; the conclusions are what carries over (docs/miniature.md).
+
+Each step is done once: a second call continues the job (the same command, reproduce.py's resume rule).
+"""
+import os
+import sys
+
+if __name__ == "__main__":  # run as a file: the repository root, not job/, is where modules are found
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    from common.start import before_torch_loads
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # for the scripts too: small matrices, see build_checkpoints
+    before_torch_loads()
+
+import io
+import json
+import math
+import shlex
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from common.environment import MINIATURE_MARK
+from common.imagenette import CLASSES
+from job.ending import STANDINS_COMMAND, job_command
+from job.standins import BEANS_CARD, BEANS_CLASSES, IN21K, IN21K_CONFIG, VIT, hub_processor
+
+# ---------------------------------------------------------------- the pictures
+PICTURE_SIDE = 160          # pixels on a side, Imagenette-160's short side; the scripts resize to their resolution
+BANDS = 5                   # Imagenette's 10 classes: class k's blob is in band k // 2 of 5 across the height, and
+                            # for even k in the middle half of the width, for odd k out at a side (a flip keeps it)
+BEANS_BANDS = 3             # beans' 3 classes: class k's blob is in the k-th horizontal third
+BLOB_SIGMA = (5.0, 10.0)    # the blob's Gaussian radius in pixels, drawn per picture: no one size to memorise
+BLOB_MARGIN = 6             # the blob's centre keeps this far from its cell's edges, so its cell is never in doubt
+IMAGENETTE_COUNTS = {"train": 60, "val": 30}  # pictures of each class in each split written to disk
+BEANS_COUNTS = {"train": 40, "validation": 20, "test": 10}  # pictures of each class in each split
+
+# ---------------------------------------------------------------- the ViT and its training
+IMAGE_SIZE = 64             # the checkpoint's resolution (the article's 224)
+PATCH_SIZE = 8             # an 8 x 8 grid of patches (the article's 14 x 14)
+WIDTH = 64                  # hidden size (ViT-B: 768)
+LAYERS = 4                  # transformer blocks (ViT-B: 12)
+HEADS = 4                   # attention heads of width 16
+MLP_WIDTH = 128             # the MLP's inner width (4 x as ViT-B's would be 256; 2 x keeps it quick)
+TRAIN_PICTURES = 2000       # pictures drawn for training (seed TRAIN_SEED), none of them in the folders
+STEPS = 300                 # AdamW steps of TRAIN_BATCH pictures
+TRAIN_BATCH = 64
+LEARNING_RATE = 2e-3        # peak, after a warm-up of WARMUP_STEPS, then cosine to 0
+WARMUP_STEPS = 40
+WEIGHT_DECAY = 0.05
+PICTURE_SEED, TRAIN_SEED = 0, 1  # the folders' pictures, the training pictures and weights
+
+# ---------------------------------------------------------------- the job
+REPRODUCE = Path(__file__).resolve().parent.parent / "reproduce.py"
+HIGHER_RESOLUTION = 112     # posemb's --resolution: a 14 x 14 grid, 1.75 x the 8 x 8 as 384 is 1.71 x 224
+# Each script's flags on the miniature: the checkpoint's own resolution, pictures as the folders hold them, and
+# the small model's learning rates (the article's are for 86M parameters: a 64-wide head moves 12 x slower).
+JOB_EXTRA = ["posemb=--resolution 112 --batch-size 64",
+             "fewshot=--resolution 64 --pool 50 --no-cache",
+             "finetune=--resolution 64 --steps 30 --batch-size 32 --check-per-class 30",
+             "backbone=--epochs 5 --lr 1e-3 --probe-epochs 30 --no-cache"]
+
+
+# ---------------------------------------------------------------- pictures
+
+def imagenette_class(centre, side=PICTURE_SIDE):
+    """Imagenette's class of a blob centred at (x, y): twice its band, plus 1 when it is out at a side."""
+    x, y = centre
+    return 2 * int(y * BANDS // side) + int(abs(x - side / 2) >= side / 4)
+
+
+def beans_class(centre, side=PICTURE_SIDE):
+    """Beans' class of a blob centred at (x, y): which third of the height it is in."""
+    return int(centre[1] * BEANS_BANDS // side)
+
+
+def blob_centre(rng, box):
+    """A centre drawn inside box (left, top, right, bottom), BLOB_MARGIN inside its edges."""
+    left, top, right, bottom = box
+    return (rng.uniform(left + BLOB_MARGIN, right - BLOB_MARGIN), rng.uniform(top + BLOB_MARGIN, bottom - BLOB_MARGIN))
+
+
+def imagenette_box(rng, label, side=PICTURE_SIDE):
+    """(left, top, right, bottom) of class `label`'s region: its band, the middle half or (drawn) a side's quarter."""
+    band, at_a_side = divmod(label, 2)
+    top, bottom, quarter = band * side / BANDS, (band + 1) * side / BANDS, side / 4
+    if not at_a_side:
+        return (quarter, top, side - quarter, bottom)
+    return (0, top, quarter, bottom) if rng.random() < 0.5 else (side - quarter, top, side, bottom)
+
+
+def band_box(label, side=PICTURE_SIDE):
+    return (0, label * side / BEANS_BANDS, side, (label + 1) * side / BEANS_BANDS)
+
+
+def blob_picture(rng, centre, side=PICTURE_SIDE):
+    """A dim background of smooth random colour and noise, with one bright blob at centre: uint8 (side, side, 3)."""
+    coarse = rng.uniform(0, 110, size=(6, 6, 3)).astype(np.float32)
+    background = np.asarray(Image.fromarray(coarse.astype(np.uint8)).resize((side, side), Image.BICUBIC), np.float32)
+    sigma, axis = rng.uniform(*BLOB_SIGMA), np.arange(side, dtype=np.float32)
+    across, down = (np.exp(-(axis - at) ** 2 / (2 * sigma ** 2)) for at in centre)  # a Gaussian is separable
+    blob = (down[:, None] * across[None, :])[..., None]
+    colour = rng.uniform(200, 255, size=3)  # bright in every channel, its hue drawn
+    picture = background * (1 - blob) + colour * blob + rng.integers(-12, 13, size=(side, side, 3), dtype=np.int8)
+    return np.clip(picture, 0, 255).astype(np.uint8)
+
+
+def imagenette_picture(rng, label):
+    """(picture, blob centre) of Imagenette's class `label`."""
+    centre = blob_centre(rng, imagenette_box(rng, label))
+    return blob_picture(rng, centre), centre
+
+
+def beans_picture(rng, label, side=PICTURE_SIDE):
+    centre = blob_centre(rng, band_box(label, side))
+    return blob_picture(rng, centre, side), centre
+
+
+def mark(folder):
+    """folder, with the mark that makes the page say first what a run on it is (job/page.py)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / MINIATURE_MARK).write_text("Generated by job/miniature.py: a ViT trained here on generated pictures "
+                                         "whose class is where a blob is. Its numbers are its own; the articles' "
+                                         "do not apply, their conclusions do.\n")
+    return folder
+
+
+def imagenette_folder(root, counts=None, seed=PICTURE_SEED):
+    """root/{train,val}/<wnid>/<wnid>_<i>.JPEG, 160 x 160 px, class k's blob in cell k (Imagenette's layout)."""
+    rng = np.random.default_rng(seed)
+    root = Path(root)
+    for split, count in (counts or IMAGENETTE_COUNTS).items():
+        for label, (wnid, _, _) in enumerate(CLASSES):
+            folder = root / split / wnid
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(count):
+                Image.fromarray(imagenette_picture(rng, label)[0]).save(folder / f"{wnid}_{i:04d}.JPEG", quality=90)
+    return mark(root)
+
+
+def beans_folder(root, counts=None, seed=PICTURE_SEED, side=PICTURE_SIDE):
+    """AI-Lab-Makerere/beans's files as job/standins.py's beans_folder writes them (README.md, one parquet file a
+    split), class k's blob in the k-th third of the height."""
+    from datasets import ClassLabel, Dataset, Features, Value
+    from datasets import Image as ImageFeature
+
+    rng = np.random.default_rng(seed)
+    root = Path(root)
+    (root / "data").mkdir(parents=True, exist_ok=True)
+    features = Features({"image_file_path": Value("string"), "image": ImageFeature(),
+                         "labels": ClassLabel(names=list(BEANS_CLASSES))})
+    for split, count in (counts or BEANS_COUNTS).items():
+        rows = {"image_file_path": [], "image": [], "labels": []}
+        for label, name in enumerate(BEANS_CLASSES):
+            for i in range(count):
+                buffer = io.BytesIO()
+                Image.fromarray(beans_picture(rng, label, side)[0]).save(buffer, format="JPEG", quality=90)
+                path = f"{split}/{name}/{name}_{split}.{i}.jpg"
+                rows["image_file_path"].append(path)
+                rows["image"].append({"bytes": buffer.getvalue(), "path": path})
+                rows["labels"].append(label)
+        Dataset.from_dict(rows, features=features).to_parquet(root / "data" / f"{split}-00000-of-00001.parquet")
+    (root / "README.md").write_text(BEANS_CARD.replace("(stand-in)", "(miniature)"))
+    return mark(root)
+
+
+# ---------------------------------------------------------------- the ViT
+
+def vit_config(num_labels=1000):
+    from transformers import ViTConfig
+
+    return ViTConfig(image_size=IMAGE_SIZE, patch_size=PATCH_SIZE, hidden_size=WIDTH, num_hidden_layers=LAYERS,
+                     num_attention_heads=HEADS, intermediate_size=MLP_WIDTH, num_labels=num_labels,
+                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+def sincos_rows(grid, width):
+    """The 2D sine-cosine table (MAE's) of a grid x grid: a smooth start for the learned position rows, as the
+    article's rows are smooth after 300M pictures (a few thousand leave random rows rough)."""
+    quarter = width // 4
+    frequencies = 1.0 / 10000 ** (np.arange(quarter) / quarter)
+    rows, columns = np.meshgrid(np.arange(grid), np.arange(grid), indexing="ij")
+    parts = [f(axis.reshape(-1, 1) * frequencies) for axis in (rows, columns) for f in (np.sin, np.cos)]
+    return np.concatenate(parts, axis=1).astype(np.float32)
+
+
+def training_pictures(count, seed):
+    """(uint8 (count, IMAGE_SIZE, IMAGE_SIZE, 3), Imagenette labels): drawn as the folders' pictures, resized as the
+    scripts resize them (common/pictures.py)."""
+    from common.pictures import resized_rgb
+
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, len(CLASSES), size=count)
+    pictures = np.stack([resized_rgb(Image.fromarray(imagenette_picture(rng, label)[0]), IMAGE_SIZE)
+                         for label in labels])
+    return pictures, labels
+
+
+def train(pictures, labels, steps=STEPS, seed=TRAIN_SEED, say=print):
+    """(classifier, pre-logits layer) trained together: a 1000-way head on the class token, and a pre-logits
+    layer (tanh of a dense layer on the class token, the ImageNet-21k release's) with a 10-way head of its own."""
+    import torch
+    import torch.nn.functional as F
+    from transformers import ViTForImageClassification
+    from transformers.models.vit.modeling_vit import ViTPooler
+
+    from common.pictures import to_pixels
+
+    torch.manual_seed(seed)
+    model = ViTForImageClassification(vit_config())
+    with torch.no_grad():
+        grid = IMAGE_SIZE // PATCH_SIZE
+        model.vit.embeddings.position_embeddings[0, 1:] = torch.from_numpy(sincos_rows(grid, WIDTH))
+    pre_logits = ViTPooler(model.config)
+    pre_logits_head = torch.nn.Linear(WIDTH, len(CLASSES))
+    imagenet_index = torch.tensor([index for _, _, index in CLASSES])
+    parameters = [*model.parameters(), *pre_logits.parameters(), *pre_logits_head.parameters()]
+    optimizer = torch.optim.AdamW(parameters, lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1, (step + 1) / WARMUP_STEPS) * 0.5 * (
+        1 + math.cos(math.pi * min(1, step / steps))))
+    generator = np.random.default_rng(seed)
+    pictures, labels = torch.from_numpy(pictures), torch.from_numpy(labels)
+    model.train()
+    for step in range(steps):
+        batch = torch.from_numpy(generator.choice(len(labels), TRAIN_BATCH, replace=False))
+        hidden = model.vit(pixel_values=to_pixels(pictures[batch], torch.device("cpu"))).last_hidden_state
+        logits = model.classifier(hidden[:, 0])
+        loss = F.cross_entropy(logits, imagenet_index[labels[batch]]) + F.cross_entropy(
+            pre_logits_head(pre_logits(hidden)), labels[batch])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        if step % 50 == 0 or step == steps - 1:
+            accuracy = (logits.argmax(1) == imagenet_index[labels[batch]]).float().mean()
+            say(f"step {step:4d}: loss {loss.item():.3f}, batch accuracy {100 * accuracy:.0f}%")
+    return model.eval(), pre_logits.eval()
+
+
+def save_checkpoints(models, classifier, pre_logits):
+    """The two checkpoints in the Hub's layout under the ids the scripts load: the classifier with the Hub's image
+    processor file (its size ours), and the body with its pre-logits layer and no head, its config.json holding the
+    fields of the ImageNet-21k release's (so no labels), as job/standins.py writes them."""
+    from transformers import ViTModel
+
+    vit = mark(Path(models) / VIT)
+    classifier.save_pretrained(vit)
+    hub_processor(vit, IMAGE_SIZE)
+    in21k = mark(Path(models) / IN21K)
+    body = ViTModel(classifier.config, add_pooling_layer=True)
+    body.load_state_dict({**classifier.vit.state_dict(),
+                          **{f"pooler.{key}": value for key, value in pre_logits.state_dict().items()}})
+    body.save_pretrained(in21k)
+    sizes = {key: getattr(body.config, key) for key in IN21K_CONFIG if key not in ("architectures",
+                                                                                   "transformers_version")}
+    (in21k / "config.json").write_text(json.dumps({**IN21K_CONFIG, **sizes}, indent=2, sort_keys=True))
+    return {"vit": vit, "in21k": in21k}
+
+
+def job_flags(root):
+    """reproduce.py's flags for the miniature in root: its copies, the CPU, each script's flags (JOB_EXTRA)."""
+    root = Path(root)
+    return ["--models", str(root / "models"), "--imagenette", str(root / "imagenette"), "--beans",
+            str(root / "beans"), "--device", "cpu", *[token for extra in JOB_EXTRA for token in ("--extra", extra)]]
+
+
+def build_pictures(root, say=print):
+    """The Imagenette and beans folders in root, once (beans is written last: its mark says both are whole)."""
+    root = Path(root)
+    if not (root / "beans" / MINIATURE_MARK).is_file():
+        say(f"pictures: {root / 'imagenette'} and {root / 'beans'}, each class where its blob is")
+        imagenette_folder(root / "imagenette")
+        beans_folder(root / "beans")
+
+
+def build_checkpoints(root, say=print):
+    """The miniature ViT trained and saved in root/models, once (the ImageNet-21k body is saved last)."""
+    import torch
+
+    models = Path(root) / "models"
+    if (models / IN21K / MINIATURE_MARK).is_file():
+        return
+    say(f"training a ViT of {LAYERS} layers of width {WIDTH}, patch {PATCH_SIZE} at {IMAGE_SIZE} px, on "
+        f"{TRAIN_PICTURES} generated pictures for {STEPS} steps of {TRAIN_BATCH}")
+    torch.set_num_threads(1)  # small matrices: one thread works, two mostly wait on each other
+    classifier, pre_logits = train(*training_pictures(TRAIN_PICTURES, TRAIN_SEED), say=say)
+    save_checkpoints(models, classifier, pre_logits)
+
+
+def main(argv=None):
+    from common.cli import script_parser
+
+    parser = script_parser(__doc__)
+    parser.add_argument("directory", help="where the pictures and the ViT are made (once) and the job writes "
+                                          "DIR/results")
+    root = Path(parser.parse_args(argv).directory)
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()  # the library's note that torchvision would serve the processor faster
+    build_pictures(root)
+    build_checkpoints(root)
+    command = ["reproduce.py", str(root / "results"), *job_flags(root)]
+    print(f"the miniature in {root}: a ViT trained here on generated pictures; its numbers are its own, the "
+          f"articles' do not apply (docs/miniature.md). The job on it, offline:\n"
+          f"HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 {job_command(command[1:])}", flush=True)
+    again = shlex.join(["python", sys.argv[0], str(root)]) if argv is None else ""  # what continues this job
+    os.execve(sys.executable, [sys.executable, str(REPRODUCE), *command[1:]],
+              {**os.environ, "HF_HUB_OFFLINE": "1", STANDINS_COMMAND: again})
+
+
+if __name__ == "__main__":
+    main()
