@@ -17,9 +17,9 @@ from common.reference import compare, load_reference, print_comparison
 
 
 class Run:
-    """The parsed flags, the device and its arithmetic, the processes, and the resources of one run."""
+    """The parsed flags, the device and its arithmetic, the processes of one run, and what its sections loaded."""
 
-    def __init__(self, args, loaders=None, device=None, rank=0, world=1, fp32_rule="strict"):
+    def __init__(self, args, device=None, rank=0, world=1, fp32_rule="strict"):
         """fp32_rule: what --precision fp32 means on GPUs with TF32 (common/device.py), the rule of the article's run."""
         from common.device import pick_device, set_precision
 
@@ -29,28 +29,8 @@ class Run:
         self.autocast = (set_precision(self.device, args.precision, fp32_rule) if "precision" in args
                          else contextlib.nullcontext())
         self.rank, self.world = rank, world
-        self.loaders = loaders or {}
-        self.loaded = {}
+        self.loaded = {}  # a section's resources, for the next sections and the setup's differences
         self.started = time.time()
-
-    def need(self, *names, also=()):
-        """The named resources, each loaded once; one UserError names every missing one and those of `also` (needed
-        later), so that one line says all an offline run lacks."""
-        problems = []
-        for name in names:
-            if name not in self.loaded:
-                try:
-                    self.loaded[name] = self.loaders[name](self)
-                except UserError as problem:
-                    self.loaded[name] = problem
-            if isinstance(self.loaded[name], UserError):
-                problems += [p for p in self.loaded[name].args if p not in problems]
-        if problems:
-            if also:
-                self.need(*names, *also)  # raises, naming the missing ones of also too
-            raise UserError(*problems)
-        values = [self.loaded[name] for name in names]
-        return values[0] if len(values) == 1 else values
 
 
 def loaded(*loads):

@@ -14,7 +14,7 @@ from common.device import pick_device
 from common.errors import UserError
 from common.output import Report
 from common.reference import compare, format_like, load_reference, verdict
-from common.run import Run
+from common.run import loaded
 from common.start import guarded
 
 
@@ -167,30 +167,29 @@ def test_a_template_prints_the_articles_line_and_records_its_fields(capsys):
                                             '{train,val}/<class>/\n')  # a reason is text, not a template
 
 
-def test_run_loads_a_resource_once_and_remembers_a_failure():
+def test_loaded_loads_each_in_turn_and_one_error_names_every_problem():
     calls = []
 
-    def model(run):
+    def model():
         calls.append("model")
         return "the model"
 
-    def data(run):
+    def data():
         calls.append("data")
         raise UserError("no data here; pass --data-dir")
 
-    def checkpoint(run):
-        raise UserError("no checkpoint here; pass --model")
+    def checkpoint():
+        calls.append("checkpoint")
+        raise UserError("no checkpoint here; pass --model", "no processor either")
 
-    run = Run(argparse_namespace(), {"model": model, "data": data, "checkpoint": checkpoint})
-    assert run.need("model") == "the model" and run.need("model") == "the model"
-    for _ in range(2):
-        with pytest.raises(UserError) as problem:
-            run.need("data", "checkpoint", "model")
-        assert str(problem.value) == "no data here; pass --data-dir; also no checkpoint here; pass --model"
-    assert calls == ["model", "data"]
-    assert run.need("model", also=["data"]) == "the model"  # also: named only when a needed one is missing
-    with pytest.raises(UserError, match="^no data here; pass --data-dir; also no checkpoint here; pass --model$"):
-        run.need("data", also=["checkpoint", "model"])
+    assert loaded(model) == ["the model"]
+    with pytest.raises(UserError) as problem:
+        loaded(data, checkpoint, model)
+    assert problem.value.args == ("no data here; pass --data-dir", "no checkpoint here; pass --model",
+                                  "no processor either")
+    assert str(problem.value) == ("no data here; pass --data-dir; also no checkpoint here; pass --model; also no "
+                                  "processor either")
+    assert calls == ["model", "data", "checkpoint", "model"]  # each tried, in turn, even after a failure
 
 
 def argparse_namespace(**flags):
