@@ -228,8 +228,8 @@ load_processor = functools.cache(plumbing.image_processor)  # (--model)
 @functools.lru_cache(maxsize=1)
 def finetune(run):
     """The article's run in the article's order of random draws: seed, shuffle train, shuffle validation, the new
-    head, then evaluate, train, evaluate. The patch tokens of a few validation pictures are kept before and after.
-    Run once by section 4, which prints it; section 5 sets the same run beside the probes."""
+    head, then evaluate, train, evaluate; and its figure, the patch tokens of a few validation pictures before and
+    after as RGB maps. Run once by section 4, which prints it; section 5 sets the same run beside the probes."""
     from transformers import AutoModelForImageClassification, ViTModel, set_seed
 
     args = run.args
@@ -246,10 +246,16 @@ def finetune(run):
                             ignore_mismatched_sizes=True, device_map=run.device)
     transform = functools.partial(article_transform, processor)
     map_indices = one_per_class(beans["validation"]["labels"], MAP_PICTURES)
-    map_pixels = plumbing.pixels_of(processor, [beans["validation"][i]["image"] for i in map_indices])
+    map_pixels = article_transform(processor, beans["validation"][map_indices])["pixel_values"]
+
+    def patch_tokens():  # of the figure's pictures
+        with torch.inference_mode(), run.autocast:
+            return model.vit(pixel_values=map_pixels.to(run.device)).last_hidden_state[:, 1:].float().cpu()
+
     workers = loader_workers(run.device)
     # The validation pictures through the transform once: a loader started afresh per evaluation keeps a GPU waiting.
-    val_items, preprocessing = plumbing.preprocessed(val_ds.with_transform(transform), workers)
+    val_items, preprocessing = plumbing.clocked(lambda: [item for batch in plumbing.dataset_loader(
+        val_ds.with_transform(transform), list, workers) for item in batch])
     val_items = [{**item, "pixel_values": item["pixel_values"].to(run.device)} for item in val_items]  # 80 MB
     recipe = {"per_device_train_batch_size": args.batch_size, "per_device_eval_batch_size": args.batch_size,
               "num_train_epochs": args.epochs, "learning_rate": args.lr, "logging_steps": LOGGING_STEPS,
@@ -258,15 +264,20 @@ def finetune(run):
                                 train_dataset=train_ds.with_transform(transform), eval_dataset=val_items,
                                 data_collator=collate_fn, compute_metrics=accuracy_metrics) as (trainer, passes):
         before = trainer.evaluate()  # the article's: evaluate, train, evaluate
-        tokens_before = plumbing.last_hidden_states(model.vit, map_pixels, run)[:, 1:]
+        tokens_before = patch_tokens()
         trainer.train()
         after = trainer.evaluate()
     model.eval()
-    tokens_after = plumbing.last_hidden_states(model.vit, map_pixels, run)[:, 1:]
+    # one basis for both, so that a colour means the same direction before and after
+    maps = pca_rgb(torch.cat([tokens_before, patch_tokens()]).numpy(), feature_grid(model)).round(3)
+    mean, std = np.array(processor.image_mean), np.array(processor.image_std)  # the pictures as the model saw them
+    small = F.interpolate(map_pixels.float(), size=(56, 56), mode="area").permute(0, 2, 3, 1).numpy()
+    feature_maps = {"before": maps[:len(map_indices)].tolist(), "after": maps[len(map_indices):].tolist(),
+                    "pictures": np.clip((small * std + mean) * 255, 0, 255).round().astype(np.uint8).tolist(),
+                    "labels": [beans["names"][beans["validation"][i]["labels"]] for i in map_indices]}
     return {"before": before, "after": after, "seconds": passes["train() seconds"], "passes": passes,
             "history": trainer.state.log_history, "workers": workers, "preprocessing seconds": preprocessing,
-            "steps": trainer.state.max_steps, "model": model, "map pixels": map_pixels, "map indices": map_indices,
-            "tokens before": tokens_before, "tokens after": tokens_after,
+            "steps": trainer.state.max_steps, "hidden size": model.config.hidden_size, "feature maps": feature_maps,
             "trained parameters": sum(p.numel() for p in model.parameters() if p.requires_grad)}
 
 
@@ -362,9 +373,10 @@ def section_checkpoint(run, report):
                 "head parameters": head, "backbone share (%)": 100 * backbone / (backbone + head)})
     beans = load_beans(args.data_dir, args.per_class)
     picture = beans["validation"][0]
-    pixels = plumbing.pixels_of(processor, [picture["image"]])
-    tokens = plumbing.last_hidden_states(model.vit, pixels, run)  # Z_L: the encoder's output after its final LayerNorm
+    pixels = article_transform(processor, beans["validation"][:1])["pixel_values"]
     with torch.inference_mode(), run.autocast:
+        # Z_L: the encoder's output after its final LayerNorm
+        tokens = model.vit(pixel_values=pixels.to(run.device)).last_hidden_state.float().cpu()
         logits = model(pixel_values=pixels.to(run.device)).logits.float().cpu()
         by_hand = model.classifier(tokens[:, 0].to(run.device)).float().cpu()  # logits = h_cls W + b
     class_token, patch_tokens = split_tokens(tokens)
@@ -405,20 +417,6 @@ def print_history(report, history):
                                         if "eval_accuracy" in row])
 
 
-def keep_feature_maps(run, report, result, beans, processor):
-    """The patch tokens of a few validation pictures before and after, as RGB maps, for the figure."""
-    # one basis for both, so that a colour means the same direction before and after
-    both = pca_rgb(torch.cat([result["tokens before"], result["tokens after"]]).numpy(), feature_grid(result["model"]))
-    maps = {"before": both[:len(both) // 2], "after": both[len(both) // 2:]}
-    report.keep("feature maps", {**{key: value.round(3).tolist() for key, value in maps.items()},
-                                 "pictures": plumbing.thumbnails(result["map pixels"], processor),
-                                 "labels": [beans["names"][beans["validation"][i]["labels"]]
-                                            for i in result["map indices"]]})
-    if run.args.plots:
-        figures.backbone_curves(report.series, run.args.plots, report.say)
-        figures.backbone_feature_maps(report.series["feature maps"], run.args.plots, report.say)
-
-
 FLOAT32 = {"torch defaults": "torch's defaults, as the article ran: convolutions (the patch embedding) in TF32 on "
                              "NVIDIA GPUs since Ampere, matrix multiplies in IEEE float32",
            "strict": "strict, no TF32 anywhere (--precision fp32-strict; the article's run allowed TF32 convolutions)",
@@ -428,7 +426,8 @@ FLOAT32 = {"torch defaults": "torch's defaults, as the article ran: convolutions
 def section_finetune(run, report):
     """4. the article's fine-tuning"""
     args = run.args
-    beans, processor = loaded(lambda: load_beans(args.data_dir, args.per_class), lambda: load_processor(args.model))
+    # both now, so that one line names what is missing before any is printed; fine-tuning reads them again
+    beans = loaded(lambda: load_beans(args.data_dir, args.per_class), lambda: load_processor(args.model))[0]
     recipe = {"batch_size", "epochs", "lr"} & set(flag_differences(args, ARTICLE_FLAGS))
     report.header("4. fine-tuning on beans with transformers.Trainer, {not_}as the article: batch {batch}, {epochs} "
                   "epoch{s}, learning rate {lr:g}, evaluation every {every} steps", not_="not " * bool(recipe),
@@ -450,7 +449,7 @@ def section_finetune(run, report):
     result = finetune(run)
     report.line("new head Linear({width}, {classes}), random; {training steps} steps ({steps per epoch} per epoch)",
                 {"training steps": result["steps"], "steps per epoch": math.ceil(train_count / args.batch_size)},
-                width=result["model"].config.hidden_size, classes=len(names))
+                width=result["hidden size"], classes=len(names))
     for what in ("before", "after"):  # the article's dicts of loss and accuracy, an empty line between
         report.line("{What} fine-tuning:", What=what.capitalize())
         report.line("{{'eval_loss': {eval_loss:repr}, 'eval_accuracy': {eval_accuracy:repr}}}", result[what],
@@ -474,7 +473,10 @@ def section_finetune(run, report):
                 training=training, workers=result["workers"], evaluating=evaluating,
                 evaluations=passes["evaluations"]["pictures"] // max(1, val_count), pictures=val_count)
     print_history(report, result["history"])
-    keep_feature_maps(run, report, result, beans, processor)
+    report.keep("feature maps", result["feature maps"])
+    if args.plots:
+        figures.backbone_curves(report.series, args.plots, report.say)
+        figures.backbone_feature_maps(report.series["feature maps"], args.plots, report.say)
 
 
 def section_three_ways(run, report):
@@ -492,13 +494,17 @@ def section_three_ways(run, report):
                 "{feature width:,} numbers per picture, {source} in {features seconds:.1f} s (--no-cache recomputes)"
                 "{pass_}", {"feature width": frozen["features"]["train"].shape[1], "features seconds": frozen["seconds"]},
                 source=frozen["source"], pass_=pass_words)
+    size = getattr(processor, "size", None) or {}  # the processor's resize and normalisation, in words
+    side = f"{size['height']}x{size['width']}" if "height" in size else str(size.get("shortest_edge", "?"))
+    mean, std = (", ".join(f"{v:g}" for v in dict.fromkeys(values)) for values in (processor.image_mean,
+                                                                                    processor.image_std))
     report.line("linear probe: DINO's linear evaluation (Caron et al. 2021): normal(0, {std}) weights, SGD momentum "
                 "{momentum}, no weight decay, learning rate {base_lr} x batch {batch_size}/256, cosine to 0 over "
                 "{epochs} epochs. Unlike DINO: no random crops and flips (the features are computed once); the "
                 "pictures preprocessed as the checkpoint's processor does ({preprocessing}), not Resize 256 + "
                 "CenterCrop 224 with ImageNet's mean and std; and the accuracy is the last epoch's, where DINO reports "
                 "the best over its epochs (chosen on the validation pictures)", **PROBE, epochs=args.probe_epochs,
-                preprocessing=plumbing.preprocessing_text(processor))
+                preprocessing=f"resized to {side}, mean {mean} and std {std}")
     report.line("closed form: Part 3's W = (X^T X + lambda I)^-1 X^T Y on the same features with a bias column, "
                 "targets in {{-1, +1}}")
     rows = [("random new head (the article's before)", result["before"]["eval_accuracy"],

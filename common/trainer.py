@@ -1,13 +1,11 @@
-"""The backbone article's plumbing around transformers: its checkpoint, its processor, its passes timed from outside."""
+"""The backbone article's plumbing around transformers: its checkpoint, its processor, a Trainer whose passes are timed
+through its own overrides; a loader for one pass over a dataset."""
 import contextlib
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
-import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from common.checkpoints import checkpoint_config, load_pretrained, looks_like_a_path
@@ -49,40 +47,6 @@ def image_classifier(name, example):
         raise UserError(f"{name} has no classification head (the library would draw one at random): "
                         f"pass an image classifier such as {example}")
     return model
-
-
-def pixels_of(processor, images):
-    return processor([image.convert("RGB") for image in images], return_tensors="pt")["pixel_values"]
-
-
-def last_hidden_states(backbone, pixels, run):
-    with torch.inference_mode(), run.autocast:
-        return backbone(pixel_values=pixels.to(run.device)).last_hidden_state.float().cpu()
-
-
-def logged_steps(history):
-    """{step: the Trainer's log entries of that step, merged}, for the steps that logged a loss or an evaluation."""
-    rows = {}
-    for entry in history:
-        if "loss" in entry or "eval_loss" in entry:
-            rows.setdefault(entry["step"], {}).update(entry)
-    return rows
-
-
-def preprocessing_text(processor):
-    """The image processor's resize and normalisation in words: 'resized to 224x224, mean 0.5 and std 0.5'."""
-    size = getattr(processor, "size", None) or {}
-    side = f"{size['height']}x{size['width']}" if "height" in size else str(size.get("shortest_edge", "?"))
-    mean, std = (", ".join(f"{v:g}" for v in dict.fromkeys(values)) for values in (processor.image_mean,
-                                                                                    processor.image_std))
-    return f"resized to {side}, mean {mean} and std {std}"
-
-
-def thumbnails(pixels, processor, side=56):
-    """The pictures as the model saw them, un-normalised, side x side, as uint8 lists (for the figure)."""
-    mean, std = np.array(processor.image_mean), np.array(processor.image_std)
-    small = F.interpolate(pixels.float(), size=(side, side), mode="area").permute(0, 2, 3, 1).numpy()
-    return np.clip((small * std + mean) * 255, 0, 255).round().astype(np.uint8).tolist()
 
 
 def clocked(compute, *args, **kwargs):
@@ -154,8 +118,3 @@ def dataset_loader(dataset, collate_fn, workers, pin_memory=False, batch_size=32
     return DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn, num_workers=workers, pin_memory=pin_memory,
                       prefetch_factor=PREFETCH if workers else None, worker_init_fn=worker_setup,
                       multiprocessing_context=worker_start() if workers else None)
-
-
-def preprocessed(dataset, workers):
-    """([every item of a dataset through its transform, in order], the seconds it took), by `workers` processes."""
-    return clocked(lambda: [item for batch in dataset_loader(dataset, list, workers) for item in batch])

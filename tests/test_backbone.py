@@ -18,7 +18,7 @@ from common.output import Report
 from common.reference import compare, load_reference
 from common.run import Run
 from common.start import guarded
-from common.trainer import preprocessed
+from common.trainer import dataset_loader
 
 
 def article_output(pattern):
@@ -252,7 +252,8 @@ def test_the_validation_pictures_preprocessed_once_are_what_the_processor_makes(
 
     split = load_dataset(str(beans_standins["data"]))["validation"]
     processor = AutoImageProcessor.from_pretrained(beans_standins["models"][0])
-    items, _ = preprocessed(split.with_transform(functools.partial(backbone.article_transform, processor)), 2)
+    transformed = split.with_transform(functools.partial(backbone.article_transform, processor))
+    items = [item for batch in dataset_loader(transformed, list, 2) for item in batch]
     assert len(items) == len(split) == 6
     for item, row in zip(items, split):
         expected = processor(row["image"].convert("RGB"), return_tensors="pt")["pixel_values"][0]
