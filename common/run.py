@@ -65,20 +65,19 @@ def run_sections(script, run, sections, setup_differences=None):
     if os.environ.get(CHECK_ONLY) == "1":  # reproduce.py asks, before its job, whether this command would start
         return 0
     for section in sections:
-        title = section.__doc__.strip().splitlines()[0]
         try:
             section(run, report)
-        except UserError as problem:
-            report.cannot_run(title, problem)
-        except NotImplementedError as missing:
-            if run.device is None or run.device.type != "mps":
-                raise
-            import torch
+        except (UserError, NotImplementedError) as problem:
+            if isinstance(problem, NotImplementedError):
+                if run.device is None or run.device.type != "mps":
+                    raise
+                import torch
 
-            report.cannot_run(title, UserError(
-                f"an operation is missing from Apple's mps backend in torch {torch.__version__} "
-                f"({str(missing).splitlines()[0][:120]}): run with PYTORCH_ENABLE_MPS_FALLBACK=1 to do it on the CPU, "
-                f"or upgrade torch"))
+                problem = UserError(
+                    f"an operation is missing from Apple's mps backend in torch {torch.__version__} "
+                    f"({str(problem).splitlines()[0][:120]}): run with PYTORCH_ENABLE_MPS_FALLBACK=1 to do it on the "
+                    f"CPU, or upgrade torch")
+            report.cannot_run(section.__doc__.strip().splitlines()[0], problem)  # the docstring's first line: its title
     differences = setup_differences(run) if setup_differences else {}
     rows = compare(report.numbers, load_reference(script), differences) if args.compare else None
     if rows:
