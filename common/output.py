@@ -1,6 +1,5 @@
 """A run's output: each line printed from one template, every number on it recorded under its name as printed
 (the templates' fields: docs/layout.md)."""
-import functools
 import string
 import sys
 from dataclasses import dataclass, field
@@ -56,6 +55,7 @@ class Report:
     say = staticmethod(say)  # say() itself is quiet in the processes that do not speak
 
     def print(self, text=""):
+        """Text as printed; the numbers recorded since the last text are on its last line."""
         self.lines += text.split("\n")
         self.line_of.update((name, len(self.lines) - 1) for name in self.numbers if name not in self.line_of)
         if not self.quiet:
@@ -82,8 +82,7 @@ class Report:
             if name not in numbers:
                 if name not in words:
                     raise KeyError(f"{self.script}: the template {template!r} has a field {name!r} with no value")
-                word = words[name]  # a functools.partial until vit_backbone.py passes its pass texts computed first
-                pieces.append(render(word() if isinstance(word, functools.partial) else word, spec))
+                pieces.append(render(words[name], spec))
                 continue
             value = numbers[name]
             listed = isinstance(value, (list, tuple)) or getattr(value, "ndim", 0) > 0
