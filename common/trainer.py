@@ -87,8 +87,8 @@ def timed_trainer(recipe, device, precision, workers, **parts):
 
         def get_eval_dataloader(self, eval_dataset=None):  # no workers, no pinning: its pictures are on the device
             # prepared as the Trainer's own, so that its last batch's loss counts for its pictures alone
-            loader = self.accelerator.prepare(DataLoader(self.eval_dataset, self.args.eval_batch_size,
-                                                         collate_fn=self.data_collator))
+            dataset = self.eval_dataset if eval_dataset is None else eval_dataset
+            loader = self.accelerator.prepare(DataLoader(dataset, self.args.eval_batch_size, collate_fn=self.data_collator))
             return timed(loader, passes["evaluations"], labels_in, self.args.device)
 
         def evaluate(self, *args, **kwargs):
