@@ -31,7 +31,7 @@ if __name__ == "__main__":  # run as a file from anywhere: the repository root i
 
 import figures
 from common.cli import script_parser
-from common.environment import LIBRARIES
+from common.environment import LIBRARIES, MINIATURE_MARK
 from common.errors import UserError
 from common.files import write_text
 from common.reference import (
@@ -261,6 +261,14 @@ def build(folder, say=print):
         head += [(f"**These numbers mean nothing**: {', '.join(standins)} ran on generated stand-ins (checkpoints "
                   f"of random weights, generated pictures; job/standins.py), not on the articles' checkpoints "
                   f"and data. The page shows that the job runs, not what the articles found."), ""]
+    miniature = [script_file(script) for script, record in records.items()  # job/miniature.py marked what it ran on
+                 if record and any(ran_on and (Path(ran_on) / MINIATURE_MARK).is_file()
+                                   for ran_on in (record["flags"].get("model"), record["flags"].get("data_dir")))]
+    if miniature:
+        head += [(f"**A miniature, its numbers its own**: {', '.join(miniature)} ran on a ViT trained here on "
+                  f"generated pictures whose class is where a blob is (job/miniature.py), not on the articles' "
+                  f"checkpoints and data: the articles' numbers do not apply, and the verdicts beside them say "
+                  f"nothing. What carries over is the articles' conclusions (docs/miniature.md)."), ""]
     head += ["Each number of the logged lines of \"ViT, explained · Part 3\" (the vit_part3_* scripts) and of \"ViT "
              "as a backbone\" (vit_backbone.py) beside this run's. " + LEGEND + ". Paths are relative to this "
              "folder.", ""]
