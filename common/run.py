@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from common.conclusions import conclusion_lines, conclusion_rows
 from common.environment import STANDIN_MARK, environment
 from common.errors import UserError
 from common.files import write_text
@@ -80,15 +81,18 @@ def run_sections(script, run, sections, setup_differences=None):
             report.cannot_run(section.__doc__.strip().splitlines()[0], problem)  # the docstring's first line: its title
     differences = setup_differences(run) if setup_differences else {}
     rows = compare(report.numbers, load_reference(script), differences) if args.compare else None
+    conclusions = conclusion_rows(script, report.numbers, differences)
     if rows:
         print_comparison(rows, report, differences)
+        if conclusions:  # after the numbers' verdicts, what the run decides of the article's conclusions
+            report.print("\n".join(conclusion_lines(conclusions)))
     status = 1 if report.could_not_run else 0
     if report.could_not_run:
         report.say("\n".join(closing_lines(report.could_not_run)))
     if args.json and run.rank == 0:
         try:  # the numbers are printed above whatever happens here
-            write_text(args.json, json.dumps(run_record(run, report, rows, differences), indent=2, default=str),
-                       what="--json file")
+            write_text(args.json, json.dumps(run_record(run, report, rows, differences, conclusions), indent=2,
+                                             default=str), what="--json file")
         except UserError as problem:
             report.say(f"error: {problem}; every number is printed above")
             status = 1
@@ -114,8 +118,9 @@ def same_command():
     return shlex.join(["python", *sys.argv])
 
 
-def run_record(run, report, rows, differences):
-    """What --json writes: the flags, the environment, the setup, every printed number, and the comparison."""
+def run_record(run, report, rows, differences, conclusions=()):
+    """What --json writes: the flags, the environment, the setup, every printed number, the comparison and the
+    conclusions' verdicts."""
     record = {"script": report.script, "flags": vars(run.args), "setup differences": differences,
               "environment": environment(run), "printed": report.lines,
               "numbers": {name: {**number, "line": report.line_of.get(name)}
@@ -124,6 +129,7 @@ def run_record(run, report, rows, differences):
               "could_not_run": [{"section": title, "why": str(problem)} for title, problem in report.could_not_run]}
     if rows is not None:
         record["comparison"] = rows
+    record["conclusions"] = list(conclusions)
     given = (getattr(run.args, "model", None), getattr(run.args, "data_dir", None))
     standins = [str(path) for path in given if path and (Path(path) / STANDIN_MARK).is_file()]
     if standins:  # job/standins.py made the checkpoint or the data: the numbers mean nothing
