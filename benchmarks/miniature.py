@@ -53,7 +53,28 @@ def main(argv=None):
     print(f"  {'in all':<9} {total:6.1f} s wall ({total / 60:.1f} min; the aim: {AIM_SECONDS / 60:.0f} min on an "
           f"idle 2-core CPU)")
     print(f"  the page: {root / 'results' / 'report.md'}")
+    print("\nthe articles' conclusions on the miniature's own numbers (its inputs differ from the articles' by "
+          "design, so they are judged as they stand, not set aside as not comparable):")
+    print("\n".join(own_conclusions(root / "results")))
     return 0
+
+
+def own_conclusions(results):
+    """Each script's conclusions over its recorded numbers, with no setup differences: its validation pictures are
+    the miniature's whole set, not a sample of Imagenette's."""
+    import json
+
+    from common.conclusions import conclusion_rows, counts_text, verdict_text
+
+    lines = []
+    for script in ("setup", "posemb", "fewshot", "finetune", "backbone"):
+        path = results / f"{script}.json"
+        if not path.is_file():
+            lines.append(f"  {script}: no record")
+            continue
+        rows = conclusion_rows(script, json.loads(path.read_text())["numbers"], {})
+        lines += [f"  {script}: {counts_text(rows)}", *(f"    {verdict_text(row)}: {row['says']}" for row in rows)]
+    return lines
 
 
 if __name__ == "__main__":

@@ -6,11 +6,12 @@ The articles' conclusions are about where things are: position rows stretched in
 higher resolution, a zero head sends nothing into the body, a few steps of fine-tuning sort the pictures before
 the loss moves. So the pictures here have classes decided by WHERE a bright blob is:
 
-  - Imagenette's layout (imagenette/{train,val}/<wnid>/*.JPEG, 160 x 160 px): the picture is cut into 2 rows of
-    5 cells, and class k (Imagenette's k-th WordNet id) has its blob in cell k;
+  - Imagenette's layout (imagenette/{train,val}/<wnid>/*.JPEG, 160 x 160 px): the height is cut into 5 bands,
+    and class k (Imagenette's k-th WordNet id) has its blob in band k // 2, in the middle half of the width for
+    even k, out at the left or right side for odd k (fine-tuning flips pictures: a flip keeps the class);
   - beans' layout (beans/README.md, beans/data/<split>-*.parquet, as job/standins.py writes it): class k
-    (angular_leaf_spot, bean_rust, healthy) has its blob in the k-th third of the picture's height, a
-    question the Imagenette cells do not ask (they split the height in two).
+    (angular_leaf_spot, bean_rust, healthy) has its blob in the k-th third of the picture's height, a cut
+    the Imagenette bands do not make.
 
 A ViT of 4 layers of width 64 (patch 8 at 64 px: an 8 x 8 grid, as the article's 14 x 14 at 224) is trained
 from scratch on pictures drawn afresh (not the folders' own), with two heads at once: a 1000-way head on the
@@ -29,7 +30,7 @@ if __name__ == "__main__":  # run as a file: the repository root, not job/, is w
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     from common.start import before_torch_loads
 
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # for the scripts too: small matrices, see build_checkpoints
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # the scripts' too: small matrices, one thread (one_thread())
     before_torch_loads()
 
 import contextlib
@@ -53,7 +54,7 @@ BANDS = 5                   # Imagenette's 10 classes: class k's blob is in band
                             # for even k in the middle half of the width, for odd k out at a side (a flip keeps it)
 BEANS_BANDS = 3             # beans' 3 classes: class k's blob is in the k-th horizontal third
 BLOB_SIGMA = (5.0, 10.0)    # the blob's Gaussian radius in pixels, drawn per picture: no one size to memorise
-BLOB_MARGIN = 6             # the blob's centre keeps this far from its cell's edges, so its cell is never in doubt
+BLOB_MARGIN = 6             # the blob's centre keeps this far inside its region, so its class is never in doubt
 IMAGENETTE_COUNTS = {"train": 60, "val": 30}  # pictures of each class in each split written to disk
 BEANS_COUNTS = {"train": 40, "validation": 20, "test": 10}  # pictures of each class in each split
 
@@ -151,7 +152,7 @@ def mark(folder):
 
 
 def imagenette_folder(root, counts=None, seed=PICTURE_SEED):
-    """root/{train,val}/<wnid>/<wnid>_<i>.JPEG, 160 x 160 px, class k's blob in cell k (Imagenette's layout)."""
+    """root/{train,val}/<wnid>/<wnid>_<i>.JPEG, 160 x 160 px, each class's blob in its region (Imagenette's layout)."""
     rng = np.random.default_rng(seed)
     root = Path(root)
     for split, count in (counts or IMAGENETTE_COUNTS).items():
