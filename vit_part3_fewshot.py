@@ -33,6 +33,7 @@ from common.errors import UserError
 from common.feature_cache import cache_key, cached_passes, picture_digests
 from common.imagenette import CLASSES, class_folders, data_differences, ensure_imagenette, list_split
 from common.inference import run_model
+from common.loader import one_pass, start_pass
 from common.paths import CHECKOUT, FEATURE_CACHE_DIR
 from common.reference import article_values, load_reference
 from common.run import Run, run_sections
@@ -77,17 +78,17 @@ def few_shot_accuracies(x_pool, pool_labels, x_val, val_labels, shots, lam, draw
 
 # ---------------------------------------------------------------- resources
 
-def extract_features(model, pictures, resolution, device, batch_size, desc, autocast=None, indices=None):
+def extract_features(model, pictures, resolution, device, batch_size, desc, autocast=None, count=None):
     """({"pre-logits", "class token"}: (n, d) float32 each, both from one forward pass per batch; the pass's timing).
 
-    pictures: paths, or a picture_loader() shared by several passes (indices: which of its pictures).
+    pictures: paths, or a started pass's batches of count pictures (common.loader.start_pass).
     """
     def both_representations(out):
         return (out.pooler_output.float(),             # tanh(dense(class token))
                 out.last_hidden_state[:, 0].float())   # after the final LayerNorm
 
     batches, timing = run_model(model, pictures, resolution, device, batch_size, both_representations, desc, autocast,
-                                indices)
+                                count)
     return {name: torch.cat(part).numpy() for name, part in zip(REPRESENTATIONS, zip(*batches))}, timing
 
 
@@ -135,9 +136,12 @@ def load_features(run):
     args, data = run.args, load_data(run)
     model = functools.cache(lambda: load_frozen_model(args.model, run.device))  # loaded by the first pass, if any
 
-    def one_pass(loader, indices, desc):
-        return extract_features(model(), loader, args.resolution, run.device, args.batch_size, desc, run.autocast,
-                                indices)
+    def features_of(paths, desc):  # a pass of its own, its workers started before it
+        loader = one_pass(paths, args.resolution, args.batch_size, run.device)
+        batches, start_up = start_pass(loader)
+        arrays, timing = extract_features(model(), batches, args.resolution, run.device, args.batch_size, desc,
+                                          run.autocast, len(paths))
+        return arrays, timing, (loader.num_workers, start_up)
 
     def key(desc, paths):  # everything that decides the features; None: neither read nor write the cache
         return None if args.no_cache else cache_key(desc, args.model, resolution=args.resolution,
@@ -145,7 +149,7 @@ def load_features(run):
                                                     pictures=picture_digests(paths, data["root"]))
 
     sets = {desc: [path for path, _ in data[desc]] for desc in ("pool", "val")}
-    return {**cached_passes(sets, one_pass, key, REPRESENTATIONS, run.device, FEATURE_CACHE_DIR),
+    return {**cached_passes(sets, features_of, key, REPRESENTATIONS, FEATURE_CACHE_DIR),
             **{f"{desc} labels": np.array([label for _, label in data[desc]]) for desc in sets}}
 
 

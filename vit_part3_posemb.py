@@ -34,7 +34,7 @@ from common.differences import flag_differences
 from common.errors import UserError
 from common.imagenette import CLASSES, class_folders, data_differences, ensure_imagenette, list_split
 from common.inference import run_model
-from common.loader import end_workers, picture_loader, start_workers, workers_text
+from common.loader import one_pass, start_pass, workers_text
 from common.pictures import load_all
 from common.reference import article_values
 from common.run import Run, loaded, run_sections
@@ -299,24 +299,25 @@ def section_accuracy(run, report):
             ("2D bicubic", f"{args.resolution}, 2D bicubic (the library)"),
             ("1D", f"{args.resolution}, 1D: the {n_old * n_old} rows stretched as one list"),
             ("zeros", f"{args.resolution}, no position rows at all (zeros)")]
-    loader = picture_loader(images, run.device)  # its workers, if any, serve all five rows
-    report.line("the loader: {loader}; each row's wait for pictures is its own",
-                loader=workers_text(loader, start_workers(loader)))
     try:
         for key, label in rows:
             table = tables.get(key)  # None: the checkpoint's own, or 2D bicubic: the library's, stretched in the pass
             embeddings.position_embeddings.data = (original if table is None else torch.from_numpy(
                 np.asarray(table, dtype=np.float32))[None].to(original.device))
             size = model.config.image_size if key == "224" else args.resolution
-            logits, timing = run_model(model, loader, size, run.device, args.batch_size,
-                                       lambda out: out.logits.float(), key, run.autocast)
+            loader = one_pass(images, size, args.batch_size, run.device)  # a pass of its own, its workers started first
+            batches, start_up = start_pass(loader)
+            if key == "224":  # the first row's: said before the rows
+                report.line("the loader: {loader}; each row's wait for pictures is its own",
+                            loader=workers_text(loader.num_workers, start_up))
+            logits, timing = run_model(model, batches, size, run.device, args.batch_size,
+                                       lambda out: out.logits.float(), key, run.autocast, count=len(images))
             of_10, of_1000 = accuracy_counts(torch.cat(logits), labels, imagenet_classes)
             report.line("{label:<46} accuracy {of 10:.2f}% (of 10)   {of 1000:.2f}% (of 1000)   {time}",
                         {"of 10": 100 * of_10 / len(images), "of 1000": 100 * of_1000 / len(images)},
                         prefix=f"{key} ", label=label, time=report.pass_text(key, timing))
     finally:
         embeddings.position_embeddings.data = original
-        end_workers(loader)  # now, not at the interpreter's exit (common/loader.py)
     report.line("zeros: all {zeros rows} rows of E_pos set to 0, the [class] row included; 1D and 2D tables keep the "
                 "[class] row as it is", {"zeros rows": n_new * n_new + 1})
     if args.plots:

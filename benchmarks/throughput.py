@@ -42,7 +42,7 @@ from common.device import DEVICE_CHOICES, PRECISIONS
 from common.environment import device_name
 from common.files import write_text
 from common.inference import run_model
-from common.loader import PREFETCH, picture_batches, picture_loader
+from common.loader import PREFETCH, one_pass, start_pass
 from common.output import Report
 from common.pictures import load_all, resized_rgb
 from common.run import Run, check_output
@@ -145,12 +145,11 @@ def model_only(model, resolution, batch_size, device, autocast, repeats):
 def end_to_end(model, paths, resolution, batch_size, device, autocast, rounds=3):
     """{end-to-end and model-only pictures/s, their ratio, the loader's start-up, its wait} of the scripts' loop.
 
-    The loop as the scripts run it: one loader whose workers persist over the passes (posemb's rows,
-    few-shot's two sets, fine-tuning's checks), each picture decoded by a worker from its path (few-shot's
-    single pass). Its start-up (the workers' start and first batch) is timed on its own, once, as a run
-    pays it. Each round then times the model alone on as many batches, and a pass over the JPEG files;
-    the ratio is the median of the rounds' ratios, so that the machine's drift (10% between minutes on
-    a shared CPU) falls on both sides of each ratio.
+    The loop as the scripts run it: each pass a loader of its own whose workers start before it, each
+    picture decoded by a worker from its path (few-shot's passes). The start-up (the workers' start) is
+    timed on its own, as a run pays it before each pass. Each round then times the model alone on as many
+    batches, and a pass over the JPEG files; the ratio is the median of the rounds' ratios, so that the
+    machine's drift (10% between minutes on a shared CPU) falls on both sides of each ratio.
     """
     pixels = torch.randn(batch_size, 3, resolution, resolution, device=device)
     batches = math.ceil(len(paths) / batch_size)
@@ -160,19 +159,19 @@ def end_to_end(model, paths, resolution, batch_size, device, autocast, rounds=3)
             for _ in range(batches):
                 model(pixel_values=pixels, interpolate_pos_encoding=True)
 
-    loader = picture_loader(paths, device)
-    started = time.perf_counter()
-    run_model(model, loader, resolution, device, batch_size, lambda out: None, "start-up", autocast, range(batch_size))
-    startup = time.perf_counter() - started
-    alone, whole, waiting = [], [], []
+    run_model(model, paths[:batch_size], resolution, device, batch_size, lambda out: None, "warm-up", autocast)
+    alone, whole, waiting, startup = [], [], [], []
     for _ in range(rounds):
         alone.append(median_seconds(model_alone, device, repeats=1, warmup=0))
-        _, timing = run_model(model, loader, resolution, device, batch_size, lambda out: out.logits.argmax(1),
-                              "end-to-end", autocast)
+        loader = one_pass(paths, resolution, batch_size, device)
+        batches, seconds = start_pass(loader)
+        startup.append(seconds)
+        _, timing = run_model(model, batches, resolution, device, batch_size, lambda out: out.logits.argmax(1),
+                              "end-to-end", autocast, count=len(paths))
         whole.append(timing["seconds"])
         waiting.append(timing["waiting seconds"])
     return {"pictures/s": len(paths) / statistics.median(whole), "model-only pictures/s": len(paths) / statistics.median(alone),
-            "ratio": statistics.median(a / w for a, w in zip(alone, whole)), "start-up seconds": startup,
+            "ratio": statistics.median(a / w for a, w in zip(alone, whole)), "start-up seconds": statistics.median(startup),
             "waiting share": statistics.median(w / t for w, t in zip(waiting, whole)), "workers": loader.num_workers}
 
 
@@ -231,21 +230,21 @@ def loader_alone(pictures, resolution, batch_size, workers, rounds=3):
 
     Nothing consumes the batches: this is how fast the loader can feed a model that waits for it
     (beside a GPU), not how it shares the cores with a model on the CPU. In each round the three
-    run in turn, so that the machine's drift falls on all three; the workers of both loaders
-    persist, so only the first round pays for starting them.
+    run in turn, so that the machine's drift falls on all three; each pass starts its workers before
+    it is timed, as the scripts' passes do.
     """
     cpu = torch.device("cpu")
-    inline, ours = picture_loader(pictures, cpu, workers=0), picture_loader(pictures, cpu, workers=workers)
     plain = DataLoader(Resized(pictures, resolution), batch_size=batch_size, num_workers=workers,
                        persistent_workers=True, prefetch_factor=PREFETCH)
-    passes = {"inline": lambda: picture_batches(inline, resolution, batch_size),
-              "workers": lambda: picture_batches(ours, resolution, batch_size),
+    passes = {"inline": lambda: start_pass(one_pass(pictures, resolution, batch_size, cpu, workers=0))[0],
+              "workers": lambda: start_pass(one_pass(pictures, resolution, batch_size, cpu, workers=workers))[0],
               "DataLoader": lambda: iter(plain)}
     best = dict.fromkeys(passes, 0.0)
     for _ in range(rounds):
-        for name, one_pass in passes.items():
+        for name, started_pass in passes.items():
+            batches = started_pass()
             start = time.perf_counter()
-            count = sum(len(batch) for batch in one_pass())
+            count = sum(len(batch) for batch in batches)
             best[name] = max(best[name], count / (time.perf_counter() - start))
     return best
 

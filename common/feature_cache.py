@@ -12,7 +12,7 @@ import numpy as np
 from common.checkpoints import cached_weight_file
 from common.errors import UserError
 from common.files import reason, write_atomic
-from common.loader import end_workers, picture_loader, start_workers, workers_text
+from common.loader import workers_text
 from common.output import say
 from common.paths import FEATURE_CACHE_DIR as CACHE_DIR
 
@@ -87,27 +87,21 @@ def cached(compute, key, rows, cache_dir=CACHE_DIR, say=warn):
     return arrays, "computed"
 
 
-def cached_passes(sets, one_pass, key_of, names, device, cache_dir=CACHE_DIR):
-    """{set: arrays, "seconds", "passes", "loader", "source"} of {set: paths}: cached under key_of(set, paths), else
-    one_pass(loader, indices, set) -> ({name: rows}, timing), the passes sharing one loader made on the first miss."""
-    start, paths = time.perf_counter(), [path for set_paths in sets.values() for path in set_paths]
-    shared, found, passes, sources, first = {}, {}, {}, set(), 0
+def cached_passes(sets, one_pass, key_of, names, cache_dir=CACHE_DIR):
+    """{set: arrays, "seconds", "passes", "loader", "source"} of {set: paths}: each set read from the cache under
+    key_of(set, paths), else computed by one_pass(paths, set) -> ({name: rows}, timing, (workers, start-up seconds))
+    in a pass of its own."""
+    start, found, passes, sources, started = time.perf_counter(), {}, {}, set(), []
 
-    def compute(name, indices):
-        if not shared:
-            shared["loader"] = picture_loader(paths, device)
-            shared["started"] = workers_text(shared["loader"], start_workers(shared["loader"]))
-        arrays, passes[name] = one_pass(shared["loader"], indices, name)
+    def compute(name, paths):
+        arrays, passes[name], workers = one_pass(paths, name)
+        started.append(workers)
         return arrays
 
-    try:
-        for name, set_paths in sets.items():
-            indices, first = range(first, first + len(set_paths)), first + len(set_paths)
-            found[name], source = cached(functools.partial(compute, name, indices), key_of(name, set_paths),
-                                         dict.fromkeys(names, len(set_paths)), cache_dir)
-            sources.add(source)
-    finally:  # its workers end with the passes, a failed one too, not at the interpreter's exit
-        if shared:
-            end_workers(shared["loader"])
-    return {**found, "seconds": time.perf_counter() - start, "passes": passes, "loader": shared.get("started"),
+    for name, set_paths in sets.items():
+        found[name], source = cached(functools.partial(compute, name, set_paths), key_of(name, set_paths),
+                                     dict.fromkeys(names, len(set_paths)), cache_dir)
+        sources.add(source)
+    loader = workers_text(started[0][0], sum(seconds for _, seconds in started)) if started else None
+    return {**found, "seconds": time.perf_counter() - start, "passes": passes, "loader": loader,
             "source": "read from the cache" if sources == {"cache"} else "computed"}

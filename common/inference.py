@@ -5,9 +5,8 @@ import sys
 import time
 
 import torch
-from torch.utils.data import DataLoader
 
-from common.loader import pass_timing, picture_batches, picture_loader, timed
+from common.loader import one_pass, pass_timing, start_pass, timed
 from common.pictures import to_pixels
 
 
@@ -20,23 +19,20 @@ def on_host(value):
     return value
 
 
-def run_model(model, pictures, resolution, device, batch_size, what_to_keep, desc="", autocast=None, indices=None,
-              count=None):
-    """([what_to_keep(output) of each batch, in order, on the host], timing); pictures: PIL images or paths, a shared
-    picture_loader() (indices: which of its pictures), uint8 batches read before, or a started pass's batches (count:
-    its pictures) (docs/data.md#one-batched-pass)."""
+def run_model(model, pictures, resolution, device, batch_size, what_to_keep, desc="", autocast=None, count=None):
+    """([what_to_keep(output) of each batch, in order, on the host], timing); pictures: PIL images or paths (a pass of
+    its own, its workers' start inside it), uint8 batches read before, or a started pass's batches (count: its
+    pictures; common.loader.start_pass) (docs/data.md#one-batched-pass)."""
     from tqdm import tqdm
 
     start = time.perf_counter()
     timing = pass_timing()
     if isinstance(pictures, list) and all(isinstance(item, torch.Tensor) for item in pictures):  # batches read before
         batches, count = pictures, sum(len(batch) for batch in pictures)
-    elif count is not None:  # a pass started before (common.loader.start_pass)
-        batches = pictures
+    elif count is None:
+        batches, count = start_pass(one_pass(pictures, resolution, batch_size, device))[0], len(pictures)
     else:
-        loader = pictures if isinstance(pictures, DataLoader) else picture_loader(pictures, device)
-        count = len(loader.dataset) if indices is None else len(indices)
-        batches = picture_batches(loader, resolution, batch_size, indices=indices)
+        batches = pictures
     outputs = []
     with torch.inference_mode(), autocast or contextlib.nullcontext():
         for pixels in tqdm(timed(batches, timing, device=device), desc=desc, unit="batch", file=sys.stderr,

@@ -1,7 +1,6 @@
 """Batches for the model: torch's DataLoader over the pictures, uint8 (B, R, R, 3), worker processes beside a GPU;
 why it is built so: docs/data.md#the-loader."""
 import collections
-import contextlib
 import multiprocessing
 import os
 import signal
@@ -109,17 +108,6 @@ def worker_setup(worker_id):
         ready.release()
 
 
-def picture_loader(pictures, device, workers=None):
-    """A DataLoader over the pictures, its workers persistent; picture_batches() says what each pass reads."""
-    workers = loader_workers(device) if workers is None else workers
-    ready = multiprocessing.get_context(worker_start()).Semaphore(0) if workers else None
-    return DataLoader(Pictures(pictures, ready), batch_sampler=[], collate_fn=stack_or_error, num_workers=workers,
-                      pin_memory=device.type == "cuda", persistent_workers=workers > 0,
-                      prefetch_factor=PREFETCH if workers else None, worker_init_fn=worker_setup,
-                      multiprocessing_context=worker_start() if workers else None,
-                      generator=torch.Generator())  # each pass draws a seed from it: the global RNG stays as it was
-
-
 def one_pass(pictures, resolution, batch_size, device, flips=None, indices=None, workers=None):
     """A DataLoader for one pass over the pictures (paths or PIL images; indices: which, in order; default all): uint8
     batches (B, R, R, 3), flips[i] mirroring the i-th. Its workers, beside a GPU, end with the pass (start_pass)."""
@@ -136,69 +124,29 @@ def one_pass(pictures, resolution, batch_size, device, flips=None, indices=None,
 
 def start_pass(loader):
     """(the pass's batches, the seconds its workers took to start): each worker runs before the pass begins, so the
-    pass does not count their start as waiting for pictures. A picture that cannot be read raises its UserError."""
+    pass does not count their start as waiting for pictures. A picture that cannot be read raises its UserError; the
+    workers end with the pass, or when its batches are dropped unfinished."""
     begun = time.perf_counter()
-    with ctrl_c_held():  # the workers inherit it held, until worker_setup: no traceback from their start
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if hasattr(signal, "pthread_sigmask") else None
+    try:  # Ctrl-C pending until the workers run: they inherit it held, until worker_setup (no traceback from them)
         batches = iter(loader)
         for _ in range(loader.num_workers):  # each new interpreter has imported what it needs and runs
             loader.dataset.ready.acquire(timeout=300)  # a bound: a worker that died is the pass's error
+    finally:
+        if held is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
     seconds = time.perf_counter() - begun
 
-    def checked():
-        for batch in batches:
-            if isinstance(batch, UserError):
-                raise batch
-            yield batch
+    def checked(iterator):
+        try:
+            for batch in iterator:
+                if isinstance(batch, UserError):
+                    raise batch
+                yield batch
+        finally:  # the workers end now, a failed pass's too, not once its error (which holds this frame) is freed
+            del iterator
 
-    return checked(), seconds
-
-
-def picture_batches(loader, resolution, batch_size, flips=None, indices=None):
-    """uint8 batches (B, R, R, 3) of the loader's pictures (indices: which, in order; default all); flips[i] mirrors
-    the i-th. A DataLoader's batch sampler cannot be replaced: this pass's keys go into its list."""
-    indices = range(len(loader.dataset)) if indices is None else indices
-    flips = np.zeros(len(indices), dtype=bool) if flips is None else np.asarray(flips)
-    keys = [(int(i), resolution, bool(flip)) for i, flip in zip(indices, flips)]
-    loader.batch_sampler[:] = [keys[start:start + batch_size] for start in range(0, len(keys), batch_size)]
-    for batch in loader:
-        if isinstance(batch, UserError):
-            raise batch
-        yield batch
-
-
-def start_workers(loader):
-    """Start the loader's workers now, so the first pass does not count it as waiting; the seconds it took."""
-    begun = time.perf_counter()
-    if loader.num_workers:
-        loader.batch_sampler[:] = []
-        with ctrl_c_held():  # the workers inherit it held, until worker_setup: no traceback from their start
-            for _ in loader:  # no batches: this only makes the persistent iterator, which starts the workers
-                pass
-            for _ in range(loader.num_workers):  # each new interpreter has imported what it needs and runs
-                loader.dataset.ready.acquire(timeout=300)  # a bound: a worker that died is the first pass's error
-    return time.perf_counter() - begun
-
-
-@contextlib.contextmanager
-def ctrl_c_held():
-    """Ctrl-C kept pending (blocked) in the block, then handled as usual; where signals cannot be blocked, as it is."""
-    if not hasattr(signal, "pthread_sigmask"):
-        yield
-        return
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
-
-
-def end_workers(*loaders):
-    """End persistent loaders' workers now: at the interpreter's exit torch waits up to 5 s for each one alive."""
-    for loader in loaders:
-        iterator = getattr(loader, "_iterator", None)
-        if iterator is not None:
-            iterator._shutdown_workers()
-            loader._iterator = None
+    return checked(batches), seconds
 
 
 def add_timing(total, timing):
@@ -207,9 +155,9 @@ def add_timing(total, timing):
         total[key] += value
 
 
-def workers_text(loader, seconds):
+def workers_text(workers, seconds):
     """'8 worker processes (...) started in 0.4 s, before the passes': the same words on every device."""
-    return (f"{loader.num_workers} worker processes (none on a CPU, whose cores the model uses), started in "
+    return (f"{workers} worker processes (none on a CPU, whose cores the model uses), started in "
             f"{seconds:.1f} s, before the passes")
 
 

@@ -1,9 +1,8 @@
 """python tests/batch_counter.py SIZES.json SCRIPT [FLAGS...]: SCRIPT run as `python SCRIPT FLAGS` runs it, and
-the size of every batch that a pass of common.loader (start_pass(), or picture_batches()) hands over written to
-SIZES.json when it exits.
+the size of every batch that a pass of common.loader (start_pass()) hands over written to SIZES.json when it
+exits.
 
-SIZES.json holds one list per pass (a call of start_pass or picture_batches), in the order of the calls:
-[[16, 16, 8], ...].
+SIZES.json holds one list per pass (a call of start_pass), in the order of the calls: [[16, 16, 8], ...].
 Only the main process counts: the loader's worker processes build the batches, the main process receives them.
 """
 import atexit
@@ -34,14 +33,13 @@ def counted(batches):
 
 def main():
     sizes_file, script, *flags = sys.argv[1:]
-    picture_batches, start_pass = loader.picture_batches, loader.start_pass
+    start_pass = loader.start_pass
 
     def counted_pass(pass_loader):
         batches, seconds = start_pass(pass_loader)
         return counted(batches), seconds
 
-    loader.picture_batches = lambda *args, **kwargs: counted(picture_batches(*args, **kwargs))
-    loader.start_pass = counted_pass  # both before the script imports them by name
+    loader.start_pass = counted_pass  # before the script imports it by name
     atexit.register(lambda: Path(sizes_file).write_text(json.dumps(PASSES)))
     sys.argv = [script, *flags]
     runpy.run_path(script, run_name="__main__")

@@ -252,19 +252,18 @@ def test_posemb_stretches_the_table_on_cuda_as_the_library_does(script_runs):
 @pytest.mark.parametrize("decoded", [False, True], ids=["paths", "decoded"])  # decoded in the workers, or before
 def test_the_loaders_batches_on_cuda_are_pinned_and_equal_the_cpus(pictures, decoded):
     from common.imagenette import list_split
-    from common.loader import picture_batches, picture_loader
+    from common.loader import one_pass, start_pass
     from common.pictures import load_all, to_pixels
 
     paths = [path for path, _ in list_split(pictures, "val")]  # 40 pictures, gray and CMYK among them
     pictures_in = load_all(paths) if decoded else paths
-    on_cpu = picture_loader(pictures_in, torch.device("cpu"), workers=0)
-    on_cuda = picture_loader(pictures_in, CUDA)  # as the scripts make it beside a GPU
-    assert on_cuda.pin_memory and on_cuda.num_workers >= min(2, (os.cpu_count() or 1) // 2)
     rng = np.random.default_rng(0)
-    for resolution, batch in ((32, 6), (48, 16), (32, 40)):  # persistent workers serve several passes
+    for resolution, batch in ((32, 6), (48, 16), (32, 40)):  # a loader a pass, as the scripts make it
         flips = rng.random(len(paths)) < 0.5
-        expected = list(picture_batches(on_cpu, resolution, batch, flips))
-        handed = list(picture_batches(on_cuda, resolution, batch, flips))
+        on_cuda = one_pass(pictures_in, resolution, batch, CUDA, flips)  # as the scripts make it beside a GPU
+        assert on_cuda.pin_memory and on_cuda.num_workers >= min(2, (os.cpu_count() or 1) // 2)
+        expected = list(start_pass(one_pass(pictures_in, resolution, batch, torch.device("cpu"), flips, workers=0))[0])
+        handed = list(start_pass(on_cuda)[0])
         assert [len(b) for b in handed] == sizes(len(paths), batch) and all(b.is_pinned() for b in handed)
         assert all(torch.equal(a, b) for a, b in zip(expected, handed, strict=True))
         on_device = np.concatenate([to_pixels(b, CUDA).cpu().numpy() for b in handed])
@@ -280,16 +279,17 @@ def test_fine_tunings_checks_keep_their_batches_on_the_gpu(pictures):
     from types import SimpleNamespace
 
     from common.imagenette import list_split
-    from common.training import kept_batches
+    from common.loader import pass_timing
+    from vit_part3_finetune import kept_batches
 
     items = list_split(pictures, "val")
     kept = {}
     for device in (torch.device("cpu"), CUDA):
         run = SimpleNamespace(device=device, world=1, rank=0, args=SimpleNamespace(resolution=32))
-        history = {}
-        kept[device.type], labels = kept_batches(items, run, 16, history)
-        assert labels == [label for _, label in items] and history["passes"]["checks"]["pictures"] == 0
-        assert (history["loader workers"] > 0) is (device.type == "cuda")
+        log = {"loader start-up seconds": 0.0, "passes": {"checks": pass_timing()}}
+        kept[device.type], labels = kept_batches(items, run, 16, log)
+        assert labels == [label for _, label in items] and log["passes"]["checks"]["pictures"] == 0
+        assert (log["loader workers"] > 0) is (device.type == "cuda")
     assert all(batch.device.type == "cuda" for batch in kept["cuda"])
     assert all(torch.equal(a, b.cpu()) for a, b in zip(kept["cpu"], kept["cuda"], strict=True))
     assert [len(batch) for batch in kept["cuda"]] == sizes(len(items), 16)

@@ -16,7 +16,7 @@ import vit_part3_finetune
 import vit_part3_posemb
 from common.device import set_precision
 from common.errors import UserError
-from common.loader import picture_loader
+from common.loader import one_pass, start_pass
 from common.run import Run, run_sections
 from job.standins import vit_classifier
 
@@ -72,7 +72,7 @@ def test_the_weight_dependent_scripts_use_no_float64_tensor(script, classifier, 
 @pytest.mark.parametrize("platform", ["darwin", "linux", "win32"])
 def test_the_loader_never_forks(platform, monkeypatch):
     monkeypatch.setattr(sys, "platform", platform)
-    loader = picture_loader([], torch.device("cpu"), workers=2)
+    loader = one_pass([], 32, 4, torch.device("cpu"), workers=2)
     assert loader.multiprocessing_context.get_start_method() == "spawn"
 
 
@@ -81,16 +81,15 @@ def test_spawned_workers_build_the_same_batches(pictures):
     import numpy as np
 
     from common.imagenette import list_split
-    from common.loader import picture_batches
     from common.pictures import load_all
 
     paths = [path for path, _ in list_split(pictures, "val", per_class=1)]
     flips = np.arange(10) % 2 == 0
-    inline = list(picture_batches(picture_loader(load_all(paths), torch.device("cpu"), 0), 32, 4, flips))
+    inline = list(start_pass(one_pass(load_all(paths), 32, 4, torch.device("cpu"), flips, workers=0))[0])
     strategy = torch.multiprocessing.get_sharing_strategy()
     torch.multiprocessing.set_sharing_strategy("file_system")  # macOS's: shared pictures travel by file name there
     try:
-        spawned = list(picture_batches(picture_loader(load_all(paths), torch.device("cpu"), 1), 32, 4, flips))
+        spawned = list(start_pass(one_pass(load_all(paths), 32, 4, torch.device("cpu"), flips, workers=1))[0])
     finally:
         torch.multiprocessing.set_sharing_strategy(strategy)
     assert all(torch.equal(a, b) for a, b in zip(inline, spawned, strict=True))
