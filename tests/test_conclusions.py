@@ -85,14 +85,15 @@ def test_a_finetune_run_that_contradicts_a_conclusion_fails_it(change, verdict):
 
 
 def test_a_missing_number_is_not_run_and_a_changed_input_is_not_comparable_naming_its_flag():
-    numbers = article_numbers("posemb")
-    del numbers["zeros of 10"]
-    resolution = {"resolution": {"flag": "--resolution 288", "why": "--resolution 288: the article's is 384"}}
-    rows = {row["says"][:20]: row for row in conclusion_rows("posemb", numbers, resolution)}
-    assert rows["with no position row"]["verdict"] == "not run"
-    assert rows["the 1D stretch is a "]["verdict"] == "not comparable"
-    assert rows["the 1D stretch is a "]["flags"] == ["--resolution 288"]
-    assert rows["our bicubic call is "]["verdict"] == "holds"  # no input of it changed
+    """Another --lr changes the recipe the run's conclusions are about; the zero head's are the same at any --lr."""
+    numbers = article_numbers("finetune")
+    del numbers["zero head loss"]
+    lr = {"lr": {"flag": "--lr 0.01", "why": "--lr 0.01: the article's is 0.003"}}
+    rows = {row["says"][:20]: row for row in conclusion_rows("finetune", numbers, lr)}
+    assert rows["with the zero head t"]["verdict"] == "not run"
+    assert rows["after 5 steps the ac"]["verdict"] == "not comparable"
+    assert rows["after 5 steps the ac"]["flags"] == ["--lr 0.01"]
+    assert rows["the zero head sends "]["verdict"] == "holds"  # no input of it changed
 
 
 def test_the_lines_after_the_table_name_each_verdict_and_count_them():
