@@ -49,7 +49,17 @@ from common.run import check_output
 from figures import backbone, fewshot, finetune, posemb
 from job import downloads
 from job.child_process import StopRequests, first_refusal, only_job_on, run_logged
-from job.ending import exit_status, final_table, job_command, next_line, notes, paused, result_row, standins_line
+from job.ending import (
+    conclusions_line,
+    exit_status,
+    final_table,
+    job_command,
+    next_line,
+    notes,
+    paused,
+    result_row,
+    standins_line,
+)
 from job.page import JOB_RECORD, SCRIPTS, build, script_file
 from job.page import read_record as page_record
 from job.time_estimate import HOUR, MINUTE, clock, duration, estimate_seconds, how_estimated, measure_speed
@@ -459,7 +469,8 @@ def finish(args, argv, out, ran, not_run):
     (cannot, finished, times), records = ran, {script: read_record(out / f"{script}.json") for script in SCRIPTS}
     rows = {script: {**result_row(script, records[script]), "time": times[script]} for script in SCRIPTS}
     marks, footnotes = notes(rows, records, not_run)
-    print("\n" + "\n".join(final_table(rows, marks) + standins_line(records)), flush=True)  # before the page: it may fail
+    print("\n" + "\n".join(final_table(rows, marks) + conclusions_line(records) + standins_line(records)),
+          flush=True)  # before the page: it may fail
     page = out / "report.md"
     if finished or cannot or page_is_stale(page, out):
         try:

@@ -10,6 +10,7 @@ import shlex
 from collections import Counter
 from pathlib import Path
 
+from common import conclusions
 from common.reference import VERDICTS, compare, load_reference
 from job.page import script_file
 
@@ -92,6 +93,13 @@ def standins_line(records):
         return []
     return [("these numbers mean nothing: the scripts ran on generated stand-ins (checkpoints of random weights, "
              "generated pictures), which show that the job runs, not what the articles found")]
+
+
+def conclusions_line(records):
+    """The articles' conclusions over the five scripts, counted by verdict: what the page's first table holds."""
+    rows = [row for script, record in records.items() for row in conclusions.conclusion_rows(
+        script, record["numbers"] if record else {}, record.get("setup differences", {}) if record else {})]
+    return [f"the articles' conclusions: {conclusions.counts_text(rows)}; each on the page, first"] if rows else []
 
 
 def exit_status(rows, strict):

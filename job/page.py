@@ -30,6 +30,7 @@ if __name__ == "__main__":  # run as a file from anywhere: the repository root i
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 import figures
+from common import conclusions
 from common.cli import script_parser
 from common.environment import LIBRARIES, MINIATURE_MARK
 from common.errors import UserError
@@ -239,15 +240,22 @@ def build(folder, say=print):
     if not with_figures:
         say(f"report: {figures.INSTALL_HINT}; the page is written without figures")
     summary = ["| script | setup | verdicts | time |", "| --- | --- | --- | --- |"]
+    decided = ["The articles' conclusions, decided by this run (how: the project's docs/compare.md, \"The conclusions\"):",
+               "", "| script | conclusion | verdict | the article |", "| --- | --- | --- | --- |"]
     body = []
     for script in SCRIPTS:
         record = records[script]
         if record is None:
+            decided += [f"| `{script_file(script)}` | {cell(row['says'])} | not run | {cell(row['article'])} |"
+                        for row in conclusions.conclusion_rows(script, {}, {})]
             short, paragraph = not_run(script, folder, job)
             summary.append(f"| {script_file(script)} | | {short} | |")
             body += [f"## {script_file(script)}", "", paragraph, ""]
             continue
         differences = record.get("setup differences", {})
+        decided += [f"| `{script_file(script)}` | {cell(row['says'])} | {cell(conclusions.verdict_text(row))} | "
+                    f"{cell(row['article'])} |" for row in conclusions.conclusion_rows(script, record["numbers"],
+                                                                                      differences)]
         rows = compare(record["numbers"], load_reference(script), differences)
         counts = Counter(row["verdict"] for row in rows)
         seconds = run_seconds(script, record, job, folder)
@@ -269,6 +277,7 @@ def build(folder, say=print):
                   f"generated pictures whose class is where a blob is (job/miniature.py), not on the articles' "
                   f"checkpoints and data: the articles' numbers do not apply, and the verdicts beside them say "
                   f"nothing. What carries over is the articles' conclusions (docs/miniature.md)."), ""]
+    head += [*decided, ""]  # first: what the run decides of the articles' conclusions, then the numbers
     head += ["Each number of the logged lines of \"ViT, explained · Part 3\" (the vit_part3_* scripts) and of \"ViT "
              "as a backbone\" (vit_backbone.py) beside this run's. " + LEGEND + ". Paths are relative to this "
              "folder.", ""]
