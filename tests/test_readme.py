@@ -266,3 +266,46 @@ def test_the_downloads_column_names_what_each_script_fetches_and_the_counts_are_
     rows = [line for line in section(README, "What it reproduces").splitlines() if line.startswith("| `")]
     opening = README.read_text().split("\n\n", 2)[1]
     assert len(rows) == 6 and opening.startswith("Five scripts") and "and a benchmark" in opening.split(":")[0]
+
+
+# The quick check's setup, as each script records it under the Quick check table's flags: n pictures of the
+# article's, the flags that change a conclusion's input, and the numbers a run paused after step 5 does not make.
+QUICK_SETUPS = {
+    "setup": ({}, []),
+    "posemb": ({"validation pictures": {"flag": "--per-class 5", "n": 50, "of": 3925}}, []),
+    "fewshot": ({"validation pictures": {"flag": "--per-class 10", "n": 100, "of": 3925}}, []),
+    "finetune": ({"checked pictures": {"flag": "--check-per-class 5", "n": 50, "of": 1000}},
+                 ["mean loss last", "clipped steps", "average accuracy", "last accuracy"]),
+    "backbone": ({"epochs": {"flag": "--epochs 2"}, "batch_size": {"flag": "--batch-size 1"},
+                  "training pictures": {"flag": "--per-class 5"}}, []),
+}
+
+
+def decided_line(script, rows):
+    """The README's line for a quick check: how many conclusions it decides at the article's numbers, and why not
+    the others."""
+    words = [f"decides {sum(row['verdict'] == 'holds' for row in rows)} of {len(rows)}"]
+    undecided = sorted(row["pictures"] for row in rows if row["verdict"] == "undecided")
+    if undecided:
+        counts = [f"{n:,}" for n in undecided]
+        listed = counts[0] if len(counts) == 1 else ", ".join(counts[:-1]) + " and " + counts[-1]
+        words.append(f"undecided {len(undecided)} (about {listed} pictures would decide them)")
+    not_run = sum(row["verdict"] == "not run" for row in rows)
+    if not_run:
+        words.append(f"not run {not_run} (after step 5)")
+    flags = sorted({flag for row in rows for flag in row.get("flags", ())})
+    if flags:
+        words.append(f"not comparable {sum(row['verdict'] == 'not comparable' for row in rows)} ({', '.join(flags)})")
+    return f"- `{NAMES[script]}`: " + "; ".join(words)
+
+
+@pytest.mark.parametrize("script", sorted(QUICK_SETUPS))
+def test_the_quick_checks_conclusions_are_what_the_rules_decide_at_the_articles_numbers(script):
+    from common.conclusions import conclusion_rows
+    from common.reference import load_reference
+
+    differences, missing = QUICK_SETUPS[script]
+    numbers = {name: {"value": float(entry["article"].replace(",", ""))}
+               for name, entry in load_reference(script).items() if name not in missing}
+    line = decided_line(script, conclusion_rows(script, numbers, differences))
+    assert line in section(README, "Quick check").splitlines()
