@@ -38,7 +38,8 @@ from common.cli import script_parser
 # formula (fine-tuning's stretch is held to posemb's loop, few-shot's accuracy the closed form's), so each module's
 # mutants run its own files first, then the rest of MATHS.
 MATHS = ["tests/test_closed_form.py", "tests/test_schedules.py", "tests/test_compute.py", "tests/test_setup.py",
-         "tests/test_finetune_maths.py", "tests/test_backbone_maths.py", "tests/test_fewshot.py", "tests/test_posemb.py"]
+         "tests/test_finetune_maths.py", "tests/test_backbone_maths.py", "tests/test_fewshot.py", "tests/test_posemb.py",
+         "tests/test_conclusions.py"]
 
 
 def guarded_by(*own):
@@ -56,13 +57,14 @@ TARGETS = {
                           guarded_by("tests/test_compute.py")),
     "vit_part3_setup.py": (["batch_norm", "group_norm", "weight_standardize", "adam_by_hand", "sgd_momentum_by_hand",
                             "polyak_average", "clip_by_global_norm", "pretraining_steps", "torch_optimizer_weight",
-                            "torch_adam", "torch_sgd", "torch_clip"], guarded_by("tests/test_setup.py")),
+                            "torch_clip"], guarded_by("tests/test_setup.py")),
     "vit_part3_finetune.py": (["scaled", "warmup_steps", "lr_at", "report_steps", "stretched_table",
                                "head_gradient_by_hand", "update_average", "run_statistics", "body_gradient_norm",
-                               "zero_head", "random_head", "setup_differences", "train"],
+                               "zero_head", "random_head", "setup_differences", "train", "gradients",
+                               "micro_batches", "step_pictures", "process_share"],
                               guarded_by("tests/test_finetune_maths.py", "tests/test_finetune.py")),
-    "common/training.py": (["micro_batches", "step_pictures", "process_share"],
-                           guarded_by("tests/test_finetune_maths.py", "tests/test_finetune.py")),
+    "common/conclusions.py": (["interval", "decide", "check_verdict", "conclusion_rows"],
+                              guarded_by("tests/test_conclusions.py")),
     "vit_backbone.py": (["patch_tokens_to_feature_map", "split_tokens", "accuracy_metrics", "pca_rgb",
                          "one_per_class", "linear_probe", "scores_accuracy_loss", "closed_form_probe",
                          "feature_grid"], guarded_by("tests/test_backbone_maths.py", "tests/test_backbone.py")),
