@@ -12,7 +12,7 @@ from pathlib import Path
 
 from common import conclusions
 from common.reference import VERDICTS, compare, load_reference
-from job.page import script_file
+from job.page import on_the_miniature, script_file
 
 ROOT = Path(__file__).resolve().parent.parent
 STANDINS_COMMAND = "VIT_PART3_STANDINS_COMMAND"  # job/standins.py's command, which continues a job it started
@@ -88,11 +88,15 @@ def final_table(rows, marks=None):
 
 
 def standins_line(records):
-    """Under the table of a job on job/standins.py's stand-ins, that its numbers mean nothing (as the page says first)."""
-    if not any(record and record.get("stand-ins") for record in records.values()):
-        return []
-    return [("these numbers mean nothing: the scripts ran on generated stand-ins (checkpoints of random weights, "
-             "generated pictures), which show that the job runs, not what the articles found")]
+    """Under the table of a job on job/standins.py's stand-ins, that its numbers mean nothing; on job/miniature.py's,
+    that they are its own (as the page says first)."""
+    if any(record and record.get("stand-ins") for record in records.values()):
+        return [("these numbers mean nothing: the scripts ran on generated stand-ins (checkpoints of random weights, "
+                 "generated pictures), which show that the job runs, not what the articles found")]
+    if on_the_miniature(records):
+        return [("these numbers are the miniature's own (a ViT trained here on generated pictures, job/miniature.py): "
+                 "the articles' numbers do not apply; the conclusions above are what carries over")]
+    return []
 
 
 def conclusions_line(records):

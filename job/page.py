@@ -230,6 +230,13 @@ def not_run(script, folder, job):
     return f"not run: `{command(script, folder)}`", f"Not run. `{command(script, folder)}`"
 
 
+def on_the_miniature(records):
+    """The scripts whose model or data job/miniature.py made (its mark is in the folder they came from)."""
+    return [script_file(script) for script, record in records.items()
+            if record and any(ran_on and (Path(ran_on) / MINIATURE_MARK).is_file()
+                              for ran_on in map(record.get("flags", {}).get, ("model", "data_dir")))]
+
+
 def build(folder, say=print):
     """report.md in folder from the scripts' JSON files there; returns its path."""
     folder = Path(folder)
@@ -269,9 +276,7 @@ def build(folder, say=print):
         head += [(f"**These numbers mean nothing**: {', '.join(standins)} ran on generated stand-ins (checkpoints "
                   f"of random weights, generated pictures; job/standins.py), not on the articles' checkpoints "
                   f"and data. The page shows that the job runs, not what the articles found."), ""]
-    miniature = [script_file(script) for script, record in records.items()  # job/miniature.py marked what it ran on
-                 if record and any(ran_on and (Path(ran_on) / MINIATURE_MARK).is_file()
-                                   for ran_on in (record["flags"].get("model"), record["flags"].get("data_dir")))]
+    miniature = on_the_miniature(records)
     if miniature:
         head += [(f"**A miniature, its numbers its own**: {', '.join(miniature)} ran on a ViT trained here on "
                   f"generated pictures whose class is where a blob is (job/miniature.py), not on the articles' "

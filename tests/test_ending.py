@@ -58,3 +58,15 @@ def test_the_jobs_last_lines_count_the_articles_conclusions_of_every_script():
     assert ending.conclusions_line(records) == [
         (f"the articles' conclusions: 5 hold, 0 fail, 0 undecided, {total - 5} not run, 0 not comparable (of {total} "
         f"conclusions); each on the page, first")]
+
+
+def test_a_job_on_the_miniature_says_under_its_table_that_its_numbers_are_its_own(tmp_path):
+    from common.environment import MINIATURE_MARK
+
+    (tmp_path / MINIATURE_MARK).write_text("made by job/miniature.py")
+    records = {"setup": {"numbers": {}, "flags": {}}, "posemb": {"numbers": {}, "flags": {"model": str(tmp_path)}}}
+    assert ending.standins_line(records) == [
+        ("these numbers are the miniature's own (a ViT trained here on generated pictures, job/miniature.py): the "
+        "articles' numbers do not apply; the conclusions above are what carries over")]
+    records["posemb"]["flags"]["model"] = str(tmp_path / "elsewhere")
+    assert ending.standins_line(records) == []
