@@ -164,9 +164,9 @@ def end_to_end(model, paths, resolution, batch_size, device, autocast, rounds=3)
     for _ in range(rounds):
         alone.append(median_seconds(model_alone, device, repeats=1, warmup=0))
         loader = one_pass(paths, resolution, batch_size, device)
-        batches, seconds = start_pass(loader)
+        started, seconds = start_pass(loader)
         startup.append(seconds)
-        _, timing = run_model(model, batches, resolution, device, batch_size, lambda out: out.logits.argmax(1),
+        _, timing = run_model(model, started, resolution, device, batch_size, lambda out: out.logits.argmax(1),
                               "end-to-end", autocast, count=len(paths))
         whole.append(timing["seconds"])
         waiting.append(timing["waiting seconds"])
