@@ -47,19 +47,8 @@ from common.output import say
 from common.reference import counts_text
 from common.run import check_output
 from figures import backbone, fewshot, finetune, posemb
-from job import downloads
+from job import downloads, ending
 from job.child_process import StopRequests, first_refusal, only_job_on, run_logged
-from job.ending import (
-    conclusions_line,
-    exit_status,
-    final_table,
-    job_command,
-    next_line,
-    notes,
-    paused,
-    result_row,
-    standins_line,
-)
 from job.page import JOB_RECORD, SCRIPTS, build, script_file
 from job.page import read_record as page_record
 from job.time_estimate import HOUR, MINUTE, clock, duration, estimate_seconds, how_estimated, measure_speed
@@ -376,7 +365,7 @@ def kept_text(out, script, record, started):
 
 def stopped_line(signum, argv, during=""):
     name = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
-    return f"stopped by {name}{during}; the same command continues the job: {job_command(argv)}"
+    return f"stopped by {name}{during}; the same command continues the job: {ending.job_command(argv)}"
 
 
 def start_estimate(args, runnable, estimable, reference):
@@ -453,9 +442,9 @@ def run_job(args, argv, out, lock):
                 say(stopped_line(stop.asked[0], argv, f" during {name}, {kept_text(out, script, record, started)}"))
                 return 128 + stop.asked[0]
             finished[script], times[script] = seconds, clock(seconds)
-            row = result_row(script, record)
+            row = ending.result_row(script, record)
             print(f"{name}: {clock(seconds)} (its process's wall time), " + (f"{row['sections'][0]} of {row['sections'][1]} sections; "
-                  f"{counts_text(row['counts'])}{paused(record)}" if record else f"exit status {status} and no JSON: "
+                  f"{counts_text(row['counts'])}{ending.paused(record)}" if record else f"exit status {status} and no JSON: "
                   f"see the lines above, kept in OUT/logs/{script}.log"), flush=True)
     if stop.asked:
         say(stopped_line(stop.asked[0], argv))
@@ -467,10 +456,10 @@ def finish(args, argv, out, ran, not_run):
     """The table, then the page (built again when anything ran or is newer than it), then why a script did not
     finish and the command to run next, last, where the exit status is read; the exit status."""
     (cannot, finished, times), records = ran, {script: read_record(out / f"{script}.json") for script in SCRIPTS}
-    rows = {script: {**result_row(script, records[script]), "time": times[script]} for script in SCRIPTS}
-    marks, footnotes = notes(rows, records, not_run)
-    print("\n" + "\n".join(final_table(rows, marks) + conclusions_line(records) + standins_line(records)),
-          flush=True)  # before the page: it may fail
+    rows = {script: {**ending.result_row(script, records[script]), "time": times[script]} for script in SCRIPTS}
+    marks, footnotes = ending.notes(rows, records, not_run)
+    lines = ending.final_table(rows, marks) + ending.conclusions_line(records) + ending.standins_line(records)
+    print("\n" + "\n".join(lines), flush=True)  # before the page: it may fail
     page = out / "report.md"
     if finished or cannot or page_is_stale(page, out):
         try:
@@ -478,8 +467,8 @@ def finish(args, argv, out, ran, not_run):
         except UserError as problem:
             say(f"error: {problem}; the table above holds the counts")
             return 1
-    status = exit_status(rows, args.strict)
-    print("\n".join([f"page: {page}", *footnotes, next_line(rows, status, argv, hub_offline() and bool(cannot))]).rstrip(), flush=True)
+    status = ending.exit_status(rows, args.strict)
+    print("\n".join([f"page: {page}", *footnotes, ending.next_line(rows, status, argv, hub_offline() and bool(cannot))]).rstrip(), flush=True)
     return status
 
 
