@@ -7,6 +7,7 @@ The script's runs on stand-ins and its other functions by hand: tests/test_finet
 import contextlib
 import copy
 import math
+import signal
 from types import SimpleNamespace
 
 import numpy as np
@@ -19,6 +20,7 @@ import vit_part3_finetune as finetune
 from common.errors import UserError
 from common.loader import pass_timing
 from common.output import Report
+from common.start import Terminated
 from common.training import read_checkpoint, save_checkpoint, set_rng_states
 from vit_part3_posemb import bilinear_table
 
@@ -155,6 +157,17 @@ def test_a_shorter_run_removes_the_article_steps_it_never_logs():
     assert "mean loss first" not in removed and "data set" not in differences
 
 
+def test_the_pictures_the_sections_loaded_are_the_setups_sample():
+    """--per-class 8 of Imagenette: the training and validation pictures the run used, 80 of 9,469 and 80 of 3,925."""
+    args = SimpleNamespace(steps=300, batch_size=32, lr=0.003, resolution=224, precision="fp32", per_class=8,
+                           data_dir=None, check_per_class=None)
+    data = {"train": [("a picture", 0)] * 80, "val": [("a picture", 0)] * 80, "classes": 10}
+    run = SimpleNamespace(args=args, loaded={"data and model": (data, "the model", (768, 768))})
+    differences = finetune.setup_differences(run)
+    assert (differences["training pictures"]["n"], differences["training pictures"]["of"]) == (80, 9469)
+    assert (differences["validation pictures"]["n"], differences["validation pictures"]["of"]) == (80, 3925)
+
+
 def test_fine_tuning_on_another_data_set_is_not_the_articles_setup(tmp_path):
     """--data-dir with other classes than Imagenette's: the difference names that folder, not the default one."""
     for split in ("train", "val"):
@@ -207,35 +220,91 @@ class RecordingSGD(torch.optim.SGD):
 
 
 def train(monkeypatch, model, optimizer, batches, labels, steps, accum_steps=1, world=1, lr=None, start=0, rows=(),
-          save_dir=None):
+          save_dir=None, save_every=50, rank=0, signal_at=None):
     """finetune.train() on these batches (already the model's inputs), its checks replaced; with lr, every step's LR is
-    lr; from step start + 1, a resumed log's rows given. Returns its log (the loss and gradient norm of each step),
-    its report, and the average. Each check must see the model in eval mode; the batches are asked for steps
-    start + 1 .. steps."""
+    lr; from step start + 1, a resumed log's rows given; signal_at: (step, signal) raised as that step's pictures
+    come. Returns its log (the loss and gradient norm of each step), its report, and the average. Each check must see
+    the model in eval mode, in batches of the pictures of one forward pass; the batches are asked for steps start + 1
+    .. steps; the model is wrapped in DDP under torchrun only."""
     def step_batches(items, first, last, run, log):
         assert (first, last) == (start + 1, steps)
-        return ((pixels, labels) for pixels in batches)
+        for step, pixels in enumerate(batches, first):
+            if signal_at and step == signal_at[0]:
+                signal.raise_signal(signal_at[1])
+            yield pixels, labels
 
-    def accuracies(models, pictures, labels, run, batch_size, desc, into=None):
+    def accuracies(models, pictures, labels_, run, batch_size, desc, into=None):
         assert not any(model.training for model in models)  # a check is an evaluation: no dropout
+        assert batch_size == len(labels) // (world * accum_steps)
         return [10.0], pass_timing()
 
+    wrapped = []
     monkeypatch.setattr(finetune, "step_batches", step_batches)
     monkeypatch.setattr(finetune, "accuracies", accuracies)
-    monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel", lambda model: model)  # the model's no_sync()
+    monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel", lambda model: wrapped.append(model) or model)
     if lr is not None:
         monkeypatch.setattr(finetune, "lr_at", lambda step, base_lr, total_steps: lr)
     args = SimpleNamespace(lr=0.003, steps=steps, batch_size=len(labels), accum_steps=accum_steps, seed=0,
-                           save_dir=save_dir, save_every=50, resolution=224)
-    run = SimpleNamespace(args=args, device=torch.device("cpu"), rank=0, world=world,
+                           save_dir=save_dir, save_every=save_every, resolution=224, model="tiny", per_class=None,
+                           precision="fp32", check_per_class=None)
+    run = SimpleNamespace(args=args, device=torch.device("cpu"), rank=rank, world=world,
                           autocast=contextlib.nullcontext())
     log = {"losses": [], "norms": [], "rows": list(rows), "seconds": 0.0, "loader workers": 0,
            "loader start-up seconds": 0.0, "passes": {"training": pass_timing(), "checks": pass_timing()}}
     average = copy.deepcopy(model)
     report = Report("finetune", quiet=True)
-    finetune.train(run, report, {"train": [(None, int(label)) for label in labels]}, model, average, optimizer, log,
-                   ([], []), start, steps)
+    try:
+        finetune.train(run, report, {"train": [(None, int(label)) for label in labels]}, model, average, optimizer,
+                       log, ([], []), start, steps)
+    finally:
+        assert wrapped == ([model] if world > 1 else [])  # DDP under torchrun, the model itself alone
     return log, report, average
+
+
+def saved_steps(monkeypatch, tmp_path):
+    """The steps whose checkpoint finetune.train() writes, each checked to go to tmp_path/checkpoint.pt."""
+    steps = []
+
+    def save(path, checkpoint, version):
+        assert path == tmp_path / finetune.CHECKPOINT and version == finetune.CHECKPOINT_FORMAT
+        steps.append(checkpoint["step"])
+        return path
+
+    monkeypatch.setattr(finetune, "save_checkpoint", save)
+    return steps
+
+
+@pytest.mark.parametrize("rank,expected", [(0, [2, 4, 5]), (1, [])])
+def test_the_first_process_saves_every_save_every_steps_and_at_the_last(monkeypatch, tmp_path, rank, expected):
+    model, (pixels, labels) = TinyClassifier(), step_batch()
+    steps = saved_steps(monkeypatch, tmp_path)
+    train(monkeypatch, model, torch.optim.SGD(model.parameters(), lr=0.1), [pixels] * 5, labels, 5, lr=0.1,
+          save_dir=tmp_path, save_every=2, rank=rank)
+    assert steps == expected
+
+
+def test_a_checkpoint_that_cannot_be_written_stops_the_run_with_its_reason(monkeypatch, tmp_path):
+    def full(path, checkpoint, version):
+        raise UserError(f"cannot write the checkpoint {path}: no space left on device")
+
+    monkeypatch.setattr(finetune, "save_checkpoint", full)
+    model, (pixels, labels) = TinyClassifier(), step_batch()
+    with pytest.raises(UserError, match="no space left on device"):
+        train(monkeypatch, model, torch.optim.SGD(model.parameters(), lr=0.1), [pixels] * 3, labels, 3, lr=0.1,
+              save_dir=tmp_path, save_every=1)
+
+
+@pytest.mark.parametrize("signum,stops", [(signal.SIGTERM, Terminated), (signal.SIGINT, KeyboardInterrupt)])
+def test_a_signal_during_a_step_saves_that_step_then_stops(monkeypatch, tmp_path, capsys, signum, stops):
+    """The signal comes as step 2's pictures do: step 2 is finished, saved, and the run stops (143 or 130)."""
+    model, (pixels, labels) = TinyClassifier(), step_batch()
+    steps = saved_steps(monkeypatch, tmp_path)
+    with pytest.raises(stops):
+        train(monkeypatch, model, torch.optim.SGD(model.parameters(), lr=0.1), [pixels] * 5, labels, 5, lr=0.1,
+              save_dir=tmp_path, signal_at=(2, signum))
+    name = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+    assert steps == [2] and (f"stopped after step 2 on {name}; saved {tmp_path / finetune.CHECKPOINT}: add --resume "
+                             f"to continue") in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("accum_steps", [1, 3])
