@@ -72,8 +72,7 @@ def check_verdict(check, values, reference, differences):
         return verdict, None
     samples = [differences[reference[name]["sample"]] for name in names if reference.get(name, {}).get("sample")
                in differences]
-    total = max(sample["of"] for sample in samples)
-    low, high = max(sample["n"] for sample in samples), total
+    low, high = min(sample["n"] for sample in samples), min(sample["of"] for sample in samples)  # no more than all
     if decide(op, *sides(high), extra) == "undecided":
         return "undecided", None  # no sample of these pictures decides it: the whole set is needed and not enough
     while high - low > 1:  # the fewest pictures whose intervals, at this run's values, decide it
