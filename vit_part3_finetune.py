@@ -47,7 +47,6 @@ from common.loader import add_timing, one_pass, pass_timing, start_pass, timed
 from common.pictures import to_pixels
 from common.reference import article_values, load_reference
 from common.run import Run, check_output, loaded, run_sections
-from common.schedules import warmup_cosine_lr
 from common.training import read_checkpoint, save_checkpoint, set_rng_states
 from figures import finetune as figures
 
@@ -94,8 +93,12 @@ def warmup_steps(total_steps):
 
 
 def lr_at(step, base_lr, total_steps):
-    """The learning rate of step s = 1 .. T, the one it applies and logs: the schedule after s - 1 finished steps."""
-    return warmup_cosine_lr(step - 1, base_lr, total_steps, warmup_steps(total_steps))
+    """The learning rate of step s = 1 .. T, the one it applies and logs: the schedule after t = s - 1 finished steps,
+    eta_0 t / W during the W warm-up steps, then the cosine decay eta_0 / 2 (1 + cos(pi (t - W) / (T - W))) to 0."""
+    t, warmup = step - 1, warmup_steps(total_steps)
+    if t < warmup:
+        return base_lr * t / warmup
+    return base_lr / 2 * (1 + math.cos(math.pi * (t - warmup) / (total_steps - warmup)))
 
 
 def step_pictures(step, batch_size, count, seed):

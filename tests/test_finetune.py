@@ -16,7 +16,6 @@ import vit_part3_finetune as finetune
 from common import distributed, training
 from common.checkpoints import load_pretrained
 from common.loader import pass_timing
-from common.schedules import warmup_cosine_lr
 
 # The article's step lines: step, lr as printed.
 ARTICLE_LRS = {5: "0.00040", 10: "0.00090", 25: "0.00240", 50: "0.00296", 100: "0.00254", 150: "0.00178",
@@ -24,8 +23,8 @@ ARTICLE_LRS = {5: "0.00040", 10: "0.00090", 25: "0.00240", 50: "0.00296", 100: "
 
 
 def test_lr_schedule_by_hand():
-    def lr(t):
-        return warmup_cosine_lr(t, 0.003, 300, 30)
+    def lr(t):  # the LR after t finished steps, applied by step t + 1
+        return finetune.lr_at(t + 1, 0.003, 300)
 
     assert lr(0) == 0.0
     assert lr(4) == pytest.approx(0.003 * 4 / 30)         # warm-up: eta_0 t / W
