@@ -50,39 +50,39 @@ def list_split(root, split, per_class=None):
     return items
 
 
-def check_layout(root):
-    """Both splits hold the same class folders, and every class folder holds pictures."""
-    train, val = class_folders(root, "train"), class_folders(root, "val")
-    for split, folders in (("train", train), ("val", val)):
-        if not folders:
-            raise UserError(f"no class folders in {Path(root) / split}: expected the layout {split}/<class>/*.JPEG")
-    only = sorted(set(train) ^ set(val))
-    if only:
-        where = "train" if only[0] in train else "val"
-        raise UserError(f"class {only[0]} is in {Path(root) / where} but not in the other split: both splits need "
-                        f"the same class folders")
-    for split in ("train", "val"):
-        counts = np.bincount([label for _, label in list_split(root, split)], minlength=len(train))
-        if counts.min() == 0:
-            raise UserError(f"no pictures in {Path(root) / split / train[int(counts.argmin())]}: every class needs "
-                            f"pictures (.JPEG, .jpg or .png) in both splits")
-
-
 def check_counts(root, strict,
                  fix=": delete the folder to download it again, or pass --data-dir with a complete copy"):
-    """The layout; then Imagenette's counts: strict (UserError) for the copy we download, else the warning for a
-    partial copy, or None."""
-    check_layout(root)
-    if class_folders(root, "val") != IMAGENETTE_WNIDS:
-        return None  # another data set: its own counts
-    found = {split: len(list_split(root, split)) for split in SPLIT_COUNTS}
-    if found == SPLIT_COUNTS:
-        return None
+    """The layout: both splits hold the same class folders, and every class folder holds pictures; then Imagenette's
+    counts: strict (UserError) for the copy we download, else the warning for a partial copy, or None."""
+    folders = {split: class_folders(root, split) for split in SPLIT_COUNTS}
+    for split, names in folders.items():
+        if not names:
+            raise UserError(f"no class folders in {Path(root) / split}: expected the layout {split}/<class>/*.JPEG")
+    only = sorted(set(folders["train"]) ^ set(folders["val"]))
+    if only:
+        where = "train" if only[0] in folders["train"] else "val"
+        raise UserError(f"class {only[0]} is in {Path(root) / where} but not in the other split: both splits need "
+                        f"the same class folders")
+    found = {}
+    for split in SPLIT_COUNTS:
+        labels = [label for _, label in list_split(root, split)]
+        per_class = np.bincount(labels, minlength=len(folders[split]))
+        if per_class.min() == 0:
+            raise UserError(f"no pictures in {Path(root) / split / folders[split][int(per_class.argmin())]}: every "
+                            f"class needs pictures (.JPEG, .jpg or .png) in both splits")
+        found[split] = len(labels)
+    if folders["val"] != IMAGENETTE_WNIDS or found == SPLIT_COUNTS:
+        return None  # another data set (its own counts), or Imagenette whole
     counts = ", ".join(f"{found[split]:,} of {expected:,} {SPLIT_WORDS[split]}"
                        for split, expected in SPLIT_COUNTS.items())
     if strict:
         raise UserError(f"found {counts} pictures in {root}{fix}")
     return f"{root} holds {counts} pictures of Imagenette: a partial copy, so its numbers cannot match the article's"
+
+
+def check_layout(root):
+    """The layout alone, as check_counts checks it (job/downloads.py)."""
+    check_counts(root, strict=False)
 
 
 def data_differences(args, counts):
