@@ -99,6 +99,31 @@ def test_own_classes_work_without_imagenette_counts(tmp_path):
     assert [label for _, label in list_split(root, "val")] == [0, 1]
 
 
+@pytest.mark.parametrize("files,message", [
+    ([], "no class folders in {root}/train: expected the layout train/<class>/*.JPEG"),
+    (["train/a/1.jpg"], "no class folders in {root}/val: expected the layout val/<class>/*.JPEG"),
+    (["train/a/1.jpg", "train/b/1.jpg", "val/a/1.jpg"],
+     "class b is in {root}/train but not in the other split: both splits need the same class folders"),
+    (["train/a/1.jpg", "val/a/1.jpg", "val/c/1.jpg"],
+     "class c is in {root}/val but not in the other split: both splits need the same class folders"),
+    (["train/a/1.jpg", "train/b/notes.txt", "val/a/1.jpg", "val/b/1.png"],
+     "no pictures in {root}/train/b: every class needs pictures (.JPEG, .jpg or .png) in both splits"),
+    (["train/a/1.jpg", "train/b/1.JPEG", "val/a/1.jpg", "val/b/notes.txt"],
+     "no pictures in {root}/val/b: every class needs pictures (.JPEG, .jpg or .png) in both splits"),
+])
+def test_a_folder_out_of_layout_is_refused_in_one_line_naming_where(tmp_path, files, message):
+    root = tmp_path / "data"
+    (root / "train").mkdir(parents=True)
+    (root / "val").mkdir()
+    for file in files:
+        (root / file).parent.mkdir(parents=True, exist_ok=True)
+        (root / file).write_bytes(b"")
+    for strict in (True, False):
+        with pytest.raises(UserError) as error:
+            check_counts(root, strict=strict)
+        assert str(error.value) == message.format(root=root)
+
+
 def archive_of(folder, broken=False):
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
