@@ -39,8 +39,9 @@ def pick_device(name="auto"):
 
 
 PRECISIONS = ("fp32", "tf32", "bf16")
-# float32 on NVIDIA GPUs that have TF32: (matrix multiplies, cuDNN convolutions) in TF32 (docs/layout.md)
-FP32_RULES = {"strict": (False, False), "torch defaults": (False, True)}
+# each rule float32 can follow on NVIDIA GPUs that have TF32: (matrix multiplies, cuDNN convolutions) in TF32
+# (docs/layout.md)
+FP32_RULES = {"strict": (False, False), "torch defaults": (False, True), "tf32": (True, True)}
 
 
 def float32_rule(precision, fp32_rule):
@@ -61,10 +62,9 @@ def set_precision(device, precision="fp32", fp32_rule="strict"):
             raise UserError("--precision bf16: this Mac's Metal backend has no bfloat16 (it needs macOS 14 or "
                             "later): use fp32") from error
     rule = float32_rule(precision, fp32_rule)
-    matmul, convolutions = (True, True) if rule == "tf32" else FP32_RULES[rule]
     # The flags whose defaults are the rule "torch defaults"; torch's newer fp32_precision API is left alone, since
     # reading these after mixing the two raises. The Trainer's tf32=None leaves them as set here.
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, convolutions
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = FP32_RULES[rule]
     if precision == "bf16":
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
