@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from common.loader import one_pass, pass_timing, start_pass, timed
+from common.loader import one_pass, start_pass, timed
 from common.pictures import to_pixels
 
 
@@ -26,7 +26,7 @@ def run_model(model, pictures, resolution, device, batch_size, what_to_keep, des
     from tqdm import tqdm
 
     start = time.perf_counter()
-    timing = pass_timing()
+    timing = {"seconds": 0.0, "waiting seconds": 0.0, "pictures": 0}  # timed() adds the wait and pictures
     if isinstance(pictures, list) and all(isinstance(item, torch.Tensor) for item in pictures):  # batches read before
         batches, count = pictures, sum(len(batch) for batch in pictures)
     elif count is None:

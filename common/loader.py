@@ -115,10 +115,11 @@ def one_pass(pictures, resolution, batch_size, device, flips=None, indices=None,
     flips = np.zeros(len(indices), dtype=bool) if flips is None else np.asarray(flips)
     keys = [(int(i), resolution, bool(flip)) for i, flip in zip(indices, flips)]  # the sampler: the pass's keys
     workers = loader_workers(device) if workers is None else workers
-    ready = multiprocessing.get_context(worker_start()).Semaphore(0) if workers else None
+    context = multiprocessing.get_context(worker_start()) if workers else None
+    ready = context.Semaphore(0) if workers else None
     return DataLoader(Pictures(pictures, ready), batch_size=batch_size, sampler=keys, collate_fn=stack_or_error,
                       num_workers=workers, pin_memory=device.type == "cuda", prefetch_factor=PREFETCH if workers else None,
-                      worker_init_fn=worker_setup, multiprocessing_context=worker_start() if workers else None,
+                      worker_init_fn=worker_setup, multiprocessing_context=context,
                       generator=torch.Generator())  # each pass draws a seed from it: the global RNG stays as it was
 
 
@@ -162,7 +163,8 @@ def workers_text(workers, seconds):
 
 
 def pass_timing():
-    """A pass over pictures: its seconds, the seconds the model waited for its next batch, the pictures it got."""
+    """A pass over pictures: its seconds, the seconds the model waited for its next batch, the pictures it got (the
+    dict common/ writes out as a literal where it times a pass)."""
     return {"seconds": 0.0, "waiting seconds": 0.0, "pictures": 0}
 
 
