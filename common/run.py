@@ -81,7 +81,7 @@ def run_sections(script, run, sections, setup_differences=None):
             report.cannot_run(section.__doc__.strip().splitlines()[0], problem)  # the docstring's first line: its title
     differences = setup_differences(run) if setup_differences else {}
     rows = compare(report.numbers, load_reference(script), differences) if args.compare else None
-    conclusions = conclusion_rows(script, report.numbers, differences)
+    conclusions = conclusion_rows(script, report.numbers, differences) if args.compare or args.json else []
     if rows:
         print_comparison(rows, report, differences)
         if conclusions:  # after the numbers' verdicts, what the run decides of the article's conclusions
