@@ -12,21 +12,12 @@ setup's differences) is an interval, the same hypergeometric 95% interval as --c
 intervals allow both answers is undecided.
 """
 import json
+from collections import Counter
 
 from common.paths import REFERENCE_DIR
-from common.reference import load_reference, sampling_interval
+from common.reference import load_reference, sampling_interval, verdict_text
 
-VERDICTS = ("holds", "fails", "undecided", "not run", "not comparable")
-WORST_FIRST = ("not run", "not comparable", "fails", "undecided", "holds")  # a conclusion's verdict: its checks' worst
-
-
-def load_conclusions(script):
-    """[{says, article, inputs, checks}] of one script, in the article's order."""
-    path = REFERENCE_DIR / f"conclusions_{script}.json"
-    if not path.is_file():
-        return []
-    with open(path) as f:
-        return json.load(f)["conclusions"]
+WORST_FIRST = ("not run", "not comparable", "fails", "undecided", "holds")  # the verdicts; a conclusion's: its checks' worst
 
 
 def interval(value, entry, differences, n=None):
@@ -84,10 +75,13 @@ def check_verdict(check, values, reference, differences):
 def conclusion_rows(script, numbers, differences):
     """[{says, article, verdict, flags, pictures}] of the script's conclusions for a run's recorded numbers
     ({name: {"value": ...}}) under its setup differences."""
+    path = REFERENCE_DIR / f"conclusions_{script}.json"  # [{says, article, inputs, checks}], in the article's order
+    if not path.is_file():
+        return []
     reference = load_reference(script)
     values = {name: number["value"] for name, number in numbers.items()}
     rows = []
-    for conclusion in load_conclusions(script):
+    for conclusion in json.loads(path.read_text())["conclusions"]:
         row = {"says": conclusion["says"], "article": conclusion["article"]}
         flags = [differences[item]["flag"] for item in conclusion.get("inputs", ()) if item in differences]
         verdicts = [check_verdict(check, values, reference, differences) for check in conclusion["checks"]]
@@ -103,24 +97,9 @@ def conclusion_rows(script, numbers, differences):
     return rows
 
 
-def verdict_text(row):
-    """The verdict as printed: with the pictures that would decide it, or the flags that made it not comparable."""
-    if row["verdict"] == "not comparable":
-        return f"not comparable: {', '.join(row['flags'])}"
-    if row["verdict"] == "undecided":
-        more = (f"about {row['pictures']:,} pictures would decide it" if row["pictures"] else
-                "even all the pictures would not decide it")
-        return f"undecided: this run's sample cannot tell; {more}"
-    return row["verdict"]
-
-
-def counts(rows):
-    return {word: sum(row["verdict"] == word for row in rows) for word in VERDICTS}
-
-
 def counts_text(rows):
     """'5 hold, 0 fail, 1 undecided, 0 not run, 0 not comparable (of 6 conclusions)'."""
-    found = counts(rows)
+    found = Counter(row["verdict"] for row in rows)
     return (f"{found['holds']} hold, {found['fails']} fail, {found['undecided']} undecided, {found['not run']} not run, "
             f"{found['not comparable']} not comparable (of {len(rows)} conclusions)")
 

@@ -93,11 +93,16 @@ def compare(numbers, reference, differences=None):
 
 
 def verdict_text(row):
-    """The verdict as the table prints it: with the interval of a sample, or the flags that made it not comparable."""
-    if "interval" in row:
-        return f"{row['verdict']} (95% interval {row['interval'][0]:.1f} to {row['interval'][1]:.1f})"
+    """The verdict of a number (compare's row) or of a conclusion (common/conclusions.py's) as printed: with the flags
+    that made it not comparable, a number's interval of a sample, or the pictures that would decide a conclusion."""
     if row["verdict"] == "not comparable":
         return f"not comparable: {', '.join(row['flags'])}"
+    if "interval" in row:
+        return f"{row['verdict']} (95% interval {row['interval'][0]:.1f} to {row['interval'][1]:.1f})"
+    if row["verdict"] == "undecided":
+        more = (f"about {row['pictures']:,} pictures would decide it" if row["pictures"] else
+                "even all the pictures would not decide it")
+        return f"undecided: this run's sample cannot tell; {more}"
     return row["verdict"]
 
 

@@ -260,7 +260,7 @@ def build(folder, say=print):
             body += [f"## {script_file(script)}", "", paragraph, ""]
             continue
         differences = record.get("setup differences", {})
-        decided += [f"| `{script_file(script)}` | {cell(row['says'])} | {cell(conclusions.verdict_text(row))} | "
+        decided += [f"| `{script_file(script)}` | {cell(row['says'])} | {cell(verdict_text(row))} | "
                     f"{cell(row['article'])} |" for row in conclusions.conclusion_rows(script, record["numbers"],
                                                                                       differences)]
         rows = compare(record["numbers"], load_reference(script), differences)

@@ -1,13 +1,21 @@
 """common/conclusions.py: the articles' conclusions as rules; each holds on the article's own numbers, and each kind of
 check holds, fails and is undecided on hand-made records."""
+import json
+
 import pytest
 
-from common.conclusions import check_verdict, conclusion_lines, conclusion_rows, decide, load_conclusions
+from common.conclusions import check_verdict, conclusion_lines, conclusion_rows, decide
+from common.paths import REFERENCE_DIR
 from common.reference import load_reference, sampling_interval
 
 SCRIPTS = ("setup", "posemb", "fewshot", "finetune", "backbone")
 SUBSET = {"validation pictures": {"flag": "--per-class 20", "why": "--per-class 20: 200 of 3,925", "n": 200,
                                   "of": 3925}}
+
+
+def load_conclusions(script):
+    """The rules of a script as data/conclusions_<script>.json holds them: [{says, article, inputs, checks}]."""
+    return json.loads((REFERENCE_DIR / f"conclusions_{script}.json").read_text())["conclusions"]
 
 
 def article_numbers(script):
