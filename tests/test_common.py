@@ -142,7 +142,7 @@ def test_every_reference_entry_has_a_kind_and_bands_have_reasons(script):
 
 def test_report_records_what_it_prints(capsys):
     report = Report("test")
-    report.line(f"loss {report.num('loss', 2.302585093, '.6f')}, W = {report.nums('W', [[0.625, -0.625]], '.3f')}")
+    report.line(f"loss {report.num('loss', 2.302585093, '.6f')}, W = {report.num('W', [[0.625, -0.625]], '.3f')}")
     assert capsys.readouterr().out == "  loss 2.302585, W = [[0.625, -0.625]]\n"
     assert report.numbers["loss"] == {"value": 2.302585093, "text": "2.302585"}
     assert report.numbers["W[1,2]"]["text"] == "-0.625" and report.line_of["W[1,2]"] == 0
