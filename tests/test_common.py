@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import ROOT, expected_batch
 
-from common.checkpoints import load_pretrained
+from common.checkpoints import check_model_flag, load_pretrained
 from common.device import pick_device
 from common.errors import UserError
 from common.output import Report
@@ -97,6 +97,21 @@ def test_a_directory_without_a_checkpoint_is_reported(tmp_path):
 
     with pytest.raises(UserError, match="not a saved checkpoint directory"):
         load_pretrained(ViTModel, str(tmp_path))
+
+
+def test_a_model_flag_written_as_a_path_must_be_a_directory_and_a_hub_id_is_not_looked_for(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a" / "b" / "c").mkdir(parents=True)
+    (tmp_path / "weights.bin").write_bytes(b"")
+    for hub_id in ("google/vit-base-patch16-224", "vit", "a/b"):  # a/b exists, but is written as a Hub id
+        assert check_model_flag(hub_id) is False
+    for path in ("./a", str(tmp_path / "a"), "a/b/c"):
+        assert check_model_flag(path) is True
+    with pytest.raises(UserError, match=r"^--model ./nothing: the directory does not exist; pass a saved checkpoint "
+                                        r"directory or a Hub id$"):
+        check_model_flag("./nothing")
+    with pytest.raises(UserError, match="^--model ./weights.bin: the directory is a file, not a checkpoint directory"):
+        check_model_flag("./weights.bin")
 
 
 @pytest.mark.parametrize("entry,value,expected", [
