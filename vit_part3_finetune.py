@@ -393,6 +393,7 @@ def train(run, report, data, model, average, optimizer, log, monitor, start, las
                     step=row["step"])
     begun = time.perf_counter() - log["seconds"]  # the run's clock: a resumed run's seconds go on
     batches = step_batches(data["train"], start + 1, last_step, run, log)
+    logged = report_steps(args.steps)  # the steps whose line the article prints, each checked on the validation subset
     steps = tqdm(range(start + 1, last_step + 1), desc="fine-tuning", unit="step", file=sys.stderr, initial=start,
                  total=args.steps)
     with stop_between_steps() as stop:
@@ -412,7 +413,7 @@ def train(run, report, data, model, average, optimizer, log, monitor, start, las
             log["losses"].append(loss)
             log["norms"].append(norm)
             passes["training"]["seconds"] += time.perf_counter() - step_begun
-            if step in report_steps(args.steps):
+            if step in logged:
                 (percent,), _ = accuracies([model.eval()], *monitor, run, micro, f"step {step}", passes["checks"])
                 log["seconds"] = time.perf_counter() - begun
                 row = {"lr": lr, "loss": loss, "norm": norm, "accuracy": percent, "seconds": log["seconds"],

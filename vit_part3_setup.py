@@ -38,7 +38,6 @@ from common.compute import (
 from common.errors import UserError
 from common.paths import IMAGENETTE_DIR
 from common.run import Run, run_sections
-from common.schedules import cosine_lr, warmup_linear_lr
 
 # Table 1's parameter counts (millions), its rows, and the released checkpoints; ViT-L/16's is the ImageNet
 # fine-tuned one, without a pre-logits layer: the article's only cached file of ViT-L/16.
@@ -413,6 +412,19 @@ def clip_by_global_norm(gradients, max_norm):
 
 def pretraining_steps(epochs, pictures, batch=PRETRAIN_BATCH):
     return round(epochs * pictures / batch)
+
+
+def warmup_linear_lr(step, base_lr, total_steps, warmup):
+    """Pre-training's schedule: a linear warm-up from 0 to base_lr over `warmup` steps, then a linear decay to 0 at
+    total_steps."""
+    if step < warmup:
+        return base_lr * step / warmup
+    return base_lr * (total_steps - step) / (total_steps - warmup)
+
+
+def cosine_lr(step, base_lr, total_steps):
+    """The cosine decay: eta_t = eta_0 / 2 (1 + cos(pi t / T))."""
+    return base_lr / 2 * (1 + math.cos(math.pi * step / total_steps))
 
 
 def torch_optimizer_weight(optimizer_class, gradients, **settings):

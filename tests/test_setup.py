@@ -192,9 +192,23 @@ def test_clipping_equals_torch():
 
 
 def test_pretraining_steps_of_the_article():
-    """The schedules at these steps: tests/test_schedules.py."""
     assert setup.pretraining_steps(7, 303e6) == 517_822
     assert setup.pretraining_steps(14, 303e6) == 1_035_645
+
+
+def test_warmup_and_linear_decay_of_the_article():
+    """ViT-L/16's 7 epochs of JFT: 517,822 steps, 10,000 of warm-up to 8e-4."""
+    total = 517_822
+    assert setup.warmup_linear_lr(5_000, 8e-4, total, 10_000) == pytest.approx(4e-4)
+    assert setup.warmup_linear_lr(10_000, 8e-4, total, 10_000) == pytest.approx(8e-4)
+    assert setup.warmup_linear_lr(total, 8e-4, total, 10_000) == 0
+
+
+def test_cosine_decay_of_the_article():
+    # cos(3 pi / 4) = -sqrt(2)/2, so step 15,000 of 20,000 is 0.015 (1 - 0.7071) = 0.0044
+    assert setup.cosine_lr(15_000, 0.03, 20_000) == pytest.approx(0.015 * (1 - math.sqrt(0.5)))
+    assert setup.cosine_lr(10_000, 0.03, 20_000) == pytest.approx(0.015)
+    assert setup.cosine_lr(20_000, 0.03, 20_000) == 0
 
 
 # ---------------------------------------------------------------- the script as a user runs it
