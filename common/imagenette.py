@@ -80,11 +80,6 @@ def check_counts(root, strict,
     return f"{root} holds {counts} pictures of Imagenette: a partial copy, so its numbers cannot match the article's"
 
 
-def check_layout(root):
-    """The layout alone, as check_counts checks it (job/downloads.py)."""
-    check_counts(root, strict=False)
-
-
 def data_differences(args, counts):
     """{item: difference} of this run's pictures ({split: count used, or None when not loaded}) against Imagenette's;
     the pictures: --data-dir, else the default folder."""
