@@ -43,7 +43,7 @@ from common.differences import flag_differences
 from common.errors import UserError
 from common.imagenette import class_folders, data_differences, ensure_imagenette, is_imagenette, list_split
 from common.inference import run_model
-from common.loader import add_timing, one_pass, pass_timing, start_pass, timed
+from common.loader import one_pass, start_pass, timed
 from common.pictures import to_pixels
 from common.reference import article_values, load_reference
 from common.run import Run, check_output, loaded, run_sections
@@ -72,6 +72,7 @@ ARTICLE_FLAGS = {"steps": ("steps", STEPS), "batch": ("batch_size", BATCH), "lr"
                  "resolution": ("resolution", RESOLUTION), "precision": ("precision", PRECISION)}
 # --accum-steps and torchrun's processes keep the recipe's arithmetic, so they are not in ARTICLE_FLAGS.
 
+NEW_PASS = {"seconds": 0.0, "waiting seconds": 0.0, "pictures": 0}  # a pass over pictures: its time, its wait for them
 CHECKPOINT = "checkpoint.pt"
 CHECKPOINT_FORMAT = "vit_part3_finetune checkpoint, v4"  # v4: the run's log, one dict beside the weights
 
@@ -361,7 +362,7 @@ def section_finetune(run, report):
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
     # what the run logs, kept whole in its checkpoint: a resumed run goes on with it
     log = {"losses": [], "norms": [], "rows": [], "seconds": 0.0, "loader workers": 0, "loader start-up seconds": 0.0,
-           "passes": {"training": pass_timing(), "checks": pass_timing()}}
+           "passes": {"training": dict(NEW_PASS), "checks": dict(NEW_PASS)}}
     start = 0
     if args.resume:
         start, log = resume(run, model, average, optimizer)
@@ -512,28 +513,25 @@ def kept_batches(items, run, batch_size, log):
     batches, seconds = start_pass(loader)
     log["loader start-up seconds"] += seconds
     log["loader workers"] = loader.num_workers
-    timing, begun = pass_timing(), time.perf_counter()
+    checks, begun = log["passes"]["checks"], time.perf_counter()
     kept = [to_device(pixels, run.device)
-            for pixels in timed(batches, timing, count=lambda batch: 0, device=run.device)]
-    timing["seconds"] = time.perf_counter() - begun
-    add_timing(log["passes"]["checks"], timing)
+            for pixels in timed(batches, checks, count=lambda batch: 0, device=run.device)]
+    checks["seconds"] += time.perf_counter() - begun
     return kept, [label for _, label in share]
 
 
-def accuracies(models, batches, labels, run, batch_size, desc, into=None):
-    """([per cent right of each model over all processes], this pass's timing, also added to `into`): one pass, each
-    batch through every model; batches as run_model's, labels this process's share."""
+def accuracies(models, batches, labels, run, batch_size, desc, timing=None):
+    """([per cent right of each model over all processes], timing: this pass's, or the given running total with this
+    pass added): one pass, each batch through every model; batches as run_model's, labels this process's share."""
     def predictions(**inputs):
         return [model(**inputs).logits.argmax(1) for model in models]
 
     predicted, timing = run_model(predictions, batches, run.args.resolution, run.device, batch_size, list, desc,
-                                  run.autocast, count=len(labels))
+                                  run.autocast, count=len(labels), timing=timing)
     total, percents = distributed.sum_over_processes(len(labels), run), []
     for k in range(len(models)):
         correct = int((torch.cat([batch[k] for batch in predicted]) == torch.as_tensor(labels)).sum()) if labels else 0
         percents.append(100 * distributed.sum_over_processes(correct, run) / total)
-    if into is not None:
-        add_timing(into, timing)
     return percents, timing
 
 

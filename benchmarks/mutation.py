@@ -129,7 +129,7 @@ def rebuilt(node, **fields):
     return new
 
 
-TIMING = {"perf_counter", "tqdm", "seconds", "waiting seconds", "clock", "add_timing"}  # names of keeping time
+TIMING = {"perf_counter", "tqdm", "seconds", "waiting seconds", "clock"}  # names of keeping time
 
 
 def times(node):

@@ -19,14 +19,17 @@ def on_host(value):
     return value
 
 
-def run_model(model, pictures, resolution, device, batch_size, what_to_keep, desc="", autocast=None, count=None):
+def run_model(model, pictures, resolution, device, batch_size, what_to_keep, desc="", autocast=None, count=None,
+              timing=None):
     """([what_to_keep(output) of each batch, in order, on the host], timing); pictures: PIL images or paths (a pass of
     its own, its workers' start inside it), uint8 batches read before, or a started pass's batches (count: its
-    pictures; common.loader.start_pass) (docs/data.md#one-batched-pass)."""
+    pictures; common.loader.start_pass) (docs/data.md#one-batched-pass). timing: the pass's seconds, wait and
+    pictures, added to the given dict (a running total) or to a new one."""
     from tqdm import tqdm
 
     start = time.perf_counter()
-    timing = {"seconds": 0.0, "waiting seconds": 0.0, "pictures": 0}  # timed() adds the wait and pictures
+    if timing is None:
+        timing = {"seconds": 0.0, "waiting seconds": 0.0, "pictures": 0}  # timed() adds the wait and pictures
     if isinstance(pictures, list) and all(isinstance(item, torch.Tensor) for item in pictures):  # batches read before
         batches, count = pictures, sum(len(batch) for batch in pictures)
     elif count is None:
@@ -39,5 +42,5 @@ def run_model(model, pictures, resolution, device, batch_size, what_to_keep, des
                            leave=False, total=math.ceil(count / batch_size)):
             outputs.append(what_to_keep(model(pixel_values=to_pixels(pixels, device), interpolate_pos_encoding=True)))
         outputs = on_host(outputs)
-    timing["seconds"] = time.perf_counter() - start
+    timing["seconds"] += time.perf_counter() - start
     return outputs, timing

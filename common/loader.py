@@ -150,22 +150,10 @@ def start_pass(loader):
     return checked(batches), seconds
 
 
-def add_timing(total, timing):
-    """Add one pass's seconds, waiting seconds and pictures to a running total (pass_timing)."""
-    for key, value in timing.items():
-        total[key] += value
-
-
 def workers_text(workers, seconds):
     """'8 worker processes (...) started in 0.4 s, before the passes': the same words on every device."""
     return (f"{workers} worker processes (none on a CPU, whose cores the model uses), started in "
             f"{seconds:.1f} s, before the passes")
-
-
-def pass_timing():
-    """A pass over pictures: its seconds, the seconds the model waited for its next batch, the pictures it got (the
-    dict common/ writes out as a literal where it times a pass)."""
-    return {"seconds": 0.0, "waiting seconds": 0.0, "pictures": 0}
 
 
 def timed(batches, timing, count=len, device=None):

@@ -15,7 +15,6 @@ from conftest import ARTICLE, ROOT, article_block, library_pixels
 import vit_part3_finetune as finetune
 from common import distributed, training
 from common.checkpoints import load_pretrained
-from common.loader import pass_timing
 
 # The article's step lines: step, lr as printed.
 ARTICLE_LRS = {5: "0.00040", 10: "0.00090", 25: "0.00240", 50: "0.00296", 100: "0.00254", 150: "0.00178",
@@ -142,14 +141,14 @@ def test_one_pass_gives_each_models_accuracy_and_the_checks_read_the_kept_batche
     percents, timing = finetune.accuracies(models, batches, list(labels), run, 16, "both")
     assert percents == pytest.approx(by_hand, abs=1e-9) and timing["pictures"] == len(items)
 
-    log = {"loader start-up seconds": 0.0, "passes": {"checks": pass_timing()}}
+    log = {"loader start-up seconds": 0.0, "passes": {"checks": dict(finetune.NEW_PASS)}}
     kept, shared = finetune.kept_batches(items, run, 16, log)
     checks = log["passes"]["checks"]
     assert [len(batch) for batch in kept] == [16, 16, 8] and checks["pictures"] == 0
     assert shared == list(labels)
     for k in (1, 2):
-        (percent,), timing = finetune.accuracies([models[0]], kept, shared, run, 16, "check", into=checks)
-        assert percent == pytest.approx(by_hand[0], abs=1e-9) and timing["pictures"] == len(items)
+        (percent,), timing = finetune.accuracies([models[0]], kept, shared, run, 16, "check", timing=checks)
+        assert percent == pytest.approx(by_hand[0], abs=1e-9) and timing is checks  # the running total, added to
         assert checks["pictures"] == k * len(items)
 
 
