@@ -35,14 +35,16 @@ def why_no_download():
     return "HF_HUB_OFFLINE=1 forbids downloads" if hub_offline() else "the Hugging Face Hub cannot be reached"
 
 
+def looks_like_a_path(name):
+    """'./vit', '/data/vit', '~/vit', 'a/b/c': a local directory; 'google/vit-base-patch16-224': a Hub id."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
+
+
 def check_model_flag(name):
-    """Whether --model is written as a path ('./vit', '/data/vit', '~/vit', 'a/b/c'), which must then be an existing
-    directory; 'google/vit-base-patch16-224' is a Hub id."""
-    is_path = name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
-    if is_path and not os.path.isdir(os.path.expanduser(name)):
+    """--model must be an existing directory when it is written as a path."""
+    if looks_like_a_path(name) and not os.path.isdir(os.path.expanduser(name)):
         what = "is a file, not a checkpoint directory" if os.path.exists(name) else "does not exist"
         raise UserError(f"--model {name}: the directory {what}; pass a saved checkpoint directory or a Hub id")
-    return is_path
 
 
 def checkpoint_config(name):

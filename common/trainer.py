@@ -8,14 +8,14 @@ from pathlib import Path
 
 from torch.utils.data import DataLoader
 
-from common.checkpoints import check_model_flag, checkpoint_config, load_pretrained
+from common.checkpoints import checkpoint_config, load_pretrained, looks_like_a_path
 from common.errors import UserError
 from common.loader import PREFETCH, timed, worker_setup, worker_start
 
 
 def check_classifier_files(name, example):
     """A local --model must be a ViT saved with its image processor; a cached one must be a ViT. Before any work."""
-    if check_model_flag(name):
+    if looks_like_a_path(name):
         for file, what in (("config.json", "save_pretrained"), ("preprocessor_config.json", "its image processor")):
             if not (Path(name).expanduser() / file).exists():
                 raise UserError(f"--model {name} has no {file}: pass a checkpoint saved with {what}")

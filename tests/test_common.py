@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import ROOT, expected_batch
 
-from common.checkpoints import check_model_flag, load_pretrained
+from common.checkpoints import check_model_flag, load_pretrained, looks_like_a_path
 from common.device import pick_device
 from common.errors import UserError
 from common.output import Report
@@ -104,9 +104,11 @@ def test_a_model_flag_written_as_a_path_must_be_a_directory_and_a_hub_id_is_not_
     (tmp_path / "a" / "b" / "c").mkdir(parents=True)
     (tmp_path / "weights.bin").write_bytes(b"")
     for hub_id in ("google/vit-base-patch16-224", "vit", "a/b"):  # a/b exists, but is written as a Hub id
-        assert check_model_flag(hub_id) is False
+        assert not looks_like_a_path(hub_id)
+        check_model_flag(hub_id)  # not refused: the Hub is asked later
     for path in ("./a", str(tmp_path / "a"), "a/b/c"):
-        assert check_model_flag(path) is True
+        assert looks_like_a_path(path)
+        check_model_flag(path)
     with pytest.raises(UserError, match=r"^--model ./nothing: the directory does not exist; pass a saved checkpoint "
                                         r"directory or a Hub id$"):
         check_model_flag("./nothing")
@@ -157,7 +159,7 @@ def test_every_reference_entry_has_a_kind_and_bands_have_reasons(script):
 
 def test_report_records_what_it_prints(capsys):
     report = Report("test")
-    report.line(f"loss {report.num('loss', 2.302585093, '.6f')}, W = {report.num('W', [[0.625, -0.625]], '.3f')}")
+    report.line(f"loss {report.num('loss', 2.302585093, '.6f')}, W = {report.nums('W', [[0.625, -0.625]], '.3f')}")
     assert capsys.readouterr().out == "  loss 2.302585, W = [[0.625, -0.625]]\n"
     assert report.numbers["loss"] == {"value": 2.302585093, "text": "2.302585"}
     assert report.numbers["W[1,2]"]["text"] == "-0.625" and report.line_of["W[1,2]"] == 0
