@@ -3,7 +3,6 @@
 import string
 import sys
 from dataclasses import dataclass, field
-from functools import partialmethod
 
 from common.start import speaks
 
@@ -62,13 +61,15 @@ class Report:
         if not self.quiet:
             print(text, flush=True)
 
-    def line(self, template="", numbers=None, prefix="", frame="  {}", **words):
-        """One logged line, indented as the article's (frame: a header's or a subheader's instead): the template's
-        fields filled, the numbers recorded."""
-        self.print(frame.format(self.fill(template, numbers, prefix, words)))
+    def header(self, template, numbers=None, prefix="", **words):
+        self.print(f"\n== {self.fill(template, numbers, prefix, words)} ==")
 
-    header = partialmethod(line, frame="\n== {} ==")
-    subheader = partialmethod(line, frame="\n-- {} --")
+    def subheader(self, template, numbers=None, prefix="", **words):
+        self.print(f"\n-- {self.fill(template, numbers, prefix, words)} --")
+
+    def line(self, template="", numbers=None, prefix="", **words):
+        """One logged line, indented as the article's: the template's fields filled, the numbers recorded."""
+        self.print(f"  {self.fill(template, numbers, prefix, words)}")
 
     def fill(self, template, numbers=None, prefix="", words=None):
         """The template's {name:spec} fields filled from numbers, each recorded as prefix + name at its first place
@@ -86,26 +87,28 @@ class Report:
             value = numbers[name]
             listed = isinstance(value, (list, tuple)) or getattr(value, "ndim", 0) > 0
             if name not in first:
-                first[name] = self.num(prefix + name, value, (spec or "short") if listed else spec)
+                first[name] = (self.nums(prefix + name, value, spec or "short") if listed else
+                               self.num(prefix + name, value, spec))
             pieces.append(first[name] if listed else render(value, spec))
         return "".join(pieces)
 
-    def num(self, name, value, spec="", brackets=None, index=()):
-        """The number formatted with spec, recorded as `name` with the text it prints as. A (nested) list or array
-        prints as the article prints it, '[[7.0, 5.0], [5.0, 15.0]]', a tuple (a shape) as '(197, 768)' (its
-        entries in the outer brackets), entry (i, j) recorded as 'name[i,j]'."""
-        if index or getattr(value, "ndim", 0) > 0:  # an array, or an entry of a list: as Python's numbers
-            value = value.tolist() if hasattr(value, "tolist") else value
-        if isinstance(value, (list, tuple)):
-            brackets = brackets or ("()" if isinstance(value, tuple) else "[]")
-            entries = [self.num(name, entry, spec, brackets, index + (i,)) for i, entry in enumerate(value, 1)]
-            return brackets[0] + ", ".join(entries) + brackets[1]
-        name += f"[{','.join(map(str, index))}]" if index else ""
+    def num(self, name, value, spec=""):
+        """The number formatted with spec, recorded as `name` with the text it prints as."""
         if name in self.numbers:
             raise ValueError(f"{self.script}: the number {name!r} is printed twice")
         text = render(value, spec)
         self.numbers[name] = {"value": float(value), "text": text.strip()}
         return text
+
+    def nums(self, name, values, spec="short", brackets=None, index=()):
+        """A (nested) list or array as the article prints it, '[[7.0, 5.0], [5.0, 15.0]]', a tuple (a shape) as
+        '(197, 768)'; entry (i, j) is recorded as 'name[i,j]'."""
+        values = values.tolist() if hasattr(values, "tolist") else values
+        if not isinstance(values, (list, tuple)):
+            return self.num(f"{name}[{','.join(map(str, index))}]", values, spec)
+        brackets = brackets or ("()" if isinstance(values, tuple) else "[]")
+        entries = [self.nums(name, value, spec, brackets, index + (i,)) for i, value in enumerate(values, 1)]
+        return brackets[0] + ", ".join(entries) + brackets[1]
 
     def pass_text(self, name, timing):
         """'[12 s, 0.2 s waiting for pictures]', both recorded ("<name> seconds"); --json keeps the pass whole."""
