@@ -43,7 +43,7 @@ from common.differences import flag_differences
 from common.errors import UserError
 from common.imagenette import class_folders, data_differences, ensure_imagenette, is_imagenette, list_split
 from common.inference import run_model
-from common.loader import one_pass, start_pass, timed
+from common.loader import NEW_PASS, one_pass, start_pass, timed
 from common.pictures import to_pixels
 from common.reference import article_values, load_reference
 from common.run import Run, check_output, loaded, run_sections
@@ -72,7 +72,6 @@ ARTICLE_FLAGS = {"steps": ("steps", STEPS), "batch": ("batch_size", BATCH), "lr"
                  "resolution": ("resolution", RESOLUTION), "precision": ("precision", PRECISION)}
 # --accum-steps and torchrun's processes keep the recipe's arithmetic, so they are not in ARTICLE_FLAGS.
 
-NEW_PASS = {"seconds": 0.0, "waiting seconds": 0.0, "pictures": 0}  # a pass over pictures: its time, its wait for them
 CHECKPOINT = "checkpoint.pt"
 CHECKPOINT_FORMAT = "vit_part3_finetune checkpoint, v4"  # v4: the run's log, one dict beside the weights
 

@@ -10,7 +10,7 @@ import torch
 from common.checkpoints import hub_reachable, why_no_download
 from common.device import to_device
 from common.errors import UserError
-from common.loader import loader_workers, timed
+from common.loader import NEW_PASS, loader_workers, timed
 
 DATASET = "AI-Lab-Makerere/beans"
 SIZE = "about 180 MB"
@@ -105,7 +105,7 @@ def cached_features(beans, transform, collate_fn, load_model, keep, run, cache_d
 
     def compute():
         nonlocal timing
-        workers, timing = loader_workers(run.device), {"seconds": 0.0, "waiting seconds": 0.0, "pictures": 0}
+        workers, timing = loader_workers(run.device), dict(NEW_PASS)
         both = concatenate_datasets([beans[split] for split in SPLITS]).with_transform(transform)
         loader = dataset_loader(both, collate_fn, workers, pin_memory=run.device.type == "cuda")
         batches, timing["start-up seconds"] = clocked(iter, loader)  # iter() starts the workers

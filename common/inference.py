@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from common.loader import one_pass, start_pass, timed
+from common.loader import NEW_PASS, one_pass, start_pass, timed
 from common.pictures import to_pixels
 
 
@@ -29,7 +29,7 @@ def run_model(model, pictures, resolution, device, batch_size, what_to_keep, des
 
     start = time.perf_counter()
     if timing is None:
-        timing = {"seconds": 0.0, "waiting seconds": 0.0, "pictures": 0}  # timed() adds the wait and pictures
+        timing = dict(NEW_PASS)  # timed() adds the wait and pictures
     if isinstance(pictures, list) and all(isinstance(item, torch.Tensor) for item in pictures):  # batches read before
         batches, count = pictures, sum(len(batch) for batch in pictures)
     elif count is None:

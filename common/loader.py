@@ -16,6 +16,7 @@ from common.errors import UserError
 from common.pictures import resized_rgb
 
 PREFETCH = 4  # batches each worker builds ahead
+NEW_PASS = {"seconds": 0.0, "waiting seconds": 0.0, "pictures": 0}  # a pass over pictures, timed(): copy it, dict(NEW_PASS)
 
 
 def loader_workers(device):

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 
 from common.checkpoints import checkpoint_config, load_pretrained, looks_like_a_path
 from common.errors import UserError
-from common.loader import PREFETCH, timed, worker_setup, worker_start
+from common.loader import NEW_PASS, PREFETCH, timed, worker_setup, worker_start
 
 
 def check_classifier_files(name, example):
@@ -65,7 +65,7 @@ def timed_trainer(recipe, device, precision, workers, **parts):
     from tqdm import tqdm
     from transformers import ProgressCallback, Trainer, TrainerCallback, TrainingArguments
 
-    passes = {what: {"seconds": 0.0, "waiting seconds": 0.0, "pictures": 0} for what in ("training", "evaluations")}
+    passes = {what: dict(NEW_PASS) for what in ("training", "evaluations")}
 
     def labels_in(batch):
         return len(batch["labels"])

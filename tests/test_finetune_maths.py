@@ -18,6 +18,7 @@ from conftest import tiny_vit
 
 import vit_part3_finetune as finetune
 from common.errors import UserError
+from common.loader import NEW_PASS
 from common.output import Report
 from common.start import Terminated
 from common.training import read_checkpoint, save_checkpoint, set_rng_states
@@ -235,7 +236,7 @@ def train(monkeypatch, model, optimizer, batches, labels, steps, accum_steps=1, 
     def accuracies(models, pictures, labels_, run, batch_size, desc, timing=None):
         assert not any(model.training for model in models)  # a check is an evaluation: no dropout
         assert batch_size == len(labels) // (world * accum_steps)
-        return [10.0], dict(finetune.NEW_PASS)
+        return [10.0], dict(NEW_PASS)
 
     wrapped = []
     monkeypatch.setattr(finetune, "step_batches", step_batches)
@@ -249,7 +250,7 @@ def train(monkeypatch, model, optimizer, batches, labels, steps, accum_steps=1, 
     run = SimpleNamespace(args=args, device=torch.device("cpu"), rank=rank, world=world,
                           autocast=contextlib.nullcontext())
     log = {"losses": [], "norms": [], "rows": list(rows), "seconds": 0.0, "loader workers": 0,
-           "loader start-up seconds": 0.0, "passes": {"training": dict(finetune.NEW_PASS), "checks": dict(finetune.NEW_PASS)}}
+           "loader start-up seconds": 0.0, "passes": {"training": dict(NEW_PASS), "checks": dict(NEW_PASS)}}
     average = copy.deepcopy(model)
     report = Report("finetune", quiet=True)
     try:

@@ -279,7 +279,8 @@ def test_fine_tunings_checks_keep_their_batches_on_the_gpu(pictures):
     from types import SimpleNamespace
 
     from common.imagenette import list_split
-    from vit_part3_finetune import NEW_PASS, kept_batches
+    from common.loader import NEW_PASS
+    from vit_part3_finetune import kept_batches
 
     items = list_split(pictures, "val")
     kept = {}
