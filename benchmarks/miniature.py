@@ -64,7 +64,8 @@ def own_conclusions(results):
     the miniature's whole set, not a sample of Imagenette's."""
     import json
 
-    from common.conclusions import conclusion_rows, counts_text, verdict_text
+    from common.conclusions import conclusion_rows, counts_text
+    from common.reference import verdict_text
 
     lines = []
     for script in ("setup", "posemb", "fewshot", "finetune", "backbone"):
