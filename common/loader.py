@@ -16,7 +16,7 @@ from common.errors import UserError
 from common.pictures import resized_rgb
 
 PREFETCH = 4  # batches each worker builds ahead
-NEW_PASS = {"seconds": 0.0, "waiting seconds": 0.0, "pictures": 0}  # a pass over pictures, timed(): copy it, dict(NEW_PASS)
+NEW_PASS = {"seconds": 0.0, "waiting seconds": 0.0, "pictures": 0}  # a pass as timed() fills it; each takes a copy
 
 
 def loader_workers(device):
@@ -117,7 +117,7 @@ def one_pass(pictures, resolution, batch_size, device, flips=None, indices=None,
     keys = [(int(i), resolution, bool(flip)) for i, flip in zip(indices, flips)]  # the sampler: the pass's keys
     workers = loader_workers(device) if workers is None else workers
     context = multiprocessing.get_context(worker_start()) if workers else None
-    ready = context.Semaphore(0) if workers else None
+    ready = context.Semaphore(0) if context else None
     return DataLoader(Pictures(pictures, ready), batch_size=batch_size, sampler=keys, collate_fn=stack_or_error,
                       num_workers=workers, pin_memory=device.type == "cuda", prefetch_factor=PREFETCH if workers else None,
                       worker_init_fn=worker_setup, multiprocessing_context=context,
