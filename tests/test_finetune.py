@@ -1,4 +1,5 @@
-"""vit_part3_finetune.py: the zero head, the schedule, the average, and runs that must give equal weights."""
+"""vit_part3_finetune.py: the zero head, the logged steps, the average, and runs that must give equal weights (the
+learning rate of every step: tests/test_finetune_maths.py)."""
 import importlib.util
 import json
 import math
@@ -16,24 +17,6 @@ import vit_part3_finetune as finetune
 from common import distributed, training
 from common.checkpoints import load_pretrained
 from common.loader import NEW_PASS
-
-# The article's step lines: step, lr as printed.
-ARTICLE_LRS = {5: "0.00040", 10: "0.00090", 25: "0.00240", 50: "0.00296", 100: "0.00254", 150: "0.00178",
-               200: "0.00092", 250: "0.00026", 300: "0.00000"}
-
-
-def test_lr_schedule_by_hand():
-    def lr(t):  # the LR after t finished steps, applied by step t + 1
-        return finetune.lr_at(t + 1, 0.003, 300)
-
-    assert lr(0) == 0.0
-    assert lr(4) == pytest.approx(0.003 * 4 / 30)         # warm-up: eta_0 t / W
-    assert lr(30) == pytest.approx(0.003)                  # the top, cos(0) = 1
-    assert lr(165) == pytest.approx(0.0015)                # half-way through the decay, cos(pi/2) = 0
-    assert lr(49) == pytest.approx(0.0015 * (1 + math.cos(math.pi * 19 / 270)))
-    assert lr(299) == pytest.approx(0.0015 * (1 + math.cos(math.pi * 269 / 270)))  # step 300, the last: near 0
-    # the step-s line shows the LR of step s, set from lr_at(s - 1) as in the article's loop
-    assert {s: f"{lr(s - 1):.5f}" for s in ARTICLE_LRS} == ARTICLE_LRS
 
 
 def test_report_steps_scale_with_the_run():
