@@ -41,10 +41,16 @@ def looks_like_a_path(name):
 
 
 def check_model_flag(name):
-    """--model must be an existing directory when it is written as a path."""
-    if looks_like_a_path(name) and not os.path.isdir(os.path.expanduser(name)):
+    """--model must be a checkpoint directory, or else a name the Hub's own rule takes as a repository id."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if os.path.isdir(os.path.expanduser(name)):
+        return
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
         what = "is a file, not a checkpoint directory" if os.path.exists(name) else "does not exist"
-        raise UserError(f"--model {name}: the directory {what}; pass a saved checkpoint directory or a Hub id")
+        raise UserError(f"--model {name}: the directory {what}; pass a saved checkpoint directory or a Hub id") from None
 
 
 def checkpoint_config(name):

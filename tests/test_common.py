@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import ROOT, expected_batch
 
-from common.checkpoints import check_model_flag, load_pretrained, looks_like_a_path
+from common.checkpoints import check_model_flag, load_pretrained
 from common.device import pick_device
 from common.errors import UserError
 from common.output import Report
@@ -99,21 +99,19 @@ def test_a_directory_without_a_checkpoint_is_reported(tmp_path):
         load_pretrained(ViTModel, str(tmp_path))
 
 
-def test_a_model_flag_written_as_a_path_must_be_a_directory_and_a_hub_id_is_not_looked_for(tmp_path, monkeypatch):
+def test_a_model_flag_is_a_directory_or_a_hub_id_by_the_hubs_rule(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "a" / "b" / "c").mkdir(parents=True)
     (tmp_path / "weights.bin").write_bytes(b"")
-    for hub_id in ("google/vit-base-patch16-224", "vit", "a/b"):  # a/b exists, but is written as a Hub id
-        assert not looks_like_a_path(hub_id)
-        check_model_flag(hub_id)  # not refused: the Hub is asked later
-    for path in ("./a", str(tmp_path / "a"), "a/b/c"):
-        assert looks_like_a_path(path)
+    for hub_id in ("google/vit-base-patch16-224", "vit", "a/b", "models/vit"):  # not refused: the Hub is asked later
+        check_model_flag(hub_id)
+    for path in ("./a", str(tmp_path / "a"), "a/b/c", "~"):
         check_model_flag(path)
-    with pytest.raises(UserError, match=r"^--model ./nothing: the directory does not exist; pass a saved checkpoint "
-                                        r"directory or a Hub id$"):
-        check_model_flag("./nothing")
-    with pytest.raises(UserError, match="^--model ./weights.bin: the directory is a file, not a checkpoint directory"):
-        check_model_flag("./weights.bin")
+    for name, what in [("./nothing", "does not exist"), ("a/b/nothing", "does not exist"),
+                       ("google/vit base", "does not exist"), ("./weights.bin", "is a file, not a checkpoint directory")]:
+        with pytest.raises(UserError, match=rf"^--model {name}: the directory {what}; pass a saved checkpoint "
+                                            rf"directory or a Hub id$"):
+            check_model_flag(name)
 
 
 @pytest.mark.parametrize("entry,value,expected", [
