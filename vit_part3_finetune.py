@@ -573,10 +573,9 @@ def finish(run, report, data, model, average, log, last_step):
     if last_step < args.steps:
         report.line("paused after step {step} of {steps}; saved {path}: add --resume to continue", step=last_step,
                     steps=args.steps, path=Path(args.save_dir) / CHECKPOINT)
-    report.keep("training loss", log["losses"])
-    report.keep("gradient norm", log["norms"])
-    report.keep("learning rate", [lr_at(step, args.lr, args.steps) for step in range(1, last_step + 1)])
-    report.keep("clipping threshold", CLIP_NORM)  # the figure's line, for the page too
+    report.series.update({"training loss": log["losses"], "gradient norm": log["norms"],  # for the figures and the page
+                          "learning rate": [lr_at(step, args.lr, args.steps) for step in range(1, last_step + 1)],
+                          "clipping threshold": CLIP_NORM})
     if args.plots and run.rank == 0:
         figures.finetune_curves(report.series, report.values(), article_values("finetune"), args.plots, report.say)
 

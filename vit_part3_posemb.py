@@ -277,7 +277,7 @@ def section_cosine(run, report):
                      "neighbours min": min(neighbours), "neighbours max": max(neighbours),
                      "far corner": similarity[corner]}, prefix=f"{name} ", grid=name, r=r, c=c, corner=corner)
         maps[name] = similarity.tolist()
-    report.keep("cosine maps", maps)
+    report.series["cosine maps"] = maps  # for the figures and the page
     if run.args.plots:
         figures.cosine_maps(maps, run.args.plots, report.say)
 
