@@ -28,6 +28,7 @@ import functools
 import math
 import re
 import sys
+import time
 
 import numpy as np
 import torch
@@ -38,10 +39,10 @@ from common import cli
 from common import trainer as plumbing
 from common.checkpoints import check_model_flag, load_pretrained
 from common.closed_form import closed_form, targets, with_bias
-from common.device import PRECISIONS, float32_arithmetic, float32_rule
+from common.device import PRECISIONS, float32_arithmetic, float32_rule, to_device
 from common.differences import flag_differences, subset_differences
 from common.errors import UserError
-from common.loader import loader_workers
+from common.loader import NEW_PASS, loader_workers, timed
 from common.paths import FEATURE_CACHE_DIR
 from common.reference import verdict
 from common.run import Run, loaded, run_sections
@@ -282,16 +283,43 @@ def finetune(run):
 
 
 def load_features(run, beans, processor):
-    """The frozen features of both splits, from data/features/ when they match exactly, else computed and saved."""
+    """{"features", "labels": {split: array}, "source", "seconds", "pass"}: frozen_features() of both splits' pictures,
+    from data/features/ when they match exactly (the weight file, the arithmetic, the pictures' bytes), else computed
+    in one pass, the loader's workers started first and timed apart, building batches while the backbone loads."""
+    from datasets import concatenate_datasets
+    from tqdm import tqdm
     from transformers import ViTModel
 
-    def backbone():  # loaded while the loader's workers build their first batches
-        return load_pretrained(ViTModel, run.args.model, add_pooling_layer=False).to(run.device).eval()
+    from common.feature_cache import cache_key, cached, dataset_digest
 
-    precision, transform = run.args.precision, functools.partial(article_transform, processor)
-    return beans_data.cached_features(beans, transform, collate_fn, backbone, frozen_features, run, FEATURE_CACHE_DIR,
-                                      precision=precision, float32=float32_rule(precision, run.fp32_rule),
-                                      features="class token + mean of the patch tokens")
+    splits, timing = beans_data.SPLITS, None  # timing: the pass's, when the features are computed
+
+    def compute():
+        nonlocal timing
+        workers, timing = loader_workers(run.device), dict(NEW_PASS)
+        both = concatenate_datasets([beans[split] for split in splits])
+        loader = plumbing.dataset_loader(both.with_transform(functools.partial(article_transform, processor)),
+                                         collate_fn, workers, pin_memory=run.device.type == "cuda")
+        batches, timing["start-up seconds"] = plumbing.clocked(iter, loader)  # iter() starts the workers
+        model = load_pretrained(ViTModel, run.args.model, add_pooling_layer=False).to(run.device).eval()
+        timing["workers"], outputs = workers, []
+        begun = time.perf_counter()
+        with torch.inference_mode(), run.autocast:
+            for batch in tqdm(timed(batches, timing, lambda batch: len(batch["labels"]), run.device),
+                              desc="frozen features", unit="batch", file=sys.stderr, leave=False, total=len(loader)):
+                outputs.append(frozen_features(model(pixel_values=to_device(batch["pixel_values"], run.device))))
+            features = torch.cat(outputs).cpu().numpy()
+        timing["seconds"] = time.perf_counter() - begun
+        return dict(zip(splits, np.split(features, [len(beans["train"])])))
+
+    begun, precision = time.perf_counter(), run.args.precision
+    key = None if run.args.no_cache else cache_key(
+        "backbone", run.args.model, precision=precision, float32=float32_rule(precision, run.fp32_rule),
+        features="class token + mean of the patch tokens", data={split: dataset_digest(beans[split]) for split in splits})
+    features, source = cached(compute, key, {split: len(beans[split]) for split in splits}, FEATURE_CACHE_DIR)
+    return {"features": features, "labels": {split: np.array(beans[split]["labels"]) for split in splits},
+            "source": "read from the cache" if source == "cache" else source, "seconds": time.perf_counter() - begun,
+            "pass": timing}
 
 
 # ---------------------------------------------------------------- sections

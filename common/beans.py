@@ -1,16 +1,11 @@
 """The backbone article's beans dataset, from the Hugging Face cache (downloaded once) or a local copy of its files
-(README.md, data/<split>-*.parquet); and its pictures' frozen features, cached."""
-import sys
-import time
+(README.md, data/<split>-*.parquet)."""
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from common.checkpoints import hub_reachable, why_no_download
-from common.device import to_device
 from common.errors import UserError
-from common.loader import NEW_PASS, loader_workers, timed
 
 DATASET = "AI-Lab-Makerere/beans"
 SIZE = "about 180 MB"
@@ -89,40 +84,3 @@ def load(data_dir=None, per_class=None):
     if per_class:
         splits = {split: first_per_class(data, per_class) for split, data in splits.items()}
     return {**splits, "names": list(names)}
-
-
-def cached_features(beans, transform, collate_fn, load_model, keep, run, cache_dir, **decides):
-    """{"features", "labels": {split: array}, "source", "seconds", "pass"}: keep(model output) of both splits' pictures,
-    cached under the weight file, `decides` and the pictures' bytes; else computed in one pass through `transform`,
-    its loader's workers started first and timed apart, building batches while load_model() loads the model."""
-    from datasets import concatenate_datasets
-    from tqdm import tqdm
-
-    from common.feature_cache import cache_key, cached, dataset_digest
-    from common.trainer import clocked, dataset_loader
-
-    timing = None  # the pass's, when the features are computed
-
-    def compute():
-        nonlocal timing
-        workers, timing = loader_workers(run.device), dict(NEW_PASS)
-        both = concatenate_datasets([beans[split] for split in SPLITS]).with_transform(transform)
-        loader = dataset_loader(both, collate_fn, workers, pin_memory=run.device.type == "cuda")
-        batches, timing["start-up seconds"] = clocked(iter, loader)  # iter() starts the workers
-        timing["workers"], model, outputs = workers, load_model(), []
-        begun = time.perf_counter()
-        with torch.inference_mode(), run.autocast:
-            for batch in tqdm(timed(batches, timing, lambda batch: len(batch["labels"]), run.device),
-                              desc="frozen features", unit="batch", file=sys.stderr, leave=False, total=len(loader)):
-                outputs.append(keep(model(pixel_values=to_device(batch["pixel_values"], run.device))))
-            features = torch.cat(outputs).cpu().numpy()
-        timing["seconds"] = time.perf_counter() - begun
-        return dict(zip(SPLITS, np.split(features, [len(beans["train"])])))
-
-    begun = time.perf_counter()
-    key = None if run.args.no_cache else cache_key(
-        "backbone", run.args.model, **decides, data={split: dataset_digest(beans[split]) for split in SPLITS})
-    features, source = cached(compute, key, {split: len(beans[split]) for split in SPLITS}, cache_dir)
-    return {"features": features, "labels": {split: np.array(beans[split]["labels"]) for split in SPLITS},
-            "source": "read from the cache" if source == "cache" else source, "seconds": time.perf_counter() - begun,
-            "pass": timing}
