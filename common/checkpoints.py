@@ -35,11 +35,6 @@ def why_no_download():
     return "HF_HUB_OFFLINE=1 forbids downloads" if hub_offline() else "the Hugging Face Hub cannot be reached"
 
 
-def looks_like_a_path(name):
-    """'./vit', '/data/vit', '~/vit', 'a/b/c': a local directory; 'google/vit-base-patch16-224': a Hub id."""
-    return name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
-
-
 def check_model_flag(name):
     """--model must be a checkpoint directory, or else a name the Hub's own rule takes as a repository id."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id

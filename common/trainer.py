@@ -8,14 +8,14 @@ from pathlib import Path
 
 from torch.utils.data import DataLoader
 
-from common.checkpoints import checkpoint_config, load_pretrained, looks_like_a_path
+from common.checkpoints import checkpoint_config, load_pretrained
 from common.errors import UserError
 from common.loader import NEW_PASS, PREFETCH, timed, worker_setup, worker_start
 
 
 def check_classifier_files(name, example):
     """A local --model must be a ViT saved with its image processor; a cached one must be a ViT. Before any work."""
-    if looks_like_a_path(name):
+    if Path(name).expanduser().is_dir():
         for file, what in (("config.json", "save_pretrained"), ("preprocessor_config.json", "its image processor")):
             if not (Path(name).expanduser() / file).exists():
                 raise UserError(f"--model {name} has no {file}: pass a checkpoint saved with {what}")
