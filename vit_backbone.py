@@ -441,9 +441,10 @@ def print_history(report, history):
         else:
             report.line("step {step:>3}  eval_loss {eval_loss:.4f}  eval_accuracy {eval_accuracy:.4f}", numbers,
                         prefix=f"step {step} ", step=step)
-    report.keep("training loss", [[step, row["loss"]] for step, row in sorted(rows.items()) if "loss" in row])
-    report.keep("evaluation accuracy", [[step, row["eval_accuracy"]] for step, row in sorted(rows.items())
-                                        if "eval_accuracy" in row])
+    report.series.update({  # for the figures and the page
+        "training loss": [[step, row["loss"]] for step, row in sorted(rows.items()) if "loss" in row],
+        "evaluation accuracy": [[step, row["eval_accuracy"]] for step, row in sorted(rows.items())
+                                if "eval_accuracy" in row]})
 
 
 FLOAT32 = {"torch defaults": "torch's defaults, as the article ran: convolutions (the patch embedding) in TF32 on "
@@ -502,10 +503,10 @@ def section_finetune(run, report):
                 training=training, workers=result["workers"], evaluating=evaluating,
                 evaluations=passes["evaluations"]["pictures"] // max(1, val_count), pictures=val_count)
     print_history(report, result["history"])
-    report.keep("feature maps", result["feature maps"])
+    report.series["feature maps"] = result["feature maps"]
     if args.plots:
         figures.backbone_curves(report.series, args.plots, report.say)
-        figures.backbone_feature_maps(report.series["feature maps"], args.plots, report.say)
+        figures.backbone_feature_maps(result["feature maps"], args.plots, report.say)
 
 
 def section_three_ways(run, report):

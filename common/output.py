@@ -50,7 +50,7 @@ class Report:
     could_not_run: list = field(default_factory=list)  # (section title, the UserError: its reasons)
     lines: list = field(default_factory=list)  # every printed line, in order
     line_of: dict = field(default_factory=dict)  # name -> index in lines of the line that printed it
-    series: dict = field(default_factory=dict)  # what a figure needs beyond the printed numbers (maps, curves)
+    series: dict = field(default_factory=dict)  # plain lists a figure needs beyond the printed numbers (maps, curves)
     passes: dict = field(default_factory=dict)  # name -> a pass over pictures: its seconds, waiting seconds, pictures
     say = staticmethod(say)  # say() itself is quiet in the processes that do not speak
 
@@ -119,10 +119,6 @@ class Report:
     def values(self):
         """{name: value} of every number printed so far."""
         return {name: number["value"] for name, number in self.numbers.items()}
-
-    def keep(self, name, values):
-        """Data for the figures (--plots, and the reproduction report): plain lists, written to --json."""
-        self.series[name] = values.tolist() if hasattr(values, "tolist") else values
 
     def cannot_run(self, title, problem):
         self.line('cannot run section "{title}": {problem}', title=title, problem=problem)
