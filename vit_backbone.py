@@ -572,24 +572,29 @@ def setup_differences(run):
 def parse_args(argv):
     parser = cli.script_parser(__doc__)
     parser.add_argument("--model", default=MODEL,
-                        help="checkpoint id or local directory (an image classifier saved with its image processor)")
+                        help="checkpoint id or local directory (an image classifier saved with its image processor)"
+                             " (default: %(default)s)")
     parser.add_argument("--data-dir", help=f"a local copy of {beans_data.DATASET}'s files (README.md, data/*.parquet); "
                                            f"by default the dataset through the Hugging Face cache, downloaded once")
     parser.add_argument("--per-class", type=cli.positive_int, help="keep the first N pictures of each class in each "
                                                                    "split (default: all; not the article's setup)")
-    parser.add_argument("--epochs", type=cli.positive_int, default=EPOCHS, help="fine-tuning epochs")
-    parser.add_argument("--batch-size", type=cli.positive_int, default=BATCH, help="pictures per step")
-    parser.add_argument("--lr", type=cli.positive_float, default=LR, help="fine-tuning learning rate")
-    parser.add_argument("--seed", type=cli.seed, default=SEED, help="every random draw (the article: 42)")
+    parser.add_argument("--epochs", type=cli.positive_int, default=EPOCHS,
+                        help="fine-tuning epochs (default: %(default)s)")
+    parser.add_argument("--batch-size", type=cli.positive_int, default=BATCH,
+                        help="pictures per step (default: %(default)s)")
+    parser.add_argument("--lr", type=cli.positive_float, default=LR,
+                        help="fine-tuning learning rate (default: %(default)s)")
+    parser.add_argument("--seed", type=cli.seed, default=SEED,
+                        help="every random draw (the article: 42) (default: %(default)s)")
     parser.add_argument("--probe-epochs", type=cli.positive_int, default=PROBE_EPOCHS,
-                        help="epochs of the linear probe (DINO: 100)")
+                        help="epochs of the linear probe (DINO: 100) (default: %(default)s)")
     parser.add_argument("--lambdas", type=cli.nonnegative_float, nargs="+", default=LAMBDAS,
-                        help="ridge penalties of the closed-form probe, finite and >= 0")
+                        help="ridge penalties of the closed-form probe, finite and >= 0 (default: %(default)s)")
     parser.add_argument("--no-cache", action="store_true", help="neither read nor write data/features/")
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS + ("fp32-strict",),
                         help="fp32 is torch's defaults, as the article ran (on NVIDIA GPUs since Ampere, convolutions "
                              "in TF32); fp32-strict allows no TF32; tf32 allows it in matrix multiplies too; bf16 is "
-                             "faster on recent GPUs")
+                             "faster on recent GPUs (default: %(default)s)")
     parser.add_argument("--plots", metavar="DIR",
                         help="save the training curves and the feature maps as PNG (needs matplotlib)")
     cli.add_common_arguments(parser)

@@ -295,15 +295,18 @@ def main(argv=None):
                            "from every training picture, as in a full run",
                            batch_help="pictures per batch of the passes that extract the frozen features (the "
                                       "pool's pictures and the validation pictures)")
-    parser.add_argument("--shots", type=cli.positive_int, nargs="+", default=[1, 5, 10], help="pictures per class")
+    parser.add_argument("--shots", type=cli.positive_int, nargs="+", default=[1, 5, 10],
+                        help="pictures per class (default: %(default)s)")
     parser.add_argument("--lambdas", type=cli.nonnegative_float, nargs="+", default=[0.01, 1.0, 100.0],
                         help="ridge penalties, finite and >= 0 (0: plain least squares, the minimum-norm solution when "
-                             "pictures are fewer than features)")
+                             "pictures are fewer than features) (default: %(default)s)")
     parser.add_argument("--draws", type=cli.positive_int, default=5,
-                        help="random draws of the training pictures per setting")
-    parser.add_argument("--pool", type=cli.positive_int, default=50, help="training pictures per class to draw from")
-    parser.add_argument("--seed", type=cli.seed, default=0, help="the pool and the draws")
-    parser.add_argument("--resolution", type=cli.side_pixels, default=224, help="pixels on a side")
+                        help="random draws of the training pictures per setting (default: %(default)s)")
+    parser.add_argument("--pool", type=cli.positive_int, default=50,
+                        help="training pictures per class to draw from (default: %(default)s)")
+    parser.add_argument("--seed", type=cli.seed, default=0, help="the pool and the draws (default: %(default)s)")
+    parser.add_argument("--resolution", type=cli.side_pixels, default=224,
+                        help="pixels on a side (default: %(default)s)")
     parser.add_argument("--no-cache", action="store_true", help="neither read nor write data/features/")
     parser.add_argument("--plots", metavar="DIR", help="save accuracy against shots as PNG (needs matplotlib)")
     cli.add_common_arguments(parser)

@@ -619,15 +619,20 @@ def parse_flags(argv, world):
     cli.add_data_arguments(parser, MODEL, "the body to fine-tune; its head is replaced",
                            batch_help="pictures per optimizer step, split over the torchrun processes and --accum-steps")
     parser.set_defaults(batch_size=BATCH)
-    parser.add_argument("--steps", type=cli.positive_int, default=STEPS, help="optimizer steps; warm-up stays 10%%")
-    parser.add_argument("--lr", type=cli.positive_float, default=LR, help="base learning rate, finite and > 0")
-    parser.add_argument("--seed", type=cli.seed, default=0, help="the order and flips of the pictures, the random head")
+    parser.add_argument("--steps", type=cli.positive_int, default=STEPS,
+                        help="optimizer steps; warm-up stays 10%% (default: %(default)s)")
+    parser.add_argument("--lr", type=cli.positive_float, default=LR,
+                        help="base learning rate, finite and > 0 (default: %(default)s)")
+    parser.add_argument("--seed", type=cli.seed, default=0,
+                        help="the order and flips of the pictures, the random head (default: %(default)s)")
     parser.add_argument("--resolution", type=cli.side_pixels, default=RESOLUTION,
-                        help="fine-tuning resolution (384: the paper's)")
-    parser.add_argument("--accum-steps", type=cli.positive_int, default=1, help="split each process's batch into N passes")
+                        help="fine-tuning resolution (384: the paper's) (default: %(default)s)")
+    parser.add_argument("--accum-steps", type=cli.positive_int, default=1,
+                        help="split each process's batch into N passes (default: %(default)s)")
     parser.add_argument("--save-dir", metavar="DIR", help=f"write DIR/{CHECKPOINT} every --save-every steps, at the "
                                                           "end and on Ctrl-C or SIGTERM")
-    parser.add_argument("--save-every", type=cli.positive_int, default=50, help="steps between checkpoints")
+    parser.add_argument("--save-every", type=cli.positive_int, default=50,
+                        help="steps between checkpoints (default: %(default)s)")
     parser.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.pt of --save-dir")
     parser.add_argument("--check-per-class", type=cli.positive_int, metavar="N", help="validation pictures of each "
                         f"class checked at the logged steps (default: the article's {MONITOR_PER_CLASS})")

@@ -343,7 +343,8 @@ def main(argv=None):
     parser = script_parser(__doc__)
     add_data_arguments(parser, DEFAULT_MODEL, "with an ImageNet-1k head",
                        batch_help="pictures per batch of the evaluation passes (at 224 and at --resolution)")
-    parser.add_argument("--resolution", type=side_pixels, default=384, help="the higher resolution")
+    parser.add_argument("--resolution", type=side_pixels, default=384,
+                        help="the higher resolution (default: %(default)s)")
     parser.add_argument("--plots", metavar="DIR",
                         help="save the similarity maps and the accuracy bars as PNG (needs matplotlib)")
     add_common_arguments(parser)

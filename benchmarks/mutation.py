@@ -361,7 +361,7 @@ def parse_args(argv):
     parser.add_argument("--function", action="append", help="only this function (repeatable)")
     parser.add_argument("--list", action="store_true", help="print the mutants and stop")
     parser.add_argument("--fast-seconds", type=float, default=2.0, help="the longest a test may take to be run on "
-                                                                        "each mutant (default 2)")
+                                                                        "each mutant (default: %(default)s)")
     parser.add_argument("--verbose", action="store_true", help="one line per mutant as it runs")
     args = parser.parse_args(argv)
     unknown = [m for m in args.modules if m not in TARGETS]

@@ -366,18 +366,21 @@ def loader_lines(figures):
 
 def main(argv=None):
     parser = script_parser(__doc__)
-    parser.add_argument("--device", default="auto", choices=DEVICE_CHOICES, help="auto picks cuda, then mps, then cpu")
-    parser.add_argument("--precision", default="fp32", choices=PRECISIONS, help="of the model's passes")
-    parser.add_argument("--size", default="B", choices=tuple(SIZES), help="B: ViT-B/16; tiny: a smoke test")
-    parser.add_argument("--batch-size", type=positive_int, default=32, help="pictures per pass")
+    parser.add_argument("--device", default="auto", choices=DEVICE_CHOICES,
+                        help="auto picks cuda, then mps, then cpu (default: %(default)s)")
+    parser.add_argument("--precision", default="fp32", choices=PRECISIONS,
+                        help="of the model's passes (default: %(default)s)")
+    parser.add_argument("--size", default="B", choices=tuple(SIZES),
+                        help="B: ViT-B/16; tiny: a smoke test (default: %(default)s)")
+    parser.add_argument("--batch-size", type=positive_int, default=32, help="pictures per pass (default: %(default)s)")
     parser.add_argument("--repeats", type=positive_int,
                         help="timed batches per figure (default: 2 on a CPU, 10 on a GPU)")
     parser.add_argument("--pictures", type=positive_int,
                         help="JPEGs for the end-to-end figures (default: 2 batches on a CPU, 100 beside a GPU)")
     parser.add_argument("--workers", type=positive_int, default=min(8, os.cpu_count() or 1),
-                        help="worker processes for the loader-only figures (default: the cores, at most 8)")
+                        help="worker processes for the loader-only figures: the cores, at most 8 (default: %(default)s)")
     parser.add_argument("--loader-pictures", type=positive_int, default=1024,
-                        help="pictures for the loader-only figures (default 1024)")
+                        help="pictures for the loader-only figures (default 1024) (default: %(default)s)")
     parser.add_argument("--loader-only", action="store_true", help="run the loader-only figures alone")
     parser.add_argument("--json", metavar="PATH", help="also write the figures to PATH as JSON")
     args = parser.parse_args(argv)

@@ -28,10 +28,12 @@ def one_class(job):
 def main(argv=None):
     parser = script_parser(__doc__)
     parser.add_argument("directory", help="where the stand-ins are written")
-    parser.add_argument("--per-class", type=positive_int, default=393, help="pictures per class in each split")
+    parser.add_argument("--per-class", type=positive_int, default=393,
+                        help="pictures per class in each split (default: %(default)s)")
     parser.add_argument("--beans-per-class", type=positive_int,
                         help="pictures of each class in each split of the beans stand-in (default: the release's)")
-    parser.add_argument("--beans-side", type=positive_int, default=500, help="the beans stand-in's pictures, px")
+    parser.add_argument("--beans-side", type=positive_int, default=500,
+                        help="the beans stand-in's pictures, px (default: %(default)s)")
     args = parser.parse_args(argv)
     try:
         import datasets  # noqa: F401 - the beans stand-in needs it; said now, not after the pictures are made

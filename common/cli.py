@@ -6,17 +6,6 @@ import math
 from common.device import DEVICE_CHOICES, PRECISIONS
 
 
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """The docstring as written, and every flag's default in --help (a flag without one says so in its help)."""
-
-    def _get_help_string(self, action):
-        text = action.help or ""
-        unset = action.default is None or action.default is False or action.default == argparse.SUPPRESS
-        if not unset and "%(default)" not in text:
-            text += " (default: %(default)s)"
-        return text
-
-
 class ScriptParser(argparse.ArgumentParser):
     """A bad flag ends in one line that names it, not a usage block."""
 
@@ -25,8 +14,8 @@ class ScriptParser(argparse.ArgumentParser):
 
 
 def script_parser(docstring):
-    """argparse with the script's docstring as its help text."""
-    return ScriptParser(description=docstring, formatter_class=HelpFormatter)
+    """argparse with the script's docstring as its help text, as written; a flag's help names its default itself."""
+    return ScriptParser(description=docstring, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def whole_number(text, low, high, refusal):
@@ -81,20 +70,21 @@ def add_data_arguments(parser, model_default, model_help,
                        batch_help):
     """--model, --data-dir, --per-class, --batch-size (batch_help: what a batch is in the script's own work),
     --precision."""
-    parser.add_argument("--model", default=model_default, help=f"checkpoint id or local directory ({model_help})")
+    parser.add_argument("--model", default=model_default,
+                        help=f"checkpoint id or local directory ({model_help}) (default: %(default)s)")
     parser.add_argument("--data-dir", help="an imagenette2-160 folder; by default data/imagenette2-160, downloaded "
                                            "when missing")
     parser.add_argument("--per-class", type=positive_int, help=per_class_help)
-    parser.add_argument("--batch-size", type=positive_int, default=32, help=batch_help)
+    parser.add_argument("--batch-size", type=positive_int, default=32, help=f"{batch_help} (default: %(default)s)")
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS,
                         help="fp32 gives the article's numbers; bf16 is faster on recent GPUs and Apple silicon; "
-                             "tf32 exists on NVIDIA GPUs only")
+                             "tf32 exists on NVIDIA GPUs only (default: %(default)s)")
 
 
 def add_common_arguments(parser, device=True):
     if device:
         parser.add_argument("--device", default="auto", choices=DEVICE_CHOICES,
-                            help="auto picks cuda, then mps, then cpu")
+                            help="auto picks cuda, then mps, then cpu (default: %(default)s)")
     parser.add_argument("--compare", action="store_true",
                         help="after the output, put this run's numbers beside the article's, with a verdict each")
     parser.add_argument("--json", metavar="PATH", help="also write this run's numbers, flags and environment to PATH")
