@@ -125,10 +125,10 @@ def peak_memory_gb(device):
 # ---------------------------------------------------------------- the model and the pictures
 
 def random_vit(config, attention, device):
-    from transformers import ViTForImageClassification
+    from transformers import AutoModelForImageClassification
 
     torch.manual_seed(0)
-    return ViTForImageClassification._from_config(config, attn_implementation=attention).to(device).eval()
+    return AutoModelForImageClassification.from_config(config, attn_implementation=attention).to(device).eval()
 
 
 def model_only(model, resolution, batch_size, device, autocast, repeats):
