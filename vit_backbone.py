@@ -39,7 +39,7 @@ from common import cli
 from common import trainer as plumbing
 from common.checkpoints import check_model_flag, load_pretrained
 from common.closed_form import closed_form, targets, with_bias
-from common.device import PRECISIONS, float32_arithmetic, float32_rule
+from common.device import PRECISIONS, float32_arithmetic, float32_rule, to_device
 from common.differences import flag_differences, subset_differences
 from common.errors import UserError
 from common.loader import NEW_PASS, loader_workers, timed
@@ -297,9 +297,9 @@ def load_features(run, beans, processor):
     def compute():
         nonlocal timing
         workers, timing = loader_workers(run.device), dict(NEW_PASS)
-        both, cuda = concatenate_datasets([beans[split] for split in splits]), run.device.type == "cuda"
+        both = concatenate_datasets([beans[split] for split in splits])
         loader = plumbing.dataset_loader(both.with_transform(functools.partial(article_transform, processor)),
-                                         collate_fn, workers, pin_memory=cuda)  # pinned: the copies need not block
+                                         collate_fn, workers, pin_memory=run.device.type == "cuda")
         batches, timing["start-up seconds"] = plumbing.clocked(iter, loader)  # iter() starts the workers
         model = load_pretrained(ViTModel, run.args.model, add_pooling_layer=False).to(run.device).eval()
         timing["workers"], outputs = workers, []
@@ -307,8 +307,7 @@ def load_features(run, beans, processor):
         with torch.inference_mode(), run.autocast:
             for batch in tqdm(timed(batches, timing, lambda batch: len(batch["labels"]), run.device),
                               desc="frozen features", unit="batch", file=sys.stderr, leave=False, total=len(loader)):
-                pixels = batch["pixel_values"].to(run.device, non_blocking=cuda)
-                outputs.append(frozen_features(model(pixel_values=pixels)))
+                outputs.append(frozen_features(model(pixel_values=to_device(batch["pixel_values"], run.device))))
             features = torch.cat(outputs).cpu().numpy()
         timing["seconds"] = time.perf_counter() - begun
         return dict(zip(splits, np.split(features, [len(beans["train"])])))
