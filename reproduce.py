@@ -107,7 +107,7 @@ def parse_flags(argv):
     parser = script_parser(__doc__)
     parser.add_argument("out", nargs="?", default=str(ROOT / "results"), metavar="OUT",
                         help="the folder for the JSON files, figures, logs, fine-tuning's checkpoint and report.md "
-                             "(default: results/ in the checkout, wherever the job is started) (default: %(default)s)")
+                             "(default: %(default)s, results/ in the checkout wherever the job is started)")
     parser.add_argument("--quick", action="store_true",
                         help="the README's quick checks (its Quick check table's flags), not the articles' full setup")
     parser.add_argument("--device", choices=DEVICE_CHOICES,

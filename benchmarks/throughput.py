@@ -380,7 +380,7 @@ def main(argv=None):
     parser.add_argument("--workers", type=positive_int, default=min(8, os.cpu_count() or 1),
                         help="worker processes for the loader-only figures: the cores, at most 8 (default: %(default)s)")
     parser.add_argument("--loader-pictures", type=positive_int, default=1024,
-                        help="pictures for the loader-only figures (default 1024) (default: %(default)s)")
+                        help="pictures for the loader-only figures (default: %(default)s)")
     parser.add_argument("--loader-only", action="store_true", help="run the loader-only figures alone")
     parser.add_argument("--json", metavar="PATH", help="also write the figures to PATH as JSON")
     args = parser.parse_args(argv)

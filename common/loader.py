@@ -1,7 +1,6 @@
 """Batches for the model: torch's DataLoader over the pictures, uint8 (B, R, R, 3), worker processes beside a GPU;
 why it is built so: docs/data.md#the-loader."""
 import collections
-import dataclasses
 import multiprocessing
 import os
 import signal
@@ -32,15 +31,14 @@ def worker_start():
     return "spawn"
 
 
-@dataclasses.dataclass(eq=False, repr=False)  # identity and the plain repr: its list of pictures is long
 class Pictures(Dataset):
     """The pictures (PIL images or paths) read by key (index, resolution, flip): one set of workers serves any pass.
     Into a worker process, decoded (RGB) pictures travel as one uint8 tensor in shared memory, which each worker maps:
     not a copy each."""
 
-    pictures: list
-    ready: object = None  # a semaphore each worker releases once it runs (start_pass waits for them)
-    shared: tuple = dataclasses.field(default=None, init=False)  # (pixels, places), made when first pickled
+    def __init__(self, pictures, ready=None):
+        self.pictures, self.shared = pictures, None
+        self.ready = ready  # a semaphore each worker releases once it runs (start_pass waits for them)
 
     def __len__(self):
         return len(self.pictures)

@@ -18,7 +18,7 @@ from common.output import Report
 from common.reference import compare, load_reference
 from common.run import Run
 from common.start import guarded
-from common.trainer import dataset_loader
+from common.trainer import check_classifier_files, dataset_loader
 
 
 def article_output(pattern):
@@ -279,3 +279,13 @@ def test_offline_without_data_or_checkpoint_runs_sections_1_and_2(capsys, monkey
     for text in refused:
         assert "dataset AI-Lab-Makerere/beans" in text and "checkpoint google/vit-base-patch16-224" in text
         assert "--data-dir" in text
+
+
+def test_a_model_directory_without_its_files_is_refused_however_it_is_written(tmp_path, monkeypatch):
+    """A directory named like a Hub id ("mymodel", "runs/mymodel") is a local checkpoint too: checked for its files."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "mymodel").mkdir(parents=True)
+    for name in ("runs", "runs/mymodel", str(tmp_path / "runs")):
+        with pytest.raises(UserError, match=f"^--model {name} has no config.json: pass a checkpoint saved with "
+                                            f"save_pretrained$"):
+            check_classifier_files(name, "google/vit-base-patch16-224")
