@@ -178,6 +178,22 @@ def tiny_vit(image_size=12, patch_size=4, hidden_size=4):
     return ViTForImageClassification(config).eval()
 
 
+def libraries_mapped(pid, name):
+    """Whether the process has loaded a shared library whose file name holds `name` (Linux's /proc)."""
+    try:
+        return name in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+def wait_until(condition, started):
+    """Poll until condition() holds while the process runs, however slow a loaded machine makes it."""
+    import time
+
+    while started.poll() is None and not condition():
+        time.sleep(0.01)
+
+
 def script_output(main, argv, capsys):
     """(exit status, stdout, stderr) of a script's main(argv) run in this process; argparse exits count too."""
     try:

@@ -19,7 +19,7 @@ from argparse import Namespace
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, libraries_mapped, wait_until
 
 import reproduce
 import vit_backbone
@@ -625,19 +625,6 @@ def proc_alive(pid):
     except OSError:
         return False
 
-
-def libraries_mapped(pid, name):
-    """Whether the process has loaded a shared library whose file name holds `name` (Linux's /proc)."""
-    try:
-        return name in Path(f"/proc/{pid}/maps").read_text()
-    except OSError:
-        return False
-
-
-def wait_until(condition, started):
-    """Poll until condition() holds while the process runs, however slow a loaded machine makes it."""
-    while started.poll() is None and not condition():
-        time.sleep(0.01)
 
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads which libraries a process loaded in /proc")
