@@ -39,6 +39,8 @@ def check_model_flag(name):
     """--model must be a checkpoint directory, or else a name the Hub's own rule takes as a repository id."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
+    if not name.strip():
+        raise UserError("--model is empty: pass a saved checkpoint directory or a Hub id")
     if os.path.isdir(os.path.expanduser(name)):
         return
     try:

@@ -85,6 +85,7 @@ CASES = [
     ("posemb", ["--model", "./no-such-checkpoint"], 2, "--model ./no-such-checkpoint: the directory does not exist"),
     ("posemb", ["--model", "{file}"], 2, "is a file, not a checkpoint directory"),
     ("posemb", ["--model", "google/vit base"], 2, "--model google/vit base: the directory does not exist"),  # no Hub id
+    ("posemb", ["--model", ""], 2, "--model is empty"),
     ("posemb", ["--batch-size", "0"], 2, "--batch-size"),
     ("posemb", ["--per-class", "-3"], 2, "--per-class"),
     ("posemb", ["--precision", "fp16"], 2, "--precision"),
