@@ -18,6 +18,7 @@ from common.start import before_torch_loads, guarded
 if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as a later one
     before_torch_loads()
 
+import argparse
 import functools
 import re
 import sys
@@ -107,13 +108,14 @@ def load_data(run):
     """The data folder, the seeded pool of training pictures, the validation pictures and the class names."""
     args = run.args
     root = ensure_imagenette(args.data_dir)
-    pool = draw_pool(list_split(root, "train"), args.pool, args.seed)  # the article's pool whatever --per-class
+    training = list_split(root, "train")
+    pool = draw_pool(training, args.pool, args.seed)  # the article's pool whatever --per-class
     smallest = min(np.bincount([label for _, label in pool]))
     if smallest < max(args.shots):
         raise UserError(f"a class has only {smallest} training pictures in the pool, fewer than --shots "
                         f"{max(args.shots)}: lower --shots")
     short = {wnid: name for wnid, name, _ in CLASSES}  # Imagenette's short names; another set's folder names
-    return {"root": root, "pool": pool, "val": list_split(root, "val", args.per_class),
+    return {"root": root, "pool": pool, "val": list_split(root, "val", args.per_class), "training": len(training),
             "names": [short.get(wnid, wnid) for wnid in class_folders(root, "val")]}
 
 
@@ -271,14 +273,17 @@ def table_differences(args, names):
 
 
 def setup_differences(run):
-    """How this run's setup differs from the article's: the validation pictures, the pool, draws, the solve shown."""
+    """How this run's setup differs from the article's: the pictures (the pool is drawn from every training picture of
+    the folder: a partial copy moves it), the pool, draws, the solve shown."""
     args = run.args
     try:
-        count = len(load_data(run)["val"])
+        data = load_data(run)
     except UserError:  # said by sections 2 and 2b: the count is unknown
-        count = None
-    differences = {**data_differences(args, {"val": count}), **flag_differences(args, ARTICLE_FLAGS),
-                   **table_differences(args, load_reference("fewshot"))}
+        data = None
+    pool_source = argparse.Namespace(data_dir=args.data_dir, per_class=None)  # every training picture, not --per-class
+    differences = {**data_differences(args, {"val": len(data["val"]) if data else None}),
+                   **data_differences(pool_source, {"train": data["training"] if data else None}),
+                   **flag_differences(args, ARTICLE_FLAGS), **table_differences(args, load_reference("fewshot"))}
     if 5 not in args.shots:
         differences["solve shots"] = {"flag": f"--shots {' '.join(map(str, args.shots))}",
                                       "why": f"--shots without 5: the solve in detail is {args.shots[0]}-shot"}

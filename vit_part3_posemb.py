@@ -36,7 +36,7 @@ from common.imagenette import CLASSES, class_folders, data_differences, ensure_i
 from common.inference import run_model
 from common.loader import one_pass, start_pass, workers_text
 from common.pictures import load_all
-from common.reference import article_values
+from common.reference import article_values, load_reference
 from common.run import Run, loaded, run_sections
 from figures import posemb as figures
 
@@ -335,8 +335,10 @@ def setup_differences(run):
         count = len(load_pictures(run)[1])
     except UserError:  # said by section 4: the count is unknown
         count = None
-    return {**data_differences(run.args, {"val": count}),
-            **flag_differences(run.args, ARTICLE_FLAGS)}
+    differences = {**data_differences(run.args, {"val": count}), **flag_differences(run.args, ARTICLE_FLAGS)}
+    if "resolution" in differences:  # the stretched grid is not 24x24: its numbers are named by the run's grid
+        differences["resolution"]["removes"] = [name for name in load_reference("posemb") if name.startswith("24x24 ")]
+    return differences
 
 
 def main(argv=None):

@@ -7,17 +7,19 @@ A rule is a list of checks, [left, op, right, ...], the sides named numbers of t
   ["A", "==", value]             A is exactly value
   ["A", "within", "B", tol]      |A - B| <= tol
   ["A", "times", "B", low, high] low <= A / B <= high
-An accuracy measured on a sample of its pictures (its reference entry's "sample", with n of N pictures in the
-setup's differences) is an interval, the same hypergeometric 95% interval as --compare's; a check whose
-intervals allow both answers is undecided.
+A conclusion is decided only on numbers --compare can judge: when one it reads is not comparable (a flag moved it,
+or the run's setup never produces it), so is the conclusion, with the flags; when one was not run, so is it. An
+accuracy measured on a sample of its pictures (its reference entry's "sample", with n of N pictures in the setup's
+differences) is an interval, the same hypergeometric 95% interval as --compare's; a check whose intervals allow both
+answers is undecided.
 """
 import json
 from collections import Counter
 
 from common.paths import REFERENCE_DIR
-from common.reference import load_reference, sampling_interval, verdict_text
+from common.reference import compare, load_reference, sampling_interval, verdict_text
 
-WORST_FIRST = ("not run", "not comparable", "fails", "undecided", "holds")  # the verdicts; a conclusion's: its checks' worst
+WORST_FIRST = ("fails", "undecided", "holds")  # a decided conclusion's verdict: its checks' worst
 
 
 def interval(value, entry, differences, n=None):
@@ -51,8 +53,6 @@ def check_verdict(check, values, reference, differences):
     """(verdict, pictures that would decide it or None) of one check over the run's values ({name: value})."""
     left_name, op, right_name, *extra = check
     names = [side for side in (left_name, right_name) if isinstance(side, str)]
-    if any(name not in values for name in names):
-        return "not run", None
 
     def sides(n=None):
         return [interval(values[side], reference.get(side), differences, n) if isinstance(side, str)
@@ -75,24 +75,28 @@ def check_verdict(check, values, reference, differences):
 def conclusion_rows(script, numbers, differences):
     """[{says, article, verdict, flags, pictures}] of the script's conclusions for a run's recorded numbers
     ({name: {"value": ...}}) under its setup differences."""
-    path = REFERENCE_DIR / f"conclusions_{script}.json"  # [{says, article, inputs, checks}], in the article's order
+    path = REFERENCE_DIR / f"conclusions_{script}.json"  # [{says, article, checks}], in the article's order
     if not path.is_file():
         return []
     reference = load_reference(script)
+    judged = {row["name"]: row for row in compare(numbers, reference, differences)}  # each number as --compare's
     values = {name: number["value"] for name, number in numbers.items()}
     rows = []
     for conclusion in json.loads(path.read_text())["conclusions"]:
         row = {"says": conclusion["says"], "article": conclusion["article"]}
-        flags = [differences[item]["flag"] for item in conclusion.get("inputs", ()) if item in differences]
-        verdicts = [check_verdict(check, values, reference, differences) for check in conclusion["checks"]]
-        words = [word for word, _ in verdicts]
-        if flags and "not run" not in words:
+        read = [judged[side] for check in conclusion["checks"] for side in (check[0], check[2]) if isinstance(side, str)]
+        if any(number["verdict"] == "not run" for number in read):
+            row["verdict"] = "not run"
+        elif any(number["verdict"] == "not comparable" for number in read):
+            flags = [flag for number in read if number["verdict"] == "not comparable" for flag in number["flags"]]
             row.update(verdict="not comparable", flags=list(dict.fromkeys(flags)))
         else:
+            verdicts = [check_verdict(check, values, reference, differences) for check in conclusion["checks"]]
+            words = [word for word, _ in verdicts]
             row["verdict"] = next(word for word in WORST_FIRST if word in words)
-        needed = [pictures for word, pictures in verdicts if word == "undecided"]
-        if row["verdict"] == "undecided":
-            row["pictures"] = None if None in needed else max(needed)
+            needed = [pictures for word, pictures in verdicts if word == "undecided"]
+            if row["verdict"] == "undecided":
+                row["pictures"] = None if None in needed else max(needed)
         rows.append(row)
     return rows
 

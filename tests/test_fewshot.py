@@ -211,3 +211,26 @@ def test_another_resolution_never_reads_the_features_cached_at_224(tiny_in21k, p
             assert np.allclose(at_64, direct[representation], atol=1e-5), (desc, representation)
     assert len(list((tmp_path / "cache").glob("*.npz"))) == 4  # the cache gained the 64-pixel pair
     assert "features computed" in out and "features read from the cache" not in out
+
+
+def test_a_partial_copy_of_the_training_pictures_moves_the_pool(tmp_path):
+    """The pool is drawn from every training picture of the folder: a copy with 6 of each class is not the article's
+    pool, so the means are not comparable (naming --data-dir), never an interval verdict of --per-class's sample."""
+    from argparse import Namespace
+
+    from common.reference import compare, load_reference
+    from common.run import Run
+
+    root = imagenette_folder(tmp_path / "imagenette2-160", per_class=6)
+    args = Namespace(data_dir=str(root), per_class=3, pool=5, seed=0, shots=[1, 5], lambdas=[1.0], draws=5,
+                     resolution=224, precision="fp32")
+    differences = fewshot.setup_differences(Run(args, device=torch.device("cpu")))
+    assert differences["training pictures"]["flag"] == f"--data-dir {root}"
+    assert differences["training pictures"]["why"] == f"--data-dir {root}: 60 of 9,469 training pictures (a partial copy)"
+    assert (differences["validation pictures"]["n"], differences["validation pictures"]["of"]) == (30, 3925)
+    numbers = {"pre-logits lambda 1 1-shot mean": {"value": 98.0}, "pool pictures": {"value": 50.0},
+               "per-class tench": {"value": 100.0}}
+    rows = {row["name"]: row for row in compare(numbers, load_reference("fewshot"), differences)}
+    mean = rows["pre-logits lambda 1 1-shot mean"]
+    assert mean["verdict"] == "not comparable" and "interval" not in mean and f"--data-dir {root}" in mean["flags"]
+    assert rows["pool pictures"]["verdict"] == rows["per-class tench"]["verdict"] == "not comparable"

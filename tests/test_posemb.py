@@ -258,3 +258,23 @@ def test_script_offline_without_weights_says_what_is_missing():
         assert len(block) == 6 and all(text_line in run.stdout.splitlines() for text_line in block)
     assert 'cannot run section "2. the position table": checkpoint google/vit-base-patch16-224 is not' in run.stdout
     assert "Traceback" not in run.stderr
+
+
+def test_another_resolution_removes_the_24x24_numbers_it_never_makes(tmp_path):
+    """At --resolution 512 a 14x14 checkpoint is stretched to 32x32, not 24x24: the article's 24x24 rows, and the
+    conclusion that reads them, are not comparable (the flag named), not "not run"."""
+    from argparse import Namespace
+
+    from common.conclusions import conclusion_rows
+    from common.reference import compare, load_reference
+    from common.run import Run
+
+    args = Namespace(resolution=512, precision="fp32", per_class=None, data_dir=str(tmp_path / "missing"))
+    differences = posemb.setup_differences(Run(args, device=torch.device("cpu")))  # the pictures cannot load
+    assert differences["resolution"]["removes"] == ["24x24 neighbours min", "24x24 neighbours max"]
+    numbers = {name: {"value": float(entry["article"].replace(",", ""))} for name, entry
+               in load_reference("posemb").items() if not name.startswith("24x24 ")}
+    rows = {row["name"]: row for row in compare(numbers, load_reference("posemb"), differences)}
+    assert rows["24x24 neighbours min"]["verdict"] == "not comparable"
+    last = conclusion_rows("posemb", numbers, differences)[-1]
+    assert (last["verdict"], last["flags"]) == ("not comparable", ["--resolution 512"])

@@ -272,12 +272,18 @@ def test_the_downloads_column_names_what_each_script_fetches_and_the_counts_are_
 # article's, the flags that change a conclusion's input, and the numbers a run paused after step 5 does not make.
 QUICK_SETUPS = {
     "setup": ({}, []),
-    "posemb": ({"validation pictures": {"flag": "--per-class 5", "n": 50, "of": 3925}}, []),
-    "fewshot": ({"validation pictures": {"flag": "--per-class 10", "n": 100, "of": 3925}}, []),
-    "finetune": ({"checked pictures": {"flag": "--check-per-class 5", "n": 50, "of": 1000}},
+    "posemb": ({"validation pictures": {"flag": "--per-class 5", "why": "--per-class 5: 50 of 3,925", "n": 50,
+                                        "of": 3925}}, []),
+    "fewshot": ({"validation pictures": {"flag": "--per-class 10", "why": "--per-class 10: 100 of 3,925", "n": 100,
+                                         "of": 3925}}, []),
+    "finetune": ({"checked pictures": {"flag": "--check-per-class 5", "why": "--check-per-class 5: 50 checked"}},
                  ["mean loss last", "clipped steps", "average accuracy", "last accuracy"]),
-    "backbone": ({"epochs": {"flag": "--epochs 2"}, "batch_size": {"flag": "--batch-size 1"},
-                  "training pictures": {"flag": "--per-class 5"}}, []),
+    "backbone": ({"epochs": {"flag": "--epochs 2", "why": "--epochs 2"},
+                  "batch_size": {"flag": "--batch-size 1", "why": "--batch-size 1"},
+                  "training pictures": {"flag": "--per-class 5", "why": "--per-class 5: 15 of 1,034", "n": 15,
+                                        "of": 1034},
+                  "validation pictures": {"flag": "--per-class 5", "why": "--per-class 5: 15 of 133", "n": 15,
+                                          "of": 133}}, []),
 }
 
 

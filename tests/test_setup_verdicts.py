@@ -277,11 +277,7 @@ SUBSET_AND_ANOTHER_FLAG = [
     (posemb.main, ["--batch-size", "30", "--device", "cpu"], ["--per-class", "3"], ["--precision", "bf16"]),
     (fewshot.main, ["--shots", "1", "5", "--no-cache", "--device", "cpu"], ["--per-class", "3"], ["--resolution", "256"]),
     (fewshot.main, ["--shots", "1", "5", "--no-cache", "--device", "cpu"], ["--per-class", "3"], ["--pool", "5"]),
-    (finetune.main, ["--steps", "4", "--batch-size", "8", "--device", "cpu", "--resolution", "32"],
-     ["--check-per-class", "3"], ["--resolution", "64"]),
-    (finetune.main, ["--steps", "4", "--batch-size", "8", "--device", "cpu", "--resolution", "32"],
-     ["--check-per-class", "3"], ["--precision", "bf16"]),
-]
+]  # fine-tuning has no sampled accuracy: its step 0 is exact on any check, the later checks not comparable
 
 
 @pytest.mark.parametrize("main,flags,subset,other", SUBSET_AND_ANOTHER_FLAG,
@@ -304,12 +300,15 @@ def test_a_sampled_accuracy_that_another_flag_moved_is_not_comparable_naming_it(
     assert differences[sample]["n"] == 30 and differences[sample]["of"] in (60, 1000)  # a sample, had it been alone
     sampled = [row for row in record["comparison"]
                if entries[row["name"]].get("sample") == sample and row["value"] is not None]
-    # each depends on the other flag too: it names it among its inputs, or names none (a number of the weights)
-    assert sampled and all(moved in entries[row["name"]].get("inputs", [moved]) for row in sampled)
-    for row in sampled:
+    # those that depend on the other flag too: they name it among their inputs, or name none (numbers of the weights)
+    also_moved = [row for row in sampled if moved in entries[row["name"]].get("inputs", [moved])]
+    assert also_moved
+    for row in also_moved:
         assert row["verdict"] == "not comparable" and "interval" not in row, row
         assert " ".join(other) in row["flags"], row
-    # the subset alone: the same numbers are judged by their interval (the case the other flag must override)
+    # the subset alone: the same numbers are judged by their interval (the case the other flag must override); so are
+    # those the other flag does not move (posemb's 224 row runs at the checkpoint's own size)
     alone = {row["name"]: row for row in compare(record["numbers"], entries, {sample: differences[sample]})}
     assert all("interval" in alone[row["name"]] and alone[row["name"]]["verdict"] in ("close", "differs")
                for row in sampled)
+    assert all(row["verdict"] == alone[row["name"]]["verdict"] for row in sampled if row not in also_moved)
