@@ -1,8 +1,12 @@
 """figures/: figures a reader understands without the code: axes titled, a short run on its own steps, zero
 drawn as zero, the cosine grids' position named, one picture per class, points no legend hides, each lambda's points
 told apart, the error bars named. Each figure is caught before it is saved."""
-import pytest
+import json
 
+import pytest
+from conftest import script_output
+
+import vit_part3_finetune
 from figures import backbone, fewshot, finetune, posemb
 from job import page as page_maker
 
@@ -175,3 +179,30 @@ def test_the_backbone_caption_says_the_title_is_the_articles_and_names_both_y_ax
     assert f'the title, "{loss_axis.get_title()}", is the article\'s' in caption
     assert f"left y axis is the {loss_axis.get_ylabel().lower()} (cross-entropy in nats" in caption
     assert f"right y axis the {accuracy_axis.get_ylabel().lower()} (a fraction from 0 to 1" in caption
+
+
+FINETUNE_SERIES = {"training loss": [2.3, 2.2], "gradient norm": [1.5, 1.4], "learning rate": [0.003, 0.0],
+                   "clipping threshold": 1.0}
+
+
+def test_a_figure_that_cannot_be_written_is_one_warning_naming_it_and_why_and_raises_nothing(tmp_path):
+    """A figure is a convenience: its failure must not turn a section whose numbers were printed into one that
+    "could not run" (the PNG's path is a folder here: the rename over it fails, as on a full disk)."""
+    (tmp_path / finetune.FILE).mkdir()
+    said = []
+    assert finetune.finetune_curves(FINETUNE_SERIES, {"step 0 validation": 10.0}, {}, tmp_path, said.append) is None
+    assert said == [f"warning: cannot write the figure {tmp_path / finetune.FILE}: Is a directory"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == [finetune.FILE]  # no temporary file left
+
+
+def test_a_scripts_figure_that_cannot_be_written_leaves_its_section_numbers_json_and_exit_status(tiny_in21k, pictures,
+                                                                                               tmp_path, capsys):
+    plots, record = tmp_path / "plots", tmp_path / "run.json"
+    (plots / finetune.FILE).mkdir(parents=True)
+    status, out, err = script_output(vit_part3_finetune.main, [
+        "--model", str(tiny_in21k), "--data-dir", str(pictures), "--steps", "2", "--batch-size", "8", "--device",
+        "cpu", "--save-dir", str(tmp_path / "save"), "--plots", str(plots), "--json", str(record)], capsys)
+    assert status == 0, err
+    assert f"warning: cannot write the figure {plots / finetune.FILE}: Is a directory" in err.splitlines()
+    assert "cannot run section" not in out + err and "step   2:" in out
+    assert json.loads(record.read_text())["could_not_run"] == []
