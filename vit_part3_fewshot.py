@@ -280,7 +280,7 @@ def setup_differences(run):
         data = load_data(run)
     except UserError:  # said by sections 2 and 2b: the count is unknown
         data = None
-    pool_source = argparse.Namespace(data_dir=args.data_dir, per_class=None)  # every training picture, not --per-class
+    pool_source = argparse.Namespace(data_dir=args.data_dir, per_class=None)  # all training pictures: no --per-class
     differences = {**data_differences(args, {"val": len(data["val"]) if data else None}),
                    **data_differences(pool_source, {"train": data["training"] if data else None}),
                    **flag_differences(args, ARTICLE_FLAGS), **table_differences(args, load_reference("fewshot"))}
@@ -313,7 +313,8 @@ def main(argv=None):
     parser.add_argument("--resolution", type=cli.side_pixels, default=224,
                         help="pixels on a side (default: %(default)s)")
     parser.add_argument("--no-cache", action="store_true", help="neither read nor write data/features/")
-    parser.add_argument("--plots", metavar="DIR", help="save accuracy against shots as PNG (needs matplotlib)")
+    parser.add_argument("--plots", type=cli.nonempty_path, metavar="DIR",
+                        help="save accuracy against shots as PNG (needs matplotlib)")
     cli.add_common_arguments(parser)
     args = parser.parse_args(argv)
     if max(args.shots) > args.pool:

@@ -402,12 +402,13 @@ def train(run, report, data, model, average, optimizer, log, monitor, start, las
             pixels, labels = next(batches)
             lr = lr_at(step, args.lr, args.steps)
             loss = gradients(trained, optimizer, pixels, labels, lr, run)
-            if not math.isfinite(loss):
+            norm = torch.nn.utils.clip_grad_norm_(trained.parameters(), CLIP_NORM).item()
+            if not (math.isfinite(loss) and math.isfinite(norm)):  # a finite loss can still overflow its gradient
+                what = f"loss is {loss}" if not math.isfinite(loss) else f"gradient norm is {norm}"
                 saved = Path(args.save_dir or ".") / CHECKPOINT
                 kept = f"; the last good checkpoint is {saved}" if args.save_dir and saved.exists() else ""
-                raise UserError(f"the training loss is {loss} at step {step} (lr {lr:.2g}): the run stopped before "
+                raise UserError(f"the training {what} at step {step} (lr {lr:.2g}): the run stopped before "
                                 f"applying it{kept}; lower --lr")
-            norm = torch.nn.utils.clip_grad_norm_(trained.parameters(), CLIP_NORM).item()
             optimizer.step()
             update_average(average, model)
             log["losses"].append(loss)
@@ -479,6 +480,9 @@ def resume(run, model, average, optimizer):
     if changed:
         raise UserError(f"--resume: {path} was made with other settings ({'; '.join(changed)}); "
                         f"pass the same flags, or a new --save-dir")
+    if run.args.pause_at and run.args.pause_at < checkpoint["step"]:
+        raise UserError(f"--pause-at {run.args.pause_at}: {path} is at step {checkpoint['step']} already; pause at a "
+                        f"later step, or drop --pause-at")
     model.load_state_dict(checkpoint["model"])
     average.load_state_dict(checkpoint["average"])
     optimizer.load_state_dict(checkpoint["optimizer"])
@@ -608,7 +612,8 @@ def check_differences(args, data):
         return {}
     per_class, flag = checked_per_class(args), f"--check-per-class {args.check_per_class}"
     n = per_class * (data["classes"] if isinstance(data, dict) else 10)  # Imagenette's 10 classes until the data loads
-    why = f"{flag}: {n:,} pictures checked (the first {per_class} of each class), the article's {10 * MONITOR_PER_CLASS:,}"
+    article = 10 * MONITOR_PER_CLASS  # Imagenette's 10 classes
+    why = f"{flag}: {n:,} pictures checked (the first {per_class} of each class), the article's {article:,}"
     return {"checked pictures": {"flag": flag, "why": why}}
 
 
@@ -617,7 +622,7 @@ def parse_flags(argv, world):
     cli.add_data_arguments(parser, MODEL, "the body to fine-tune; its head is replaced",
                            batch_help="pictures per optimizer step, split over the torchrun processes and --accum-steps")
     parser.set_defaults(batch_size=BATCH)
-    parser.add_argument("--steps", type=cli.positive_int, default=STEPS,
+    parser.add_argument("--steps", type=cli.steps, default=STEPS,
                         help="optimizer steps; warm-up stays 10%% (default: %(default)s)")
     parser.add_argument("--lr", type=cli.positive_float, default=LR,
                         help="base learning rate, finite and > 0 (default: %(default)s)")
@@ -627,8 +632,8 @@ def parse_flags(argv, world):
                         help="fine-tuning resolution (384: the paper's) (default: %(default)s)")
     parser.add_argument("--accum-steps", type=cli.positive_int, default=1,
                         help="split each process's batch into N passes (default: %(default)s)")
-    parser.add_argument("--save-dir", metavar="DIR", help=f"write DIR/{CHECKPOINT} every --save-every steps, at the "
-                                                          "end and on Ctrl-C or SIGTERM")
+    parser.add_argument("--save-dir", type=cli.nonempty_path, metavar="DIR",
+                        help=f"write DIR/{CHECKPOINT} every --save-every steps, at the end and on Ctrl-C or SIGTERM")
     parser.add_argument("--save-every", type=cli.positive_int, default=50,
                         help="steps between checkpoints (default: %(default)s)")
     parser.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.pt of --save-dir")
@@ -636,7 +641,8 @@ def parse_flags(argv, world):
                         f"class checked at the logged steps (default: the article's {MONITOR_PER_CLASS})")
     parser.add_argument("--pause-at", type=cli.positive_int, metavar="STEP",
                         help="save and stop after STEP; --resume continues")
-    parser.add_argument("--plots", metavar="DIR", help="save the loss, accuracy and LR curves as PNG (matplotlib)")
+    parser.add_argument("--plots", type=cli.nonempty_path, metavar="DIR",
+                        help="save the loss, accuracy and LR curves as PNG (matplotlib)")
     cli.add_common_arguments(parser)
     args = parser.parse_args(argv)
     if (args.resume or args.pause_at) and not args.save_dir:

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from common.checkpoints import checkpoint_config, load_pretrained
-from common.cli import add_common_arguments, add_data_arguments, script_parser, side_pixels
+from common.cli import add_common_arguments, add_data_arguments, nonempty_path, script_parser, side_pixels
 from common.differences import flag_differences
 from common.errors import UserError
 from common.imagenette import CLASSES, class_folders, data_differences, ensure_imagenette, list_split
@@ -347,7 +347,7 @@ def main(argv=None):
                        batch_help="pictures per batch of the evaluation passes (at 224 and at --resolution)")
     parser.add_argument("--resolution", type=side_pixels, default=384,
                         help="the higher resolution (default: %(default)s)")
-    parser.add_argument("--plots", metavar="DIR",
+    parser.add_argument("--plots", type=nonempty_path, metavar="DIR",
                         help="save the similarity maps and the accuracy bars as PNG (needs matplotlib)")
     add_common_arguments(parser)
     args = parser.parse_args(argv)

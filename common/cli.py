@@ -2,6 +2,7 @@
 import argparse
 import functools
 import math
+import os
 
 from common.device import DEVICE_CHOICES, PRECISIONS
 
@@ -32,14 +33,29 @@ def whole_number(text, low, high, refusal):
 positive_int = functools.partial(whole_number, low=1, high=math.inf, refusal="is not a whole number of at least 1")
 seed = functools.partial(whole_number, low=0, high=2**32 - 1,  # what numpy and torch both take
                          refusal=f"is not a seed: a whole number from 0 to {2**32 - 1}")
+steps = functools.partial(whole_number, low=1, high=100_000,  # 5 x the paper's longest; each step's pictures drawn first
+                          refusal="is not a number of steps from 1 to 100,000")
+
+
+MOST_PIXELS = 1024  # 4,096 patches of 16; attention's memory grows with their square: 0.8 GB a picture and layer
 
 
 def side_pixels(text):
-    """argparse type: pixels on a side, at least 32 (two patches of 16)."""
+    """argparse type: pixels on a side, from 32 (two patches of 16) to MOST_PIXELS."""
     value = positive_int(text)
     if value < 32:
         raise argparse.ArgumentTypeError(f"{text!r} pixels is too small: a ViT needs at least 2 patches on a side")
+    if value > MOST_PIXELS:
+        raise argparse.ArgumentTypeError(f"{text!r} pixels is too large: at most {MOST_PIXELS} (the attention of "
+                                         f"one picture grows with the square of its patches)")
     return value
+
+
+def nonempty_path(text):
+    """argparse type: a path, ~ expanded; an empty one is refused (it would quietly mean the default, or nothing)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path: give a file or folder name")
+    return os.path.expanduser(text)
 
 
 def distinct(parser, flag, values):
@@ -72,8 +88,8 @@ def add_data_arguments(parser, model_default, model_help,
     --precision."""
     parser.add_argument("--model", default=model_default,
                         help=f"checkpoint id or local directory ({model_help}) (default: %(default)s)")
-    parser.add_argument("--data-dir", help="an imagenette2-160 folder; by default data/imagenette2-160, downloaded "
-                                           "when missing")
+    parser.add_argument("--data-dir", type=nonempty_path,
+                        help="an imagenette2-160 folder; by default data/imagenette2-160, downloaded when missing")
     parser.add_argument("--per-class", type=positive_int, help=per_class_help)
     parser.add_argument("--batch-size", type=positive_int, default=32, help=f"{batch_help} (default: %(default)s)")
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS,
@@ -87,4 +103,5 @@ def add_common_arguments(parser, device=True):
                             help="auto picks cuda, then mps, then cpu (default: %(default)s)")
     parser.add_argument("--compare", action="store_true",
                         help="after the output, put this run's numbers beside the article's, with a verdict each")
-    parser.add_argument("--json", metavar="PATH", help="also write this run's numbers, flags and environment to PATH")
+    parser.add_argument("--json", type=nonempty_path, metavar="PATH",
+                        help="also write this run's numbers, flags and environment to PATH")

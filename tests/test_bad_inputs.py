@@ -147,6 +147,16 @@ CASES = [
     ("fewshot", ["--lambdas", "0.01", "1e-2"], 2, "--lambdas: 0.01 given twice"),
     ("fewshot", ["--seed", "x"], 2, "--seed"),
     ("finetune", ["--seed", "-1"], 2, "--seed"),
+    # absurd sizes are refused before any work, not found by the kernel's out-of-memory killer
+    ("posemb", ["--resolution", "100000"], 2, "--resolution: '100000' pixels is too large: at most 1024"),
+    ("fewshot", ["--resolution", "20000"], 2, "--resolution"),
+    ("finetune", ["--resolution", "1040"], 2, "--resolution"),
+    ("finetune", ["--steps", "1000000000000"], 2, "--steps: '1000000000000' is not a number of steps from 1 to 100,000"),
+    # an empty path would quietly mean the default (a download) or nothing written
+    ("setup", ["--json", ""], 2, "--json: an empty path"),
+    ("posemb", ["--plots", " "], 2, "--plots: an empty path"),
+    ("fewshot", ["--data-dir", ""], 2, "--data-dir: an empty path"),
+    ("finetune", ["--save-dir", ""], 2, "--save-dir: an empty path"),
     ("benchmark", ["--batch-size", "0"], 2, "--batch-size"),
     ("benchmark", ["--json", "{folder}"], 2, "--json"),
     ("benchmark", ["--size", "huge"], 2, "--size"),
@@ -156,6 +166,8 @@ CASES = [
     # the job: refused before its plan, offline too (the tests run offline), whatever scripts cannot run
     ("reproduce", ["{out}/job", "--extra", "finetune=--steps -5"], 2, "--extra for vit_part3_finetune.py: argument --steps"),
     ("reproduce", ["{out}/job", "--extra", "finetune=--resu"], 2, "--resu is set by reproduce.py itself"),
+    ("reproduce", ["{out}/job", "--extra", "posemb=--resolution 100000"], 2, "--resolution"),
+    ("reproduce", ["{out}/job", "--extra", "finetune=--data-dir ''"], 2, "--data-dir: an empty path"),
     ("reproduce", ["{out}/job", "--device", "cuda"], 2, "cuda"),  # where torch sees no CUDA GPU
     ("reproduce", ["{out}/job", "--imagenette", "{file}"], 2, "is a file, not a folder"),
 ]

@@ -252,6 +252,9 @@ def test_resume_refuses_other_settings(tiny_in21k, pictures, tmp_path, capsys):
     status, out = run_main(common_flags(tiny_in21k, pictures, tmp_path, steps=2) + ["--resume", "--check-per-class",
                                                                                      "100"], capsys)
     assert status == 0 and "resumed from" in out  # the article's 100, said, is the default's run
+    status, out = run_main(common_flags(tiny_in21k, pictures, tmp_path, steps=2) + ["--resume", "--pause-at", "1"],
+                           capsys)  # the checkpoint is at step 2: no pause at step 1 can be kept any more
+    assert status == 1 and f"--pause-at 1: {tmp_path / finetune.CHECKPOINT} is at step 2 already" in out
 
 
 @pytest.mark.parametrize("per_class,difference", [

@@ -369,6 +369,16 @@ def test_a_step_whose_loss_is_not_finite_changes_no_weight(monkeypatch):
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
 
 
+def test_a_step_whose_loss_is_finite_but_whose_gradient_overflows_changes_no_weight(monkeypatch):
+    """Pictures of about 1e19: the loss, about 2e19, is a float32; the squares of the weights' gradients, about 1e38
+    each, add up past float32's 3.4e38, so the norm is inf: the step is refused before it is applied, naming it."""
+    model, (pixels, labels) = TinyClassifier(), step_batch()
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(UserError, match="the training gradient norm is inf at step 1"):
+        train(monkeypatch, model, torch.optim.SGD(model.parameters(), lr=0.1), [pixels * 1e19], labels, 1, lr=0.1)
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+
+
 @pytest.mark.parametrize("checkpoint", [False, True])
 def test_a_diverged_run_names_the_last_good_checkpoint_only_when_there_is_one(monkeypatch, tmp_path, checkpoint):
     model, (pixels, labels) = TinyClassifier(), step_batch()
