@@ -142,7 +142,11 @@ def download_and_extract(url, target, progress=True):
         if not extracted.is_dir():
             raise UserError(f"it holds no folder {target.name}")
         check_counts(extracted, strict=True, fix="")
-        extracted.rename(target)
+        try:
+            extracted.rename(target)
+        except OSError:
+            if not target.is_dir():
+                raise  # else another run put its own checked copy there first: this one is not needed
     except (tarfile.TarError, EOFError, OSError, UserError) as error:
         archive.unlink(missing_ok=True)  # a wrong or broken archive is downloaded again next time
         what = (f"its contents are not the release ({error})" if isinstance(error, UserError) else
@@ -151,7 +155,7 @@ def download_and_extract(url, target, progress=True):
                         f"anew, or pass --data-dir with a complete copy") from error
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    archive.unlink()
+    archive.unlink(missing_ok=True)  # another run that finished first removed it
 
 
 def ensure_imagenette(data_dir=None, url=URL):

@@ -143,3 +143,23 @@ def test_download_is_all_or_nothing(tmp_path):
     archive.write_bytes(archive_of(source))
     download_and_extract(archive.as_uri(), target, progress=False)
     assert len(list_split(target, "val")) == 2 and list((tmp_path / "data").iterdir()) == [target]
+
+
+def test_two_runs_filling_the_same_data_folder_both_finish(tmp_path, monkeypatch):
+    """Two runs download and extract Imagenette into one data/ at once: the second to rename its checked copy finds
+    the first's in place and uses it, not blaming the archive (each run's copy passed the same check)."""
+    from common import imagenette
+
+    source = imagenette_folder(tmp_path / "src" / "mine", per_class=1, classes=["a", "b"])
+    target, archive = tmp_path / "data" / "mine", tmp_path / "mine.tgz"
+    archive.write_bytes(archive_of(source))
+    check = imagenette.check_counts
+
+    def the_other_run_finishes_meanwhile(root, strict, fix):
+        monkeypatch.setattr(imagenette, "check_counts", check)
+        download_and_extract(archive.as_uri(), target, progress=False)
+        return check(root, strict, fix)
+
+    monkeypatch.setattr(imagenette, "check_counts", the_other_run_finishes_meanwhile)
+    download_and_extract(archive.as_uri(), target, progress=False)
+    assert len(list_split(target, "val")) == 2 and list((tmp_path / "data").iterdir()) == [target]
