@@ -379,7 +379,12 @@ def section_finetune(run, report):
                 tie_note=log["tie note"])
     last_step = min(args.pause_at or args.steps, args.steps)
     train(run, report, data, model, average, optimizer, log, monitor, start, last_step)
-    finish(run, report, data, model, average, log, last_step)
+    try:
+        finish(run, report, data, model, average, log, last_step)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM in the last passes: the last step is saved, only they are left
+        if args.save_dir:
+            report.say(f"\nsaved {Path(args.save_dir) / CHECKPOINT} at step {last_step}: add --resume to finish")
+        raise
 
 
 def train(run, report, data, model, average, optimizer, log, monitor, start, last_step):

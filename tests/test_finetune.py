@@ -242,6 +242,21 @@ def test_resumed_run_ends_like_an_uninterrupted_one(tiny_in21k, pictures, tmp_pa
     assert {k: first[k]["value"] for k in timeless} == {k: second[k]["value"] for k in timeless}
 
 
+def test_a_stop_after_the_last_step_says_to_resume(tiny_in21k, pictures, tmp_path, capsys, monkeypatch):
+    """SIGTERM while the final passes run: the last step is saved, so the line says --resume finishes in seconds
+    (the same command without it would train every step again)."""
+    from common.start import Terminated, guarded
+
+    def stopped(*args):
+        raise Terminated
+
+    monkeypatch.setattr(finetune, "finish", stopped)
+    status = guarded(lambda: finetune.main(common_flags(tiny_in21k, pictures, tmp_path, steps=2)))
+    err = capsys.readouterr().err
+    assert status == 143 and f"saved {tmp_path / finetune.CHECKPOINT} at step 2: add --resume to finish" in err
+    assert err.rstrip().endswith("stopped by SIGTERM") and read_checkpoint(tmp_path / finetune.CHECKPOINT)["step"] == 2
+
+
 def test_resume_refuses_other_settings(tiny_in21k, pictures, tmp_path, capsys):
     run_main(common_flags(tiny_in21k, pictures, tmp_path, steps=2), capsys)
     status, out = run_main(common_flags(tiny_in21k, pictures, tmp_path, steps=3) + ["--resume"], capsys)
