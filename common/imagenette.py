@@ -59,6 +59,8 @@ def check_counts(root, strict,
         if not names:
             raise UserError(f"no class folders in {Path(root) / split}: expected the layout {split}/<class>/*.JPEG")
     only = sorted(set(folders["train"]) ^ set(folders["val"]))
+    if not only and len(folders["val"]) < 2:  # one class: every loss would be ln 1 = 0, every accuracy 100%
+        raise UserError(f"one class folder in {root} ({folders['val'][0]}): a classifier needs at least 2 classes")
     if only:
         where = "train" if only[0] in folders["train"] else "val"
         raise UserError(f"class {only[0]} is in {Path(root) / where} but not in the other split: both splits need "

@@ -104,6 +104,7 @@ def test_own_classes_work_without_imagenette_counts(tmp_path):
     (["train/a/1.jpg"], "no class folders in {root}/val: expected the layout val/<class>/*.JPEG"),
     (["train/a/1.jpg", "train/b/1.jpg", "val/a/1.jpg"],
      "class b is in {root}/train but not in the other split: both splits need the same class folders"),
+    (["train/a/1.jpg", "val/a/1.jpg"], "one class folder in {root} (a): a classifier needs at least 2 classes"),
     (["train/a/1.jpg", "val/a/1.jpg", "val/c/1.jpg"],
      "class c is in {root}/val but not in the other split: both splits need the same class folders"),
     (["train/a/1.jpg", "train/b/notes.txt", "val/a/1.jpg", "val/b/1.png"],
