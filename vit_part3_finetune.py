@@ -661,6 +661,9 @@ def parse_flags(argv, world):
         check_resolution(config, args.resolution)
     if args.save_dir:
         check_output(args.save_dir, "--save-dir", folder=True)
+        if (Path(args.save_dir) / CHECKPOINT).is_dir():  # found at the first save, after --save-every steps
+            raise UserError(f"--save-dir {args.save_dir}: its {CHECKPOINT} is a folder; remove it, or pass another "
+                            f"--save-dir")
     return args
 
 

@@ -41,6 +41,7 @@ def places(tmp_path_factory, tiny_in21k):
     one_split = imagenette_folder(root / "one-split", per_class=2)
     shutil.rmtree(one_split / "val" / "n01440764")
     (root / "a-file").write_text("not a folder")
+    (root / "run" / "checkpoint.pt").mkdir(parents=True)
     bad_beans = root / "bad-beans" / "data"
     bad_beans.mkdir(parents=True)
     for split in ("train", "validation"):
@@ -49,7 +50,7 @@ def places(tmp_path_factory, tiny_in21k):
             "{small}": str(vit_classifier(root / "small", image_size=32)),
             "{in21k}": str(tiny_in21k), "{data}": str(good), "{empty class}": str(empty_class),
             "{one split}": str(one_split), "{file}": str(root / "a-file"), "{out}": str(root / "out"),
-            "{folder}": str(root), "{beans}": str(beans_folder(root / "beans")),
+            "{folder}": str(root), "{run}": str(root / "run"), "{beans}": str(beans_folder(root / "beans")),
             "{bad beans}": str(root / "bad-beans"), "{classifier+processor}": str(vit_classifier(root / "cp", processor=True)),
             "{resnet}": str(resnet_classifier(root / "resnet")),
             "{headless}": str(with_processor(vit_in21k(root / "headless")))}
@@ -157,6 +158,7 @@ CASES = [
     ("posemb", ["--plots", " "], 2, "--plots: an empty path"),
     ("fewshot", ["--data-dir", ""], 2, "--data-dir: an empty path"),
     ("finetune", ["--save-dir", ""], 2, "--save-dir: an empty path"),
+    ("finetune", ["--save-dir", "{run}"], 2, "its checkpoint.pt is a folder"),
     ("benchmark", ["--batch-size", "0"], 2, "--batch-size"),
     ("benchmark", ["--json", "{folder}"], 2, "--json"),
     ("benchmark", ["--size", "huge"], 2, "--size"),
