@@ -226,11 +226,23 @@ load_beans = functools.cache(beans_data.load)  # (--data-dir, --per-class)
 load_processor = functools.cache(plumbing.image_processor)  # (--model)
 
 
-@functools.lru_cache(maxsize=1)
 def finetune(run):
+    """fine_tune(run) once: section 4 prints it, section 5 sets the same run beside the probes. Its refusal is kept as
+    well (a loss that diverged, a while into the run), so that section 5 says the same line without training again."""
+    if "fine-tuning" not in run.loaded:
+        try:
+            run.loaded["fine-tuning"] = fine_tune(run)
+        except UserError as refusal:
+            run.loaded["fine-tuning"] = refusal
+    if isinstance(run.loaded["fine-tuning"], UserError):
+        raise run.loaded["fine-tuning"]
+    return run.loaded["fine-tuning"]
+
+
+def fine_tune(run):
     """The article's run in the article's order of random draws: seed, shuffle train, shuffle validation, the new
     head, then evaluate, train, evaluate; and its figure, the patch tokens of a few validation pictures before and
-    after as RGB maps. Run once by section 4, which prints it; section 5 sets the same run beside the probes."""
+    after as RGB maps."""
     from transformers import AutoModelForImageClassification, ViTModel, set_seed
 
     args = run.args
@@ -266,8 +278,12 @@ def finetune(run):
                                 data_collator=collate_fn, compute_metrics=accuracy_metrics) as (trainer, passes):
         before = trainer.evaluate()  # the article's: evaluate, train, evaluate
         tokens_before = patch_tokens()
-        trainer.train()
+        trained = trainer.train()
         after = trainer.evaluate()
+    if not math.isfinite(after["eval_loss"]):  # a loss grown huge but finite can leave weights that give nan
+        raise UserError(f"the evaluation loss after fine-tuning is {after['eval_loss']}, the training loss "
+                        f"{trained.training_loss:.4g} {plumbing.steps_text(1, trained.global_step)} "
+                        f"(lr {args.lr:g}): the model diverged; lower --lr")
     model.eval()
     # one basis for both, so that a colour means the same direction before and after
     maps = pca_rgb(torch.cat([tokens_before, patch_tokens()]).numpy(), feature_grid(model)).round(3)

@@ -1,6 +1,7 @@
 """The backbone article's plumbing around transformers: its checkpoint, its processor, a Trainer whose passes are timed
 through its own overrides; a loader for one pass over a dataset."""
 import contextlib
+import math
 import sys
 import tempfile
 import time
@@ -61,7 +62,8 @@ def timed_trainer(recipe, device, precision, workers, **parts):
     """Yields (a Trainer of `parts` and TrainingArguments(**recipe), writing to a temporary folder, its progress on
     stderr; its passes {"training", "evaluations": pass timings, "train() seconds"}, filled as it runs), its training
     pictures prepared by `workers` processes (docs/performance.md). The passes are timed through the Trainer's own
-    overrides: its training steps' next() in get_batch_samples, its evaluations' in their loader, evaluate() whole."""
+    overrides: its training steps' next() in get_batch_samples, its evaluations' in their loader, evaluate() whole.
+    A non-finite training loss stops the training at the step it is logged, and train() raises a UserError."""
     from tqdm import tqdm
     from transformers import ProgressCallback, Trainer, TrainerCallback, TrainingArguments
 
@@ -79,6 +81,16 @@ def timed_trainer(recipe, device, precision, workers, **parts):
 
         def on_train_end(self, args, state, control, **kwargs):
             self.bar.close()
+
+    class Divergence(TrainerCallback):  # a loss that is nan or inf: every later step and evaluation is of a wreck
+        def __init__(self):
+            self.logged, self.found = 0, None  # the last step logged; (loss, first step, last step) not finite
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            loss = (logs or {}).get("loss")  # the mean of the steps since the last log
+            if loss is not None and not math.isfinite(loss) and self.found is None:
+                self.found, control.should_training_stop = (loss, self.logged + 1, state.global_step), True
+            self.logged = state.global_step if loss is not None else self.logged
 
     class TimedTrainer(Trainer):
         def get_batch_samples(self, epoch_iterator, num_batches, device):
@@ -100,17 +112,33 @@ def timed_trainer(recipe, device, precision, workers, **parts):
             evaluating = passes["evaluations"]["seconds"]
             output, passes["train() seconds"] = clocked(super().train, *args, **kwargs)
             passes["training"]["seconds"] = passes["train() seconds"] - (passes["evaluations"]["seconds"] - evaluating)
+            check_finite(*divergence.found or (output.training_loss, 1, output.global_step), self.args.learning_rate)
             return output
 
+    divergence = Divergence()
     with tempfile.TemporaryDirectory(prefix="vit-backbone-trainer-") as output_dir:
+        # no logging_nan_inf_filter: it hides a nan loss (a step's as the others' mean, an evaluation's dropped)
         args = TrainingArguments(**recipe, output_dir=output_dir, report_to="none", use_cpu=device.type == "cpu",
+                                 logging_nan_inf_filter=False,
                                  bf16=precision == "bf16", dataloader_num_workers=workers,
                                  dataloader_persistent_workers=workers > 0, dataloader_pin_memory=device.type == "cuda",
                                  dataloader_multiprocessing_context=(  # on macOS the library's own choice
                                      worker_start() if workers and sys.platform.startswith("linux") else None))
-        trainer = TimedTrainer(args=args, callbacks=[Progress()], **parts)
+        trainer = TimedTrainer(args=args, callbacks=[Progress(), divergence], **parts)
         trainer.remove_callback(ProgressCallback)
         yield trainer, passes
+
+
+def check_finite(loss, first, last, lr):
+    """Refuse a training loss that is nan or inf, the mean of steps first to last: the model it trained diverged."""
+    if not math.isfinite(loss):
+        raise UserError(f"the training loss is {loss} {steps_text(first, last)} (lr {lr:g}): the model diverged, "
+                        f"fine-tuning stopped there; lower --lr")
+
+
+def steps_text(first, last):
+    """The steps a logged training loss is the mean of, in words."""
+    return f"at step {last}" if first == last else f"over steps {first} to {last}"
 
 
 def dataset_loader(dataset, collate_fn, workers, pin_memory=False, batch_size=32):
