@@ -226,23 +226,11 @@ load_beans = functools.cache(beans_data.load)  # (--data-dir, --per-class)
 load_processor = functools.cache(plumbing.image_processor)  # (--model)
 
 
+@functools.lru_cache(maxsize=1)
 def finetune(run):
-    """fine_tune(run) once: section 4 prints it, section 5 sets the same run beside the probes. Its refusal is kept as
-    well (a loss that diverged, a while into the run), so that section 5 says the same line without training again."""
-    if "fine-tuning" not in run.loaded:
-        try:
-            run.loaded["fine-tuning"] = fine_tune(run)
-        except UserError as refusal:
-            run.loaded["fine-tuning"] = refusal
-    if isinstance(run.loaded["fine-tuning"], UserError):
-        raise run.loaded["fine-tuning"]
-    return run.loaded["fine-tuning"]
-
-
-def fine_tune(run):
     """The article's run in the article's order of random draws: seed, shuffle train, shuffle validation, the new
     head, then evaluate, train, evaluate; and its figure, the patch tokens of a few validation pictures before and
-    after as RGB maps."""
+    after as RGB maps. Run once by section 4, which prints it; section 5 sets the same run beside the probes."""
     from transformers import AutoModelForImageClassification, ViTModel, set_seed
 
     args = run.args

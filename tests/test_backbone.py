@@ -281,28 +281,27 @@ def test_offline_without_data_or_checkpoint_runs_sections_1_and_2(capsys, monkey
         assert "--data-dir" in text
 
 
-DIVERGED = {  # --lr: the refusal; at 1e5 the losses are huge but finite, the last step's weights nan
-    "1e30": (r"the training loss is nan over steps 1 to 2 \(lr 1e\+30\): the model diverged, fine-tuning stopped "
-             r"there; lower --lr"),
-    "1e5": (r"the evaluation loss after fine-tuning is nan, the training loss [\d.e+]+ over steps 1 to 2 "
-            r"\(lr 100000\): the model diverged; lower --lr")}
+# A run that diverges: its training loss logged as nan or inf, or huge but finite with the last step's weights nan
+# (which of the two a --lr gives may depend on the CPU's float32 arithmetic)
+DIVERGED = (r"(the training loss is (nan|inf) over steps 1 to 2 \(lr {lr}\): the model diverged, fine-tuning stopped "
+            r"there|the evaluation loss after fine-tuning is nan, the training loss [\d.e+]+ over steps 1 to 2 "
+            r"\(lr {lr}\): the model diverged); lower --lr")
 
 
-@pytest.mark.parametrize("lr", DIVERGED)
+@pytest.mark.parametrize("lr,printed", [("1e30", r"1e\+30"), ("1e5", "100000")])
 def test_a_learning_rate_that_diverges_is_one_line_for_each_section_that_needs_the_model(beans_standins, capsys,
-                                                                                         monkeypatch, lr):
-    """Fine-tuning that diverges is refused in one line, trained once: section 4 says so, and section 5, which sets
-    the same run beside the probes, says the same line; no feature map of nan, no traceback."""
+                                                                                         monkeypatch, lr, printed):
+    """Fine-tuning that diverges is refused in one line: section 4 says so, and section 5, which sets the same run
+    beside the probes, says the same line; no feature map of nan, no traceback."""
     monkeypatch.setenv("TQDM_DISABLE", "1")
     argv = ["--model", str(beans_standins["models"][0]), "--data-dir", str(beans_standins["data"]), "--per-class", "2",
             "--epochs", "1", "--batch-size", "4", "--probe-epochs", "1", "--lr", lr, "--no-cache", "--device", "cpu"]
-    with mock.patch.object(backbone.plumbing, "timed_trainer", wraps=backbone.plumbing.timed_trainer) as trainer:
-        status, out, err = script_output(lambda argv: guarded(lambda: backbone.main(argv)), argv, capsys)
-    assert status == 1 and "Traceback" not in out + err and trainer.call_count == 1
+    status, out, err = script_output(lambda argv: guarded(lambda: backbone.main(argv)), argv, capsys)
+    assert status == 1 and "Traceback" not in out + err
     refused = [text.strip() for text in out.splitlines() if "cannot run section" in text]
     assert len(refused) == 2
     for title, text in zip(("4. the article's fine-tuning", "5. three ways to adapt the same backbone"), refused):
-        assert re.fullmatch(f'cannot run section "{title}": {DIVERGED[lr]}', text), text
+        assert re.fullmatch(f'cannot run section "{title}": ' + DIVERGED.format(lr=printed), text), text
 
 
 def test_a_model_directory_without_its_files_is_refused_however_it_is_written(tmp_path, monkeypatch):
