@@ -577,8 +577,9 @@ def parse_args(argv):
     parser.add_argument("--model", default=MODEL,
                         help="checkpoint id or local directory (an image classifier saved with its image processor)"
                              " (default: %(default)s)")
-    parser.add_argument("--data-dir", help=f"a local copy of {beans_data.DATASET}'s files (README.md, data/*.parquet); "
-                                           f"by default the dataset through the Hugging Face cache, downloaded once")
+    parser.add_argument("--data-dir", type=cli.nonempty_path,
+                        help=f"a local copy of {beans_data.DATASET}'s files (README.md, data/*.parquet); by default "
+                             f"the dataset through the Hugging Face cache, downloaded once")
     parser.add_argument("--per-class", type=cli.positive_int, help="keep the first N pictures of each class in each "
                                                                    "split (default: all; not the article's setup)")
     parser.add_argument("--epochs", type=cli.positive_int, default=EPOCHS,
@@ -598,7 +599,7 @@ def parse_args(argv):
                         help="fp32 is torch's defaults, as the article ran (on NVIDIA GPUs since Ampere, convolutions "
                              "in TF32); fp32-strict allows no TF32; tf32 allows it in matrix multiplies too; bf16 is "
                              "faster on recent GPUs (default: %(default)s)")
-    parser.add_argument("--plots", metavar="DIR",
+    parser.add_argument("--plots", type=cli.nonempty_path, metavar="DIR",
                         help="save the training curves and the feature maps as PNG (needs matplotlib)")
     cli.add_common_arguments(parser)
     args = parser.parse_args(argv)

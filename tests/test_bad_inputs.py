@@ -127,6 +127,8 @@ CASES = [
     ("finetune", ["--model", "{in21k}", "--data-dir", "{empty class}", "--steps", "1"], 1, "n03888257"),
     ("finetune", ["--model", "{in21k}", "--data-dir", "{file}", "--steps", "1"], 1, "is a file, not a folder"),
     ("backbone", ["--data-dir", "{folder}/nowhere"], 2, "/nowhere does not exist"),
+    ("backbone", ["--data-dir", ""], 2, "--data-dir: an empty path"),  # would mean the Hub's copy: a download
+    ("backbone", ["--plots", ""], 2, "--plots: an empty path"),
     ("backbone", ["--data-dir", "{file}"], 2, "is a file, not a folder"),
     ("backbone", ["--data-dir", "{data}"], 2, "no parquet file for the split(s) train, validation"),
     ("backbone", ["--model", "./no-such-checkpoint"], 2, "--model ./no-such-checkpoint"),
