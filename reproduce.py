@@ -46,15 +46,17 @@ from common.files import reason, write_text
 from common.output import say
 from common.reference import counts_text
 from common.run import check_output
+from common.training import read_checkpoint
 from figures import backbone, fewshot, finetune, posemb
 from job import downloads, ending
 from job.child_process import StopRequests, first_refusal, only_job_on, run_logged
 from job.page import JOB_RECORD, SCRIPTS, build, script_file
 from job.page import read_record as page_record
 from job.time_estimate import HOUR, MINUTE, clock, duration, estimate_seconds, how_estimated, measure_speed
+from vit_part3_finetune import CHECKPOINT, CHECKPOINT_FORMAT
 
 ROOT = Path(__file__).resolve().parent
-FINETUNE_RUN, CHECKPOINT = "finetune-run", "checkpoint.pt"  # fine-tuning's --save-dir in OUT, and its file
+FINETUNE_RUN = "finetune-run"  # fine-tuning's --save-dir in OUT
 KEPT_ASIDE = "checkpoint.previous.pt"  # a checkpoint of another command or code, kept there, not deleted
 SET_BY_THE_JOB = ("--json", "--plots", "--compare", "--save-dir", "--resume")
 
@@ -289,7 +291,7 @@ def plan(args, out, manifest):
                                                 for piece, (*_, host) in downloads.PIECES.items()})
     runnable = [script for script in to_run if script not in lacking]
     cannot = {script: downloads.lacks_text(missing, hub_offline()) for script, missing in lacking.items()}
-    resumes = finetune_resumes(args, out, keys["finetune"], manifest)
+    resumes = not why_afresh(args, out, keys["finetune"], manifest)
     what = "the quick checks" if args.quick else "the full setup"
     lines = [f"reproduce.py: {what} of the five scripts into {out}: {len(done)} done already, {len(runnable)} to run"]
     lines += [downloads.fetch_line(fetch)] if fetch or (runnable and not lacking) else []
@@ -299,18 +301,18 @@ def plan(args, out, manifest):
 
 
 def prepare(script, args, out, keys, manifest):
-    """The script's command. Fine-tuning: --resume from OUT/finetune-run when its checkpoint was made by the same
-    command and code, else a fresh start, the old checkpoint kept as checkpoint.previous.pt. A stale JSON is moved to
-    OUT/logs/."""
+    """The script's command. Fine-tuning: --resume from OUT/finetune-run when its checkpoint is whole and was made by
+    the same command and code, else a fresh start, the old checkpoint kept as checkpoint.previous.pt. A stale JSON is
+    moved to OUT/logs/."""
     resume = False
     if script == "finetune":
         checkpoint = out / FINETUNE_RUN / CHECKPOINT
-        resume = finetune_resumes(args, out, keys[script], manifest)
-        if not resume and checkpoint.is_file():  # hours of training may be in it: kept aside, not deleted
+        why = why_afresh(args, out, keys[script], manifest)
+        resume = not why
+        if why and checkpoint.is_file():  # hours of training may be in it: kept aside, not deleted
             kept = checkpoint.with_name(KEPT_ASIDE)
             move(checkpoint, kept)
-            say(f"{script_file(script)} starts afresh: its checkpoint was made by another command or code (or "
-                f"--force); the old one is kept as {kept}")
+            say(f"{script_file(script)} starts afresh: {why}; the old one is kept as {kept}")
         manifest["finetune checkpoint"] = checkpoint_maker(args, out, keys[script])  # every checkpoint from now on
     move_stale(out, script, manifest)
     return script_command(script, args, out, resume)
@@ -320,10 +322,19 @@ def checkpoint_maker(args, out, key):
     return {"command": checkpoint_key(script_command("finetune", args, out), out), "code": key["code"]}
 
 
-def finetune_resumes(args, out, key, manifest):
-    """Whether fine-tuning continues from OUT's checkpoint: it is there and was made by the same command and code."""
-    return (not args.force and (out / FINETUNE_RUN / CHECKPOINT).is_file()
-            and manifest.get("finetune checkpoint") == checkpoint_maker(args, out, key))
+def why_afresh(args, out, key, manifest):
+    """Why fine-tuning cannot continue from OUT's checkpoint, "" when it can: it is there, was made by the same
+    command and code, and reads back whole, as the script's --resume will read it."""
+    checkpoint = out / FINETUNE_RUN / CHECKPOINT
+    if not checkpoint.is_file():
+        return "there is no checkpoint"
+    if args.force or manifest.get("finetune checkpoint") != checkpoint_maker(args, out, key):
+        return "its checkpoint was made by another command or code (or --force)"
+    try:
+        read_checkpoint(checkpoint, CHECKPOINT_FORMAT, script_file("finetune"))
+    except UserError:  # --resume would refuse it on every run of this command
+        return "its checkpoint is damaged (truncated, unreadable, or changed since it was written)"
+    return ""
 
 
 def move(source, target):
@@ -482,10 +493,10 @@ def main(argv=None):
     out = Path(args.out).resolve()
     check_extra(args, out)
     check_output(args.out, "OUT", folder=True)
-    check_output(out / "logs", "OUT", folder=True)
     lock = None
     try:
         lock = only_job_on(out, say)  # held while the job runs, and by each script it starts
+        check_output(out / "logs", "OUT", folder=True)  # after the lock: a lock refused leaves OUT as it was
         return run_job(args, argv, out, lock)
     except KeyboardInterrupt as stop:  # a signal outside a script's run: while the job plans, checks, builds the page
         signum = signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT

@@ -18,7 +18,7 @@ import time
 import psutil
 
 from common.errors import UserError
-from common.files import write_atomic
+from common.files import reason, write_atomic
 
 LOG_EVERY = 30  # seconds between snapshots of a running script's log
 LOCK = ".reproduce.lock"
@@ -200,7 +200,7 @@ def only_job_on(out, say):
         return None
     path, waited = out / LOCK, False
     while True:
-        handle = open(path, "a+")  # noqa: SIM115 - held open for the whole job
+        handle = open_lock(path)
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:
@@ -224,6 +224,15 @@ def only_job_on(out, say):
     handle.write(f"{os.getpid()}\n")  # for a later job to tell this one from a script it left
     handle.flush()
     return JobLock(path, handle)
+
+
+def open_lock(path):
+    """The lock's file, open for the whole job; one that cannot be opened (a folder, another user's) is one line."""
+    try:
+        return open(path, "a+")
+    except OSError as error:
+        raise UserError(f"the lock file {path} cannot be opened ({reason(error)}): remove it, or give this job another "
+                        f"OUT") from error
 
 
 def job_is_alive(lock_path):

@@ -30,6 +30,7 @@ import vit_part3_setup
 from common.cli import ScriptParser
 from common.files import TEMP_PREFIX
 from common.start import Terminated, guarded
+from common.training import save_checkpoint
 from job import child_process, downloads, ending, standins
 from job.time_estimate import estimate_seconds
 
@@ -478,10 +479,11 @@ def places(tmp_path):
     (tmp_path / "nette" / "train").mkdir(parents=True)  # no val/
     for split in ("train", "val"):
         (tmp_path / "empty-nette" / split).mkdir(parents=True)  # no class folders
+    (tmp_path / "locked" / ".reproduce.lock").mkdir(parents=True)  # a lock file that cannot be opened
     return {"{empty}": str(tmp_path / "empty"), "{no config}": str(tmp_path / "no-config"),
             "{file}": str(tmp_path / "a-file"), "{missing}": str(tmp_path / "missing"),
             "{half nette}": str(tmp_path / "nette"), "{empty nette}": str(tmp_path / "empty-nette"),
-            "{out}": str(tmp_path / "out")}
+            "{out}": str(tmp_path / "out"), "{locked out}": str(tmp_path / "locked")}
 
 
 BAD = [
@@ -495,7 +497,7 @@ BAD = [
     (["--extra", "posemb=--per-class '20"], "No closing quotation"),
     (["--extra", "posemb=-h"], "the job shows no script's help: python vit_part3_posemb.py -h"),
     (["--extra", "setup=--stepz 3"], "--extra for vit_part3_setup.py: unrecognized arguments: --stepz 3"),
-    (["--extra", "finetune=--steps -5"], "--extra for vit_part3_finetune.py: argument --steps: '-5' is not a whole"),
+    (["--extra", "finetune=--steps -5"], "--extra for vit_part3_finetune.py: argument --steps: '-5' is not a number of"),
     (["--models", "{missing}"], "--models {missing} is not a folder"),
     (["--models", "{file}"], "--models {file} is not a folder"),
     (["--models", "{empty}"], f"holds neither {VIT}/ nor {IN21K}/"),
@@ -509,22 +511,27 @@ BAD = [
     (["--precision", "fp16"], "argument --precision: invalid choice: 'fp16'"),
     (["--quick", "two", "folders"], "unrecognized arguments: two folders"),
     (["--precision", "tf32", "--device", "cpu"], "--precision tf32 exists on NVIDIA GPUs only"),
+    # a folder where the lock's file goes: OUT keeps it and gains nothing
+    (["{locked out}"], ("the lock file {locked out}/.reproduce.lock cannot be opened (Is a directory): remove it, or "
+                        "give this job another OUT")),
 ]
 
 
 @pytest.mark.parametrize("argv,says", BAD)
-def test_a_bad_flag_or_path_is_one_line_before_any_work(places, capsys, argv, says):
-    argv = [places.get(token, token) for token in argv]
+def test_a_bad_flag_or_path_is_one_line_before_any_work(places, tmp_path, capsys, argv, says):
+    """OUT is the entry's first token where that is a place, else {out}, which does not exist."""
+    argv = [places.get(token, token) for token in (argv if argv[0] in places else ["{out}", *argv])]
     for key, value in places.items():
         says = says.replace(key, value)
+    before = sorted(tmp_path.rglob("*"))
     try:
-        status = guarded(lambda: reproduce.main([places["{out}"], *argv]))
+        status = guarded(lambda: reproduce.main(argv))
     except SystemExit as stopped:
         status = stopped.code
     err = capsys.readouterr().err
     errors = [text for text in err.splitlines() if text.startswith("error:")]
     assert status == 2 and len(errors) == 1 and says in errors[0], err
-    assert "Traceback" not in err and not Path(places["{out}"]).exists()  # not even OUT/logs or its lock
+    assert "Traceback" not in err and sorted(tmp_path.rglob("*")) == before  # not even OUT, OUT/logs or its lock
 
 
 @pytest.mark.parametrize("extra,says", [  # argparse's own refusals of --extra: test_bad_inputs ('--steps -5')
@@ -727,25 +734,33 @@ def test_the_room_for_fine_tunings_checkpoint_counts_what_is_overwritten_and_wha
     assert need == {out: pytest.approx(needed_mb + reproduce.WRITES_MB["finetune"] + reproduce.WRITES_MB["page"])}
 
 
-@pytest.mark.parametrize("made_by_this_command,kept", [(True, False), (False, True)])
-def test_a_checkpoint_of_another_command_is_kept_aside_not_deleted(tmp_path, capsys, made_by_this_command, kept):
-    """A checkpoint this command made is resumed; one made otherwise (other flags or code) may hold hours of training:
-    it is moved to checkpoint.previous.pt, with a line saying so, and the run starts afresh."""
+@pytest.mark.parametrize("made_by_this_command,whole,why", [
+    (True, True, None),  # resumed
+    (False, True, "its checkpoint was made by another command or code (or --force)"),
+    (True, False, "its checkpoint is damaged (truncated, unreadable, or changed since it was written)"),  # cut short
+])
+def test_a_checkpoint_of_another_command_or_damaged_is_kept_aside_not_deleted(tmp_path, capsys, made_by_this_command,
+                                                                             whole, why):
+    """A whole checkpoint this command made is resumed; one made otherwise (other flags or code) may hold hours of
+    training, and a damaged one (cut short) would be refused by --resume on every call of the same command: either is
+    moved to checkpoint.previous.pt, with a line saying why, and the run starts afresh."""
     out = tmp_path / "out"
     (out / "logs").mkdir(parents=True)
     checkpoint = out / "finetune-run" / "checkpoint.pt"
-    checkpoint.parent.mkdir()
-    checkpoint.write_bytes(b"weights")
+    save_checkpoint(checkpoint, {"step": 5}, vit_part3_finetune.CHECKPOINT_FORMAT)  # what the script writes
+    saved = checkpoint.read_bytes() if whole else checkpoint.read_bytes()[:1000]
+    checkpoint.write_bytes(saved)
     args, keys = namespace(), {"finetune": {"code": "code digest"}}
     made_by = {"command": reproduce.checkpoint_key(reproduce.script_command("finetune", args, out), out),
                "code": "code digest"}
     manifest = {"finetune checkpoint": made_by if made_by_this_command else {**made_by, "code": "other code"}}
     command = reproduce.prepare("finetune", args, out, keys, manifest)
-    assert ("--resume" in command) is made_by_this_command
-    assert checkpoint.is_file() is made_by_this_command
     previous = checkpoint.with_name("checkpoint.previous.pt")
-    assert previous.is_file() is kept and (not kept or previous.read_bytes() == b"weights")
-    assert ("starts afresh" in capsys.readouterr().err) is kept
+    assert ("--resume" in command) is (why is None) and checkpoint.is_file() is (why is None)
+    assert previous.is_file() is (why is not None) and (why is None or previous.read_bytes() == saved)
+    said = [text for text in capsys.readouterr().err.splitlines() if "starts afresh" in text]
+    afresh = f"vit_part3_finetune.py starts afresh: {why}; the old one is kept as {previous}"
+    assert said == ([] if why is None else [afresh])
 
 
 def test_a_paused_fine_tunings_note_says_the_full_job_runs_it_whole():
