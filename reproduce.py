@@ -471,15 +471,18 @@ def finish(args, argv, out, ran, not_run):
     marks, footnotes = ending.notes(rows, records, not_run)
     lines = ending.final_table(rows, marks) + ending.conclusions_line(records) + ending.standins_line(records)
     print("\n" + "\n".join(lines), flush=True)  # before the page: it may fail
-    page = out / "report.md"
+    page, problem = out / "report.md", None
     if finished or cannot or page_is_stale(page, out):
         try:
             build(out, say=lambda text: None)
-        except UserError as problem:
-            say(f"error: {problem}; the table above holds the counts")
-            return 1
+        except UserError as error:  # a full or read-only OUT: the table above holds the counts
+            problem = error
     status = ending.exit_status(rows, args.strict)
-    print("\n".join([f"page: {page}", *footnotes, ending.next_line(rows, status, argv, hub_offline() and bool(cannot))]).rstrip(), flush=True)
+    next_line = ending.next_line(rows, status, argv, hub_offline() and bool(cannot))
+    if problem:  # the same command also builds the page again, once the scripts' next line is done
+        status, next_line = 1, next_line or f"next: once {out} can be written, python -m job.page {out} writes the page"
+    print("\n".join([f"page: {page}" if problem is None else f"page: not written: {problem}", *footnotes,
+                     next_line]).rstrip(), flush=True)
     return status
 
 

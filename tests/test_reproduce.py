@@ -239,6 +239,22 @@ def test_sigterm_while_the_page_is_built_says_the_same_command_continues(job, tm
     assert capsys.readouterr().err.splitlines()[-1] == f"stopped by SIGTERM; the same command continues the job: {command}"
 
 
+def test_a_page_that_cannot_be_written_still_ends_with_the_reasons_and_what_to_do(job, tmp_path, monkeypatch, capsys):
+    """OUT full while the page is written: the table, then why the page is missing and the command that writes it,
+    status 1 (it returned at the error, without the footnotes and the next line)."""
+    out = shutil.copytree(job["out"], tmp_path / "results")
+    os.utime(out / "posemb.json")  # newer than the page: it is built again
+
+    def full(folder, say):
+        raise reproduce.UserError(f"cannot write report {folder / 'report.md'}: No space left on device")
+
+    monkeypatch.setattr(reproduce, "build", full)
+    assert guarded(lambda: reproduce.main([str(out), *job["flags"]])) == 1
+    lines = capsys.readouterr().out.rstrip().splitlines()
+    assert f"page: not written: cannot write report {out / 'report.md'}: No space left on device" in lines
+    assert lines[-1] == f"next: once {out} can be written, python -m job.page {out} writes the page"
+
+
 def test_one_json_removed_only_that_script_runs_again_and_fine_tuning_resumes(job, tmp_path):
     out = shutil.copytree(job["out"], tmp_path / "results")
     removed = json.loads((out / "finetune.json").read_text())
