@@ -499,6 +499,10 @@ def main(argv=None):
     lock = None
     try:
         lock = only_job_on(out, say)  # held while the job runs, and by each script it starts
+        in_the_way = [out / name for name in ("logs", FINETUNE_RUN, "figures") if (out / name).is_file()]
+        if in_the_way:  # found now, not when the script that writes there starts, hours into the job
+            raise UserError(f"{in_the_way[0]} is a file where the job writes a folder: move it away, or give this job "
+                            f"another OUT")
         check_output(out / "logs", "OUT", folder=True)  # after the lock: a lock refused leaves OUT as it was
         return run_job(args, argv, out, lock)
     except KeyboardInterrupt as stop:  # a signal outside a script's run: while the job plans, checks, builds the page

@@ -496,10 +496,13 @@ def places(tmp_path):
     for split in ("train", "val"):
         (tmp_path / "empty-nette" / split).mkdir(parents=True)  # no class folders
     (tmp_path / "locked" / ".reproduce.lock").mkdir(parents=True)  # a lock file that cannot be opened
+    (tmp_path / "cluttered").mkdir()
+    (tmp_path / "cluttered" / "finetune-run").write_text("where fine-tuning's --save-dir goes")
     return {"{empty}": str(tmp_path / "empty"), "{no config}": str(tmp_path / "no-config"),
             "{file}": str(tmp_path / "a-file"), "{missing}": str(tmp_path / "missing"),
             "{half nette}": str(tmp_path / "nette"), "{empty nette}": str(tmp_path / "empty-nette"),
-            "{out}": str(tmp_path / "out"), "{locked out}": str(tmp_path / "locked")}
+            "{out}": str(tmp_path / "out"), "{locked out}": str(tmp_path / "locked"),
+            "{cluttered out}": str(tmp_path / "cluttered")}
 
 
 BAD = [
@@ -530,6 +533,7 @@ BAD = [
     # a folder where the lock's file goes: OUT keeps it and gains nothing
     (["{locked out}"], ("the lock file {locked out}/.reproduce.lock cannot be opened (Is a directory): remove it, or "
                         "give this job another OUT")),
+    (["{cluttered out}"], "{cluttered out}/finetune-run is a file where the job writes a folder: move it away"),
 ]
 
 
