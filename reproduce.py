@@ -474,7 +474,7 @@ def finish(args, argv, out, ran, not_run):
     page, problem = out / "report.md", None
     if finished or cannot or page_is_stale(page, out):
         try:
-            build(out, say=lambda text: None)
+            build(out, say=say)
         except UserError as error:  # a full or read-only OUT: the table above holds the counts
             problem = error
     status = ending.exit_status(rows, args.strict)

@@ -238,7 +238,8 @@ def on_the_miniature(records):
 
 
 def build(folder, say=print):
-    """report.md in folder from the scripts' JSON files there; returns its path."""
+    """report.md in folder from the scripts' JSON files there; returns its path. say: what the page lacks (figures
+    without matplotlib, a figure that cannot be written)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise UserError(f"{folder} is not a folder: pass the folder the scripts wrote their --json files into")
@@ -268,8 +269,8 @@ def build(folder, say=print):
         seconds = run_seconds(script, record, job, folder)
         summary.append(f"| {script_file(script)} | {cell(setup_cell(differences))} | {counts_text(counts)} | "
                        f"{seconds} |")
-        body += script_section(script, record, rows, draw_figures(script, record, rows, folder, lambda text: None),
-                               folder, seconds)
+        drawn = draw_figures(script, record, rows, folder, say if with_figures else lambda text: None)  # its warnings
+        body += script_section(script, record, rows, drawn, folder, seconds)
     head = ["# The two articles' numbers, reproduced", ""]
     standins = [script_file(script) for script, record in records.items() if record and record.get("stand-ins")]
     if standins:
@@ -289,16 +290,14 @@ def build(folder, say=print):
     if not with_figures:
         head += [(f"No figures: {figures.INSTALL_HINT}; run `python -m job.page {folder}` again after "
                   f"installing it."), ""]
-    page = write_text(folder / "report.md", "\n".join(head + summary + ["", COLUMNS, ""] + body), what="report")
-    say(f"wrote {page}")
-    return page
+    return write_text(folder / "report.md", "\n".join(head + summary + ["", COLUMNS, ""] + body), what="report")
 
 
 def main(argv=None):
     parser = script_parser(__doc__)
     parser.add_argument("folder", help="the folder the scripts wrote their --json files into")
     args = parser.parse_args(argv)
-    build(args.folder)
+    print(f"wrote {build(args.folder)}")
     return 0
 
 

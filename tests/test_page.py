@@ -74,6 +74,20 @@ def test_without_matplotlib_the_page_is_written_and_says_how_to_get_figures(four
     assert len(list((tmp_path / "figures").glob("*.png"))) == page.count("](figures/") == 6
 
 
+def test_a_figure_the_page_cannot_write_is_said_and_left_out(four_runs, tmp_path):
+    """The page's figures/ holds a folder where fine-tuning's PNG goes: the page is written without that figure, and
+    the line that says so reaches the one who built it (python -m job.page prints it, reproduce.py says it)."""
+    pytest.importorskip("matplotlib")
+    for script in page_maker.SCRIPTS:
+        (tmp_path / f"{script}.json").write_text((four_runs / f"{script}.json").read_text())
+    (tmp_path / "figures" / page_maker.finetune.FILE).mkdir(parents=True)
+    said = []
+    page = page_maker.build(tmp_path, say=said.append).read_text()
+    assert f"figures/{page_maker.finetune.FILE}" not in page and page.count("](figures/") == 5
+    assert [text for text in said if text.startswith("warning: ")] == [
+        f"warning: cannot write the figure {tmp_path / 'figures' / page_maker.finetune.FILE}: Is a directory"]
+
+
 def test_a_paused_fine_tuning_and_a_backbone_without_logged_steps_still_have_their_figures(four_runs, monkeypatch):
     """A quick fine-tuning run pauses after step 5 and keeps its logged rows only; a backbone run too short to log
     a step has its feature maps."""
