@@ -291,7 +291,7 @@ def plan(args, out, manifest):
                                                 for piece, (*_, host) in downloads.PIECES.items()})
     runnable = [script for script in to_run if script not in lacking]
     cannot = {script: downloads.lacks_text(missing, hub_offline()) for script, missing in lacking.items()}
-    resumes = not why_afresh(args, out, keys["finetune"], manifest)
+    resumes = "finetune" in runnable and not why_afresh(args, out, keys["finetune"], manifest)  # reads the checkpoint
     what = "the quick checks" if args.quick else "the full setup"
     lines = [f"reproduce.py: {what} of the five scripts into {out}: {len(done)} done already, {len(runnable)} to run"]
     lines += [downloads.fetch_line(fetch)] if fetch or (runnable and not lacking) else []
@@ -500,8 +500,9 @@ def main(argv=None):
     try:
         lock = only_job_on(out, say)  # held while the job runs, and by each script it starts
         in_the_way = [out / name for name in ("logs", FINETUNE_RUN, "figures") if (out / name).is_file()]
+        in_the_way += [path for path in [out / FINETUNE_RUN / CHECKPOINT] if path.is_dir()]
         if in_the_way:  # found now, not when the script that writes there starts, hours into the job
-            raise UserError(f"{in_the_way[0]} is a file where the job writes a folder: move it away, or give this job "
+            raise UserError(f"{in_the_way[0]} stands where the job writes its own: move it away, or give this job "
                             f"another OUT")
         check_output(out / "logs", "OUT", folder=True)  # after the lock: a lock refused leaves OUT as it was
         return run_job(args, argv, out, lock)

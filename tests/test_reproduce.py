@@ -498,11 +498,12 @@ def places(tmp_path):
     (tmp_path / "locked" / ".reproduce.lock").mkdir(parents=True)  # a lock file that cannot be opened
     (tmp_path / "cluttered").mkdir()
     (tmp_path / "cluttered" / "finetune-run").write_text("where fine-tuning's --save-dir goes")
+    (tmp_path / "cluttered-run" / "finetune-run" / "checkpoint.pt").mkdir(parents=True)
     return {"{empty}": str(tmp_path / "empty"), "{no config}": str(tmp_path / "no-config"),
             "{file}": str(tmp_path / "a-file"), "{missing}": str(tmp_path / "missing"),
             "{half nette}": str(tmp_path / "nette"), "{empty nette}": str(tmp_path / "empty-nette"),
             "{out}": str(tmp_path / "out"), "{locked out}": str(tmp_path / "locked"),
-            "{cluttered out}": str(tmp_path / "cluttered")}
+            "{cluttered out}": str(tmp_path / "cluttered"), "{cluttered run}": str(tmp_path / "cluttered-run")}
 
 
 BAD = [
@@ -533,7 +534,8 @@ BAD = [
     # a folder where the lock's file goes: OUT keeps it and gains nothing
     (["{locked out}"], ("the lock file {locked out}/.reproduce.lock cannot be opened (Is a directory): remove it, or "
                         "give this job another OUT")),
-    (["{cluttered out}"], "{cluttered out}/finetune-run is a file where the job writes a folder: move it away"),
+    (["{cluttered out}"], "{cluttered out}/finetune-run stands where the job writes its own: move it away"),
+    (["{cluttered run}"], "{cluttered run}/finetune-run/checkpoint.pt stands where the job writes its own"),
 ]
 
 
