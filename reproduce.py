@@ -193,14 +193,17 @@ def file_digest(path):
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def read_manifest(out):
-    """{script: what ran, "finetune checkpoint": key, "command", "not run": {script: why}} from OUT/reproduce.json."""
+def read_manifest(out, force=False):
+    """{script: what ran, "finetune checkpoint": key, "command", "not run": {script: why}} from OUT/reproduce.json;
+    one that cannot be read is refused (it alone says which of OUT's results are this command's), --force aside."""
     path = out / JOB_RECORD
     try:
         manifest = json.loads(path.read_text()) if path.exists() else {}
     except (OSError, ValueError) as error:
-        say(f"warning: {path} cannot be read ({error}); every script runs again")
-        return {}
+        if force:
+            return {}
+        raise UserError(f"{path} cannot be read ({error}): restore it, or add --force to run every script again "
+                        f"(their results and fine-tuning's checkpoint are kept aside)") from error
     return manifest if isinstance(manifest, dict) else {}
 
 
@@ -396,7 +399,7 @@ def check_extra(args, out):
     typo costs seconds, not a job, and leaves nothing. Its outputs go to a scratch folder; a done script is not asked."""
     if not any(args.extra.values()):
         return
-    manifest = read_manifest(out) if out.is_dir() else {}
+    manifest = read_manifest(out, args.force) if out.is_dir() else {}
     keys = script_keys(args, out)
     asked = [s for s in SCRIPTS if args.extra[s] and (args.force or not is_complete(out, s, keys[s], manifest))]
     with tempfile.TemporaryDirectory() as scratch:
@@ -408,7 +411,8 @@ def check_extra(args, out):
 
 def run_job(args, argv, out, lock):
     """Plan, check, run what is not done in order, then the table and the page; the exit status."""
-    manifest = read_manifest(out)
+    manifest = read_manifest(out, args.force)
+    check_output(out / "logs", "OUT", folder=True)  # after the lock and the record: a refusal leaves OUT as it was
     keys, done, cannot, runnable, lines = plan(args, out, manifest)
     for line in lines:
         say(line)
@@ -504,7 +508,6 @@ def main(argv=None):
         if in_the_way:  # found now, not when the script that writes there starts, hours into the job
             raise UserError(f"{in_the_way[0]} stands where the job writes its own: move it away, or give this job "
                             f"another OUT")
-        check_output(out / "logs", "OUT", folder=True)  # after the lock: a lock refused leaves OUT as it was
         return run_job(args, argv, out, lock)
     except KeyboardInterrupt as stop:  # a signal outside a script's run: while the job plans, checks, builds the page
         signum = signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT

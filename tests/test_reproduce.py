@@ -499,11 +499,14 @@ def places(tmp_path):
     (tmp_path / "cluttered").mkdir()
     (tmp_path / "cluttered" / "finetune-run").write_text("where fine-tuning's --save-dir goes")
     (tmp_path / "cluttered-run" / "finetune-run" / "checkpoint.pt").mkdir(parents=True)
+    (tmp_path / "damaged").mkdir()
+    (tmp_path / "damaged" / "reproduce.json").write_text('{"setup": {"seconds": 13')  # cut short
     return {"{empty}": str(tmp_path / "empty"), "{no config}": str(tmp_path / "no-config"),
             "{file}": str(tmp_path / "a-file"), "{missing}": str(tmp_path / "missing"),
             "{half nette}": str(tmp_path / "nette"), "{empty nette}": str(tmp_path / "empty-nette"),
             "{out}": str(tmp_path / "out"), "{locked out}": str(tmp_path / "locked"),
-            "{cluttered out}": str(tmp_path / "cluttered"), "{cluttered run}": str(tmp_path / "cluttered-run")}
+            "{cluttered out}": str(tmp_path / "cluttered"), "{cluttered run}": str(tmp_path / "cluttered-run"),
+            "{damaged out}": str(tmp_path / "damaged")}
 
 
 BAD = [
@@ -536,6 +539,8 @@ BAD = [
                         "give this job another OUT")),
     (["{cluttered out}"], "{cluttered out}/finetune-run stands where the job writes its own: move it away"),
     (["{cluttered run}"], "{cluttered run}/finetune-run/checkpoint.pt stands where the job writes its own"),
+    # the record alone says which results are this command's: unreadable, it is not taken for "nothing done"
+    (["{damaged out}"], "{damaged out}/reproduce.json cannot be read (Expecting"),
 ]
 
 
