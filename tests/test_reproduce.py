@@ -929,3 +929,11 @@ def test_a_script_run_again_leaves_no_figure_of_its_earlier_run(job, tmp_path):
     linked = set(re.findall(r"\]\(figures/([^)]+\.png)\)", (out / "report.md").read_text()))
     assert {"fewshot_accuracy.png", "finetune_curves.png", "backbone_curves.png",
             "backbone_feature_maps.png"} == linked
+
+
+def test_force_starts_afresh_from_a_record_that_cannot_be_read(tmp_path):
+    """--force runs every script again: a damaged record then reads as nothing done, not as a refusal."""
+    (tmp_path / "reproduce.json").write_text('{"setup": {"seconds": 13')  # cut short
+    assert reproduce.read_manifest(tmp_path, force=True) == {}
+    with pytest.raises(reproduce.UserError, match="add --force to run every script again"):
+        reproduce.read_manifest(tmp_path)
