@@ -44,7 +44,6 @@ from common.environment import library_versions
 from common.errors import UserError
 from common.files import reason, write_text
 from common.output import say
-from common.reference import counts_text
 from common.run import check_output
 from common.training import read_checkpoint
 from figures import backbone, fewshot, finetune, posemb
@@ -459,7 +458,7 @@ def run_job(args, argv, out, lock):
             finished[script], times[script] = seconds, clock(seconds)
             row = ending.result_row(script, record)
             print(f"{name}: {clock(seconds)} (its process's wall time), " + (f"{row['sections'][0]} of {row['sections'][1]} sections; "
-                  f"{counts_text(row['counts'])}{ending.paused(record)}" if record else f"exit status {status} and no JSON: "
+                  f"{row['verdicts']}{ending.paused(record)}" if record else f"exit status {status} and no JSON: "
                   f"see the lines above, kept in OUT/logs/{script}.log"), flush=True)
     if stop.asked:
         say(stopped_line(stop.asked[0], argv))

@@ -37,15 +37,15 @@ import torch.nn.functional as F
 from common import beans as beans_data
 from common import cli
 from common import trainer as plumbing
-from common.checkpoints import check_model_flag, load_pretrained
+from common.checkpoints import check_model_flag, checkpoint_difference, load_pretrained
 from common.closed_form import closed_form, targets, with_bias
 from common.device import PRECISIONS, float32_arithmetic, float32_rule, to_device
-from common.differences import flag_differences, subset_differences
+from common.environment import made_here
 from common.errors import UserError
 from common.loader import NEW_PASS, loader_workers, timed
 from common.paths import FEATURE_CACHE_DIR
-from common.reference import verdict
 from common.run import Run, loaded, run_sections
+from common.verdicts import flag_differences, subset_differences, verdict
 from figures import backbone as figures
 
 # ---------------------------------------------------------------- the recipe, where the article states it
@@ -55,7 +55,8 @@ BATCH = 16              # TrainingArguments(per_device_train_batch_size=16, per_
 EPOCHS = 5              # num_train_epochs=5
 LR = 2e-5               # learning_rate=2e-5 (AdamW, linear decay: the Trainer's defaults)
 LOGGING_STEPS = 10      # logging_steps=10 with eval_strategy='steps': the training loss and an evaluation every 10
-RELEASED = {"training pictures": 1034, "validation pictures": 133}  # ds['train'], ds['validation'] as released
+RELEASED = {"training pictures": 1034, "validation pictures": 133}
+BEANS_CLASSES = ("angular_leaf_spot", "bean_rust", "healthy")  # ds['train'].features['labels'].names  # ds['train'], ds['validation'] as released
 ARTICLE_FLAGS = {item: (item, value) for item, value in (("seed", SEED), ("batch_size", BATCH), ("epochs", EPOCHS),
                                                           ("lr", LR), ("precision", "fp32"))}
 ARTICLE_FP32_RULE = "torch defaults"  # "Using device: cuda": TF32 convolutions on Ampere+ GPUs, as --precision fp32
@@ -561,15 +562,20 @@ SECTIONS = [section_feature_map, section_table, section_checkpoint, section_fine
 
 
 def setup_differences(run):
-    """How this run's setup differs from the article's: its flags and pictures. Not --model (the numbers judge the
-    weights), --probe-epochs or --lambdas (section 5 goes beyond the article)."""
+    """How this run's setup differs from the article's: the checkpoint, the pictures, the flags. Not --probe-epochs
+    or --lambdas (section 5 goes beyond the article)."""
     try:  # the pictures the sections read, loaded already; or none, as they could not load
         beans = load_beans(run.args.data_dir, run.args.per_class)
     except UserError:
         beans = None
     counts = {f"{word} pictures": len(beans[split]) if beans else None
               for split, word in (("train", "training"), ("validation", "validation"))}
-    return {**subset_differences(run.args, counts, RELEASED), **flag_differences(run.args, ARTICLE_FLAGS)}
+    unlike = run.args.data_dir and made_here(run.args.data_dir)  # beans as far as can be checked: not generated,
+    if not unlike and beans and tuple(beans["names"]) != BEANS_CLASSES:  # its class names
+        unlike = f"classes {', '.join(beans['names'])}, not those of beans ({', '.join(BEANS_CLASSES)})"
+    data = ({"data set": {"flag": f"--data-dir {run.args.data_dir}", "why": f"--data-dir {run.args.data_dir}: {unlike}"}}
+            if unlike else subset_differences(run.args, counts, RELEASED))  # another data set is no sample of beans
+    return {**checkpoint_difference(run.args.model, MODEL), **data, **flag_differences(run.args, ARTICLE_FLAGS)}
 
 
 def parse_args(argv):

@@ -27,17 +27,17 @@ import numpy as np
 import torch
 
 from common import cli
-from common.checkpoints import check_model_flag, load_pretrained
+from common.checkpoints import check_model_flag, checkpoint_difference, load_pretrained
 from common.closed_form import closed_form, targets, with_bias
-from common.differences import flag_differences
 from common.errors import UserError
 from common.feature_cache import cache_key, cached_passes, picture_digests
 from common.imagenette import CLASSES, class_folders, data_differences, ensure_imagenette, list_split
 from common.inference import run_model
 from common.loader import one_pass, start_pass
+from common.output import Accuracy
 from common.paths import CHECKOUT, FEATURE_CACHE_DIR
-from common.reference import article_values, load_reference
 from common.run import Run, run_sections
+from common.verdicts import article_values, flag_differences, load_reference
 from figures import fewshot as figures
 
 DEFAULT_MODEL = "google/vit-base-patch16-224-in21k"
@@ -67,13 +67,15 @@ def draw_pool(items, per_class, seed):
 
 
 def few_shot_accuracies(x_pool, pool_labels, x_val, val_labels, shots, lam, draws, seed):
-    """Validation accuracy (%) of the closed form on each of `draws` random draws of `shots` pictures per class."""
+    """Validation accuracy (an Accuracy, per cent, with its counts) of the closed form on each of `draws` random draws
+    of `shots` pictures per class."""
     classes = len(np.unique(pool_labels))
     accuracies = []
     for draw in range(draws):
         chosen = draw_shots(pool_labels, shots, draw, seed)
         w = closed_form(x_pool[chosen], targets(pool_labels[chosen], classes), lam)
-        accuracies.append(100 * np.mean((x_val @ w).argmax(1) == val_labels))
+        right = (x_val @ w).argmax(1) == val_labels
+        accuracies.append(Accuracy(int(right.sum()), len(right), value=100 * np.mean(right)))
     return accuracies
 
 
@@ -212,8 +214,10 @@ def section_frozen(run, report):
             cells = []
             for shots in args.shots:
                 cell = accuracies[representation, lam, shots]
+                mean = Accuracy([draw.counts["right"] for draw in cell], len(x["val"][representation]),
+                                value=np.mean(cell))  # the mean over the draws, with each draw's count
                 cells.append(report.fill("{shots}-shot {mean:5.1f} +- {std:4.1f}%",
-                                         {"mean": np.mean(cell), "std": np.std(cell)},  # std: ddof=0
+                                         {"mean": mean, "std": np.std(cell)},  # std: ddof=0
                                          f"{representation} lambda {lam:g} {shots}-shot ", {"shots": shots}))
             report.line("{representation:<11} lambda {lam:>6g}:  {cells}", representation=representation, lam=lam,
                         cells="   ".join(cells))
@@ -273,7 +277,7 @@ def table_differences(args, names):
 
 
 def setup_differences(run):
-    """How this run's setup differs from the article's: the pictures (the pool is drawn from every training picture of
+    """How this run's setup differs from the article's: the checkpoint, the pictures (the pool is drawn from every training picture of
     the folder: a partial copy moves it), the pool, draws, the solve shown."""
     args = run.args
     try:
@@ -281,7 +285,8 @@ def setup_differences(run):
     except UserError:  # said by sections 2 and 2b: the count is unknown
         data = None
     pool_source = argparse.Namespace(data_dir=args.data_dir, per_class=None)  # all training pictures: no --per-class
-    differences = {**data_differences(args, {"val": len(data["val"]) if data else None}),
+    differences = {**checkpoint_difference(args.model, DEFAULT_MODEL),
+                   **data_differences(args, {"val": len(data["val"]) if data else None}),
                    **data_differences(pool_source, {"train": data["training"] if data else None}),
                    **flag_differences(args, ARTICLE_FLAGS), **table_differences(args, load_reference("fewshot"))}
     if 5 not in args.shots:

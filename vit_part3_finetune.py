@@ -37,17 +37,17 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from common import cli, distributed
-from common.checkpoints import checkpoint_config, load_pretrained
+from common.checkpoints import checkpoint_config, checkpoint_difference, load_pretrained
 from common.device import to_device
-from common.differences import flag_differences
 from common.errors import UserError
 from common.imagenette import class_folders, data_differences, ensure_imagenette, is_imagenette, list_split
 from common.inference import run_model
 from common.loader import NEW_PASS, one_pass, start_pass, timed
+from common.output import Accuracy
 from common.pictures import to_pixels
-from common.reference import article_values, load_reference
 from common.run import Run, check_output, loaded, run_sections
 from common.training import read_checkpoint, save_checkpoint, set_rng_states
+from common.verdicts import article_values, flag_differences, load_reference
 from figures import finetune as figures
 
 # ---------------------------------------------------------------- the recipe
@@ -73,7 +73,7 @@ ARTICLE_FLAGS = {"steps": ("steps", STEPS), "batch": ("batch_size", BATCH), "lr"
 # --accum-steps and torchrun's processes keep the recipe's arithmetic, so they are not in ARTICLE_FLAGS.
 
 CHECKPOINT = "checkpoint.pt"
-CHECKPOINT_FORMAT = "vit_part3_finetune checkpoint, v4"  # v4: the run's log, one dict beside the weights
+CHECKPOINT_FORMAT = "vit_part3_finetune checkpoint, v5"  # v5: the log keeps each check's counts, right of checked
 
 
 # ---------------------------------------------------------------- the recipe, as pure functions
@@ -370,12 +370,13 @@ def section_finetune(run, report):
     # read once, kept on the device: an unreadable picture stops the run here; the reading counts as the checks' wait
     monitor = kept_batches(items, run, micro, log)
     if start == 0:
-        (log["step 0"],), _ = accuracies([model.eval()], *monitor, run, micro, "step 0", log["passes"]["checks"])
+        (step_0,), _ = accuracies([model.eval()], *monitor, run, micro, "step 0", log["passes"]["checks"])
+        log["step 0"] = counts(step_0)
         ties = not model.classifier.weight.any() and not model.classifier.bias.any()
         log["tie note"] = "  (zero head: every class ties, the first wins)" if ties else ""
     report.line("step   0: validation accuracy ({monitor pictures:,} pictures, {monitor per class} per class) "
                 "{step 0 validation:.1f}%{tie_note}", {"monitor pictures": len(items),
-                "monitor per class": len(items) // data["classes"], "step 0 validation": log["step 0"]},
+                "monitor per class": len(items) // data["classes"], "step 0 validation": Accuracy(*log["step 0"])},
                 tie_note=log["tie note"])
     last_step = min(args.pause_at or args.steps, args.steps)
     train(run, report, data, model, average, optimizer, log, monitor, start, last_step)
@@ -394,7 +395,8 @@ def train(run, report, data, model, average, optimizer, log, monitor, start, las
     micro = args.batch_size // (run.world * args.accum_steps)  # the pictures of one forward pass
     trained = torch.nn.parallel.DistributedDataParallel(model) if run.world > 1 else model  # on the model's device
     for row in log["rows"]:  # a resumed run's logged steps, printed again
-        report.line(STEP_LINE, {k: v for k, v in row.items() if k != "step"}, prefix=f"step {row['step']} ",
+        shown = {key: value for key, value in row.items() if key != "step"}
+        report.line(STEP_LINE, {**shown, "accuracy": Accuracy(*row["accuracy"])}, prefix=f"step {row['step']} ",
                     step=row["step"])
     begun = time.perf_counter() - log["seconds"]  # the run's clock: a resumed run's seconds go on
     batches = step_batches(data["train"], start + 1, last_step, run, log)
@@ -424,7 +426,7 @@ def train(run, report, data, model, average, optimizer, log, monitor, start, las
                 log["seconds"] = time.perf_counter() - begun
                 row = {"lr": lr, "loss": loss, "norm": norm, "accuracy": percent, "seconds": log["seconds"],
                        "waiting seconds": sum(timing["waiting seconds"] for timing in passes.values())}
-                log["rows"].append({"step": step, **row})
+                log["rows"].append({"step": step, **row, "accuracy": counts(percent)})
                 report.line(STEP_LINE, row, prefix=f"step {step} ", step=step)
             # every process learns of a signal, or of a failed save, in any: all stop at the same step
             interrupted = distributed.sum_over_processes(bool(stop["asked"]), run) > 0
@@ -529,8 +531,9 @@ def kept_batches(items, run, batch_size, log):
 
 
 def accuracies(models, batches, labels, run, batch_size, desc, timing=None):
-    """([per cent right of each model over all processes], timing: this pass's, or the given running total with this
-    pass added): one pass, each batch through every model; batches as run_model's, labels this process's share."""
+    """([the Accuracy, per cent right, of each model over all processes], timing: this pass's, or the given running
+    total with this pass added): one pass, each batch through every model; batches as run_model's, labels this
+    process's share."""
     def predictions(**inputs):
         return [model(**inputs).logits.argmax(1) for model in models]
 
@@ -539,8 +542,13 @@ def accuracies(models, batches, labels, run, batch_size, desc, timing=None):
     total, percents = distributed.sum_over_processes(len(labels), run), []
     for k in range(len(models)):
         correct = int((torch.cat([batch[k] for batch in predicted]) == torch.as_tensor(labels)).sum()) if labels else 0
-        percents.append(100 * distributed.sum_over_processes(correct, run) / total)
+        percents.append(Accuracy(distributed.sum_over_processes(correct, run), total))
     return percents, timing
+
+
+def counts(accuracy):
+    """(right, of) of an Accuracy: what the checkpoint keeps (torch.load, weights_only, takes no class of ours)."""
+    return accuracy.counts["right"], accuracy.counts["of"]
 
 
 def finish(run, report, data, model, average, log, last_step):
@@ -593,11 +601,11 @@ SECTIONS = [section_data_and_model, section_zero_head, section_finetune]
 
 
 def setup_differences(run):
-    """How this run's setup differs from the article's: the pictures and the recipe. Another --steps also removes
-    the article's rows of the steps this run never logs: not comparable, not "not run"."""
+    """How this run's setup differs from the article's: the checkpoint, the pictures and the recipe. Another --steps
+    also removes the article's rows of the steps this run never logs: not comparable, not "not run"."""
     args, data = run.args, run.loaded.get("data and model", (None,))[0]  # None: the sections could not load it
     counts = {split: len(data[split]) if data else None for split in ("train", "val")}
-    differences = {**data_differences(args, counts),
+    differences = {**checkpoint_difference(args.model, MODEL), **data_differences(args, counts),
                    **flag_differences(args, ARTICLE_FLAGS), **check_differences(args, data)}
     if "steps" in differences:
         logged = set(report_steps(args.steps))

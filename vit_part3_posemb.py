@@ -28,16 +28,16 @@ import scipy.ndimage
 import torch
 import torch.nn.functional as F
 
-from common.checkpoints import checkpoint_config, load_pretrained
+from common.checkpoints import checkpoint_config, checkpoint_difference, load_pretrained
 from common.cli import add_common_arguments, add_data_arguments, nonempty_path, script_parser, side_pixels
-from common.differences import flag_differences
 from common.errors import UserError
 from common.imagenette import CLASSES, class_folders, data_differences, ensure_imagenette, list_split
 from common.inference import run_model
 from common.loader import one_pass, start_pass, workers_text
+from common.output import Accuracy
 from common.pictures import load_all
-from common.reference import article_values, load_reference
 from common.run import Run, loaded, run_sections
+from common.verdicts import article_values, flag_differences
 from figures import posemb as figures
 
 DEFAULT_MODEL = "google/vit-base-patch16-224"
@@ -264,8 +264,8 @@ def section_cosine(run, report):
     report.header("3. cosine similarity of position row {place} with its four neighbours and the far corner",
                   place=old_place)
     maps = {}
-    for name, g, (r, c) in ((f"{n_old}x{n_old}", grid, old_place),
-                            (f"{n_new}x{n_new}", bilinear_resize_loop(grid, n_new), new_place)):
+    for name, g, (r, c), prefix in ((f"{n_old}x{n_old}", grid, old_place, "own grid "),
+                                    (f"{n_new}x{n_new}", bilinear_resize_loop(grid, n_new), new_place, "stretched grid ")):
         size = g.shape[0]
         similarity = cosine_similarities(g, (r, c))
         corner = (size - 1 if r < size / 2 else 0, size - 1 if c < size / 2 else 0)
@@ -275,7 +275,7 @@ def section_cosine(run, report):
                     "far corner {corner}: {far corner:.2f}",
                     {**{f"neighbour {side}": v for side, v in zip(("up", "down", "left", "right"), neighbours)},
                      "neighbours min": min(neighbours), "neighbours max": max(neighbours),
-                     "far corner": similarity[corner]}, prefix=f"{name} ", grid=name, r=r, c=c, corner=corner)
+                     "far corner": similarity[corner]}, prefix=prefix, grid=name, r=r, c=c, corner=corner)
         maps[name] = similarity.tolist()
     report.series["cosine maps"] = maps  # for the figures and the page
     if run.args.plots:
@@ -314,7 +314,7 @@ def section_accuracy(run, report):
                                        lambda out: out.logits.float(), key, run.autocast, count=len(images))
             of_10, of_1000 = accuracy_counts(torch.cat(logits), labels, imagenet_classes)
             report.line("{label:<46} accuracy {of 10:.2f}% (of 10)   {of 1000:.2f}% (of 1000)   {time}",
-                        {"of 10": 100 * of_10 / len(images), "of 1000": 100 * of_1000 / len(images)},
+                        {"of 10": Accuracy(of_10, len(images)), "of 1000": Accuracy(of_1000, len(images))},
                         prefix=f"{key} ", label=label, time=report.pass_text(key, timing))
     finally:
         embeddings.position_embeddings.data = original
@@ -330,15 +330,14 @@ ARTICLE_FLAGS = {"resolution": ("resolution", 384), "precision": ("precision", "
 
 
 def setup_differences(run):
-    """How this run's setup differs from the article's: the pictures, the resolution, the precision."""
+    """How this run's setup differs from the article's: the checkpoint, the pictures, the resolution, the
+    precision."""
     try:
         count = len(load_pictures(run)[1])
     except UserError:  # said by section 4: the count is unknown
         count = None
-    differences = {**data_differences(run.args, {"val": count}), **flag_differences(run.args, ARTICLE_FLAGS)}
-    if "resolution" in differences:  # the stretched grid is not 24x24: its numbers are named by the run's grid
-        differences["resolution"]["removes"] = [name for name in load_reference("posemb") if name.startswith("24x24 ")]
-    return differences
+    return {**checkpoint_difference(run.args.model, DEFAULT_MODEL), **data_differences(run.args, {"val": count}),
+            **flag_differences(run.args, ARTICLE_FLAGS)}
 
 
 def main(argv=None):

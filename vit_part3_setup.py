@@ -341,7 +341,7 @@ def section_norms(run, report):
     standardized = weight_standardize(filters)
     numbers = {"picture A channel 1": a[0], "BN partner 1": batch_norm(batches[0])[0, 0],
                "BN partner 2": batch_norm(batches[1])[0, 0], "GN group 1": group, "GN group 1 mean": group.mean(),
-               "GN group 1 std": group.std(unbiased=False), "GN": group_norm(a[None], 2)[0, 0],
+               "GN group 1 std": group.std(unbiased=False), "GN": group_norm(batches[0], 2)[0, 0],
                "filter 2": filters[1], "WS filter 2 mean": filters[1].mean(),
                "WS filter 2 std": filters[1].std(unbiased=False), "WS filter 2": standardized[1],
                "filter 1": filters[0], "WS filter 1": standardized[0]}
@@ -359,6 +359,12 @@ def section_norms(run, report):
                 "std {WS filter 2 std:.4f} -> {WS filter 2:6.3f}", numbers)
     report.line("filter 1 = {filter 1} -> {WS filter 1:6.3f}   (every filter now has mean 0 and std 1 before the "
                 "convolution uses it)", numbers)
+    # the prose's "with any partner" and "every filter now has mean 0 and std 1", for the conclusions to read
+    report.nums("GN partner 2", group_norm(batches[1], 2)[0, 0], printed=False)
+    means, stds = standardized.mean(dim=-1), standardized.std(dim=-1, unbiased=False)
+    for name, value in (("WS filters largest mean", means.abs().max()), ("WS filters smallest std", stds.min()),
+                        ("WS filters largest std", stds.max())):
+        report.num(name, value, "short", printed=False)
 
 
 # ---------------------------------------------------------------- 4. optimizers and schedules
@@ -457,6 +463,8 @@ def section_adam(run, report):
                     t=t, g=g)
     report.line("torch.optim.Adam after the same three gradients: w={torch Adam w:.6f}  (ours {ours:.6f})",
                 {"torch Adam w": by_torch}, ours=rows[-1][-1])
+    for g in (0.001, 1000):  # the prose's "whatever the size of the gradient"
+        report.num(f"Adam t=1 step at g={g:g}", adam_by_hand([g])[0][6], "short", printed=False)
 
 
 def section_pretraining(run, report):
@@ -508,6 +516,10 @@ def section_clipping(run, report):
                 "{clip global norm:.1f} > 1, so every gradient is multiplied by 1/{clip global norm:g}: "
                 "{clipped [3, 0]} and {clipped [4]}; direction kept, length 1", numbers)
     report.line("torch.nn.utils.clip_grad_norm_: {torch clipped [3, 0]} and {torch clipped [4]}", numbers)
+    flat, before = [g for tensor in clipped for g in tensor], [g for tensor in gradients for g in tensor]
+    report.num("clipped length", math.sqrt(sum(g * g for g in flat)), "short", printed=False)  # "length 1"
+    report.num("clipped cosine with the gradient", sum(a * b for a, b in zip(flat, before)) / norm, "short",
+               printed=False)  # the line's "direction kept"
 
 
 def section_table4(run, report):

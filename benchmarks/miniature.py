@@ -64,8 +64,7 @@ def own_conclusions(results):
     the miniature's whole set, not a sample of Imagenette's."""
     import json
 
-    from common.conclusions import conclusion_rows, counts_text
-    from common.reference import verdict_text
+    from common.verdicts import counts_text, judge, verdict_text
 
     lines = []
     for script in ("setup", "posemb", "fewshot", "finetune", "backbone"):
@@ -73,7 +72,7 @@ def own_conclusions(results):
         if not path.is_file():
             lines.append(f"  {script}: no record")
             continue
-        rows = conclusion_rows(script, json.loads(path.read_text())["numbers"], {})
+        rows = judge(script, json.loads(path.read_text())["numbers"])[1]
         lines += [f"  {script}: {counts_text(rows)}", *(f"    {verdict_text(row)}: {row['says']}" for row in rows)]
     return lines
 

@@ -39,7 +39,7 @@ from common.cli import script_parser
 # mutants run its own files first, then the rest of MATHS.
 MATHS = ["tests/test_closed_form.py", "tests/test_compute.py", "tests/test_setup.py",
          "tests/test_finetune_maths.py", "tests/test_backbone_maths.py", "tests/test_fewshot.py", "tests/test_posemb.py",
-         "tests/test_conclusions.py"]
+         "tests/test_verdicts.py"]
 
 
 def guarded_by(*own):
@@ -61,8 +61,9 @@ TARGETS = {
                                "zero_head", "random_head", "setup_differences", "train", "gradients",
                                "micro_batches", "step_pictures", "process_share"],
                               guarded_by("tests/test_finetune_maths.py", "tests/test_finetune.py")),
-    "common/conclusions.py": (["interval", "decide", "check_verdict", "conclusion_rows"],
-                              guarded_by("tests/test_conclusions.py")),
+    "common/verdicts.py": (["accuracy_interval", "first_k", "number_interval", "scaled", "number_row", "verdict",
+                            "conclusion_row", "decide"],
+                           guarded_by("tests/test_verdicts.py")),
     "vit_backbone.py": (["patch_tokens_to_feature_map", "split_tokens", "accuracy_metrics", "pca_rgb",
                          "one_per_class", "linear_probe", "scores_accuracy_loss", "closed_form_probe",
                          "feature_grid"], guarded_by("tests/test_backbone_maths.py", "tests/test_backbone.py")),

@@ -1,4 +1,6 @@
-"""Hugging Face checkpoints: load by id or local directory, quietly, with one line when one cannot be had."""
+"""Hugging Face checkpoints: load by id or local directory, quietly, with one line when one cannot be had; and
+whether the one a run loaded is the article's."""
+import hashlib
 import os
 
 from common.errors import UserError
@@ -105,3 +107,62 @@ def cached_weight_file(name):
         if isinstance(path, str) and os.path.isfile(path):
             return path
     return None
+
+
+def checkpoint_difference(name, article):
+    """{"checkpoint": difference} when --model is not the article's checkpoint, {} when it is: the article's Hub id
+    itself (the Hub's files, or the cache's copy of them), or a local folder whose config.json and weight file are the
+    Hub's published ones for that id (their hashes, from the local cache or the Hub). A stand-in, the miniature's, or
+    a folder that cannot be checked offline is a difference too, named."""
+    from common.environment import made_here
+
+    flag, folder = f"--model {name}", os.path.expanduser(name)
+    if not os.path.isdir(folder):
+        return {} if name == article else {"checkpoint": {"flag": flag, "why": f"{flag}: the article's checkpoint "
+                                                                               f"is {article}"}}
+    unlike = made_here(folder) or unlike_the_hubs(folder, article)
+    return {"checkpoint": {"flag": flag, "why": f"{flag}: {unlike}, not the article's {article}"}} if unlike else {}
+
+
+def unlike_the_hubs(folder, repo):
+    """Why the folder's config.json or weight file is not the Hub's published one of repo, or None when both are. The
+    Hub names each file by a hash: a large (LFS) file by its sha256, a small one by git's blob sha1; the cache's
+    blobs carry those names, and the Hub's file metadata says them."""
+    weights = next((file for file in WEIGHT_FILES if os.path.isfile(os.path.join(folder, file))), None)
+    if weights is None:
+        return "a folder without model.safetensors or pytorch_model.bin"
+    published = published_hashes(repo, ["config.json", weights])
+    if published is None:
+        return (f"a folder whose files cannot be checked against the Hub's: {repo} is not in the Hugging Face cache "
+                f"and {why_no_download()}")
+    for file in ("config.json", weights):
+        expected = published.get(file)
+        if expected is None or file_hash(os.path.join(folder, file), len(expected)) != expected:
+            return f"a folder whose {file} is not the one the Hub publishes for {repo}"
+    return None
+
+
+def published_hashes(repo, files):
+    """{file: the Hub's hash of it} for repo, from the local cache when it holds every file, else from the Hub; None
+    when neither can say."""
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = {file: try_to_load_from_cache(repo, file) for file in files}
+    if all(isinstance(path, str) for path in cached.values()):
+        return {file: os.path.basename(os.path.realpath(path)) for file, path in cached.items()}  # the blob's name
+    if not hub_reachable(repo):
+        return None
+    from huggingface_hub import HfApi
+
+    siblings = HfApi().model_info(repo, files_metadata=True, timeout=10).siblings or []
+    return {sibling.rfilename: sibling.lfs.sha256 if sibling.lfs else sibling.blob_id for sibling in siblings
+            if sibling.rfilename in files}
+
+
+def file_hash(path, length):
+    """The file's sha256 (length 64: the Hub's name of a large file) or git blob sha1 (length 40: of a small one)."""
+    digest = hashlib.sha256() if length == 64 else hashlib.sha1(f"blob {os.path.getsize(path)}\0".encode())
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -11,15 +11,17 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from common.differences import subset_differences
+from common.environment import made_here
 from common.errors import UserError
 from common.files import reason, write_atomic
 from common.output import say
 from common.paths import IMAGENETTE_DIR as DEFAULT_DIR
+from common.verdicts import subset_differences
 
 URL = "https://s3.amazonaws.com/fast-ai-imageclas/imagenette2-160.tgz"
 ARCHIVE_MB = 99  # 99,003,388 bytes; MB are 10^6 bytes, as every size the project states (94 MiB)
 SPLIT_COUNTS = {"train": 9_469, "val": 3_925}
+PICTURE_SIDE = 160  # imagenette2-160: every picture is 160 px on its short side
 # WordNet id, the article's short name, ImageNet-1k index (parachute is n03888257, not n03888605)
 CLASSES = [("n01440764", "tench", 0), ("n02102040", "springer", 217), ("n02979186", "cassette player", 482),
            ("n03000684", "chain saw", 491), ("n03028079", "church", 497), ("n03394916", "French horn", 566),
@@ -84,11 +86,29 @@ def check_counts(root, strict,
 
 def data_differences(args, counts):
     """{item: difference} of this run's pictures ({split: count used, or None when not loaded}) against Imagenette's;
-    the pictures: --data-dir, else the default folder."""
-    root = args.data_dir or DEFAULT_DIR
-    if Path(root).is_dir() and class_folders(root, "val") != IMAGENETTE_WNIDS:
-        return {"data set": {"flag": f"--data-dir {args.data_dir}",
-                             "why": f"--data-dir {args.data_dir}: another data set than Imagenette"}}
+    the pictures: --data-dir, else the default folder. Another data set is told by what can be checked cheaply: a
+    folder job/standins.py or job/miniature.py made, other class folders, a class's first picture in either split
+    not 160 px on its short side; else a copy with fewer pictures is a sample of the release's."""
+    from PIL import Image
+
+    root, unlike = Path(args.data_dir or DEFAULT_DIR), None
+    if root.is_dir() and (made := made_here(root)):
+        unlike = f"{made}, not Imagenette"
+    elif root.is_dir() and class_folders(root, "val") != IMAGENETTE_WNIDS:
+        unlike = "another data set than Imagenette"
+    elif root.is_dir():
+        for path in [path for split in SPLIT_COUNTS for path, _ in list_split(root, split, 1)]:  # each class's first
+            try:
+                with Image.open(path) as picture:
+                    size = picture.size
+            except OSError:  # a picture that cannot be read: the section that read it said so
+                continue
+            if min(size) != PICTURE_SIDE:
+                unlike = (f"pictures of another size than Imagenette-160's ({path.name} is {size[0]}x{size[1]}, the "
+                          f"release's are {PICTURE_SIDE} px on the short side)")
+                break
+    if unlike:
+        return {"data set": {"flag": f"--data-dir {args.data_dir}", "why": f"--data-dir {args.data_dir}: {unlike}"}}
     items = {split: f"{SPLIT_WORDS[split]} pictures" for split in counts}
     return subset_differences(args, {items[split]: count for split, count in counts.items()},
                               {items[split]: SPLIT_COUNTS[split] for split in counts})

@@ -22,6 +22,18 @@ def zero_or_3g(value):
     return "0.0" if value == 0 else f"{value:.3g}"
 
 
+class Accuracy(float):
+    """An accuracy as printed (scale 100: per cent; 1: a fraction) that keeps the counts it came from, right of `of`
+    pictures (right a list, one count a draw, for a mean over draws): --json records them, and the verdicts' exact
+    intervals are made from them (common/verdicts.py)."""
+
+    def __new__(cls, right, of, scale=100, value=None):
+        """value: the number as the script computed it (a mean over draws), else scale * right / of."""
+        self = super().__new__(cls, scale * right / of if value is None else value)
+        self.counts = {"right": right, "of": of, "scale": scale}
+        return self
+
+
 MATPLOTLIB_MISSING = "matplotlib is not installed (pip install matplotlib)"  # --plots and the page say so
 
 
@@ -31,13 +43,8 @@ def say(text=""):
         print(text, file=sys.stderr, flush=True)
 
 
-FORMATS = {"short": short, "repr": repr, "millions": millions, "zero or 3g": zero_or_3g}
+FORMATS = {"short": short, "repr": repr, "millions": millions, "zero or 3g": zero_or_3g}  # specs beside format()'s
 FIELDS = string.Formatter()  # its parse() splits a template into text and {name:spec} fields, {{ and }} undone
-
-
-def render(value, spec):
-    """format(value, spec); spec may also be a name of FORMATS, such as short."""
-    return FORMATS[spec](value) if spec in FORMATS else format(value, spec)
 
 
 @dataclass
@@ -82,32 +89,36 @@ class Report:
             if name not in numbers:
                 if name not in words:
                     raise KeyError(f"{self.script}: the template {template!r} has a field {name!r} with no value")
-                pieces.append(render(words[name], spec))
+                pieces.append(FORMATS[spec](words[name]) if spec in FORMATS else format(words[name], spec))
                 continue
             value = numbers[name]
             listed = isinstance(value, (list, tuple)) or getattr(value, "ndim", 0) > 0
             if name not in first:
                 first[name] = (self.nums(prefix + name, value, spec or "short") if listed else
                                self.num(prefix + name, value, spec))
-            pieces.append(first[name] if listed else render(value, spec))
+            pieces.append(first[name] if listed else FORMATS[spec](value) if spec in FORMATS else format(value, spec))
         return "".join(pieces)
 
-    def num(self, name, value, spec=""):
-        """The number formatted with spec, recorded as `name` with the text it prints as."""
+    def num(self, name, value, spec="", printed=True):
+        """The number formatted with spec (a format spec or a name of FORMATS), recorded as `name` with the text it
+        prints as. printed=False: a number a conclusion reads that the article's lines do not print (the evidence
+        for a claim of its prose), recorded on no line."""
         if name in self.numbers:
             raise ValueError(f"{self.script}: the number {name!r} is printed twice")
-        text = render(value, spec)
-        self.numbers[name] = {"value": float(value), "text": text.strip()}
+        text = FORMATS[spec](value) if spec in FORMATS else format(value, spec)
+        self.numbers[name] = {"value": float(value), "text": text.strip(), **getattr(value, "counts", {})}
+        if not printed:
+            self.line_of[name] = None
         return text
 
-    def nums(self, name, values, spec="short", brackets=None, index=()):
+    def nums(self, name, values, spec="short", brackets=None, index=(), printed=True):
         """A (nested) list or array as the article prints it, '[[7.0, 5.0], [5.0, 15.0]]', a tuple (a shape) as
         '(197, 768)'; entry (i, j) is recorded as 'name[i,j]'."""
         values = values.tolist() if hasattr(values, "tolist") else values
         if not isinstance(values, (list, tuple)):
-            return self.num(f"{name}[{','.join(map(str, index))}]", values, spec)
+            return self.num(f"{name}[{','.join(map(str, index))}]", values, spec, printed)
         brackets = brackets or ("()" if isinstance(values, tuple) else "[]")
-        entries = [self.nums(name, value, spec, brackets, index + (i,)) for i, value in enumerate(values, 1)]
+        entries = [self.nums(name, value, spec, brackets, index + (i,), printed) for i, value in enumerate(values, 1)]
         return brackets[0] + ", ".join(entries) + brackets[1]
 
     def pass_text(self, name, timing):

@@ -9,12 +9,11 @@ import sys
 import time
 from pathlib import Path
 
-from common.conclusions import conclusion_lines, conclusion_rows
 from common.environment import STANDIN_MARK, environment
 from common.errors import UserError
 from common.files import write_text
 from common.output import MATPLOTLIB_MISSING, Report
-from common.reference import compare, load_reference, print_comparison
+from common.verdicts import comparison_lines, judge
 
 
 class Run:
@@ -79,13 +78,12 @@ def run_sections(script, run, sections, setup_differences=None):
                     f"({str(problem).splitlines()[0][:120]}): run with PYTORCH_ENABLE_MPS_FALLBACK=1 to do it on the "
                     f"CPU, or upgrade torch")
             report.cannot_run(section.__doc__.strip().splitlines()[0], problem)  # the docstring's first line: its title
-    differences = setup_differences(run) if setup_differences else {}
-    rows = compare(report.numbers, load_reference(script), differences) if args.compare else None
-    conclusions = conclusion_rows(script, report.numbers, differences) if args.compare or args.json else []
-    if rows:
-        print_comparison(rows, report, differences)
-        if conclusions:  # after the numbers' verdicts, what the run decides of the article's conclusions
-            report.print("\n".join(conclusion_lines(conclusions)))
+    differences, rows, conclusions = {}, None, []
+    if args.compare or args.json:  # the setup's differences, asked of the sections after them, decide the verdicts
+        differences = setup_differences(run) if setup_differences else {}
+        rows, conclusions = judge(script, report.numbers, differences)
+    if args.compare:
+        report.print("\n".join(comparison_lines(rows, conclusions, differences)))
     status = 1 if report.could_not_run else 0
     if report.could_not_run:
         report.say("\n".join(closing_lines(report.could_not_run)))

@@ -112,7 +112,10 @@ def timed_trainer(recipe, device, precision, workers, **parts):
             evaluating = passes["evaluations"]["seconds"]
             output, passes["train() seconds"] = clocked(super().train, *args, **kwargs)
             passes["training"]["seconds"] = passes["train() seconds"] - (passes["evaluations"]["seconds"] - evaluating)
-            check_finite(*divergence.found or (output.training_loss, 1, output.global_step), self.args.learning_rate)
+            loss, first, last = divergence.found or (output.training_loss, 1, output.global_step)
+            if not math.isfinite(loss):  # the mean of steps first to last: the model it trained diverged
+                raise UserError(f"the training loss is {loss} {steps_text(first, last)} (lr "
+                                f"{self.args.learning_rate:g}): the model diverged, fine-tuning stopped there; lower --lr")
             return output
 
     divergence = Divergence()
@@ -127,13 +130,6 @@ def timed_trainer(recipe, device, precision, workers, **parts):
         trainer = TimedTrainer(args=args, callbacks=[Progress(), divergence], **parts)
         trainer.remove_callback(ProgressCallback)
         yield trainer, passes
-
-
-def check_finite(loss, first, last, lr):
-    """Refuse a training loss that is nan or inf, the mean of steps first to last: the model it trained diverged."""
-    if not math.isfinite(loss):
-        raise UserError(f"the training loss is {loss} {steps_text(first, last)} (lr {lr:g}): the model diverged, "
-                        f"fine-tuning stopped there; lower --lr")
 
 
 def steps_text(first, last):

@@ -10,8 +10,7 @@ import shlex
 from collections import Counter
 from pathlib import Path
 
-from common import conclusions
-from common.reference import VERDICTS, compare, load_reference
+from common.verdicts import NUMBER_VERDICTS, counts_text, judge
 from job.page import on_the_miniature, script_file
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,12 +34,12 @@ def section_count(script):
 
 
 def result_row(script, record):
-    """{sections: (run, of all), counts: {verdict: n}} of one script from its JSON (None: no JSON)."""
-    reference, total = load_reference(script), section_count(script)
-    if record is None:
-        return {"sections": (0, total), "counts": Counter(row["verdict"] for row in compare({}, reference))}
-    counts = Counter(row["verdict"] for row in compare(record["numbers"], reference, record.get("setup differences", {})))
-    return {"sections": (total - len(record.get("could_not_run", [])), total), "counts": counts}
+    """{sections: (run, of all), counts: {verdict: n}, verdicts: the counts as text} of one script from its JSON
+    (None: no JSON)."""
+    total = section_count(script)
+    rows = judge(script, record["numbers"], record.get("setup differences", {}))[0] if record else judge(script, {})[0]
+    ran = total - len(record.get("could_not_run", [])) if record else 0
+    return {"sections": (ran, total), "counts": Counter(row["verdict"] for row in rows), "verdicts": counts_text(rows)}
 
 
 def paused(record):
@@ -58,7 +57,7 @@ def why_not_run(script, record, not_run):
                 for problem in record.get("could_not_run", [])]
     if problems or paused(record):
         return "; ".join(problems) or paused(record).strip().removeprefix("(").removesuffix(")")
-    rows = compare(record["numbers"], load_reference(script), record.get("setup differences", {}))
+    rows = judge(script, record["numbers"], record.get("setup differences", {}))[0]
     names = [row["name"] for row in rows if row["verdict"] == "not run"]
     return (f"every section ran but did not produce {len(names)} of the article's numbers: {', '.join(names[:3])}"
             + (", ..." if len(names) > 3 else "") + " (on the page)")
@@ -79,10 +78,10 @@ def final_table(rows, marks=None):
     """The job's table, a line a script: script | sections run of all | each verdict's count | time; a "not run"
     count whose script has a footnote carries its number."""
     marks = marks or {}
-    header = ["script", "sections run", *VERDICTS, "time"]
+    header = ["script", "sections run", *NUMBER_VERDICTS, "time"]
     body = [[script_file(script), f"{row['sections'][0]} of {row['sections'][1]}",
              *(str(row["counts"][word]) + (f" [{marks[script]}]" if word == "not run" and script in marks else "")
-               for word in VERDICTS), row["time"]] for script, row in rows.items()]
+               for word in NUMBER_VERDICTS), row["time"]] for script, row in rows.items()]
     widths = [max(len(line[k]) for line in [header, *body]) for k in range(len(header))]
     return [" | ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in [header, *body]]
 
@@ -101,9 +100,9 @@ def standins_line(records):
 
 def conclusions_line(records):
     """The articles' conclusions over the five scripts, counted by verdict: what the page's first table holds."""
-    rows = [row for script, record in records.items() for row in conclusions.conclusion_rows(
-        script, record["numbers"] if record else {}, record.get("setup differences", {}) if record else {})]
-    return [f"the articles' conclusions: {conclusions.counts_text(rows)}; each on the page, first"] if rows else []
+    rows = [row for script, record in records.items() for row in judge(
+        script, record["numbers"] if record else {}, record.get("setup differences", {}) if record else {})[1]]
+    return [f"the articles' conclusions: {counts_text(rows)}; each on the page, first"] if rows else []
 
 
 def exit_status(rows, strict):

@@ -23,27 +23,18 @@ import json
 import os
 import shlex
 import sys
-from collections import Counter
 from pathlib import Path
 
 if __name__ == "__main__":  # run as a file from anywhere: the repository root is where common/, figures/ and job/ are found
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 import figures
-from common import conclusions
 from common.cli import script_parser
 from common.environment import LIBRARIES, MINIATURE_MARK
 from common.errors import UserError
 from common.files import write_text
-from common.reference import (
-    LEGEND,
-    article_values,
-    compare,
-    counts_text,
-    load_reference,
-    verdict_text,
-)
 from common.start import guarded
+from common.verdicts import LEGEND, article_values, counts_text, judge, verdict_text
 from figures import backbone, fewshot, finetune, posemb
 from job.time_estimate import clock
 
@@ -197,8 +188,7 @@ def script_section(script, record, rows, drawn, folder, seconds):
         lines.append(f"- setup: {ARTICLE_SETUP}")
     for problem in record.get("could_not_run", []):
         lines.append(f"- could not run section \"{problem['section']}\": {inside(problem['why'], folder)}")
-    counts = Counter(row["verdict"] for row in rows)
-    lines += ["", "Verdicts: " + counts_text(counts), ""]
+    lines += ["", "Verdicts: " + counts_text(rows), ""]
     for title, name in drawn:
         lines += [f"![{title}](figures/{name})", "", f"*{title}*", ""]
     lines += ["| number | article | this run | difference | kind | verdict | band and reason |",
@@ -248,26 +238,26 @@ def build(folder, say=print):
     if not with_figures:
         say(f"report: {figures.INSTALL_HINT}; the page is written without figures")
     summary = ["| script | setup | verdicts | time |", "| --- | --- | --- | --- |"]
-    decided = ["The articles' conclusions, decided by this run (how: the project's docs/compare.md, \"The conclusions\"):",
-               "", "| script | conclusion | verdict | the article |", "| --- | --- | --- | --- |"]
+    decided = [("The articles' conclusions, decided by this run (how: the project's docs/compare.md, \"The "
+                "conclusions\"; [a to b]: a sampled number's exact interval, those of one conclusion holding together "
+                "with 95%):"), "",
+               "| script | conclusion | verdict | this run's numbers | the article |", "| --- | --- | --- | --- | --- |"]
     body = []
     for script in SCRIPTS:
         record = records[script]
         if record is None:
-            decided += [f"| `{script_file(script)}` | {cell(row['says'])} | not run | {cell(row['article'])} |"
-                        for row in conclusions.conclusion_rows(script, {}, {})]
+            decided += [f"| `{script_file(script)}` | {cell(row['says'])} | not run | | {cell(row['article'])} |"
+                        for row in judge(script, {})[1]]
             short, paragraph = not_run(script, folder, job)
             summary.append(f"| {script_file(script)} | | {short} | |")
             body += [f"## {script_file(script)}", "", paragraph, ""]
             continue
         differences = record.get("setup differences", {})
+        rows, conclusions = judge(script, record["numbers"], differences)
         decided += [f"| `{script_file(script)}` | {cell(row['says'])} | {cell(verdict_text(row))} | "
-                    f"{cell(row['article'])} |" for row in conclusions.conclusion_rows(script, record["numbers"],
-                                                                                      differences)]
-        rows = compare(record["numbers"], load_reference(script), differences)
-        counts = Counter(row["verdict"] for row in rows)
+                    f"{cell(row['evidence'])} | {cell(row['article'])} |" for row in conclusions]
         seconds = run_seconds(script, record, job, folder)
-        summary.append(f"| {script_file(script)} | {cell(setup_cell(differences))} | {counts_text(counts)} | "
+        summary.append(f"| {script_file(script)} | {cell(setup_cell(differences))} | {counts_text(rows)} | "
                        f"{seconds} |")
         drawn = draw_figures(script, record, rows, folder, say if with_figures else lambda text: None)  # its warnings
         body += script_section(script, record, rows, drawn, folder, seconds)

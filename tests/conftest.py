@@ -283,3 +283,11 @@ def backbone_runs(beans_standins, tmp_path_factory):
     finally:
         vit_backbone.FEATURE_CACHE_DIR = saved
     return {"records": records, "figures": out / "figures", "cache": out / "features"}
+
+
+def compare(numbers, reference, differences=None):
+    """Each reference entry's row under the setup differences, as judge() makes them (common/verdicts.py), for a
+    reference a test holds or makes (a stand-in taken as the article)."""
+    from common.verdicts import number_row
+
+    return [number_row(name, entry, numbers.get(name), differences or {}) for name, entry in reference.items()]

@@ -1,4 +1,4 @@
-"""common/: device picking and precision, batches of pictures, checkpoint errors, the comparison with the article."""
+"""common/: device picking and precision, batches of pictures, checkpoint errors, the report."""
 import multiprocessing
 import os
 import subprocess
@@ -13,7 +13,6 @@ from common.checkpoints import check_model_flag, load_pretrained
 from common.device import pick_device
 from common.errors import UserError
 from common.output import Report
-from common.reference import compare, format_like, load_reference, verdict
 from common.run import loaded
 from common.start import guarded
 
@@ -112,47 +111,6 @@ def test_a_model_flag_is_a_directory_or_a_hub_id_by_the_hubs_rule(tmp_path, monk
         with pytest.raises(UserError, match=rf"^--model {name}: the directory {what}; pass a saved checkpoint "
                                             rf"directory or a Hub id$"):
             check_model_flag(name)
-
-
-@pytest.mark.parametrize("entry,value,expected", [
-    ({"article": "34.9", "kind": "nothing"}, 34.8911, "same"),                  # rounds to the article's digits
-    ({"article": "34.9", "kind": "nothing"}, 34.96, "differs"),
-    ({"article": "1,035,645", "kind": "nothing"}, 1_035_646, "differs"),
-    ({"article": "4.0e-04", "kind": "nothing"}, 4.04e-4, "same"),
-    ({"article": "0.0", "kind": "nothing"}, -1e-9, "same"),                     # -0.0 prints as 0.0
-    ({"article": "99.54", "kind": "weights", "band": 0.056}, 99.49, "close"),   # 2 pictures of 3,925
-    ({"article": "99.54", "kind": "weights", "band": 0.056}, 99.44, "differs"),
-    ({"article": "99.54", "kind": "weights"}, 99.49, "differs"),                # no band: close is not possible
-    ({"article": "2.3014", "kind": "chance"}, 2.3014, "varies"),                # no measured spread: no claim
-    ({"article": "98.0", "kind": "chance", "band": 0.65}, 97.5, "close"),
-    ({"article": "98.0", "kind": "chance", "band": 0.65}, 97.3, "differs"),
-])
-def test_verdicts(entry, value, expected):
-    assert verdict(entry, value) == expected
-
-
-def test_format_like_uses_the_articles_digits():
-    assert [format_like("34.9", 34.8911), format_like("1,035,645", 1035645.4), format_like("4.0e-04", 4.04e-4),
-            format_like("0.0", -0.0001)] == ["34.9", "1,035,645", "4.0e-04", "0.0"]
-
-
-def test_comparison_rows_carry_kind_difference_and_reason():
-    reference = {"a": {"article": "34.9", "kind": "nothing"},
-                 "b": {"article": "99.54", "kind": "weights", "band": 0.056, "why": "round-off"}}
-    rows = compare({"b": {"value": 99.5, "text": "99.50"}}, reference)
-    assert rows[0]["verdict"] == "not run" and rows[0]["run"] is None
-    assert rows[1]["verdict"] == "close" and rows[1]["why"] == "round-off"
-    assert rows[1]["difference"] == pytest.approx(-0.04)
-
-
-@pytest.mark.parametrize("script", ["setup", "posemb", "fewshot", "finetune"])
-def test_every_reference_entry_has_a_kind_and_bands_have_reasons(script):
-    reference = load_reference(script)
-    assert len(reference) > 50
-    for name, entry in reference.items():
-        assert entry["kind"] in ("nothing", "weights", "chance"), name  # docs/compare.md's kinds
-        assert entry["kind"] != "nothing" or "band" not in entry, name  # arithmetic is same or differs
-        assert "band" not in entry or entry.get("why"), name
 
 
 def test_report_records_what_it_prints(capsys):

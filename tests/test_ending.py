@@ -47,10 +47,10 @@ def test_a_job_on_stand_ins_says_under_its_table_that_its_numbers_mean_nothing(r
 
 
 def test_the_jobs_last_lines_count_the_articles_conclusions_of_every_script():
-    """setup's record holds the article's own numbers: its 5 conclusions hold; a script with no record has its
+    """setup's record holds the article's own numbers: its 18 conclusions hold; a script with no record has its
     conclusions not run, the others' too."""
     from common.paths import REFERENCE_DIR
-    from common.reference import load_reference
+    from common.verdicts import load_reference
 
     numbers = {name: {"value": float(entry["article"].replace(",", ""))}
                for name, entry in load_reference("setup").items()}
@@ -58,7 +58,7 @@ def test_the_jobs_last_lines_count_the_articles_conclusions_of_every_script():
     total = sum(len(json.loads((REFERENCE_DIR / f"conclusions_{script}.json").read_text())["conclusions"])
                 for script in records)
     assert ending.conclusions_line(records) == [
-        (f"the articles' conclusions: 5 hold, 0 fail, 0 undecided, {total - 5} not run, 0 not comparable (of {total} "
+        (f"the articles' conclusions: 18 hold, 0 fail, 0 undecided, {total - 18} not run, 0 not comparable (of {total} "
         f"conclusions); each on the page, first")]
 
 

@@ -218,12 +218,16 @@ def test_a_partial_copy_of_the_training_pictures_moves_the_pool(tmp_path):
     pool, so the means are not comparable (naming --data-dir), never an interval verdict of --per-class's sample."""
     from argparse import Namespace
 
-    from common.reference import compare, load_reference
+    from conftest import compare
+
+    from common.environment import STANDIN_MARK
     from common.run import Run
+    from common.verdicts import load_reference
 
     root = imagenette_folder(tmp_path / "imagenette2-160", per_class=6)
-    args = Namespace(data_dir=str(root), per_class=3, pool=5, seed=0, shots=[1, 5], lambdas=[1.0], draws=5,
-                     resolution=224, precision="fp32")
+    (root / STANDIN_MARK).unlink()  # a user's partial copy, not a folder job/standins.py made
+    args = Namespace(model=fewshot.DEFAULT_MODEL, data_dir=str(root), per_class=3, pool=5, seed=0, shots=[1, 5],
+                     lambdas=[1.0], draws=5, resolution=224, precision="fp32")
     differences = fewshot.setup_differences(Run(args, device=torch.device("cpu")))
     assert differences["training pictures"]["flag"] == f"--data-dir {root}"
     assert differences["training pictures"]["why"] == f"--data-dir {root}: 60 of 9,469 training pictures (a partial copy)"

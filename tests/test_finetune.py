@@ -288,7 +288,9 @@ def test_checking_other_pictures_leaves_only_the_zero_heads_accuracy_comparable(
     judged as on the article's 1,000 (no sampling interval); the training's numbers keep their verdicts."""
     from argparse import Namespace
 
-    from common.reference import compare, load_reference
+    from conftest import compare
+
+    from common.verdicts import load_reference
 
     per_class, cap = per_class if isinstance(per_class, tuple) else (per_class, None)
     differences = finetune.check_differences(Namespace(check_per_class=per_class, per_class=cap), {"classes": 10})

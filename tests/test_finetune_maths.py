@@ -19,7 +19,7 @@ from conftest import tiny_vit
 import vit_part3_finetune as finetune
 from common.errors import UserError
 from common.loader import NEW_PASS
-from common.output import Report
+from common.output import Accuracy, Report
 from common.start import Terminated
 from common.training import read_checkpoint, save_checkpoint, set_rng_states
 from vit_part3_posemb import bilinear_table
@@ -149,7 +149,8 @@ def test_each_process_takes_its_contiguous_share_of_the_steps_batch():
 def test_a_shorter_run_removes_the_article_steps_it_never_logs():
     """30 steps log 0, 1, 2, 5, 10, 15, 20, 25, 30: the article's rows of its other steps are not comparable."""
     run = SimpleNamespace(args=SimpleNamespace(steps=30, batch_size=32, lr=0.003, resolution=224, precision="fp32",
-                                               per_class=None, data_dir=None, check_per_class=None), loaded={})
+                                               per_class=None, data_dir=None, check_per_class=None,
+                                               model=finetune.MODEL), loaded={})
     differences = finetune.setup_differences(run)
     removed = differences["steps"]["removes"]
     assert "step 250 loss" in removed and "step 300 norm" in removed and "step 0 validation" not in removed
@@ -160,7 +161,7 @@ def test_a_shorter_run_removes_the_article_steps_it_never_logs():
 def test_the_pictures_the_sections_loaded_are_the_setups_sample():
     """--per-class 8 of Imagenette: the training and validation pictures the run used, 80 of 9,469 and 80 of 3,925."""
     args = SimpleNamespace(steps=300, batch_size=32, lr=0.003, resolution=224, precision="fp32", per_class=8,
-                           data_dir=None, check_per_class=None)
+                           data_dir=None, check_per_class=None, model=finetune.MODEL)
     data = {"train": [("a picture", 0)] * 80, "val": [("a picture", 0)] * 80, "classes": 10}
     run = SimpleNamespace(args=args, loaded={"data and model": (data, "the model", (768, 768))})
     differences = finetune.setup_differences(run)
@@ -173,7 +174,7 @@ def test_fine_tuning_on_another_data_set_is_not_the_articles_setup(tmp_path):
     for split in ("train", "val"):
         (tmp_path / "flowers" / split / "rose").mkdir(parents=True)
     args = SimpleNamespace(steps=300, batch_size=32, lr=0.003, resolution=224, precision="fp32", per_class=None,
-                           data_dir=str(tmp_path / "flowers"), check_per_class=None)
+                           data_dir=str(tmp_path / "flowers"), check_per_class=None, model=finetune.MODEL)
     run = SimpleNamespace(args=args, loaded={})
     assert finetune.setup_differences(run)["data set"]["flag"] == f"--data-dir {tmp_path / 'flowers'}"
 
@@ -236,7 +237,7 @@ def train(monkeypatch, model, optimizer, batches, labels, steps, accum_steps=1, 
     def accuracies(models, pictures, labels_, run, batch_size, desc, timing=None):
         assert not any(model.training for model in models)  # a check is an evaluation: no dropout
         assert batch_size == len(labels) // (world * accum_steps)
-        return [10.0], dict(NEW_PASS)
+        return [Accuracy(1, 10)], dict(NEW_PASS)  # 10.0%, its counts kept
 
     wrapped = []
     monkeypatch.setattr(finetune, "step_batches", step_batches)
@@ -394,13 +395,15 @@ def test_a_diverged_run_names_the_last_good_checkpoint_only_when_there_is_one(mo
 def test_a_resumed_run_prints_its_logged_rows_again_then_continues(monkeypatch):
     """Resumed after step 5 of 6: the step-5 row as it was logged (its numbers recorded under step 5), then step 6."""
     model, (pixels, labels) = TinyClassifier(), step_batch()
-    row = {"step": 5, "lr": 0.002, "loss": 1.25, "norm": 0.5, "accuracy": 40.0, "seconds": 9.0, "waiting seconds": 1.0}
+    row = {"step": 5, "lr": 0.002, "loss": 1.25, "norm": 0.5, "accuracy": (4, 10), "seconds": 9.0,
+           "waiting seconds": 1.0}  # the check's counts, right of checked, as the checkpoint keeps them
     history, report, _ = train(monkeypatch, model, torch.optim.SGD(model.parameters(), lr=0.1), [pixels], labels, 6,
                                lr=0.1, start=5, rows=[row])
     assert report.lines[0] == ("  step   5: lr 0.00200  loss 1.2500  gradient norm before clipping   0.500  validation "
                                " 40.0%   [9 s, 1.0 s waiting for pictures]")
     assert {name: number["value"] for name, number in report.numbers.items() if name.startswith("step 5 ")} == {
-        f"step 5 {key}": value for key, value in row.items() if key != "step"}
+        f"step 5 {key}": 40.0 if key == "accuracy" else value for key, value in row.items() if key != "step"}
+    assert (report.numbers["step 5 accuracy"]["right"], report.numbers["step 5 accuracy"]["of"]) == (4, 10)
     assert len(history["losses"]) == 1 and [r["step"] for r in history["rows"]] == [5, 6]
 
 

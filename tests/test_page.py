@@ -3,12 +3,13 @@ import json
 import sys
 
 import pytest
+from conftest import compare
 from PIL import Image
 
 import figures
 import vit_part3_setup
 from common.errors import UserError
-from common.reference import compare, load_reference, verdict_text
+from common.verdicts import load_reference, verdict_text
 from job import page as page_maker
 
 
@@ -29,14 +30,15 @@ def test_every_compared_number_is_on_the_page_with_its_verdict(four_runs):
         record = json.loads((four_runs / f"{script}.json").read_text())
         rows = compare(record["numbers"], load_reference(script), record["setup differences"])
         assert len(rows) == len(load_reference(script)) > 40
+        own = page.split(f"## {page_maker.script_file(script)}")[1].split("\n## ")[0].splitlines()  # its section
         for row in rows:
-            assert f"| {page_maker.cell(row['name'])} | {row['article']} | {row['run']} |" in page, row["name"]
-            line = next(text for text in page.splitlines() if text.startswith(f"| {page_maker.cell(row['name'])} |"))
+            line = next(text for text in own if text.startswith(f"| {page_maker.cell(row['name'])} |"))
+            assert line.startswith(f"| {page_maker.cell(row['name'])} | {row['article']} | {row['run']} |"), row["name"]
             assert f"| {row['kind']} | {page_maker.cell(verdict_text(row))} |" in line
         assert f"## {page_maker.script_file(script)}" in page and record["environment"]["torch"] in page
-    assert "211 same, 0 close, 0 differs, 0 varies, 0 not comparable, 0 not run" in page  # setup offline
+    assert "220 same, 0 close, 0 differs, 0 varies, 0 not comparable, 0 not run" in page  # setup offline
     assert "| vit_part3_setup.py | the article's |" in page
-    assert "| vit_part3_posemb.py | a quick check, not the article's setup: --data-dir " in page
+    assert "| vit_part3_posemb.py | a quick check, not the article's setup: --model " in page
 
 
 def test_each_figure_is_a_png_that_opens(four_runs):
@@ -216,3 +218,17 @@ def test_the_few_shot_figure_on_the_page_names_the_runs_count_of_draws(monkeypat
     assert drawn == [(page_maker.CAPTIONS[figures.fewshot.FILE], figures.fewshot.FILE)]
     title = caught[figures.fewshot.FILE].legends[0].get_title().get_text()
     assert "over 3 random draws of the training pictures" in title
+
+
+def test_each_conclusion_on_the_page_shows_the_numbers_it_read(four_runs):
+    """The page's first table: each conclusion's verdict beside the numbers it read, as the terminal prints them."""
+    from common.verdicts import judge
+
+    page = page_maker.build(four_runs, say=lambda text: None).read_text()
+    assert "| script | conclusion | verdict | this run's numbers | the article |" in page
+    for script in page_maker.SCRIPTS:
+        record = json.loads((four_runs / f"{script}.json").read_text())
+        for row in judge(script, record["numbers"], record["setup differences"])[1]:
+            assert (f"| `{page_maker.script_file(script)}` | {page_maker.cell(row['says'])} | "
+                    f"{page_maker.cell(verdict_text(row))} | {page_maker.cell(row['evidence'])} |") in page
+    assert "| holds | B/16 over B/32 compute at 224 4.06 |" in page  # setup's first, offline: the article's arithmetic

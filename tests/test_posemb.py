@@ -260,21 +260,23 @@ def test_script_offline_without_weights_says_what_is_missing():
     assert "Traceback" not in run.stderr
 
 
-def test_another_resolution_removes_the_24x24_numbers_it_never_makes(tmp_path):
-    """At --resolution 512 a 14x14 checkpoint is stretched to 32x32, not 24x24: the article's 24x24 rows, and the
-    conclusion that reads them, are not comparable (the flag named), not "not run"."""
+def test_another_resolution_makes_the_stretched_grids_numbers_not_comparable(tmp_path):
+    """At --resolution 512 a 14x14 checkpoint is stretched to 32x32, not 24x24: the stretched grid's numbers, and the
+    conclusion that reads them, are not comparable (the flag named); the checkpoint's own grid's are as the article's."""
     from argparse import Namespace
 
-    from common.conclusions import conclusion_rows
-    from common.reference import compare, load_reference
     from common.run import Run
+    from common.verdicts import judge, load_reference
 
-    args = Namespace(resolution=512, precision="fp32", per_class=None, data_dir=str(tmp_path / "missing"))
+    args = Namespace(model=posemb.DEFAULT_MODEL, resolution=512, precision="fp32", per_class=None,
+                     data_dir=str(tmp_path / "missing"))
     differences = posemb.setup_differences(Run(args, device=torch.device("cpu")))  # the pictures cannot load
-    assert differences["resolution"]["removes"] == ["24x24 neighbours min", "24x24 neighbours max"]
+    assert list(differences) == ["resolution"]
     numbers = {name: {"value": float(entry["article"].replace(",", ""))} for name, entry
-               in load_reference("posemb").items() if not name.startswith("24x24 ")}
-    rows = {row["name"]: row for row in compare(numbers, load_reference("posemb"), differences)}
-    assert rows["24x24 neighbours min"]["verdict"] == "not comparable"
-    last = conclusion_rows("posemb", numbers, differences)[-1]
-    assert (last["verdict"], last["flags"]) == ("not comparable", ["--resolution 512"])
+               in load_reference("posemb").items()}
+    rows, conclusions = judge("posemb", numbers, differences)
+    rows = {row["name"]: row for row in rows}
+    assert rows["stretched grid neighbours min"]["verdict"] == "not comparable"
+    assert rows["own grid neighbours min"]["verdict"] == "same"
+    stretched = next(row for row in conclusions if row["says"].startswith("after the stretch"))
+    assert (stretched["verdict"], stretched["flags"]) == ("not comparable", ["--resolution 512"])

@@ -8,7 +8,7 @@ import pytest
 from conftest import ARTICLE, BACKBONE_ARTICLE, script_output
 
 import vit_part3_setup
-from common.reference import load_reference
+from common.verdicts import load_reference
 
 NUMBER = re.compile(r"[-+]?\d(?:[\d,]*\d)?(?:\.\d+)?(?:e[-+]\d+)?")
 # Numbers on the logged lines that name a thing rather than measure it: section numbers, model names, the
@@ -93,12 +93,30 @@ def test_no_number_that_moves_with_the_weights_is_called_same_or_close(weight_ru
     for record in (first, second):
         claimed = {row["name"] for row in record["comparison"] if row["verdict"] in ("same", "close")}
         assert sorted(claimed & moved) == []
-    # the stand-ins' folder is a partial copy: posemb's accuracies were judged by their subset's interval, and still
-    # fail; few-shot's pool is drawn from that copy's training pictures, so its means are not comparable
-    if script == "posemb":
-        assert any("interval" in row for row in first["comparison"])
-    means = [row for row in first["comparison"] if row["name"].endswith("-shot mean")]
-    assert all(row["verdict"] == "not comparable" and "interval" not in row for row in means)
+    # a stand-in is not the article's checkpoint, nor its pictures: what depends on them is not comparable, named
+    for row in first["comparison"]:
+        if row["name"] in moved:
+            assert row["verdict"] == "not comparable" and "interval" not in row, row
+            assert f"--model {first['flags']['model']}" in row["flags"], row
+
+
+def test_on_the_stand_ins_no_conclusion_that_reads_a_number_of_the_weights_is_decided(weight_runs, backbone_runs):
+    """Random weights and generated pictures decide nothing the articles claim of the released checkpoints and
+    data: every conclusion that reads a number of kind weights or chance is not comparable, naming --model or
+    --data-dir."""
+    from common.verdicts import judge
+
+    records = [(script, record) for script, both in weight_runs.items() for record in both]
+    records += [("backbone", record) for record in backbone_runs["records"]]
+    for script, record in records:
+        reference = load_reference(script)
+        rows = judge(script, record["numbers"], record["setup differences"])[1]
+        for row in rows:
+            if any(reference[name]["kind"] != "nothing" for name in row["reads"]):
+                assert row["verdict"] == "not comparable", (script, row)
+                given = {f"--model {record['flags']['model']}", f"--data-dir {record['flags']['data_dir']}"}
+                assert given & set(row["flags"]), (script, row)
+        assert record["conclusions"] == rows  # what --json kept is what the page judges again
 
 
 def test_json_holds_the_comparison_and_the_run(weight_runs):

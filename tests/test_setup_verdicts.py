@@ -1,50 +1,28 @@
 """Verdicts that know the run's setup: a number whose inputs differ from the article's is "not comparable",
-with the flag; an accuracy on a subset of the article's pictures is judged by the interval that the
-subset's size implies.
+with the flag; an accuracy on a subset of the article's pictures is judged by this run's exact interval.
 
 On stand-ins, a full run of a stand-in is taken as if it were the article (its printed numbers in a
-temporary reference, its data folder as the release), so that "same" and "close" can be earned. Every run
-is on the CPU, with a GPU or without: the "article" and the runs judged against it share one arithmetic.
+temporary reference, its checkpoint and data folder as the release's), so that "same" and "close" can be
+earned. Every run is on the CPU, with a GPU or without: the "article" and the runs judged against it share
+one arithmetic.
 """
 import argparse
 import json
-import math
 
 import numpy as np
 import pytest
 import torch
-from conftest import library_pixels
+from conftest import compare, library_pixels
 
 import vit_part3_fewshot as fewshot
 import vit_part3_finetune as finetune
 import vit_part3_posemb as posemb
-from common import imagenette, reference
-from common.differences import flag_differences
+from common import checkpoints, environment, imagenette, verdicts
 from common.imagenette import CLASSES, list_split
-from common.reference import compare, format_like, load_reference, sampling_interval
+from common.verdicts import flag_differences, format_like, load_reference
 from job.standins import imagenette_folder, vit_classifier
 
 PER_CLASS = 6  # pictures of each class in each split of the stand-in "release"
-
-
-def hypergeometric_interval_by_counting(right, total, n):
-    """The 2.5% and 97.5% quantiles of the count right among n of total, by summing the pmf with math.comb."""
-    pmf = [math.comb(right, k) * math.comb(total - right, n - k) / math.comb(total, n) for k in range(n + 1)]
-    cumulative = np.cumsum(pmf)
-    return int(np.searchsorted(cumulative, 0.025 - 1e-12)), int(np.searchsorted(cumulative, 0.975 - 1e-12))
-
-
-@pytest.mark.parametrize("percent,total,n", [(99.54, 3925, 60), (83.13, 3925, 60), (52.64, 3925, 200),
-                                             (10.0, 1000, 100), (50.0, 120, 40)])
-def test_the_sampling_interval_is_the_hypergeometric_one(percent, total, n):
-    low, high = hypergeometric_interval_by_counting(round(percent * total / 100), total, n)
-    assert sampling_interval(percent, n, total) == pytest.approx((100 * low / n, 100 * high / n))
-    assert sampling_interval(percent, total, total) == pytest.approx((percent, percent), abs=100 / total)
-
-
-def test_a_band_widens_the_interval_by_its_pictures():
-    plain, widened = sampling_interval(99.54, 60, 3925), sampling_interval(99.54, 60, 3925, band=2.0)
-    assert widened[0] < plain[0] and widened[1] >= plain[1]
 
 
 @pytest.mark.parametrize("entry,differences,expected", [
@@ -130,18 +108,26 @@ def release(tmp_path_factory):
 
 @pytest.fixture
 def as_the_release(monkeypatch, release):
+    """The stand-in's data and checkpoints taken as the article's: its counts as Imagenette's, its marks unread, its
+    checkpoints' files as the Hub's."""
     counts = {"train": 10 * PER_CLASS, "val": 10 * PER_CLASS}
     monkeypatch.setattr(imagenette, "SPLIT_COUNTS", counts)
+    for module in (environment, imagenette):
+        monkeypatch.setattr(module, "made_here", lambda path: None)
+    monkeypatch.setattr(checkpoints, "unlike_the_hubs", lambda folder, repo: None)
     monkeypatch.setenv("TQDM_DISABLE", "1")
 
 
-def as_the_article(record, script, monkeypatch):
-    """A reference whose numbers are this run's, as printed, with the real entries' kinds, inputs and bands."""
+def as_the_article(record, script, monkeypatch, tmp_path):
+    """A reference whose numbers are this run's, as printed, with the real entries' kinds, inputs and bands; no
+    conclusions (the rules read the article's numbers)."""
     printed = record["numbers"]
     pseudo = {name: {**entry, "article": printed[name]["text"]} for name, entry in load_reference(script).items()
               if name in printed and format_like(printed[name]["text"], printed[name]["value"]) == printed[name]["text"]}
     assert len(pseudo) >= 30  # all but the steps and shots not run, and counts printed in full
-    monkeypatch.setattr(reference, "load_reference", lambda name: pseudo)
+    (tmp_path / f"conclusions_{script}.json").write_text('{"conclusions": []}')
+    (tmp_path / f"reference_{script}.json").write_text(json.dumps({"numbers": pseudo}))
+    monkeypatch.setattr(verdicts, "REFERENCE_DIR", tmp_path)  # judge() reads them; the scripts read the real names
     return pseudo
 
 
@@ -196,7 +182,7 @@ def test_each_setup_flag_makes_what_it_moves_not_comparable(main, base_flags, va
     base = run_json(main, argv, tmp_path / "base.json")
     # the stand-in's own release, the script's defaults; few-shot's --shots 1 5 only leaves the 10-shot cells out
     assert [item for item, d in base["setup differences"].items() if d.get("moves", True)] == []
-    pseudo = as_the_article(base, script, monkeypatch)
+    pseudo = as_the_article(base, script, monkeypatch, tmp_path)
     assert {row["verdict"] for row in compare(base["numbers"], pseudo, {})} <= {"same", "varies"}
     for k, flag in enumerate(variants):
         changed = run_json(main, with_flag(argv, flag), tmp_path / f"{k}.json")
@@ -239,7 +225,7 @@ def test_subset_accuracies_are_close_for_the_same_weights_and_differ_for_others(
     other = vit_classifier(tmp_path / "random", seed=1)
     full = run_json(posemb.main, ["--model", str(good), "--data-dir", str(release), "--device", "cpu"],
                     tmp_path / "full.json")
-    pseudo = as_the_article(full, "posemb", monkeypatch)
+    pseudo = as_the_article(full, "posemb", monkeypatch, tmp_path)
     accuracies = [name for name, entry in pseudo.items() if entry.get("sample")]
     assert len(accuracies) == 10 and full["numbers"]["224 of 10"]["value"] > 80
     subset = ["--data-dir", str(release), "--per-class", "3", "--device", "cpu"]
@@ -263,12 +249,30 @@ def test_the_comparison_names_the_setup_at_the_top(release, tiny_classifier, as_
     assert any("(95% interval" in text for text in comparison)
 
 
-def test_a_user_copy_of_another_data_set_is_not_comparable(tmp_path, tiny_classifier, monkeypatch):
+@pytest.mark.parametrize("change,said", [
+    ("classes", "another data set than Imagenette"),
+    ("size", ("pictures of another size than Imagenette-160's (n01440764_0000.JPEG is 200x100, the release's are "
+              "160 px on the short side)")),
+    ("mark", "a stand-in generated by job/standins.py (random weights or generated pictures), not Imagenette"),
+])
+def test_pictures_that_are_not_imagenettes_are_another_data_set(change, said, tmp_path, monkeypatch):
+    """What can be checked cheaply: the class folders, each class's first picture's size, a generated folder's mark."""
+    from PIL import Image
+
     monkeypatch.setenv("TQDM_DISABLE", "1")
-    other = imagenette_folder(tmp_path / "cats", per_class=2, classes=["cats", "dogs"])
+    other = imagenette_folder(tmp_path / "nette", per_class=2, classes=["cats", "dogs"] if change == "classes" else None)
+    if change != "mark":
+        (other / environment.STANDIN_MARK).unlink()
+    if change == "size":
+        Image.new("RGB", (200, 100)).save(other / "train" / CLASSES[0][0] / "n01440764_0000.JPEG")
     differences = imagenette.data_differences(type("Args", (), {"data_dir": str(other), "per_class": None})(),
                                               {"val": 4})
-    assert list(differences) == ["data set"] and "another data set than Imagenette" in differences["data set"]["why"]
+    assert list(differences) == ["data set"] and differences["data set"]["why"] == f"--data-dir {other}: {said}"
+    (other / environment.STANDIN_MARK).unlink(missing_ok=True)
+    if change == "size":  # the same folder with the release's sizes: a partial copy, a sample of Imagenette's
+        Image.new("RGB", (213, 160)).save(other / "train" / CLASSES[0][0] / "n01440764_0000.JPEG")
+        assert list(imagenette.data_differences(type("Args", (), {"data_dir": str(other), "per_class": None})(),
+                                                {"val": 4})) == ["validation pictures"]
 
 
 # (script, its flags, the subset's flag, another flag that moves the subset's accuracies too): issue 43
