@@ -117,7 +117,8 @@ def load_data(run):
         raise UserError(f"a class has only {smallest} training pictures in the pool, fewer than --shots "
                         f"{max(args.shots)}: lower --shots")
     short = {wnid: name for wnid, name, _ in CLASSES}  # Imagenette's short names; another set's folder names
-    return {"root": root, "pool": pool, "val": list_split(root, "val", args.per_class), "training": len(training),
+    return {"root": root, "pool": pool, "val": list_split(root, "val", args.per_class, drawn=True),  # a sample
+            "training": len(training),
             "names": [short.get(wnid, wnid) for wnid in class_folders(root, "val")]}
 
 
@@ -286,7 +287,7 @@ def setup_differences(run):
         data = None
     pool_source = argparse.Namespace(data_dir=args.data_dir, per_class=None)  # all training pictures: no --per-class
     differences = {**checkpoint_difference(args.model, DEFAULT_MODEL),
-                   **data_differences(args, {"val": len(data["val"]) if data else None}),
+                   **data_differences(args, {"val": len(data["val"]) if data else None}, drawn=True),
                    **data_differences(pool_source, {"train": data["training"] if data else None}),
                    **flag_differences(args, ARTICLE_FLAGS), **table_differences(args, load_reference("fewshot"))}
     if 5 not in args.shots:
@@ -301,8 +302,8 @@ def setup_differences(run):
 def main(argv=None):
     parser = cli.script_parser(__doc__)
     cli.add_data_arguments(parser, DEFAULT_MODEL, "with its pre-logits layer",
-                           "keep the first N validation pictures of each class (default: all); the pool is drawn "
-                           "from every training picture, as in a full run",
+                           "keep N validation pictures of each class, drawn at random with a fixed seed (default: "
+                           "all); the pool is drawn from every training picture, as in a full run",
                            batch_help="pictures per batch of the passes that extract the frozen features (the "
                                       "pool's pictures and the validation pictures)")
     parser.add_argument("--shots", type=cli.positive_int, nargs="+", default=[1, 5, 10],

@@ -371,12 +371,12 @@ def section_finetune(run, report):
     monitor = kept_batches(items, run, micro, log)
     if start == 0:
         (step_0,), _ = accuracies([model.eval()], *monitor, run, micro, "step 0", log["passes"]["checks"])
-        log["step 0"] = counts(step_0)
+        log["step 0"] = float(step_0)  # no sample: the zero head's tie is 100 / classes on a balanced check
         ties = not model.classifier.weight.any() and not model.classifier.bias.any()
         log["tie note"] = "  (zero head: every class ties, the first wins)" if ties else ""
     report.line("step   0: validation accuracy ({monitor pictures:,} pictures, {monitor per class} per class) "
                 "{step 0 validation:.1f}%{tie_note}", {"monitor pictures": len(items),
-                "monitor per class": len(items) // data["classes"], "step 0 validation": Accuracy(*log["step 0"])},
+                "monitor per class": len(items) // data["classes"], "step 0 validation": log["step 0"]},
                 tie_note=log["tie note"])
     last_step = min(args.pause_at or args.steps, args.steps)
     train(run, report, data, model, average, optimizer, log, monitor, start, last_step)
@@ -542,7 +542,7 @@ def accuracies(models, batches, labels, run, batch_size, desc, timing=None):
     total, percents = distributed.sum_over_processes(len(labels), run), []
     for k in range(len(models)):
         correct = int((torch.cat([batch[k] for batch in predicted]) == torch.as_tensor(labels)).sum()) if labels else 0
-        percents.append(Accuracy(distributed.sum_over_processes(correct, run), total))
+        percents.append(Accuracy(round(distributed.sum_over_processes(correct, run)), round(total)))
     return percents, timing
 
 

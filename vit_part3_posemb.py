@@ -184,7 +184,7 @@ def imagenet_indices(root):
 def load_pictures(run):
     """(decoded pictures, labels, the ImageNet index of each class) of the validation split."""
     root = ensure_imagenette(run.args.data_dir)
-    items = list_split(root, "val", run.args.per_class)
+    items = list_split(root, "val", run.args.per_class, drawn=True)  # a sample of each class
     return load_all([path for path, _ in items]), torch.tensor([label for _, label in items]), imagenet_indices(root)
 
 
@@ -336,13 +336,14 @@ def setup_differences(run):
         count = len(load_pictures(run)[1])
     except UserError:  # said by section 4: the count is unknown
         count = None
-    return {**checkpoint_difference(run.args.model, DEFAULT_MODEL), **data_differences(run.args, {"val": count}),
+    return {**checkpoint_difference(run.args.model, DEFAULT_MODEL), **data_differences(run.args, {"val": count}, True),
             **flag_differences(run.args, ARTICLE_FLAGS)}
 
 
 def main(argv=None):
     parser = script_parser(__doc__)
     add_data_arguments(parser, DEFAULT_MODEL, "with an ImageNet-1k head",
+                       "keep N validation pictures of each class, drawn at random with a fixed seed (default: all)",
                        batch_help="pictures per batch of the evaluation passes (at 224 and at --resolution)")
     parser.add_argument("--resolution", type=side_pixels, default=384,
                         help="the higher resolution (default: %(default)s)")

@@ -262,7 +262,8 @@ def run_tests(copy_root, tests, keep, log, timeout, record=None):
             import pytest
 
             for name, module in list(sys.modules.items()):  # the parent's own imports (common.cli): the copy's instead
-                if str(getattr(module, "__file__", None) or "").startswith(str(ROOT) + os.sep):
+                where = str(getattr(module, "__file__", None) or "")  # not a virtual environment's inside the checkout
+                if where.startswith(str(ROOT) + os.sep) and not where.startswith(sys.prefix + os.sep):
                     del sys.modules[name]
             os.chdir(copy_root)
             tempfile.tempdir = str(copy_root.parent / "tmp")  # conftest's cache folders go with the copy

@@ -111,9 +111,9 @@ def cached_weight_file(name):
 
 def checkpoint_difference(name, article):
     """{"checkpoint": difference} when --model is not the article's checkpoint, {} when it is: the article's Hub id
-    itself (the Hub's files, or the cache's copy of them), or a local folder whose config.json and weight file are the
-    Hub's published ones for that id (their hashes, from the local cache or the Hub). A stand-in, the miniature's, or
-    a folder that cannot be checked offline is a difference too, named."""
+    itself (the Hub's files, or the cache's copy of them), or a local folder whose config.json, weight file and image
+    processor's file (when it has one) are the Hub's published ones for that id (their hashes, from the local cache or
+    the Hub). A stand-in, the miniature's, or a folder that cannot be checked offline is a difference too, named."""
     from common.environment import made_here
 
     flag, folder = f"--model {name}", os.path.expanduser(name)
@@ -125,17 +125,19 @@ def checkpoint_difference(name, article):
 
 
 def unlike_the_hubs(folder, repo):
-    """Why the folder's config.json or weight file is not the Hub's published one of repo, or None when both are. The
-    Hub names each file by a hash: a large (LFS) file by its sha256, a small one by git's blob sha1; the cache's
-    blobs carry those names, and the Hub's file metadata says them."""
+    """Why the folder's config.json, weight file or image processor's file is not the Hub's published one of repo, or
+    None when each is. The Hub names each file by a hash: a large (LFS) file by its sha256, a small one by git's blob
+    sha1; the cache's blobs carry those names, and the Hub's file metadata says them."""
     weights = next((file for file in WEIGHT_FILES if os.path.isfile(os.path.join(folder, file))), None)
     if weights is None:
         return "a folder without model.safetensors or pytorch_model.bin"
-    published = published_hashes(repo, ["config.json", weights])
+    files = ["config.json", weights, *(["preprocessor_config.json"]  # the image processor's sizes, mean and std
+                                       if os.path.isfile(os.path.join(folder, "preprocessor_config.json")) else [])]
+    published = published_hashes(repo, files)
     if published is None:
         return (f"a folder whose files cannot be checked against the Hub's: {repo} is not in the Hugging Face cache "
                 f"and {why_no_download()}")
-    for file in ("config.json", weights):
+    for file in files:
         expected = published.get(file)
         if expected is None or file_hash(os.path.join(folder, file), len(expected)) != expected:
             return f"a folder whose {file} is not the one the Hub publishes for {repo}"

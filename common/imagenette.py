@@ -22,6 +22,7 @@ URL = "https://s3.amazonaws.com/fast-ai-imageclas/imagenette2-160.tgz"
 ARCHIVE_MB = 99  # 99,003,388 bytes; MB are 10^6 bytes, as every size the project states (94 MiB)
 SPLIT_COUNTS = {"train": 9_469, "val": 3_925}
 PICTURE_SIDE = 160  # imagenette2-160: every picture is 160 px on its short side
+SAMPLE_SEED = 0  # the draw of --per-class's validation pictures, where they are a sample: the same in every run
 # WordNet id, the article's short name, ImageNet-1k index (parachute is n03888257, not n03888605)
 CLASSES = [("n01440764", "tench", 0), ("n02102040", "springer", 217), ("n02979186", "cassette player", 482),
            ("n03000684", "chain saw", 491), ("n03028079", "church", 497), ("n03394916", "French horn", 566),
@@ -41,13 +42,17 @@ def is_imagenette(root):
     return Path(root).name == DEFAULT_DIR.name and class_folders(root, "val") == IMAGENETTE_WNIDS
 
 
-def list_split(root, split, per_class=None):
-    """[(path, label)] sorted by class folder, then file name; per_class keeps the first N of each (in Imagenette's
-    val/ its ILSVRC2012_val_* pictures, whose names sort first: docs/data.md)."""
+def list_split(root, split, per_class=None, drawn=False):
+    """[(path, label)] sorted by class folder, then file name; per_class keeps N of each: the first N by name (in
+    Imagenette's val/ its ILSVRC2012_val_* pictures, whose names sort first: docs/data.md), or, drawn, N drawn at
+    random with a fixed seed, a random sample of each class, which --compare's intervals take them for."""
     items = []
     for label, wnid in enumerate(class_folders(root, split)):
         folder = Path(root) / split / wnid
         paths = sorted(p for p in folder.iterdir() if p.suffix.lower() in (".jpeg", ".jpg", ".png"))
+        if drawn and per_class and per_class < len(paths):
+            chosen = np.random.default_rng([SAMPLE_SEED, label]).choice(len(paths), per_class, replace=False)
+            paths = [paths[i] for i in sorted(chosen)]
         items += [(p, label) for p in paths[:per_class]]
     return items
 
@@ -84,11 +89,12 @@ def check_counts(root, strict,
     return f"{root} holds {counts} pictures of Imagenette: a partial copy, so its numbers cannot match the article's"
 
 
-def data_differences(args, counts):
+def data_differences(args, counts, drawn=False):
     """{item: difference} of this run's pictures ({split: count used, or None when not loaded}) against Imagenette's;
     the pictures: --data-dir, else the default folder. Another data set is told by what can be checked cheaply: a
     folder job/standins.py or job/miniature.py made, other class folders, a class's first picture in either split
-    not 160 px on its short side; else a copy with fewer pictures is a sample of the release's."""
+    not 160 px on its short side; else a copy with fewer pictures is a sample of the release's (drawn: --per-class
+    drew them at random)."""
     from PIL import Image
 
     root, unlike = Path(args.data_dir or DEFAULT_DIR), None
@@ -101,7 +107,7 @@ def data_differences(args, counts):
             try:
                 with Image.open(path) as picture:
                     size = picture.size
-            except OSError:  # a picture that cannot be read: the section that read it said so
+            except (OSError, Image.DecompressionBombError):  # unreadable: the section that read it said so
                 continue
             if min(size) != PICTURE_SIDE:
                 unlike = (f"pictures of another size than Imagenette-160's ({path.name} is {size[0]}x{size[1]}, the "
@@ -111,7 +117,7 @@ def data_differences(args, counts):
         return {"data set": {"flag": f"--data-dir {args.data_dir}", "why": f"--data-dir {args.data_dir}: {unlike}"}}
     items = {split: f"{SPLIT_WORDS[split]} pictures" for split in counts}
     return subset_differences(args, {items[split]: count for split, count in counts.items()},
-                              {items[split]: SPLIT_COUNTS[split] for split in counts})
+                              {items[split]: SPLIT_COUNTS[split] for split in counts}, drawn)
 
 
 class DownloadError(Exception):

@@ -15,6 +15,7 @@ point; the checks of a conclusion are decided on the intervals of the sampled nu
 with 95% (each at 1 - 0.05 / k, Bonferroni over its k sampled numbers), so a "holds" or a "fails" is wrong at most 5%
 of the time, whatever the numbers' dependence; where the intervals allow both answers the check is undecided.
 """
+import functools
 import json
 from collections import Counter
 
@@ -22,14 +23,16 @@ import numpy as np
 
 from common.paths import REFERENCE_DIR
 
-NUMBER_VERDICTS = ("same", "close", "differs", "varies", "not comparable", "not run")
+NUMBER_VERDICTS = ("same", "close", "differs", "undecided", "varies", "not comparable", "not run")
 CONCLUSION_VERDICTS = ("holds", "fails", "undecided", "not run", "not comparable")
 LEVEL = 0.95  # the confidence of every interval, and of a conclusion's intervals together
 LEGEND = ("same: equal at the article's digits; close: within the band the reference states, for the reason it "
-          "states, or, for an accuracy on a sample of the article's pictures, the article's number inside this run's "
-          "exact 95% interval; differs: outside it; varies: depends on chance, spread unmeasured, no claim; not "
-          "comparable: this run's setup differs from the article's in an input of the number (the flag is named)")
+          "states (for an accuracy on a sample of the article's pictures, this run's exact 95% interval inside the "
+          "band); differs: outside it (the interval clear of the band); undecided: a sample's interval reaches both; "
+          "varies: depends on chance, spread unmeasured, no claim; not comparable: this run's setup differs from the "
+          "article's in an input of the number (the flag is named)")
 OPERATORS = {"<": 0, ">=": 1, "==": 0, "within": 1, "apart": 1, "times": 2}  # each check's extra numbers
+MOST_DRAWN = 1_000_000  # pictures of a source without end: an undecided conclusion names no more than these
 
 
 # ---------------------------------------------------------------- the table
@@ -58,6 +61,7 @@ def format_like(article_text, value):
 
 # ---------------------------------------------------------------- exact intervals, from counts
 
+@functools.cache  # a pure function of its counts: a conclusion's search for pictures asks again
 def accuracy_interval(right, n, total=None, level=LEVEL):
     """The exact `level` interval, in per cent, of the accuracy behind `right` of `n` pictures.
 
@@ -126,29 +130,35 @@ def flag_differences(args, article_flags):
     return differences
 
 
-def subset_differences(args, counts, released):
+def subset_differences(args, counts, released, drawn=False):
     """{item: difference} for each split ("validation pictures") of which this run used (counts; None: not loaded)
-    another number of pictures than the release (released), with n and of for the sampling interval."""
+    another number of pictures than the release (released), with n and of for the sampling interval: drawn, when
+    --per-class drew them at random; a partial copy, taken as one; never a folder with more than the release."""
     differences = {}
     for item, count in counts.items():
+        how = f"{args.per_class} of each class drawn at random" if drawn else f"the first {args.per_class} of each class"
         if args.per_class and count is None:
-            differences[item] = {"flag": f"--per-class {args.per_class}",
-                                 "why": f"--per-class {args.per_class}: the first {args.per_class} {item} of each class"}
+            differences[item] = {"flag": f"--per-class {args.per_class}", "why": f"--per-class {args.per_class}: {how}"}
         elif count is not None and count != released[item]:
             flag = f"--per-class {args.per_class}" if args.per_class else f"--data-dir {args.data_dir}"
-            how = f"the first {args.per_class} of each class" if args.per_class else "a partial copy"
+            how = how if args.per_class else "a partial copy" if count < released[item] else "more than the release"
             differences[item] = {"flag": flag, "why": f"{flag}: {count:,} of {released[item]:,} {item} ({how})",
-                                 "n": count, "of": released[item]}
+                                 **({"n": count, "of": released[item]} if count < released[item] and
+                                    (drawn or not args.per_class) else {})}
     return differences
 
 
 # ---------------------------------------------------------------- judging
 
-def judge(script, numbers, differences=None):
+def judge(script, numbers, differences=None, own=False):
     """(number rows, conclusion rows) of a run's recorded numbers ({name: {"value", ...}}) under its setup
     differences ({item: {"flag", "why", ...}}): every reference number of the script, then every conclusion of
     data/conclusions_<script>.json. A rule that has a check not one of OPERATORS, or reads a number the script never
-    records (no reference entry), is refused, naming it: the tests judge every script's rules."""
+    records (no reference entry), is refused, naming it: the tests judge every script's rules.
+
+    own=True judges the conclusions on the run's own terms, as the articles' claims about a model of its own (the
+    miniature's, job/miniature.py): its setup differences set nothing aside, and each counted accuracy is a sample of
+    independent pictures drawn from its source (Clopper-Pearson), not of the article's set."""
     reference = json.loads((REFERENCE_DIR / f"reference_{script}.json").read_text())["numbers"]
     rows = {name: number_row(name, entry, numbers.get(name), differences or {}) for name, entry in reference.items()}
     path, conclusions = REFERENCE_DIR / f"conclusions_{script}.json", []
@@ -163,7 +173,7 @@ def judge(script, numbers, differences=None):
         if unknown:
             raise ValueError(f"{path.name}: the rule {rule['says']!r} reads {unknown[0]!r}, a number the script "
                              f"never records")
-        conclusions.append(conclusion_row({**rule, "reads": reads}, rows, numbers))
+        conclusions.append(conclusion_row({**rule, "reads": reads}, rows, numbers, own))
     return list(rows.values()), conclusions
 
 
@@ -190,12 +200,14 @@ def number_row(name, entry, number, differences):
     if len(moved) == 1 and sample.get("of") and "right" in number:
         low, high = number_interval(number, sample["of"])
         band = entry.get("band", 0.0)
+        inside, clear = article - band - 1e-9 <= low and high <= article + band + 1e-9, \
+            high < article - band - 1e-9 or article + band + 1e-9 < low
         right = number["right"] if isinstance(number["right"], int) else f"{sum(number['right'])} (over the draws)"
-        row.update(verdict="close" if low - band - 1e-9 <= article <= high + band + 1e-9 else "differs",
-                   interval=[low, high], sample=sample["of"],
-                   why=f"{right} of {number['of']:,} right, a sample of {sample['of']:,} pictures (the first of each "
-                       f"class, taken as a random one): this run's exact 95% interval"
-                       + (", widened by the entry's band" if band else "") + ", which the article's number must be in")
+        row.update(verdict="close" if inside else "differs" if clear else "undecided", interval=[low, high],
+                   sample=sample["of"],
+                   why=f"{right} of {number['of']:,} right, a random sample of {sample['of']:,} pictures: this run's "
+                       f"exact 95% interval of the whole set's accuracy, against the article's number"
+                       + (" and its band" if band else ""))
     elif moved:
         row.update(verdict="not comparable", why="; ".join(difference["why"] for difference in moved.values()),
                    flags=list(dict.fromkeys(difference["flag"] for difference in moved.values())))
@@ -215,19 +227,21 @@ def verdict(entry, value):
     return "differs"
 
 
-def conclusion_row(rule, judged, numbers):
+def conclusion_row(rule, judged, numbers, own=False):
     """{says, article, why, verdict, reads, intervals, evidence, flags, pictures} of one conclusion: not run or not
     comparable when a number it reads is, else its checks' worst (fails, then undecided, then holds). Its sampled
-    numbers (those judged by an interval) are intervals at 1 - 0.05 / k, k of them, so that all hold together with
-    95%. "evidence": the numbers it read as this run printed them, each sampled one with its interval."""
+    numbers (those judged by an interval; own: every counted one, of its own source) are intervals at 1 - 0.05 / k,
+    k of them, so that all hold together with 95%. "evidence": the numbers it read as this run printed them, each
+    sampled one with its interval."""
     read = [judged[name] for name in rule["reads"]]
     row = {"says": rule["says"], "article": rule["article"], "why": rule.get("why", ""),
            "reads": {number["name"]: number["value"] for number in read}}
-    totals = {number["name"]: number["sample"] for number in read if "sample" in number}
+    totals = ({number["name"]: None for number in read if "right" in numbers.get(number["name"], {})} if own else
+              {number["name"]: number["sample"] for number in read if "sample" in number})
     level = 1 - (1 - LEVEL) / max(1, len(totals))
 
     def verdicts(n=None):  # of each check, the sampled numbers counted on this run's pictures or on n of them
-        bounds = {name: number_interval(scaled(numbers[name], min(n, total)) if n else numbers[name], total, level)
+        bounds = {name: number_interval(scaled(numbers[name], min(n, total or n)) if n else numbers[name], total, level)
                   for name, total in totals.items()}
         sides = [[bounds.get(side, (row["reads"].get(side), row["reads"].get(side))) if isinstance(side, str)
                   else (side, side) for side in (left, right)] for left, _, right, *_ in rule["checks"]]
@@ -236,9 +250,9 @@ def conclusion_row(rule, judged, numbers):
     def decided(n):
         return "undecided" not in verdicts(n)[0]
 
-    if any(number["verdict"] == "not run" for number in read):
+    if any(number["verdict"] == "not run" or own and number["value"] is None for number in read):
         row["verdict"] = "not run"
-    elif any(number["verdict"] == "not comparable" for number in read):
+    elif not own and any(number["verdict"] == "not comparable" for number in read):
         flags = [flag for number in read if number["verdict"] == "not comparable" for flag in number["flags"]]
         row.update(verdict="not comparable", flags=list(dict.fromkeys(flags)))
     else:
@@ -246,8 +260,8 @@ def conclusion_row(rule, judged, numbers):
         row["verdict"] = next(word for word in ("fails", "undecided", "holds") if word in words)
         if totals:
             row["intervals"] = {name: list(interval) for name, interval in bounds.items()}
-        most = max(totals.values(), default=0)
-        if row["verdict"] == "undecided":  # the fewest pictures, at this run's shares right, that decide every check
+        most = max((total or MOST_DRAWN for total in totals.values()), default=0)
+        if row["verdict"] == "undecided":  # about how many pictures, at this run's shares right, decide every check
             row["pictures"] = first_k(decided, min(numbers[name]["of"] for name in totals), most) if decided(most) \
                 else None
     shown = row.get("intervals", {})
@@ -280,6 +294,14 @@ def decide(op, left, right, extra):
         return "holds" if low <= min(ratios) and max(ratios) <= high else \
             "fails" if max(ratios) < low or min(ratios) > high else "undecided"
     raise ValueError(f"unknown check {op!r}")
+
+
+def across_seeds(rows):
+    """The miniature's verdict on one conclusion from its own verdict on each seed's run (own=True rows): holds when
+    it holds on every seed, fails when it fails on every seed, not run when a seed did not run it, else undecided."""
+    words = {row["verdict"] for row in rows}
+    return "not run" if "not run" in words else words.pop() if len(words) == 1 and words <= {"holds", "fails"} \
+        else "undecided"
 
 
 # ---------------------------------------------------------------- as printed

@@ -62,7 +62,33 @@ def read_record(path):
         raise UserError(f"{path} is not a JSON file that a script wrote ({error}): run the script again") from error
     if not isinstance(record, dict) or "numbers" not in record:
         raise UserError(f"{path} was not written by the --json of vit_part3_*.py or vit_backbone.py: run the script again")
+    problem = unlike_a_record(record)
+    if problem:
+        raise UserError(f"{path} is not a record a script wrote ({problem}): run the script again")
     return record
+
+
+def unlike_a_record(record):
+    """What in a --json record is not as the scripts write it, in the parts the verdicts read, or None."""
+    numbers, differences = record["numbers"], record.get("setup differences", {})
+    if not isinstance(numbers, dict) or not isinstance(differences, dict):
+        return "its numbers or setup differences are not a mapping"
+    for name, number in numbers.items():
+        if not isinstance(number, dict) or not isinstance(number.get("value"), (int, float)):
+            return f"the number {name!r} has no value"
+        if "right" in number:
+            rights, of = number["right"] if isinstance(number["right"], list) else [number["right"]], number.get("of")
+            if not (isinstance(of, int) and of > 0 and rights and all(isinstance(right, int) and 0 <= right <= of
+                                                                        for right in rights)):
+                return f"the counts of {name!r} are not a count right of a number of pictures"
+    for item, difference in differences.items():
+        if not (isinstance(difference, dict) and isinstance(difference.get("flag"), str)
+                and isinstance(difference.get("why"), str)):
+            return f"the setup difference {item!r} has no flag and reason"
+        if "n" in difference and not (isinstance(difference["n"], int) and isinstance(difference.get("of"), int)
+                                      and 0 < difference["n"] <= difference["of"]):
+            return f"the setup difference {item!r} is not a sample of its pictures"
+    return None
 
 
 def script_file(script):

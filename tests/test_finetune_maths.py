@@ -158,15 +158,18 @@ def test_a_shorter_run_removes_the_article_steps_it_never_logs():
     assert "mean loss first" not in removed and "data set" not in differences
 
 
-def test_the_pictures_the_sections_loaded_are_the_setups_sample():
-    """--per-class 8 of Imagenette: the training and validation pictures the run used, 80 of 9,469 and 80 of 3,925."""
+def test_the_pictures_the_sections_loaded_are_the_setups_difference_and_no_sample():
+    """--per-class 8 of Imagenette: the training and validation pictures the run used, 80 of 9,469 and 80 of 3,925,
+    the first 8 of each class by name: a part of the set, not a random sample of it (no n of N to judge by)."""
     args = SimpleNamespace(steps=300, batch_size=32, lr=0.003, resolution=224, precision="fp32", per_class=8,
                            data_dir=None, check_per_class=None, model=finetune.MODEL)
     data = {"train": [("a picture", 0)] * 80, "val": [("a picture", 0)] * 80, "classes": 10}
     run = SimpleNamespace(args=args, loaded={"data and model": (data, "the model", (768, 768))})
     differences = finetune.setup_differences(run)
-    assert (differences["training pictures"]["n"], differences["training pictures"]["of"]) == (80, 9469)
-    assert (differences["validation pictures"]["n"], differences["validation pictures"]["of"]) == (80, 3925)
+    assert differences["training pictures"] == {"flag": "--per-class 8", "why": "--per-class 8: 80 of 9,469 training "
+                                                                               "pictures (the first 8 of each class)"}
+    assert differences["validation pictures"]["why"].startswith("--per-class 8: 80 of 3,925 validation pictures")
+    assert "n" not in differences["validation pictures"]
 
 
 def test_fine_tuning_on_another_data_set_is_not_the_articles_setup(tmp_path):

@@ -36,7 +36,7 @@ def test_every_compared_number_is_on_the_page_with_its_verdict(four_runs):
             assert line.startswith(f"| {page_maker.cell(row['name'])} | {row['article']} | {row['run']} |"), row["name"]
             assert f"| {row['kind']} | {page_maker.cell(verdict_text(row))} |" in line
         assert f"## {page_maker.script_file(script)}" in page and record["environment"]["torch"] in page
-    assert "220 same, 0 close, 0 differs, 0 varies, 0 not comparable, 0 not run" in page  # setup offline
+    assert "220 same, 0 close, 0 differs, 0 undecided, 0 varies, 0 not comparable, 0 not run" in page  # setup offline
     assert "| vit_part3_setup.py | the article's |" in page
     assert "| vit_part3_posemb.py | a quick check, not the article's setup: --model " in page
 
@@ -232,3 +232,29 @@ def test_each_conclusion_on_the_page_shows_the_numbers_it_read(four_runs):
             assert (f"| `{page_maker.script_file(script)}` | {page_maker.cell(row['says'])} | "
                     f"{page_maker.cell(verdict_text(row))} | {page_maker.cell(row['evidence'])} |") in page
     assert "| holds | B/16 over B/32 compute at 224 4.06 |" in page  # setup's first, offline: the article's arithmetic
+
+
+GOOD_NUMBER = {"value": 84.0, "text": "84.00", "right": 42, "of": 50}
+# (what is wrong, the record's changed part, the refusal's words): each a record the scripts never write, which the
+# verdicts would trip on; the page refuses it in one line, naming it
+BAD_RECORDS = [
+    ("numbers a list", {"numbers": []}, "its numbers or setup differences are not a mapping"),
+    ("a number without value", {"numbers": {"224 of 10": {"text": "x"}}}, "the number '224 of 10' has no value"),
+    ("counts of floats", {"numbers": {"224 of 10": {**GOOD_NUMBER, "right": 42.0}}}, "the counts of '224 of 10'"),
+    ("more right than pictures", {"numbers": {"224 of 10": {**GOOD_NUMBER, "right": 51}}}, "the counts of"),
+    ("no pictures", {"numbers": {"224 of 10": {**GOOD_NUMBER, "of": 0}}}, "the counts of"),
+    ("no draws", {"numbers": {"224 of 10": {**GOOD_NUMBER, "right": []}}}, "the counts of"),
+    ("a difference without flag", {"setup differences": {"resolution": {"why": "w"}}}, "has no flag and reason"),
+    ("a sample over its set", {"setup differences": {"validation pictures": {"flag": "f", "why": "w", "n": 3930,
+                                                                             "of": 3925}}}, "is not a sample of"),
+]
+
+
+@pytest.mark.parametrize("what,changed,said", BAD_RECORDS, ids=[what for what, _, _ in BAD_RECORDS])
+def test_a_record_the_scripts_never_write_is_refused_in_one_line(what, changed, said, tmp_path):
+    record = {"script": "posemb", "numbers": {"224 of 10": GOOD_NUMBER}, "setup differences": {}, **changed}
+    (tmp_path / "posemb.json").write_text(json.dumps(record))
+    with pytest.raises(UserError) as refused:
+        page_maker.build(tmp_path, say=lambda text: None)
+    assert said in str(refused.value) and "run the script again" in str(refused.value)
+    assert "\n" not in str(refused.value)

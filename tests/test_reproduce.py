@@ -41,7 +41,7 @@ MODULES = {"setup": vit_part3_setup, "posemb": vit_part3_posemb, "fewshot": vit_
 NAMES = {"setup": "vit_part3_setup.py", "posemb": "vit_part3_posemb.py", "fewshot": "vit_part3_fewshot.py",
          "finetune": "vit_part3_finetune.py", "backbone": "vit_backbone.py"}
 VIT, IN21K = "google/vit-base-patch16-224", "google/vit-base-patch16-224-in21k"
-VERDICTS = ["same", "close", "differs", "varies", "not comparable", "not run"]
+VERDICTS = ["same", "close", "differs", "undecided", "varies", "not comparable", "not run"]
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ def table_rows(stdout):
     rows = {}
     for text in stdout.splitlines():
         cells = [cell.strip() for cell in text.split(" | ")]
-        if len(cells) == 9 and cells[0] in NAMES.values():
+        if len(cells) == 10 and cells[0] in NAMES.values():
             rows[cells[0]] = cells
     return rows
 
@@ -153,7 +153,7 @@ def test_the_whole_job_gives_five_json_files_the_page_and_the_table(job):
         assert record["script"] == script and record["flags"]["compare"]
         assert not record["could_not_run"]
         sections = len(module.SECTIONS)
-        cells = [*rows[NAMES[script]][1:7], rows[NAMES[script]][7].split(" [")[0]]  # a footnote says why not run
+        cells = [*rows[NAMES[script]][1:8], rows[NAMES[script]][8].split(" [")[0]]  # a footnote says why not run
         assert cells == [f"{sections} of {sections}", *map(str, verdict_counts_of(record))]
         log = (folder / "logs" / f"{script}.log").read_bytes()
         assert log and b"\r" not in log  # each progress bar's final state, not its redraws
@@ -223,7 +223,7 @@ def test_a_second_call_skips_all_five(job, tmp_path):
     after = {path: path.read_bytes() for path in out.rglob("*") if path.is_file()}
     assert out / ".reproduce.lock" not in before and out / ".reproduce.lock" not in after  # removed as each job ended
     assert after == before
-    assert all(cells[8].startswith("skipped (") for cells in table_rows(stdout).values())
+    assert all(cells[9].startswith("skipped (") for cells in table_rows(stdout).values())
 
 
 def test_sigterm_while_the_page_is_built_says_the_same_command_continues(job, tmp_path, monkeypatch, capsys):
@@ -300,7 +300,7 @@ def test_offline_the_last_lines_say_why_each_script_did_not_finish_and_the_comma
     for k, script in enumerate(("posemb", "fewshot", "finetune", "backbone"), 1):
         why = next(text for text in err.splitlines() if text.startswith(f"cannot run {NAMES[script]}: "))
         assert last[k - 1] == f"[{k}] {NAMES[script]}: not run: {why.split(': ', 1)[1]}"
-        assert rows[NAMES[script]][7].endswith(f" [{k}]")  # the table's "not run" cell points to it
+        assert rows[NAMES[script]][8].endswith(f" [{k}]")  # the table's "not run" cell points to it
 
 
 def test_one_clock_the_terminal_the_jobs_record_and_the_page_show_the_same_seconds(job):
@@ -310,7 +310,7 @@ def test_one_clock_the_terminal_the_jobs_record_and_the_page_show_the_same_secon
     for script in ("fewshot", "finetune", "backbone"):  # the scripts this call ran
         seconds = record[script]["seconds"]
         said = re.search(rf"^{NAMES[script]}: ([\d.]+) s \(its process's wall time\)", out, re.MULTILINE)[1]
-        assert float(said) == seconds and table_rows(out)[NAMES[script]][8].startswith(f"{seconds:.1f} s")
+        assert float(said) == seconds and table_rows(out)[NAMES[script]][9].startswith(f"{seconds:.1f} s")
         summary = page.split(f"| {NAMES[script]} | ", 1)[1].split("\n", 1)[0]
         assert f" | {seconds:.1f} s" in summary and f", {seconds:.1f} s" in page.split(f"## {NAMES[script]}", 1)[1]
 

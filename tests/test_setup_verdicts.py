@@ -137,13 +137,15 @@ def run_json(main, argv, path):
 
 
 def check_moved_numbers(base, changed, pseudo, flag):
-    """Every number that moved is not comparable (naming the flag), close within a stated band or interval,
-    or arithmetic on the article's inputs and same."""
+    """Every number that moved is not comparable (naming the flag), close within a stated band, judged by its
+    interval (a sample of the same weights' pictures: close or undecided, never differs), or arithmetic on the
+    article's inputs and same."""
     rows = compare(changed["numbers"], pseudo, changed["setup differences"])
     moved = [row for row in rows if row["value"] is not None and row["value"] != base["numbers"][row["name"]]["value"]]
     for row in moved:
         fine = (row["verdict"] == "not comparable" and any(flag in f for f in row["flags"])
-                or row["verdict"] == "close" and ("band" in row or "interval" in row)
+                or row["verdict"] == "close" and "band" in row
+                or row["verdict"] in ("close", "undecided") and "interval" in row
                 or row["kind"] == "nothing" and row["verdict"] == "same")
         assert fine, (flag, row)
     return moved
@@ -219,7 +221,7 @@ def fitted_classifier(directory, data, seed):
     return directory
 
 
-def test_subset_accuracies_are_close_for_the_same_weights_and_differ_for_others(release, as_the_release, tmp_path,
+def test_subset_accuracies_are_undecided_for_the_same_weights_and_differ_for_others(release, as_the_release, tmp_path,
                                                                               monkeypatch):
     good = fitted_classifier(tmp_path / "fitted", release, seed=0)
     other = vit_classifier(tmp_path / "random", seed=1)
@@ -231,7 +233,8 @@ def test_subset_accuracies_are_close_for_the_same_weights_and_differ_for_others(
     subset = ["--data-dir", str(release), "--per-class", "3", "--device", "cpu"]
     same_weights = run_json(posemb.main, ["--model", str(good), *subset], tmp_path / "same.json")
     rows = {row["name"]: row for row in compare(same_weights["numbers"], pseudo, same_weights["setup differences"])}
-    assert all(rows[name]["verdict"] == "close" and "interval" in rows[name] for name in accuracies), \
+    # 30 of 60 pictures cannot put an accuracy within the article's band: the same weights are undecided, never differ
+    assert all(rows[name]["verdict"] == "undecided" and "interval" in rows[name] for name in accuracies), \
         [(name, rows[name]["run"], rows[name].get("interval")) for name in accuracies]
     other_weights = run_json(posemb.main, ["--model", str(other), *subset], tmp_path / "other.json")
     rows = {row["name"]: row for row in compare(other_weights["numbers"], pseudo, other_weights["setup differences"])}
@@ -244,7 +247,7 @@ def test_the_comparison_names_the_setup_at_the_top(release, tiny_classifier, as_
                         "--device", "cpu", "--compare"]) == 0
     comparison = capsys.readouterr().out.split("== comparison with the article ==")[1].splitlines()
     assert comparison[1].startswith("  setup: this run differs from the article's")
-    assert comparison[2].strip() == "--per-class 2: 20 of 60 validation pictures (the first 2 of each class)"
+    assert comparison[2].strip() == "--per-class 2: 20 of 60 validation pictures (2 of each class drawn at random)"
     assert any("not comparable: --per-class 2" in text for text in comparison)
     assert any("(95% interval" in text for text in comparison)
 
