@@ -121,4 +121,7 @@ def next_line(rows, status, argv, offline):
                 f"--strict the same job ends 0: {command}")
     where = ("with HF_HUB_OFFLINE unset and the Hub reachable, or with the local copies named above"
              if offline else "once what is named above is here")
-    return f"next: {where}, the same command runs what did not finish and skips what did: {command}"
+    miniature = (f"offline meanwhile: {shlex.join(['python', os.path.relpath(ROOT / 'job' / 'miniature.py'), 'DIR'])} "
+                 f"judges the articles' conclusions on a ViT trained here on generated pictures, in minutes "
+                 f"(docs/miniature.md)\n" if offline else "")
+    return f"{miniature}next: {where}, the same command runs what did not finish and skips what did: {command}"

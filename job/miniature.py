@@ -1,6 +1,9 @@
-"""The two articles in miniature, offline: a small ViT trained here on generated pictures, then the whole job on it.
+"""The two articles in miniature, offline: a small ViT trained here on generated pictures, then the whole job on it,
+on several seeds, and the articles' conclusions judged on the miniature itself.
 
-    python job/miniature.py DIR    # pictures, training, the five scripts and the page (DIR/results/report.md)
+    python job/miniature.py DIR                # seeds 0, 1, 2: pictures, training, the job, DIR/report.md
+    python job/miniature.py DIR --seed 1000    # another seed set: 1000, 1001, 1002
+    python job/miniature.py DIR --seeds 5      # five seeds
 
 The articles' conclusions are about where things are: position rows stretched in 2D keep a ViT working at a
 higher resolution, a zero head sends nothing into the body, a few steps of fine-tuning sort the pictures before
@@ -16,10 +19,13 @@ the loss moves. So the pictures here have classes decided by WHERE a bright blob
 A ViT of 4 layers of width 64 (patch 8 at 64 px: an 8 x 8 grid, as the article's 14 x 14 at 224) is trained
 from scratch on pictures drawn afresh (not the folders' own), with two heads at once: a 1000-way head on the
 class token (Imagenette's classes at their ImageNet-1k indices) and a pre-logits layer with a head of its own.
-It is saved with save_pretrained under the Hub ids the scripts load (DIR/models/google/vit-base-patch16-224, the
-classifier with its image processor; .../vit-base-patch16-224-in21k, the body with its pre-logits layer and no
-head), then reproduce.py runs the five scripts on it offline, and the page says first what it is: its numbers
-are its own, the articles' do not apply; the conclusions are what carries over (docs/miniature.md).
+It is saved with save_pretrained under the Hub ids the scripts load (DIR/seed-<s>/models/google/...), then
+reproduce.py runs the five scripts on it offline, into DIR/seed-<s>/results. Each seed draws its own pictures,
+its own training and the scripts' draws (--seed); the seeds' jobs run side by side, one thread each.
+
+Against the articles' numbers the miniature is not comparable (its checkpoint and pictures are its own). On the
+miniature each conclusion is judged on its own numbers (common/verdicts.py, judge(..., own=True)): it holds when
+it holds on every seed, fails when it fails on every seed, and is undecided otherwise (docs/miniature.md).
 
 Each step is done once: a second call continues the job (the same command, reproduce.py's resume rule).
 """
@@ -34,10 +40,14 @@ if __name__ == "__main__":  # run as a file: the repository root, not job/, is w
     before_torch_loads()
 
 import contextlib
+import functools
 import io
 import json
 import math
 import shlex
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -45,7 +55,6 @@ from PIL import Image
 
 from common.environment import MINIATURE_MARK
 from common.imagenette import CLASSES
-from job.ending import STANDINS_COMMAND, job_command
 from job.standins import BEANS_CARD, BEANS_CLASSES, IN21K, IN21K_CONFIG, VIT, hub_processor
 
 # ---------------------------------------------------------------- the pictures
@@ -71,7 +80,7 @@ TRAIN_BATCH = 64
 LEARNING_RATE = 2e-3        # peak, after a warm-up of WARMUP_STEPS, then cosine to 0
 WARMUP_STEPS = 40
 WEIGHT_DECAY = 0.05
-PICTURE_SEED, TRAIN_SEED = 0, 1  # the folders' pictures, the training pictures and weights
+SEEDS = 3                   # --seeds: each number of the model measured on this many independent seeds
 
 # ---------------------------------------------------------------- the job
 REPRODUCE = Path(__file__).resolve().parent.parent / "reproduce.py"
@@ -151,7 +160,7 @@ def mark(folder):
     return folder
 
 
-def imagenette_folder(root, counts=None, seed=PICTURE_SEED):
+def imagenette_folder(root, counts=None, seed=0):
     """root/{train,val}/<wnid>/<wnid>_<i>.JPEG, 160 x 160 px, each class's blob in its region (Imagenette's layout)."""
     rng = np.random.default_rng(seed)
     root = Path(root)
@@ -164,11 +173,14 @@ def imagenette_folder(root, counts=None, seed=PICTURE_SEED):
     return mark(root)
 
 
-def beans_folder(root, counts=None, seed=PICTURE_SEED, side=PICTURE_SIDE):
+def beans_folder(root, counts=None, seed=0, side=PICTURE_SIDE):
     """AI-Lab-Makerere/beans's files as job/standins.py's beans_folder writes them (README.md, one parquet file a
     split), class k's blob in the k-th third of the height."""
+    import datasets
     from datasets import ClassLabel, Dataset, Features, Value
     from datasets import Image as ImageFeature
+
+    datasets.disable_progress_bars()  # a bar a split, for files of a second each
 
     rng = np.random.default_rng(seed)
     root = Path(root)
@@ -235,7 +247,7 @@ def one_thread():
         torch.set_num_threads(threads)
 
 
-def train(pictures, labels, steps=STEPS, seed=TRAIN_SEED, say=print):
+def train(pictures, labels, steps=STEPS, seed=0, say=print):
     """(classifier, pre-logits layer) trained together: a 1000-way head on the class token, and a pre-logits
     layer (tanh of a dense layer on the class token, the ImageNet-21k release's) with a 10-way head of its own."""
     import torch
@@ -296,53 +308,204 @@ def save_checkpoints(models, classifier, pre_logits):
     return {"vit": mark(vit), "in21k": mark(in21k)}  # marked last: a mark says its folder is whole
 
 
-def job_flags(root):
-    """reproduce.py's flags for the miniature in root: its copies, the CPU, each script's flags (JOB_EXTRA)."""
+def job_flags(root, seed=0):
+    """reproduce.py's flags for the miniature in root: its copies, the CPU, each script's flags (JOB_EXTRA) and the
+    seed of the scripts that draw (few-shot's shots, fine-tuning's order and flips, the backbone's head)."""
     root = Path(root)
+    extra = [f"{item} --seed {seed}" if item.split("=")[0] in ("fewshot", "finetune", "backbone") else item
+             for item in JOB_EXTRA]
     return ["--models", str(root / "models"), "--imagenette", str(root / "imagenette"), "--beans",
-            str(root / "beans"), "--device", "cpu", *[token for extra in JOB_EXTRA for token in ("--extra", extra)]]
+            str(root / "beans"), "--device", "cpu", *[token for item in extra for token in ("--extra", item)]]
 
 
-def build_pictures(root, say=print):
+def build_pictures(root, seed=0, say=print):
     """The Imagenette and beans folders in root, once (beans is written last: its mark says both are whole)."""
     root = Path(root)
     if not (root / "beans" / MINIATURE_MARK).is_file():
         say(f"pictures: {root / 'imagenette'} and {root / 'beans'}, each class where its blob is")
-        imagenette_folder(root / "imagenette")
-        beans_folder(root / "beans")
+        imagenette_folder(root / "imagenette", seed=[seed, 0])
+        beans_folder(root / "beans", seed=[seed, 1])
 
 
-def build_checkpoints(root, say=print):
+def build_checkpoints(root, seed=0, say=print):
     """The miniature ViT trained and saved in root/models, once (the ImageNet-21k body is saved last)."""
     models = Path(root) / "models"
     if (models / IN21K / MINIATURE_MARK).is_file():
         return
     say(f"training a ViT of {LAYERS} layers of width {WIDTH}, patch {PATCH_SIZE} at {IMAGE_SIZE} px, on "
         f"{TRAIN_PICTURES} generated pictures for {STEPS} steps of {TRAIN_BATCH}")
-    classifier, pre_logits = train(*training_pictures(TRAIN_PICTURES, TRAIN_SEED), say=say)
+    classifier, pre_logits = train(*training_pictures(TRAIN_PICTURES, [seed, 2]), seed=seed, say=say)
     save_checkpoints(models, classifier, pre_logits)
 
 
+# ---------------------------------------------------------------- the seeds and their verdicts
+
+OWN = {"report.md", "miniature.json"}  # what DIR holds beside its seed-<s> folders
+
+
+def seed_folder(root, seed):
+    return Path(root) / f"seed-{seed}"
+
+
+def foreign_files(root):
+    """The names in root that are not the miniature's (seed-<s> folders, its page and record): another job's files."""
+    root = Path(root)
+    if not root.is_dir():
+        return [root.name] if root.exists() else []
+    return sorted(path.name for path in root.iterdir() if path.name not in OWN and not (
+        path.is_dir() and path.name.startswith("seed-") and path.name[5:].isdigit()))
+
+
+def seed_verdicts(root, seed):
+    """{script: [own=True conclusion rows]} of one seed's job (a script with no record: its conclusions not run)."""
+    from common.verdicts import judge
+    from job.page import SCRIPTS, read_record
+
+    rows = {}
+    for script in SCRIPTS:
+        record = read_record(seed_folder(root, seed) / "results" / f"{script}.json")
+        rows[script] = judge(script, record["numbers"] if record else {},
+                             record.get("setup differences", {}) if record else {}, own=True)[1]
+    return rows
+
+
+def combined(root, seeds):
+    """[{script, says, article, verdict, depends, seeds: {seed: {verdict, evidence}}}] of every conclusion: the
+    miniature's verdict across the seeds (verdicts.across_seeds), and whether it reads a number of the model or its
+    pictures (depends), not arithmetic alone."""
+    from common.verdicts import across_seeds, load_reference
+
+    each = {seed: seed_verdicts(root, seed) for seed in seeds}
+    rows = []
+    for script, first in each[seeds[0]].items():
+        reference = load_reference(script)
+        for k, row in enumerate(first):
+            per_seed = {seed: each[seed][script][k] for seed in seeds}
+            rows.append({"script": script, "says": row["says"], "article": row["article"],
+                         "verdict": across_seeds(per_seed.values()),
+                         "depends": any(reference[name]["kind"] != "nothing" for name in row["reads"]),
+                         "seeds": {seed: {"verdict": one["verdict"], "evidence": one["evidence"],
+                                          **({"pictures": one["pictures"]} if one.get("pictures") else {})}
+                                   for seed, one in per_seed.items()}})
+    return rows
+
+
+def counts_line(rows):
+    """'20 hold, 6 fail, 8 undecided, 0 not run (of 34; ...)' of the combined rows."""
+    found = {word: sum(row["verdict"] == word for row in rows) for word in ("holds", "fails", "undecided", "not run")}
+    decided = [row for row in rows if row["verdict"] in ("holds", "fails")]
+    return (f"{found['holds']} hold, {found['fails']} fail, {found['undecided']} undecided, {found['not run']} not run "
+            f"(of {len(rows)} conclusions; decided {len(decided)}, {sum(row['depends'] for row in decided)} of them on "
+            f"numbers of the model or its pictures, the others arithmetic)")
+
+
+def write_results(root, seeds, rows):
+    """DIR/miniature.json (the combined verdicts, each seed's) and DIR/report.md (them as a page); their paths."""
+    from common.environment import git_commit
+    from common.files import write_text
+    from job.page import cell, script_file
+
+    record = {"seeds": list(seeds), "commit": git_commit(), "counts": counts_line(rows), "conclusions": rows}
+    lines = ["# The articles' conclusions on the miniature", "",
+             (f"A ViT trained here on generated pictures whose class is where a blob is (job/miniature.py), on seeds "
+              f"{', '.join(map(str, seeds))}. Against the articles' numbers every number of the model is not "
+              f"comparable (its checkpoint and pictures are its own: each seed's page, seed-<s>/results/report.md). "
+              f"On the miniature, each conclusion is judged on its own numbers, each accuracy a sample of its "
+              f"generated pictures (Clopper-Pearson): it holds when it holds on every seed, fails when it fails on "
+              f"every seed, and is undecided otherwise (docs/miniature.md)."), "",
+             f"On the miniature: {counts_line(rows)}.", "",
+             "| script | conclusion | on the miniature | " + " | ".join(f"seed {seed}" for seed in seeds) + " |",
+             "| --- | --- | --- | " + " | ".join("---" for _ in seeds) + " |"]
+    for row in rows:
+        cells = [f"{one['verdict']}: {one['evidence']}" for one in row["seeds"].values()]
+        lines.append(f"| {script_file(row['script'])} | {cell(row['says'])} | {row['verdict']} | "
+                     + " | ".join(map(cell, cells)) + " |")
+    json_path = write_text(Path(root) / "miniature.json", json.dumps(record, indent=1), what="the miniature's record")
+    return json_path, write_text(Path(root) / "report.md", "\n".join(lines) + "\n", what="the miniature's page")
+
+
+def run_seeds(root, seeds, say=print):
+    """Each seed's pictures and ViT, trained in turn here, and its job in a process of its own once its ViT is
+    saved, beside the next training (one thread each: the 2 cores share them); the jobs' statuses."""
+    from job.child_process import script_start
+
+    jobs, env = {}, {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    try:
+        for seed in seeds:
+            folder, told = seed_folder(root, seed), functools.partial(lambda seed, text: say(f"seed {seed}: {text}"),
+                                                                      seed)
+            build_pictures(folder, seed, told)
+            build_checkpoints(folder, seed, told)
+            command = [sys.executable, str(REPRODUCE), str(folder / "results"), *job_flags(folder, seed)]
+            log = open(folder / "job.log", "wb")  # noqa: SIM115 - open while the job runs
+            jobs[seed] = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, process_group=0,
+                                           preexec_fn=script_start()), log,  # noqa: PLW1509 - no threads here
+                          time.perf_counter())
+            say(f"seed {seed}: the job runs, its lines in {folder / 'job.log'}")
+        statuses = {}
+        for seed, (job, log, begun) in jobs.items():
+            statuses[seed] = job.wait()
+            log.close()
+            say(f"seed {seed}: the job ended with status {statuses[seed]} after {time.perf_counter() - begun:.0f} s")
+        return statuses
+    except BaseException:  # Ctrl-C or SIGTERM: each job saves and stops as reproduce.py does; the same command resumes
+        for job, log, _ in jobs.values():
+            if job.poll() is None:
+                job.send_signal(signal.SIGTERM)
+        for job, log, _ in jobs.values():
+            job.wait()
+            log.close()
+        say(f"stopped: each seed's pictures, trained ViT and finished scripts are kept; the same command continues: "
+            f"{shlex.join(['python', sys.argv[0], *sys.argv[1:]])}")
+        raise
+
+
 def main(argv=None):
-    from common.cli import script_parser
+    from common.cli import positive_int, script_parser
+    from common.cli import seed as seed_number
+    from common.errors import UserError
+    from common.output import say
 
     parser = script_parser(__doc__)
-    parser.add_argument("directory", help="where the pictures and the ViT are made (once) and the job writes "
-                                          "DIR/results")
-    root = Path(parser.parse_args(argv).directory)
+    parser.add_argument("directory", help="where each seed's pictures, ViT and job go (DIR/seed-<s>), and the "
+                                          "miniature's page, DIR/report.md")
+    parser.add_argument("--seed", type=seed_number, default=0, help="the first seed (default: %(default)s)")
+    parser.add_argument("--seeds", type=positive_int, default=SEEDS,
+                        help="seeds, from --seed on, each a whole miniature (default: %(default)s)")
+    args = parser.parse_args(argv)
+    root = Path(args.directory).expanduser()
+    seeds = list(range(args.seed, args.seed + args.seeds))
+    if seeds[-1] > 2**32 - 1:
+        raise UserError(f"--seed {args.seed} --seeds {args.seeds} reaches seed {seeds[-1]}, past the last seed numpy "
+                        f"and torch take ({2**32 - 1})")
+    foreign = foreign_files(root)
+    if foreign:
+        raise UserError(f"{root} holds {', '.join(foreign[:3])}, which are not the miniature's: give a new or empty "
+                        f"folder (the miniature writes DIR/seed-<s>/, DIR/report.md and DIR/miniature.json)")
     from transformers.utils import logging
 
     logging.set_verbosity_error()  # the library's note that torchvision would serve the processor faster
-    build_pictures(root)
-    build_checkpoints(root)
-    command = ["reproduce.py", str(root / "results"), *job_flags(root)]
-    print(f"the miniature in {root}: a ViT trained here on generated pictures; its numbers are its own, the "
-          f"articles' do not apply (docs/miniature.md). The job on it, offline:\n"
-          f"HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 {job_command(command[1:])}", flush=True)
-    again = shlex.join(["python", sys.argv[0], str(root)]) if argv is None else ""  # what continues this job
-    os.execve(sys.executable, [sys.executable, str(REPRODUCE), *command[1:]],
-              {**os.environ, "HF_HUB_OFFLINE": "1", STANDINS_COMMAND: again})
+    root.mkdir(parents=True, exist_ok=True)
+    say(f"the miniature in {root}, seeds {', '.join(map(str, seeds))}: a ViT trained here on generated pictures; its "
+        f"numbers are its own, the articles' do not apply (docs/miniature.md)")
+    statuses = run_seeds(root, seeds, say)
+    rows = combined(root, seeds)
+    json_path, page = write_results(root, seeds, rows)
+    print("\nthe articles' conclusions on the miniature (each on every seed; docs/miniature.md):")
+    for row in rows:
+        print(f"  {row['verdict']}: {row['says']}")
+    print(f"on the miniature: {counts_line(rows)}")
+    print(f"page: {page}; record: {json_path}; each seed's own page: {seed_folder(root, seeds[0]) / 'results' / 'report.md'}")
+    failed = [seed for seed, status in statuses.items() if status]
+    if failed:
+        again = shlex.join(["python", sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
+        print(f"the job of seed(s) {', '.join(map(str, failed))} did not finish (its last lines: "
+              f"{seed_folder(root, failed[0]) / 'job.log'}); the same command continues it: {again}")
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    from common.start import guarded
+
+    sys.exit(guarded(main))

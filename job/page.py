@@ -280,8 +280,12 @@ def build(folder, say=print):
             continue
         differences = record.get("setup differences", {})
         rows, conclusions = judge(script, record["numbers"], differences)
-        decided += [f"| `{script_file(script)}` | {cell(row['says'])} | {cell(verdict_text(row))} | "
-                    f"{cell(row['evidence'])} | {cell(row['article'])} |" for row in conclusions]
+        if on_the_miniature({script: record}):  # judged on its own numbers too, as the articles' claims of it
+            own = judge(script, record["numbers"], differences, own=True)[1]
+            conclusions = [{**row, "verdict text": f"{verdict_text(row)}; on the miniature: {verdict_text(mine)}",
+                            "evidence": mine["evidence"]} for row, mine in zip(conclusions, own)]
+        decided += [f"| `{script_file(script)}` | {cell(row['says'])} | {cell(row.get('verdict text', verdict_text(row)))}"
+                    f" | {cell(row['evidence'])} | {cell(row['article'])} |" for row in conclusions]
         seconds = run_seconds(script, record, job, folder)
         summary.append(f"| {script_file(script)} | {cell(setup_cell(differences))} | {counts_text(rows)} | "
                        f"{seconds} |")
@@ -298,7 +302,9 @@ def build(folder, say=print):
         head += [(f"**A miniature, its numbers its own**: {', '.join(miniature)} ran on a ViT trained here on "
                   f"generated pictures whose class is where a blob is (job/miniature.py), not on the articles' "
                   f"checkpoints and data: the articles' numbers do not apply, and the verdicts beside them say "
-                  f"nothing. What carries over is the articles' conclusions (docs/miniature.md)."), ""]
+                  f"nothing. What carries over is the articles' conclusions, each judged on the miniature's own "
+                  f"numbers below (\"on the miniature\"; over several seeds: the job/miniature.py folder's "
+                  f"report.md, docs/miniature.md)."), ""]
     head += [*decided, ""]  # first: what the run decides of the articles' conclusions, then the numbers
     head += ["Each number of the logged lines of \"ViT, explained · Part 3\" (the vit_part3_* scripts) and of \"ViT "
              "as a backbone\" (vit_backbone.py) beside this run's. " + LEGEND + ". Paths are relative to this "

@@ -2,6 +2,7 @@
 the scripts' own loaders read, and the job's flags pointing at them. The whole miniature and its time are
 benchmarks/miniature.py's, not a test's."""
 import json
+import math
 import os
 
 import numpy as np
@@ -125,5 +126,223 @@ def test_the_page_says_first_that_a_run_on_the_miniature_has_numbers_of_its_own(
     paragraphs = page.build(results, say=lambda text: None).read_text().split("\n\n")
     assert paragraphs[1].startswith("**A miniature, its numbers its own**: vit_part3_posemb.py ran on a ViT trained "
                                     "here on generated pictures")
+    assert "| `vit_part3_posemb.py` | our bilinear loop is SciPy's resize, to float64 round-off | not run; on the " \
+           "miniature: not run |" in "\n\n".join(paragraphs)  # each conclusion judged on its own numbers too
     (marked / MINIATURE_MARK).unlink()
     assert "miniature" not in page.build(results, say=lambda text: None).read_text()
+
+
+# ---------------------------------------------------------------- the command's bad input, refused before training
+
+def foreign_file(root):
+    (root / "notes.txt").write_text("another job's")
+
+
+def old_layout(root):
+    (root / "results").mkdir()
+    (root / "results" / "reproduce.json").write_text("{}")
+
+
+BAD_INPUT = [
+    (["--seeds", "0"], None, "argument --seeds: '0' is not a whole number of at least 1"),
+    (["--seed", "x"], None, "argument --seed: 'x' is not a seed"),
+    (["--seed", "-1"], None, "argument --seed: '-1' is not a seed"),
+    (["--seed", str(2**32 - 1), "--seeds", "2"], None, "reaches seed 4294967296, past the last seed"),
+    ([], foreign_file, "holds notes.txt, which are not the miniature's: give a new or empty folder"),
+    ([], old_layout, "holds results, which are not the miniature's"),
+]
+
+
+@pytest.mark.parametrize("flags,prepare,said", BAD_INPUT, ids=[said[:40] for _, _, said in BAD_INPUT])
+def test_a_bad_flag_or_folder_is_one_line_before_any_training(flags, prepare, said, tmp_path, capsys):
+    from conftest import script_output
+
+    from common.start import guarded
+
+    root = tmp_path / "mini"
+    root.mkdir()
+    if prepare:
+        prepare(root)
+    before = sorted(root.iterdir())
+    status, _, err = script_output(lambda argv: guarded(lambda: miniature.main(argv)), [str(root), *flags], capsys)
+    assert status == 2 and said in err and len(err.strip().splitlines()) == 1, err
+    assert sorted(root.iterdir()) == before  # nothing made, nothing trained
+
+
+def test_a_file_where_the_folder_goes_is_refused(tmp_path, capsys):
+    from conftest import script_output
+
+    from common.start import guarded
+
+    (tmp_path / "mini").write_text("a file")
+    status, _, err = script_output(lambda argv: guarded(lambda: miniature.main(argv)), [str(tmp_path / "mini")], capsys)
+    assert status == 2 and "holds mini, which are not the miniature's" in err
+
+
+def test_the_seeds_verdicts_combine_on_every_seed_and_the_page_shows_each(tmp_path, monkeypatch):
+    """Two seeds' records, one conclusion apart: it holds on one seed and fails on the other, so it is undecided; the
+    others agree. The page and the record say so, with each seed's numbers."""
+    from common.verdicts import judge
+
+    def seed_rows(root, seed):
+        rows = {"finetune": judge("finetune", {}, own=True)[1]}
+        for k, row in enumerate(rows["finetune"]):
+            rows["finetune"][k] = {**row, "verdict": "holds", "evidence": f"seed {seed}'s numbers"}
+        rows["finetune"][0]["verdict"] = "holds" if seed == 0 else "fails"
+        return rows
+
+    monkeypatch.setattr(miniature, "seed_verdicts", seed_rows)
+    rows = miniature.combined(tmp_path, [0, 1])
+    assert [row["verdict"] for row in rows] == ["undecided"] + ["holds"] * 10
+    assert rows[0]["seeds"] == {0: {"verdict": "holds", "evidence": "seed 0's numbers"},
+                                1: {"verdict": "fails", "evidence": "seed 1's numbers"}}
+    assert rows[1]["depends"] is False and rows[2]["depends"] is True  # no gradient into the body: arithmetic alone
+    json_path, page = miniature.write_results(tmp_path, [0, 1], rows)
+    assert json.loads(json_path.read_text())["conclusions"][0]["verdict"] == "undecided"
+    text = page.read_text()
+    assert "| vit_part3_finetune.py | with the zero head the first loss is ln 10: ten equal scores, a probability of " \
+           "0.1 each | undecided | holds: seed 0's numbers | fails: seed 1's numbers |" in text
+    assert "On the miniature: 10 hold, 0 fail, 1 undecided, 0 not run (of 11 conclusions; decided 10, " in text
+
+
+# ---------------------------------------------------------------- the maths, broken one piece at a time
+
+@pytest.fixture(scope="module")
+def trained_miniature(tmp_path_factory):
+    """A miniature ViT trained as job/miniature.py trains it (200 of its 300 steps: every picture of a batch right by
+    then), its folders of 60 training and 10 validation pictures a class, and each script's own verdicts on it with
+    the maths intact."""
+    root = tmp_path_factory.mktemp("trained-miniature")
+    miniature.imagenette_folder(root / "imagenette", counts={"train": 60, "val": 10}, seed=[0, 0])
+    pictures, labels = miniature.training_pictures(miniature.TRAIN_PICTURES, [0, 2])
+    miniature.save_checkpoints(root / "models", *miniature.train(pictures, labels, steps=200, say=lambda text: None))
+    return {"root": root, "intact": {script: own_verdicts(script, root, root / "intact") for script in PIECES_RUN}}
+
+
+def own_verdicts(script, root, out):
+    """{conclusion: verdict} of one script run on the trained miniature, judged on its own numbers."""
+    from common.verdicts import judge
+
+    out.mkdir(parents=True, exist_ok=True)
+    main, argv = PIECES_RUN[script]
+    path = out / f"{script}.json"
+    main([*(token.format(root=root, out=out) for token in argv), "--json", str(path)])
+    record = json.loads(path.read_text())
+    return {row["says"]: row["verdict"] for row in judge(script, record["numbers"], record["setup differences"],
+                                                         own=True)[1]}
+
+
+def run_main(name):
+    def main(argv):
+        import importlib
+
+        from common.start import guarded
+
+        return guarded(lambda: importlib.import_module(name).main(argv))
+    return main
+
+
+IN21K_FLAGS = ["--model", "{root}/models/" + miniature.IN21K, "--data-dir", "{root}/imagenette", "--device", "cpu",
+               "--resolution", str(miniature.IMAGE_SIZE)]
+PIECES_RUN = {  # each script's run on the trained miniature, the job's flags for it (job/miniature.py's JOB_EXTRA)
+    "setup": (run_main("vit_part3_setup"), []),
+    "posemb": (run_main("vit_part3_posemb"), ["--model", "{root}/models/" + miniature.VIT, "--data-dir",
+                                              "{root}/imagenette", "--device", "cpu", "--resolution",
+                                              str(miniature.HIGHER_RESOLUTION)]),
+    "fewshot": (run_main("vit_part3_fewshot"), [*IN21K_FLAGS, "--no-cache"]),
+    "finetune": (run_main("vit_part3_finetune"), [*IN21K_FLAGS, "--check-per-class", "10", "--pause-at", "5",
+                                                  "--save-dir", "{out}/finetune-run"]),
+}
+
+
+def transposed_stretch(monkeypatch):
+    import vit_part3_posemb
+
+    loop = vit_part3_posemb.bilinear_resize_loop
+    monkeypatch.setattr(vit_part3_posemb, "bilinear_resize_loop", lambda grid, n: loop(grid, n).transpose(1, 0, 2))
+
+
+def no_warmup(monkeypatch):
+    import vit_part3_finetune
+
+    monkeypatch.setattr(vit_part3_finetune, "lr_at", lambda step, lr, steps: lr / 2 * (1 + math.cos(
+        math.pi * (step - 1) / steps)))
+
+
+def random_zero_head(monkeypatch):
+    import vit_part3_finetune
+
+    def random(model):
+        vit_part3_finetune.random_head(model, 1)
+        return model.classifier.weight.numel() + model.classifier.bias.numel()
+
+    monkeypatch.setattr(vit_part3_finetune, "zero_head", random)
+
+
+def lambda_dropped(monkeypatch):
+    import vit_part3_fewshot
+
+    solve = vit_part3_fewshot.closed_form
+    monkeypatch.setattr(vit_part3_fewshot, "closed_form", lambda x, y, lam: solve(x, y, 0.0))
+
+
+def no_class_token(monkeypatch):
+    import vit_part3_setup
+    from common import compute
+
+    def without(resolution, patch):
+        grid = resolution // patch
+        return grid, grid * grid, grid * grid, (grid * grid) ** 2
+
+    for module in (compute, vit_part3_setup):
+        monkeypatch.setattr(module, "sequence_shape", without)
+
+
+# (the piece of the maths, how it is broken, the script that runs it, the conclusions whose verdict on the miniature
+# it must change; docs/miniature.md lists the same)
+PIECES = [
+    ("the 2D stretch", transposed_stretch, "posemb", ["the 1D stretch is a disaster"]),
+    ("the warm-up", no_warmup, "finetune", ["while after 5 steps the loss has barely left ln 10"]),
+    ("the zero head", random_zero_head, "finetune", ["with the zero head the first loss is ln 10",
+                                                     "the zero head sends exactly no gradient"]),
+    ("the ridge's lambda", lambda_dropped, "fewshot", ["in the example by hand"]),
+    ("the class token's count", no_class_token, "setup", ["the extra over 4 comes from attention"]),
+]
+
+
+@pytest.mark.parametrize("piece,breaking,script,moved", PIECES, ids=[piece for piece, _, _, _ in PIECES])
+def test_a_broken_piece_of_the_maths_changes_a_verdict_on_the_miniature(piece, breaking, script, moved,
+                                                                       trained_miniature, monkeypatch, tmp_path):
+    """Each piece broken alone, the script run again on the same trained miniature: the conclusions that rest on it
+    are no longer judged as with the maths intact."""
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    breaking(monkeypatch)
+    broken = own_verdicts(script, trained_miniature["root"], tmp_path)
+    intact = trained_miniature["intact"][script]
+    changed = [says for says in intact if broken[says] != intact[says]]
+    for start in moved:
+        says = next(says for says in intact if says.startswith(start))
+        assert says in changed, (piece, says, intact[says], broken[says])
+
+
+def test_the_docs_tables_are_two_runs_of_the_current_rules_and_the_second_seed_set_flips_no_verdict():
+    """docs/miniature.md's table is the two seed sets' records beside it (docs/miniature-seeds-<s>.json, each
+    written by `python job/miniature.py DIR --seed s`): every current rule, in order; at least 18 decided in each;
+    no conclusion that holds on one seed set fails on the other."""
+    from conftest import ROOT
+
+    from common.verdicts import judge
+    from job.page import SCRIPTS, cell, script_file
+
+    runs = [json.loads((ROOT / "docs" / f"miniature-seeds-{seed}.json").read_text()) for seed in (0, 1000)]
+    rules = [(script, row["says"]) for script in SCRIPTS for row in judge(script, {})[1]]
+    for run, seed in zip(runs, (0, 1000)):
+        assert run["seeds"] == [seed, seed + 1, seed + 2]
+        assert [(row["script"], row["says"]) for row in run["conclusions"]] == rules
+        assert sum(row["verdict"] in ("holds", "fails") for row in run["conclusions"]) >= 18
+    first, second = (run["conclusions"] for run in runs)
+    assert [a["says"] for a, b in zip(first, second) if {a["verdict"], b["verdict"]} == {"holds", "fails"}] == []
+    doc = (ROOT / "docs" / "miniature.md").read_text()
+    for a, b in zip(first, second):
+        assert f"| {script_file(a['script'])} | {cell(a['says'])} | {a['verdict']} | {b['verdict']} |" in doc, a["says"]
+    assert all(f"seeds {', '.join(map(str, run['seeds']))}: {run['counts']}" in doc for run in runs)

@@ -291,11 +291,12 @@ def test_offline_with_nothing_setup_runs_and_the_four_others_are_named_once(job)
 
 def test_offline_the_last_lines_say_why_each_script_did_not_finish_and_the_command_to_run_next(job):
     """The reason for exit status 1 is the last thing at the terminal: each script's footnote in the words it was
-    refused with before the job, then the same command to run next."""
+    refused with before the job, then the run that works offline, then the same command to run next."""
     status, out, err = job["offline"]
     command = shlex.join(["python", "reproduce.py", str(job["out"]), "--device", "cpu"])
-    last = out.rstrip().splitlines()[-5:]
+    last = out.rstrip().splitlines()[-6:]
     assert status == 1 and last[-1].startswith("next: with HF_HUB_OFFLINE unset") and last[-1].endswith(command)
+    assert last[-2].startswith("offline meanwhile: python job/miniature.py DIR judges the articles' conclusions")
     rows = table_rows(out)
     for k, script in enumerate(("posemb", "fewshot", "finetune", "backbone"), 1):
         why = next(text for text in err.splitlines() if text.startswith(f"cannot run {NAMES[script]}: "))
