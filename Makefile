@@ -11,7 +11,8 @@ TORCH_BUILD := $(shell [ "$$(uname -s)" = Linux ] && ! command -v nvidia-smi >/d
 quick: $(VENV)/installed  ## the set-up, then both articles' quick checks as one job (results/report.md)
 	$(VENV)/bin/python reproduce.py --quick
 
-test: $(VENV)/installed  ## the set-up, then the tests, offline
+test: $(VENV)/installed  ## the set-up, ruff (lines of at most 120 characters), then the tests, offline
+	$(VENV)/bin/ruff check .
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -n auto --dist loadgroup
 
 $(VENV)/installed: requirements.lock

@@ -395,7 +395,8 @@ def start_estimate(args, runnable, estimable, reference):
 
 def check_extra(args, out):
     """Each script given --extra checks its whole command, runnable or not, before OUT, its logs or its lock exist: a
-    typo costs seconds, not a job, and leaves nothing. Its outputs go to a scratch folder; a done script is not asked."""
+    typo costs seconds, not a job, and leaves nothing. Its outputs go to a scratch folder; a done script is not
+    asked."""
     if not any(args.extra.values()):
         return
     manifest = read_manifest(out, args.force) if out.is_dir() else {}
@@ -450,14 +451,16 @@ def run_job(args, argv, out, lock):
                                     "seconds": seconds}
                 del manifest["not run"][script]
             else:
-                manifest["not run"][script] = f"it ended with exit status {status} and wrote no JSON (logs/{script}.log)"
+                manifest["not run"][script] = (f"it ended with exit status {status} and wrote no JSON "
+                                               f"(logs/{script}.log)")
             write_manifest(out, manifest)
             if stop.asked:
                 say(stopped_line(stop.asked[0], argv, f" during {name}, {kept_text(out, script, record, started)}"))
                 return 128 + stop.asked[0]
             finished[script], times[script] = seconds, clock(seconds)
             row = ending.result_row(script, record)
-            print(f"{name}: {clock(seconds)} (its process's wall time), " + (f"{row['sections'][0]} of {row['sections'][1]} sections; "
+            print(f"{name}: {clock(seconds)} (its process's wall time), " + (
+                  f"{row['sections'][0]} of {row['sections'][1]} sections; "
                   f"{row['verdicts']}{ending.paused(record)}" if record else f"exit status {status} and no JSON: "
                   f"see the lines above, kept in OUT/logs/{script}.log"), flush=True)
     if stop.asked:

@@ -56,7 +56,8 @@ EPOCHS = 5              # num_train_epochs=5
 LR = 2e-5               # learning_rate=2e-5 (AdamW, linear decay: the Trainer's defaults)
 LOGGING_STEPS = 10      # logging_steps=10 with eval_strategy='steps': the training loss and an evaluation every 10
 RELEASED = {"training pictures": 1034, "validation pictures": 133}
-BEANS_CLASSES = ("angular_leaf_spot", "bean_rust", "healthy")  # ds['train'].features['labels'].names  # ds['train'], ds['validation'] as released
+# ds['train'].features['labels'].names  # ds['train'], ds['validation'] as released
+BEANS_CLASSES = ("angular_leaf_spot", "bean_rust", "healthy")
 ARTICLE_FLAGS = {item: (item, value) for item, value in (("seed", SEED), ("batch_size", BATCH), ("epochs", EPOCHS),
                                                           ("lr", LR), ("precision", "fp32"))}
 ARTICLE_FP32_RULE = "torch defaults"  # "Using device: cuda": TF32 convolutions on Ampere+ GPUs, as --precision fp32
@@ -320,7 +321,8 @@ def load_features(run, beans, processor):
     begun, precision = time.perf_counter(), run.args.precision
     key = None if run.args.no_cache else cache_key(
         "backbone", run.args.model, precision=precision, float32=float32_rule(precision, run.fp32_rule),
-        features="class token + mean of the patch tokens", data={split: dataset_digest(beans[split]) for split in splits})
+        features="class token + mean of the patch tokens",
+        data={split: dataset_digest(beans[split]) for split in splits})
     features, source = cached(compute, key, {split: len(beans[split]) for split in splits}, FEATURE_CACHE_DIR)
     return {"features": features, "labels": {split: np.array(beans[split]["labels"]) for split in splits},
             "source": "read from the cache" if source == "cache" else source, "seconds": time.perf_counter() - begun,
@@ -415,7 +417,8 @@ def section_checkpoint(run, report):
     class_token, patch_tokens = split_tokens(tokens)
     numbers = {"pixel values shape": list(pixels.shape), "Z_L shape": list(tokens.shape),
                "class token shape": list(class_token.shape), "patch tokens shape (picture)": list(patch_tokens.shape),
-               "feature map shape (picture)": list(patch_tokens_to_feature_map(patch_tokens, feature_grid(model)).shape),
+               "feature map shape (picture)":
+                   list(patch_tokens_to_feature_map(patch_tokens, feature_grid(model)).shape),
                "head on the class token vs logits": (by_hand - logits).abs().max().item()}
     report.line("one validation picture ({name}, {width}x{height} px) -> pixel_values "
                 "torch.Size({pixel values shape:d}) -> Z_L torch.Size({Z_L shape:d})", numbers,
@@ -493,7 +496,8 @@ def section_finetune(run, report):
     passes = result["passes"]
     numbers = {"before right": round(result["before"]["eval_accuracy"] * val_count),
                "after right": round(result["after"]["eval_accuracy"] * val_count),
-               "training seconds": result["seconds"], "validation preprocessing seconds": result["preprocessing seconds"]}
+               "training seconds": result["seconds"],
+               "validation preprocessing seconds": result["preprocessing seconds"]}
     report.line("({before right} of {pictures} validation pictures right before, {after right} of {pictures} after; "
                 "training, with its evaluations every {every} steps, took {training seconds:,.0f} s)", numbers,
                 pictures=val_count, every=LOGGING_STEPS)
@@ -526,7 +530,8 @@ def section_three_ways(run, report):
                                         f"{timing['start-up seconds']:.1f} s, outside the pass")
     report.line("frozen features: the last layer's class token beside the mean of its patch tokens, "
                 "{feature width:,} numbers per picture, {source} in {features seconds:.1f} s (--no-cache recomputes)"
-                "{pass_}", {"feature width": frozen["features"]["train"].shape[1], "features seconds": frozen["seconds"]},
+                "{pass_}", {"feature width": frozen["features"]["train"].shape[1],
+                            "features seconds": frozen["seconds"]},
                 source=frozen["source"], pass_=pass_words)
     size = getattr(processor, "size", None) or {}  # the processor's resize and normalisation, in words
     side = f"{size['height']}x{size['width']}" if "height" in size else str(size.get("shortest_edge", "?"))
@@ -573,7 +578,8 @@ def setup_differences(run):
     unlike = run.args.data_dir and made_here(run.args.data_dir)  # beans as far as can be checked: not generated,
     if not unlike and beans and tuple(beans["names"]) != BEANS_CLASSES:  # its class names
         unlike = f"classes {', '.join(beans['names'])}, not those of beans ({', '.join(BEANS_CLASSES)})"
-    data = ({"data set": {"flag": f"--data-dir {run.args.data_dir}", "why": f"--data-dir {run.args.data_dir}: {unlike}"}}
+    data = ({"data set": {"flag": f"--data-dir {run.args.data_dir}",
+                          "why": f"--data-dir {run.args.data_dir}: {unlike}"}}
             if unlike else subset_differences(run.args, counts, RELEASED))  # another data set is no sample of beans
     return {**checkpoint_difference(run.args.model, MODEL), **data, **flag_differences(run.args, ARTICLE_FLAGS)}
 

@@ -278,8 +278,8 @@ def table_differences(args, names):
 
 
 def setup_differences(run):
-    """How this run's setup differs from the article's: the checkpoint, the pictures (the pool is drawn from every training picture of
-    the folder: a partial copy moves it), the pool, draws, the solve shown."""
+    """How this run's setup differs from the article's: the checkpoint, the pictures (the pool is drawn from every
+    training picture of the folder: a partial copy moves it), the pool, draws, the solve shown."""
     args = run.args
     try:
         data = load_data(run)
@@ -295,7 +295,8 @@ def setup_differences(run):
                                       "why": f"--shots without 5: the solve in detail is {args.shots[0]}-shot"}
     if 1.0 not in args.lambdas:
         differences["solve lambda"] = {"flag": f"--lambdas {' '.join(f'{lam:g}' for lam in args.lambdas)}",
-                                       "why": f"--lambdas without 1: the solve in detail has lambda {args.lambdas[0]:g}"}
+                                       "why": "--lambdas without 1: the solve in detail has lambda "
+                                              f"{args.lambdas[0]:g}"}
     return differences
 
 

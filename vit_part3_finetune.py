@@ -308,7 +308,8 @@ def section_zero_head(run, report):
     numbers = {"zero head logits": first, "zero head probability": round(probabilities[0].item(), 6),
                "zero head probability min": probabilities.min(), "zero head probability max": probabilities.max(),
                "ln 10": math.log(classes), "zero head loss": zero["loss"], "head gradient norm by hand": by_hand.norm(),
-               "head gradient norm autograd": autograd.norm(), "head gradient max diff": (by_hand - autograd).abs().max(),
+               "head gradient norm autograd": autograd.norm(),
+               "head gradient max diff": (by_hand - autograd).abs().max(),
                "body numbers (M)": sum(p.numel() for name, p in model.named_parameters()
                                        if not name.startswith("classifier.")) / 1e6,
                "zero head body gradient norm": zero["body norm"]}
@@ -633,7 +634,8 @@ def check_differences(args, data):
 def parse_flags(argv, world):
     parser = cli.script_parser(__doc__)
     cli.add_data_arguments(parser, MODEL, "the body to fine-tune; its head is replaced",
-                           batch_help="pictures per optimizer step, split over the torchrun processes and --accum-steps")
+                           batch_help="pictures per optimizer step, split over the torchrun processes and "
+                                      "--accum-steps")
     parser.set_defaults(batch_size=BATCH)
     parser.add_argument("--steps", type=cli.steps, default=STEPS,
                         help="optimizer steps; warm-up stays 10%% (default: %(default)s)")

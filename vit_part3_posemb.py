@@ -265,7 +265,8 @@ def section_cosine(run, report):
                   place=old_place)
     maps = {}
     for name, g, (r, c), prefix in ((f"{n_old}x{n_old}", grid, old_place, "own grid "),
-                                    (f"{n_new}x{n_new}", bilinear_resize_loop(grid, n_new), new_place, "stretched grid ")):
+                                    (f"{n_new}x{n_new}", bilinear_resize_loop(grid, n_new), new_place,
+                                     "stretched grid ")):
         size = g.shape[0]
         similarity = cosine_similarities(g, (r, c))
         corner = (size - 1 if r < size / 2 else 0, size - 1 if c < size / 2 else 0)

@@ -212,7 +212,8 @@ def section_parameters(run, report):
                "E rows at /16": 16 * 16 * 3, "E rows at /32": 32 * 32 * 3,
                "E growth": (32 * 32 * 3 - 16 * 16 * 3) * width, "position rows at /16": rows16,
                "position rows at /32": rows32, "position table shrink": (rows16 - rows32) * width,
-               "ViT-L/32 with pre-logits (M)": sum(counts["L", 32]) / 1e6, "ViT-L/16 without (M)": counts["L", 16][0] / 1e6}
+               "ViT-L/32 with pre-logits (M)": sum(counts["L", 32]) / 1e6,
+               "ViT-L/16 without (M)": counts["L", 16][0] / 1e6}
     if all(source == "weight file" for source in sources.values()):
         report.subheader("parameters of the released checkpoints, read from the weight files (no head, no pre-logits "
                          "layer)")
@@ -277,7 +278,8 @@ def section_hybrid(run, report):
         hidden = model(pixel_values=pixels, output_hidden_states=True).hidden_states
     shapes = [tuple(h.shape[1:]) for h in hidden[1:]]  # (channels, height, width) of each stage; hidden[0]: the stem
     tokens4, tokens3 = shapes[3][1] * shapes[3][2], shapes[2][1] * shapes[2][2]
-    numbers = {"option (i) tokens": tokens4, "option (ii) tokens": tokens3, "stage 3 over stage 4 tokens": tokens3 // tokens4,
+    numbers = {"option (i) tokens": tokens4, "option (ii) tokens": tokens3,
+               "stage 3 over stage 4 tokens": tokens3 // tokens4,
                "BatchNorm2d layers": sum(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())}
     for stage, (channels, height, width) in enumerate(shapes, 1):
         report.line("stage {stage} output: {channels:>4} channels x {height:>2} x {width:<2} -> as 1x1 patches: "

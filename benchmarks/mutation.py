@@ -38,7 +38,8 @@ from common.cli import script_parser
 # formula (fine-tuning's stretch is held to posemb's loop, few-shot's accuracy the closed form's), so each module's
 # mutants run its own files first, then the rest of MATHS.
 MATHS = ["tests/test_closed_form.py", "tests/test_compute.py", "tests/test_setup.py",
-         "tests/test_finetune_maths.py", "tests/test_backbone_maths.py", "tests/test_fewshot.py", "tests/test_posemb.py",
+         "tests/test_finetune_maths.py", "tests/test_backbone_maths.py", "tests/test_fewshot.py",
+         "tests/test_posemb.py",
          "tests/test_verdicts.py"]
 
 

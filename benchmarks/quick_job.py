@@ -5,8 +5,8 @@ checks read 100 a class), runs the whole quick job on them into a fresh DIR/job 
 then prints the job's wall time and each script's (the seconds OUT/reproduce.json keeps), each pass over
 pictures with its pictures and seconds, this machine's ViT-B/16 pictures/s at 224 (every 224 inference
 pass of posemb and few-shot together), and the times scaled to the README's Quick check machine as its
-table is: seconds x (pictures/s here) / (its pictures/s). Few-shot and the backbone run with --no-cache, so that a second
-benchmark costs what a reader's first run costs, not a read of cached features.
+table is: seconds x (pictures/s here) / (its pictures/s). Few-shot and the backbone run with --no-cache, so that a
+second benchmark costs what a reader's first run costs, not a read of cached features.
 
     python benchmarks/quick_job.py /tmp/quick-bench               # builds the stand-ins the first time
     python benchmarks/quick_job.py /tmp/quick-bench --job-only    # the job's figures of DIR/job again, no run

@@ -170,8 +170,10 @@ def end_to_end(model, paths, resolution, batch_size, device, autocast, rounds=3)
                               "end-to-end", autocast, count=len(paths))
         whole.append(timing["seconds"])
         waiting.append(timing["waiting seconds"])
-    return {"pictures/s": len(paths) / statistics.median(whole), "model-only pictures/s": len(paths) / statistics.median(alone),
-            "ratio": statistics.median(a / w for a, w in zip(alone, whole)), "start-up seconds": statistics.median(startup),
+    return {"pictures/s": len(paths) / statistics.median(whole),
+            "model-only pictures/s": len(paths) / statistics.median(alone),
+            "ratio": statistics.median(a / w for a, w in zip(alone, whole)),
+            "start-up seconds": statistics.median(startup),
             "waiting share": statistics.median(w / t for w, t in zip(waiting, whole)), "workers": loader.num_workers}
 
 
@@ -378,7 +380,8 @@ def main(argv=None):
     parser.add_argument("--pictures", type=positive_int,
                         help="JPEGs for the end-to-end figures (default: 2 batches on a CPU, 100 beside a GPU)")
     parser.add_argument("--workers", type=positive_int, default=min(8, os.cpu_count() or 1),
-                        help="worker processes for the loader-only figures: the cores, at most 8 (default: %(default)s)")
+                        help="worker processes for the loader-only figures: the cores, at most 8 "
+                             "(default: %(default)s)")
     parser.add_argument("--loader-pictures", type=positive_int, default=1024,
                         help="pictures for the loader-only figures (default: %(default)s)")
     parser.add_argument("--loader-only", action="store_true", help="run the loader-only figures alone")

@@ -49,7 +49,8 @@ def check_model_flag(name):
         validate_repo_id(name)
     except HFValidationError:
         what = "is a file, not a checkpoint directory" if os.path.exists(name) else "does not exist"
-        raise UserError(f"--model {name}: the directory {what}; pass a saved checkpoint directory or a Hub id") from None
+        raise UserError(f"--model {name}: the directory {what}; pass a saved checkpoint directory "
+                        "or a Hub id") from None
 
 
 def checkpoint_config(name):

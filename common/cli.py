@@ -33,7 +33,8 @@ def whole_number(text, low, high, refusal):
 positive_int = functools.partial(whole_number, low=1, high=math.inf, refusal="is not a whole number of at least 1")
 seed = functools.partial(whole_number, low=0, high=2**32 - 1,  # what numpy and torch both take
                          refusal=f"is not a seed: a whole number from 0 to {2**32 - 1}")
-steps = functools.partial(whole_number, low=1, high=100_000,  # 5 x the paper's longest; each step's pictures drawn first
+# 5 x the paper's longest; each step's pictures drawn first
+steps = functools.partial(whole_number, low=1, high=100_000,
                           refusal="is not a number of steps from 1 to 100,000")
 
 

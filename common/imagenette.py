@@ -133,7 +133,8 @@ def download(url, archive, progress=True):
             with urllib.request.urlopen(url, timeout=60) as response:
                 total = int(response.headers.get("Content-Length") or 0) or None
                 with tqdm.wrapattr(out, "write", total=total, bytes=False, unit="B", unit_scale=True,
-                                   desc=f"downloading {archive.name}", disable=not progress, file=sys.stderr) as written:
+                                   desc=f"downloading {archive.name}", disable=not progress,
+                                   file=sys.stderr) as written:
                     shutil.copyfileobj(response, written, 1 << 20)
         except (OSError, EOFError) as error:  # URLError, a dropped connection, a timeout
             raise DownloadError(reason(error)) from error

@@ -119,7 +119,8 @@ def one_pass(pictures, resolution, batch_size, device, flips=None, indices=None,
     context = multiprocessing.get_context(worker_start()) if workers else None
     ready = context.Semaphore(0) if context else None
     return DataLoader(Pictures(pictures, ready), batch_size=batch_size, sampler=keys, collate_fn=stack_or_error,
-                      num_workers=workers, pin_memory=device.type == "cuda", prefetch_factor=PREFETCH if workers else None,
+                      num_workers=workers, pin_memory=device.type == "cuda",
+                      prefetch_factor=PREFETCH if workers else None,
                       worker_init_fn=worker_setup, multiprocessing_context=context,
                       generator=torch.Generator())  # each pass draws a seed from it: the global RNG stays as it was
 

@@ -20,7 +20,8 @@ class Run:
     """The parsed flags, the device and its arithmetic, the processes of one run, and what its sections loaded."""
 
     def __init__(self, args, device=None, rank=0, world=1, fp32_rule="strict"):
-        """fp32_rule: what --precision fp32 means on GPUs with TF32 (common/device.py), the rule of the article's run."""
+        """fp32_rule: what --precision fp32 means on GPUs with TF32 (common/device.py), the rule of the
+        article's run."""
         from common.device import pick_device, set_precision
 
         self.args = args

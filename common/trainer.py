@@ -100,7 +100,8 @@ def timed_trainer(recipe, device, precision, workers, **parts):
         def get_eval_dataloader(self, eval_dataset=None):  # no workers, no pinning: its pictures are on the device
             # prepared as the Trainer's own, so that its last batch's loss counts for its pictures alone
             dataset = self.eval_dataset if eval_dataset is None else eval_dataset
-            loader = self.accelerator.prepare(DataLoader(dataset, self.args.eval_batch_size, collate_fn=self.data_collator))
+            loader = self.accelerator.prepare(DataLoader(dataset, self.args.eval_batch_size,
+                                                         collate_fn=self.data_collator))
             return timed(loader, passes["evaluations"], labels_in, self.args.device)
 
         def evaluate(self, *args, **kwargs):
@@ -115,7 +116,8 @@ def timed_trainer(recipe, device, precision, workers, **parts):
             loss, first, last = divergence.found or (output.training_loss, 1, output.global_step)
             if not math.isfinite(loss):  # the mean of steps first to last: the model it trained diverged
                 raise UserError(f"the training loss is {loss} {steps_text(first, last)} (lr "
-                                f"{self.args.learning_rate:g}): the model diverged, fine-tuning stopped there; lower --lr")
+                                f"{self.args.learning_rate:g}): the model diverged, fine-tuning stopped there; "
+                                "lower --lr")
             return output
 
     divergence = Divergence()

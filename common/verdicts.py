@@ -136,7 +136,8 @@ def subset_differences(args, counts, released, drawn=False):
     --per-class drew them at random; a partial copy, taken as one; never a folder with more than the release."""
     differences = {}
     for item, count in counts.items():
-        how = f"{args.per_class} of each class drawn at random" if drawn else f"the first {args.per_class} of each class"
+        how = (f"{args.per_class} of each class drawn at random" if drawn
+               else f"the first {args.per_class} of each class")
         if args.per_class and count is None:
             differences[item] = {"flag": f"--per-class {args.per_class}", "why": f"--per-class {args.per_class}: {how}"}
         elif count is not None and count != released[item]:
@@ -227,7 +228,7 @@ def verdict(entry, value):
     return "differs"
 
 
-def conclusion_row(rule, judged, numbers, own=False):
+def conclusion_row(rule, judged, numbers, own):
     """{says, article, why, verdict, reads, intervals, evidence, flags, pictures} of one conclusion: not run or not
     comparable when a number it reads is, else its checks' worst (fails, then undecided, then holds). Its sampled
     numbers (those judged by an interval; own: every counted one, of its own source) are intervals at 1 - 0.05 / k,

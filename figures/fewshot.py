@@ -25,14 +25,15 @@ def error_bars(draws, article):
     """What a point and its bar are (the script's table: np.mean and np.std, ddof 0, of the draws' accuracies)."""
     over = f"{draws} random draws" if draws else "the random draws"
     return (f"point: mean accuracy over {over} of the training pictures;\n"
-            f"bar: ± 1 standard deviation over the draws (ddof 0{'; the article: over its 5 draws' if article else ''})")
+            "bar: ± 1 standard deviation over the draws "
+            f"(ddof 0{'; the article: over its 5 draws' if article else ''})")
 
 
 def fewshot_accuracy(values, article, folder, say, draws=None):
     """few-shot: accuracy against shots, a line per lambda and the article's points, a colour and (the article's) a
     marker of its own per lambda, a panel per representation; the mean over the draws +- their std as bars (draws: how
-    many, when known). Each lambda's points sit a little apart along the (log) x axis, the article's beside the run's, so
-    that equal ones stay seen; the ticks are the shots."""
+    many, when known). Each lambda's points sit a little apart along the (log) x axis, the article's beside the
+    run's, so that equal ones stay seen; the ticks are the shots."""
     plt = pyplot(say)
     if plt is None:
         return None

@@ -17,7 +17,8 @@ def logged_steps(values):
     return steps
 
 
-FINETUNE_PANELS = (("training loss", "loss", "cross-entropy (nats)"), ("gradient norm", "norm", "L2 norm, before clipping"),
+FINETUNE_PANELS = (("training loss", "loss", "cross-entropy (nats)"),
+                   ("gradient norm", "norm", "L2 norm, before clipping"),
                    ("learning rate", "lr", "learning rate"), ("validation accuracy", "accuracy", "accuracy (%)"))
 
 

@@ -84,7 +84,8 @@ SEEDS = 3                   # --seeds: each number of the model measured on this
 
 # ---------------------------------------------------------------- the job
 REPRODUCE = Path(__file__).resolve().parent.parent / "reproduce.py"
-HIGHER_RESOLUTION = 120     # posemb's --resolution: a 15 x 15 grid, 1.9 x the 8 x 8 (the article: 24 x 24, 1.7 x 14 x 14;
+HIGHER_RESOLUTION = 120     # posemb's --resolution: a 15 x 15 grid, 1.9 x the 8 x 8 (the article: 24 x 24,
+                            # 1.7 x 14 x 14;
                             # 112 would give 14 x 14, and the page would set the stretched grid beside the article's
                             # unstretched one of the same name)
 # Each script's flags on the miniature, the article's recipe otherwise: the checkpoint's own resolution, the
@@ -495,7 +496,8 @@ def main(argv=None):
     for row in rows:
         print(f"  {row['verdict']}: {row['says']}")
     print(f"on the miniature: {counts_line(rows)}")
-    print(f"page: {page}; record: {json_path}; each seed's own page: {seed_folder(root, seeds[0]) / 'results' / 'report.md'}")
+    print(f"page: {page}; record: {json_path}; "
+          f"each seed's own page: {seed_folder(root, seeds[0]) / 'results' / 'report.md'}")
     failed = [seed for seed, status in statuses.items() if status]
     if failed:
         again = shlex.join(["python", sys.argv[0], *(argv if argv is not None else sys.argv[1:])])

@@ -25,7 +25,8 @@ import shlex
 import sys
 from pathlib import Path
 
-if __name__ == "__main__":  # run as a file from anywhere: the repository root is where common/, figures/ and job/ are found
+# run as a file from anywhere: the repository root is where common/, figures/ and job/ are found
+if __name__ == "__main__":
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 import figures
@@ -61,7 +62,8 @@ def read_record(path):
     except (OSError, ValueError) as error:
         raise UserError(f"{path} is not a JSON file that a script wrote ({error}): run the script again") from error
     if not isinstance(record, dict) or "numbers" not in record:
-        raise UserError(f"{path} was not written by the --json of vit_part3_*.py or vit_backbone.py: run the script again")
+        raise UserError(f"{path} was not written by the --json of vit_part3_*.py or vit_backbone.py: "
+                        "run the script again")
     problem = unlike_a_record(record)
     if problem:
         raise UserError(f"{path} is not a record a script wrote ({problem}): run the script again")
@@ -119,7 +121,8 @@ CAPTIONS = {
                     "clipping threshold, learning rate, validation accuracy, one legend below the four; the article's "
                     "logged steps as crosses where this run reached them and its setup makes them comparable."),
     backbone.CURVES_FILE: ("Drawn by the article's own figure code from this run's numbers: the title, \"ViT "
-                           "Training Loss Curve\", is the article's, though the figure shows accuracy too; against step, the "
+                           "Training Loss Curve\", is the article's, though the figure shows accuracy too; "
+                           "against step, the "
                            "left y axis is the training loss (cross-entropy in nats, the mean of the steps since the "
                            "last logged one), the right y axis the evaluation accuracy (a fraction from 0 to 1 of the "
                            "validation pictures)."),
@@ -182,7 +185,8 @@ def typed_flags(flags, folder):
 def run_seconds(script, record, job, folder):
     """The script's time as text: reproduce.py's clock when it recorded this JSON, else the script's own."""
     entry, path = job.get(script), folder / f"{script}.json"
-    if isinstance(entry, dict) and "seconds" in entry and entry.get("json") == hashlib.sha256(path.read_bytes()).hexdigest():
+    if (isinstance(entry, dict) and "seconds" in entry
+            and entry.get("json") == hashlib.sha256(path.read_bytes()).hexdigest()):
         return clock(entry["seconds"])
     seconds = record.get("environment", {}).get("seconds")
     return "?" if seconds is None else clock(seconds)
@@ -267,7 +271,8 @@ def build(folder, say=print):
     decided = [("The articles' conclusions, decided by this run (how: the project's docs/compare.md, \"The "
                 "conclusions\"; [a to b]: a sampled number's exact interval, those of one conclusion holding together "
                 "with 95%):"), "",
-               "| script | conclusion | verdict | this run's numbers | the article |", "| --- | --- | --- | --- | --- |"]
+               "| script | conclusion | verdict | this run's numbers | the article |",
+               "| --- | --- | --- | --- | --- |"]
     body = []
     for script in SCRIPTS:
         record = records[script]
@@ -284,7 +289,8 @@ def build(folder, say=print):
             own = judge(script, record["numbers"], differences, own=True)[1]
             conclusions = [{**row, "verdict text": f"{verdict_text(row)}; on the miniature: {verdict_text(mine)}",
                             "evidence": mine["evidence"]} for row, mine in zip(conclusions, own)]
-        decided += [f"| `{script_file(script)}` | {cell(row['says'])} | {cell(row.get('verdict text', verdict_text(row)))}"
+        decided += [f"| `{script_file(script)}` | {cell(row['says'])} | "
+                    f"{cell(row.get('verdict text', verdict_text(row)))}"
                     f" | {cell(row['evidence'])} | {cell(row['article'])} |" for row in conclusions]
         seconds = run_seconds(script, record, job, folder)
         summary.append(f"| {script_file(script)} | {cell(setup_cell(differences))} | {counts_text(rows)} | "

@@ -88,7 +88,8 @@ sys.path.insert(0, str(ROOT))
 
 
 def checkout_files():
-    """{path: (size, mtime)} of the checkout's files, but git's, Python's bytecode, ruff's cache and a virtual environment's."""
+    """{path: (size, mtime)} of the checkout's files, but git's, Python's bytecode, ruff's cache and a virtual
+    environment's."""
     files = {}
     for folder, subfolders, names in os.walk(ROOT):
         subfolders[:] = [name for name in subfolders if name not in (".git", "__pycache__", ".ruff_cache")
@@ -233,7 +234,8 @@ def weight_runs(standins, tmp_path_factory):
     # runs in this process would fork the loader's workers after CUDA started (the GPU layer, test_gpu.py, runs them).
     flags = {"posemb": (vit_part3_posemb.main, "classifier", ["--batch-size", "16", "--device", "cpu"]),
              "fewshot": (vit_part3_fewshot.main, "in21k", ["--no-cache", "--device", "cpu"]),
-             "finetune": (vit_part3_finetune.main, "in21k", ["--resolution", "32", "--batch-size", "8", "--device", "cpu"])}
+             "finetune": (vit_part3_finetune.main, "in21k",
+                          ["--resolution", "32", "--batch-size", "8", "--device", "cpu"])}
     records = {}
     for script, (main, kind, extra) in flags.items():
         records[script] = []

@@ -75,7 +75,8 @@ def test_the_well_known_count_of_vit_base_16():
     assert vit_parameters_by_hand(16, 224, 768, 12, 3072) == (86_567_656, 85_798_656)
 
 
-TABLE_SHAPES = {"google/vit-base-patch16-224": (16, 224, 768, 12, 3072), "google/vit-base-patch32-224": (32, 224, 768, 12, 3072),
+TABLE_SHAPES = {"google/vit-base-patch16-224": (16, 224, 768, 12, 3072),
+                "google/vit-base-patch32-224": (32, 224, 768, 12, 3072),
                 "google/vit-large-patch16-224": (16, 224, 1024, 24, 4096),
                 "google/vit-large-patch32-384": (32, 384, 1024, 24, 4096)}
 
@@ -248,7 +249,8 @@ def test_the_trainer_with_2_workers_gives_the_numbers_it_gives_with_none(beans_s
     spawned = [child for child in psutil.Process().children(recursive=True)
                if "multiprocessing.spawn" in " ".join(child.cmdline())]
     assert spawned == []
-    without, with_workers = ([{key: entry[key] for key in ("step", "loss", "eval_loss", "eval_accuracy") if key in entry}
+    without, with_workers = ([{key: entry[key] for key in ("step", "loss", "eval_loss", "eval_accuracy")
+                               if key in entry}
                               for entry in result["history"]] for result in results)
     assert without == with_workers and any("loss" in entry for entry in without)
     for when in ("before", "after"):

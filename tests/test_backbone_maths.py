@@ -53,7 +53,8 @@ def test_linear_probe_three_epochs_of_three_batches_by_hand():
     epoch's order, the learning rate 0.001 x 4/256 times (1 + cos(pi e / 3)) / 2 in epoch e (cosine to 0)."""
     rng = np.random.default_rng(8)
     x, labels = (rng.normal(size=(10, 5)) * 10).astype(np.float32), rng.integers(0, 3, 10)
-    generator = torch.Generator().manual_seed(7)  # the probe's draws, in its order: the weights, then each epoch's order
+    # the probe's draws, in its order: the weights, then each epoch's order
+    generator = torch.Generator().manual_seed(7)
     w = torch.empty(3, 5).normal_(0.0, 0.01, generator=generator).double().numpy()
     orders = [torch.randperm(10, generator=generator).numpy() for _ in range(3)]
     b, velocity = np.zeros(3), [np.zeros((3, 5)), np.zeros(3)]

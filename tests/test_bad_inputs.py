@@ -51,7 +51,8 @@ def places(tmp_path_factory, tiny_in21k):
             "{in21k}": str(tiny_in21k), "{data}": str(good), "{empty class}": str(empty_class),
             "{one split}": str(one_split), "{file}": str(root / "a-file"), "{out}": str(root / "out"),
             "{folder}": str(root), "{run}": str(root / "run"), "{beans}": str(beans_folder(root / "beans")),
-            "{bad beans}": str(root / "bad-beans"), "{classifier+processor}": str(vit_classifier(root / "cp", processor=True)),
+            "{bad beans}": str(root / "bad-beans"),
+            "{classifier+processor}": str(vit_classifier(root / "cp", processor=True)),
             "{resnet}": str(resnet_classifier(root / "resnet")),
             "{headless}": str(with_processor(vit_in21k(root / "headless")))}
 
@@ -139,7 +140,8 @@ CASES = [
     ("backbone", ["--probe-epochs", "many"], 2, "--probe-epochs"),
     ("backbone", ["--json", "{folder}"], 2, "--json"),
     ("backbone", ["--plots", "{file}/figures"], 2, "--plots"),
-    ("backbone", ["--model", "{classifier+processor}", "--data-dir", "{bad beans}"], 1, "cannot read it as AI-Lab-Makerere/beans"),
+    ("backbone", ["--model", "{classifier+processor}", "--data-dir", "{bad beans}"], 1,
+     "cannot read it as AI-Lab-Makerere/beans"),
     ("backbone", ["--model", "{in21k}", "--data-dir", "{beans}"], 2, "has no preprocessor_config.json"),
     ("backbone", ["--model", "{resnet}"], 2, "is a resnet checkpoint, not a ViT"),
     ("backbone", ["--model", "{headless}", "--data-dir", "{beans}", "--epochs", "1"], 1,
@@ -154,7 +156,8 @@ CASES = [
     ("posemb", ["--resolution", "100000"], 2, "--resolution: '100000' pixels is too large: at most 1024"),
     ("fewshot", ["--resolution", "20000"], 2, "--resolution"),
     ("finetune", ["--resolution", "1040"], 2, "--resolution"),
-    ("finetune", ["--steps", "1000000000000"], 2, "--steps: '1000000000000' is not a number of steps from 1 to 100,000"),
+    ("finetune", ["--steps", "1000000000000"], 2,
+     "--steps: '1000000000000' is not a number of steps from 1 to 100,000"),
     # an empty path would quietly mean the default (a download) or nothing written
     ("setup", ["--json", ""], 2, "--json: an empty path"),
     ("posemb", ["--plots", " "], 2, "--plots: an empty path"),
@@ -168,7 +171,8 @@ CASES = [
     ("benchmark", ["--loader-only", "--workers", "0"], 2, "--workers"),
     ("benchmark", ["--loader-only", "--loader-pictures", "many"], 2, "--loader-pictures"),
     # the job: refused before its plan, offline too (the tests run offline), whatever scripts cannot run
-    ("reproduce", ["{out}/job", "--extra", "finetune=--steps -5"], 2, "--extra for vit_part3_finetune.py: argument --steps"),
+    ("reproduce", ["{out}/job", "--extra", "finetune=--steps -5"], 2,
+     "--extra for vit_part3_finetune.py: argument --steps"),
     ("reproduce", ["{out}/job", "--extra", "finetune=--resu"], 2, "--resu is set by reproduce.py itself"),
     ("reproduce", ["{out}/job", "--extra", "posemb=--resolution 100000"], 2, "--resolution"),
     ("reproduce", ["{out}/job", "--extra", "finetune=--data-dir ''"], 2, "--data-dir: an empty path"),

@@ -105,7 +105,8 @@ def test_online_the_hubs_file_metadata_decides(copy, hub_cache, monkeypatch, sam
     if not same:
         hashes["model.safetensors"] = "0" * 64
     siblings = [RepoSibling("config.json", blob_id=hashes["config.json"]),
-                RepoSibling("model.safetensors", blob_id="x", lfs=BlobLfsInfo(size=1, sha256=hashes["model.safetensors"],
+                RepoSibling("model.safetensors", blob_id="x", lfs=BlobLfsInfo(size=1,
+                                                                              sha256=hashes["model.safetensors"],
                                                                               pointer_size=1)),
                 RepoSibling("README.md", blob_id="y")]
     asked = []

@@ -75,7 +75,8 @@ def test_a_user_error_is_said_once_under_torchrun_and_always_outside_it(environm
 def test_only_the_process_that_speaks_draws_progress_bars(environment, speaks):
     """tqdm reads TQDM_DISABLE once, when it is imported (by torch, at a script's start): before_torch_loads() sets it
     first, as a script's first line does."""
-    code = "from common.start import before_torch_loads; before_torch_loads(); import tqdm; print(tqdm.tqdm([]).disable)"
+    code = ("from common.start import before_torch_loads; before_torch_loads(); import tqdm; "
+            "print(tqdm.tqdm([]).disable)")
     plain = {name: value for name, value in os.environ.items() if name not in ("RANK", "WORLD_SIZE", "TQDM_DISABLE")}
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**plain, **environment}, capture_output=True,
                           text=True, timeout=60, check=False)
@@ -107,7 +108,8 @@ def test_a_model_flag_is_a_directory_or_a_hub_id_by_the_hubs_rule(tmp_path, monk
     for path in ("./a", str(tmp_path / "a"), "a/b/c"):
         check_model_flag(path)
     for name, what in [("./nothing", "does not exist"), ("a/b/nothing", "does not exist"),
-                       ("google/vit base", "does not exist"), ("./weights.bin", "is a file, not a checkpoint directory")]:
+                       ("google/vit base", "does not exist"),
+                       ("./weights.bin", "is a file, not a checkpoint directory")]:
         with pytest.raises(UserError, match=rf"^--model {name}: the directory {what}; pass a saved checkpoint "
                                             rf"directory or a Hub id$"):
             check_model_flag(name)
@@ -251,7 +253,8 @@ def test_a_script_whose_worker_cannot_read_a_picture_says_so_in_one_line(tiny_in
     assert status == 1 and refused, out  # each section that needs the features says it
     assert all(f": cannot read picture {picture}: image file is truncated" in line for line in refused), out
     assert "Traceback" not in out + err and "worker process" not in out + err
-    assert set(multiprocessing.active_children()) <= children  # ended with the failed pass (alive, they slowed later tests)
+    # ended with the failed pass (alive, they slowed later tests)
+    assert set(multiprocessing.active_children()) <= children
 
 
 def test_workers_outlive_a_ctrl_c(pictures):
@@ -336,7 +339,8 @@ def test_decoded_pictures_reach_the_workers_as_one_tensor_in_shared_memory(pictu
     pixels = first["shared"][0]
     assert pixels.is_shared() and pixels.dtype == torch.uint8 and pixels.data_ptr() == second["shared"][0].data_ptr()
     assert pixels.numel() == sum(3 * picture.width * picture.height for picture in decoded)
-    assert not any(isinstance(picture, Image.Image) for picture in first["pictures"]) and first["pictures"][-1] == paths[0]
+    assert (not any(isinstance(picture, Image.Image) for picture in first["pictures"])
+            and first["pictures"][-1] == paths[0])
     worker = pickle.loads(pickle.dumps(dataset))  # as a worker unpickles it (here the tensor is copied, not shared)
     for index in range(len(dataset)):
         for key in ((index, 32, False), (index, 48, True)):

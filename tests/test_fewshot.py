@@ -88,7 +88,8 @@ def test_features_are_cached_and_invalidated(tiny_in21k, pictures, tmp_path):
 
     def features(items, precision="fp32"):
         def compute():
-            return fewshot.extract_features(loader(), [path for path, _ in items], 224, torch.device("cpu"), 8, "val")[0]
+            return fewshot.extract_features(loader(), [path for path, _ in items], 224, torch.device("cpu"), 8,
+                                            "val")[0]
 
         key = cache_key("val", str(tiny_in21k), resolution=224, precision=precision,
                         pictures=picture_digests([path for path, _ in items], pictures))
@@ -230,7 +231,8 @@ def test_a_partial_copy_of_the_training_pictures_moves_the_pool(tmp_path):
                      lambdas=[1.0], draws=5, resolution=224, precision="fp32")
     differences = fewshot.setup_differences(Run(args, device=torch.device("cpu")))
     assert differences["training pictures"]["flag"] == f"--data-dir {root}"
-    assert differences["training pictures"]["why"] == f"--data-dir {root}: 60 of 9,469 training pictures (a partial copy)"
+    assert differences["training pictures"]["why"] == (f"--data-dir {root}: 60 of 9,469 training pictures "
+                                                       "(a partial copy)")
     assert (differences["validation pictures"]["n"], differences["validation pictures"]["of"]) == (30, 3925)
     numbers = {"pre-logits lambda 1 1-shot mean": {"value": 98.0}, "pool pictures": {"value": 50.0},
                "per-class tench": {"value": 100.0}}

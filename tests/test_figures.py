@@ -131,7 +131,8 @@ FEWSHOT_ARTICLE = {f"pre-logits lambda {lam} 1-shot {what}": value
                    for lam in ("0.01", "1", "100") for what, value in (("mean", 98.0), ("std", 0.6))}
 
 
-def test_each_lambda_of_the_few_shot_figure_has_its_own_points_and_legend_entries_and_the_bars_are_named(drawn, tmp_path):
+def test_each_lambda_of_the_few_shot_figure_has_its_own_points_and_legend_entries_and_the_bars_are_named(
+        drawn, tmp_path):
     """Every lambda at 50 +- 2 (the article's at 98.0 +- 0.6): six points at each shot, none hidden by another."""
     fewshot.fewshot_accuracy(FEWSHOT_RUN, FEWSHOT_ARTICLE, tmp_path, print, draws=5)
     figure = drawn[fewshot.FILE]

@@ -156,9 +156,11 @@ def layout(stdout):
 
 
 def test_the_layout_masks_numbers_the_device_and_a_predicted_class_only():
-    cpu = ("== 0. data: 40 pictures; device cpu ==\n  step   5: lr 0.00040  loss 2.30e-01\n  scores -0.12 -> class tench\n"
+    cpu = ("== 0. data: 40 pictures; device cpu ==\n  step   5: lr 0.00040  loss 2.30e-01\n"
+           "  scores -0.12 -> class tench\n"
            "  float32: rule; TF32 on this device: no (all IEEE float32)\n== comparison with the article ==")
-    cuda = ("== 0. data: 40 pictures; device cuda ==\n  step  10: lr 0.00090  loss 1.5e+00\n  scores +0.2 -> class gas pump\n"
+    cuda = ("== 0. data: 40 pictures; device cuda ==\n  step  10: lr 0.00090  loss 1.5e+00\n"
+            "  scores +0.2 -> class gas pump\n"
             "  float32: rule; TF32 on this device: yes")
     expected = ["== # data: # pictures; device DEVICE ==", "step #: lr # loss #", "scores # -> class CLASS",
                 "float#: rule; TF# on this device: ANSWER"]  # digits inside words are masked too, alike
@@ -299,7 +301,8 @@ def test_fine_tunings_checks_keep_their_batches_on_the_gpu(pictures):
 
 def tune(tmp, name, data, model, precision, *extra):
     """`python vit_part3_finetune.py` on CUDA, 6 steps of batch 8, saving to tmp/name and writing tmp/name.json."""
-    return ["vit_part3_finetune.py", "--model", str(model), "--data-dir", str(data), "--steps", "6", "--batch-size", "8",
+    return ["vit_part3_finetune.py", "--model", str(model), "--data-dir", str(data), "--steps", "6",
+            "--batch-size", "8",
             "--device", "cuda", "--precision", precision, "--save-dir", str(tmp / name), "--json",
             str(tmp / f"{name}.json"), *extra]
 

@@ -130,7 +130,8 @@ def test_a_script_the_job_could_not_run_says_why_and_the_jobs_command(tmp_path):
     (tmp_path / "reproduce.json").write_text(json.dumps({
         "command": "python reproduce.py results --quick",
         "not run": {"posemb": "google/vit-base-patch16-224 (346 MB) is not here and HF_HUB_OFFLINE=1 forbids "
-                              "downloads: pass --models DIR (with DIR/google/vit-base-patch16-224/), or run once online"}}))
+                              "downloads: pass --models DIR (with DIR/google/vit-base-patch16-224/), "
+                              "or run once online"}}))
     page = page_maker.build(tmp_path, say=lambda text: None).read_text()
     assert ("Not run: google/vit-base-patch16-224 (346 MB) is not here and HF_HUB_OFFLINE=1 forbids downloads: pass "
             "--models DIR (with DIR/google/vit-base-patch16-224/), or run once online. Then the job's command runs "

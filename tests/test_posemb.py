@@ -100,8 +100,8 @@ def test_bilinear_loop_equals_scipy_zoom(n_old, n_new):
 # ---------------------------------------------------------------- the library's bicubic stretch, the 1D and zero tables
 
 def test_the_bicubic_stretch_is_the_librarys_interpolate_pos_encoding():
-    """posemb.bicubic_resize() against transformers' ViTEmbeddings.interpolate_pos_encoding on a 3x3 grid of 4-number rows,
-    stretched to 5x5 (20 px of 4-px patches)."""
+    """posemb.bicubic_resize() against transformers' ViTEmbeddings.interpolate_pos_encoding on a 3x3 grid of
+    4-number rows, stretched to 5x5 (20 px of 4-px patches)."""
     model = tiny_vit(image_size=12, patch_size=4)
     table = model.vit.embeddings.position_embeddings.detach()[0]
     with torch.no_grad():
@@ -262,7 +262,8 @@ def test_script_offline_without_weights_says_what_is_missing():
 
 def test_another_resolution_makes_the_stretched_grids_numbers_not_comparable(tmp_path):
     """At --resolution 512 a 14x14 checkpoint is stretched to 32x32, not 24x24: the stretched grid's numbers, and the
-    conclusion that reads them, are not comparable (the flag named); the checkpoint's own grid's are as the article's."""
+    conclusion that reads them, are not comparable (the flag named); the checkpoint's own grid's are as the
+    article's."""
     from argparse import Namespace
 
     from common.run import Run

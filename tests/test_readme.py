@@ -88,7 +88,8 @@ def test_the_makefile_installs_the_locks_torch_then_the_lock_and_runs_the_readme
 
 
 def test_the_manual_set_up_installs_the_lock_after_the_cpu_only_torch_of_the_same_version():
-    manual = commands(section(ROOT / "docs" / "setup.md", "By hand, or into an environment of your own").split("```")[1])
+    manual = commands(section(ROOT / "docs" / "setup.md",
+                              "By hand, or into an environment of your own").split("```")[1])
     cpu = next(line for line in manual if "download.pytorch.org/whl/cpu" in line)
     assert cpu.startswith(f"pip install torch=={locked_torch()} ")
     assert manual.index(cpu) < manual.index("pip install -r requirements.lock")

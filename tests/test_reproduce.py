@@ -236,7 +236,8 @@ def test_sigterm_while_the_page_is_built_says_the_same_command_continues(job, tm
     monkeypatch.setattr(reproduce, "build", stopped)
     assert guarded(lambda: reproduce.main([str(out), *job["flags"]])) == 143
     command = shlex.join(["python", "reproduce.py", str(out), *job["flags"]])
-    assert capsys.readouterr().err.splitlines()[-1] == f"stopped by SIGTERM; the same command continues the job: {command}"
+    assert capsys.readouterr().err.splitlines()[-1] == ("stopped by SIGTERM; the same command continues the job: "
+                                                        f"{command}")
 
 
 def test_a_page_that_cannot_be_written_still_ends_with_the_reasons_and_what_to_do(job, tmp_path, monkeypatch, capsys):
@@ -281,7 +282,8 @@ def test_offline_with_nothing_setup_runs_and_the_four_others_are_named_once(job)
     for script, checkpoint in needs.items():
         named = [text for text in lines if text.startswith(f"cannot run {NAMES[script]}:")]
         assert len(named) == 1 and f"{checkpoint} (346 MB)" in named[0] and "HF_HUB_OFFLINE=1" in named[0], named
-    assert "AI-Lab-Makerere/beans (180 MB)" in next(text for text in lines if text.startswith("cannot run vit_backbone"))
+    assert "AI-Lab-Makerere/beans (180 MB)" in next(text for text in lines
+                                                    if text.startswith("cannot run vit_backbone"))
     rows = table_rows(out)
     assert rows["vit_part3_setup.py"][1] == f"{len(vit_part3_setup.SECTIONS)} of {len(vit_part3_setup.SECTIONS)}"
     for script in needs:
@@ -426,7 +428,8 @@ def test_a_script_is_skipped_only_when_its_json_is_complete_and_made_by_the_same
     ("common/nothing_imports_it.py", set(NAMES)),          # a module added
     ("figures/finetune.py", set(NAMES)),                   # a module of figures/: the scripts draw them
 ])
-def test_the_code_of_a_script_is_it_all_of_common_and_figures_and_its_reference(tmp_path, monkeypatch, changed, runs_again):
+def test_the_code_of_a_script_is_it_all_of_common_and_figures_and_its_reference(tmp_path, monkeypatch, changed,
+                                                                                 runs_again):
     code = [p.relative_to(ROOT).as_posix() for folder in ("common", "figures") for p in (ROOT / folder).rglob("*.py")]
     for path in [*NAMES.values(), *code,
                  *(f"data/reference_{script}.json" for script in NAMES)]:
@@ -462,7 +465,8 @@ def test_offline_a_script_lacking_a_piece_is_named_and_online_each_download_is_l
     fetch, cannot = reproduce.plan_pieces(list(NAMES), nothing_here, dict.fromkeys(pieces, True))
     assert cannot == {} and fetch == ["microsoft/resnet-50", VIT, "Imagenette", IN21K, "AI-Lab-Makerere/beans"]
     here = {**nothing_here, VIT: True, "Imagenette": True}
-    assert reproduce.plan_pieces(["posemb", "fewshot"], here, dict.fromkeys(pieces, False)) == ([], {"fewshot": [IN21K]})
+    assert reproduce.plan_pieces(["posemb", "fewshot"], here,
+                                 dict.fromkeys(pieces, False)) == ([], {"fewshot": [IN21K]})
 
 
 def test_online_the_plan_lists_the_downloads_with_their_sizes_and_the_room(tmp_path, monkeypatch):
@@ -521,7 +525,8 @@ BAD = [
     (["--extra", "posemb=--per-class '20"], "No closing quotation"),
     (["--extra", "posemb=-h"], "the job shows no script's help: python vit_part3_posemb.py -h"),
     (["--extra", "setup=--stepz 3"], "--extra for vit_part3_setup.py: unrecognized arguments: --stepz 3"),
-    (["--extra", "finetune=--steps -5"], "--extra for vit_part3_finetune.py: argument --steps: '-5' is not a number of"),
+    (["--extra", "finetune=--steps -5"],
+     "--extra for vit_part3_finetune.py: argument --steps: '-5' is not a number of"),
     (["--models", "{missing}"], "--models {missing} is not a folder"),
     (["--models", "{file}"], "--models {file} is not a folder"),
     (["--models", "{empty}"], f"holds neither {VIT}/ nor {IN21K}/"),

@@ -241,5 +241,6 @@ def test_script_prints_every_article_line_offline():
     expected = article_setup_lines()
     assert len(expected) > 60
     assert [text for text in expected if text not in printed] == []
-    counts = r"(\d+) same, 0 close, 0 differs, 0 undecided, 0 varies, 0 not comparable, 0 not run \(of \1 article numbers\)"
+    counts = (r"(\d+) same, 0 close, 0 differs, 0 undecided, 0 varies, 0 not comparable, 0 not run "
+              r"\(of \1 article numbers\)")
     assert re.search(counts, run.stdout)

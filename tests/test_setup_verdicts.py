@@ -27,7 +27,8 @@ PER_CLASS = 6  # pictures of each class in each split of the stand-in "release"
 
 @pytest.mark.parametrize("entry,differences,expected", [
     ({"article": "0.5", "kind": "nothing"}, {"validation pictures": {"flag": "--per-class 2", "why": "w"}}, "same"),
-    ({"article": "0.00296", "kind": "nothing", "inputs": ["steps", "lr"]}, {"steps": {"flag": "--steps 30", "why": "w"}},
+    ({"article": "0.00296", "kind": "nothing", "inputs": ["steps", "lr"]},
+     {"steps": {"flag": "--steps 30", "why": "w"}},
      "not comparable"),
     ({"article": "768", "kind": "weights", "inputs": []}, {"steps": {"flag": "--steps 30", "why": "w"}}, "same"),
     ({"article": "99.54", "kind": "weights"}, {"resolution": {"flag": "--resolution 288", "why": "w"}},
@@ -123,7 +124,8 @@ def as_the_article(record, script, monkeypatch, tmp_path):
     conclusions (the rules read the article's numbers)."""
     printed = record["numbers"]
     pseudo = {name: {**entry, "article": printed[name]["text"]} for name, entry in load_reference(script).items()
-              if name in printed and format_like(printed[name]["text"], printed[name]["value"]) == printed[name]["text"]}
+              if name in printed
+              and format_like(printed[name]["text"], printed[name]["value"]) == printed[name]["text"]}
     assert len(pseudo) >= 30  # all but the steps and shots not run, and counts printed in full
     (tmp_path / f"conclusions_{script}.json").write_text('{"conclusions": []}')
     (tmp_path / f"reference_{script}.json").write_text(json.dumps({"numbers": pseudo}))
@@ -263,7 +265,8 @@ def test_pictures_that_are_not_imagenettes_are_another_data_set(change, said, tm
     from PIL import Image
 
     monkeypatch.setenv("TQDM_DISABLE", "1")
-    other = imagenette_folder(tmp_path / "nette", per_class=2, classes=["cats", "dogs"] if change == "classes" else None)
+    other = imagenette_folder(tmp_path / "nette", per_class=2,
+                              classes=["cats", "dogs"] if change == "classes" else None)
     if change != "mark":
         (other / environment.STANDIN_MARK).unlink()
     if change == "size":
@@ -282,7 +285,8 @@ def test_pictures_that_are_not_imagenettes_are_another_data_set(change, said, tm
 SUBSET_AND_ANOTHER_FLAG = [
     (posemb.main, ["--batch-size", "30", "--device", "cpu"], ["--per-class", "3"], ["--resolution", "288"]),
     (posemb.main, ["--batch-size", "30", "--device", "cpu"], ["--per-class", "3"], ["--precision", "bf16"]),
-    (fewshot.main, ["--shots", "1", "5", "--no-cache", "--device", "cpu"], ["--per-class", "3"], ["--resolution", "256"]),
+    (fewshot.main, ["--shots", "1", "5", "--no-cache", "--device", "cpu"], ["--per-class", "3"],
+     ["--resolution", "256"]),
     (fewshot.main, ["--shots", "1", "5", "--no-cache", "--device", "cpu"], ["--per-class", "3"], ["--pool", "5"]),
 ]  # fine-tuning has no sampled accuracy: its step 0 is exact on any check, the later checks not comparable
 

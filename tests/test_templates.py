@@ -106,7 +106,8 @@ PROJECT_LINES = {
     "{{-1, +1}}": "section 5, beyond the article",
     "way                                      accuracy     loss  trained parameters  time (s)":
         "section 5, beyond the article",
-    "{way:<40} {accuracy (%):7.2f}%  {loss:>7}  {trained parameters:18,}  {seconds:>8}": "section 5, beyond the article",
+    "{way:<40} {accuracy (%):7.2f}%  {loss:>7}  {trained parameters:18,}  {seconds:>8}":
+        "section 5, beyond the article",
     "accuracy and loss (cross-entropy) on the validation pictures; the closed form fits squared error to targets in "
     "{{-1, +1}} and gives no probabilities, so it has no cross-entropy; fine-tuning's time is its training with its "
     "evaluations, the probes' their fit on the features": "section 5, beyond the article",
@@ -125,7 +126,8 @@ PROJECT_LINES = {
     "parameters of the released checkpoints (no head, no pre-logits layer); \"meta device\" = counted from the "
     "Table 1 architecture, the weight file not being cached":
         "the subheader of a run without the weight files: says where its counts come from instead",
-    "(picture: {picture}, resized to 224x224)": "which picture gave the stage shapes (Imagenette's, or generated noise)",
+    "(picture: {picture}, resized to 224x224)":
+        "which picture gave the stage shapes (Imagenette's, or generated noise)",
     "torch BatchNorm (training mode, batch statistics) agrees with both Batch Norm lines: {agrees}":
         "the by-hand Batch Norm checked against torch, as the article's Group Norm line checks GroupNorm",
     "4. pre-training and fine-tuning by hand: Adam, Table 3, SGD with momentum, Polyak averaging, clipping, "

@@ -27,7 +27,8 @@ SCRIPTS = ("setup", "posemb", "fewshot", "finetune", "backbone")
 def article_numbers(script, **changed):
     """The article's numbers of a script as a run on the article's setup records them (its whole set of pictures:
     no counts are needed), with some changed."""
-    numbers = {name: {"value": float(entry["article"].replace(",", ""))} for name, entry in load_reference(script).items()}
+    numbers = {name: {"value": float(entry["article"].replace(",", ""))}
+               for name, entry in load_reference(script).items()}
     numbers.update({name: {"value": value} for name, value in changed.items()})
     return numbers
 
@@ -139,7 +140,8 @@ CONTRADICTING = [
     ("setup", "ViT-B/16 needs almost exactly 4", {"B/16 over B/32 compute at 224": 4.5}),
     ("setup", "ViT-B/16 needs almost exactly 4", {"B/16 over B/32 compute at 224": 3.8}),
     ("setup", "the extra over 4 comes from attention", {"B/16 over B/32 compute at 224": 3.98}),  # no extra at all
-    ("setup", "the extra over 4 comes from attention", {"ViT-B/16 at 224: sequence": 210}),  # the tokens alone grow x4.2
+    # the tokens alone grow x4.2
+    ("setup", "the extra over 4 comes from attention", {"ViT-B/16 at 224: sequence": 210}),
     ("setup", "ViT-B/32 has 1.9% more", {"B/32 over B/16 percent": 5.0}),
     ("setup", "ViT-B/32 has 1.9% more", {"ViT-B/32 backbone": 85e6}),  # fewer
     ("setup", "Table 1's 307M", {"ViT-L/32 with pre-logits (M)": 305.5}),
@@ -202,7 +204,8 @@ CONTRADICTING = [
     ("finetune", "the weight average and the last", {"average accuracy": 98.0}),
     ("finetune", "the weight average and the last", {"average accuracy": 95.0, "last accuracy": 95.2}),  # not perfect
     ("fewshot", "in the example by hand", {"new picture scores[1]": -0.7, "new picture scores[2]": 0.7}),
-    ("fewshot", "in the example by hand", {"new picture scores[1]": 0.932, "new picture scores[2]": -0.932}),  # lambda 0
+    # lambda 0
+    ("fewshot", "in the example by hand", {"new picture scores[1]": 0.932, "new picture scores[2]": -0.932}),
     ("fewshot", "in the example by hand", {"training scores[4,1]": 0.1}),
     ("fewshot", "with two classes, the second column", {"W[1,2]": -0.5}),
     ("fewshot", "one picture per class already does well", CHANCE_MEANS),  # every mean at chance
@@ -241,7 +244,8 @@ def test_every_rule_has_a_row_of_contradicting_numbers():
 
 
 @pytest.mark.parametrize("rule,problem", [
-    ({"says": "x", "article": "", "checks": [["no such number", "<", 1]]}, "reads 'no such number', a number the script"),
+    ({"says": "x", "article": "", "checks": [["no such number", "<", 1]]},
+     "reads 'no such number', a number the script"),
     ({"says": "x", "article": "", "checks": [["ln 10", "above", 1]]}, "is not one of"),
     ({"says": "x", "article": "", "checks": [["ln 10", "within", 1]]}, "is not one of"),  # no tolerance
     ({"says": "x", "article": "", "checks": [["ln 10", "<"]]}, "is not one of"),
@@ -555,3 +559,21 @@ def test_on_its_own_terms_an_undecided_conclusion_names_the_pictures_of_its_sour
 ])
 def test_across_seeds_a_conclusion_holds_or_fails_only_when_every_seed_agrees(seeds, expected):
     assert verdicts.across_seeds([{"verdict": word} for word in seeds]) == expected
+
+
+@pytest.mark.parametrize("percent,right,band,expected", [
+    (98.0, 196, 0.5, "differs"), (100.0, 200, 0.5, "differs"),  # a point of the whole set, clear of the band
+    (98.5, 197, 0.5, "close"), (99.5, 199, 0.5, "close"),  # at the band's edges: inside it
+    (98.5, 197, None, "differs"),  # no band: only the article's number itself is close
+])
+def test_on_the_whole_set_a_counted_accuracy_is_a_point_judged_against_the_band(percent, right, band, expected):
+    entry = {"article": "99.0", "kind": "weights", "sample": "validation pictures", **({"band": band} if band else {})}
+    row = number_row("x", entry, {"value": percent, "right": right, "of": 200}, sample(200, 200))
+    assert row["interval"] == [percent, percent] and row["verdict"] == expected
+
+
+def test_an_interval_across_the_bands_edge_is_undecided_not_clear_of_it():
+    """1,493 of 1,500 of 3,925 right: this run's interval, 99.16 to 99.75, reaches past the article's 99.0 + 0.5."""
+    entry = {"article": "99.0", "kind": "weights", "sample": "validation pictures", "band": 0.5}
+    row = number_row("x", entry, {"value": 99.53, "right": 1493, "of": 1500}, sample(1500))
+    assert row["interval"][0] < 99.5 < row["interval"][1] and row["verdict"] == "undecided"
