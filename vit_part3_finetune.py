@@ -427,7 +427,8 @@ def train(run, report, data, model, average, optimizer, log, monitor, start, las
                 log["seconds"] = time.perf_counter() - begun
                 row = {"lr": lr, "loss": loss, "norm": norm, "accuracy": percent, "seconds": log["seconds"],
                        "waiting seconds": sum(timing["waiting seconds"] for timing in passes.values())}
-                log["rows"].append({"step": step, **row, "accuracy": counts(percent)})
+                # the check's counts, right of checked: torch.load (weights_only) takes no class of ours
+                log["rows"].append({"step": step, **row, "accuracy": (percent.counts["right"], percent.counts["of"])})
                 report.line(STEP_LINE, row, prefix=f"step {step} ", step=step)
             # every process learns of a signal, or of a failed save, in any: all stop at the same step
             interrupted = distributed.sum_over_processes(bool(stop["asked"]), run) > 0
@@ -545,11 +546,6 @@ def accuracies(models, batches, labels, run, batch_size, desc, timing=None):
         correct = int((torch.cat([batch[k] for batch in predicted]) == torch.as_tensor(labels)).sum()) if labels else 0
         percents.append(Accuracy(round(distributed.sum_over_processes(correct, run)), round(total)))
     return percents, timing
-
-
-def counts(accuracy):
-    """(right, of) of an Accuracy: what the checkpoint keeps (torch.load, weights_only, takes no class of ours)."""
-    return accuracy.counts["right"], accuracy.counts["of"]
 
 
 def finish(run, report, data, model, average, log, last_step):

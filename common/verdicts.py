@@ -24,7 +24,6 @@ import numpy as np
 from common.paths import REFERENCE_DIR
 
 NUMBER_VERDICTS = ("same", "close", "differs", "undecided", "varies", "not comparable", "not run")
-CONCLUSION_VERDICTS = ("holds", "fails", "undecided", "not run", "not comparable")
 LEVEL = 0.95  # the confidence of every interval, and of a conclusion's intervals together
 LEGEND = ("same: equal at the article's digits; close: within the band the reference states, for the reason it "
           "states (for an accuracy on a sample of the article's pictures, this run's exact 95% interval inside the "

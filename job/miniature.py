@@ -40,7 +40,6 @@ if __name__ == "__main__":  # run as a file: the repository root, not job/, is w
     before_torch_loads()
 
 import contextlib
-import functools
 import io
 import json
 import math
@@ -433,8 +432,11 @@ def run_seeds(root, seeds, say=print):
     jobs, env = {}, {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     try:
         for seed in seeds:
-            folder, told = seed_folder(root, seed), functools.partial(lambda seed, text: say(f"seed {seed}: {text}"),
-                                                                      seed)
+            folder = seed_folder(root, seed)
+
+            def told(text, seed=seed):  # each line named by its seed
+                say(f"seed {seed}: {text}")
+
             build_pictures(folder, seed, told)
             build_checkpoints(folder, seed, told)
             command = [sys.executable, str(REPRODUCE), str(folder / "results"), *job_flags(folder, seed)]
