@@ -258,15 +258,32 @@ def test_the_downloads_column_names_what_each_script_fetches_and_the_counts_are_
     the table's rows are the scripts and the benchmark the sentence above it counts."""
     from job import downloads
 
-    said = {downloads.VIT: "ViT-B/16 (346 MB)", downloads.IN21K: "ViT-B/16 in21k", downloads.IMAGENETTE: "Imagenette",
+    said = {downloads.VIT: "ViT-B/16", downloads.IN21K: "ViT-B/16 in21k", downloads.IMAGENETTE: "Imagenette",
             downloads.BEANS: "beans", downloads.RESNET: "microsoft/resnet-50"}
     cells = table(README, "What it reproduces", 3)
     for script in NAMES:
         fetched = downloads.NEEDS[script] + downloads.OPTIONAL.get(script, [])
-        assert {piece for piece, words in said.items() if words in cells[script]} == set(fetched), script
+        # the cell's names: its items between commas and semicolons, each up to " when", remarks in brackets left out
+        named = {item.split(" when ")[0].strip() for item in re.split(r"[,;]", re.sub(r"\([^)]*\)", "", cells[script]))}
+        assert {piece for piece, words in said.items() if words in named} == set(fetched), script
     rows = [line for line in section(README, "What it reproduces").splitlines() if line.startswith("| `")]
     opening = README.read_text().split("\n\n", 2)[1]
     assert len(rows) == 6 and opening.startswith("Five scripts") and "and a benchmark" in opening.split(":")[0]
+
+
+def test_the_readme_writes_no_download_size_and_its_example_is_the_line_the_job_prints_from_pieces():
+    """A download's size is written once, in job/downloads.py's PIECES: the README states none, and its example of
+    the job's first lines is the line fetch_line prints from PIECES, with the sizes left out."""
+    from job import downloads
+
+    text = README.read_text()
+    assert not re.findall(r"\d+(?:\.\d+)? ?MB\b", text)
+    pieces = [downloads.RESNET, downloads.VIT, downloads.IMAGENETTE, downloads.IN21K, downloads.BEANS]
+    printed = downloads.fetch_line(pieces)
+    for piece in pieces:
+        assert f"{piece} ({downloads.PIECES[piece][0]} MB)" in printed, piece
+    example = next(line for line in text.splitlines() if line.startswith("to download, once"))
+    assert example == re.sub(r"\d+(?:\.\d+)? (MB|GB)", r"... \1", printed)
 
 
 # The quick check's setup, as each script records it under the Quick check table's flags: n pictures of the
