@@ -37,15 +37,15 @@ import torch.nn.functional as F
 from common import beans as beans_data
 from common import cli
 from common import trainer as plumbing
-from common.checkpoints import check_model_flag, checkpoint_difference, load_pretrained
+from common.checkpoints import check_model_flag, load_pretrained
 from common.closed_form import closed_form, targets, with_bias
 from common.device import PRECISIONS, float32_arithmetic, float32_rule, to_device
 from common.environment import made_here
 from common.errors import UserError
 from common.loader import NEW_PASS, loader_workers, timed
 from common.paths import FEATURE_CACHE_DIR
-from common.run import Run, loaded, run_sections
-from common.verdicts import flag_differences, subset_differences, verdict
+from common.run import loaded, run_sections
+from common.verdicts import flag_differences, subset_differences
 from figures import backbone as figures
 
 # ---------------------------------------------------------------- the recipe, where the article states it
@@ -333,50 +333,51 @@ def load_features(run, beans, processor):
 
 def section_feature_map(run, report):
     """1. patch tokens to a feature map"""
-    report.header("1. patch tokens to a feature map: (B, N, D) -> (B, H_p, W_p, D) -> (B, D, H_p, W_p)")
+    report.print("\n== 1. patch tokens to a feature map: (B, N, D) -> (B, H_p, W_p, D) -> (B, D, H_p, W_p) ==")
     embed_dim, (grid_h, grid_w) = 64, (4, 4)
     generator = torch.Generator().manual_seed(run.args.seed)
     patch_tokens = torch.randn(2, grid_h * grid_w, embed_dim, generator=generator)
     feature_map = patch_tokens_to_feature_map(patch_tokens, (grid_h, grid_w))
     agree = sum(bool(torch.equal(feature_map[b, :, i, j], patch_tokens[b, i * grid_w + j]))  # place by place
                 for b in range(2) for i in range(grid_h) for j in range(grid_w))
-    numbers = {"patch tokens shape": list(patch_tokens.shape), "feature map shape": list(feature_map.shape),
-               "positions that agree": agree}
-    report.line("Patch tokens shape: torch.Size({patch tokens shape:d})", numbers)
-    report.line("Feature map shape: torch.Size({feature map shape:d})", numbers)
-    report.line("feature_map[b, :, i, j] == patch_tokens[b, i * W_p + j, :] at {positions that agree} of {places} "
-                "(b, i, j): each patch token lands at its own place in the grid", numbers, places=2 * grid_h * grid_w)
+    report.print(f"  Patch tokens shape: torch.Size({report.num('patch tokens shape', list(patch_tokens.shape), 'd')})")
+    report.print(f"  Feature map shape: torch.Size({report.num('feature map shape', list(feature_map.shape), 'd')})")
+    report.print("  feature_map[b, :, i, j] == patch_tokens[b, i * W_p + j, :] at "
+                 f"{report.num('positions that agree', agree)} of {2 * grid_h * grid_w} (b, i, j): each patch token "
+                 "lands at its own place in the grid")
     try:
         patch_tokens_to_feature_map(patch_tokens, (4, 5))
         refused = "accepted (wrong)"
     except AssertionError as error:
         refused = f"AssertionError: {error}"
-    report.line("grid (4, 5) for 16 patch tokens: {refused}", refused=refused)
+    report.print(f"  grid (4, 5) for 16 patch tokens: {refused}")
 
 
 def section_table(run, report):
     """2. the table of configurations"""
-    report.header("2. the table of common ViT configurations, counted on torch's meta device (no download)")
-    report.line("model name                     patch input   dim layers heads  table  counted: with its 1000-class "
-                "head (backbone alone)")
+    report.print("\n== 2. the table of common ViT configurations, counted on torch's meta device (no download) ==")
+    report.print("  model name                     patch input   dim layers heads  table  counted: with its 1000-class "
+                 "head (backbone alone)")
     for name, table_millions in TABLE:
         config = table_row_config(name)
         whole, backbone = counted_parameters(config)
-        numbers = {what: getattr(config, key) for what, key in TABLE_COLUMNS.items()}
-        numbers.update({"parameters": whole, "parameters (M)": whole / 1e6, "backbone parameters": backbone,
-                        "backbone parameters (M)": backbone / 1e6})
-        report.line("{name:<30} {patch size:>5} {input resolution:>5} {embedding dimension:>5} {layers:>6} "
-                    "{heads:>5}  {table:>4}M  {parameters:,} = {parameters (M):.0f}M ({backbone parameters:,} = "
-                    "{backbone parameters (M):.0f}M)  {verdict}", numbers, prefix=f"{name} ", name=name,
-                    table=table_millions,
-                    verdict=verdict({"article": str(table_millions), "kind": "nothing"}, whole / 1e6))
-    report.line("same / differs: the table's Parameters column read as the whole classifier its row names (with its "
-                "1000-class head), the number --compare compares. A row is the architecture its name stands for "
-                "(vit-<size>-patch<P>-<resolution>), counted, not a released checkpoint: the Hub need not hold one of "
-                "that exact name (ViT-B/32 was released as google/vit-base-patch32-224-in21k and -384)")
-    report.line("the table's 86M and 307M are the ViT paper's Table 1 figures for ViT-Base and ViT-Large, given "
-                "there for every patch size and resolution; the position table (N+1 rows) and the patch embedding "
-                "(3 P^2 D) make the counts differ by patch and resolution")
+        widths = {"patch size": ">5", "input resolution": ">5", "embedding dimension": ">5", "layers": ">6",
+                  "heads": ">5"}
+        columns = " ".join(report.num(f"{name} {what}", getattr(config, key), widths[what])
+                           for what, key in TABLE_COLUMNS.items())
+        report.print(f"  {name:<30} {columns}  {table_millions:>4}M  "
+                     f"{report.num(f'{name} parameters', whole, ',')} = "
+                     f"{report.num(f'{name} parameters (M)', whole / 1e6, '.0f')}M ("
+                     f"{report.num(f'{name} backbone parameters', backbone, ',')} = "
+                     f"{report.num(f'{name} backbone parameters (M)', backbone / 1e6, '.0f')}M)  "
+                     f"{'same' if f'{whole / 1e6:.0f}' == str(table_millions) else 'differs'}")
+    report.print("  same / differs: the table's Parameters column read as the whole classifier its row names (with its "
+                 "1000-class head), the number --compare compares. A row is the architecture its name stands for "
+                 "(vit-<size>-patch<P>-<resolution>), counted, not a released checkpoint: the Hub need not hold one "
+                 "of that exact name (ViT-B/32 was released as google/vit-base-patch32-224-in21k and -384)")
+    report.print("  the table's 86M and 307M are the ViT paper's Table 1 figures for ViT-Base and ViT-Large, given "
+                 "there for every patch size and resolution; the position table (N+1 rows) and the patch embedding "
+                 "(3 P^2 D) make the counts differ by patch and resolution")
 
 
 def section_checkpoint(run, report):
@@ -391,21 +392,17 @@ def section_checkpoint(run, report):
         except UserError as also:  # one line that names the data too, when it is missing as well
             raise UserError(*also.args, *missing.args) from None
         raise
-    report.header("3. {model}: backbone + head", model=args.model)
-    numbers = {label: getattr(model.config, key) for label, key in CONFIG_LINES.items()}
-    report.line("Image size: {Image size}", numbers)
-    report.line("Patch size: {Patch size}", numbers)
-    report.line("Hidden size: {Hidden size}", numbers)
-    report.line("Number of hidden layers: {Number of hidden layers}", numbers)
-    report.line("Number of attention heads: {Number of attention heads}", numbers)
-    report.line("Intermediate size: {Intermediate size}", numbers)
+    report.print(f"\n== 3. {args.model}: backbone + head ==")
+    for label, key in CONFIG_LINES.items():
+        report.print(f"  {label}: {report.num(label, getattr(model.config, key))}")
     backbone = sum(p.numel() for p in model.vit.parameters())
     head = sum(p.numel() for p in model.classifier.parameters())
-    report.line("parameters: backbone (patch embedding, class token, position embedding, encoder, final LayerNorm) "
-                "{backbone parameters:,}; head Linear({head in features}, {head out features}) {head parameters:,} "
-                "({backbone share (%):.2f}% in the backbone)", {"backbone parameters": backbone,
-                "head in features": model.classifier.in_features, "head out features": model.classifier.out_features,
-                "head parameters": head, "backbone share (%)": 100 * backbone / (backbone + head)})
+    report.print("  parameters: backbone (patch embedding, class token, position embedding, encoder, final LayerNorm) "
+                 f"{report.num('backbone parameters', backbone, ',')}; head Linear("
+                 f"{report.num('head in features', model.classifier.in_features)}, "
+                 f"{report.num('head out features', model.classifier.out_features)}) "
+                 f"{report.num('head parameters', head, ',')} ("
+                 f"{report.num('backbone share (%)', 100 * backbone / (backbone + head), '.2f')}% in the backbone)")
     beans = load_beans(args.data_dir, args.per_class)
     picture = beans["validation"][0]
     pixels = article_transform(processor, beans["validation"][:1])["pixel_values"]
@@ -415,20 +412,19 @@ def section_checkpoint(run, report):
         logits = model(pixel_values=pixels.to(run.device)).logits.float().cpu()
         by_hand = model.classifier(tokens[:, 0].to(run.device)).float().cpu()  # logits = h_cls W + b
     class_token, patch_tokens = split_tokens(tokens)
-    numbers = {"pixel values shape": list(pixels.shape), "Z_L shape": list(tokens.shape),
-               "class token shape": list(class_token.shape), "patch tokens shape (picture)": list(patch_tokens.shape),
-               "feature map shape (picture)":
-                   list(patch_tokens_to_feature_map(patch_tokens, feature_grid(model)).shape),
-               "head on the class token vs logits": (by_hand - logits).abs().max().item()}
-    report.line("one validation picture ({name}, {width}x{height} px) -> pixel_values "
-                "torch.Size({pixel values shape:d}) -> Z_L torch.Size({Z_L shape:d})", numbers,
-                name=beans["names"][picture["labels"]], width=picture["image"].size[0],
-                height=picture["image"].size[1])
-    report.line("class token Z_L[:, 0, :] torch.Size({class token shape:d}); patch tokens Z_L[:, 1:, :] "
-                "torch.Size({patch tokens shape (picture):d}) -> feature map "
-                "torch.Size({feature map shape (picture):d})", numbers)
-    report.line("the head on the class token, h_cls W + b, gives the model's logits within "
-                "{head on the class token vs logits:.1e}", numbers)
+    feature_map = patch_tokens_to_feature_map(patch_tokens, feature_grid(model))
+    report.print(f"  one validation picture ({beans['names'][picture['labels']]}, {picture['image'].size[0]}x"
+                 f"{picture['image'].size[1]} px) -> pixel_values torch.Size("
+                 f"{report.num('pixel values shape', list(pixels.shape), 'd')}) -> Z_L torch.Size("
+                 f"{report.num('Z_L shape', list(tokens.shape), 'd')})")
+    report.print(f"  class token Z_L[:, 0, :] "
+                 f"torch.Size({report.num('class token shape', list(class_token.shape), 'd')}); patch tokens Z_L[:, "
+                 f"1:, :] torch.Size({report.num('patch tokens shape (picture)', list(patch_tokens.shape), 'd')}) "
+                 "-> feature map torch.Size("
+                 f"{report.num('feature map shape (picture)', list(feature_map.shape), 'd')}"
+                 ")")
+    report.print("  the head on the class token, h_cls W + b, gives the model's logits within "
+                 f"{report.num('head on the class token vs logits', (by_hand - logits).abs().max().item(), '.1e')}")
 
 
 def print_history(report, history):
@@ -438,16 +434,18 @@ def print_history(report, history):
         if "loss" in entry or "eval_loss" in entry:
             rows.setdefault(entry["step"], {}).update(entry)
     for step, row in sorted(rows.items()):
-        numbers = {"training loss": row.get("loss"), "eval_loss": row.get("eval_loss"),
-                   "eval_accuracy": row.get("eval_accuracy")}
         if "loss" in row and "eval_loss" in row:
-            report.line("step {step:>3}  training loss {training loss:.4f}  eval_loss {eval_loss:.4f}  eval_accuracy "
-                        "{eval_accuracy:.4f}", numbers, prefix=f"step {step} ", step=step)
+            report.print(f"  step {step:>3}  training loss "
+                         f"{report.num(f'step {step} training loss', row.get('loss'), '.4f')}  eval_loss "
+                         f"{report.num(f'step {step} eval_loss', row.get('eval_loss'), '.4f')}  eval_accuracy "
+                         f"{report.num(f'step {step} eval_accuracy', row.get('eval_accuracy'), '.4f')}")
         elif "loss" in row:
-            report.line("step {step:>3}  training loss {training loss:.4f}", numbers, prefix=f"step {step} ", step=step)
+            report.print(f"  step {step:>3}  training loss "
+                         f"{report.num(f'step {step} training loss', row.get('loss'), '.4f')}")
         else:
-            report.line("step {step:>3}  eval_loss {eval_loss:.4f}  eval_accuracy {eval_accuracy:.4f}", numbers,
-                        prefix=f"step {step} ", step=step)
+            report.print(f"  step {step:>3}  eval_loss "
+                         f"{report.num(f'step {step} eval_loss', row.get('eval_loss'), '.4f')}  eval_accuracy "
+                         f"{report.num(f'step {step} eval_accuracy', row.get('eval_accuracy'), '.4f')}")
     report.series.update({  # for the figures and the page
         "training loss": [[step, row["loss"]] for step, row in sorted(rows.items()) if "loss" in row],
         "evaluation accuracy": [[step, row["eval_accuracy"]] for step, row in sorted(rows.items())
@@ -466,50 +464,48 @@ def section_finetune(run, report):
     # both now, so that one line names what is missing before any is printed; fine-tuning reads them again
     beans = loaded(lambda: load_beans(args.data_dir, args.per_class), lambda: load_processor(args.model))[0]
     recipe = {"batch_size", "epochs", "lr"} & set(flag_differences(args, ARTICLE_FLAGS))
-    report.header("4. fine-tuning on beans with transformers.Trainer, {not_}as the article: batch {batch}, {epochs} "
-                  "epoch{s}, learning rate {lr:g}, evaluation every {every} steps", not_="not " * bool(recipe),
-                  batch=args.batch_size, epochs=args.epochs, s="s" * (args.epochs != 1), lr=args.lr,
-                  every=LOGGING_STEPS)
-    report.line("PyTorch version: {version}", version=torch.__version__)
-    report.line("Using device: {device}", device=run.device.type)
+    report.print(f"\n== 4. fine-tuning on beans with transformers.Trainer, {'not ' * bool(recipe)}as the article: "
+                 f"batch {args.batch_size}, {args.epochs} epoch{'s' * (args.epochs != 1)}, learning rate {args.lr:g}, "
+                 f"evaluation every {LOGGING_STEPS} steps ==")
+    report.print(f"  PyTorch version: {torch.__version__}")
+    report.print(f"  Using device: {run.device.type}")
     arithmetic = float32_arithmetic(run.device, args.precision, run.fp32_rule)
-    report.line("float32: {rule}; TF32 on this device: {tf32}", rule=FLOAT32[arithmetic["rule"]],
-                tf32="yes" if arithmetic["TF32 on this device"] else "no (all IEEE float32)")
+    report.print(f"  float32: {FLOAT32[arithmetic['rule']]}; TF32 on this device: "
+                 f"{'yes' if arithmetic['TF32 on this device'] else 'no (all IEEE float32)'}")
     names, train_count, val_count = beans["names"], len(beans["train"]), len(beans["validation"])
-    report.line("beans: {training pictures:,} training and {validation pictures} validation pictures, {classes} "
-                "classes ({names})", {"training pictures": train_count, "validation pictures": val_count,
-                "classes": len(names)}, names=", ".join(names))
-    report.line("seed {seed}: random, numpy and torch, as dnnlpy.set_seed does in its releases 2026.6.11 and "
-                "2026.7.21 (2026.8.24 and later seed torch alone; the article's release is unknown). The shuffles "
-                "draw from numpy: if the article's numpy was not seeded, its training order, and so its after "
-                "numbers, cannot be reproduced by anyone", seed=args.seed)
+    report.print(f"  beans: {report.num('training pictures', train_count, ',')} training and "
+                 f"{report.num('validation pictures', val_count)} validation pictures, "
+                 f"{report.num('classes', len(names))} classes ({', '.join(names)})")
+    report.print(f"  seed {args.seed}: random, numpy and torch, as dnnlpy.set_seed does in its releases 2026.6.11 and "
+                 "2026.7.21 (2026.8.24 and later seed torch alone; the article's release is unknown). The shuffles "
+                 "draw from numpy: if the article's numpy was not seeded, its training order, and so its after "
+                 "numbers, cannot be reproduced by anyone")
     result = finetune(run)
-    report.line("new head Linear({width}, {classes}), random; {training steps} steps ({steps per epoch} per epoch)",
-                {"training steps": result["steps"], "steps per epoch": math.ceil(train_count / args.batch_size)},
-                width=result["hidden size"], classes=len(names))
+    report.print(f"  new head Linear({result['hidden size']}, {len(names)}), random; "
+                 f"{report.num('training steps', result['steps'])} steps ("
+                 f"{report.num('steps per epoch', math.ceil(train_count / args.batch_size))} per epoch)")
     for what in ("before", "after"):  # the article's dicts of loss and accuracy, an empty line between
-        report.line("{What} fine-tuning:", What=what.capitalize())
-        report.line("{{'eval_loss': {eval_loss:repr}, 'eval_accuracy': {eval_accuracy:repr}}}", result[what],
-                    prefix=f"{what} ")
+        report.print(f"  {what.capitalize()} fine-tuning:")
+        loss, accuracy = (report.num(f"{what} {key}", result[what][key], "repr")
+                          for key in ("eval_loss", "eval_accuracy"))
+        report.print(f"  {{'eval_loss': {loss}, 'eval_accuracy': {accuracy}}}")
         if what == "before":
-            report.line()
+            report.print("  ")
     passes = result["passes"]
-    numbers = {"before right": round(result["before"]["eval_accuracy"] * val_count),
-               "after right": round(result["after"]["eval_accuracy"] * val_count),
-               "training seconds": result["seconds"],
-               "validation preprocessing seconds": result["preprocessing seconds"]}
-    report.line("({before right} of {pictures} validation pictures right before, {after right} of {pictures} after; "
-                "training, with its evaluations every {every} steps, took {training seconds:,.0f} s)", numbers,
-                pictures=val_count, every=LOGGING_STEPS)
+    report.print(f"  ({report.num('before right', round(result['before']['eval_accuracy'] * val_count))} of "
+                 f"{val_count} validation pictures right before, "
+                 f"{report.num('after right', round(result['after']['eval_accuracy'] * val_count))} of {val_count} "
+                 f"after; training, with its evaluations every {LOGGING_STEPS} steps, took "
+                 f"{report.num('training seconds', result['seconds'], ',.0f')} s)")
     training = report.pass_text("training steps", passes["training"])
     evaluating = report.pass_text("evaluations", passes["evaluations"])
-    report.line("passes over pictures: the training steps {training}, their pictures decoded and preprocessed by "
-                "{workers} worker processes (none on a CPU: the main process); the {evaluations} evaluations "
-                "{evaluating}, their {pictures} pictures preprocessed once, before the Trainer, in "
-                "{validation preprocessing seconds:.1f} s. The Trainer's loop hides its wait, so every next() of its "
-                "data loaders is timed from outside (on a CUDA GPU, the GPU's idle time, with CUDA events)", numbers,
-                training=training, workers=result["workers"], evaluating=evaluating,
-                evaluations=passes["evaluations"]["pictures"] // max(1, val_count), pictures=val_count)
+    report.print(f"  passes over pictures: the training steps {training}, their pictures decoded and preprocessed by "
+                 f"{result['workers']} worker processes (none on a CPU: the main process); the "
+                 f"{passes['evaluations']['pictures'] // max(1, val_count)} evaluations {evaluating}, their "
+                 f"{val_count} pictures preprocessed once, before the Trainer, in "
+                 f"{report.num('validation preprocessing seconds', result['preprocessing seconds'], '.1f')} s. The "
+                 "Trainer's loop hides its wait, so every next() of its data loaders is timed from outside (on a "
+                 "CUDA GPU, the GPU's idle time, with CUDA events)")
     print_history(report, result["history"])
     report.series["feature maps"] = result["feature maps"]
     if args.plots:
@@ -521,52 +517,51 @@ def section_three_ways(run, report):
     """5. three ways to adapt the same backbone"""
     args = run.args
     beans, processor = loaded(lambda: load_beans(args.data_dir, args.per_class), lambda: load_processor(args.model))
-    report.header("5. beyond the article: three ways to adapt the same backbone, on the same {train:,} training and "
-                  "{val} validation pictures", train=len(beans["train"]), val=len(beans["validation"]))
+    report.print(f"\n== 5. beyond the article: three ways to adapt the same backbone, on the same "
+                 f"{len(beans['train']):,} training and {len(beans['validation'])} validation pictures ==")
     frozen, result = loaded(lambda: load_features(run, beans, processor), lambda: finetune(run))  # section 4's run
     timing = frozen["pass"]  # None when read from the cache
     pass_words = "" if not timing else (f" {report.pass_text('frozen features', timing)}, the loader's "
                                         f"{timing['workers']} worker processes (none on a CPU) started in "
                                         f"{timing['start-up seconds']:.1f} s, outside the pass")
-    report.line("frozen features: the last layer's class token beside the mean of its patch tokens, "
-                "{feature width:,} numbers per picture, {source} in {features seconds:.1f} s (--no-cache recomputes)"
-                "{pass_}", {"feature width": frozen["features"]["train"].shape[1],
-                            "features seconds": frozen["seconds"]},
-                source=frozen["source"], pass_=pass_words)
+    report.print("  frozen features: the last layer's class token beside the mean of its patch tokens, "
+                 f"{report.num('feature width', frozen['features']['train'].shape[1], ',')} numbers per picture, "
+                 f"{frozen['source']} in {report.num('features seconds', frozen['seconds'], '.1f')} s (--no-cache "
+                 f"recomputes){pass_words}")
     size = getattr(processor, "size", None) or {}  # the processor's resize and normalisation, in words
     side = f"{size['height']}x{size['width']}" if "height" in size else str(size.get("shortest_edge", "?"))
     mean, std = (", ".join(f"{v:g}" for v in dict.fromkeys(values)) for values in (processor.image_mean,
                                                                                     processor.image_std))
-    report.line("linear probe: DINO's linear evaluation (Caron et al. 2021): normal(0, {std}) weights, SGD momentum "
-                "{momentum}, no weight decay, learning rate {base_lr} x batch {batch_size}/256, cosine to 0 over "
-                "{epochs} epochs. Unlike DINO: no random crops and flips (the features are computed once); the "
-                "pictures preprocessed as the checkpoint's processor does ({preprocessing}), not Resize 256 + "
-                "CenterCrop 224 with ImageNet's mean and std; and the accuracy is the last epoch's, where DINO reports "
-                "the best over its epochs (chosen on the validation pictures)", **PROBE, epochs=args.probe_epochs,
-                preprocessing=f"resized to {side}, mean {mean} and std {std}")
-    report.line("closed form: Part 3's W = (X^T X + lambda I)^-1 X^T Y on the same features with a bias column, "
-                "targets in {{-1, +1}}")
+    report.print(f"  linear probe: DINO's linear evaluation (Caron et al. 2021): normal(0, {PROBE['std']}) weights, "
+                 f"SGD momentum {PROBE['momentum']}, no weight decay, learning rate {PROBE['base_lr']} x batch "
+                 f"{PROBE['batch_size']}/256, cosine to 0 over {args.probe_epochs} epochs. Unlike DINO: no random "
+                 f"crops and flips (the features are computed once); the pictures preprocessed as the checkpoint's "
+                 f"processor does (resized to {side}, mean {mean} and std {std}), not Resize 256 + CenterCrop 224 "
+                 f"with ImageNet's mean and std; and the accuracy is the last epoch's, where DINO reports the best "
+                 f"over its epochs (chosen on the validation pictures)")
+    report.print("  closed form: Part 3's W = (X^T X + lambda I)^-1 X^T Y on the same features with a bias column, "
+                 "targets in {-1, +1}")
     rows = [("random new head (the article's before)", result["before"]["eval_accuracy"],
              result["before"]["eval_loss"], 0, None),
             *probe_ways(frozen["features"], frozen["labels"], len(beans["names"]), args.probe_epochs, args.seed,
                         args.lambdas),
             ("full fine-tuning (the article's after)", result["after"]["eval_accuracy"], result["after"]["eval_loss"],
              result["trained parameters"], result["seconds"])]
-    report.line("way                                      accuracy     loss  trained parameters  time (s)")
+    report.print("  way                                      accuracy     loss  trained parameters  time (s)")
     for way, accuracy, loss, parameters, seconds in rows:
-        report.line("{way:<40} {accuracy (%):7.2f}%  {loss:>7}  {trained parameters:18,}  {seconds:>8}",
-                    {"accuracy (%)": 100 * accuracy, "trained parameters": parameters}, prefix=f"{way}: ", way=way,
-                    loss="-" if loss is None else report.num(f"{way}: loss", loss, "7.4f"),
-                    seconds="-" if seconds is None else report.num(f"{way}: seconds", seconds, "8.2f"))
-    report.line("accuracy and loss (cross-entropy) on the validation pictures; the closed form fits squared error to "
-                "targets in {{-1, +1}} and gives no probabilities, so it has no cross-entropy; fine-tuning's time is "
-                "its training with its evaluations, the probes' their fit on the features")
+        report.print(f"  {way:<40} {report.num(f'{way}: accuracy (%)', 100 * accuracy, '7.2f')}%  "
+                     f"{'-' if loss is None else report.num(f'{way}: loss', loss, '7.4f'):>7}  "
+                     f"{report.num(f'{way}: trained parameters', parameters, '18,')}  "
+                     f"{'-' if seconds is None else report.num(f'{way}: seconds', seconds, '8.2f'):>8}")
+    report.print("  accuracy and loss (cross-entropy) on the validation pictures; the closed form fits squared error "
+                 "to targets in {-1, +1} and gives no probabilities, so it has no cross-entropy; fine-tuning's "
+                 "time is its training with its evaluations, the probes' their fit on the features")
 
 
 SECTIONS = [section_feature_map, section_table, section_checkpoint, section_finetune, section_three_ways]
 
 
-def setup_differences(run):
+def setup_differences(run, known):
     """How this run's setup differs from the article's: the checkpoint, the pictures, the flags. Not --probe-epochs
     or --lambdas (section 5 goes beyond the article)."""
     try:  # the pictures the sections read, loaded already; or none, as they could not load
@@ -581,11 +576,11 @@ def setup_differences(run):
     data = ({"data set": {"flag": f"--data-dir {run.args.data_dir}",
                           "why": f"--data-dir {run.args.data_dir}: {unlike}"}}
             if unlike else subset_differences(run.args, counts, RELEASED))  # another data set is no sample of beans
-    return {**checkpoint_difference(run.args.model, MODEL), **data, **flag_differences(run.args, ARTICLE_FLAGS)}
+    return data
 
 
 def parse_args(argv):
-    parser = cli.script_parser(__doc__)
+    parser = cli.experiment_parser(__doc__)
     parser.add_argument("--model", default=MODEL,
                         help="checkpoint id or local directory (an image classifier saved with its image processor)"
                              " (default: %(default)s)")
@@ -613,7 +608,6 @@ def parse_args(argv):
                              "faster on recent GPUs (default: %(default)s)")
     parser.add_argument("--plots", type=cli.nonempty_path, metavar="DIR",
                         help="save the training curves and the feature maps as PNG (needs matplotlib)")
-    cli.add_common_arguments(parser)
     args = parser.parse_args(argv)
     cli.distinct(parser, "--lambdas", args.lambdas)
     return args
@@ -625,7 +619,8 @@ def main(argv=None):
     if args.data_dir:
         beans_data.check_dir(args.data_dir)
     plumbing.check_classifier_files(args.model, MODEL)
-    return run_sections("backbone", Run(args, fp32_rule=ARTICLE_FP32_RULE), SECTIONS, setup_differences)
+    return run_sections("backbone", args, SECTIONS, setup_differences, MODEL, ARTICLE_FLAGS,
+                        fp32_rule=ARTICLE_FP32_RULE)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from common import cli
-from common.checkpoints import check_model_flag, checkpoint_difference, load_pretrained
+from common.checkpoints import check_model_flag, load_pretrained
 from common.closed_form import closed_form, targets, with_bias
 from common.errors import UserError
 from common.feature_cache import cache_key, cached_passes, picture_digests
@@ -36,8 +36,8 @@ from common.inference import run_model
 from common.loader import one_pass, start_pass
 from common.output import Accuracy
 from common.paths import CHECKOUT, FEATURE_CACHE_DIR
-from common.run import Run, run_sections
-from common.verdicts import article_values, flag_differences, load_reference
+from common.run import run_sections
+from common.verdicts import article_values, load_reference
 from figures import fewshot as figures
 
 DEFAULT_MODEL = "google/vit-base-patch16-224-in21k"
@@ -162,36 +162,33 @@ def load_features(run):
 
 def section_by_hand(run, report):
     """1. the closed form by hand"""
-    report.header("1. the closed form by hand: 4 pictures, 2 features, K = 2 classes, lambda = 1")
+    report.print("\n== 1. the closed form by hand: 4 pictures, 2 features, K = 2 classes, lambda = 1 ==")
     x, y = np.array(HAND_X), targets(HAND_LABELS, 2)
     regularised = x.T @ x + np.eye(2)
     w = closed_form(x, y, 1.0)
-    numbers = {"X": x, "Y": y, "X^T X": x.T @ x, "X^T X + I": regularised,
-               "det": round(np.linalg.det(regularised), 6),
-               "inverse": np.linalg.inv(regularised),  # printed for the pencil check; the fit itself solves
-               "X^T Y": x.T @ y, "W": w, "new picture": HAND_NEW, "new picture scores": np.array(HAND_NEW) @ w,
-               "training scores": x @ w}
-    right_side = all(np.sign(numbers["training scores"][i]) @ np.sign(y[i]) == 2 for i in range(len(x)))
-    report.line("X (rows = pictures A1, A2, B1, B2) = {X}", numbers)
-    report.line("Y (targets in {{-1, 1}}: class A = [1, -1], class B = [-1, 1]) = {Y}", numbers)
-    report.line("X^T X = {X^T X}   + lambda I = {X^T X + I}   det = {det:g}", numbers)
-    report.line("(X^T X + I)^-1 = {inverse}", numbers)
-    report.line("X^T Y = {X^T Y}", numbers)
-    report.line("W = (X^T X + I)^-1 X^T Y = {W}", numbers)
-    report.line("new picture x = {new picture}: scores x W = {new picture scores} -> class {winner}", numbers,
-                winner="AB"[int(numbers["new picture scores"].argmax())])
-    report.line("training scores X W = {training scores} ({sides})", numbers,
-                sides="all on the right side of 0" if right_side else "not all on the right side of 0")
+    new_scores, training_scores = np.array(HAND_NEW) @ w, x @ w
+    right_side = all(np.sign(training_scores[i]) @ np.sign(y[i]) == 2 for i in range(len(x)))
+    report.print(f"  X (rows = pictures A1, A2, B1, B2) = {report.num('X', x)}")
+    report.print(f"  Y (targets in {{-1, 1}}: class A = [1, -1], class B = [-1, 1]) = {report.num('Y', y)}")
+    report.print(f"  X^T X = {report.num('X^T X', x.T @ x)}   + lambda I = {report.num('X^T X + I', regularised)}   "
+                 f"det = {report.num('det', round(np.linalg.det(regularised), 6), 'g')}")
+    # printed for the pencil check; the fit itself solves
+    report.print(f"  (X^T X + I)^-1 = {report.num('inverse', np.linalg.inv(regularised))}")
+    report.print(f"  X^T Y = {report.num('X^T Y', x.T @ y)}")
+    report.print(f"  W = (X^T X + I)^-1 X^T Y = {report.num('W', w)}")
+    report.print(f"  new picture x = {report.num('new picture', HAND_NEW)}: scores x W = "
+                 f"{report.num('new picture scores', new_scores)} -> class {'AB'[int(new_scores.argmax())]}")
+    report.print(f"  training scores X W = {report.num('training scores', training_scores)} ("
+                 f"{'all on the right side of 0' if right_side else 'not all on the right side of 0'})")
 
 
 def section_frozen(run, report):
     """2. few-shot accuracy"""
     args, data = run.args, data_naming_all_missing(run)
-    report.header("2. frozen {model}, device {device}: features of {pool pictures} training pictures (a pool of "
-                  "{pool} per class) and {validation pictures} validation pictures",
-                  {"pool pictures": len(data["pool"]), "validation pictures": len(data["val"])},
-                  model="ViT-B/16 (ImageNet-21k weights)" if args.model == DEFAULT_MODEL else args.model,
-                  device=run.device.type, pool=args.pool)
+    report.print(f"\n== 2. frozen {'ViT-B/16 (ImageNet-21k weights)' if args.model == DEFAULT_MODEL else args.model}, "
+                 f"device {run.device.type}: features of {report.num('pool pictures', len(data['pool']))} training "
+                 f"pictures (a pool of {args.pool} per class) and "
+                 f"{report.num('validation pictures', len(data['val']))} validation pictures ==")
     features = load_features(run)
     x = {desc: {name: with_bias(features[desc][name]) for name in REPRESENTATIONS} for desc in ("pool", "val")}
     accuracies = {(name, lam, shots): few_shot_accuracies(x["pool"][name], features["pool labels"], x["val"][name],
@@ -201,15 +198,15 @@ def section_frozen(run, report):
                      for desc, timing in features["passes"].items())
     passes += f"; the loader: {features['loader']}" if features["loader"] else ""
     cache = FEATURE_CACHE_DIR.relative_to(CHECKOUT) if FEATURE_CACHE_DIR.is_relative_to(CHECKOUT) else FEATURE_CACHE_DIR
-    report.line("features {source} in {features seconds:.1f} s ({cache}/; {cache_note}){passes}",
-                {"features seconds": features["seconds"]}, source=features["source"], cache=cache,
-                passes=passes, cache_note=("--no-cache: the cache was neither read nor written" if args.no_cache
-                                           else "--no-cache recomputes"))
-    report.line('representation "pre-logits": the tanh layer on the [class] token, {feature width} numbers;  '
-                '"class token": the final LayerNorm output (Eq. 4)',
-                {"feature width": features["pool"]["pre-logits"].shape[1]})
-    report.line("accuracy on the {validation pictures (table):,} validation pictures, mean +- std over {draws} random "
-                "draws of the training pictures", {"validation pictures (table)": len(data["val"])}, draws=args.draws)
+    report.print(f"  features {features['source']} in {report.num('features seconds', features['seconds'], '.1f')} s ("
+                 f"{cache}/; "
+                 f"{'--no-cache: the cache was neither read nor written' if args.no_cache else '--no-cache recomputes'}"
+                 f"){passes}")
+    report.print("  representation \"pre-logits\": the tanh layer on the [class] token, "
+                 f"{report.num('feature width', features['pool']['pre-logits'].shape[1])} numbers;  \"class token\": "
+                 "the final LayerNorm output (Eq. 4)")
+    report.print(f"  accuracy on the {report.num('validation pictures (table)', len(data['val']), ',')} validation "
+                 f"pictures, mean +- std over {args.draws} random draws of the training pictures")
     for representation in REPRESENTATIONS:
         for lam in args.lambdas:
             cells = []
@@ -217,14 +214,13 @@ def section_frozen(run, report):
                 cell = accuracies[representation, lam, shots]
                 mean = Accuracy([draw.counts["right"] for draw in cell], len(x["val"][representation]),
                                 value=np.mean(cell))  # the mean over the draws, with each draw's count
-                cells.append(report.fill("{shots}-shot {mean:5.1f} +- {std:4.1f}%",
-                                         {"mean": mean, "std": np.std(cell)},  # std: ddof=0
-                                         f"{representation} lambda {lam:g} {shots}-shot ", {"shots": shots}))
-            report.line("{representation:<11} lambda {lam:>6g}:  {cells}", representation=representation, lam=lam,
-                        cells="   ".join(cells))
+                name = f"{representation} lambda {lam:g} {shots}-shot"
+                cells.append(f"{shots}-shot {report.num(f'{name} mean', mean, '5.1f')} +- "
+                             f"{report.num(f'{name} std', np.std(cell), '4.1f')}%")  # std: ddof=0
+            report.print(f"  {representation:<11} lambda {lam:>6g}:  {'   '.join(cells)}")
     classes = len(data["names"])
-    report.line("chance is {chance (%):.0f}%; 1-shot means {1-shot pictures} training pictures in total, one per class",
-                {"chance (%)": 100 / classes, "1-shot pictures": classes})
+    report.print(f"  chance is {report.num('chance (%)', 100 / classes, '.0f')}%; 1-shot means "
+                 f"{report.num('1-shot pictures', classes)} training pictures in total, one per class")
     if args.plots:
         figures.fewshot_accuracy(report.values(), article_values("fewshot"), args.plots, report.say, args.draws)
 
@@ -242,17 +238,17 @@ def section_one_solve(run, report):
     scores = with_bias(features["val"]["pre-logits"]) @ w
     predicted = scores.argmax(1)
     per_class = [100 * np.mean(predicted[val_labels == c] == c) for c in range(len(names))]
-    report.line("{shots}-shot, draw 0, pre-logits, lambda {lam:g}: X is {X shape:d} ({solve pictures} pictures x "
-                "{solve features} features + bias), Y is {Y shape:d}, W is {W shape:d}; one solve of a "
-                "{system size}x{system size} system",
-                {"X shape": x.shape, "solve pictures": len(x), "solve features": x.shape[1] - 1,
-                 "Y shape": (len(x), len(names)), "W shape": w.shape, "system size": w.shape[0]}, shots=shots, lam=lam)
-    report.line("per-class accuracy ({shots}-shot, draw 0): {classes}", shots=shots,
-                classes=", ".join(f"{name} {report.num(f'per-class {name}', accuracy, '.0f')}%"
-                                  for name, accuracy in zip(names, per_class)))
-    report.line("scores of the first validation picture (a {truth}): {scores}  -> class {predicted}",
-                truth=names[val_labels[0]], predicted=names[predicted[0]],
-                scores=" ".join(report.num(f"first picture score {i}", s, "+.2f") for i, s in enumerate(scores[0], 1)))
+    report.print(f"  {shots}-shot, draw 0, pre-logits, lambda {lam:g}: X is {report.num('X shape', x.shape, 'd')} ("
+                 f"{report.num('solve pictures', len(x))} pictures x {report.num('solve features', x.shape[1] - 1)} "
+                 f"features + bias), Y is {report.num('Y shape', (len(x), len(names)), 'd')}, W is "
+                 f"{report.num('W shape', w.shape, 'd')}; one solve of a {report.num('system size', w.shape[0])}x"
+                 f"{w.shape[0]} system")
+    classes = ", ".join(f"{name} {report.num(f'per-class {name}', accuracy, '.0f')}%"
+                        for name, accuracy in zip(names, per_class))
+    report.print(f"  per-class accuracy ({shots}-shot, draw 0): {classes}")
+    first = " ".join(report.num(f"first picture score {i}", s, "+.2f") for i, s in enumerate(scores[0], 1))
+    report.print(f"  scores of the first validation picture (a {names[val_labels[0]]}): {first}  -> class "
+                 f"{names[predicted[0]]}")
 
 
 SECTIONS = [section_by_hand, section_frozen, section_one_solve]
@@ -277,7 +273,7 @@ def table_differences(args, names):
     return differences
 
 
-def setup_differences(run):
+def setup_differences(run, known):
     """How this run's setup differs from the article's: the checkpoint, the pictures (the pool is drawn from every
     training picture of the folder: a partial copy moves it), the pool, draws, the solve shown."""
     args = run.args
@@ -286,10 +282,9 @@ def setup_differences(run):
     except UserError:  # said by sections 2 and 2b: the count is unknown
         data = None
     pool_source = argparse.Namespace(data_dir=args.data_dir, per_class=None)  # all training pictures: no --per-class
-    differences = {**checkpoint_difference(args.model, DEFAULT_MODEL),
-                   **data_differences(args, {"val": len(data["val"]) if data else None}, drawn=True),
+    differences = {**data_differences(args, {"val": len(data["val"]) if data else None}, drawn=True),
                    **data_differences(pool_source, {"train": data["training"] if data else None}),
-                   **flag_differences(args, ARTICLE_FLAGS), **table_differences(args, load_reference("fewshot"))}
+                   **table_differences(args, load_reference("fewshot"))}
     if 5 not in args.shots:
         differences["solve shots"] = {"flag": f"--shots {' '.join(map(str, args.shots))}",
                                       "why": f"--shots without 5: the solve in detail is {args.shots[0]}-shot"}
@@ -301,12 +296,12 @@ def setup_differences(run):
 
 
 def main(argv=None):
-    parser = cli.script_parser(__doc__)
-    cli.add_data_arguments(parser, DEFAULT_MODEL, "with its pre-logits layer",
-                           "keep N validation pictures of each class, drawn at random with a fixed seed (default: "
-                           "all); the pool is drawn from every training picture, as in a full run",
-                           batch_help="pictures per batch of the passes that extract the frozen features (the "
-                                      "pool's pictures and the validation pictures)")
+    parser = cli.experiment_parser(
+        __doc__, model=DEFAULT_MODEL, model_help="with its pre-logits layer",
+        per_class_help="keep N validation pictures of each class, drawn at random with a fixed seed (default: all); "
+                       "the pool is drawn from every training picture, as in a full run",
+        batch_help="pictures per batch of the passes that extract the frozen features (the pool's pictures and the "
+                   "validation pictures)")
     parser.add_argument("--shots", type=cli.positive_int, nargs="+", default=[1, 5, 10],
                         help="pictures per class (default: %(default)s)")
     parser.add_argument("--lambdas", type=cli.nonnegative_float, nargs="+", default=[0.01, 1.0, 100.0],
@@ -322,14 +317,13 @@ def main(argv=None):
     parser.add_argument("--no-cache", action="store_true", help="neither read nor write data/features/")
     parser.add_argument("--plots", type=cli.nonempty_path, metavar="DIR",
                         help="save accuracy against shots as PNG (needs matplotlib)")
-    cli.add_common_arguments(parser)
     args = parser.parse_args(argv)
     if max(args.shots) > args.pool:
         parser.error(f"--shots {max(args.shots)} is more than the pool of {args.pool} per class")
     cli.distinct(parser, "--shots", args.shots)
     cli.distinct(parser, "--lambdas", args.lambdas)
     check_model_flag(args.model)
-    return run_sections("fewshot", Run(args), SECTIONS, setup_differences)
+    return run_sections("fewshot", args, SECTIONS, setup_differences, DEFAULT_MODEL, ARTICLE_FLAGS)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from common import cli, distributed
-from common.checkpoints import checkpoint_config, checkpoint_difference, load_pretrained
+from common.checkpoints import checkpoint_config, load_pretrained
 from common.device import to_device
 from common.errors import UserError
 from common.imagenette import class_folders, data_differences, ensure_imagenette, is_imagenette, list_split
@@ -45,9 +45,9 @@ from common.inference import run_model
 from common.loader import NEW_PASS, one_pass, start_pass, timed
 from common.output import Accuracy
 from common.pictures import to_pixels
-from common.run import Run, check_output, loaded, run_sections
+from common.run import check_output, loaded, run_sections
 from common.training import read_checkpoint, save_checkpoint, set_rng_states
-from common.verdicts import article_values, flag_differences, load_reference
+from common.verdicts import article_values, load_reference
 from figures import finetune as figures
 
 # ---------------------------------------------------------------- the recipe
@@ -144,12 +144,11 @@ def update_average(average, model, factor=AVERAGE_FACTOR):
 
 
 def run_statistics(losses, norms, clip_norm, norm_window, loss_window):
-    """How often clipping acted, median gradient norms and mean losses at both ends of the run."""
-    return {"clipped steps": sum(norm > clip_norm for norm in norms),
-            "median norm first": statistics.median(norms[:norm_window]),
-            "median norm last": statistics.median(norms[-norm_window:]),
-            "mean loss first": statistics.fmean(losses[:loss_window]),
-            "mean loss last": statistics.fmean(losses[-loss_window:])}
+    """(steps clipping acted on, median gradient norm of the first and of the last norm_window steps, mean loss of
+    the first and of the last loss_window steps)."""
+    return (sum(norm > clip_norm for norm in norms), statistics.median(norms[:norm_window]),
+            statistics.median(norms[-norm_window:]), statistics.fmean(losses[:loss_window]),
+            statistics.fmean(losses[-loss_window:]))
 
 
 def body_gradient_norm(model):
@@ -235,12 +234,12 @@ def check_resolution(config, resolution):
 
 def data_and_model(run):
     """(the pictures, the classifier on the device, its dropped pre-logits shape): the first section loads them, each
-    by the first process first (it downloads), the next sections find them in run.loaded; one line names all that an
+    by the first process first (it downloads), the next sections find them in run.kept; one line names all that an
     offline run lacks, the pictures and the checkpoint."""
     from transformers import ViTForImageClassification
 
     args = run.args
-    if "data and model" not in run.loaded:
+    if "data and model" not in run.kept:
         root, checkpoint = loaded(
             lambda: distributed.first_process_first(run, lambda: ensure_imagenette(args.data_dir)),
             lambda: distributed.first_process_first(run, lambda: load_pretrained(
@@ -250,8 +249,8 @@ def data_and_model(run):
                 "val": list_split(root, "val", args.per_class), "classes": len(class_folders(root, "val")),
                 "name": "Imagenette" if is_imagenette(root) else Path(root).name}
         model, pre_logits = build_classifier(checkpoint, data["classes"], args.resolution)
-        run.loaded["data and model"] = data, model.to(run.device), pre_logits
-    return run.loaded["data and model"]
+        run.kept["data and model"] = data, model.to(run.device), pre_logits
+    return run.kept["data and model"]
 
 
 # ---------------------------------------------------------------- sections
@@ -260,31 +259,28 @@ def section_data_and_model(run, report):
     """0. data and model"""
     data, model, pre_logits = data_and_model(run)
     args = run.args
-    report.header("0. data: {name}, {training pictures} training and {validation pictures} validation pictures, "
-                  "{classes} classes; device {device}", {"training pictures": len(data["train"]),
-                  "validation pictures": len(data["val"]), "classes": data["classes"]}, name=data["name"],
-                  device=run.device.type)
-    report.line("loaded {model} into a {classes}-class classifier", model=args.model, classes=data["classes"])
+    report.print(f"\n== 0. data: {data['name']}, {report.num('training pictures', len(data['train']))} training and "
+                 f"{report.num('validation pictures', len(data['val']))} validation pictures, "
+                 f"{report.num('classes', data['classes'])} classes; device {run.device.type} ==")
+    report.print(f"  loaded {args.model} into a {data['classes']}-class classifier")
     if pre_logits:
-        report.line("the pre-logits layer ({pre-logits rows} x {pre-logits columns} + tanh) is dropped: "
-                    "model.vit.pooler is {pooler}", dict(zip(("pre-logits rows", "pre-logits columns"), pre_logits)),
-                    pooler=model.vit.pooler)
+        rows, columns = (report.num(f"pre-logits {what}", n) for what, n in zip(("rows", "columns"), pre_logits))
+        report.print(f"  the pre-logits layer ({rows} x {columns} + tanh) is dropped: model.vit.pooler is "
+                     f"{model.vit.pooler}")
     else:
-        report.line("the checkpoint has no pre-logits layer: model.vit.pooler is {pooler}", pooler=model.vit.pooler)
-    report.line("new head: {head} with every weight and bias set to 0 ({head numbers:,} numbers)",
-                {"head numbers": model.classifier.weight.numel() + model.classifier.bias.numel()},
-                head=model.classifier)
+        report.print(f"  the checkpoint has no pre-logits layer: model.vit.pooler is {model.vit.pooler}")
+    report.print(f"  new head: {model.classifier} with every weight and bias set to 0 ("
+                 f"{report.num('head numbers', model.classifier.weight.numel() + model.classifier.bias.numel(), ',')} "
+                 "numbers)")
     patch = model.config.patch_size
     n_old, n_new = model.config.image_size // patch, args.resolution // patch
     if args.resolution % patch:
-        report.line("--resolution {resolution} is not a multiple of the patch size {patch}: the last {rest} pixels "
-                    "of each side fall outside the patches", resolution=args.resolution, patch=patch,
-                    rest=args.resolution % patch)
+        report.print(f"  --resolution {args.resolution} is not a multiple of the patch size {patch}: the last "
+                     f"{args.resolution % patch} pixels of each side fall outside the patches")
     if n_new != n_old:
-        report.line("position table {how} {old}x{old} -> {new}x{new} by the official 2D bilinear rule "
-                    "(scipy.ndimage.zoom, order=1): {old_rows} -> {new_rows} rows", old=n_old, new=n_new,
-                    how="stretched" if n_new > n_old else "shrunk", old_rows=n_old * n_old + 1,
-                    new_rows=n_new * n_new + 1)
+        report.print(f"  position table {'stretched' if n_new > n_old else 'shrunk'} {n_old}x{n_old} -> "
+                     f"{n_new}x{n_new} by the official 2D bilinear rule (scipy.ndimage.zoom, order=1): "
+                     f"{n_old * n_old + 1} -> {n_new * n_new + 1} rows")
 
 
 def section_zero_head(run, report):
@@ -293,7 +289,7 @@ def section_zero_head(run, report):
     if run.rank != 0:
         return
     classes = data["classes"]
-    report.header("1. step 0 with the zero head")
+    report.print("\n== 1. step 0 with the zero head ==")
     indices, flips = step_pictures(1, run.args.batch_size, len(data["train"]), run.args.seed)  # step 1's whole batch
     loader = one_pass([data["train"][i][0] for i in indices], run.args.resolution, run.args.batch_size, run.device,
                       flips, workers=0)  # no workers for one batch
@@ -305,43 +301,47 @@ def section_zero_head(run, report):
     first = zero["logits"][0]
     probabilities = torch.softmax(first.float(), 0)
     by_hand, autograd = zero["head by hand"], zero["head autograd"]
-    numbers = {"zero head logits": first, "zero head probability": round(probabilities[0].item(), 6),
-               "zero head probability min": probabilities.min(), "zero head probability max": probabilities.max(),
-               "ln 10": math.log(classes), "zero head loss": zero["loss"], "head gradient norm by hand": by_hand.norm(),
-               "head gradient norm autograd": autograd.norm(),
-               "head gradient max diff": (by_hand - autograd).abs().max(),
-               "body numbers (M)": sum(p.numel() for name, p in model.named_parameters()
-                                       if not name.startswith("classifier.")) / 1e6,
-               "zero head body gradient norm": zero["body norm"]}
     if torch.all(first == first[0]):
-        report.line("logits of the first picture: {zero head logits}  -> softmax gives {zero head probability:g} to "
-                    "each of the {classes} classes", numbers, classes=classes)
+        report.print(f"  logits of the first picture: {report.num('zero head logits', first)}  -> softmax gives "
+                     f"{report.num('zero head probability', round(probabilities[0].item(), 6), 'g')} to each of the "
+                     f"{classes} classes")
     else:
-        report.line("logits of the first picture: {zero head logits}  -> softmax gives {zero head probability min:.3f} "
-                    "to {zero head probability max:.3f}", numbers)
-    report.line("loss = -ln({chance:g}) = ln {classes} = {ln 10:.6f};  measured {zero head loss:.6f}", numbers,
-                chance=1 / classes, classes=classes)
-    report.line("gradient of the head weight by hand, (softmax - one_hot)^T y / batch: norm "
-                "{head gradient norm by hand:.4f}; autograd: {head gradient norm autograd:.4f}; max |difference| "
-                "{head gradient max diff:.1e}", numbers)
-    report.line("gradient reaching the body (all {body numbers (M):millions} other numbers): norm "
-                "{zero head body gradient norm:zero or 3g}  (W_head^T (softmax - one_hot) = 0 because W_head = 0)",
-                numbers)
+        report.print(f"  logits of the first picture: {report.num('zero head logits', first)}  -> softmax gives "
+                     f"{report.num('zero head probability min', probabilities.min(), '.3f')} to "
+                     f"{report.num('zero head probability max', probabilities.max(), '.3f')}")
+    report.print(f"  loss = -ln({1 / classes:g}) = ln {classes} = {report.num('ln 10', math.log(classes), '.6f')};  "
+                 f"measured {report.num('zero head loss', zero['loss'], '.6f')}")
+    report.print("  gradient of the head weight by hand, (softmax - one_hot)^T y / batch: norm "
+                 f"{report.num('head gradient norm by hand', by_hand.norm(), '.4f')}; autograd: "
+                 f"{report.num('head gradient norm autograd', autograd.norm(), '.4f')}; max |difference| "
+                 f"{report.num('head gradient max diff', (by_hand - autograd).abs().max(), '.1e')}")
+    body_millions = sum((p.numel() for name, p in model.named_parameters() if not name.startswith('classifier.'))) / 1e6
+    report.print("  gradient reaching the body (all "
+                 f"{report.num('body numbers (M)', body_millions, 'millions')}"
+                 f" other numbers): norm {report.num('zero head body gradient norm', zero['body norm'], 'zero or 3g')}"
+                 "  (W_head^T (softmax - one_hot) = 0 because W_head = 0)")
     random_head(model, run.args.seed)  # for comparison: the loss and the body's gradient of a random head
     with run.autocast:
         noisy = head_step(model, pixels, labels, passes)
     zero_head(model)
     model.zero_grad(set_to_none=True)
     logits = noisy["logits"][0]
-    report.line("for comparison, a random head (normal, std {std}): loss {random head loss:.4f}, gradient reaching "
-                "the body: norm {random head body gradient norm:zero or 3g}, logits of picture 1 range "
-                "{random head logit min:.2f} to {random head logit max:.2f}",
-                {"random head loss": noisy["loss"], "random head body gradient norm": noisy["body norm"],
-                 "random head logit min": logits.min(), "random head logit max": logits.max()}, std=RANDOM_HEAD_STD)
+    report.print(f"  for comparison, a random head (normal, std {RANDOM_HEAD_STD}): loss "
+                 f"{report.num('random head loss', noisy['loss'], '.4f')}, gradient reaching the body: norm "
+                 f"{report.num('random head body gradient norm', noisy['body norm'], 'zero or 3g')}, logits of "
+                 f"picture 1 range {report.num('random head logit min', logits.min(), '.2f')} to "
+                 f"{report.num('random head logit max', logits.max(), '.2f')}")
 
 
-STEP_LINE = ("step {step:3d}: lr {lr:.5f}  loss {loss:.4f}  gradient norm before clipping {norm:7.3f}  validation "
-             "{accuracy:5.1f}%   [{seconds:.0f} s, {waiting seconds:.1f} s waiting for pictures]")
+def print_step(report, step, row):
+    """The article's step line, the wait for pictures inside its brackets."""
+    name = f"step {step}"
+    report.print(f"  step {step:3d}: lr {report.num(f'{name} lr', row['lr'], '.5f')}  loss "
+                 f"{report.num(f'{name} loss', row['loss'], '.4f')}  gradient norm before clipping "
+                 f"{report.num(f'{name} norm', row['norm'], '7.3f')}  validation "
+                 f"{report.num(f'{name} accuracy', row['accuracy'], '5.1f')}%   ["
+                 f"{report.num(f'{name} seconds', row['seconds'], '.0f')} s, "
+                 f"{report.num(f'{name} waiting seconds', row['waiting seconds'], '.1f')} s waiting for pictures]")
 
 
 def section_finetune(run, report):
@@ -349,15 +349,13 @@ def section_finetune(run, report):
     data, model, _ = data_and_model(run)
     args = run.args
     warmup, micro = warmup_steps(args.steps), args.batch_size // (run.world * args.accum_steps)
-    report.header("2. fine-tuning: {steps} steps, batch {batch}, SGD momentum {momentum}, no weight decay, base LR "
-                  "{lr:g}, linear warm-up {warm-up steps} step{s}, cosine decay to 0, clip at global norm {clip}, "
-                  "weight average factor {factor}, random horizontal flips", {"warm-up steps": warmup},
-                  steps=args.steps, batch=args.batch_size, momentum=MOMENTUM, lr=args.lr, s="s" * (warmup != 1),
-                  clip=CLIP_NORM, factor=AVERAGE_FACTOR)
+    report.print(f"\n== 2. fine-tuning: {args.steps} steps, batch {args.batch_size}, SGD momentum {MOMENTUM}, no "
+                 f"weight decay, base LR {args.lr:g}, linear warm-up {report.num('warm-up steps', warmup)} step"
+                 f"{'s' * (warmup != 1)}, cosine decay to 0, clip at global norm {CLIP_NORM}, weight average factor "
+                 f"{AVERAGE_FACTOR}, random horizontal flips ==")
     if run.world > 1 or args.accum_steps > 1 or args.resolution != RESOLUTION:
-        report.line("{resolution} pixels; batch {batch} = {world} process(es) x {accum} accumulation step(s) x "
-                    "{micro} pictures", resolution=args.resolution, batch=args.batch_size, world=run.world,
-                    accum=args.accum_steps, micro=micro)
+        report.print(f"  {args.resolution} pixels; batch {args.batch_size} = {run.world} process(es) x "
+                     f"{args.accum_steps} accumulation step(s) x {micro} pictures")
     average = copy.deepcopy(model).requires_grad_(False)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
     # what the run logs, kept whole in its checkpoint: a resumed run goes on with it
@@ -366,7 +364,7 @@ def section_finetune(run, report):
     start = 0
     if args.resume:
         start, log = resume(run, model, average, optimizer)
-        report.line("resumed from {path} at step {start}", path=Path(args.save_dir) / CHECKPOINT, start=start)
+        report.print(f"  resumed from {Path(args.save_dir) / CHECKPOINT} at step {start}")
     items = list_split(data["root"], "val", checked_per_class(args))
     # read once, kept on the device: an unreadable picture stops the run here; the reading counts as the checks' wait
     monitor = kept_batches(items, run, micro, log)
@@ -375,10 +373,9 @@ def section_finetune(run, report):
         log["step 0"] = float(step_0)  # no sample: the zero head's tie is 100 / classes on a balanced check
         ties = not model.classifier.weight.any() and not model.classifier.bias.any()
         log["tie note"] = "  (zero head: every class ties, the first wins)" if ties else ""
-    report.line("step   0: validation accuracy ({monitor pictures:,} pictures, {monitor per class} per class) "
-                "{step 0 validation:.1f}%{tie_note}", {"monitor pictures": len(items),
-                "monitor per class": len(items) // data["classes"], "step 0 validation": log["step 0"]},
-                tie_note=log["tie note"])
+    report.print(f"  step   0: validation accuracy ({report.num('monitor pictures', len(items), ',')} pictures, "
+                 f"{report.num('monitor per class', len(items) // data['classes'])} per class) "
+                 f"{report.num('step 0 validation', log['step 0'], '.1f')}%{log['tie note']}")
     last_step = min(args.pause_at or args.steps, args.steps)
     train(run, report, data, model, average, optimizer, log, monitor, start, last_step)
     try:
@@ -396,9 +393,7 @@ def train(run, report, data, model, average, optimizer, log, monitor, start, las
     micro = args.batch_size // (run.world * args.accum_steps)  # the pictures of one forward pass
     trained = torch.nn.parallel.DistributedDataParallel(model) if run.world > 1 else model  # on the model's device
     for row in log["rows"]:  # a resumed run's logged steps, printed again
-        shown = {key: value for key, value in row.items() if key != "step"}
-        report.line(STEP_LINE, {**shown, "accuracy": Accuracy(*row["accuracy"])}, prefix=f"step {row['step']} ",
-                    step=row["step"])
+        print_step(report, row["step"], {**row, "accuracy": Accuracy(*row["accuracy"])})
     begun = time.perf_counter() - log["seconds"]  # the run's clock: a resumed run's seconds go on
     batches = step_batches(data["train"], start + 1, last_step, run, log)
     logged = report_steps(args.steps)  # the steps whose line the article prints, each checked on the validation subset
@@ -429,7 +424,7 @@ def train(run, report, data, model, average, optimizer, log, monitor, start, las
                        "waiting seconds": sum(timing["waiting seconds"] for timing in passes.values())}
                 # the check's counts, right of checked: torch.load (weights_only) takes no class of ours
                 log["rows"].append({"step": step, **row, "accuracy": (percent.counts["right"], percent.counts["of"])})
-                report.line(STEP_LINE, row, prefix=f"step {step} ", step=step)
+                print_step(report, step, row)
             # every process learns of a signal, or of a failed save, in any: all stop at the same step
             interrupted = distributed.sum_over_processes(bool(stop["asked"]), run) > 0
             path, problem = None, None
@@ -556,15 +551,17 @@ def finish(run, report, data, model, average, log, last_step):
     micro = args.batch_size // (run.world * args.accum_steps)
     if last_step == args.steps:
         norm_window, loss_window = scaled(NORM_WINDOW, args.steps), scaled(LOSS_WINDOW, args.steps)
-        numbers = run_statistics(log["losses"], log["norms"], CLIP_NORM, norm_window, loss_window)
-        numbers["pictures seen"] = args.steps * args.batch_size
-        numbers["passes"] = numbers["pictures seen"] / len(data["train"])
-        report.line("clipping was active in {clipped steps} of {steps} steps; median gradient norm: first {window} "
-                    "steps {median norm first:.3f}, last {window} steps {median norm last:.3f}", numbers,
-                    steps=args.steps, window=norm_window)
-        report.line("mean training loss: steps 1 to {window} {mean loss first:.3f}, steps {last_from} to {steps} "
-                    "{mean loss last:.3f}; pictures seen {pictures seen:,} = {passes:.2f} passes over the training "
-                    "set", numbers, window=loss_window, last_from=args.steps - loss_window + 1, steps=args.steps)
+        clipped, norm_first, norm_last, loss_first, loss_last = run_statistics(
+            log["losses"], log["norms"], CLIP_NORM, norm_window, loss_window)
+        seen = args.steps * args.batch_size
+        report.print(f"  clipping was active in {report.num('clipped steps', clipped)} of {args.steps} steps; median "
+                     f"gradient norm: first {norm_window} steps {report.num('median norm first', norm_first, '.3f')}, "
+                     f"last {norm_window} steps {report.num('median norm last', norm_last, '.3f')}")
+        report.print(f"  mean training loss: steps 1 to {loss_window} "
+                     f"{report.num('mean loss first', loss_first, '.3f')}, steps {args.steps - loss_window + 1} to "
+                     f"{args.steps} {report.num('mean loss last', loss_last, '.3f')}; pictures seen "
+                     f"{report.num('pictures seen', seen, ',')} = "
+                     f"{report.num('passes', seen / len(data['train']), '.2f')} passes over the training set")
         share = data["val"][run.rank::run.world]
         loader = one_pass([path for path, _ in share], args.resolution, micro, run.device)
         batches, seconds = start_pass(loader)
@@ -573,20 +570,18 @@ def finish(run, report, data, model, average, log, last_step):
         (last, averaged), final["both weights on all validation pictures"] = accuracies(
             [model.eval(), average.eval()], batches, [label for _, label in share], run, micro,
             "both weights")
-        report.line("on all {pictures:,} validation pictures: the weight average (factor {factor}) "
-                    "{average accuracy:.2f}%, the last weights {last accuracy:.2f}%",
-                    {"average accuracy": averaged, "last accuracy": last}, pictures=len(data["val"]),
-                    factor=AVERAGE_FACTOR)
+        report.print(f"  on all {len(data['val']):,} validation pictures: the weight average (factor {AVERAGE_FACTOR}) "
+                     f"{report.num('average accuracy', averaged, '.2f')}%, the last weights "
+                     f"{report.num('last accuracy', last, '.2f')}%")
     texts = {what: report.pass_text(what, timing) for what, timing in (*passes.items(), *final.items())}
-    report.line("passes over pictures (this process's): training, {steps} steps {training}; the checks of the "
-                "validation subset, {checked:,} pictures in all {checks}{finals}; the loaders' {workers} worker "
-                "processes each (none on a CPU, whose cores the model uses) started in {start_up:.1f} s, outside "
-                "the passes", steps=last_step, checked=passes["checks"]["pictures"], workers=log["loader workers"],
-                start_up=log["loader start-up seconds"], training=texts["training"], checks=texts["checks"],
-                finals="".join(f"; {what} {texts[what]}" for what in final))
+    report.print(f"  passes over pictures (this process's): training, {last_step} steps {texts['training']}; the "
+                 f"checks of the validation subset, {passes['checks']['pictures']:,} pictures in all {texts['checks']}"
+                 f"{''.join(f'; {what} {texts[what]}' for what in final)}; the loaders' {log['loader workers']} "
+                 "worker processes each (none on a CPU, whose cores the model uses) started in "
+                 f"{log['loader start-up seconds']:.1f} s, outside the passes")
     if last_step < args.steps:
-        report.line("paused after step {step} of {steps}; saved {path}: add --resume to continue", step=last_step,
-                    steps=args.steps, path=Path(args.save_dir) / CHECKPOINT)
+        report.print(f"  paused after step {last_step} of {args.steps}; saved {Path(args.save_dir) / CHECKPOINT}: add "
+                     "--resume to continue")
     report.series.update({"training loss": log["losses"], "gradient norm": log["norms"],  # for the figures and the page
                           "learning rate": [lr_at(step, args.lr, args.steps) for step in range(1, last_step + 1)],
                           "clipping threshold": CLIP_NORM})
@@ -597,17 +592,17 @@ def finish(run, report, data, model, average, log, last_step):
 SECTIONS = [section_data_and_model, section_zero_head, section_finetune]
 
 
-def setup_differences(run):
+def setup_differences(run, known):
     """How this run's setup differs from the article's: the checkpoint, the pictures and the recipe. Another --steps
     also removes the article's rows of the steps this run never logs: not comparable, not "not run"."""
-    args, data = run.args, run.loaded.get("data and model", (None,))[0]  # None: the sections could not load it
+    args, data = run.args, run.kept.get("data and model", (None,))[0]  # None: the sections could not load it
     counts = {split: len(data[split]) if data else None for split in ("train", "val")}
-    differences = {**checkpoint_difference(args.model, MODEL), **data_differences(args, counts),
-                   **flag_differences(args, ARTICLE_FLAGS), **check_differences(args, data)}
-    if "steps" in differences:
+    differences = {**data_differences(args, counts), **check_differences(args, data)}
+    if "steps" in known:  # --steps: the article's step rows this run never logs
         logged = set(report_steps(args.steps))
-        differences["steps"]["removes"] = [name for name in load_reference("finetune")
-                                           if name.startswith("step ") and int(name.split()[1]) not in logged]
+        removes = [name for name in load_reference("finetune") if name.startswith("step ")
+                   and int(name.split()[1]) not in logged]
+        differences["steps"] = {**known["steps"], "removes": removes}
     return differences
 
 
@@ -628,10 +623,9 @@ def check_differences(args, data):
 
 
 def parse_flags(argv, world):
-    parser = cli.script_parser(__doc__)
-    cli.add_data_arguments(parser, MODEL, "the body to fine-tune; its head is replaced",
-                           batch_help="pictures per optimizer step, split over the torchrun processes and "
-                                      "--accum-steps")
+    parser = cli.experiment_parser(__doc__, model=MODEL, model_help="the body to fine-tune; its head is replaced",
+                                   batch_help="pictures per optimizer step, split over the torchrun processes and "
+                                              "--accum-steps")
     parser.set_defaults(batch_size=BATCH)
     parser.add_argument("--steps", type=cli.steps, default=STEPS,
                         help="optimizer steps; warm-up stays 10%% (default: %(default)s)")
@@ -654,7 +648,6 @@ def parse_flags(argv, world):
                         help="save and stop after STEP; --resume continues")
     parser.add_argument("--plots", type=cli.nonempty_path, metavar="DIR",
                         help="save the loss, accuracy and LR curves as PNG (matplotlib)")
-    cli.add_common_arguments(parser)
     args = parser.parse_args(argv)
     if (args.resume or args.pause_at) and not args.save_dir:
         parser.error("--resume and --pause-at need --save-dir")
@@ -677,7 +670,8 @@ def main(argv=None):
     args = parse_flags(argv, int(os.environ.get("WORLD_SIZE", "1")))
     rank, world, device = distributed.start(args.device)
     torch.manual_seed(args.seed)
-    status = run_sections("finetune", Run(args, device=device, rank=rank, world=world), SECTIONS, setup_differences)
+    status = run_sections("finetune", args, SECTIONS, setup_differences, MODEL, ARTICLE_FLAGS, device=device, rank=rank,
+                          world=world)
     distributed.finish_together(world)  # a process that leaves while the first writes its JSON can abort gloo
     return status  # distributed.leave() ends torchrun's process group
 

@@ -28,16 +28,16 @@ import scipy.ndimage
 import torch
 import torch.nn.functional as F
 
-from common.checkpoints import checkpoint_config, checkpoint_difference, load_pretrained
-from common.cli import add_common_arguments, add_data_arguments, nonempty_path, script_parser, side_pixels
+from common.checkpoints import checkpoint_config, load_pretrained
+from common.cli import experiment_parser, nonempty_path, side_pixels
 from common.errors import UserError
 from common.imagenette import CLASSES, class_folders, data_differences, ensure_imagenette, list_split
 from common.inference import run_model
 from common.loader import one_pass, start_pass, workers_text
 from common.output import Accuracy
 from common.pictures import load_all
-from common.run import Run, loaded, run_sections
-from common.verdicts import article_values, flag_differences
+from common.run import loaded, run_sections
+from common.verdicts import article_values
 from figures import posemb as figures
 
 DEFAULT_MODEL = "google/vit-base-patch16-224"
@@ -192,16 +192,18 @@ def load_pictures(run):
 
 def section_tiny_grid(run, report):
     """1. a 2x2 grid resized to 3x3"""
-    report.header("1. resize a 2x2 grid to 3x3 the way the official code does (scipy.ndimage.zoom, order=1 = linear)")
+    report.print("\n== 1. resize a 2x2 grid to 3x3 the way the official code does (scipy.ndimage.zoom, order=1 = "
+                 "linear) ==")
     grid = np.array([[0.0, 1.0], [2.0, 3.0]])
     resized = scipy.ndimage.zoom(grid, 1.5, order=1)
-    report.line("grid 2x2: {2x2 grid}", {"2x2 grid": grid})
+    report.print(f"  grid 2x2: {report.num('2x2 grid', grid)}")
     for i, row in enumerate(resized, 1):
         cells = [report.num(f"3x3 grid[{i},{j}]", v, ".2f") for j, v in enumerate(row, 1)]
-        report.line("  {cells}", cells="  ".join(cells))
-    report.line("corners stay, the new middle row and column are averages of their neighbours: (0+1)/2 = "
-                "{2x2 top middle:g}, (0+2)/2 = {2x2 middle left:g}, (0+1+2+3)/4 = {2x2 centre:g}",
-                {"2x2 top middle": resized[0, 1], "2x2 middle left": resized[1, 0], "2x2 centre": resized[1, 1]})
+        report.print(f"    {'  '.join(cells)}")
+    report.print("  corners stay, the new middle row and column are averages of their neighbours: (0+1)/2 = "
+                 f"{report.num('2x2 top middle', resized[0, 1], 'g')}, (0+2)/2 = "
+                 f"{report.num('2x2 middle left', resized[1, 0], 'g')}, (0+1+2+3)/4 = "
+                 f"{report.num('2x2 centre', resized[1, 1], 'g')}")
 
 
 def section_position_table(run, report):
@@ -215,30 +217,30 @@ def section_position_table(run, report):
     bicubic = bicubic_resize(grid.astype(np.float32), n_new).numpy().astype(np.float64)
     row = 5 if n_new > 6 else n_new - 2
     lower, delta = stretch_positions(n_old, n_new)[row]
-    numbers = {"E_pos shape": table.shape, "grid rows": n_old * n_old, "old grid side": n_old,
-               "row width": table.shape[1], "patch size": config.patch_size, "new grid side": n_new,
-               "new N": n_new * n_new, "rows needed": n_new * n_new + 1,
-               "rows missing": n_new * n_new + 1 - len(table), "bilinear shape": ours.shape,
-               "bilinear vs scipy max diff": np.abs(ours - scipy_resize(grid, n_new)).max(),
-               "bicubic vs library max diff": np.abs(bicubic - library_table(model, resolution)).max(),
-               "bilinear vs bicubic mean diff": np.abs(ours - bicubic).mean(), "mean |value|": np.abs(ours).mean(),
-               "corner max diff": np.abs(ours[0, 0] - grid[0, 0]).max()}
-    report.header("2. the position table of {model}", model=run.args.model)
-    report.line("E_pos {E_pos shape:d} = 1 row for [class] + {grid rows} rows = a {old grid side}x{old grid side} grid "
-                "of {row width} numbers", numbers)
-    report.line("at {resolution} pixels: {resolution}/{patch size} = {new grid side} patches per side, N = {new N}, so "
-                "{rows needed} rows are needed: {rows missing} rows do not exist", numbers, resolution=resolution)
-    report.line("our bilinear {n_old}x{n_old} -> {n_new}x{n_new}: {bilinear shape:d}; max |difference| vs "
-                "scipy.ndimage.zoom(order=1): {bilinear vs scipy max diff:.1e}", numbers, n_old=n_old, n_new=n_new)
-    report.line("new row {row} sits at old position {row} x {old_last}/{new_last} = {position:.4f}: "
-                "{weight of the lower row:.4f} of old row {lower} + {weight of the upper row:.4f} of old row {upper}",
-                {"position": lower + delta, "weight of the lower row": 1 - delta, "weight of the upper row": delta},
-                prefix=f"new row {row} ", row=row, old_last=n_old - 1, new_last=n_new - 1, lower=lower, upper=lower + 1)
-    report.line("library interpolate_pos_encoding: bicubic, align_corners=False; our bicubic call matches it: "
-                "max |difference| {bicubic vs library max diff:.1e}", numbers)
-    report.line("bilinear (official) vs bicubic (library) position rows: mean |difference| "
-                "{bilinear vs bicubic mean diff:.4f}, mean |value| {mean |value|:.4f}", numbers)
-    report.line("corner row (0,0) kept by bilinear: max |difference| {corner max diff:.1e}", numbers)
+    report.print(f"\n== 2. the position table of {run.args.model} ==")
+    report.print(f"  E_pos {report.num('E_pos shape', table.shape, 'd')} = 1 row for [class] + "
+                 f"{report.num('grid rows', n_old * n_old)} rows = a {report.num('old grid side', n_old)}x{n_old} "
+                 f"grid of {report.num('row width', table.shape[1])} numbers")
+    report.print(f"  at {resolution} pixels: {resolution}/{report.num('patch size', config.patch_size)} = "
+                 f"{report.num('new grid side', n_new)} patches per side, N = {report.num('new N', n_new * n_new)}, "
+                 f"so {report.num('rows needed', n_new * n_new + 1)} rows are needed: "
+                 f"{report.num('rows missing', n_new * n_new + 1 - len(table))} rows do not exist")
+    report.print(f"  our bilinear {n_old}x{n_old} -> {n_new}x{n_new}: {report.num('bilinear shape', ours.shape, 'd')}; "
+                 "max |difference| vs scipy.ndimage.zoom(order=1): "
+                 f"{report.num('bilinear vs scipy max diff', np.abs(ours - scipy_resize(grid, n_new)).max(), '.1e')}")
+    report.print(f"  new row {row} sits at old position {row} x {n_old - 1}/{n_new - 1} = "
+                 f"{report.num(f'new row {row} position', lower + delta, '.4f')}: "
+                 f"{report.num(f'new row {row} weight of the lower row', 1 - delta, '.4f')} of old row {lower} + "
+                 f"{report.num(f'new row {row} weight of the upper row', delta, '.4f')} of old row {lower + 1}")
+    library_difference = np.abs(bicubic - library_table(model, resolution)).max()
+    report.print("  library interpolate_pos_encoding: bicubic, align_corners=False; our bicubic call matches it: max "
+                 "|difference| "
+                 f"{report.num('bicubic vs library max diff', library_difference, '.1e')}")
+    report.print("  bilinear (official) vs bicubic (library) position rows: mean |difference| "
+                 f"{report.num('bilinear vs bicubic mean diff', np.abs(ours - bicubic).mean(), '.4f')}, mean |value| "
+                 f"{report.num('mean |value|', np.abs(ours).mean(), '.4f')}")
+    report.print("  corner row (0,0) kept by bilinear: max |difference| "
+                 f"{report.num('corner max diff', np.abs(ours[0, 0] - grid[0, 0]).max(), '.1e')}")
 
 
 def library_table(model, resolution):
@@ -261,8 +263,8 @@ def section_cosine(run, report):
     n_old, n_new = grids(model.config, run.args.resolution)
     _, grid = split_table(model_table(model))
     old_place, new_place = example_places(n_old, n_new)
-    report.header("3. cosine similarity of position row {place} with its four neighbours and the far corner",
-                  place=old_place)
+    report.print(f"\n== 3. cosine similarity of position row {old_place} with its four neighbours and the far "
+                 "corner ==")
     maps = {}
     for name, g, (r, c), prefix in ((f"{n_old}x{n_old}", grid, old_place, "own grid "),
                                     (f"{n_new}x{n_new}", bilinear_resize_loop(grid, n_new), new_place,
@@ -271,12 +273,12 @@ def section_cosine(run, report):
         similarity = cosine_similarities(g, (r, c))
         corner = (size - 1 if r < size / 2 else 0, size - 1 if c < size / 2 else 0)
         neighbours = [similarity[r - 1, c], similarity[r + 1, c], similarity[r, c - 1], similarity[r, c + 1]]
-        report.line("{grid} grid, row ({r}, {c}): neighbours up {neighbour up:.2f}, down {neighbour down:.2f}, left "
-                    "{neighbour left:.2f}, right {neighbour right:.2f} ({neighbours min:.2f} to {neighbours max:.2f}); "
-                    "far corner {corner}: {far corner:.2f}",
-                    {**{f"neighbour {side}": v for side, v in zip(("up", "down", "left", "right"), neighbours)},
-                     "neighbours min": min(neighbours), "neighbours max": max(neighbours),
-                     "far corner": similarity[corner]}, prefix=prefix, grid=name, r=r, c=c, corner=corner)
+        up, down, left, right = (report.num(f"{prefix}neighbour {side}", v, ".2f")
+                                 for side, v in zip(("up", "down", "left", "right"), neighbours))
+        report.print(f"  {name} grid, row ({r}, {c}): neighbours up {up}, down {down}, left {left}, right {right} "
+                     f"({report.num(f'{prefix}neighbours min', min(neighbours), '.2f')} to "
+                     f"{report.num(f'{prefix}neighbours max', max(neighbours), '.2f')}); far corner {corner}: "
+                     f"{report.num(f'{prefix}far corner', similarity[corner], '.2f')}")
         maps[name] = similarity.tolist()
     report.series["cosine maps"] = maps  # for the figures and the page
     if run.args.plots:
@@ -287,10 +289,10 @@ def section_accuracy(run, report):
     """4. accuracy at both resolutions"""
     model, (images, labels, imagenet_classes) = loaded(lambda: load_model(run), lambda: load_pictures(run))
     args = run.args
-    report.header("4. accuracy on the Imagenette validation set: {validation pictures} pictures (160 px on the short "
-                  "side), device {device}", {"validation pictures": len(images)}, device=run.device.type)
-    report.line('the ImageNet head of the checkpoint is read at the 10 Imagenette classes; no training; '
-                '"of 1000" = the top class of all 1000 must be right')
+    report.print(f"\n== 4. accuracy on the Imagenette validation set: {report.num('validation pictures', len(images))} "
+                 f"pictures (160 px on the short side), device {run.device.type} ==")
+    report.print("  the ImageNet head of the checkpoint is read at the 10 Imagenette classes; no training; \"of 1000\" "
+                 "= the top class of all 1000 must be right")
     embeddings = model.vit.embeddings
     original = embeddings.position_embeddings.data.clone()
     n_old, n_new = grids(model.config, args.resolution)
@@ -309,18 +311,18 @@ def section_accuracy(run, report):
             loader = one_pass(images, size, args.batch_size, run.device)  # a pass of its own, its workers started first
             batches, start_up = start_pass(loader)
             if key == "224":  # the first row's: said before the rows
-                report.line("the loader: {loader}; each row's wait for pictures is its own",
-                            loader=workers_text(loader.num_workers, start_up))
+                report.print(f"  the loader: {workers_text(loader.num_workers, start_up)}; each row's wait for "
+                             "pictures is its own")
             logits, timing = run_model(model, batches, size, run.device, args.batch_size,
                                        lambda out: out.logits.float(), key, run.autocast, count=len(images))
             of_10, of_1000 = accuracy_counts(torch.cat(logits), labels, imagenet_classes)
-            report.line("{label:<46} accuracy {of 10:.2f}% (of 10)   {of 1000:.2f}% (of 1000)   {time}",
-                        {"of 10": Accuracy(of_10, len(images)), "of 1000": Accuracy(of_1000, len(images))},
-                        prefix=f"{key} ", label=label, time=report.pass_text(key, timing))
+            report.print(f"  {label:<46} accuracy {report.num(f'{key} of 10', Accuracy(of_10, len(images)), '.2f')}% "
+                         f"(of 10)   {report.num(f'{key} of 1000', Accuracy(of_1000, len(images)), '.2f')}% (of 1000) "
+                         f"  {report.pass_text(key, timing)}")
     finally:
         embeddings.position_embeddings.data = original
-    report.line("zeros: all {zeros rows} rows of E_pos set to 0, the [class] row included; 1D and 2D tables keep the "
-                "[class] row as it is", {"zeros rows": n_new * n_new + 1})
+    report.print(f"  zeros: all {report.num('zeros rows', n_new * n_new + 1)} rows of E_pos set to 0, the [class] row "
+                 "included; 1D and 2D tables keep the [class] row as it is")
     if args.plots:
         figures.accuracy_bars(report.values(), article_values("posemb"), args.plots,
                               report.say)
@@ -330,32 +332,29 @@ SECTIONS = [section_tiny_grid, section_position_table, section_cosine, section_a
 ARTICLE_FLAGS = {"resolution": ("resolution", 384), "precision": ("precision", "fp32")}
 
 
-def setup_differences(run):
-    """How this run's setup differs from the article's: the checkpoint, the pictures, the resolution, the
-    precision."""
+def setup_differences(run, known):
+    """How this run's pictures differ from the article's (the checkpoint and the flags: run_sections)."""
     try:
         count = len(load_pictures(run)[1])
     except UserError:  # said by section 4: the count is unknown
         count = None
-    return {**checkpoint_difference(run.args.model, DEFAULT_MODEL), **data_differences(run.args, {"val": count}, True),
-            **flag_differences(run.args, ARTICLE_FLAGS)}
+    return data_differences(run.args, {"val": count}, True)
 
 
 def main(argv=None):
-    parser = script_parser(__doc__)
-    add_data_arguments(parser, DEFAULT_MODEL, "with an ImageNet-1k head",
-                       "keep N validation pictures of each class, drawn at random with a fixed seed (default: all)",
-                       batch_help="pictures per batch of the evaluation passes (at 224 and at --resolution)")
+    parser = experiment_parser(__doc__, model=DEFAULT_MODEL, model_help="with an ImageNet-1k head",
+                               per_class_help="keep N validation pictures of each class, drawn at random with a fixed "
+                                              "seed (default: all)",
+                               batch_help="pictures per batch of the evaluation passes (at 224 and at --resolution)")
     parser.add_argument("--resolution", type=side_pixels, default=384,
                         help="the higher resolution (default: %(default)s)")
     parser.add_argument("--plots", type=nonempty_path, metavar="DIR",
                         help="save the similarity maps and the accuracy bars as PNG (needs matplotlib)")
-    add_common_arguments(parser)
     args = parser.parse_args(argv)
     config = checkpoint_config(args.model)
     if config is not None:  # a checkpoint on disk: refuse a resolution it cannot serve before any work
         check_resolution(config, args.resolution)
-    return run_sections("posemb", Run(args), SECTIONS, setup_differences)
+    return run_sections("posemb", args, SECTIONS, setup_differences, DEFAULT_MODEL, ARTICLE_FLAGS)
 
 
 if __name__ == "__main__":

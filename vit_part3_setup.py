@@ -25,7 +25,7 @@ import sys
 import torch
 
 from common.checkpoints import cached_weight_file, hub_offline, load_pretrained
-from common.cli import add_common_arguments, script_parser
+from common.cli import experiment_parser
 from common.compute import (
     VIT_SIZES,
     attention_flops,
@@ -37,7 +37,7 @@ from common.compute import (
 )
 from common.errors import UserError
 from common.paths import IMAGENETTE_DIR
-from common.run import Run, run_sections
+from common.run import run_sections
 
 # Table 1's parameter counts (millions), its rows, and the released checkpoints; ViT-L/16's is the ImageNet
 # fine-tuned one, without a pre-logits layer: the article's only cached file of ViT-L/16.
@@ -98,20 +98,6 @@ def read_weight_shapes(path):
     return read_safetensors_header(path) if str(path).endswith(".safetensors") else read_pytorch_shapes(path)
 
 
-def remote_weight_header(name):
-    """{tensor name: shape} from the Hub's safetensors header (a few kB over HTTP), or None offline."""
-    if hub_offline():
-        return None
-    from huggingface_hub import get_safetensors_metadata
-
-    try:
-        metadata = get_safetensors_metadata(name)
-    except Exception:  # noqa: BLE001 - no network, no safetensors file: the caller falls back to the architecture
-        return None
-    return {tensor: list(info.shape) for file in metadata.files_metadata.values()
-            for tensor, info in file.tensors.items()}
-
-
 def split_parameter_count(shapes):
     """(backbone, pre-logits) numbers of a ViT state: the classifier head is left out of both.
 
@@ -143,9 +129,16 @@ def checkpoint_shapes(name, size, patch, pre_logits):
     path = cached_weight_file(name)
     if path:
         return read_weight_shapes(path), "weight file"
-    shapes = remote_weight_header(name)
-    if shapes:
-        return shapes, "header from the Hub"
+    if not hub_offline():  # the Hub's safetensors header, a few kB over HTTP
+        from huggingface_hub import get_safetensors_metadata
+
+        try:
+            files = get_safetensors_metadata(name).files_metadata.values()
+        except Exception:  # noqa: BLE001 - no network, no safetensors file: the architecture below
+            files = []
+        shapes = {tensor: list(info.shape) for file in files for tensor, info in file.tensors.items()}
+        if shapes:
+            return shapes, "header from the Hub"
     return meta_parameter_shapes(table1_config(size, patch), pre_logits), "meta device"
 
 
@@ -157,46 +150,50 @@ def section_table1(run, report):
     total16, total32 = forward_gflops("B", 16, 224) * 1e9, forward_gflops("B", 32, 224) * 1e9
     embedding = patch_embedding_flops(224, 16, width)  # 2 N 3 P^2 D with N P^2 = 224^2: the same for /32
     # the prose's "x2.9 longer", "x8.6 the pairs" and "the extra 0.06 comes from attention", computed
-    numbers = {"B/16 patches at 224": n16, "B/32 patches at 224": n32, "B/16 over B/32 patches": n16 // n32,
-               "B/16 over B/32 compute at 224": total16 / total32,
-               "sequence 384 over 224": s384 / s16, "pairs 384 over 224": p384 / p224,
-               "compute 384 over 224": forward_gflops("B", 16, 384) / forward_gflops("B", 16, 224),
-               "B/16 over B/32 compute above 4": total16 / total32 - 4,
-               "per-token compute ratio": token_flops(layers, width, mlp, s16) / token_flops(layers, width, mlp, s32),
-               "attention compute ratio": (s16 / s32) ** 2,
-               "attention share of B/32 (%)": 100 * attention_flops(layers, width, s32) / total32,
-               "attention share of B/16 (%)": 100 * attention_flops(layers, width, s16) / total16,
-               "patch embedding GFLOPs": embedding / 1e9,
-               "patch embedding share of B/32 (%)": 100 * embedding / total32,
-               "B/16 over B/32 compute with the embedding": (total16 + embedding) / (total32 + embedding)}
-    report.header("1. Table 1 and the patch-size notation: ViT-<size>/<patch>")
-    report.line("N = (resolution / patch)^2 patches, plus 1 [class] token; attention compares every pair: "
-                "(N+1)^2 pairs per head")
+    report.print("\n== 1. Table 1 and the patch-size notation: ViT-<size>/<patch> ==")
+    report.print("  N = (resolution / patch)^2 patches, plus 1 [class] token; attention compares every pair: (N+1)^2 "
+                 "pairs per head")
     for size, patch in TABLE1_ROWS:
         for resolution in (224, 384):
             grid, patches, seq, pairs = sequence_shape(resolution, patch)
-            row = {"grid": grid, "N": patches, "sequence": seq, "pairs": pairs,
-                   "GFLOPs": forward_gflops(size, patch, resolution)}
             key = f"ViT-{size}/{patch} at {resolution}"
-            report.line("{key}: grid {grid:>2}x{grid:<2} N = {N:>4}  sequence {sequence:>4}  pairs per head "
-                        "{pairs:>9,}  forward compute about {GFLOPs:6.1f} GFLOPs", row, prefix=f"{key}: ", key=key)
-    report.line("ViT-B/16 vs ViT-B/32 at 224: {B/16 patches at 224} vs {B/32 patches at 224} patches = "
-                "x{B/16 over B/32 patches} (patch side halved, so (1/2)^-2 = 4); compute "
-                "x{B/16 over B/32 compute at 224:.2f}", numbers)
-    report.line("ViT-B/16 from 224 to 384: sequence {s224} -> {s384} = x{sequence 384 over 224:.1f}, pairs per head "
-                "x{pairs 384 over 224:.1f}, compute x{compute 384 over 224:.2f}", numbers, s224=s16, s384=s384)
-    report.line("the extra {B/16 over B/32 compute above 4:.2f} over x4: the per-token parts grow "
-                "x{per-token compute ratio:.2f} ({s16}/{s32} tokens; the [class] token keeps it under 4), attention's "
-                "pairs x{attention compute ratio:.2f}; attention is {attention share of B/32 (%):.1f}% of ViT-B/32's "
-                "compute, {attention share of B/16 (%):.1f}% of ViT-B/16's", numbers, s16=s16, s32=s32)
-    report.line("the patch embedding, left out above, costs both {patch embedding GFLOPs:.2f} GFLOPs "
-                "({patch embedding share of B/32 (%):.1f}% of ViT-B/32); with it the ratio is "
-                "x{B/16 over B/32 compute with the embedding:.2f}", numbers)
+            report.print(f"  {key}: grid {report.num(f'{key}: grid', grid, '>2')}x{grid:<2} N = "
+                         f"{report.num(f'{key}: N', patches, '>4')}  sequence "
+                         f"{report.num(f'{key}: sequence', seq, '>4')}  pairs per head "
+                         f"{report.num(f'{key}: pairs', pairs, '>9,')}  forward compute about "
+                         f"{report.num(f'{key}: GFLOPs', forward_gflops(size, patch, resolution), '6.1f')} GFLOPs")
+    report.print(f"  ViT-B/16 vs ViT-B/32 at 224: {report.num('B/16 patches at 224', n16)} vs "
+                 f"{report.num('B/32 patches at 224', n32)} patches = x"
+                 f"{report.num('B/16 over B/32 patches', n16 // n32)} (patch side halved, so (1/2)^-2 = 4); compute x"
+                 f"{report.num('B/16 over B/32 compute at 224', total16 / total32, '.2f')}")
+    compute_ratio = forward_gflops('B', 16, 384) / forward_gflops('B', 16, 224)
+    report.print(f"  ViT-B/16 from 224 to 384: sequence {s16} -> {s384} = x"
+                 f"{report.num('sequence 384 over 224', s384 / s16, '.1f')}, pairs per head x"
+                 f"{report.num('pairs 384 over 224', p384 / p224, '.1f')}, compute x"
+                 f"{report.num('compute 384 over 224', compute_ratio, '.2f')}")
+    per_token_ratio = token_flops(layers, width, mlp, s16) / token_flops(layers, width, mlp, s32)
+    attention32 = 100 * attention_flops(layers, width, s32) / total32
+    attention16 = 100 * attention_flops(layers, width, s16) / total16
+    report.print(f"  the extra {report.num('B/16 over B/32 compute above 4', total16 / total32 - 4, '.2f')} over x4: "
+                 "the per-token parts grow x"
+                 f"{report.num('per-token compute ratio', per_token_ratio, '.2f')}"
+                 f" ({s16}/{s32} tokens; the [class] token keeps it under 4), attention's pairs x"
+                 f"{report.num('attention compute ratio', (s16 / s32) ** 2, '.2f')}; attention is "
+                 f"{report.num('attention share of B/32 (%)', attention32, '.1f')}"
+                 "% of ViT-B/32's compute, "
+                 f"{report.num('attention share of B/16 (%)', attention16, '.1f')}"
+                 "% of ViT-B/16's")
+    with_embedding = (total16 + embedding) / (total32 + embedding)
+    report.print("  the patch embedding, left out above, costs both "
+                 f"{report.num('patch embedding GFLOPs', embedding / 1e9, '.2f')} GFLOPs ("
+                 f"{report.num('patch embedding share of B/32 (%)', 100 * embedding / total32, '.1f')}% of ViT-B/32); "
+                 "with it the ratio is x"
+                 f"{report.num('B/16 over B/32 compute with the embedding', with_embedding, '.2f')}")
     for size, patch, resolution in (("L", 16, 512), ("H", 14, 518)):
         grid, patches, seq, _ = sequence_shape(resolution, patch)
         key = f"ViT-{size}/{patch} at {resolution}"
-        report.line("Table 2 fine-tuning resolution: {key}: grid {grid}x{grid}, N = {N}, sequence {sequence}",
-                    {"grid": grid, "N": patches, "sequence": seq}, prefix=f"{key}: ", key=key)
+        report.print(f"  Table 2 fine-tuning resolution: {key}: grid {report.num(f'{key}: grid', grid)}x{grid}, N = "
+                     f"{report.num(f'{key}: N', patches)}, sequence {report.num(f'{key}: sequence', seq)}")
 
 
 def section_parameters(run, report):
@@ -208,32 +205,29 @@ def section_parameters(run, report):
     # ViT-B/32 and ViT-B/16 differ only in the patch embedding E (P*P*3 x D) and the position table ((N+1) x D)
     (b32, _), (b16, _), width = counts["B", 32], counts["B", 16], VIT_SIZES["B"][1]
     rows16, rows32 = sequence_shape(224, 16)[2], sequence_shape(224, 32)[2]
-    numbers = {"B/32 minus B/16": b32 - b16, "B/32 over B/16 percent": 100 * (b32 - b16) / b16,
-               "E rows at /16": 16 * 16 * 3, "E rows at /32": 32 * 32 * 3,
-               "E growth": (32 * 32 * 3 - 16 * 16 * 3) * width, "position rows at /16": rows16,
-               "position rows at /32": rows32, "position table shrink": (rows16 - rows32) * width,
-               "ViT-L/32 with pre-logits (M)": sum(counts["L", 32]) / 1e6,
-               "ViT-L/16 without (M)": counts["L", 16][0] / 1e6}
     if all(source == "weight file" for source in sources.values()):
-        report.subheader("parameters of the released checkpoints, read from the weight files (no head, no pre-logits "
-                         "layer)")
+        report.print("\n-- parameters of the released checkpoints, read from the weight files (no head, no "
+                     "pre-logits layer) --")
     else:
-        report.subheader("parameters of the released checkpoints (no head, no pre-logits layer); \"meta device\" = "
-                         "counted from the Table 1 architecture, the weight file not being cached")
+        report.print("\n-- parameters of the released checkpoints (no head, no pre-logits layer); \"meta device\" = "
+                     "counted from the Table 1 architecture, the weight file not being cached --")
     for size, patch, name, _ in RELEASED:
         backbone, pre_logits = counts[size, patch]
         key = f"ViT-{size}/{patch}"
-        report.line("{key} ({checkpoint}, {source}): backbone {backbone:>11,}  = {backbone (M):6.1f}M   pre-logits "
-                    "layer {pre-logits:>9,}   Table 1: {table1}M",
-                    {"backbone": backbone, "backbone (M)": backbone / 1e6, "pre-logits": pre_logits},
-                    prefix=f"{key} ", key=key, checkpoint=name.split("/")[-1], source=sources[size, patch],
-                    table1=TABLE1_MILLIONS[size])
-    report.line("ViT-B/32 minus ViT-B/16: {B/32 minus B/16:,} parameters ({B/32 over B/16 percent:.1f}% more), because "
-                "E grows from {E rows at /16}x{width} to {E rows at /32}x{width} (+{E growth:,}) and the position "
-                "table shrinks from {position rows at /16} to {position rows at /32} rows (-{position table shrink:,})",
-                numbers, width=width)
-    report.line("ViT-L/32 with its pre-logits layer: {ViT-L/32 with pre-logits (M):.1f}M; ViT-L/16 has "
-                "{ViT-L/16 without (M):.1f}M without one", numbers)
+        report.print(f"  {key} ({name.split('/')[-1]}, {sources[size, patch]}): backbone "
+                     f"{report.num(f'{key} backbone', backbone, '>11,')}  = "
+                     f"{report.num(f'{key} backbone (M)', backbone / 1e6, '6.1f')}M   pre-logits layer "
+                     f"{report.num(f'{key} pre-logits', pre_logits, '>9,')}   Table 1: {TABLE1_MILLIONS[size]}M")
+    report.print(f"  ViT-B/32 minus ViT-B/16: {report.num('B/32 minus B/16', b32 - b16, ',')} parameters ("
+                 f"{report.num('B/32 over B/16 percent', 100 * (b32 - b16) / b16, '.1f')}% more), because E grows "
+                 f"from {report.num('E rows at /16', 16 * 16 * 3)}x{width} to "
+                 f"{report.num('E rows at /32', 32 * 32 * 3)}x{width} (+"
+                 f"{report.num('E growth', (32 * 32 * 3 - 16 * 16 * 3) * width, ',')}) and the position table shrinks "
+                 f"from {report.num('position rows at /16', rows16)} to {report.num('position rows at /32', rows32)} "
+                 f"rows (-{report.num('position table shrink', (rows16 - rows32) * width, ',')})")
+    report.print("  ViT-L/32 with its pre-logits layer: "
+                 f"{report.num('ViT-L/32 with pre-logits (M)', sum(counts['L', 32]) / 1e6, '.1f')}M; ViT-L/16 "
+                 f"has {report.num('ViT-L/16 without (M)', counts['L', 16][0] / 1e6, '.1f')}M without one")
 
 
 # ---------------------------------------------------------------- 2. the hybrid
@@ -271,26 +265,26 @@ def hybrid_picture(resolution=224):
 
 def section_hybrid(run, report):
     """2. the hybrid's ResNet-50 stages"""
-    report.header("2. the hybrid: which ResNet-50 stage feeds ViT")
+    report.print("\n== 2. the hybrid: which ResNet-50 stage feeds ViT ==")
     model, model_name = load_resnet50()
     pixels, picture = hybrid_picture()
     with torch.inference_mode():
         hidden = model(pixel_values=pixels, output_hidden_states=True).hidden_states
     shapes = [tuple(h.shape[1:]) for h in hidden[1:]]  # (channels, height, width) of each stage; hidden[0]: the stem
     tokens4, tokens3 = shapes[3][1] * shapes[3][2], shapes[2][1] * shapes[2][2]
-    numbers = {"option (i) tokens": tokens4, "option (ii) tokens": tokens3,
-               "stage 3 over stage 4 tokens": tokens3 // tokens4,
-               "BatchNorm2d layers": sum(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())}
     for stage, (channels, height, width) in enumerate(shapes, 1):
-        report.line("stage {stage} output: {channels:>4} channels x {height:>2} x {width:<2} -> as 1x1 patches: "
-                    "{tokens:>5} tokens of {channels} numbers",
-                    {"channels": channels, "height": height, "width": width, "tokens": height * width},
-                    prefix=f"stage {stage} ", stage=stage)
-    report.line("option (i), stage 4: {option (i) tokens} tokens; option (ii), extended stage 3: {option (ii) tokens} "
-                "tokens = x{stage 3 over stage 4 tokens} (the \"4x longer sequence\")", numbers)
-    report.line("{model} is a standard ResNet: it has {BatchNorm2d layers} BatchNorm2d layers (BiT replaces each with "
-                "Group Norm)", numbers, model=model_name)
-    report.line("(picture: {picture}, resized to 224x224)", picture=picture)
+        report.print(f"  stage {stage} output: {report.num(f'stage {stage} channels', channels, '>4')} channels x "
+                     f"{report.num(f'stage {stage} height', height, '>2')} x "
+                     f"{report.num(f'stage {stage} width', width, '<2')} -> as 1x1 patches: "
+                     f"{report.num(f'stage {stage} tokens', height * width, '>5')} tokens of {channels} numbers")
+    report.print(f"  option (i), stage 4: {report.num('option (i) tokens', tokens4)} tokens; option (ii), extended "
+                 f"stage 3: {report.num('option (ii) tokens', tokens3)} tokens = x"
+                 f"{report.num('stage 3 over stage 4 tokens', tokens3 // tokens4)} (the \"4x longer sequence\")")
+    modules = list(model.modules())
+    report.print(f"  {model_name} is a standard ResNet: it has "
+                 f"{report.num('BatchNorm2d layers', sum(isinstance(m, torch.nn.BatchNorm2d) for m in modules))}"
+                 " BatchNorm2d layers (BiT replaces each with Group Norm)")
+    report.print(f"  (picture: {picture}, resized to 224x224)")
 
 
 # ---------------------------------------------------------------- 3. Batch Norm, Group Norm, WS
@@ -329,7 +323,7 @@ def weight_standardize(weights, eps=0.0):
 
 def section_norms(run, report):
     """3. Batch Norm vs Group Norm"""
-    report.header("3. Batch Norm vs Group Norm on a tiny batch (4 channels, 2 pixels per channel, 2 groups)")
+    report.print("\n== 3. Batch Norm vs Group Norm on a tiny batch (4 channels, 2 pixels per channel, 2 groups) ==")
     a = torch.tensor(PICTURE_A, dtype=torch.float64)
     batches = [torch.stack([a, torch.tensor(partner, dtype=torch.float64)]) for partner in (PARTNER_1, PARTNER_2)]
     # torch's BatchNorm (training mode: the batch's statistics) and GroupNorm (2 groups) must give what ours give
@@ -341,28 +335,28 @@ def section_norms(run, report):
         raise RuntimeError("torch's BatchNorm/GroupNorm disagree with the by-hand formulas")
     group, filters = a[:2].flatten(), torch.tensor([FILTER_1, FILTER_2], dtype=torch.float64)
     standardized = weight_standardize(filters)
-    numbers = {"picture A channel 1": a[0], "BN partner 1": batch_norm(batches[0])[0, 0],
-               "BN partner 2": batch_norm(batches[1])[0, 0], "GN group 1": group, "GN group 1 mean": group.mean(),
-               "GN group 1 std": group.std(unbiased=False), "GN": group_norm(batches[0], 2)[0, 0],
-               "filter 2": filters[1], "WS filter 2 mean": filters[1].mean(),
-               "WS filter 2 std": filters[1].std(unbiased=False), "WS filter 2": standardized[1],
-               "filter 1": filters[0], "WS filter 1": standardized[0]}
-    report.line("picture A, channel 1 = {picture A channel 1}", numbers)
-    report.line("Batch Norm, A batched with partner 1: A channel 1 -> {BN partner 1:6.3f}", numbers)
-    report.line("Batch Norm, A batched with partner 2: A channel 1 -> {BN partner 2:6.3f}   (same picture, different "
-                "output)", numbers)
-    report.line("Group Norm, group 1 = channels 1 and 2 of A = {GN group 1}: mean {GN group 1 mean:.3f}, "
-                "std {GN group 1 std:.3f}", numbers)
-    report.line("Group Norm: A channel 1 -> {GN:6.3f} with any partner (it never looks at the batch); torch GroupNorm "
-                "agrees: {agrees}", numbers, agrees=torch_agrees)
-    report.line("torch BatchNorm (training mode, batch statistics) agrees with both Batch Norm lines: {agrees}",
-                agrees=torch_agrees)
-    report.line("Weight Standardization: filter 2 = {filter 2}: mean {WS filter 2 mean:.2f}, "
-                "std {WS filter 2 std:.4f} -> {WS filter 2:6.3f}", numbers)
-    report.line("filter 1 = {filter 1} -> {WS filter 1:6.3f}   (every filter now has mean 0 and std 1 before the "
-                "convolution uses it)", numbers)
+    report.print(f"  picture A, channel 1 = {report.num('picture A channel 1', a[0])}")
+    report.print("  Batch Norm, A batched with partner 1: A channel 1 -> "
+                 f"{report.num('BN partner 1', batch_norm(batches[0])[0, 0], '6.3f')}")
+    report.print("  Batch Norm, A batched with partner 2: A channel 1 -> "
+                 f"{report.num('BN partner 2', batch_norm(batches[1])[0, 0], '6.3f')}   (same picture, different "
+                 "output)")
+    report.print(f"  Group Norm, group 1 = channels 1 and 2 of A = {report.num('GN group 1', group)}: mean "
+                 f"{report.num('GN group 1 mean', group.mean(), '.3f')}, std "
+                 f"{report.num('GN group 1 std', group.std(unbiased=False), '.3f')}")
+    report.print(f"  Group Norm: A channel 1 -> {report.num('GN', group_norm(batches[0], 2)[0, 0], '6.3f')} with any "
+                 f"partner (it never looks at the batch); torch GroupNorm agrees: {torch_agrees}")
+    report.print("  torch BatchNorm (training mode, batch statistics) agrees with both Batch Norm lines: "
+                 f"{torch_agrees}")
+    report.print(f"  Weight Standardization: filter 2 = {report.num('filter 2', filters[1])}: mean "
+                 f"{report.num('WS filter 2 mean', filters[1].mean(), '.2f')}, std "
+                 f"{report.num('WS filter 2 std', filters[1].std(unbiased=False), '.4f')} -> "
+                 f"{report.num('WS filter 2', standardized[1], '6.3f')}")
+    report.print(f"  filter 1 = {report.num('filter 1', filters[0])} -> "
+                 f"{report.num('WS filter 1', standardized[0], '6.3f')}   (every filter now has mean 0 and std 1 "
+                 "before the convolution uses it)")
     # the prose's "with any partner" and "every filter now has mean 0 and std 1", for the conclusions to read
-    report.nums("GN partner 2", group_norm(batches[1], 2)[0, 0], printed=False)
+    report.num("GN partner 2", group_norm(batches[1], 2)[0, 0], printed=False)
     means, stds = standardized.mean(dim=-1), standardized.std(dim=-1, unbiased=False)
     for name, value in (("WS filters largest mean", means.abs().max()), ("WS filters smallest std", stds.min()),
                         ("WS filters largest std", stds.max())):
@@ -453,102 +447,89 @@ def torch_clip(gradients, max_norm):
     return [p.grad.tolist() for p in params]
 
 
-def section_adam(run, report):
-    """4a. Adam by hand and by torch"""
-    report.header("4. pre-training and fine-tuning by hand: Adam, Table 3, SGD with momentum, Polyak averaging, "
-                  "clipping, Table 4")
+def section_by_hand(run, report):
+    """4. Adam, Table 3, SGD with momentum, Polyak averaging, clipping and Table 4 by hand"""
+    report.print("\n== 4. pre-training and fine-tuning by hand: Adam, Table 3, SGD with momentum, Polyak averaging, "
+                 "clipping, Table 4 ==")
+    # Adam by hand and by torch
     rows, by_torch = adam_by_hand(GRADIENTS), torch_optimizer_weight(torch.optim.Adam, GRADIENTS, lr=1e-3)
     for t, g, m, v, m_hat, v_hat, step, w in rows:
-        report.line("Adam t={t}: g={g:5.2f}  m={m:.4f}  v={v:.6f}  m_hat={m_hat:.4f}  v_hat={v_hat:.4f}  "
-                    "step = lr*m_hat/sqrt(v_hat) = {step:.6f}  w={w:.6f}",
-                    {"m": m, "v": v, "m_hat": m_hat, "v_hat": v_hat, "step": step, "w": w}, prefix=f"Adam t={t} ",
-                    t=t, g=g)
-    report.line("torch.optim.Adam after the same three gradients: w={torch Adam w:.6f}  (ours {ours:.6f})",
-                {"torch Adam w": by_torch}, ours=rows[-1][-1])
+        report.print(f"  Adam t={t}: g={g:5.2f}  m={report.num(f'Adam t={t} m', m, '.4f')}  v="
+                     f"{report.num(f'Adam t={t} v', v, '.6f')}  m_hat={report.num(f'Adam t={t} m_hat', m_hat, '.4f')} "
+                     f" v_hat={report.num(f'Adam t={t} v_hat', v_hat, '.4f')}  step = lr*m_hat/sqrt(v_hat) = "
+                     f"{report.num(f'Adam t={t} step', step, '.6f')}  w={report.num(f'Adam t={t} w', w, '.6f')}")
+    report.print(f"  torch.optim.Adam after the same three gradients: w={report.num('torch Adam w', by_torch, '.6f')}  "
+                 f"(ours {rows[-1][-1]:.6f})")
     for g in (0.001, 1000):  # the prose's "whatever the size of the gradient"
         report.num(f"Adam t=1 step at g={g:g}", adam_by_hand([g])[0][6], "short", printed=False)
 
-
-def section_pretraining(run, report):
-    """4b. Table 3 in steps, and the warm-up"""
-    total = pretraining_steps(7, 303e6)
-    middle = PRETRAIN_WARMUP + (total - PRETRAIN_WARMUP) // 2
-    learning_rates = {name: warmup_linear_lr(step, 8e-4, total, PRETRAIN_WARMUP) for name, step in
-                      (("JFT LR at 5,000", 5_000), ("JFT LR at 10,000", 10_000), ("JFT LR at mid-decay", middle))}
+    # Table 3 in steps, and the warm-up
     report.print()
     for label, epochs, pictures, base_lr, decay in TABLE3:
         steps = pretraining_steps(epochs, pictures)
-        report.line("{label:<39}: {epochs:>3} epochs x {millions:6.2f}M images / batch {batch} = {steps:>9,} steps; "
-                    "warm-up {warmup:,} = {warm-up %:4.1f}% of them; base LR {base_lr:g}, {decay} decay",
-                    {"steps": steps, "warm-up %": 100 * PRETRAIN_WARMUP / steps}, prefix=f"{label}: ", label=label,
-                    epochs=epochs, millions=pictures / 1e6, batch=PRETRAIN_BATCH, warmup=PRETRAIN_WARMUP,
-                    base_lr=base_lr, decay=decay)
-    report.line("ViT-B/16 on JFT: LR at step 5,000 = {JFT LR at 5,000:.1e} (half way up the warm-up), at 10,000 = "
-                "{JFT LR at 10,000:.1e}, at the middle of the decay = {JFT LR at mid-decay:.1e}", learning_rates)
+        report.print(f"  {label:<39}: {epochs:>3} epochs x {pictures / 1e6:6.2f}M images / batch {PRETRAIN_BATCH} = "
+                     f"{report.num(f'{label}: steps', steps, '>9,')} steps; warm-up {PRETRAIN_WARMUP:,} = "
+                     f"{report.num(f'{label}: warm-up %', 100 * PRETRAIN_WARMUP / steps, '4.1f')}% of them; base LR "
+                     f"{base_lr:g}, {decay} decay")
+    total = pretraining_steps(7, 303e6)
+    at_5000, at_10000, at_middle = (warmup_linear_lr(step, 8e-4, total, PRETRAIN_WARMUP) for step in
+                                    (5_000, 10_000, PRETRAIN_WARMUP + (total - PRETRAIN_WARMUP) // 2))
+    report.print(f"  ViT-B/16 on JFT: LR at step 5,000 = {report.num('JFT LR at 5,000', at_5000, '.1e')} (half way up "
+                 f"the warm-up), at 10,000 = {report.num('JFT LR at 10,000', at_10000, '.1e')}, at the middle of the "
+                 f"decay = {report.num('JFT LR at mid-decay', at_middle, '.1e')}")
 
-
-def section_sgd_and_polyak(run, report):
-    """4c. SGD with momentum and Polyak averaging"""
+    # SGD with momentum and Polyak averaging
     report.print()
     rows = sgd_momentum_by_hand(GRADIENTS)
     weights = [1.0, 1.2, 0.9, 1.1, 1.05]
-    numbers = {"torch SGD w": torch_optimizer_weight(torch.optim.SGD, GRADIENTS, lr=0.01, momentum=0.9),
-               "Polyak weights": weights, "Polyak average": polyak_average(weights, 0.9),
-               "Polyak 0.9999 memory": 1 / (1 - 0.9999)}
     for t, g, velocity, w in rows:
-        report.line("SGD momentum 0.9, lr 0.01, t={t}: g={g:5.2f}  velocity = 0.9*velocity + g = {velocity:.4f}  "
-                    "w = w - lr*velocity = {w:.5f}", {"velocity": velocity, "w": w}, prefix=f"SGD t={t} ", t=t, g=g)
-    report.line("torch.optim.SGD(momentum=0.9) after the same gradients: w={torch SGD w:.5f}  (ours {ours:.5f})",
-                numbers, ours=rows[-1][-1])
-    report.line("Polyak (exponential) averaging, factor 0.9: weights {Polyak weights} -> averages {Polyak average}",
-                numbers)
-    report.line("a factor of 0.9999 averages over roughly the last 1/(1 - 0.9999) = {Polyak 0.9999 memory:,.0f} steps",
-                numbers)
+        report.print(f"  SGD momentum 0.9, lr 0.01, t={t}: g={g:5.2f}  velocity = 0.9*velocity + g = "
+                     f"{report.num(f'SGD t={t} velocity', velocity, '.4f')}  w = w - lr*velocity = "
+                     f"{report.num(f'SGD t={t} w', w, '.5f')}")
+    by_torch = torch_optimizer_weight(torch.optim.SGD, GRADIENTS, lr=0.01, momentum=0.9)
+    report.print(f"  torch.optim.SGD(momentum=0.9) after the same gradients: w="
+                 f"{report.num('torch SGD w', by_torch, '.5f')}  (ours {rows[-1][-1]:.5f})")
+    report.print(f"  Polyak (exponential) averaging, factor 0.9: weights {report.num('Polyak weights', weights)} -> "
+                 f"averages {report.num('Polyak average', polyak_average(weights, 0.9))}")
+    report.print("  a factor of 0.9999 averages over roughly the last 1/(1 - 0.9999) = "
+                 f"{report.num('Polyak 0.9999 memory', 1 / (1 - 0.9999), ',.0f')} steps")
 
-
-def section_clipping(run, report):
-    """4d. clipping at global norm 1"""
+    # clipping at global norm 1
     report.print()
     gradients = [[3.0, 0.0], [4.0]]
     norm, clipped = clip_by_global_norm(gradients, 1.0)
     by_torch = torch_clip(gradients, 1.0)
-    numbers = {"clip global norm": norm, "clipped [3, 0]": clipped[0], "clipped [4]": clipped[1],
-               "torch clipped [3, 0]": by_torch[0], "torch clipped [4]": by_torch[1]}
-    report.line("clipping at global norm 1: gradients of two tensors [3, 0] and [4]; global norm sqrt(9 + 0 + 16) = "
-                "{clip global norm:.1f} > 1, so every gradient is multiplied by 1/{clip global norm:g}: "
-                "{clipped [3, 0]} and {clipped [4]}; direction kept, length 1", numbers)
-    report.line("torch.nn.utils.clip_grad_norm_: {torch clipped [3, 0]} and {torch clipped [4]}", numbers)
+    report.print("  clipping at global norm 1: gradients of two tensors [3, 0] and [4]; global norm sqrt(9 + 0 + 16) = "
+                 f"{report.num('clip global norm', norm, '.1f')} > 1, so every gradient is multiplied by 1/{norm:g}: "
+                 f"{report.num('clipped [3, 0]', clipped[0])} and {report.num('clipped [4]', clipped[1])}; direction "
+                 "kept, length 1")
+    report.print(f"  torch.nn.utils.clip_grad_norm_: {report.num('torch clipped [3, 0]', by_torch[0])} and "
+                 f"{report.num('torch clipped [4]', by_torch[1])}")
     flat, before = [g for tensor in clipped for g in tensor], [g for tensor in gradients for g in tensor]
     report.num("clipped length", math.sqrt(sum(g * g for g in flat)), "short", printed=False)  # "length 1"
     report.num("clipped cosine with the gradient", sum(a * b for a, b in zip(flat, before)) / norm, "short",
                printed=False)  # the line's "direction kept"
 
-
-def section_table4(run, report):
-    """4e. Table 4 in steps and passes, and cosine decay"""
-    learning_rates = {f"cosine LR at {step:,}": cosine_lr(step, 0.03, 20_000) for step in (0, 10_000, 15_000, 20_000)}
+    # Table 4 in steps and passes, and cosine decay
     report.print()
     for task, steps, pictures in TABLE4:
         seen = steps * FINETUNE_BATCH
-        report.line("{label:<31}: {steps:>6,} steps x batch {batch} = {pictures seen (M):6.2f}M pictures seen = "
-                    "{passes:7.1f} passes over {pictures:,} training pictures",
-                    {"pictures seen (M)": seen / 1e6, "passes": seen / pictures}, prefix=f"{task}: ",
-                    label=f"fine-tuning {task}", steps=steps, batch=FINETUNE_BATCH, pictures=pictures)
-    report.line("ImageNet fine-tuning at base LR 0.03, cosine: step 0 -> {cosine LR at 0:.2g}, step 10,000 -> "
-                "{cosine LR at 10,000:.2g}, step 15,000 -> {cosine LR at 15,000:.2g}, step 20,000 -> "
-                "{cosine LR at 20,000:.2g}", learning_rates)
+        report.print(f"  {f'fine-tuning {task}':<31}: {steps:>6,} steps x batch {FINETUNE_BATCH} = "
+                     f"{report.num(f'{task}: pictures seen (M)', seen / 1e6, '6.2f')}M pictures seen = "
+                     f"{report.num(f'{task}: passes', seen / pictures, '7.1f')} passes over {pictures:,} training "
+                     "pictures")
+    decay = ", ".join(f"step {step:,} -> {report.num(f'cosine LR at {step:,}', cosine_lr(step, 0.03, 20_000), '.2g')}"
+                      for step in (0, 10_000, 15_000, 20_000))
+    report.print(f"  ImageNet fine-tuning at base LR 0.03, cosine: {decay}")
 
 
-SECTIONS = [section_table1, section_parameters, section_hybrid, section_norms, section_adam, section_pretraining,
-            section_sgd_and_polyak, section_clipping, section_table4]
+SECTIONS = [section_table1, section_parameters, section_hybrid, section_norms, section_by_hand]
 
 
 def main(argv=None):
-    parser = script_parser(__doc__)
-    add_common_arguments(parser, device=False)
-    args = parser.parse_args(argv)
+    args = experiment_parser(__doc__, device=False).parse_args(argv)
     torch.set_num_threads(min(4, torch.get_num_threads()))
-    return run_sections("setup", Run(args), SECTIONS)
+    return run_sections("setup", args, SECTIONS)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ from common.inference import run_model
 from common.loader import PREFETCH, one_pass, start_pass
 from common.output import Report
 from common.pictures import load_all, resized_rgb
-from common.run import Run, check_output
+from common.run import check_output, start_run
 from common.start import guarded
 from job.standins import smooth_pictures, vit_config
 
@@ -259,14 +259,14 @@ def benchmark_model(size):
 
 
 def section_roofline(run, figures, report):
-    report.header(f"1. matrix-multiply roofline, {figures['device']}")
+    report.print(f"\n== 1. matrix-multiply roofline, {figures['device']} ==")
     n = 8192 if run.device.type == "cuda" else 2048
     products = max(10, run.repeats)  # a product takes milliseconds: enough of them for a steady median
     roofline = {"fp32": matmul_gflops(run.device, torch.float32, n, products)}
     if fast_bf16(run.device):
         roofline["bf16"] = matmul_gflops(run.device, torch.bfloat16, n, products)
     for dtype, gflops in roofline.items():
-        report.line(f"{dtype}: {gflops:,.0f} GFLOP/s  ({n} x {n} by {n} x {n}, median of {products})")
+        report.print(f"  {dtype}: {gflops:,.0f} GFLOP/s  ({n} x {n} by {n} x {n}, median of {products})")
     figures["roofline GFLOP/s"] = roofline
 
 
@@ -275,7 +275,7 @@ def section_model_only(run, figures, report):
     args = run.args
     roofline = figures["roofline GFLOP/s"]
     ceiling = roofline["bf16" if args.precision == "bf16" and "bf16" in roofline else "fp32"]
-    report.header(f"2. model-only forward, batch {args.batch_size}, {args.precision}: eager vs SDPA attention")
+    report.print(f"\n== 2. model-only forward, batch {args.batch_size}, {args.precision}: eager vs SDPA attention ==")
     config = benchmark_model(args.size)
     models = {attention: random_vit(config, attention, run.device) for attention in ATTENTION}
     forward = {}
@@ -287,10 +287,10 @@ def section_model_only(run, figures, report):
             gflops = speed * flops / 1e9
             forward[f"{resolution} {attention}"] = {"pictures/s": speed, "GFLOP/s": gflops,
                                                     "of roofline": gflops / ceiling}
-            report.line(f"{resolution} px, {attention:<5}: {speed:8.2f} pictures/s  {gflops:9,.0f} GFLOP/s  "
-                        f"{gflops / ceiling:.2f} of the roofline  ({flops / 1e9:.1f} GFLOP a picture)")
+            report.print(f"  {resolution} px, {attention:<5}: {speed:8.2f} pictures/s  {gflops:9,.0f} GFLOP/s  "
+                         f"{gflops / ceiling:.2f} of the roofline  ({flops / 1e9:.1f} GFLOP a picture)")
     faster = max(ATTENTION, key=lambda attention: forward[f"224 {attention}"]["pictures/s"])
-    report.line(f"faster attention here: {faster}")
+    report.print(f"  faster attention here: {faster}")
     figures.update({"model-only": forward, "faster attention": faster})
     return models[faster]
 
@@ -301,18 +301,18 @@ def section_end_to_end(run, figures, report, model):
     count = args.pictures or (2 if run.device.type == "cpu" else 100) * args.batch_size
     with tempfile.TemporaryDirectory(prefix="vit-bench-") as folder:
         paths = smooth_pictures(folder, count)
-        report.header(f"3. end-to-end evaluation with our loader: {count} JPEGs (160 px high), 224 px, "
-                      f"batch {args.batch_size}, decoded by the loader's workers, which persist over the passes")
+        report.print(f"\n== 3. end-to-end evaluation with our loader: {count} JPEGs (160 px high), 224 px, "
+                     f"batch {args.batch_size}, decoded by the loader's workers, which persist over the passes ==")
         loop = end_to_end(model, paths, 224, args.batch_size, run.device, run.autocast)
         ours = loop["pictures/s"]
-        report.line(f"the loader's start-up ({loop['workers']} worker processes, the first batch): "
-                    f"{loop['start-up seconds']:.2f} s, paid once per run")
-        report.line(f"{ours:8.2f} pictures/s; the model alone on as many batches {loop['model-only pictures/s']:.2f}: "
-                    f"ratio {loop['ratio']:.3f}; waiting for pictures {100 * loop['waiting share']:.1f}% of the pass "
-                    f"(medians of 3 rounds, each timing both)")
-        report.header("4. peer: transformers pipeline('image-classification') on the same pictures")
+        report.print(f"  the loader's start-up ({loop['workers']} worker processes, the first batch): "
+                     f"{loop['start-up seconds']:.2f} s, paid once per run")
+        report.print(f"  {ours:8.2f} pictures/s; the model alone on as many batches "
+                     f"{loop['model-only pictures/s']:.2f}: ratio {loop['ratio']:.3f}; waiting for pictures "
+                     f"{100 * loop['waiting share']:.1f}% of the pass (medians of 3 rounds, each timing both)")
+        report.print("\n== 4. peer: transformers pipeline('image-classification') on the same pictures ==")
         peer = pipeline_peer(model, paths[:PEER_BATCHES * args.batch_size], args.batch_size, run.device, run.autocast)
-        report.line(f"{peer:8.2f} pictures/s; ours / pipeline {ours / peer:.2f}")
+        report.print(f"  {peer:8.2f} pictures/s; ours / pipeline {ours / peer:.2f}")
     figures.update({"end-to-end pictures/s": ours, "end-to-end / model-only": loop["ratio"],
                     "end-to-end start-up seconds": loop["start-up seconds"],
                     "end-to-end waiting share": loop["waiting share"], "end-to-end workers": loop["workers"],
@@ -321,19 +321,19 @@ def section_end_to_end(run, figures, report, model):
 
 def section_training(run, figures, report, model):
     batch = run.args.batch_size
-    report.header(f"5. a training step (forward, backward, clipping, SGD momentum), batch {batch}, 224 px")
+    report.print(f"\n== 5. a training step (forward, backward, clipping, SGD momentum), batch {batch}, 224 px ==")
     speed, peak, what = training_step(model, 224, batch, run.device, run.autocast, run.repeats)
-    report.line(f"{speed:8.2f} pictures/s;  {batch / speed:.2f} s a step; peak {peak:.1f} GB ({what})")
+    report.print(f"  {speed:8.2f} pictures/s;  {batch / speed:.2f} s a step; peak {peak:.1f} GB ({what})")
     figures.update({"training pictures/s": speed, "training seconds/step": batch / speed, "training peak GB": peak})
 
 
 def section_scaling(run, figures, report):
-    report.header("6. scaling from 224 to 384 px")
+    report.print("\n== 6. scaling from 224 to 384 px ==")
     forward, faster = figures["model-only"], figures["faster attention"]
     time_ratio = forward[f"224 {faster}"]["pictures/s"] / forward[f"384 {faster}"]["pictures/s"]
     config = benchmark_model(run.args.size)
     compute_ratio = config_forward_flops(config, 384) / config_forward_flops(config, 224)
-    report.line(f"time ratio 384/224 {time_ratio:.2f}; compute ratio {compute_ratio:.2f}")
+    report.print(f"  time ratio 384/224 {time_ratio:.2f}; compute ratio {compute_ratio:.2f}")
     figures.update({"time ratio 384/224": time_ratio, "compute ratio 384/224": compute_ratio})
 
 
@@ -342,8 +342,8 @@ def section_loader(run, figures, report):
     args, workers = run.args, run.args.workers
     with tempfile.TemporaryDirectory(prefix="vit-bench-") as folder:
         pictures = load_all(smooth_pictures(folder, args.loader_pictures))
-    report.header(f"7. the loader alone: {args.loader_pictures} pictures decoded once (160 px high), batch "
-                  f"{args.batch_size}, best of 3 rounds; the reference is a plain DataLoader with {workers} workers")
+    report.print(f"\n== 7. the loader alone: {args.loader_pictures} pictures decoded once (160 px high), batch "
+                 f"{args.batch_size}, best of 3 rounds; the reference is a plain DataLoader with {workers} workers ==")
     loader = {}
     for resolution in (224, 384):
         speed = loader_alone(pictures, resolution, args.batch_size, workers)
@@ -351,8 +351,8 @@ def section_loader(run, figures, report):
                                    "workers pictures/s": speed["workers"], "DataLoader pictures/s": speed["DataLoader"],
                                    "loader / inline": speed["workers"] / speed["inline"],
                                    "loader / DataLoader": speed["workers"] / speed["DataLoader"]}
-        report.line(f"{resolution} px: inline {speed['inline']:8,.0f} pictures/s; {workers} workers "
-                    f"{speed['workers']:8,.0f}; plain DataLoader, {workers} workers {speed['DataLoader']:8,.0f}")
+        report.print(f"  {resolution} px: inline {speed['inline']:8,.0f} pictures/s; {workers} workers "
+                     f"{speed['workers']:8,.0f}; plain DataLoader, {workers} workers {speed['DataLoader']:8,.0f}")
     figures["loader-only"] = loader
 
 
@@ -389,7 +389,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.json:
         check_output(args.json, "--json")
-    run, report = Run(args), Report("throughput")
+    run, report = start_run(args), Report("throughput")
     run.repeats = args.repeats or (2 if run.device.type == "cpu" else 10)
     figures = {"device": device_name(run.device), "torch": torch.__version__, "precision": args.precision,
                "model": "ViT-B/16" if args.size == "B" else "tiny ViT", "batch": args.batch_size}

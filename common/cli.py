@@ -82,23 +82,22 @@ positive_float = functools.partial(finite_float, low=0.0, allow_low=False)  # ar
 nonnegative_float = functools.partial(finite_float, low=0.0, allow_low=True)  # argparse type: a ridge penalty
 
 
-def add_data_arguments(parser, model_default, model_help,
-                       per_class_help="keep the first N pictures of each class in each split used (default: all)", *,
-                       batch_help):
-    """--model, --data-dir, --per-class, --batch-size (batch_help: what a batch is in the script's own work),
-    --precision."""
-    parser.add_argument("--model", default=model_default,
-                        help=f"checkpoint id or local directory ({model_help}) (default: %(default)s)")
-    parser.add_argument("--data-dir", type=nonempty_path,
-                        help="an imagenette2-160 folder; by default data/imagenette2-160, downloaded when missing")
-    parser.add_argument("--per-class", type=positive_int, help=per_class_help)
-    parser.add_argument("--batch-size", type=positive_int, default=32, help=f"{batch_help} (default: %(default)s)")
-    parser.add_argument("--precision", default="fp32", choices=PRECISIONS,
-                        help="fp32 gives the article's numbers; bf16 is faster on recent GPUs and Apple silicon; "
-                             "tf32 exists on NVIDIA GPUs only (default: %(default)s)")
-
-
-def add_common_arguments(parser, device=True):
+def experiment_parser(docstring, device=True, model=None, model_help="", batch_help="",
+                      per_class_help="keep the first N pictures of each class in each split used (default: all)"):
+    """A script's parser (as script_parser's): --device (device=False: a script that runs on the CPU alone),
+    --compare and --json; with model (the article's checkpoint, model_help: what it must hold), first --model,
+    --data-dir, --per-class, --batch-size (batch_help: what a batch is in the script's own work) and --precision."""
+    parser = ScriptParser(description=docstring, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if model:
+        parser.add_argument("--model", default=model,
+                            help=f"checkpoint id or local directory ({model_help}) (default: %(default)s)")
+        parser.add_argument("--data-dir", type=nonempty_path,
+                            help="an imagenette2-160 folder; by default data/imagenette2-160, downloaded when missing")
+        parser.add_argument("--per-class", type=positive_int, help=per_class_help)
+        parser.add_argument("--batch-size", type=positive_int, default=32, help=f"{batch_help} (default: %(default)s)")
+        parser.add_argument("--precision", default="fp32", choices=PRECISIONS,
+                            help="fp32 gives the article's numbers; bf16 is faster on recent GPUs and Apple silicon; "
+                                 "tf32 exists on NVIDIA GPUs only (default: %(default)s)")
     if device:
         parser.add_argument("--device", default="auto", choices=DEVICE_CHOICES,
                             help="auto picks cuda, then mps, then cpu (default: %(default)s)")
@@ -106,3 +105,4 @@ def add_common_arguments(parser, device=True):
                         help="after the output, put this run's numbers beside the article's, with a verdict each")
     parser.add_argument("--json", type=nonempty_path, metavar="PATH",
                         help="also write this run's numbers, flags and environment to PATH")
+    return parser

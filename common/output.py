@@ -1,6 +1,4 @@
-"""A run's output: each line printed from one template, every number on it recorded under its name as printed
-(the templates' fields: docs/layout.md)."""
-import string
+"""A run's output: each line an f-string, every number on it recorded by report.num(name, value, spec) as printed."""
 import sys
 from dataclasses import dataclass, field
 
@@ -44,7 +42,6 @@ def say(text=""):
 
 
 FORMATS = {"short": short, "repr": repr, "millions": millions, "zero or 3g": zero_or_3g}  # specs beside format()'s
-FIELDS = string.Formatter()  # its parse() splits a template into text and {name:spec} fields, {{ and }} undone
 
 
 @dataclass
@@ -62,47 +59,29 @@ class Report:
     say = staticmethod(say)  # say() itself is quiet in the processes that do not speak
 
     def print(self, text=""):
-        """Text as printed; the numbers recorded since the last text are on its last line."""
+        """Text as printed, framed as the article's lines are: "  " a logged line, "\n== ... ==" a section's title.
+        The numbers recorded since the last text are on its last line."""
         self.lines += text.split("\n")
         self.line_of.update((name, len(self.lines) - 1) for name in self.numbers if name not in self.line_of)
         if not self.quiet:
             print(text, flush=True)
 
-    def header(self, template, numbers=None, prefix="", **words):
-        self.print(f"\n== {self.fill(template, numbers, prefix, words)} ==")
-
-    def subheader(self, template, numbers=None, prefix="", **words):
-        self.print(f"\n-- {self.fill(template, numbers, prefix, words)} --")
-
-    def line(self, template="", numbers=None, prefix="", **words):
-        """One logged line, indented as the article's: the template's fields filled, the numbers recorded."""
-        self.print(f"  {self.fill(template, numbers, prefix, words)}")
-
-    def fill(self, template, numbers=None, prefix="", words=None):
-        """The template's {name:spec} fields filled from numbers, each recorded as prefix + name at its first place
-        (a list prints there and at its later places as its first place does), or from words: text, not recorded."""
-        numbers, words, pieces, first = numbers or {}, words or {}, [], {}
-        for text, name, spec, _ in FIELDS.parse(template):
-            pieces.append(text)
-            if name is None:
-                continue
-            if name not in numbers:
-                if name not in words:
-                    raise KeyError(f"{self.script}: the template {template!r} has a field {name!r} with no value")
-                pieces.append(FORMATS[spec](words[name]) if spec in FORMATS else format(words[name], spec))
-                continue
-            value = numbers[name]
-            listed = isinstance(value, (list, tuple)) or getattr(value, "ndim", 0) > 0
-            if name not in first:
-                first[name] = (self.nums(prefix + name, value, spec or "short") if listed else
-                               self.num(prefix + name, value, spec))
-            pieces.append(first[name] if listed else FORMATS[spec](value) if spec in FORMATS else format(value, spec))
-        return "".join(pieces)
-
     def num(self, name, value, spec="", printed=True):
-        """The number formatted with spec (a format spec or a name of FORMATS), recorded as `name` with the text it
-        prints as. printed=False: a number a conclusion reads that the article's lines do not print (the evidence
-        for a claim of its prose), recorded on no line."""
+        """The number as printed with spec (a format spec, or a name of FORMATS), recorded under `name` with that
+        text: the one call that records a number, inside the f-string of its line. A (nested) list, tuple or array
+        prints as the article prints it, '[[7.0, 5.0], [5.0, 15.0]]' or '(197, 768)' (spec "short" unless given),
+        entry (i, j) recorded as 'name[i,j]'. printed=False: a number a conclusion reads that the article's lines do
+        not print (the evidence for a claim of its prose), recorded on no line."""
+        values = value.tolist() if getattr(value, "ndim", 0) > 0 else value
+        if isinstance(values, (list, tuple)):
+            def entries(values, index):
+                if not isinstance(values, (list, tuple)):
+                    return self.num(f"{name}[{','.join(map(str, index))}]", values, spec or "short", printed)
+                texts = [entries(value, index + (i,)) for i, value in enumerate(values, 1)]
+                brackets = "()" if isinstance(values, tuple) else "[]"
+                return brackets[0] + ", ".join(texts) + brackets[1]
+
+            return entries(values, ())
         if name in self.numbers:
             raise ValueError(f"{self.script}: the number {name!r} is printed twice")
         text = FORMATS[spec](value) if spec in FORMATS else format(value, spec)
@@ -110,16 +89,6 @@ class Report:
         if not printed:
             self.line_of[name] = None
         return text
-
-    def nums(self, name, values, spec="short", brackets=None, index=(), printed=True):
-        """A (nested) list or array as the article prints it, '[[7.0, 5.0], [5.0, 15.0]]', a tuple (a shape) as
-        '(197, 768)'; entry (i, j) is recorded as 'name[i,j]'."""
-        values = values.tolist() if hasattr(values, "tolist") else values
-        if not isinstance(values, (list, tuple)):
-            return self.num(f"{name}[{','.join(map(str, index))}]", values, spec, printed)
-        brackets = brackets or ("()" if isinstance(values, tuple) else "[]")
-        entries = [self.nums(name, value, spec, brackets, index + (i,), printed) for i, value in enumerate(values, 1)]
-        return brackets[0] + ", ".join(entries) + brackets[1]
 
     def pass_text(self, name, timing):
         """'[12 s, 0.2 s waiting for pictures]', both recorded ("<name> seconds"); --json keeps the pass whole."""
@@ -132,5 +101,5 @@ class Report:
         return {name: number["value"] for name, number in self.numbers.items()}
 
     def cannot_run(self, title, problem):
-        self.line('cannot run section "{title}": {problem}', title=title, problem=problem)
+        self.print(f'  cannot run section "{title}": {problem}')
         self.could_not_run.append((title, problem))

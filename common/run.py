@@ -8,30 +8,30 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
+from common.checkpoints import checkpoint_difference
 from common.environment import STANDIN_MARK, environment
 from common.errors import UserError
 from common.files import write_text
 from common.output import MATPLOTLIB_MISSING, Report
-from common.verdicts import comparison_lines, judge
+from common.verdicts import comparison_lines, flag_differences, judge
 
 
-class Run:
-    """The parsed flags, the device and its arithmetic, the processes of one run, and what its sections loaded."""
+class Run(SimpleNamespace):
+    __hash__ = object.__hash__  # by identity: the scripts cache what a run loads (functools.cache)
 
-    def __init__(self, args, device=None, rank=0, world=1, fp32_rule="strict"):
-        """fp32_rule: what --precision fp32 means on GPUs with TF32 (common/device.py), the rule of the
-        article's run."""
-        from common.device import pick_device, set_precision
 
-        self.args = args
-        self.device = device or (pick_device(args.device) if "device" in args else None)
-        self.fp32_rule = fp32_rule
-        self.autocast = (set_precision(self.device, args.precision, fp32_rule) if "precision" in args
-                         else contextlib.nullcontext())
-        self.rank, self.world = rank, world
-        self.loaded = {}  # a section's resources, for the next sections and the setup's differences
-        self.started = time.time()
+def start_run(args, device=None, rank=0, world=1, fp32_rule="strict"):
+    """One run: the parsed flags, the device and its arithmetic (fp32_rule: what --precision fp32 means on GPUs with
+    TF32, the rule of the article's run; common/device.py), its processes, and `kept`: what a section loaded, for the
+    next sections and the setup's differences."""
+    from common.device import pick_device, set_precision
+
+    device = device or (pick_device(args.device) if "device" in args else None)
+    autocast = set_precision(device, args.precision, fp32_rule) if "precision" in args else contextlib.nullcontext()
+    return Run(args=args, device=device, fp32_rule=fp32_rule, autocast=autocast, rank=rank, world=world, kept={},
+               started=time.time())
 
 
 def loaded(*loads):
@@ -52,10 +52,12 @@ CHECK_ONLY = "VIT_PART3_CHECK_ONLY"  # set to 1: a script checks its flags and p
 IN_JOB = "VIT_PART3_IN_JOB"  # set to 1 by reproduce.py for its scripts: the job's last lines say what to run next
 
 
-def run_sections(script, run, sections, setup_differences=None):
-    """Each section, then --compare and --json; status 1 when a section could not run or --json could not be written.
-    setup_differences(run) is asked after the sections, when the data they loaded is known."""
-    args = run.args
+def run_sections(script, args, sections, setup_differences=None, article_model=None, article_flags=None, **run):
+    """Each section of one run (start_run(args, **run)), then --compare and --json; status 1 when a section could not
+    run or --json could not be written. The setup's differences from the article's: --model against article_model,
+    the flags against article_flags ({item: (dest, the article's value)}), then setup_differences(run, those)'s (the
+    data's, and any of those it amends), asked after the sections, when the data they loaded is known."""
+    run = start_run(args, **run)
     if args.json:  # a typo in the path must not cost the run
         check_output(args.json, "--json")
     report = Report(script, quiet=run.rank != 0)
@@ -81,7 +83,10 @@ def run_sections(script, run, sections, setup_differences=None):
             report.cannot_run(section.__doc__.strip().splitlines()[0], problem)  # the docstring's first line: its title
     differences, rows, conclusions = {}, None, []
     if args.compare or args.json:  # the setup's differences, asked of the sections after them, decide the verdicts
-        differences = setup_differences(run) if setup_differences else {}
+        checkpoint = checkpoint_difference(args.model, article_model) if article_model else {}
+        flags = flag_differences(args, article_flags) if article_flags else {}
+        own = setup_differences(run, {**checkpoint, **flags}) if setup_differences else {}
+        differences = {**checkpoint, **own, **{item: flags[item] for item in flags if item not in own}}
         rows, conclusions = judge(script, report.numbers, differences)
     if args.compare:
         report.print("\n".join(comparison_lines(rows, conclusions, differences)))

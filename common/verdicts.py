@@ -211,20 +211,11 @@ def number_row(name, entry, number, differences):
     elif moved:
         row.update(verdict="not comparable", why="; ".join(difference["why"] for difference in moved.values()),
                    flags=list(dict.fromkeys(difference["flag"] for difference in moved.values())))
-    elif value is not None:
-        row["verdict"] = verdict(entry, value)
+    elif value is not None:  # on the article's setup: same, close, differs, or varies (chance alone decides it)
+        row["verdict"] = ("varies" if entry["kind"] == "chance" and "band" not in entry else
+                          "same" if row["run"] == entry["article"] else
+                          "close" if "band" in entry and abs(row["difference"]) <= entry["band"] else "differs")
     return row
-
-
-def verdict(entry, value):
-    """Same, close, differs or varies: this run's value against the entry on the article's setup."""
-    if entry["kind"] == "chance" and "band" not in entry:
-        return "varies"
-    if format_like(entry["article"], value) == entry["article"]:
-        return "same"
-    if "band" in entry and abs(value - float(entry["article"].replace(",", ""))) <= entry["band"]:
-        return "close"
-    return "differs"
 
 
 def conclusion_row(rule, judged, numbers, own):

@@ -12,6 +12,7 @@ built once, not once per worker. Tests marked `gpu` run only where torch sees a 
 import atexit
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -204,6 +205,13 @@ def script_output(main, argv, capsys):
         status = stopped.code
     captured = capsys.readouterr()
     return status, captured.out, captured.err
+
+
+def without_a_gpu(command):
+    """command run in a process of its own in which CUDA sees no GPU (CUDA_VISIBLE_DEVICES empty): a machine
+    without one, on any machine, GPU or not; torch.cuda.is_available() is really False there, not patched."""
+    return subprocess.run(command, cwd=ROOT, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, capture_output=True,
+                          text=True, check=False, timeout=120)
 
 
 # ---------------------------------------------------------------- the weight-dependent scripts on stand-ins

@@ -13,13 +13,14 @@ from conftest import BACKBONE_ARTICLE, BACKBONE_FLAGS, compare, script_output
 from PIL import Image
 
 import vit_backbone as backbone
+from common.checkpoints import checkpoint_difference
 from common.environment import STANDIN_MARK
 from common.errors import UserError
 from common.output import Report
-from common.run import Run
+from common.run import start_run
 from common.start import guarded
 from common.trainer import check_classifier_files, dataset_loader
-from common.verdicts import load_reference
+from common.verdicts import flag_differences, load_reference
 
 
 def article_output(pattern):
@@ -45,7 +46,7 @@ def test_a_grid_that_does_not_match_is_refused():
 @pytest.mark.skipif(not BACKBONE_ARTICLE.exists(), reason="the article is not beside the checkout")
 def test_section_1_prints_the_article_lines(capsys):
     report = Report("backbone")
-    backbone.section_feature_map(Run(argparse.Namespace(seed=42)), report)
+    backbone.section_feature_map(start_run(argparse.Namespace(seed=42)), report)
     printed = [text.strip() for text in capsys.readouterr().out.splitlines()]
     logged = article_output(r"(?:Patch tokens|Feature map) shape: torch\.Size\(\[[\d, ]+\]\)")
     assert len(logged) == 2 and all(text in printed for text in logged)
@@ -85,7 +86,7 @@ def test_the_tables_printed_word_and_the_comparisons_verdict_are_one_rule(capsys
     """Each row's word is --compare's verdict for its count, and both are the whole classifier's count by hand,
     rounded to millions, against the article's column: 87 against 86 differs, 307 against 307 is the same."""
     report = Report("backbone")
-    backbone.section_table(Run(argparse.Namespace(seed=42)), report)
+    backbone.section_table(start_run(argparse.Namespace(seed=42)), report)
     printed = capsys.readouterr().out.splitlines()
     verdicts = {row["name"]: row["verdict"] for row in compare(report.numbers, load_reference("backbone"))}
     for name, table_millions in backbone.TABLE:
@@ -156,8 +157,10 @@ def differences(argv, counts=None, names=backbone.BEANS_CLASSES):
             raise UserError("dataset AI-Lab-Makerere/beans is not here")
         return {"train": range(counts[0]), "validation": range(counts[1]), "names": list(names)}
 
-    with mock.patch.object(backbone, "load_beans", load_beans):
-        return backbone.setup_differences(argparse.Namespace(args=backbone.parse_args(argv)))
+    args = backbone.parse_args(argv)
+    known = {**checkpoint_difference(args.model, backbone.MODEL), **flag_differences(args, backbone.ARTICLE_FLAGS)}
+    with mock.patch.object(backbone, "load_beans", load_beans):  # as run_sections: the checkpoint and flags, the rest
+        return {**known, **backbone.setup_differences(argparse.Namespace(args=args), known)}
 
 
 def test_setup_differences_name_the_flags():
@@ -241,7 +244,7 @@ def test_the_trainer_with_2_workers_gives_the_numbers_it_gives_with_none(beans_s
     results = []
     for workers in (0, 2):
         monkeypatch.setattr(backbone, "loader_workers", lambda device, workers=workers: workers)
-        result = backbone.finetune(Run(args, fp32_rule=backbone.ARTICLE_FP32_RULE))
+        result = backbone.finetune(start_run(args, fp32_rule=backbone.ARTICLE_FP32_RULE))
         assert result["workers"] == workers and result["passes"]["training"]["pictures"] == 15 * 4  # 15 steps of 4
         assert result["passes"]["evaluations"]["pictures"] == 4 * 6  # before, at steps 10 and 15, after: 6 pictures
         results.append(result)

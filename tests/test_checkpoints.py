@@ -11,8 +11,9 @@ from huggingface_hub import constants
 from huggingface_hub.hf_api import BlobLfsInfo, RepoSibling
 
 from common import checkpoints
-from common.checkpoints import checkpoint_difference
+from common.checkpoints import check_model_flag, checkpoint_difference, load_pretrained
 from common.environment import MINIATURE_MARK, STANDIN_MARK
+from common.errors import UserError
 from job.standins import vit_classifier
 
 ARTICLE = "google/vit-base-patch16-224"
@@ -126,3 +127,35 @@ def test_online_the_hubs_file_metadata_decides(copy, hub_cache, monkeypatch, sam
 def test_a_folder_without_weights_is_named(copy):
     (copy / "model.safetensors").unlink()
     assert "a folder without model.safetensors or pytorch_model.bin" in why(checkpoint_difference(str(copy), ARTICLE))
+
+
+def test_missing_checkpoint_offline_names_it_and_the_fix():
+    from transformers import ViTModel
+
+    with pytest.raises(UserError) as problem:
+        load_pretrained(ViTModel, "google/vit-not-a-real-checkpoint")
+    message = str(problem.value)
+    assert "google/vit-not-a-real-checkpoint" in message and "--model" in message and "\n" not in message
+
+
+def test_a_directory_without_a_checkpoint_is_reported(tmp_path):
+    from transformers import ViTModel
+
+    with pytest.raises(UserError, match="not a saved checkpoint directory"):
+        load_pretrained(ViTModel, str(tmp_path))
+
+
+def test_a_model_flag_is_a_directory_or_a_hub_id_by_the_hubs_rule(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a" / "b" / "c").mkdir(parents=True)
+    (tmp_path / "weights.bin").write_bytes(b"")
+    for hub_id in ("google/vit-base-patch16-224", "vit", "a/b", "models/vit"):  # not refused: the Hub is asked later
+        check_model_flag(hub_id)
+    for path in ("./a", str(tmp_path / "a"), "a/b/c"):
+        check_model_flag(path)
+    for name, what in [("./nothing", "does not exist"), ("a/b/nothing", "does not exist"),
+                       ("google/vit base", "does not exist"),
+                       ("./weights.bin", "is a file, not a checkpoint directory")]:
+        with pytest.raises(UserError, match=rf"^--model {name}: the directory {what}; pass a saved checkpoint "
+                                            rf"directory or a Hub id$"):
+            check_model_flag(name)

@@ -1,11 +1,12 @@
 """vit_part3_fewshot.py: the closed form by hand, against numpy, and on a tiny frozen ViT."""
+import multiprocessing
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 import torch
-from conftest import ARTICLE, ROOT, article_block
+from conftest import ARTICLE, ROOT, article_block, without_a_gpu
 from PIL import Image
 
 import vit_part3_fewshot as fewshot
@@ -222,14 +223,15 @@ def test_a_partial_copy_of_the_training_pictures_moves_the_pool(tmp_path):
     from conftest import compare
 
     from common.environment import STANDIN_MARK
-    from common.run import Run
-    from common.verdicts import load_reference
+    from common.run import start_run
+    from common.verdicts import flag_differences, load_reference
 
     root = imagenette_folder(tmp_path / "imagenette2-160", per_class=6)
     (root / STANDIN_MARK).unlink()  # a user's partial copy, not a folder job/standins.py made
     args = Namespace(model=fewshot.DEFAULT_MODEL, data_dir=str(root), per_class=3, pool=5, seed=0, shots=[1, 5],
                      lambdas=[1.0], draws=5, resolution=224, precision="fp32")
-    differences = fewshot.setup_differences(Run(args, device=torch.device("cpu")))
+    known = flag_differences(args, fewshot.ARTICLE_FLAGS)  # as run_sections: the flags', then the script's own
+    differences = {**known, **fewshot.setup_differences(start_run(args, device=torch.device("cpu")), known)}
     assert differences["training pictures"]["flag"] == f"--data-dir {root}"
     assert differences["training pictures"]["why"] == (f"--data-dir {root}: 60 of 9,469 training pictures "
                                                        "(a partial copy)")
@@ -240,3 +242,32 @@ def test_a_partial_copy_of_the_training_pictures_moves_the_pool(tmp_path):
     mean = rows["pre-logits lambda 1 1-shot mean"]
     assert mean["verdict"] == "not comparable" and "interval" not in mean and f"--data-dir {root}" in mean["flags"]
     assert rows["pool pictures"]["verdict"] == rows["per-class tench"]["verdict"] == "not comparable"
+
+
+def test_script_with_a_missing_device_exits_2():
+    run = without_a_gpu([sys.executable, "vit_part3_fewshot.py", "--device", "cuda"])
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr.startswith("error: --device cuda: ") and run.stderr.count("\n") == 1, run.stderr
+
+
+def test_a_script_whose_worker_cannot_read_a_picture_says_so_in_one_line(tiny_in21k, tmp_path, monkeypatch, capsys):
+    """As beside a GPU: few-shot's pictures are read by two worker processes, and one of them is broken."""
+    import vit_part3_fewshot
+    from common import loader
+    from job.standins import imagenette_folder
+
+    monkeypatch.setattr(loader, "loader_workers", lambda device: 2)
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    children = set(multiprocessing.active_children())  # an earlier test's, if any
+    data = imagenette_folder(tmp_path / "nette", per_class=2)
+    picture = min((data / "val" / "n01440764").iterdir())
+    picture.write_bytes(picture.read_bytes()[:-200])
+    status = vit_part3_fewshot.main(["--model", str(tiny_in21k), "--data-dir", str(data), "--pool", "2", "--shots", "1",
+                                     "--draws", "1", "--no-cache", "--device", "cpu"])
+    out, err = capsys.readouterr()
+    refused = [line for line in out.splitlines() if "cannot run section" in line]
+    assert status == 1 and refused, out  # each section that needs the features says it
+    assert all(f": cannot read picture {picture}: image file is truncated" in line for line in refused), out
+    assert "Traceback" not in out + err and "worker process" not in out + err
+    # ended with the failed pass (alive, they slowed later tests)
+    assert set(multiprocessing.active_children()) <= children

@@ -22,6 +22,7 @@ from common.loader import NEW_PASS
 from common.output import Accuracy, Report
 from common.start import Terminated
 from common.training import read_checkpoint, save_checkpoint, set_rng_states
+from common.verdicts import flag_differences
 from vit_part3_posemb import bilinear_table
 
 # The article's logged learning rates of the 300-step run (step: lr as printed).
@@ -117,8 +118,7 @@ def test_clipping_counts_the_norms_above_the_cap_and_the_windows_are_the_runs_en
     """A norm of exactly 1 is not clipped: min(1, 1/||g||) = 1. Windows of 2: the first and the last two steps."""
     stats = finetune.run_statistics([5.0, 4.0, 3.0, 2.0, 1.0], [1.0, 2.0, 0.5, 1.5, 4.0], 1.0, norm_window=2,
                                     loss_window=2)
-    assert stats == {"clipped steps": 3, "median norm first": 1.5, "median norm last": 2.75, "mean loss first": 4.5,
-                     "mean loss last": 1.5}
+    assert stats == (3, 1.5, 2.75, 4.5, 1.5)  # clipped steps, median norms first and last, mean losses
 
 
 def test_the_body_gradient_norm_leaves_out_the_head_and_what_got_no_gradient():
@@ -146,12 +146,18 @@ def test_each_process_takes_its_contiguous_share_of_the_steps_batch():
     assert [flips.tolist() for _, flips in shares] == [[True, False], [False, True], [False, False], [True, False]]
 
 
+def all_differences(run):
+    """The setup's differences as run_sections makes them: the flags', then the script's own."""
+    known = flag_differences(run.args, finetune.ARTICLE_FLAGS)
+    return {**known, **finetune.setup_differences(run, known)}
+
+
 def test_a_shorter_run_removes_the_article_steps_it_never_logs():
     """30 steps log 0, 1, 2, 5, 10, 15, 20, 25, 30: the article's rows of its other steps are not comparable."""
     run = SimpleNamespace(args=SimpleNamespace(steps=30, batch_size=32, lr=0.003, resolution=224, precision="fp32",
                                                per_class=None, data_dir=None, check_per_class=None,
-                                               model=finetune.MODEL), loaded={})
-    differences = finetune.setup_differences(run)
+                                               model=finetune.MODEL), kept={})
+    differences = all_differences(run)
     removed = differences["steps"]["removes"]
     assert "step 250 loss" in removed and "step 300 norm" in removed and "step 0 validation" not in removed
     assert not [name for name in removed if name.split()[1] in ("1", "2", "5", "10", "15", "20", "25", "30")]
@@ -164,8 +170,8 @@ def test_the_pictures_the_sections_loaded_are_the_setups_difference_and_no_sampl
     args = SimpleNamespace(steps=300, batch_size=32, lr=0.003, resolution=224, precision="fp32", per_class=8,
                            data_dir=None, check_per_class=None, model=finetune.MODEL)
     data = {"train": [("a picture", 0)] * 80, "val": [("a picture", 0)] * 80, "classes": 10}
-    run = SimpleNamespace(args=args, loaded={"data and model": (data, "the model", (768, 768))})
-    differences = finetune.setup_differences(run)
+    run = SimpleNamespace(args=args, kept={"data and model": (data, "the model", (768, 768))})
+    differences = all_differences(run)
     assert differences["training pictures"] == {"flag": "--per-class 8", "why": "--per-class 8: 80 of 9,469 training "
                                                                                "pictures (the first 8 of each class)"}
     assert differences["validation pictures"]["why"].startswith("--per-class 8: 80 of 3,925 validation pictures")
@@ -178,8 +184,8 @@ def test_fine_tuning_on_another_data_set_is_not_the_articles_setup(tmp_path):
         (tmp_path / "flowers" / split / "rose").mkdir(parents=True)
     args = SimpleNamespace(steps=300, batch_size=32, lr=0.003, resolution=224, precision="fp32", per_class=None,
                            data_dir=str(tmp_path / "flowers"), check_per_class=None, model=finetune.MODEL)
-    run = SimpleNamespace(args=args, loaded={})
-    assert finetune.setup_differences(run)["data set"]["flag"] == f"--data-dir {tmp_path / 'flowers'}"
+    run = SimpleNamespace(args=args, kept={})
+    assert all_differences(run)["data set"]["flag"] == f"--data-dir {tmp_path / 'flowers'}"
 
 
 # ---------------------------------------------------------------- the training loop, on a tiny classifier

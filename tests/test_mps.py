@@ -17,7 +17,7 @@ import vit_part3_posemb
 from common.device import set_precision
 from common.errors import UserError
 from common.loader import one_pass, start_pass
-from common.run import Run, run_sections
+from common.run import run_sections
 from job.standins import vit_classifier
 
 
@@ -109,6 +109,6 @@ def test_an_operation_missing_on_mps_names_the_fallback(capsys):
         raise NotImplementedError("The operator 'aten::upsample_bicubic2d.out' is not currently implemented for MPS")
 
     args = argparse.Namespace(compare=False, json=None, precision="fp32")
-    status = run_sections("posemb", Run(args, device=torch.device("mps")), [section_with_a_missing_operation])
+    status = run_sections("posemb", args, [section_with_a_missing_operation], device=torch.device("mps"))
     out = capsys.readouterr().out
     assert status == 1 and 'cannot run section "2. a section"' in out and "PYTORCH_ENABLE_MPS_FALLBACK=1" in out

@@ -2,6 +2,7 @@
 table's layout, its stretches to a bigger grid and the cosine map, against values worked out by hand and against SciPy,
 torch and the library's interpolate_pos_encoding."""
 import math
+import os
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -266,12 +267,13 @@ def test_another_resolution_makes_the_stretched_grids_numbers_not_comparable(tmp
     article's."""
     from argparse import Namespace
 
-    from common.run import Run
-    from common.verdicts import judge, load_reference
+    from common.run import start_run
+    from common.verdicts import flag_differences, judge, load_reference
 
     args = Namespace(model=posemb.DEFAULT_MODEL, resolution=512, precision="fp32", per_class=None,
                      data_dir=str(tmp_path / "missing"))
-    differences = posemb.setup_differences(Run(args, device=torch.device("cpu")))  # the pictures cannot load
+    known = flag_differences(args, posemb.ARTICLE_FLAGS)  # as run_sections: the flags', then the script's own
+    differences = {**known, **posemb.setup_differences(start_run(args, device=torch.device("cpu")), known)}
     assert list(differences) == ["resolution"]
     numbers = {name: {"value": float(entry["article"].replace(",", ""))} for name, entry
                in load_reference("posemb").items()}
@@ -281,3 +283,18 @@ def test_another_resolution_makes_the_stretched_grids_numbers_not_comparable(tmp
     assert rows["own grid neighbours min"]["verdict"] == "same"
     stretched = next(row for row in conclusions if row["says"].startswith("after the stretch"))
     assert (stretched["verdict"], stretched["flags"]) == ("not comparable", ["--resolution 512"])
+
+
+def test_a_script_that_could_not_run_a_section_ends_on_each_reason_once_and_the_command_to_run(tmp_path):
+    """Run from another folder, offline, without the checkpoint or the pictures: the last lines name each missing
+    thing once (three sections lack the checkpoint, one also the pictures) and the command as typed, which works
+    from that folder."""
+    script = str(ROOT / "vit_part3_posemb.py")
+    done = subprocess.run([sys.executable, script, "--per-class", "5"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, check=False)
+    last = done.stderr.strip().splitlines()[-4:]
+    assert done.returncode == 1 and last[0] == ("3 section(s) could not run (2. the position table, 3. cosine "
+                                                "similarity, 4. accuracy at both resolutions):"), done.stderr
+    assert last[1].startswith("  checkpoint google/vit-base-patch16-224 is not in the local Hugging Face cache")
+    assert last[2].startswith(f"  Imagenette is not in {os.environ['VIT_PART3_DATA']}/imagenette2-160")
+    assert last[3] == f"next: do what each line above says, then python {script} --per-class 5 runs every section"

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from common.start import PACKAGES
+from common.errors import UserError
+from common.start import PACKAGES, guarded
 
 ENTRY_POINTS = ["reproduce.py", "vit_part3_setup.py", "vit_part3_posemb.py", "vit_part3_fewshot.py",
                 "vit_part3_finetune.py", "vit_backbone.py", "job/standins.py"]
@@ -89,3 +90,45 @@ def test_a_python_with_every_package_says_nothing_of_them(tmp_path):
     done = subprocess.run([*command, "reproduce.py", "--help"], cwd=ROOT, env=environment, capture_output=True,
                           text=True, timeout=300, check=False)
     assert done.returncode == 0 and done.stdout.startswith("usage: reproduce.py"), done.stderr
+
+
+def test_guarded_turns_a_user_error_into_exit_2(capsys):
+    def main():
+        raise UserError("no such thing; do this instead")
+
+    assert guarded(main) == 2
+    assert capsys.readouterr().err.strip() == "error: no such thing; do this instead"
+
+
+SPEAKS = [
+    ({}, True),
+    ({"RANK": "1"}, True),  # a RANK exported by a cluster's job, not torchrun's: the one process still speaks
+    ({"RANK": "0", "WORLD_SIZE": "2"}, True),
+    ({"RANK": "1", "WORLD_SIZE": "2"}, False),  # torchrun's second process: the first speaks for it
+]
+
+
+@pytest.mark.parametrize("environment,speaks", SPEAKS)
+def test_a_user_error_is_said_once_under_torchrun_and_always_outside_it(environment, speaks, monkeypatch, capsys):
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+
+    def main():
+        raise UserError("--json x: cannot be written")
+
+    assert guarded(main) == 2
+    assert capsys.readouterr().err == ("error: --json x: cannot be written\n" if speaks else "")
+
+
+@pytest.mark.parametrize("environment,speaks", SPEAKS)
+def test_only_the_process_that_speaks_draws_progress_bars(environment, speaks):
+    """tqdm reads TQDM_DISABLE once, when it is imported (by torch, at a script's start): before_torch_loads() sets it
+    first, as a script's first line does."""
+    code = ("from common.start import before_torch_loads; before_torch_loads(); import tqdm; "
+            "print(tqdm.tqdm([]).disable)")
+    plain = {name: value for name, value in os.environ.items() if name not in ("RANK", "WORLD_SIZE", "TQDM_DISABLE")}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**plain, **environment}, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.stdout.split() == [str(not speaks)], done.stderr

@@ -1,8 +1,8 @@
-"""Each logged line is one template, and every template is a line of the articles (numbers masked), or listed here
-as the project's own with the reason: the layout cannot drift from the articles silently.
+"""Each logged line is one f-string, and every one is a line of the articles (its fields masked), or listed here as
+the project's own with the reason: the layout cannot drift from the articles silently.
 
-The templates are read from the scripts' source: every report.line / header / subheader call, whose first argument
-must be a string (or a module constant holding one), not an f-string.
+The f-strings are read from the scripts' source: every report.print call of a logged line ("  ..."), a section's
+title ("\n== ... ==") or a subheader ("\n-- ... --"), whose argument must be an f-string or a string.
 """
 import ast
 import re
@@ -14,7 +14,9 @@ ROOT = Path(__file__).resolve().parent.parent
 ARTICLES = ROOT.parent / "shared" / "article"
 SCRIPTS = ("vit_part3_setup.py", "vit_part3_posemb.py", "vit_part3_fewshot.py", "vit_part3_finetune.py",
            "vit_backbone.py")
-FRAMES = {"line": "  {}", "header": "== {} ==", "subheader": "-- {} --"}
+# report.print's frames in the source (start, end), and as the article prints them
+FRAMES = {"header": ("\n== ", " =="), "subheader": ("\n-- ", " --"), "line": ("  ", "")}
+PRINTED = {"line": "  {}", "header": "== {} ==", "subheader": "-- {} --"}
 FIELD = re.compile(r"\{\{|\}\}|\{[^{}]*\}")
 
 # The lines that are the project's own, not the articles': template -> why it is printed. A backbone template with
@@ -48,7 +50,7 @@ PROJECT_LINES = {
     "2. the table of common ViT configurations, counted on torch's meta device (no download)": "a section's title",
     "model name                     patch input   dim layers heads  table  counted: with its 1000-class head "
     "(backbone alone)": "the article's table, counted: its head row",
-    "{name:<30} {patch size:>5} {input resolution:>5} {embedding dimension:>5} {layers:>6} {heads:>5}  {table:>4}M  "
+    "{name:<30} {patch, input, dim, layers, heads}  {table:>4}M  "
     "{parameters:,} = {parameters (M):.0f}M ({backbone parameters:,} = {backbone parameters (M):.0f}M)  {verdict}":
         "the article's table, counted: a row",
     "same / differs: the table's Parameters column read as the whole classifier its row names (with its 1000-class "
@@ -59,6 +61,7 @@ PROJECT_LINES = {
     "patch size and resolution; the position table (N+1 rows) and the patch embedding (3 P^2 D) make the counts "
     "differ by patch and resolution": "why the counts differ from the table",
     "3. {model}: backbone + head": "a section's title",
+    "{label}: {value}": "the article's print()s of model.config, a line per label (CONFIG_LINES: the article's words)",
     "parameters: backbone (patch embedding, class token, position embedding, encoder, final LayerNorm) "
     "{backbone parameters:,}; head Linear({head in features}, {head out features}) {head parameters:,} "
     "({backbone share (%):.2f}% in the backbone)": "the article's split into backbone and head, counted",
@@ -99,8 +102,9 @@ PROJECT_LINES = {
     "linear probe: DINO's linear evaluation (Caron et al. 2021): normal(0, {std}) weights, SGD momentum {momentum}, no "
     "weight decay, learning rate {base_lr} x batch {batch_size}/256, cosine to 0 over {epochs} epochs. Unlike DINO: no "
     "random crops and flips (the features are computed once); the pictures preprocessed as the checkpoint's processor "
-    "does ({preprocessing}), not Resize 256 + CenterCrop 224 with ImageNet's mean and std; and the accuracy is the "
-    "last epoch's, where DINO reports the best over its epochs (chosen on the validation pictures)":
+    "does (resized to {side}, mean {mean} and std {std}), not Resize 256 + CenterCrop 224 with ImageNet's mean and "
+    "std; and the accuracy is the last epoch's, where DINO reports the best over its epochs (chosen on the validation "
+    "pictures)":
         "section 5, beyond the article",
     "closed form: Part 3's W = (X^T X + lambda I)^-1 X^T Y on the same features with a bias column, targets in "
     "{{-1, +1}}": "section 5, beyond the article",
@@ -149,23 +153,38 @@ PROJECT_LINES = {
 }
 
 
+def template_of(node):
+    """An f-string (or a plain string) as a template: its text, each {expression} a field "{}" (any printed text)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value.replace("{", "{{").replace("}", "}}")
+    if not isinstance(node, ast.JoinedStr):
+        return None
+    return "".join("{}" if isinstance(part, ast.FormattedValue) else part.value.replace("{", "{{").replace("}", "}}")
+                   for part in node.values)
+
+
 def templates(path):
-    """[(line number, call, template or None when the first argument is not a string)] of a script's report calls."""
-    tree = ast.parse(path.read_text())
-    constants = {target.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
-                 for target in node.targets if isinstance(target, ast.Name)
-                 and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)}
+    """[(line number, frame, template or None when the argument is not an f-string)] of a script's report.print
+    calls, each template without its frame (FRAMES); an empty line (report.print()) is none."""
     found = []
-    for node in ast.walk(tree):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in FRAMES
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "print"
                 and isinstance(node.func.value, ast.Name) and node.func.value.id == "report"):
-            first = node.args[0] if node.args else ast.Constant("")
-            if isinstance(first, ast.Name):
-                template = constants.get(first.id)
-            else:
-                template = first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else None
-            found.append((node.lineno, node.func.attr, template))
+            template = template_of(node.args[0]) if node.args else ""
+            frame = next((call for call, (start, end) in FRAMES.items()
+                          if template is not None and template.startswith(start) and template.endswith(end)), None)
+            if template is None or frame:
+                start, end = FRAMES[frame] if frame else ("", "")
+                found.append((node.lineno, frame, template and template[len(start):len(template) - len(end)]))
     return found
+
+
+def masked(template):
+    """A template with each field {name:spec} as {}: the project's own lines are listed with their names."""
+    return FIELD.sub(lambda match: match[0] if match[0] in ("{{", "}}") else "{}", template)
+
+
+OWN = {masked(line) for line in PROJECT_LINES}
 
 
 def literal_parts(template, frame):
@@ -209,7 +228,7 @@ def all_templates():
 
 def test_every_logged_line_is_one_template():
     not_templates = [where for where, _, template in all_templates() if template is None]
-    assert not not_templates, f"a logged line built otherwise than from one string template: {not_templates}"
+    assert not not_templates, f"a logged line built otherwise than from one f-string: {not_templates}"
 
 
 @pytest.mark.skipif(not ARTICLES.is_dir(), reason="the article is not beside the checkout")
@@ -224,14 +243,14 @@ def test_every_template_is_an_article_line_or_the_projects_own():
         if template is None:
             continue
         if where.startswith("vit_part3_"):
-            found = any(matches(literal_parts(template, FRAMES[call]), line, True) for line in part3)
+            found = any(matches(literal_parts(template, PRINTED[call]), line, True) for line in part3)
         else:
             inline = literal_parts(template, "{}")
             found = sum(len(part.replace(" ", "")) for part in inline) >= 10 and any(matches(inline, line, False)
                                                                                      for line in backbone)
-        if not found and template not in PROJECT_LINES:
+        if not found and template not in OWN:
             missing.append(f"{where}: {template!r}")
-        if found and template in PROJECT_LINES:
+        if found and template in OWN:
             listed_in_article.append(f"{where}: {template!r}")
     assert not missing, "templates that are no article line and not listed as the project's own:\n" + "\n".join(
         missing)
@@ -240,4 +259,5 @@ def test_every_template_is_an_article_line_or_the_projects_own():
 
 def test_the_projects_own_lines_are_still_printed():
     used = {template for _, _, template in all_templates()}
-    assert not set(PROJECT_LINES) - used, "listed as the project's own but no longer printed"
+    assert not [line for line in PROJECT_LINES if masked(line) not in used], \
+        "listed as the project's own but no longer printed"

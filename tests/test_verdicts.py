@@ -18,7 +18,6 @@ from common.verdicts import (
     load_reference,
     number_interval,
     number_row,
-    verdict,
 )
 
 SCRIPTS = ("setup", "posemb", "fewshot", "finetune", "backbone")
@@ -307,7 +306,7 @@ def test_each_check_decides_as_worked_out_by_hand(op, left, right, extra, expect
     ({"article": "98.0", "kind": "chance", "band": 0.5}, 98.5, "close"),  # at the band's edge: inside it
 ])
 def test_a_number_on_the_articles_setup_is_same_close_differs_or_varies(entry, value, expected):
-    assert verdict(entry, value) == expected
+    assert number_row("a number", entry, {"value": value}, {})["verdict"] == expected
 
 
 def test_format_like_uses_the_articles_digits():

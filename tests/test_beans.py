@@ -1,0 +1,23 @@
+"""common/beans.py: a dataset neither cached nor reachable is one line that says why and the fixes."""
+import pytest
+
+from common.errors import UserError
+
+
+@pytest.mark.parametrize("offline,why", [(True, "HF_HUB_OFFLINE=1 forbids downloads"),
+                                         (False, "the Hugging Face Hub cannot be reached")])
+def test_a_dataset_neither_cached_nor_reachable_says_why_and_the_fixes(monkeypatch, offline, why):
+    import datasets
+    from huggingface_hub import constants
+
+    from common import beans
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", offline)
+    monkeypatch.setattr(beans, "hub_reachable", lambda name, repo_type: False)
+    with pytest.raises(UserError) as error:
+        beans.from_hub("nobody/no-such-dataset")
+    assert str(error.value) == (f"dataset nobody/no-such-dataset is not in the local Hugging Face cache and {why}: "
+                                f"connect to the internet once to download it (about 180 MB) into the Hugging Face "
+                                f"cache, or pass --data-dir with a local copy of its files")
+    assert (constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE) == (offline, offline)  # switched back
