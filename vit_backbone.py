@@ -13,7 +13,7 @@ Reproduces the companion article "ViT as a backbone":
   5. beyond the article, on the same pictures: the random new head, a linear probe on frozen features
      (DINO's linear evaluation), Part 3's closed-form probe on the same features, full fine-tuning.
 
-    python vit_backbone.py                   # downloads the checkpoint (346 MB) and beans (180 MB) once
+    python vit_backbone.py                   # downloads the checkpoint and beans once
     python vit_backbone.py --compare --json results/backbone.json --plots figures/
     python vit_backbone.py --data-dir beans/ # a local copy of the dataset's files (README.md, data/*.parquet)
     python vit_backbone.py --per-class 20 --epochs 1    # a quick look: not the article's setup
@@ -43,6 +43,7 @@ from common.device import PRECISIONS, float32_arithmetic, float32_rule, to_devic
 from common.environment import made_here
 from common.errors import UserError
 from common.loader import NEW_PASS, loader_workers, timed
+from common.output import say
 from common.paths import FEATURE_CACHE_DIR
 from common.run import loaded, run_sections
 from common.verdicts import flag_differences, subset_differences
@@ -509,8 +510,8 @@ def section_finetune(run, report):
     print_history(report, result["history"])
     report.series["feature maps"] = result["feature maps"]
     if args.plots:
-        figures.backbone_curves(report.series, args.plots, report.say)
-        figures.backbone_feature_maps(result["feature maps"], args.plots, report.say)
+        figures.backbone_curves(report.series, args.plots, say)
+        figures.backbone_feature_maps(result["feature maps"], args.plots, say)
 
 
 def section_three_ways(run, report):

@@ -5,7 +5,7 @@ Reproduces the article's section "Metrics: fine-tuning accuracy and few-shot acc
   2. frozen ViT-B/16 (ImageNet-21k weights) on Imagenette: 1, 5 and 10 pictures per class drawn 5
      times from a pool of 50 per class, three values of lambda, two representations.
 
-    python vit_part3_fewshot.py                  # downloads the checkpoint (346 MB) and Imagenette (99 MB) once
+    python vit_part3_fewshot.py                  # downloads the checkpoint and Imagenette once
     python vit_part3_fewshot.py --lambdas 0.1 10 --draws 20     # a second run reads the cached features
     python vit_part3_fewshot.py --per-class 20 --compare     # 200 validation pictures, the article's pool
 
@@ -34,7 +34,7 @@ from common.feature_cache import cache_key, cached_passes, picture_digests
 from common.imagenette import CLASSES, class_folders, data_differences, ensure_imagenette, list_split
 from common.inference import run_model
 from common.loader import one_pass, start_pass
-from common.output import Accuracy
+from common.output import Accuracy, say
 from common.paths import CHECKOUT, FEATURE_CACHE_DIR
 from common.run import run_sections
 from common.verdicts import article_values, load_reference
@@ -222,7 +222,7 @@ def section_frozen(run, report):
     report.print(f"  chance is {report.num('chance (%)', 100 / classes, '.0f')}%; 1-shot means "
                  f"{report.num('1-shot pictures', classes)} training pictures in total, one per class")
     if args.plots:
-        figures.fewshot_accuracy(report.values(), article_values("fewshot"), args.plots, report.say, args.draws)
+        figures.fewshot_accuracy(report.values(), article_values("fewshot"), args.plots, say, args.draws)
 
 
 def section_one_solve(run, report):

@@ -7,7 +7,7 @@ Reproduces the article's sections "Fine-tuning: a new head for a new task" and "
   2. the recipe below: 300 steps of batch 32, validation along the way, then the averaged and the last
      weights on all validation pictures.
 
-    python vit_part3_finetune.py                              # downloads ViT-B/16 in21k (346 MB), Imagenette (99 MB)
+    python vit_part3_finetune.py                              # downloads ViT-B/16 in21k and Imagenette once
     python vit_part3_finetune.py --save-dir runs/ft           # a checkpoint every 50 steps, on Ctrl-C and SIGTERM
     python vit_part3_finetune.py --save-dir runs/ft --resume  # ... and the run continues where it stopped
     python vit_part3_finetune.py --batch-size 512 --accum-steps 16 --resolution 384   # the paper's batch and size
@@ -40,10 +40,10 @@ from common import cli, distributed
 from common.checkpoints import checkpoint_config, load_pretrained
 from common.device import to_device
 from common.errors import UserError
-from common.imagenette import class_folders, data_differences, ensure_imagenette, is_imagenette, list_split
+from common.imagenette import CLASSES, class_folders, data_differences, ensure_imagenette, is_imagenette, list_split
 from common.inference import run_model
 from common.loader import NEW_PASS, one_pass, start_pass, timed
-from common.output import Accuracy
+from common.output import Accuracy, say
 from common.pictures import to_pixels
 from common.run import check_output, loaded, run_sections
 from common.training import read_checkpoint, save_checkpoint, set_rng_states
@@ -369,7 +369,7 @@ def section_finetune(run, report):
     # read once, kept on the device: an unreadable picture stops the run here; the reading counts as the checks' wait
     monitor = kept_batches(items, run, micro, log)
     if start == 0:
-        (step_0,), _ = accuracies([model.eval()], *monitor, run, micro, "step 0", log["passes"]["checks"])
+        step_0 = accuracies([model.eval()], *monitor, run, micro, "step 0", log["passes"]["checks"])[0]
         log["step 0"] = float(step_0)  # no sample: the zero head's tie is 100 / classes on a balanced check
         ties = not model.classifier.weight.any() and not model.classifier.bias.any()
         log["tie note"] = "  (zero head: every class ties, the first wins)" if ties else ""
@@ -377,20 +377,21 @@ def section_finetune(run, report):
                  f"{report.num('monitor per class', len(items) // data['classes'])} per class) "
                  f"{report.num('step 0 validation', log['step 0'], '.1f')}%{log['tie note']}")
     last_step = min(args.pause_at or args.steps, args.steps)
-    train(run, report, data, model, average, optimizer, log, monitor, start, last_step)
+    train(run, report, data=data, model=model, average=average, optimizer=optimizer, log=log, monitor=monitor,
+          micro=micro, steps=(start, last_step))
     try:
-        finish(run, report, data, model, average, log, last_step)
+        finish(run, report, data=data, model=model, average=average, log=log, micro=micro, last_step=last_step)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM in the last passes: the last step is saved, only they are left
         if args.save_dir:
-            report.say(f"\nsaved {Path(args.save_dir) / CHECKPOINT} at step {last_step}: add --resume to finish")
+            say(f"\nsaved {Path(args.save_dir) / CHECKPOINT} at step {last_step}: add --resume to finish")
         raise
 
 
-def train(run, report, data, model, average, optimizer, log, monitor, start, last_step):
-    """Steps start+1 .. last_step: the article's loop, its logged steps, and a checkpoint every --save-every steps, at
-    the last one and on Ctrl-C or SIGTERM (then the run stops, every process at the same step)."""
-    args, passes = run.args, log["passes"]
-    micro = args.batch_size // (run.world * args.accum_steps)  # the pictures of one forward pass
+def train(run, report, *, data, model, average, optimizer, log, monitor, micro, steps):
+    """Steps (start, last_step): start+1 .. last_step, the article's loop, its logged steps, and a checkpoint every
+    --save-every steps, at the last one and on Ctrl-C or SIGTERM (then the run stops, every process at the same step).
+    micro: the pictures of one forward pass; monitor: the checks' batches and labels."""
+    (start, last_step), args, passes = steps, run.args, log["passes"]
     trained = torch.nn.parallel.DistributedDataParallel(model) if run.world > 1 else model  # on the model's device
     for row in log["rows"]:  # a resumed run's logged steps, printed again
         print_step(report, row["step"], {**row, "accuracy": Accuracy(*row["accuracy"])})
@@ -418,7 +419,7 @@ def train(run, report, data, model, average, optimizer, log, monitor, start, las
             log["norms"].append(norm)
             passes["training"]["seconds"] += time.perf_counter() - step_begun
             if step in logged:
-                (percent,), _ = accuracies([model.eval()], *monitor, run, micro, f"step {step}", passes["checks"])
+                percent = accuracies([model.eval()], *monitor, run, micro, f"step {step}", passes["checks"])[0]
                 log["seconds"] = time.perf_counter() - begun
                 row = {"lr": lr, "loss": loss, "norm": norm, "accuracy": percent, "seconds": log["seconds"],
                        "waiting seconds": sum(timing["waiting seconds"] for timing in passes.values())}
@@ -440,7 +441,7 @@ def train(run, report, data, model, average, optimizer, log, monitor, start, las
                 raise problem or UserError("the first process could not write its checkpoint (it names the reason)")
             if interrupted:
                 saved = f"; saved {path}: add --resume to continue" if path else " (no --save-dir: nothing saved)"
-                report.say(f"\nstopped after step {step}{' on ' + stop['asked'] if stop['asked'] else ''}{saved}")
+                say(f"\nstopped after step {step}{' on ' + stop['asked'] if stop['asked'] else ''}{saved}")
                 raise Terminated if stop["asked"] == "SIGTERM" else KeyboardInterrupt
 
 
@@ -503,23 +504,26 @@ def step_batches(items, first, last, run, log):
     if not chosen:
         return
     indices, flips = np.concatenate([i for i, _ in chosen]), np.concatenate([f for _, f in chosen])
-    loader = one_pass([path for path, _ in items], args.resolution, args.batch_size // run.world, run.device, flips,
-                      indices)
+    batches = started_pass([path for path, _ in items], args.batch_size // run.world, run, log, flips, indices)
+    for (indices, _), batch in zip(chosen, timed(batches, log["passes"]["training"])):
+        yield to_pixels(batch, run.device), torch.tensor([items[i][1] for i in indices], device=run.device)
+
+
+def started_pass(paths, batch_size, run, log, flips=None, indices=None):
+    """A pass's batches of the pictures at paths (common/loader.py), its loader started: its workers and their
+    start-up in the log."""
+    loader = one_pass(paths, run.args.resolution, batch_size, run.device, flips, indices)
     batches, seconds = start_pass(loader)
     log["loader start-up seconds"] += seconds
     log["loader workers"] = loader.num_workers
-    for (indices, _), batch in zip(chosen, timed(batches, log["passes"]["training"])):
-        yield to_pixels(batch, run.device), torch.tensor([items[i][1] for i in indices], device=run.device)
+    return batches
 
 
 def kept_batches(items, run, batch_size, log):
     """(this process's share of the (path, label) items, read once as uint8 batches kept on the device (the checks,
     read ten times), their labels): the reading's seconds and wait added to the checks' pass (no pictures counted)."""
     share = items[run.rank::run.world]
-    loader = one_pass([path for path, _ in share], run.args.resolution, batch_size, run.device)
-    batches, seconds = start_pass(loader)
-    log["loader start-up seconds"] += seconds
-    log["loader workers"] = loader.num_workers
+    batches = started_pass([path for path, _ in share], batch_size, run, log)
     checks, begun = log["passes"]["checks"], time.perf_counter()
     kept = [to_device(pixels, run.device)
             for pixels in timed(batches, checks, count=lambda batch: 0, device=run.device)]
@@ -527,28 +531,26 @@ def kept_batches(items, run, batch_size, log):
     return kept, [label for _, label in share]
 
 
-def accuracies(models, batches, labels, run, batch_size, desc, timing=None):
-    """([the Accuracy, per cent right, of each model over all processes], timing: this pass's, or the given running
-    total with this pass added): one pass, each batch through every model; batches as run_model's, labels this
-    process's share."""
+def accuracies(models, batches, labels, run, batch_size, desc, timing):
+    """[the Accuracy, per cent right, of each model over all processes]: one pass, each batch through every model, its
+    seconds and wait added to timing; batches as run_model's, labels this process's share."""
     def predictions(**inputs):
         return [model(**inputs).logits.argmax(1) for model in models]
 
-    predicted, timing = run_model(predictions, batches, run.args.resolution, run.device, batch_size, list, desc,
-                                  run.autocast, count=len(labels), timing=timing)
+    predicted, _ = run_model(predictions, batches, run.args.resolution, run.device, batch_size, list, desc,
+                             run.autocast, count=len(labels), timing=timing)
     total, percents = distributed.sum_over_processes(len(labels), run), []
     for k in range(len(models)):
         correct = int((torch.cat([batch[k] for batch in predicted]) == torch.as_tensor(labels)).sum()) if labels else 0
         percents.append(Accuracy(round(distributed.sum_over_processes(correct, run)), round(total)))
-    return percents, timing
+    return percents
 
 
-def finish(run, report, data, model, average, log, last_step):
+def finish(run, report, *, data, model, average, log, micro, last_step):
     """At the end: how often clipping acted, the losses at both ends, both sets of weights on every validation
     picture. Then, a paused run's too: the passes over pictures and the curves (kept for the page, drawn with
     --plots)."""
     args, passes, final = run.args, log["passes"], {}
-    micro = args.batch_size // (run.world * args.accum_steps)
     if last_step == args.steps:
         norm_window, loss_window = scaled(NORM_WINDOW, args.steps), scaled(LOSS_WINDOW, args.steps)
         clipped, norm_first, norm_last, loss_first, loss_last = run_statistics(
@@ -563,13 +565,10 @@ def finish(run, report, data, model, average, log, last_step):
                      f"{report.num('pictures seen', seen, ',')} = "
                      f"{report.num('passes', seen / len(data['train']), '.2f')} passes over the training set")
         share = data["val"][run.rank::run.world]
-        loader = one_pass([path for path, _ in share], args.resolution, micro, run.device)
-        batches, seconds = start_pass(loader)
-        log["loader start-up seconds"] += seconds
-        log["loader workers"] = loader.num_workers
-        (last, averaged), final["both weights on all validation pictures"] = accuracies(
-            [model.eval(), average.eval()], batches, [label for _, label in share], run, micro,
-            "both weights")
+        batches = started_pass([path for path, _ in share], micro, run, log)
+        final["both weights on all validation pictures"] = dict(NEW_PASS)
+        last, averaged = accuracies([model.eval(), average.eval()], batches, [label for _, label in share], run, micro,
+                                    "both weights", final["both weights on all validation pictures"])
         report.print(f"  on all {len(data['val']):,} validation pictures: the weight average (factor {AVERAGE_FACTOR}) "
                      f"{report.num('average accuracy', averaged, '.2f')}%, the last weights "
                      f"{report.num('last accuracy', last, '.2f')}%")
@@ -586,7 +585,7 @@ def finish(run, report, data, model, average, log, last_step):
                           "learning rate": [lr_at(step, args.lr, args.steps) for step in range(1, last_step + 1)],
                           "clipping threshold": CLIP_NORM})
     if args.plots and run.rank == 0:
-        figures.finetune_curves(report.series, report.values(), article_values("finetune"), args.plots, report.say)
+        figures.finetune_curves(report.series, report.values(), article_values("finetune"), args.plots, say)
 
 
 SECTIONS = [section_data_and_model, section_zero_head, section_finetune]
@@ -616,9 +615,9 @@ def check_differences(args, data):
     if args.check_per_class in (None, MONITOR_PER_CLASS):
         return {}
     per_class, flag = checked_per_class(args), f"--check-per-class {args.check_per_class}"
-    n = per_class * (data["classes"] if isinstance(data, dict) else 10)  # Imagenette's 10 classes until the data loads
-    article = 10 * MONITOR_PER_CLASS  # Imagenette's 10 classes
-    why = f"{flag}: {n:,} pictures checked (the first {per_class} of each class), the article's {article:,}"
+    checked = f"{per_class * data['classes']:,} pictures checked" if data else "pictures checked"  # data: not loaded
+    why = (f"{flag}: {checked} (the first {per_class} of each class), the article's "
+           f"{len(CLASSES) * MONITOR_PER_CLASS:,}")
     return {"checked pictures": {"flag": flag, "why": why}}
 
 

@@ -7,7 +7,7 @@ Reproduces the article's section "Fine-tuning at a higher resolution":
   3. cosine similarity of one position row with its neighbours, before and after the stretch;
   4. accuracy on the Imagenette validation set at 224, and at 384 with four versions of the table.
 
-    python vit_part3_posemb.py                    # downloads the checkpoint (346 MB) and Imagenette (99 MB) once
+    python vit_part3_posemb.py                    # downloads the checkpoint and Imagenette once
     python vit_part3_posemb.py --per-class 20     # a quick run on 200 validation pictures
     python vit_part3_posemb.py --compare --json posemb.json --plots figures/
 
@@ -34,7 +34,7 @@ from common.errors import UserError
 from common.imagenette import CLASSES, class_folders, data_differences, ensure_imagenette, list_split
 from common.inference import run_model
 from common.loader import one_pass, start_pass, workers_text
-from common.output import Accuracy
+from common.output import Accuracy, say
 from common.pictures import load_all
 from common.run import loaded, run_sections
 from common.verdicts import article_values
@@ -282,7 +282,7 @@ def section_cosine(run, report):
         maps[name] = similarity.tolist()
     report.series["cosine maps"] = maps  # for the figures and the page
     if run.args.plots:
-        figures.cosine_maps(maps, run.args.plots, report.say)
+        figures.cosine_maps(maps, run.args.plots, say)
 
 
 def section_accuracy(run, report):
@@ -325,7 +325,7 @@ def section_accuracy(run, report):
                  "included; 1D and 2D tables keep the [class] row as it is")
     if args.plots:
         figures.accuracy_bars(report.values(), article_values("posemb"), args.plots,
-                              report.say)
+                              say)
 
 
 SECTIONS = [section_tiny_grid, section_position_table, section_cosine, section_accuracy]

@@ -29,7 +29,7 @@ from common.cli import experiment_parser
 from common.compute import (
     VIT_SIZES,
     attention_flops,
-    forward_gflops,
+    encoder_flops,
     patch_embedding_flops,
     sequence_shape,
     table1_config,
@@ -143,11 +143,11 @@ def checkpoint_shapes(name, size, patch, pre_logits):
 
 
 def section_table1(run, report):
-    """1. Table 1: sequence, attention pairs and forward compute"""
+    """1. Table 1: sequence, attention pairs, forward compute and the released checkpoints' parameters"""
     layers, width, mlp, _ = VIT_SIZES["B"]
     (_, n16, s16, _), (_, n32, s32, _) = sequence_shape(224, 16), sequence_shape(224, 32)
     (_, _, s384, p384), p224 = sequence_shape(384, 16), sequence_shape(224, 16)[3]
-    total16, total32 = forward_gflops("B", 16, 224) * 1e9, forward_gflops("B", 32, 224) * 1e9
+    total16, total32 = encoder_flops(layers, width, mlp, s16), encoder_flops(layers, width, mlp, s32)
     embedding = patch_embedding_flops(224, 16, width)  # 2 N 3 P^2 D with N P^2 = 224^2: the same for /32
     # the prose's "x2.9 longer", "x8.6 the pairs" and "the extra 0.06 comes from attention", computed
     report.print("\n== 1. Table 1 and the patch-size notation: ViT-<size>/<patch> ==")
@@ -156,17 +156,17 @@ def section_table1(run, report):
     for size, patch in TABLE1_ROWS:
         for resolution in (224, 384):
             grid, patches, seq, pairs = sequence_shape(resolution, patch)
-            key = f"ViT-{size}/{patch} at {resolution}"
+            key, gflops = f"ViT-{size}/{patch} at {resolution}", encoder_flops(*VIT_SIZES[size][:3], seq) / 1e9
             report.print(f"  {key}: grid {report.num(f'{key}: grid', grid, '>2')}x{grid:<2} N = "
                          f"{report.num(f'{key}: N', patches, '>4')}  sequence "
                          f"{report.num(f'{key}: sequence', seq, '>4')}  pairs per head "
                          f"{report.num(f'{key}: pairs', pairs, '>9,')}  forward compute about "
-                         f"{report.num(f'{key}: GFLOPs', forward_gflops(size, patch, resolution), '6.1f')} GFLOPs")
+                         f"{report.num(f'{key}: GFLOPs', gflops, '6.1f')} GFLOPs")
     report.print(f"  ViT-B/16 vs ViT-B/32 at 224: {report.num('B/16 patches at 224', n16)} vs "
                  f"{report.num('B/32 patches at 224', n32)} patches = x"
                  f"{report.num('B/16 over B/32 patches', n16 // n32)} (patch side halved, so (1/2)^-2 = 4); compute x"
                  f"{report.num('B/16 over B/32 compute at 224', total16 / total32, '.2f')}")
-    compute_ratio = forward_gflops('B', 16, 384) / forward_gflops('B', 16, 224)
+    compute_ratio = encoder_flops(layers, width, mlp, s384) / total16
     report.print(f"  ViT-B/16 from 224 to 384: sequence {s16} -> {s384} = x"
                  f"{report.num('sequence 384 over 224', s384 / s16, '.1f')}, pairs per head x"
                  f"{report.num('pairs 384 over 224', p384 / p224, '.1f')}, compute x"
@@ -195,9 +195,7 @@ def section_table1(run, report):
         report.print(f"  Table 2 fine-tuning resolution: {key}: grid {report.num(f'{key}: grid', grid)}x{grid}, N = "
                      f"{report.num(f'{key}: N', patches)}, sequence {report.num(f'{key}: sequence', seq)}")
 
-
-def section_parameters(run, report):
-    """1b. parameters of the released checkpoints"""
+    # the parameters of the released checkpoints
     counts, sources = {}, {}
     for size, patch, name, pre_logits in RELEASED:
         shapes, sources[size, patch] = checkpoint_shapes(name, size, patch, pre_logits)
@@ -232,42 +230,30 @@ def section_parameters(run, report):
 
 # ---------------------------------------------------------------- 2. the hybrid
 
-def load_resnet50():
-    """(model, description): microsoft/resnet-50 if cached or reachable, else random weights."""
-    from transformers import ResNetConfig, ResNetModel
-
-    try:
-        return load_pretrained(ResNetModel, "microsoft/resnet-50").eval(), "microsoft/resnet-50"
-    except UserError:
-        # ResNetConfig's defaults are ResNet-50: bottleneck blocks, depths 3-4-6-3, widths 256..2048.
-        torch.manual_seed(0)
-        why = "not cached" if hub_offline() else "neither cached nor reachable"
-        return (ResNetModel(ResNetConfig()).eval(),
-                f"the library's ResNet-50 architecture (random weights; microsoft/resnet-50 is {why})")
-
-
-def hybrid_picture(resolution=224):
-    """(pixels, description): the first Imagenette validation picture on disk, else a generated one."""
-    import numpy as np
-    from PIL import Image
-
-    paths = sorted(IMAGENETTE_DIR.glob("val/*/*.JPEG"))
-    if paths:
-        image, what = Image.open(paths[0]).convert("RGB"), str(paths[0])
-    else:  # the stage shapes depend only on the picture's size
-        noise = np.random.default_rng(0).integers(0, 256, size=(160, 213, 3), dtype=np.uint8)
-        image, what = Image.fromarray(noise), "a generated 213x160 picture of noise (no Imagenette on disk)"
-    image = image.resize((resolution, resolution), Image.BILINEAR)
-    mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])  # ImageNet statistics
-    array = (np.asarray(image, dtype=np.float32) / 255 - mean) / std
-    return torch.from_numpy(array.astype(np.float32)).permute(2, 0, 1)[None], what
-
-
 def section_hybrid(run, report):
     """2. the hybrid's ResNet-50 stages"""
     report.print("\n== 2. the hybrid: which ResNet-50 stage feeds ViT ==")
-    model, model_name = load_resnet50()
-    pixels, picture = hybrid_picture()
+    import numpy as np
+    from PIL import Image
+    from transformers import ResNetConfig, ResNetModel
+
+    try:  # microsoft/resnet-50 if cached or reachable, else random weights: the stage shapes do not depend on them
+        model, model_name = load_pretrained(ResNetModel, "microsoft/resnet-50").eval(), "microsoft/resnet-50"
+    except UserError:
+        torch.manual_seed(0)  # ResNetConfig's defaults are ResNet-50: bottleneck blocks, depths 3-4-6-3
+        why = "not cached" if hub_offline() else "neither cached nor reachable"
+        model = ResNetModel(ResNetConfig()).eval()
+        model_name = f"the library's ResNet-50 architecture (random weights; microsoft/resnet-50 is {why})"
+    # the first Imagenette validation picture on disk, else a generated one: the shapes depend only on its size
+    paths = sorted(IMAGENETTE_DIR.glob("val/*/*.JPEG"))
+    if paths:
+        image, picture = Image.open(paths[0]).convert("RGB"), str(paths[0])
+    else:
+        noise = np.random.default_rng(0).integers(0, 256, size=(160, 213, 3), dtype=np.uint8)
+        image, picture = Image.fromarray(noise), "a generated 213x160 picture of noise (no Imagenette on disk)"
+    mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])  # ImageNet statistics
+    array = (np.asarray(image.resize((224, 224), Image.BILINEAR), dtype=np.float32) / 255 - mean) / std
+    pixels = torch.from_numpy(array.astype(np.float32)).permute(2, 0, 1)[None]
     with torch.inference_mode():
         hidden = model(pixel_values=pixels, output_hidden_states=True).hidden_states
     shapes = [tuple(h.shape[1:]) for h in hidden[1:]]  # (channels, height, width) of each stage; hidden[0]: the stem
@@ -523,7 +509,7 @@ def section_by_hand(run, report):
     report.print(f"  ImageNet fine-tuning at base LR 0.03, cosine: {decay}")
 
 
-SECTIONS = [section_table1, section_parameters, section_hybrid, section_norms, section_by_hand]
+SECTIONS = [section_table1, section_hybrid, section_norms, section_by_hand]
 
 
 def main(argv=None):

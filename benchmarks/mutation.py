@@ -52,7 +52,7 @@ TARGETS = {
     "common/closed_form.py": (None, guarded_by("tests/test_closed_form.py", "tests/test_fewshot.py",
                                                "tests/test_backbone.py")),
     "common/compute.py": (["sequence_shape", "token_flops", "attention_flops", "encoder_flops",
-                           "patch_embedding_flops", "forward_gflops", "config_forward_flops"],
+                           "patch_embedding_flops", "config_forward_flops"],
                           guarded_by("tests/test_compute.py")),
     "vit_part3_setup.py": (["batch_norm", "group_norm", "weight_standardize", "adam_by_hand", "sgd_momentum_by_hand",
                             "polyak_average", "clip_by_global_norm", "pretraining_steps", "warmup_linear_lr",

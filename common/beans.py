@@ -8,7 +8,7 @@ from common.checkpoints import hub_reachable, why_no_download
 from common.errors import UserError
 
 DATASET = "AI-Lab-Makerere/beans"
-SIZE = "about 180 MB"
+MEGABYTES = 180  # its parquet files, about: the size the job and the refusal below state
 SPLITS = ("train", "validation")
 
 
@@ -36,8 +36,8 @@ def from_hub(name):
     if hub_reachable(name, "dataset"):
         return load_dataset(name)
     why = why_no_download()  # before downloads are switched off
-    fix = (f"connect to the internet once to download it ({SIZE}) into the Hugging Face cache, or pass --data-dir "
-           f"with a local copy of its files")
+    fix = (f"connect to the internet once to download it (about {MEGABYTES} MB) into the Hugging Face cache, or pass "
+           f"--data-dir with a local copy of its files")
     saved = datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE
     datasets.config.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE = True
     try:

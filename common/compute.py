@@ -32,11 +32,6 @@ def patch_embedding_flops(resolution, patch, width):
     return 2 * sequence_shape(resolution, patch)[1] * 3 * patch**2 * width
 
 
-def forward_gflops(size, patch, resolution):
-    layers, width, mlp, _ = VIT_SIZES[size]
-    return encoder_flops(layers, width, mlp, sequence_shape(resolution, patch)[2]) / 1e9
-
-
 def table1_config(size, patch, image_size=224):
     """A transformers ViTConfig of a Table 1 size."""
     from transformers import ViTConfig

@@ -24,11 +24,10 @@ def loader_workers(device):
     return 0 if device.type == "cpu" else max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
-def worker_start():
-    """spawn: each worker a new interpreter, the script's own child (torch ends it when the script dies). Forking the
-    model's process, whose libraries run threads, may deadlock the child (Python 3.12 on warns that it may); forking
-    after Metal's threads can crash; a fork server outlives a killed script with its workers."""
-    return "spawn"
+# How a worker starts. spawn: each worker a new interpreter, the script's own child (torch ends it when the script
+# dies). Forking the model's process, whose libraries run threads, may deadlock the child (Python 3.12 on warns that it
+# may); forking after Metal's threads can crash; a fork server outlives a killed script with its workers.
+WORKER_START = "spawn"
 
 
 class Pictures(Dataset):
@@ -116,7 +115,7 @@ def one_pass(pictures, resolution, batch_size, device, flips=None, indices=None,
     flips = np.zeros(len(indices), dtype=bool) if flips is None else np.asarray(flips)
     keys = [(int(i), resolution, bool(flip)) for i, flip in zip(indices, flips)]  # the sampler: the pass's keys
     workers = loader_workers(device) if workers is None else workers
-    context = multiprocessing.get_context(worker_start()) if workers else None
+    context = multiprocessing.get_context(WORKER_START) if workers else None
     ready = context.Semaphore(0) if context else None
     return DataLoader(Pictures(pictures, ready), batch_size=batch_size, sampler=keys, collate_fn=stack_or_error,
                       num_workers=workers, pin_memory=device.type == "cuda",

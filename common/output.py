@@ -56,7 +56,6 @@ class Report:
     line_of: dict = field(default_factory=dict)  # name -> index in lines of the line that printed it
     series: dict = field(default_factory=dict)  # plain lists a figure needs beyond the printed numbers (maps, curves)
     passes: dict = field(default_factory=dict)  # name -> a pass over pictures: its seconds, waiting seconds, pictures
-    say = staticmethod(say)  # say() itself is quiet in the processes that do not speak
 
     def print(self, text=""):
         """Text as printed, framed as the article's lines are: "  " a logged line, "\n== ... ==" a section's title.

@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from PIL import Image
 
+from common.device import to_device
 from common.errors import UserError
 
 
@@ -32,8 +33,6 @@ def resized_rgb(picture, resolution, flip=False):
 def to_pixels(batch, device):
     """uint8 (B, R, R, 3) -> float32 (B, 3, R, R) on the device, as the image processor: a quarter of the
     bytes travel."""
-    from common.device import to_device
-
     x = to_device(batch, device).permute(0, 3, 1, 2).float().contiguous()
     return (x * (1 / 255) - 0.5) / 0.5
 

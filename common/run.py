@@ -14,7 +14,7 @@ from common.checkpoints import checkpoint_difference
 from common.environment import STANDIN_MARK, environment
 from common.errors import UserError
 from common.files import write_text
-from common.output import MATPLOTLIB_MISSING, Report
+from common.output import MATPLOTLIB_MISSING, Report, say
 from common.verdicts import comparison_lines, flag_differences, judge
 
 
@@ -64,7 +64,7 @@ def run_sections(script, args, sections, setup_differences=None, article_model=N
     if getattr(args, "plots", None):
         check_output(args.plots, "--plots", folder=True)
         if importlib.util.find_spec("matplotlib") is None:  # said now, not after the long work
-            report.say(f"figures: {MATPLOTLIB_MISSING}; no figure saved")
+            say(f"figures: {MATPLOTLIB_MISSING}; no figure saved")
     if os.environ.get(CHECK_ONLY) == "1":  # reproduce.py asks, before its job, whether this command would start
         return 0
     for section in sections:
@@ -92,13 +92,13 @@ def run_sections(script, args, sections, setup_differences=None, article_model=N
         report.print("\n".join(comparison_lines(rows, conclusions, differences)))
     status = 1 if report.could_not_run else 0
     if report.could_not_run:
-        report.say("\n".join(closing_lines(report.could_not_run)))
+        say("\n".join(closing_lines(report.could_not_run)))
     if args.json and run.rank == 0:
         try:  # the numbers are printed above whatever happens here
             write_text(args.json, json.dumps(run_record(run, report, rows, differences, conclusions), indent=2,
                                              default=str), what="--json file")
         except UserError as problem:
-            report.say(f"error: {problem}; every number is printed above")
+            say(f"error: {problem}; every number is printed above")
             status = 1
     return status
 

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 
 from common.checkpoints import checkpoint_config, load_pretrained
 from common.errors import UserError
-from common.loader import NEW_PASS, PREFETCH, timed, worker_setup, worker_start
+from common.loader import NEW_PASS, PREFETCH, WORKER_START, timed, worker_setup
 
 
 def check_classifier_files(name, example):
@@ -128,7 +128,7 @@ def timed_trainer(recipe, device, precision, workers, **parts):
                                  bf16=precision == "bf16", dataloader_num_workers=workers,
                                  dataloader_persistent_workers=workers > 0, dataloader_pin_memory=device.type == "cuda",
                                  dataloader_multiprocessing_context=(  # on macOS the library's own choice
-                                     worker_start() if workers and sys.platform.startswith("linux") else None))
+                                     WORKER_START if workers and sys.platform.startswith("linux") else None))
         trainer = TimedTrainer(args=args, callbacks=[Progress(), divergence], **parts)
         trainer.remove_callback(ProgressCallback)
         yield trainer, passes
@@ -143,4 +143,4 @@ def dataset_loader(dataset, collate_fn, workers, pin_memory=False, batch_size=32
     """A DataLoader for one pass, in order, over a dataset that makes its own items, with picture_loader()'s workers."""
     return DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn, num_workers=workers, pin_memory=pin_memory,
                       prefetch_factor=PREFETCH if workers else None, worker_init_fn=worker_setup,
-                      multiprocessing_context=worker_start() if workers else None)
+                      multiprocessing_context=WORKER_START if workers else None)

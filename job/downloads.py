@@ -13,6 +13,7 @@ from urllib.parse import urlparse
 
 from huggingface_hub.constants import ENDPOINT as HF_ENDPOINT
 
+from common import beans
 from common.checkpoints import cached_weight_file, hub_offline, hub_reachable
 from common.errors import UserError
 from common.imagenette import ARCHIVE_MB
@@ -24,7 +25,7 @@ HUB = urlparse(HF_ENDPOINT).hostname  # huggingface.co, or the mirror HF_ENDPOIN
 # (size in MB of 10^6 bytes, MB on disk at most, where it comes from)
 PIECES = {VIT: (346, 346, HUB), IN21K: (346, 346, HUB),
           IMAGENETTE: (ARCHIVE_MB, 2 * ARCHIVE_MB, urlparse(IMAGENETTE_URL).hostname),  # the archive and its extraction
-          BEANS: (180, 2 * 180, HUB),             # the parquet files and the library's Arrow copy
+          BEANS: (beans.MEGABYTES, 2 * beans.MEGABYTES, HUB),  # the parquet files and the library's Arrow copy
           RESNET: (100, 100, HUB)}
 NEEDS = {"setup": [], "posemb": [VIT, IMAGENETTE], "fewshot": [IN21K, IMAGENETTE],
          "finetune": [IN21K, IMAGENETTE], "backbone": [VIT, BEANS]}

@@ -97,17 +97,6 @@ JOB_EXTRA = [f"posemb=--resolution {HIGHER_RESOLUTION}",
 
 # ---------------------------------------------------------------- pictures
 
-def imagenette_class(centre, side=PICTURE_SIDE):
-    """Imagenette's class of a blob centred at (x, y): twice its band, plus 1 when it is out at a side."""
-    x, y = centre
-    return 2 * int(y * BANDS // side) + int(abs(x - side / 2) >= side / 4)
-
-
-def beans_class(centre, side=PICTURE_SIDE):
-    """Beans' class of a blob centred at (x, y): which third of the height it is in."""
-    return int(centre[1] * BEANS_BANDS // side)
-
-
 def blob_centre(rng, box):
     """A centre drawn inside box (left, top, right, bottom), BLOB_MARGIN inside its edges."""
     left, top, right, bottom = box

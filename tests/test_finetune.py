@@ -121,7 +121,8 @@ def test_one_pass_gives_each_models_accuracy_and_the_checks_read_the_kept_batche
     run = SimpleNamespace(args=SimpleNamespace(resolution=224), device=torch.device("cpu"), autocast=None, world=1,
                           rank=0)
     batches, _ = start_pass(one_pass([path for path, _ in items], 224, 16, run.device))
-    percents, timing = finetune.accuracies(models, batches, list(labels), run, 16, "both")
+    timing = dict(NEW_PASS)
+    percents = finetune.accuracies(models, batches, list(labels), run, 16, "both", timing)
     assert percents == pytest.approx(by_hand, abs=1e-9) and timing["pictures"] == len(items)
 
     log = {"loader start-up seconds": 0.0, "passes": {"checks": dict(NEW_PASS)}}
@@ -130,8 +131,8 @@ def test_one_pass_gives_each_models_accuracy_and_the_checks_read_the_kept_batche
     assert [len(batch) for batch in kept] == [16, 16, 8] and checks["pictures"] == 0
     assert shared == list(labels)
     for k in (1, 2):
-        (percent,), timing = finetune.accuracies([models[0]], kept, shared, run, 16, "check", timing=checks)
-        assert percent == pytest.approx(by_hand[0], abs=1e-9) and timing is checks  # the running total, added to
+        percent = finetune.accuracies([models[0]], kept, shared, run, 16, "check", checks)[0]
+        assert percent == pytest.approx(by_hand[0], abs=1e-9)  # the running total, checks, added to
         assert checks["pictures"] == k * len(items)
 
 
@@ -246,7 +247,7 @@ def test_a_stop_after_the_last_step_says_to_resume(tiny_in21k, pictures, tmp_pat
     (the same command without it would train every step again)."""
     from common.start import Terminated, guarded
 
-    def stopped(*args):
+    def stopped(*args, **parts):
         raise Terminated
 
     monkeypatch.setattr(finetune, "finish", stopped)
@@ -269,6 +270,15 @@ def test_resume_refuses_other_settings(tiny_in21k, pictures, tmp_path, capsys):
     status, out = run_main(common_flags(tiny_in21k, pictures, tmp_path, steps=2) + ["--resume", "--pause-at", "1"],
                            capsys)  # the checkpoint is at step 2: no pause at step 1 can be kept any more
     assert status == 1 and f"--pause-at 1: {tmp_path / finetune.CHECKPOINT} is at step 2 already" in out
+
+
+def test_another_check_before_the_data_loads_counts_no_pictures():
+    """The data not loaded (a run offline): the classes are unknown, so the difference names no count of pictures."""
+    from argparse import Namespace
+
+    differences = finetune.check_differences(Namespace(check_per_class=10, per_class=None), None)
+    assert differences["checked pictures"]["why"] == ("--check-per-class 10: pictures checked (the first 10 of each "
+                                                      "class), the article's 1,000")
 
 
 @pytest.mark.parametrize("per_class,difference", [

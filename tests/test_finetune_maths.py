@@ -243,10 +243,10 @@ def train(monkeypatch, model, optimizer, batches, labels, steps, accum_steps=1, 
                 signal.raise_signal(signal_at[1])
             yield pixels, labels
 
-    def accuracies(models, pictures, labels_, run, batch_size, desc, timing=None):
+    def accuracies(models, pictures, labels_, run, batch_size, desc, timing):
         assert not any(model.training for model in models)  # a check is an evaluation: no dropout
         assert batch_size == len(labels) // (world * accum_steps)
-        return [Accuracy(1, 10)], dict(NEW_PASS)  # 10.0%, its counts kept
+        return [Accuracy(1, 10)]  # 10.0%, its counts kept
 
     wrapped = []
     monkeypatch.setattr(finetune, "step_batches", step_batches)
@@ -264,8 +264,9 @@ def train(monkeypatch, model, optimizer, batches, labels, steps, accum_steps=1, 
     average = copy.deepcopy(model)
     report = Report("finetune", quiet=True)
     try:
-        finetune.train(run, report, {"train": [(None, int(label)) for label in labels]}, model, average, optimizer,
-                       log, ([], []), start, steps)
+        finetune.train(run, report, data={"train": [(None, int(label)) for label in labels]}, model=model,
+                       average=average, optimizer=optimizer, log=log, monitor=([], []),
+                       micro=len(labels) // (world * accum_steps), steps=(start, steps))
     finally:
         assert wrapped == ([model] if world > 1 else [])  # DDP under torchrun, the model itself alone
     return log, report, average
