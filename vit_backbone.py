@@ -46,7 +46,7 @@ from common.loader import NEW_PASS, loader_workers, timed
 from common.output import say
 from common.paths import FEATURE_CACHE_DIR
 from common.run import loaded, run_sections
-from common.verdicts import flag_differences, subset_differences
+from common.verdicts import subset_differences
 from figures import backbone as figures
 
 # ---------------------------------------------------------------- the recipe, where the article states it
@@ -464,8 +464,8 @@ def section_finetune(run, report):
     args = run.args
     # both now, so that one line names what is missing before any is printed; fine-tuning reads them again
     beans = loaded(lambda: load_beans(args.data_dir, args.per_class), lambda: load_processor(args.model))[0]
-    recipe = {"batch_size", "epochs", "lr"} & set(flag_differences(args, ARTICLE_FLAGS))
-    report.print(f"\n== 4. fine-tuning on beans with transformers.Trainer, {'not ' * bool(recipe)}as the article: "
+    recipe = any(getattr(args, dest) != ARTICLE_FLAGS[dest][1] for dest in ("batch_size", "epochs", "lr"))
+    report.print(f"\n== 4. fine-tuning on beans with transformers.Trainer, {'not ' * recipe}as the article: "
                  f"batch {args.batch_size}, {args.epochs} epoch{'s' * (args.epochs != 1)}, learning rate {args.lr:g}, "
                  f"evaluation every {LOGGING_STEPS} steps ==")
     report.print(f"  PyTorch version: {torch.__version__}")

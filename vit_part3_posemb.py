@@ -232,29 +232,20 @@ def section_position_table(run, report):
                  f"{report.num(f'new row {row} position', lower + delta, '.4f')}: "
                  f"{report.num(f'new row {row} weight of the lower row', 1 - delta, '.4f')} of old row {lower} + "
                  f"{report.num(f'new row {row} weight of the upper row', delta, '.4f')} of old row {lower + 1}")
-    library_difference = np.abs(bicubic - library_table(model, resolution)).max()
+    # the library's stretched grid, from interpolate_pos_encoding, computed on the host as our bicubic call is: the
+    # line compares the two formulas, and a GPU's bicubic kernel rounds otherwise than the CPU's (8.9e-08 apart, H200)
+    embeddings = copy.deepcopy(model.vit.embeddings).cpu()
+    with torch.no_grad():
+        dummy = torch.zeros(1, n_new * n_new + 1, config.hidden_size)
+        library = embeddings.interpolate_pos_encoding(dummy, resolution, resolution)[0, 1:]
+    library_difference = np.abs(bicubic - library.numpy().astype(np.float64).reshape(n_new, n_new, -1)).max()
     report.print("  library interpolate_pos_encoding: bicubic, align_corners=False; our bicubic call matches it: max "
-                 "|difference| "
-                 f"{report.num('bicubic vs library max diff', library_difference, '.1e')}")
+                 f"|difference| {report.num('bicubic vs library max diff', library_difference, '.1e')}")
     report.print("  bilinear (official) vs bicubic (library) position rows: mean |difference| "
                  f"{report.num('bilinear vs bicubic mean diff', np.abs(ours - bicubic).mean(), '.4f')}, mean |value| "
                  f"{report.num('mean |value|', np.abs(ours).mean(), '.4f')}")
     report.print("  corner row (0,0) kept by bilinear: max |difference| "
                  f"{report.num('corner max diff', np.abs(ours[0, 0] - grid[0, 0]).max(), '.1e')}")
-
-
-def library_table(model, resolution):
-    """The library's stretched grid (n_new, n_new, d), from interpolate_pos_encoding, as float64 on the host.
-
-    Computed on the host, as our bicubic call is: the line compares the two formulas, and a GPU's bicubic
-    kernel rounds otherwise than the CPU's (8.9e-08 apart on an H200).
-    """
-    embeddings, config = copy.deepcopy(model.vit.embeddings).cpu(), model.config
-    n_new = resolution // config.patch_size
-    with torch.no_grad():
-        dummy = torch.zeros(1, n_new * n_new + 1, config.hidden_size)
-        stretched = embeddings.interpolate_pos_encoding(dummy, resolution, resolution)[0, 1:]
-    return stretched.numpy().astype(np.float64).reshape(n_new, n_new, -1)
 
 
 def section_cosine(run, report):
@@ -324,8 +315,7 @@ def section_accuracy(run, report):
     report.print(f"  zeros: all {report.num('zeros rows', n_new * n_new + 1)} rows of E_pos set to 0, the [class] row "
                  "included; 1D and 2D tables keep the [class] row as it is")
     if args.plots:
-        figures.accuracy_bars(report.values(), article_values("posemb"), args.plots,
-                              say)
+        figures.accuracy_bars(report.values(), article_values("posemb"), args.plots, say)
 
 
 SECTIONS = [section_tiny_grid, section_position_table, section_cosine, section_accuracy]
