@@ -315,7 +315,7 @@ def section_zero_head(run, report):
                  f"{report.num('head gradient norm by hand', by_hand.norm(), '.4f')}; autograd: "
                  f"{report.num('head gradient norm autograd', autograd.norm(), '.4f')}; max |difference| "
                  f"{report.num('head gradient max diff', (by_hand - autograd).abs().max(), '.1e')}")
-    body_millions = sum((p.numel() for name, p in model.named_parameters() if not name.startswith('classifier.'))) / 1e6
+    body_millions = sum(p.numel() for name, p in model.named_parameters() if not name.startswith("classifier.")) / 1e6
     report.print("  gradient reaching the body (all "
                  f"{report.num('body numbers (M)', body_millions, 'millions')}"
                  f" other numbers): norm {report.num('zero head body gradient norm', zero['body norm'], 'zero or 3g')}"

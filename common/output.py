@@ -5,21 +5,6 @@ from dataclasses import dataclass, field
 from common.start import speaks
 
 
-def short(x, digits=4):
-    """A float as Python prints it after rounding: 0.1875, -0.7, 1.0."""
-    return repr(round(float(x), digits) + 0.0)  # + 0.0 turns -0.0 into 0.0
-
-
-def millions(value):
-    """A count in millions as the article prints ViT-B's body, 85.8M; a small stand-in's count in full."""
-    return f"{value:.1f}M" if value >= 0.1 else f"{value * 1e6:,.0f}"
-
-
-def zero_or_3g(value):
-    """An exact zero as 0.0 (the zero head's body gradient), anything else to 3 significant digits."""
-    return "0.0" if value == 0 else f"{value:.3g}"
-
-
 class Accuracy(float):
     """An accuracy as printed (scale 100: per cent; 1: a fraction) that keeps the counts it came from, right of `of`
     pictures (right a list, one count a draw, for a mean over draws): --json records them, and the verdicts' exact
@@ -41,7 +26,12 @@ def say(text=""):
         print(text, file=sys.stderr, flush=True)
 
 
-FORMATS = {"short": short, "repr": repr, "millions": millions, "zero or 3g": zero_or_3g}  # specs beside format()'s
+# report.num's specs beside format()'s: "short", a float as Python prints it after rounding (0.1875, -0.7, 1.0; + 0.0
+# turns -0.0 into 0.0); "millions", a count as the article prints ViT-B's body (85.8M; a small stand-in's in full);
+# "zero or 3g", an exact zero as 0.0 (the zero head's body gradient), anything else to 3 significant digits
+FORMATS = {"short": lambda x: repr(round(float(x), 4) + 0.0), "repr": repr,
+           "millions": lambda value: f"{value:.1f}M" if value >= 0.1 else f"{value * 1e6:,.0f}",
+           "zero or 3g": lambda value: "0.0" if value == 0 else f"{value:.3g}"}
 
 
 @dataclass
