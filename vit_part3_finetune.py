@@ -667,12 +667,8 @@ def parse_flags(argv, world):
 
 def main(argv=None):
     args = parse_flags(argv, int(os.environ.get("WORLD_SIZE", "1")))
-    rank, world, device = distributed.start(args.device)
     torch.manual_seed(args.seed)
-    status = run_sections("finetune", args, SECTIONS, setup_differences, MODEL, ARTICLE_FLAGS, device=device, rank=rank,
-                          world=world)
-    distributed.finish_together(world)  # a process that leaves while the first writes its JSON can abort gloo
-    return status  # distributed.leave() ends torchrun's process group
+    return run_sections("finetune", args, SECTIONS, setup_differences, MODEL, ARTICLE_FLAGS, torchrun=True)
 
 
 if __name__ == "__main__":

@@ -22,12 +22,17 @@ class Run(SimpleNamespace):
     __hash__ = object.__hash__  # by identity: the scripts cache what a run loads (functools.cache)
 
 
-def start_run(args, device=None, rank=0, world=1, fp32_rule="strict"):
+def start_run(args, device=None, rank=0, world=1, fp32_rule="strict", torchrun=False):
     """One run: the parsed flags, the device and its arithmetic (fp32_rule: what --precision fp32 means on GPUs with
-    TF32, the rule of the article's run; common/device.py), its processes, and `kept`: what a section loaded, for the
-    next sections and the setup's differences."""
+    TF32, the rule of the article's run; common/device.py), its processes (torchrun: those torchrun started, each on
+    its device; common/distributed.py), and `kept`: what a section loaded, for the next sections and the setup's
+    differences."""
     from common.device import pick_device, set_precision
 
+    if torchrun:
+        from common.distributed import start
+
+        rank, world, device = start(args.device)
     device = device or (pick_device(args.device) if "device" in args else None)
     autocast = set_precision(device, args.precision, fp32_rule) if "precision" in args else contextlib.nullcontext()
     return Run(args=args, device=device, fp32_rule=fp32_rule, autocast=autocast, rank=rank, world=world, kept={},
@@ -100,6 +105,10 @@ def run_sections(script, args, sections, setup_differences=None, article_model=N
         except UserError as problem:
             say(f"error: {problem}; every number is printed above")
             status = 1
+    if run.world > 1:  # a process that leaves while the first writes its JSON can abort gloo
+        from common.distributed import finish_together
+
+        finish_together(run.world)
     return status
 
 
