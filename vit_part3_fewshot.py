@@ -31,7 +31,7 @@ from common.checkpoints import check_model_flag, load_pretrained
 from common.closed_form import closed_form, targets, with_bias
 from common.errors import UserError
 from common.feature_cache import cache_key, cached_passes, picture_digests
-from common.imagenette import CLASSES, class_folders, data_differences, ensure_imagenette, list_split
+from common.imagenette import CLASSES, data_differences, load_splits
 from common.inference import run_model
 from common.loader import one_pass, start_pass
 from common.output import Accuracy, say
@@ -109,17 +109,15 @@ def load_frozen_model(name, device):
 def load_data(run):
     """The data folder, the seeded pool of training pictures, the validation pictures and the class names."""
     args = run.args
-    root = ensure_imagenette(args.data_dir)
-    training = list_split(root, "train")
-    pool = draw_pool(training, args.pool, args.seed)  # the article's pool whatever --per-class
+    data = load_splits(args.data_dir, {"train": None, "val": args.per_class}, drawn=True)  # val: a sample
+    pool = draw_pool(data["train"], args.pool, args.seed)  # the article's pool whatever --per-class
     smallest = min(np.bincount([label for _, label in pool]))
     if smallest < max(args.shots):
         raise UserError(f"a class has only {smallest} training pictures in the pool, fewer than --shots "
                         f"{max(args.shots)}: lower --shots")
     short = {wnid: name for wnid, name, _ in CLASSES}  # Imagenette's short names; another set's folder names
-    return {"root": root, "pool": pool, "val": list_split(root, "val", args.per_class, drawn=True),  # a sample
-            "training": len(training),
-            "names": [short.get(wnid, wnid) for wnid in class_folders(root, "val")]}
+    return {"root": data["root"], "pool": pool, "val": data["val"], "training": len(data["train"]),
+            "names": [short.get(wnid, wnid) for wnid in data["folders"]]}
 
 
 def data_naming_all_missing(run):

@@ -24,6 +24,7 @@ if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as 
 
 import contextlib
 import copy
+import itertools
 import math
 import os
 import statistics
@@ -40,7 +41,7 @@ from common import cli, distributed
 from common.checkpoints import checkpoint_config, load_pretrained
 from common.device import to_device
 from common.errors import UserError
-from common.imagenette import CLASSES, class_folders, data_differences, ensure_imagenette, is_imagenette, list_split
+from common.imagenette import CLASSES, data_differences, load_splits
 from common.inference import run_model
 from common.loader import NEW_PASS, one_pass, start_pass, timed
 from common.output import Accuracy, say
@@ -240,14 +241,13 @@ def data_and_model(run):
 
     args = run.args
     if "data and model" not in run.kept:
-        root, checkpoint = loaded(
-            lambda: distributed.first_process_first(run, lambda: ensure_imagenette(args.data_dir)),
+        data, checkpoint = loaded(
+            lambda: distributed.first_process_first(run, lambda: load_splits(
+                args.data_dir, {"train": args.per_class, "val": args.per_class})),
             lambda: distributed.first_process_first(run, lambda: load_pretrained(
                 ViTForImageClassification, args.model, output_loading_info=True)))
         check_resolution(checkpoint[0].config, args.resolution)
-        data = {"root": root, "train": list_split(root, "train", args.per_class),
-                "val": list_split(root, "val", args.per_class), "classes": len(class_folders(root, "val")),
-                "name": "Imagenette" if is_imagenette(root) else Path(root).name}
+        data["classes"] = len(data["folders"])
         model, pre_logits = build_classifier(checkpoint, data["classes"], args.resolution)
         run.kept["data and model"] = data, model.to(run.device), pre_logits
     return run.kept["data and model"]
@@ -365,7 +365,8 @@ def section_finetune(run, report):
     if args.resume:
         start, log = resume(run, model, average, optimizer)
         report.print(f"  resumed from {Path(args.save_dir) / CHECKPOINT} at step {start}")
-    items = list_split(data["root"], "val", checked_per_class(args))
+    n = checked_per_class(args)  # the first n of each class: validation pictures are listed by class, then name
+    items = [item for _, group in itertools.groupby(data["val"], key=lambda item: item[1]) for item in list(group)[:n]]
     # read once, kept on the device: an unreadable picture stops the run here; the reading counts as the checks' wait
     monitor = kept_batches(items, run, micro, log)
     if start == 0:

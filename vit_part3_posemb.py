@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from common.checkpoints import checkpoint_config, load_pretrained
 from common.cli import experiment_parser, nonempty_path, side_pixels
 from common.errors import UserError
-from common.imagenette import CLASSES, class_folders, data_differences, ensure_imagenette, list_split
+from common.imagenette import CLASSES, data_differences, load_splits
 from common.inference import run_model
 from common.loader import one_pass, start_pass, workers_text
 from common.output import Accuracy, say
@@ -169,10 +169,9 @@ def load_model(run):
     return model.to(run.device).eval()
 
 
-def imagenet_indices(root):
-    """ImageNet-1k class index of each class folder (Imagenette's classes only)."""
+def imagenet_indices(root, folders):
+    """ImageNet-1k class index of each class folder of root (Imagenette's classes only)."""
     index = {wnid: i for wnid, _, i in CLASSES}
-    folders = class_folders(root, "val")
     unknown = [wnid for wnid in folders if wnid not in index]
     if unknown:
         raise UserError(f"{root} has classes outside Imagenette ({', '.join(unknown[:3])}): reading the ImageNet "
@@ -183,9 +182,9 @@ def imagenet_indices(root):
 @functools.lru_cache(maxsize=1)  # once per run: section 4 and setup_differences ask for them
 def load_pictures(run):
     """(decoded pictures, labels, the ImageNet index of each class) of the validation split."""
-    root = ensure_imagenette(run.args.data_dir)
-    items = list_split(root, "val", run.args.per_class, drawn=True)  # a sample of each class
-    return load_all([path for path, _ in items]), torch.tensor([label for _, label in items]), imagenet_indices(root)
+    data = load_splits(run.args.data_dir, {"val": run.args.per_class}, drawn=True)  # a sample of each class
+    return (load_all([path for path, _ in data["val"]]), torch.tensor([label for _, label in data["val"]]),
+            imagenet_indices(data["root"], data["folders"]))
 
 
 # ---------------------------------------------------------------- sections

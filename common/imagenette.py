@@ -208,3 +208,13 @@ def ensure_imagenette(data_dir=None, url=URL):
     if warning:
         say(f"warning: {warning}")
     return root
+
+
+def load_splits(data_dir, per_class, drawn=False):
+    """The data folder (ensure_imagenette) and its pictures: {"root", "folders": its class folders (WordNet ids),
+    "name": "Imagenette" or the folder's own, and each split of per_class ({split: N or None}): list_split(root,
+    split, N, drawn)}."""
+    root = ensure_imagenette(data_dir)
+    return {"root": root, "folders": class_folders(root, "val"),
+            "name": "Imagenette" if is_imagenette(root) else Path(root).name,
+            **{split: list_split(root, split, n, drawn) for split, n in per_class.items()}}

@@ -43,6 +43,18 @@ def test_per_class_subsets_are_the_first_files(pictures):
     assert len(subset) == 20 and [p.name for p, _ in subset[:2]] == ["n01440764_0000.JPEG", "n01440764_0001.JPEG"]
 
 
+def test_load_splits_lists_each_split_with_its_own_count_and_names_the_folder(pictures, tmp_path):
+    """Each split's pictures as list_split gives them, its own per-class count; Imagenette's ten WordNet ids in order;
+    a folder named otherwise is named by its own name."""
+    data = imagenette.load_splits(pictures, {"train": None, "val": 2})
+    assert data["root"] == pictures and data["folders"] == imagenette.IMAGENETTE_WNIDS and data["name"] == "nette"
+    assert len(data["train"]) == 40 and data["val"] == list_split(pictures, "val", 2) and len(data["val"]) == 20
+    drawn = imagenette.load_splits(pictures, {"val": 2}, drawn=True)["val"]
+    assert drawn == list_split(pictures, "val", 2, drawn=True) and "train" not in imagenette.load_splits(pictures, {})
+    named = imagenette_folder(tmp_path / "imagenette2-160", per_class=1)
+    assert imagenette.load_splits(named, {})["name"] == "Imagenette"
+
+
 def test_per_class_takes_imagenets_validation_pictures_first(tmp_path):
     """docs/data.md: in Imagenette's val/, the ILSVRC2012_val_* names sort before the <wnid>_* ones (capital I before
     n), so --per-class N up to their count takes them alone, in their number's order; then the others by name, as

@@ -18,7 +18,7 @@ from transformers import ViTForImageClassification
 import vit_part3_posemb as posemb
 from common.device import set_precision
 from common.errors import UserError
-from common.imagenette import list_split
+from common.imagenette import class_folders, list_split
 from common.inference import run_model
 from common.output import Report
 from common.pictures import load_all
@@ -188,10 +188,10 @@ def test_accuracy_of_10_and_of_1000_by_hand():
 
 def test_each_class_folder_reads_its_imagenet_1k_index(pictures, tmp_path):
     """The indices of ImageNet-1k's class list (tench 0 ... parachute 701); a class outside Imagenette is refused."""
-    assert posemb.imagenet_indices(pictures) == [0, 217, 482, 491, 497, 566, 569, 571, 574, 701]
-    (tmp_path / "val" / "n99999999").mkdir(parents=True)
+    folders = class_folders(pictures, "val")
+    assert posemb.imagenet_indices(pictures, folders) == [0, 217, 482, 491, 497, 566, 569, 571, 574, 701]
     with pytest.raises(UserError, match="classes outside Imagenette \\(n99999999\\)"):
-        posemb.imagenet_indices(tmp_path)
+        posemb.imagenet_indices(tmp_path, ["n99999999"])
 
 
 def test_grids_are_whole_patches_per_side():
@@ -237,7 +237,7 @@ def test_bf16_changes_the_accuracies_by_at_most_a_tenth_of_a_point(tiny_classifi
     model = ViTForImageClassification.from_pretrained(tiny_classifier).eval()
     items = list_split(pictures, "val", per_class=4)
     images, labels = load_all([path for path, _ in items]), torch.tensor([label for _, label in items])
-    classes = posemb.imagenet_indices(pictures)
+    classes = posemb.imagenet_indices(pictures, class_folders(pictures, "val"))
     cpu = torch.device("cpu")
 
     def counts(resolution, precision):  # section 4's pass: (right of 10, right of 1000)
