@@ -37,11 +37,6 @@ def class_folders(root, split):
     return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
 
 
-def is_imagenette(root):
-    """A folder named imagenette2-160 holding Imagenette's ten classes: its counts are known."""
-    return Path(root).name == DEFAULT_DIR.name and class_folders(root, "val") == IMAGENETTE_WNIDS
-
-
 def list_split(root, split, per_class=None, drawn=False):
     """[(path, label)] sorted by class folder, then file name; per_class keeps N of each: the first N by name (in
     Imagenette's val/ its ILSVRC2012_val_* pictures, whose names sort first: docs/data.md), or, drawn, N drawn at
@@ -215,6 +210,7 @@ def load_splits(data_dir, per_class, drawn=False):
     "name": "Imagenette" or the folder's own, and each split of per_class ({split: N or None}): list_split(root,
     split, N, drawn)}."""
     root = ensure_imagenette(data_dir)
-    return {"root": root, "folders": class_folders(root, "val"),
-            "name": "Imagenette" if is_imagenette(root) else Path(root).name,
+    folders = class_folders(root, "val")
+    imagenette = Path(root).name == DEFAULT_DIR.name and folders == IMAGENETTE_WNIDS  # a folder whose counts are known
+    return {"root": root, "folders": folders, "name": "Imagenette" if imagenette else Path(root).name,
             **{split: list_split(root, split, n, drawn) for split, n in per_class.items()}}
