@@ -33,7 +33,6 @@ from common.errors import UserError
 from common.feature_cache import cache_key, cached_passes, picture_digests
 from common.imagenette import CLASSES, data_differences, load_splits
 from common.inference import run_model
-from common.loader import one_pass, start_pass
 from common.output import Accuracy, say
 from common.paths import CHECKOUT, FEATURE_CACHE_DIR
 from common.run import run_sections
@@ -84,7 +83,8 @@ def few_shot_accuracies(x_pool, pool_labels, x_val, val_labels, shots, lam, draw
 def extract_features(model, pictures, resolution, device, batch_size, desc, autocast=None, count=None):
     """({"pre-logits", "class token"}: (n, d) float32 each, both from one forward pass per batch; the pass's timing).
 
-    pictures: paths, or a started pass's batches of count pictures (common.loader.start_pass).
+    pictures: paths (a pass of its own: its workers' start-up in the timing, common/inference.py), or a started
+    pass's batches of count pictures (common.loader.start_pass).
     """
     def both_representations(out):
         return (out.pooler_output.float(),             # tanh(dense(class token))
@@ -140,11 +140,9 @@ def load_features(run):
     model = functools.cache(lambda: load_frozen_model(args.model, run.device))  # loaded by the first pass, if any
 
     def features_of(paths, desc):  # a pass of its own, its workers started before it
-        loader = one_pass(paths, args.resolution, args.batch_size, run.device)
-        batches, start_up = start_pass(loader)
-        arrays, timing = extract_features(model(), batches, args.resolution, run.device, args.batch_size, desc,
-                                          run.autocast, len(paths))
-        return arrays, timing, (loader.num_workers, start_up)
+        arrays, timing = extract_features(model(), paths, args.resolution, run.device, args.batch_size, desc,
+                                          run.autocast)
+        return arrays, timing, (timing.pop("workers"), timing.pop("start-up seconds"))
 
     def key(desc, paths):  # everything that decides the features; None: neither read nor write the cache
         return None if args.no_cache else cache_key(desc, args.model, resolution=args.resolution,

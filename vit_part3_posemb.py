@@ -33,7 +33,7 @@ from common.cli import experiment_parser, nonempty_path, side_pixels
 from common.errors import UserError
 from common.imagenette import CLASSES, data_differences, load_splits
 from common.inference import run_model
-from common.loader import one_pass, start_pass, workers_text
+from common.loader import workers_text
 from common.output import Accuracy, say
 from common.pictures import load_all
 from common.run import loaded, run_sections
@@ -298,13 +298,12 @@ def section_accuracy(run, report):
             embeddings.position_embeddings.data = (original if table is None else torch.from_numpy(
                 np.asarray(table, dtype=np.float32))[None].to(original.device))
             size = model.config.image_size if key == "224" else args.resolution
-            loader = one_pass(images, size, args.batch_size, run.device)  # a pass of its own, its workers started first
-            batches, start_up = start_pass(loader)
+            logits, timing = run_model(model, images, size, run.device, args.batch_size,  # a pass of its own
+                                       lambda out: out.logits.float(), key, run.autocast)
+            workers, start_up = timing.pop("workers"), timing.pop("start-up seconds")  # its workers' start, outside it
             if key == "224":  # the first row's: said before the rows
-                report.print(f"  the loader: {workers_text(loader.num_workers, start_up)}; each row's wait for "
-                             "pictures is its own")
-            logits, timing = run_model(model, batches, size, run.device, args.batch_size,
-                                       lambda out: out.logits.float(), key, run.autocast, count=len(images))
+                report.print(f"  the loader: {workers_text(workers, start_up)}; each row's wait for pictures is its "
+                             "own")
             of_10, of_1000 = accuracy_counts(torch.cat(logits), labels, imagenet_classes)
             report.print(f"  {label:<46} accuracy {report.num(f'{key} of 10', Accuracy(of_10, len(images)), '.2f')}% "
                          f"(of 10)   {report.num(f'{key} of 1000', Accuracy(of_1000, len(images)), '.2f')}% (of 1000) "

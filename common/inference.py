@@ -22,20 +22,23 @@ def on_host(value):
 def run_model(model, pictures, resolution, device, batch_size, what_to_keep, desc="", autocast=None, count=None,
               timing=None):
     """([what_to_keep(output) of each batch, in order, on the host], timing); pictures: PIL images or paths (a pass of
-    its own, its workers' start inside it), uint8 batches read before, or a started pass's batches (count: its
-    pictures; common.loader.start_pass) (docs/data.md#one-batched-pass). timing: the pass's seconds, wait and
-    pictures, added to the given dict (a running total) or to a new one."""
+    its own, its workers started before it: their start-up seconds and number in timing, "start-up seconds" and
+    "workers"), uint8 batches read before, or a started pass's batches (count: its pictures; common.loader.start_pass)
+    (docs/data.md#one-batched-pass). timing: the pass's seconds, wait and pictures, added to the given dict (a running
+    total) or to a new one."""
     from tqdm import tqdm
 
-    start = time.perf_counter()
     if timing is None:
         timing = dict(NEW_PASS)  # timed() adds the wait and pictures
     if isinstance(pictures, list) and all(isinstance(item, torch.Tensor) for item in pictures):  # batches read before
         batches, count = pictures, sum(len(batch) for batch in pictures)
     elif count is None:
-        batches, count = start_pass(one_pass(pictures, resolution, batch_size, device))[0], len(pictures)
+        loader = one_pass(pictures, resolution, batch_size, device)
+        batches, timing["start-up seconds"] = start_pass(loader)
+        timing["workers"], count = loader.num_workers, len(pictures)
     else:
         batches = pictures
+    start = time.perf_counter()
     outputs = []
     with torch.inference_mode(), autocast or contextlib.nullcontext():
         for pixels in tqdm(timed(batches, timing, device=device), desc=desc, unit="batch", file=sys.stderr,

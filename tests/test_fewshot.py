@@ -74,6 +74,7 @@ def test_pre_logits_is_tanh_of_dense_of_the_class_token(tiny_in21k, pictures):
     items = list_split(pictures, "val", per_class=1)
     features, timing = fewshot.extract_features(model, [path for path, _ in items], 224, torch.device("cpu"), 4, "test")
     assert timing["pictures"] == len(items) and 0 <= timing["waiting seconds"] <= timing["seconds"]
+    assert timing["workers"] == 0 and timing["start-up seconds"] >= 0  # its own pass, on a CPU: the main process
     dense = model.pooler.dense
     with torch.no_grad():
         expected = torch.tanh(dense(torch.from_numpy(features["class token"]))).numpy()
