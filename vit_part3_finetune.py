@@ -316,10 +316,9 @@ def section_zero_head(run, report):
                  f"{report.num('head gradient norm autograd', autograd.norm(), '.4f')}; max |difference| "
                  f"{report.num('head gradient max diff', (by_hand - autograd).abs().max(), '.1e')}")
     body_millions = sum(p.numel() for name, p in model.named_parameters() if not name.startswith("classifier.")) / 1e6
-    report.print("  gradient reaching the body (all "
-                 f"{report.num('body numbers (M)', body_millions, 'millions')}"
-                 f" other numbers): norm {report.num('zero head body gradient norm', zero['body norm'], 'zero or 3g')}"
-                 "  (W_head^T (softmax - one_hot) = 0 because W_head = 0)")
+    report.print(f"  gradient reaching the body (all {report.num('body numbers (M)', body_millions, 'millions')} other "
+                 f"numbers): norm {report.num('zero head body gradient norm', zero['body norm'], 'zero or 3g')}  "
+                 "(W_head^T (softmax - one_hot) = 0 because W_head = 0)")
     random_head(model, run.args.seed)  # for comparison: the loss and the body's gradient of a random head
     with run.autocast:
         noisy = head_step(model, pixels, labels, passes)

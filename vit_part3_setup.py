@@ -150,6 +150,11 @@ def section_table1(run, report):
     total16, total32 = encoder_flops(layers, width, mlp, s16), encoder_flops(layers, width, mlp, s32)
     embedding = patch_embedding_flops(224, 16, width)  # 2 N 3 P^2 D with N P^2 = 224^2: the same for /32
     # the prose's "x2.9 longer", "x8.6 the pairs" and "the extra 0.06 comes from attention", computed
+    compute_ratio = encoder_flops(layers, width, mlp, s384) / total16
+    per_token_ratio = token_flops(layers, width, mlp, s16) / token_flops(layers, width, mlp, s32)
+    attention32 = 100 * attention_flops(layers, width, s32) / total32
+    attention16 = 100 * attention_flops(layers, width, s16) / total16
+    with_embedding = (total16 + embedding) / (total32 + embedding)
     report.print("\n== 1. Table 1 and the patch-size notation: ViT-<size>/<patch> ==")
     report.print("  N = (resolution / patch)^2 patches, plus 1 [class] token; attention compares every pair: (N+1)^2 "
                  "pairs per head")
@@ -166,29 +171,21 @@ def section_table1(run, report):
                  f"{report.num('B/32 patches at 224', n32)} patches = x"
                  f"{report.num('B/16 over B/32 patches', n16 // n32)} (patch side halved, so (1/2)^-2 = 4); compute x"
                  f"{report.num('B/16 over B/32 compute at 224', total16 / total32, '.2f')}")
-    compute_ratio = encoder_flops(layers, width, mlp, s384) / total16
     report.print(f"  ViT-B/16 from 224 to 384: sequence {s16} -> {s384} = x"
                  f"{report.num('sequence 384 over 224', s384 / s16, '.1f')}, pairs per head x"
                  f"{report.num('pairs 384 over 224', p384 / p224, '.1f')}, compute x"
                  f"{report.num('compute 384 over 224', compute_ratio, '.2f')}")
-    per_token_ratio = token_flops(layers, width, mlp, s16) / token_flops(layers, width, mlp, s32)
-    attention32 = 100 * attention_flops(layers, width, s32) / total32
-    attention16 = 100 * attention_flops(layers, width, s16) / total16
     report.print(f"  the extra {report.num('B/16 over B/32 compute above 4', total16 / total32 - 4, '.2f')} over x4: "
-                 "the per-token parts grow x"
-                 f"{report.num('per-token compute ratio', per_token_ratio, '.2f')}"
-                 f" ({s16}/{s32} tokens; the [class] token keeps it under 4), attention's pairs x"
-                 f"{report.num('attention compute ratio', (s16 / s32) ** 2, '.2f')}; attention is "
-                 f"{report.num('attention share of B/32 (%)', attention32, '.1f')}"
-                 "% of ViT-B/32's compute, "
-                 f"{report.num('attention share of B/16 (%)', attention16, '.1f')}"
-                 "% of ViT-B/16's")
-    with_embedding = (total16 + embedding) / (total32 + embedding)
+                 f"the per-token parts grow x{report.num('per-token compute ratio', per_token_ratio, '.2f')} "
+                 f"({s16}/{s32} tokens; the [class] token keeps it under 4), attention's pairs "
+                 f"x{report.num('attention compute ratio', (s16 / s32) ** 2, '.2f')}; attention is "
+                 f"{report.num('attention share of B/32 (%)', attention32, '.1f')}% of ViT-B/32's compute, "
+                 f"{report.num('attention share of B/16 (%)', attention16, '.1f')}% of ViT-B/16's")
     report.print("  the patch embedding, left out above, costs both "
-                 f"{report.num('patch embedding GFLOPs', embedding / 1e9, '.2f')} GFLOPs ("
-                 f"{report.num('patch embedding share of B/32 (%)', 100 * embedding / total32, '.1f')}% of ViT-B/32); "
-                 "with it the ratio is x"
-                 f"{report.num('B/16 over B/32 compute with the embedding', with_embedding, '.2f')}")
+                 f"{report.num('patch embedding GFLOPs', embedding / 1e9, '.2f')} GFLOPs "
+                 f"({report.num('patch embedding share of B/32 (%)', 100 * embedding / total32, '.1f')}% of ViT-B/32); "
+                 "with it the ratio is "
+                 f"x{report.num('B/16 over B/32 compute with the embedding', with_embedding, '.2f')}")
     for size, patch, resolution in (("L", 16, 512), ("H", 14, 518)):
         grid, patches, seq, _ = sequence_shape(resolution, patch)
         key = f"ViT-{size}/{patch} at {resolution}"
