@@ -37,9 +37,9 @@ import torch.nn.functional as F
 from common import beans as beans_data
 from common import cli
 from common import trainer as plumbing
-from common.checkpoints import check_model_flag, load_pretrained
+from common.checkpoints import load_pretrained
 from common.closed_form import closed_form, targets, with_bias
-from common.device import PRECISIONS, float32_arithmetic, float32_rule, to_device
+from common.device import PRECISIONS, float32_arithmetic, to_device
 from common.environment import made_here
 from common.errors import UserError
 from common.loader import NEW_PASS, loader_workers, timed
@@ -320,8 +320,9 @@ def load_features(run, beans, processor):
         return dict(zip(splits, np.split(features, [len(beans["train"])])))
 
     begun, precision = time.perf_counter(), run.args.precision
+    rule = float32_arithmetic(run.device, precision, run.fp32_rule)["rule"]
     key = None if run.args.no_cache else cache_key(
-        "backbone", run.args.model, precision=precision, float32=float32_rule(precision, run.fp32_rule),
+        "backbone", run.args.model, precision=precision, float32=rule,
         features="class token + mean of the patch tokens",
         data={split: dataset_digest(beans[split]) for split in splits})
     features, source = cached(compute, key, {split: len(beans[split]) for split in splits}, FEATURE_CACHE_DIR)
@@ -616,10 +617,9 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(argv)
-    check_model_flag(args.model)
+    plumbing.check_classifier_files(args.model, MODEL)  # --model's path or id first (checkpoint_config)
     if args.data_dir:
         beans_data.check_dir(args.data_dir)
-    plumbing.check_classifier_files(args.model, MODEL)
     return run_sections("backbone", args, SECTIONS, setup_differences, MODEL, ARTICLE_FLAGS,
                         fp32_rule=ARTICLE_FP32_RULE)
 
