@@ -3,19 +3,11 @@ solution W = (X^T X + lambda I)^-1 X^T Y, a linear head fitted by one solve."""
 import numpy as np
 import scipy.linalg
 
-
-def targets(labels, classes):
-    """Y (n, K): +1 in the column of each picture's class, -1 in the other K - 1 columns."""
-    y = -np.ones((len(labels), classes))
-    y[np.arange(len(labels)), labels] = 1
-    return y
-
-
 # The solve loses about log10(1 / rcond) of float64's 16 digits: below this, fewer than 6 would be left, quietly.
 MIN_RCOND = 1e-10
 
 
-def closed_form(x, y, lam):
+def ridge(x, y, lam):
     """W = (X^T X + lambda I)^-1 X^T Y, the minimum of ||X W - Y||^2 + lambda ||W||^2, by one linear solve; lambda = 0
     is least squares, its minimum-norm solution X^+ Y where X^T X is singular."""
     if lam > 0:
@@ -33,6 +25,9 @@ def closed_form(x, y, lam):
     return np.linalg.lstsq(stacked_x, stacked_y, rcond=None)[0]
 
 
-def with_bias(features):
-    """X = [features, 1]: the bias column."""
-    return np.hstack([features, np.ones((len(features), 1))])
+
+def closed_form(features, labels, classes, lam, bias=True):
+    """Part 3's probe: W (d + 1, K) from X = [features, 1] (bias=False: X = features, (d, K)) and Y (n, K), +1 in the
+    column of each picture's class and -1 in the other K - 1; a picture's scores are then [x, 1] W."""
+    x = np.hstack([features, np.ones((len(features), 1))]) if bias else np.asarray(features, dtype=np.float64)
+    return ridge(x, 2 * np.eye(classes)[labels] - 1, lam)

@@ -4,19 +4,6 @@ from dataclasses import dataclass, field
 
 from common.start import speaks
 
-
-class Accuracy(float):
-    """An accuracy as printed (scale 100: per cent; 1: a fraction) that keeps the counts it came from, right of `of`
-    pictures (right a list, one count a draw, for a mean over draws): --json records them, and the verdicts' exact
-    intervals are made from them (common/verdicts.py)."""
-
-    def __new__(cls, right, of, scale=100, value=None):
-        """value: the number as the script computed it (a mean over draws), else scale * right / of."""
-        self = super().__new__(cls, scale * right / of if value is None else value)
-        self.counts = {"right": right, "of": of, "scale": scale}
-        return self
-
-
 MATPLOTLIB_MISSING = "matplotlib is not installed (pip install matplotlib)"  # --plots and the page say so
 
 
@@ -55,12 +42,20 @@ class Report:
         if not self.quiet:
             print(text, flush=True)
 
-    def num(self, name, value, spec="", printed=True):
+    def num(self, name, value, spec="", printed=True, right=None, of=None):
         """The number as printed with spec (a format spec, or a name of FORMATS), recorded under `name` with that
         text: the one call that records a number, inside the f-string of its line. A (nested) list, tuple or array
         prints as the article prints it, '[[7.0, 5.0], [5.0, 15.0]]' or '(197, 768)' (spec "short" unless given),
-        entry (i, j) recorded as 'name[i,j]'. printed=False: a number a conclusion reads that the article's lines do
-        not print (the evidence for a claim of its prose), recorded on no line."""
+        entry (i, j) recorded as 'name[i,j]'. A pass's timing (a dict) prints as '[12 s, 0.2 s waiting for
+        pictures]', its two numbers recorded as '<name> seconds' and '<name> waiting seconds'. printed=False: a number
+        a conclusion reads that the article's lines do not print (the evidence for a claim of its prose), recorded on
+        no line. right, of: the counts an accuracy in per cent came from, `right` of `of` pictures (right a list, one
+        count a draw, for a mean over draws): --json records them, and the verdicts' exact intervals are made from
+        them (common/verdicts.py)."""
+        if isinstance(value, dict):  # a pass over pictures (NEW_PASS's keys), kept whole for --json
+            self.passes[name] = dict(value)
+            return (f"[{self.num(f'{name} seconds', value['seconds'], '.0f')} s, "
+                    f"{self.num(f'{name} waiting seconds', value['waiting seconds'], '.1f')} s waiting for pictures]")
         values = value.tolist() if getattr(value, "ndim", 0) > 0 else value
         if isinstance(values, (list, tuple)):
             def entries(values, index):
@@ -74,16 +69,11 @@ class Report:
         if name in self.numbers:
             raise ValueError(f"{self.script}: the number {name!r} is printed twice")
         text = FORMATS[spec](value) if spec in FORMATS else format(value, spec)
-        self.numbers[name] = {"value": float(value), "text": text.strip(), **getattr(value, "counts", {})}
+        counts = {} if right is None else {"right": right, "of": of, "scale": 100}
+        self.numbers[name] = {"value": float(value), "text": text.strip(), **counts}
         if not printed:
             self.line_of[name] = None
         return text
-
-    def pass_text(self, name, timing):
-        """'[12 s, 0.2 s waiting for pictures]', both recorded ("<name> seconds"); --json keeps the pass whole."""
-        self.passes[name] = dict(timing)
-        return (f"[{self.num(f'{name} seconds', timing['seconds'], '.0f')} s, "
-                f"{self.num(f'{name} waiting seconds', timing['waiting seconds'], '.1f')} s waiting for pictures]")
 
     def values(self):
         """{name: value} of every number printed so far."""

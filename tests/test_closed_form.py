@@ -4,15 +4,25 @@ import numpy as np
 import pytest
 import scipy.linalg
 
-from common.closed_form import closed_form, targets, with_bias
+from common.closed_form import closed_form, ridge
 
 
-def test_targets_are_plus_and_minus_one():
-    assert targets([0, 2], 3).tolist() == [[1, -1, -1], [-1, -1, 1]]
+def with_bias(features):
+    return np.hstack([features, np.ones((len(features), 1))])
 
 
-def test_with_bias_appends_a_column_of_1():
-    assert with_bias(np.array([[2.0, 3.0], [4.0, 5.0]])).tolist() == [[2.0, 3.0, 1.0], [4.0, 5.0, 1.0]]
+def targets(labels, classes):
+    return np.where(np.arange(classes) == np.asarray(labels)[:, None], 1.0, -1.0)
+
+
+def test_the_probe_fits_targets_of_plus_and_minus_one_on_a_bias_column():
+    """Pictures [2] (class 0) and [4] (class 1), lambda 0: [x, 1] W = Y exactly, so W = [[-1, 1], [3, -3]] (the score
+    of class 0 is 3 - x, of class 1 x - 3); without the bias column, least squares x w = Y: w = Y^T x / x^T x."""
+    features, labels = np.array([[2.0], [4.0]]), [0, 1]
+    np.testing.assert_allclose(closed_form(features, labels, 2, 0.0), [[-1.0, 1.0], [3.0, -3.0]], atol=1e-12)
+    np.testing.assert_allclose(closed_form(features, labels, 2, 0.0, bias=False), [[(2 - 4) / 20, (-2 + 4) / 20]],
+                               atol=1e-12)
+    assert closed_form(np.zeros((3, 2)), [0, 2, 1], 3, 1.0).shape == (3, 3)  # K columns, d + 1 rows
 
 
 # ---------------------------------------------------------------- the ridge solution
@@ -25,7 +35,7 @@ def test_closed_form_equals_lstsq_on_the_augmented_system(lam):
     augmented_x = np.vstack([x, np.sqrt(lam) * np.eye(7)])
     augmented_y = np.vstack([y, np.zeros((7, 4))])
     expected = np.linalg.lstsq(augmented_x, augmented_y, rcond=None)[0]
-    assert np.allclose(closed_form(x, y, lam), expected, atol=1e-9)
+    assert np.allclose(ridge(x, y, lam), expected, atol=1e-9)
 
 
 @pytest.mark.parametrize("by_hand", ["cholesky", "least squares"])
@@ -39,7 +49,7 @@ def test_the_penalty_is_lambda_times_the_identity_by_hand(by_hand):
     gram = np.diag([a * a + lam, b * b + lam])
     assert (1 / np.linalg.cond(gram, 1) < 1e-10) == (by_hand == "least squares")  # which side of MIN_RCOND
     expected = [[a / (a * a + lam)], [b / (b * b + lam)]]
-    np.testing.assert_allclose(closed_form(np.diag([a, b]), np.ones((2, 1)), lam), expected, rtol=1e-9, atol=0)
+    np.testing.assert_allclose(ridge(np.diag([a, b]), np.ones((2, 1)), lam), expected, rtol=1e-9, atol=0)
 
 
 @pytest.mark.parametrize("small,lam,below", [(0.1, 1e-2, False), (1e-3, 1e-6, True)])
@@ -54,7 +64,7 @@ def test_both_sides_of_min_rcond_give_the_svd_ridge_solution(small, lam, below):
     assert (1 / np.linalg.cond(x.T @ x + lam * np.eye(4), 1) < 1e-10) == below
     u_x, s, vt = np.linalg.svd(x, full_matrices=False)
     expected = vt.T @ np.diag(s / (s**2 + lam)) @ u_x.T @ y
-    np.testing.assert_allclose(closed_form(x, y, lam), expected, rtol=1e-7, atol=0)
+    np.testing.assert_allclose(ridge(x, y, lam), expected, rtol=1e-7, atol=0)
 
 
 def test_a_well_conditioned_system_is_one_cholesky_solve_not_least_squares(monkeypatch):
@@ -69,7 +79,7 @@ def test_a_well_conditioned_system_is_one_cholesky_solve_not_least_squares(monke
 
     monkeypatch.setattr(np.linalg, "lstsq", not_here)
     for lam, w in expected.items():
-        np.testing.assert_allclose(closed_form(x, y, lam), w, rtol=1e-12, atol=0)
+        np.testing.assert_allclose(ridge(x, y, lam), w, rtol=1e-12, atol=0)
 
 
 @pytest.mark.parametrize("lam", [1.0, 1e-6, 1e-12, 1e-15])
@@ -79,7 +89,7 @@ def test_a_tiny_lambda_still_gives_the_ridge_solution(lam):
     rng = np.random.default_rng(1)
     x, y = rng.standard_normal((3, 5)), rng.standard_normal((3, 2))
     dual = x.T @ np.linalg.solve(x @ x.T + lam * np.eye(3), y)
-    assert np.allclose(closed_form(x, y, lam), dual, rtol=1e-7, atol=1e-9)
+    assert np.allclose(ridge(x, y, lam), dual, rtol=1e-7, atol=1e-9)
 
 
 # ---------------------------------------------------------------- lambda 0 and lambdas too small for float64
@@ -91,7 +101,7 @@ def test_lambda_0_recovers_the_weights_of_an_ill_conditioned_x():
     u, v = np.linalg.qr(rng.normal(size=(20, 3)))[0], np.linalg.qr(rng.normal(size=(3, 3)))[0]
     x = u @ np.diag([1.0, 1e-3, 1e-6]) @ v.T
     w = np.array([[1.0, -2.0], [0.5, 3.0], [-1.0, 1.0]])
-    np.testing.assert_allclose(closed_form(x, x @ w, 0.0), w, rtol=0, atol=1e-8)
+    np.testing.assert_allclose(ridge(x, x @ w, 0.0), w, rtol=0, atol=1e-8)
 
 
 def few_pictures(pictures):
@@ -109,4 +119,4 @@ def test_fewer_pictures_than_features_give_the_limit_of_ridge(pictures, lam, ato
     1e-6 of it; X^T X + lambda I is nearly singular (scipy warns) at 1e-16 and exactly so in float64 at 1e-30, and the
     answer is still X^+ Y."""
     x, y = few_pictures(pictures)
-    np.testing.assert_allclose(closed_form(x, y, lam), np.linalg.pinv(x) @ y, rtol=0, atol=atol)
+    np.testing.assert_allclose(ridge(x, y, lam), np.linalg.pinv(x) @ y, rtol=0, atol=atol)

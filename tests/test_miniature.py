@@ -288,7 +288,8 @@ def lambda_dropped(monkeypatch):
     import vit_part3_fewshot
 
     solve = vit_part3_fewshot.closed_form
-    monkeypatch.setattr(vit_part3_fewshot, "closed_form", lambda x, y, lam: solve(x, y, 0.0))
+    monkeypatch.setattr(vit_part3_fewshot, "closed_form",
+                        lambda features, labels, classes, lam, bias=True: solve(features, labels, classes, 0.0, bias))
 
 
 def no_class_token(monkeypatch):

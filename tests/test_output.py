@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from common.errors import UserError
-from common.output import Accuracy, Report
+from common.output import Report
 
 
 def test_report_records_what_it_prints(capsys):
@@ -18,7 +18,7 @@ def test_report_records_what_it_prints(capsys):
 
 def test_num_formats_shapes_arrays_and_the_projects_specs_as_the_article_prints_them(capsys):
     report = Report("test")
-    timing = report.pass_text("224", {"seconds": 65.2, "waiting seconds": 0.04})
+    timing = report.num("224", {"seconds": 65.2, "waiting seconds": 0.04})
     report.print(f"  grid {report.num('grid', 7, '>2')}, {report.num('shape', (197, 768), 'd')}, "
                 f"{report.num('X', np.array([[2.0, 1.0]]))}, {report.num('body (M)', 85.79, 'millions')}, "
                 f"{report.num('norm', 0.0, 'zero or 3g')}, {report.num('small', 0.123456, 'zero or 3g')}, {timing}")
@@ -34,7 +34,7 @@ def test_num_formats_shapes_arrays_and_the_projects_specs_as_the_article_prints_
 
 def test_an_accuracy_keeps_its_counts_and_a_reason_prints_as_text(capsys):
     report = Report("test")
-    report.print(f"  {report.num('accuracy', Accuracy(49, 50), '.1f')}%")
+    report.print(f"  {report.num('accuracy', 98.0, '.1f', right=49, of=50)}%")
     assert report.numbers["accuracy"] == {"value": 98.0, "text": "98.0", "right": 49, "of": 50, "scale": 100}
     report.cannot_run("4. accuracy", UserError("--data-dir x is a file, not a folder of {train,val}/<class>/"))
     assert capsys.readouterr().out.endswith('section "4. accuracy": --data-dir x is a file, not a folder of '
