@@ -38,11 +38,11 @@ from common import beans as beans_data
 from common import cli
 from common import trainer as plumbing
 from common.checkpoints import load_pretrained
-from common.closed_form import closed_form, targets, with_bias
-from common.device import PRECISIONS, float32_arithmetic, to_device
+from common.closed_form import closed_form
+from common.device import PRECISIONS, float32_arithmetic
 from common.environment import made_here
 from common.errors import UserError
-from common.loader import NEW_PASS, loader_workers, timed
+from common.loader import NEW_PASS, timed
 from common.output import say
 from common.paths import FEATURE_CACHE_DIR
 from common.run import loaded, run_sections
@@ -122,14 +122,17 @@ def article_transform(processor, batch):
 
 def table_row_config(name):
     """The ViTConfig a model name stands for: vit-<size>-patch<P>-<resolution>, the size from Table 1."""
-    from common.compute import table1_config
+    from transformers import ViTConfig
+
+    from common.compute import VIT_SIZES
 
     found = re.fullmatch(r"(?:.*/)?vit-(base|large|huge)-patch(\d+)-(\d+)", name)
     if found is None:
         raise ValueError(f"{name} is not a vit-<size>-patch<P>-<resolution> name")
-    config = table1_config({"base": "B", "large": "L", "huge": "H"}[found[1]], int(found[2]), image_size=int(found[3]))
-    config.num_labels = 1000  # the released checkpoints are ImageNet-1k classifiers
-    return config
+    layers, width, mlp, heads = VIT_SIZES[{"base": "B", "large": "L", "huge": "H"}[found[1]]]
+    return ViTConfig(hidden_size=width, num_hidden_layers=layers, intermediate_size=mlp, num_attention_heads=heads,
+                     patch_size=int(found[2]), image_size=int(found[3]),
+                     num_labels=1000)  # the released checkpoints are ImageNet-1k classifiers
 
 
 def counted_parameters(config):
@@ -197,8 +200,8 @@ def scores_accuracy_loss(logits, labels):
 
 def closed_form_probe(train_x, train_labels, val_x, classes, lam):
     """Part 3's closed form on the same features: (W with its bias row, validation scores)."""
-    w = closed_form(with_bias(train_x.astype(np.float64)), targets(train_labels, classes), lam)
-    return w, with_bias(val_x.astype(np.float64)) @ w
+    w = closed_form(train_x.astype(np.float64), train_labels, classes, lam)
+    return w, val_x.astype(np.float64) @ w[:-1] + w[-1]
 
 
 def probe_ways(features, labels, classes, epochs, seed, lambdas):
@@ -218,15 +221,44 @@ def probe_ways(features, labels, classes, epochs, seed, lambdas):
 
     ways = [("linear probe", linear)] + [(f"closed form, lambda {lam:g}", functools.partial(ridge, lam))
                                          for lam in lambdas]
-    return [(way, *result, seconds) for way, fit in ways for result, seconds in [plumbing.clocked(fit)]]
+    rows = []
+    for way, fit in ways:
+        begun = time.perf_counter()
+        result = fit()
+        rows.append((way, *result, time.perf_counter() - begun))
+    return rows
 
 
 # ---------------------------------------------------------------- what the sections load
 
+def image_processor(name):
+    """The checkpoint's image processor, its PIL backend (PIL's resize, which common/pictures.py reproduces: left to
+    itself, transformers picks its torchvision backend wherever torchvision is installed); one line when it was saved
+    without one."""
+    from transformers import AutoImageProcessor
+
+    try:
+        return load_pretrained(AutoImageProcessor, name, backend="pil")
+    except (ValueError, KeyError) as error:
+        raise UserError(f"{name} has no image processor (preprocessor_config.json): pass a checkpoint "
+                        f"saved with one") from error
+
+
+def image_classifier(name):
+    """AutoModelForImageClassification with the checkpoint's own head; one line when it has none."""
+    from transformers import AutoModelForImageClassification
+
+    model, info = load_pretrained(AutoModelForImageClassification, name, output_loading_info=True)
+    if any(key.startswith("classifier.") for key in info.get("missing_keys", ())):
+        raise UserError(f"{name} has no classification head (the library would draw one at random): "
+                        f"pass an image classifier such as {MODEL}")
+    return model
+
+
 # Each read once however many sections need it, keyed by its flag; a failure is not kept: it is raised again where
 # the next section needs the same thing, with the same words.
 load_beans = functools.cache(beans_data.load)  # (--data-dir, --per-class)
-load_processor = functools.cache(plumbing.image_processor)  # (--model)
+load_processor = functools.cache(image_processor)  # (--model)
 
 
 @functools.lru_cache(maxsize=1)
@@ -256,15 +288,16 @@ def finetune(run):
         with torch.inference_mode(), run.autocast:
             return model.vit(pixel_values=map_pixels.to(run.device)).last_hidden_state[:, 1:].float().cpu()
 
-    workers = loader_workers(run.device)
     # The validation pictures through the transform once: a loader started afresh per evaluation keeps a GPU waiting.
-    val_items, preprocessing = plumbing.clocked(lambda: [item for batch in plumbing.dataset_loader(
-        val_ds.with_transform(transform), list, workers) for item in batch])
-    val_items = [{**item, "pixel_values": item["pixel_values"].to(run.device)} for item in val_items]  # 80 MB
+    begun = time.perf_counter()
+    val_items = [{**item, "pixel_values": item["pixel_values"].to(run.device)}  # 80 MB
+                 for batch in plumbing.dataset_loader(val_ds.with_transform(transform), list, run.device)
+                 for item in batch]
+    preprocessing = time.perf_counter() - begun
     recipe = {"per_device_train_batch_size": args.batch_size, "per_device_eval_batch_size": args.batch_size,
               "num_train_epochs": args.epochs, "learning_rate": args.lr, "logging_steps": LOGGING_STEPS,
               "save_strategy": "no", "eval_strategy": "steps", "remove_unused_columns": False, "seed": args.seed}
-    with plumbing.timed_trainer(recipe, run.device, args.precision, workers, model=model, processing_class=processor,
+    with plumbing.timed_trainer(recipe, run.device, args.precision, model=model, processing_class=processor,
                                 train_dataset=train_ds.with_transform(transform), eval_dataset=val_items,
                                 data_collator=collate_fn, compute_metrics=accuracy_metrics) as (trainer, passes):
         before = trainer.evaluate()  # the article's: evaluate, train, evaluate
@@ -284,7 +317,7 @@ def finetune(run):
                     "pictures": np.clip((small * std + mean) * 255, 0, 255).round().astype(np.uint8).tolist(),
                     "labels": [beans["names"][beans["validation"][i]["labels"]] for i in map_indices]}
     return {"before": before, "after": after, "seconds": passes["train() seconds"], "passes": passes,
-            "history": trainer.state.log_history, "workers": workers, "preprocessing seconds": preprocessing,
+            "history": trainer.state.log_history, "workers": passes["workers"], "preprocessing seconds": preprocessing,
             "steps": trainer.state.max_steps, "hidden size": model.config.hidden_size, "feature maps": feature_maps,
             "trained parameters": sum(p.numel() for p in model.parameters() if p.requires_grad)}
 
@@ -297,24 +330,27 @@ def load_features(run, beans, processor):
     from tqdm import tqdm
     from transformers import ViTModel
 
-    from common.feature_cache import cache_key, cached, dataset_digest
+    from common.feature_cache import cache_key, cached
 
     splits, timing = beans_data.SPLITS, None  # timing: the pass's, when the features are computed
 
     def compute():
         nonlocal timing
-        workers, timing = loader_workers(run.device), dict(NEW_PASS)
+        timing = dict(NEW_PASS)
         both = concatenate_datasets([beans[split] for split in splits])
         loader = plumbing.dataset_loader(both.with_transform(functools.partial(article_transform, processor)),
-                                         collate_fn, workers, pin_memory=run.device.type == "cuda")
-        batches, timing["start-up seconds"] = plumbing.clocked(iter, loader)  # iter() starts the workers
+                                         collate_fn, run.device, pin_memory=run.device.type == "cuda")
+        begun = time.perf_counter()
+        batches = iter(loader)  # starts the workers
+        timing["start-up seconds"] = time.perf_counter() - begun
         model = load_pretrained(ViTModel, run.args.model, add_pooling_layer=False).to(run.device).eval()
-        timing["workers"], outputs = workers, []
+        timing["workers"], outputs = loader.num_workers, []
         begun = time.perf_counter()
         with torch.inference_mode(), run.autocast:
             for batch in tqdm(timed(batches, timing, lambda batch: len(batch["labels"]), run.device),
                               desc="frozen features", unit="batch", file=sys.stderr, leave=False, total=len(loader)):
-                outputs.append(frozen_features(model(pixel_values=to_device(batch["pixel_values"], run.device))))
+                pixels = batch["pixel_values"].to(run.device, non_blocking=True)  # pinned beside a CUDA GPU
+                outputs.append(frozen_features(model(pixel_values=pixels)))
             features = torch.cat(outputs).cpu().numpy()
         timing["seconds"] = time.perf_counter() - begun
         return dict(zip(splits, np.split(features, [len(beans["train"])])))
@@ -323,8 +359,7 @@ def load_features(run, beans, processor):
     rule = float32_arithmetic(run.device, precision, run.fp32_rule)["rule"]
     key = None if run.args.no_cache else cache_key(
         "backbone", run.args.model, precision=precision, float32=rule,
-        features="class token + mean of the patch tokens",
-        data={split: dataset_digest(beans[split]) for split in splits})
+        features="class token + mean of the patch tokens", datasets={split: beans[split] for split in splits})
     features, source = cached(compute, key, {split: len(beans[split]) for split in splits}, FEATURE_CACHE_DIR)
     return {"features": features, "labels": {split: np.array(beans[split]["labels"]) for split in splits},
             "source": "read from the cache" if source == "cache" else source, "seconds": time.perf_counter() - begun,
@@ -387,7 +422,7 @@ def section_checkpoint(run, report):
     args = run.args
     try:  # the configuration and the counts need no data; the one picture does
         processor, model = loaded(lambda: load_processor(args.model),
-                                  lambda: plumbing.image_classifier(args.model, MODEL).to(run.device).eval())
+                                  lambda: image_classifier(args.model).to(run.device).eval())
     except UserError as missing:
         try:
             load_beans(args.data_dir, args.per_class)
@@ -499,8 +534,8 @@ def section_finetune(run, report):
                  f"{report.num('after right', round(result['after']['eval_accuracy'] * val_count))} of {val_count} "
                  f"after; training, with its evaluations every {LOGGING_STEPS} steps, took "
                  f"{report.num('training seconds', result['seconds'], ',.0f')} s)")
-    training = report.pass_text("training steps", passes["training"])
-    evaluating = report.pass_text("evaluations", passes["evaluations"])
+    training = report.num("training steps", passes["training"])
+    evaluating = report.num("evaluations", passes["evaluations"])
     report.print(f"  passes over pictures: the training steps {training}, their pictures decoded and preprocessed by "
                  f"{result['workers']} worker processes (none on a CPU: the main process); the "
                  f"{passes['evaluations']['pictures'] // max(1, val_count)} evaluations {evaluating}, their "
@@ -523,7 +558,7 @@ def section_three_ways(run, report):
                  f"{len(beans['train']):,} training and {len(beans['validation'])} validation pictures ==")
     frozen, result = loaded(lambda: load_features(run, beans, processor), lambda: finetune(run))  # section 4's run
     timing = frozen["pass"]  # None when read from the cache
-    pass_words = "" if not timing else (f" {report.pass_text('frozen features', timing)}, the loader's "
+    pass_words = "" if not timing else (f" {report.num('frozen features', timing)}, the loader's "
                                         f"{timing['workers']} worker processes (none on a CPU) started in "
                                         f"{timing['start-up seconds']:.1f} s, outside the pass")
     report.print("  frozen features: the last layer's class token beside the mean of its patch tokens, "
@@ -584,9 +619,10 @@ def setup_differences(run, known):
 def parse_args(argv):
     parser = cli.experiment_parser(__doc__)
     parser.add_argument("--model", default=MODEL,
+                        type=functools.partial(plumbing.check_classifier_files, example=MODEL),
                         help="checkpoint id or local directory (an image classifier saved with its image processor)"
                              " (default: %(default)s)")
-    parser.add_argument("--data-dir", type=cli.nonempty_path,
+    parser.add_argument("--data-dir", type=beans_data.local_copy,
                         help=f"a local copy of {beans_data.DATASET}'s files (README.md, data/*.parquet); by default "
                              f"the dataset through the Hugging Face cache, downloaded once")
     parser.add_argument("--per-class", type=cli.positive_int, help="keep the first N pictures of each class in each "
@@ -601,7 +637,7 @@ def parse_args(argv):
                         help="every random draw (the article: 42) (default: %(default)s)")
     parser.add_argument("--probe-epochs", type=cli.positive_int, default=PROBE_EPOCHS,
                         help="epochs of the linear probe (DINO: 100) (default: %(default)s)")
-    parser.add_argument("--lambdas", type=cli.nonnegative_float, nargs="+", default=LAMBDAS,
+    parser.add_argument("--lambdas", type=cli.nonnegative_float, nargs="+", action="distinct", default=LAMBDAS,
                         help="ridge penalties of the closed-form probe, finite and >= 0 (default: %(default)s)")
     parser.add_argument("--no-cache", action="store_true", help="neither read nor write data/features/")
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS + ("fp32-strict",),
@@ -611,15 +647,11 @@ def parse_args(argv):
     parser.add_argument("--plots", type=cli.nonempty_path, metavar="DIR",
                         help="save the training curves and the feature maps as PNG (needs matplotlib)")
     args = parser.parse_args(argv)
-    cli.distinct(parser, "--lambdas", args.lambdas)
     return args
 
 
 def main(argv=None):
     args = parse_args(argv)
-    plumbing.check_classifier_files(args.model, MODEL)  # --model's path or id first (checkpoint_config)
-    if args.data_dir:
-        beans_data.check_dir(args.data_dir)
     return run_sections("backbone", args, SECTIONS, setup_differences, MODEL, ARTICLE_FLAGS,
                         fp32_rule=ARTICLE_FP32_RULE)
 

@@ -27,13 +27,13 @@ import numpy as np
 import torch
 
 from common import cli
-from common.checkpoints import check_model_flag, load_pretrained
-from common.closed_form import closed_form, targets, with_bias
+from common.checkpoints import load_pretrained
+from common.closed_form import closed_form
 from common.errors import UserError
 from common.feature_cache import cache_key, cached_passes, picture_digests
 from common.imagenette import CLASSES, data_differences, load_splits
 from common.inference import run_model
-from common.output import Accuracy, say
+from common.output import say
 from common.paths import CHECKOUT, FEATURE_CACHE_DIR
 from common.run import run_sections
 from common.verdicts import article_values, load_reference
@@ -66,15 +66,15 @@ def draw_pool(items, per_class, seed):
 
 
 def few_shot_accuracies(x_pool, pool_labels, x_val, val_labels, shots, lam, draws, seed):
-    """Validation accuracy (an Accuracy, per cent, with its counts) of the closed form on each of `draws` random draws
-    of `shots` pictures per class."""
+    """The validation pictures the closed form gets right on each of `draws` random draws of `shots` pictures per
+    class."""
     classes = len(np.unique(pool_labels))
     accuracies = []
     for draw in range(draws):
         chosen = draw_shots(pool_labels, shots, draw, seed)
-        w = closed_form(x_pool[chosen], targets(pool_labels[chosen], classes), lam)
-        right = (x_val @ w).argmax(1) == val_labels
-        accuracies.append(Accuracy(int(right.sum()), len(right), value=100 * np.mean(right)))
+        w = closed_form(x_pool[chosen], pool_labels[chosen], classes, lam)
+        right = (x_val @ w[:-1] + w[-1]).argmax(1) == val_labels
+        accuracies.append(int(right.sum()))
     return accuracies
 
 
@@ -159,9 +159,9 @@ def load_features(run):
 def section_by_hand(run, report):
     """1. the closed form by hand"""
     report.print("\n== 1. the closed form by hand: 4 pictures, 2 features, K = 2 classes, lambda = 1 ==")
-    x, y = np.array(HAND_X), targets(HAND_LABELS, 2)
+    x, y = np.array(HAND_X), 2 * np.eye(2)[HAND_LABELS] - 1  # +1 in the column of the picture's class, -1 elsewhere
     regularised = x.T @ x + np.eye(2)
-    w = closed_form(x, y, 1.0)
+    w = closed_form(x, HAND_LABELS, 2, 1.0, bias=False)
     new_scores, training_scores = np.array(HAND_NEW) @ w, x @ w
     right_side = all(np.sign(training_scores[i]) @ np.sign(y[i]) == 2 for i in range(len(x)))
     report.print(f"  X (rows = pictures A1, A2, B1, B2) = {report.num('X', x)}")
@@ -186,11 +186,11 @@ def section_frozen(run, report):
                  f"pictures (a pool of {args.pool} per class) and "
                  f"{report.num('validation pictures', len(data['val']))} validation pictures ==")
     features = load_features(run)
-    x = {desc: {name: with_bias(features[desc][name]) for name in REPRESENTATIONS} for desc in ("pool", "val")}
-    accuracies = {(name, lam, shots): few_shot_accuracies(x["pool"][name], features["pool labels"], x["val"][name],
-                                                          features["val labels"], shots, lam, args.draws, args.seed)
+    accuracies = {(name, lam, shots): few_shot_accuracies(features["pool"][name], features["pool labels"],
+                                                          features["val"][name], features["val labels"], shots, lam,
+                                                          args.draws, args.seed)
                   for name in REPRESENTATIONS for lam in args.lambdas for shots in args.shots}
-    passes = "".join(f"; {WHAT[desc]} {report.pass_text(f'{desc} features', timing)}"
+    passes = "".join(f"; {WHAT[desc]} {report.num(f'{desc} features', timing)}"
                      for desc, timing in features["passes"].items())
     passes += f"; the loader: {features['loader']}" if features["loader"] else ""
     cache = FEATURE_CACHE_DIR.relative_to(CHECKOUT) if FEATURE_CACHE_DIR.is_relative_to(CHECKOUT) else FEATURE_CACHE_DIR
@@ -207,12 +207,11 @@ def section_frozen(run, report):
         for lam in args.lambdas:
             cells = []
             for shots in args.shots:
-                cell = accuracies[representation, lam, shots]
-                mean = Accuracy([draw.counts["right"] for draw in cell], len(x["val"][representation]),
-                                value=np.mean(cell))  # the mean over the draws, with each draw's count
-                name = f"{representation} lambda {lam:g} {shots}-shot"
-                cells.append(f"{shots}-shot {report.num(f'{name} mean', mean, '5.1f')} +- "
-                             f"{report.num(f'{name} std', np.std(cell), '4.1f')}%")  # std: ddof=0
+                rights, of = accuracies[representation, lam, shots], len(features["val labels"])
+                cell = [100 * (right / of) for right in rights]  # per cent right, each draw
+                name = f"{representation} lambda {lam:g} {shots}-shot"  # the mean over the draws, each draw's count
+                cells.append(f"{shots}-shot {report.num(f'{name} mean', np.mean(cell), '5.1f', right=rights, of=of)}"
+                             f" +- {report.num(f'{name} std', np.std(cell), '4.1f')}%")  # std: ddof=0
             report.print(f"  {representation:<11} lambda {lam:>6g}:  {'   '.join(cells)}")
     classes = len(data["names"])
     report.print(f"  chance is {report.num('chance (%)', 100 / classes, '.0f')}%; 1-shot means "
@@ -229,13 +228,14 @@ def section_one_solve(run, report):
     lam = 1.0 if 1.0 in args.lambdas else args.lambdas[0]
     pool_labels, val_labels = features["pool labels"], features["val labels"]
     chosen = draw_shots(pool_labels, shots, 0, args.seed)
-    x = with_bias(features["pool"]["pre-logits"])[chosen]
-    w = closed_form(x, targets(pool_labels[chosen], len(names)), lam)
-    scores = with_bias(features["val"]["pre-logits"]) @ w
+    x = features["pool"]["pre-logits"][chosen]
+    w = closed_form(x, pool_labels[chosen], len(names), lam)
+    scores = features["val"]["pre-logits"] @ w[:-1] + w[-1]
     predicted = scores.argmax(1)
     per_class = [100 * np.mean(predicted[val_labels == c] == c) for c in range(len(names))]
-    report.print(f"  {shots}-shot, draw 0, pre-logits, lambda {lam:g}: X is {report.num('X shape', x.shape, 'd')} ("
-                 f"{report.num('solve pictures', len(x))} pictures x {report.num('solve features', x.shape[1] - 1)} "
+    report.print(f"  {shots}-shot, draw 0, pre-logits, lambda {lam:g}: X is "
+                 f"{report.num('X shape', (len(x), x.shape[1] + 1), 'd')} ("
+                 f"{report.num('solve pictures', len(x))} pictures x {report.num('solve features', x.shape[1])} "
                  f"features + bias), Y is {report.num('Y shape', (len(x), len(names)), 'd')}, W is "
                  f"{report.num('W shape', w.shape, 'd')}; one solve of a {report.num('system size', w.shape[0])}x"
                  f"{w.shape[0]} system")
@@ -298,9 +298,10 @@ def main(argv=None):
                        "the pool is drawn from every training picture, as in a full run",
         batch_help="pictures per batch of the passes that extract the frozen features (the pool's pictures and the "
                    "validation pictures)")
-    parser.add_argument("--shots", type=cli.positive_int, nargs="+", default=[1, 5, 10],
+    parser.add_argument("--shots", type=cli.positive_int, nargs="+", action="distinct", default=[1, 5, 10],
                         help="pictures per class (default: %(default)s)")
-    parser.add_argument("--lambdas", type=cli.nonnegative_float, nargs="+", default=[0.01, 1.0, 100.0],
+    parser.add_argument("--lambdas", type=cli.nonnegative_float, nargs="+", action="distinct",
+                        default=[0.01, 1.0, 100.0],
                         help="ridge penalties, finite and >= 0 (0: plain least squares, the minimum-norm solution when "
                              "pictures are fewer than features) (default: %(default)s)")
     parser.add_argument("--draws", type=cli.positive_int, default=5,
@@ -316,9 +317,6 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if max(args.shots) > args.pool:
         parser.error(f"--shots {max(args.shots)} is more than the pool of {args.pool} per class")
-    cli.distinct(parser, "--shots", args.shots)
-    cli.distinct(parser, "--lambdas", args.lambdas)
-    check_model_flag(args.model)
     return run_sections("fewshot", args, SECTIONS, setup_differences, DEFAULT_MODEL, ARTICLE_FLAGS)
 
 

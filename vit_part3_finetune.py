@@ -39,12 +39,11 @@ from tqdm import tqdm
 
 from common import cli, distributed
 from common.checkpoints import checkpoint_config, load_pretrained
-from common.device import to_device
 from common.errors import UserError
 from common.imagenette import CLASSES, data_differences, load_splits
 from common.inference import run_model
 from common.loader import NEW_PASS, one_pass, start_pass, timed
-from common.output import Accuracy, say
+from common.output import say
 from common.pictures import to_pixels
 from common.run import check_output, loaded, run_sections
 from common.training import read_checkpoint, save_checkpoint, set_rng_states
@@ -242,10 +241,8 @@ def data_and_model(run):
     args = run.args
     if "data and model" not in run.kept:
         data, checkpoint = loaded(
-            lambda: distributed.first_process_first(run, lambda: load_splits(
-                args.data_dir, {"train": args.per_class, "val": args.per_class})),
-            lambda: distributed.first_process_first(run, lambda: load_pretrained(
-                ViTForImageClassification, args.model, output_loading_info=True)))
+            lambda: load_splits(args.data_dir, {"train": args.per_class, "val": args.per_class}),
+            lambda: load_pretrained(ViTForImageClassification, args.model, output_loading_info=True), run=run)
         check_resolution(checkpoint[0].config, args.resolution)
         data["classes"] = len(data["folders"])
         model, pre_logits = build_classifier(checkpoint, data["classes"], args.resolution)
@@ -333,12 +330,12 @@ def section_zero_head(run, report):
 
 
 def print_step(report, step, row):
-    """The article's step line, the wait for pictures inside its brackets."""
-    name = f"step {step}"
+    """The article's step line, the wait for pictures inside its brackets; row["accuracy"]: (right, of) of the check."""
+    name, (right, of) = f"step {step}", row["accuracy"]
     report.print(f"  step {step:3d}: lr {report.num(f'{name} lr', row['lr'], '.5f')}  loss "
                  f"{report.num(f'{name} loss', row['loss'], '.4f')}  gradient norm before clipping "
                  f"{report.num(f'{name} norm', row['norm'], '7.3f')}  validation "
-                 f"{report.num(f'{name} accuracy', row['accuracy'], '5.1f')}%   ["
+                 f"{report.num(f'{name} accuracy', 100 * right / of, '5.1f', right=right, of=of)}%   ["
                  f"{report.num(f'{name} seconds', row['seconds'], '.0f')} s, "
                  f"{report.num(f'{name} waiting seconds', row['waiting seconds'], '.1f')} s waiting for pictures]")
 
@@ -369,8 +366,8 @@ def section_finetune(run, report):
     # read once, kept on the device: an unreadable picture stops the run here; the reading counts as the checks' wait
     monitor = kept_batches(items, run, micro, log)
     if start == 0:
-        step_0 = accuracies([model.eval()], *monitor, run, micro, "step 0", log["passes"]["checks"])[0]
-        log["step 0"] = float(step_0)  # no sample: the zero head's tie is 100 / classes on a balanced check
+        right, of = accuracies([model.eval()], *monitor, run, micro, "step 0", log["passes"]["checks"])[0]
+        log["step 0"] = 100 * right / of  # no sample: the zero head's tie is 100 / classes on a balanced check
         ties = not model.classifier.weight.any() and not model.classifier.bias.any()
         log["tie note"] = "  (zero head: every class ties, the first wins)" if ties else ""
     report.print(f"  step   0: validation accuracy ({report.num('monitor pictures', len(items), ',')} pictures, "
@@ -394,7 +391,7 @@ def train(run, report, *, data, model, average, optimizer, log, monitor, micro, 
     (start, last_step), args, passes = steps, run.args, log["passes"]
     trained = torch.nn.parallel.DistributedDataParallel(model) if run.world > 1 else model  # on the model's device
     for row in log["rows"]:  # a resumed run's logged steps, printed again
-        print_step(report, row["step"], {**row, "accuracy": Accuracy(*row["accuracy"])})
+        print_step(report, row["step"], row)
     begun = time.perf_counter() - log["seconds"]  # the run's clock: a resumed run's seconds go on
     batches = step_batches(data["train"], start + 1, last_step, run, log)
     logged = report_steps(args.steps)  # the steps whose line the article prints, each checked on the validation subset
@@ -419,12 +416,11 @@ def train(run, report, *, data, model, average, optimizer, log, monitor, micro, 
             log["norms"].append(norm)
             passes["training"]["seconds"] += time.perf_counter() - step_begun
             if step in logged:
-                percent = accuracies([model.eval()], *monitor, run, micro, f"step {step}", passes["checks"])[0]
+                checked = accuracies([model.eval()], *monitor, run, micro, f"step {step}", passes["checks"])[0]
                 log["seconds"] = time.perf_counter() - begun
-                row = {"lr": lr, "loss": loss, "norm": norm, "accuracy": percent, "seconds": log["seconds"],
+                row = {"lr": lr, "loss": loss, "norm": norm, "accuracy": checked, "seconds": log["seconds"],
                        "waiting seconds": sum(timing["waiting seconds"] for timing in passes.values())}
-                # the check's counts, right of checked: torch.load (weights_only) takes no class of ours
-                log["rows"].append({"step": step, **row, "accuracy": (percent.counts["right"], percent.counts["of"])})
+                log["rows"].append({"step": step, **row})
                 print_step(report, step, row)
             # every process learns of a signal, or of a failed save, in any: all stop at the same step
             interrupted = distributed.sum_over_processes(bool(stop["asked"]), run) > 0
@@ -525,15 +521,15 @@ def kept_batches(items, run, batch_size, log):
     share = items[run.rank::run.world]
     batches = started_pass([path for path, _ in share], batch_size, run, log)
     checks, begun = log["passes"]["checks"], time.perf_counter()
-    kept = [to_device(pixels, run.device)
+    kept = [pixels.to(run.device, non_blocking=True)  # pinned by the loader beside a CUDA GPU
             for pixels in timed(batches, checks, count=lambda batch: 0, device=run.device)]
     checks["seconds"] += time.perf_counter() - begun
     return kept, [label for _, label in share]
 
 
 def accuracies(models, batches, labels, run, batch_size, desc, timing):
-    """[the Accuracy, per cent right, of each model over all processes]: one pass, each batch through every model, its
-    seconds and wait added to timing; batches as run_model's, labels this process's share."""
+    """[(right, of) of each model: the pictures it gets right, of all, over all processes]: one pass, each batch
+    through every model, its seconds and wait added to timing; batches as run_model's, labels this process's share."""
     def predictions(**inputs):
         return [model(**inputs).logits.argmax(1) for model in models]
 
@@ -542,7 +538,7 @@ def accuracies(models, batches, labels, run, batch_size, desc, timing):
     total, percents = distributed.sum_over_processes(len(labels), run), []
     for k in range(len(models)):
         correct = int((torch.cat([batch[k] for batch in predicted]) == torch.as_tensor(labels)).sum()) if labels else 0
-        percents.append(Accuracy(round(distributed.sum_over_processes(correct, run)), round(total)))
+        percents.append((round(distributed.sum_over_processes(correct, run)), round(total)))
     return percents
 
 
@@ -567,12 +563,13 @@ def finish(run, report, *, data, model, average, log, micro, last_step):
         share = data["val"][run.rank::run.world]
         batches = started_pass([path for path, _ in share], micro, run, log)
         final["both weights on all validation pictures"] = dict(NEW_PASS)
-        last, averaged = accuracies([model.eval(), average.eval()], batches, [label for _, label in share], run, micro,
-                                    "both weights", final["both weights on all validation pictures"])
+        (last, of), (averaged, _) = accuracies([model.eval(), average.eval()], batches, [label for _, label in share],
+                                               run, micro, "both weights",
+                                               final["both weights on all validation pictures"])
         report.print(f"  on all {len(data['val']):,} validation pictures: the weight average (factor {AVERAGE_FACTOR}) "
-                     f"{report.num('average accuracy', averaged, '.2f')}%, the last weights "
-                     f"{report.num('last accuracy', last, '.2f')}%")
-    texts = {what: report.pass_text(what, timing) for what, timing in (*passes.items(), *final.items())}
+                     f"{report.num('average accuracy', 100 * averaged / of, '.2f', right=averaged, of=of)}%, the last "
+                     f"weights {report.num('last accuracy', 100 * last / of, '.2f', right=last, of=of)}%")
+    texts = {what: report.num(what, timing) for what, timing in (*passes.items(), *final.items())}
     report.print(f"  passes over pictures (this process's): training, {last_step} steps {texts['training']}; the "
                  f"checks of the validation subset, {passes['checks']['pictures']:,} pictures in all {texts['checks']}"
                  f"{''.join(f'; {what} {texts[what]}' for what in final)}; the loaders' {log['loader workers']} "
@@ -672,4 +669,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    distributed.leave(guarded(main))
+    sys.exit(guarded(main))

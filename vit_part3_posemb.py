@@ -34,7 +34,7 @@ from common.errors import UserError
 from common.imagenette import CLASSES, data_differences, load_splits
 from common.inference import run_model
 from common.loader import workers_text
-from common.output import Accuracy, say
+from common.output import say
 from common.pictures import load_all
 from common.run import loaded, run_sections
 from common.verdicts import article_values
@@ -305,9 +305,11 @@ def section_accuracy(run, report):
                 report.print(f"  the loader: {workers_text(workers, start_up)}; each row's wait for pictures is its "
                              "own")
             of_10, of_1000 = accuracy_counts(torch.cat(logits), labels, imagenet_classes)
-            report.print(f"  {label:<46} accuracy {report.num(f'{key} of 10', Accuracy(of_10, len(images)), '.2f')}% "
-                         f"(of 10)   {report.num(f'{key} of 1000', Accuracy(of_1000, len(images)), '.2f')}% (of 1000) "
-                         f"  {report.pass_text(key, timing)}")
+            n = len(images)
+            report.print(f"  {label:<46} accuracy "
+                         f"{report.num(f'{key} of 10', 100 * of_10 / n, '.2f', right=of_10, of=n)}% (of 10)   "
+                         f"{report.num(f'{key} of 1000', 100 * of_1000 / n, '.2f', right=of_1000, of=n)}% (of 1000)   "
+                         f"{report.num(key, timing)}")
     finally:
         embeddings.position_embeddings.data = original
     report.print(f"  zeros: all {report.num('zeros rows', n_new * n_new + 1)} rows of E_pos set to 0, the [class] row "

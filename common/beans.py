@@ -12,9 +12,13 @@ MEGABYTES = 180  # its parquet files, about: the size the job and the refusal be
 SPLITS = ("train", "validation")
 
 
-def check_dir(path):
-    """A local copy must be a folder holding the parquet files of the train and validation splits; checked first."""
-    folder = Path(path).expanduser()
+def local_copy(path):
+    """A local copy must be a folder holding the parquet files of the train and validation splits: the path, ~ expanded
+    (argparse's type of --data-dir)."""
+    from common.cli import nonempty_path
+
+    path = nonempty_path(path)
+    folder = Path(path)
     if not folder.is_dir():
         what = "is a file, not a folder" if folder.exists() else "does not exist"
         raise UserError(f"--data-dir {path} {what}: pass a local copy of {DATASET}'s files "
@@ -24,6 +28,7 @@ def check_dir(path):
     if missing:
         raise UserError(f"--data-dir {path} has no parquet file for the split(s) {', '.join(missing)}: pass a local "
                         f"copy of {DATASET}'s files (data/train-*.parquet, data/validation-*.parquet)")
+    return path
 
 
 def from_hub(name):

@@ -38,19 +38,21 @@ def why_no_download():
 
 
 def check_model_flag(name):
-    """--model must be a checkpoint directory, or else a name the Hub's own rule takes as a repository id."""
+    """--model must be a checkpoint directory, or else a name the Hub's own rule takes as a repository id: the name
+    (argparse's type of --model)."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     if not name.strip():
         raise UserError("--model is empty: pass a saved checkpoint directory or a Hub id")
     if os.path.isdir(os.path.expanduser(name)):
-        return
+        return name
     try:
         validate_repo_id(name)
     except HFValidationError:
         what = "is a file, not a checkpoint directory" if os.path.exists(name) else "does not exist"
         raise UserError(f"--model {name}: the directory {what}; pass a saved checkpoint directory "
                         "or a Hub id") from None
+    return name
 
 
 def checkpoint_config(name):

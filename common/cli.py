@@ -4,6 +4,7 @@ import functools
 import math
 import os
 
+from common.checkpoints import check_model_flag
 from common.device import DEVICE_CHOICES, PRECISIONS
 
 
@@ -59,14 +60,6 @@ def nonempty_path(text):
     return os.path.expanduser(text)
 
 
-def distinct(parser, flag, values):
-    """Refuse a value given twice (as printed, with :g): each names the numbers it prints."""
-    printed = [f"{value:g}" if isinstance(value, float) else str(value) for value in values]
-    twice = sorted({text for text in printed if printed.count(text) > 1})
-    if twice:
-        parser.error(f"{flag}: {', '.join(twice)} given twice; give each value once")
-
-
 def finite_float(text, low, allow_low):
     try:
         value = float(text)
@@ -84,12 +77,23 @@ nonnegative_float = functools.partial(finite_float, low=0.0, allow_low=True)  # 
 
 def experiment_parser(docstring, device=True, model=None, model_help="", batch_help="",
                       per_class_help="keep the first N pictures of each class in each split used (default: all)"):
-    """A script's parser (as script_parser's): --device (device=False: a script that runs on the CPU alone),
+    """A script's parser (as script_parser's), its action "distinct" for a flag of several values each given once:
+    --device (device=False: a script that runs on the CPU alone),
     --compare and --json; with model (the article's checkpoint, model_help: what it must hold), first --model,
     --data-dir, --per-class, --batch-size (batch_help: what a batch is in the script's own work) and --precision."""
     parser = ScriptParser(description=docstring, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    class Distinct(argparse.Action):  # action="distinct": a value given twice (as printed, with :g) is refused
+        def __call__(self, parser, namespace, values, option_string=None):
+            printed = [f"{value:g}" if isinstance(value, float) else str(value) for value in values]
+            twice = sorted({text for text in printed if printed.count(text) > 1})
+            if twice:  # each names the numbers it prints
+                parser.error(f"{option_string}: {', '.join(twice)} given twice; give each value once")
+            setattr(namespace, self.dest, values)
+
+    parser.register("action", "distinct", Distinct)
     if model:
-        parser.add_argument("--model", default=model,
+        parser.add_argument("--model", default=model, type=check_model_flag,
                             help=f"checkpoint id or local directory ({model_help}) (default: %(default)s)")
         parser.add_argument("--data-dir", type=nonempty_path,
                             help="an imagenette2-160 folder; by default data/imagenette2-160, downloaded when missing")

@@ -17,12 +17,23 @@ from common.output import say
 from common.paths import FEATURE_CACHE_DIR as CACHE_DIR
 
 
-def cache_key(name, model, **decides):
-    """(file name, description) of the features of `model` and `decides` (in order), or None when the checkpoint's
-    weight file (named by its path, size and modification time) is not on disk."""
+def cache_key(name, model, datasets=None, **decides):
+    """(file name, description) of the features of `model` and `decides` (in order), then of `datasets` ({split: a
+    Hugging Face dataset}, each named by a digest of its pictures and labels, as "data"), or None when the
+    checkpoint's weight file (named by its path, size and modification time) is not on disk."""
     weights = cached_weight_file(os.path.expanduser(model))
     if weights is None:
         return None
+    if datasets is not None:
+        from datasets import Image
+
+        decides["data"] = {}
+        for split, dataset in datasets.items():  # its pictures' bytes and labels, in order
+            digest = hashlib.blake2b(digest_size=16)
+            for row in dataset.cast_column("image", Image(decode=False)):
+                digest.update(row["image"]["bytes"] or Path(row["image"]["path"]).read_bytes())
+                digest.update(str(row["labels"]).encode())
+            decides["data"][split] = digest.hexdigest()
     stat = Path(weights).stat()
     text = json.dumps({"model": model, "weights": [str(Path(weights).resolve()), stat.st_size, stat.st_mtime_ns],
                        **decides})
@@ -33,17 +44,6 @@ def picture_digests(paths, root):
     """Each picture's path under the data folder and a digest of its bytes (about 40 MB for Imagenette)."""
     return [[str(Path(path).relative_to(root)), hashlib.blake2b(Path(path).read_bytes(), digest_size=12).hexdigest()]
             for path in paths]
-
-
-def dataset_digest(split):
-    """A digest of a Hugging Face dataset split's picture bytes and labels, in order."""
-    from datasets import Image
-
-    digest = hashlib.blake2b(digest_size=16)
-    for row in split.cast_column("image", Image(decode=False)):
-        digest.update(row["image"]["bytes"] or Path(row["image"]["path"]).read_bytes())
-        digest.update(str(row["labels"]).encode())
-    return digest.hexdigest()
 
 
 def warn(text):

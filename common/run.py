@@ -39,13 +39,18 @@ def start_run(args, device=None, rank=0, world=1, fp32_rule="strict", torchrun=F
                started=time.time())
 
 
-def loaded(*loads):
+def loaded(*loads, run=None):
     """Each load() in turn, their values; when any raises a UserError, one that names every problem of them all, so
-    that one line says all that an offline run lacks."""
+    that one line says all that an offline run lacks. With the run: each by its first process first (it downloads)."""
     values, problems = [], []
     for load in loads:
         try:
-            values.append(load())
+            if run is None:
+                values.append(load())
+            else:
+                from common.distributed import first_process_first
+
+                values.append(first_process_first(run, load))
         except UserError as problem:
             problems += [reason for reason in problem.args if reason not in problems]
     if problems:

@@ -68,7 +68,8 @@ def quiet_if_nobody_reads():
 
 
 def guarded(main):
-    """main()'s status; a UserError, Ctrl-C or SIGTERM ends in one line (once under torchrun) and 2, 130 or 143."""
+    """main()'s status; a UserError, Ctrl-C or SIGTERM ends in one line (once under torchrun) and 2, 130 or 143.
+    Under torchrun, each process then leaves through common/distributed.py's leave."""
     from common.errors import UserError
 
     def terminate(signum, frame):
@@ -77,8 +78,9 @@ def guarded(main):
 
     previous = signal.signal(signal.SIGTERM, terminate)
     previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C: KeyboardInterrupt again
+    message = None
     try:
-        return main()
+        status = main()
     except UserError as problem:
         message, status = f"error: {problem}", 2
     except Terminated:
@@ -88,8 +90,13 @@ def guarded(main):
     finally:
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, previous_int)
-    if speaks():
+    if message and speaks():
         print(message, file=sys.stderr)
+    dist = sys.modules.get("torch.distributed")  # loaded by then, if at all: started by common/distributed.py
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        from common.distributed import leave
+
+        leave(status)  # torchrun's processes: the process group ended first; it never returns
     return status
 
 

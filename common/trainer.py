@@ -1,4 +1,4 @@
-"""The backbone article's plumbing around transformers: its checkpoint, its processor, a Trainer whose passes are timed
+"""The backbone article's plumbing around transformers: its --model check, a Trainer whose passes are timed
 through its own overrides; a loader for one pass over a dataset."""
 import contextlib
 import math
@@ -9,13 +9,14 @@ from pathlib import Path
 
 from torch.utils.data import DataLoader
 
-from common.checkpoints import checkpoint_config, load_pretrained
+from common.checkpoints import checkpoint_config
 from common.errors import UserError
-from common.loader import NEW_PASS, PREFETCH, WORKER_START, timed, worker_setup
+from common.loader import NEW_PASS, PREFETCH, WORKER_START, loader_workers, timed, worker_setup
 
 
 def check_classifier_files(name, example):
-    """A local --model must be a ViT saved with its image processor; a cached one must be a ViT. Before any work."""
+    """A local --model must be a ViT saved with its image processor; a cached one must be a ViT: the name (argparse's
+    type of --model, with example, the article's checkpoint)."""
     if Path(name).expanduser().is_dir():
         for file, what in (("config.json", "save_pretrained"), ("preprocessor_config.json", "its image processor")):
             if not (Path(name).expanduser() / file).exists():
@@ -24,50 +25,22 @@ def check_classifier_files(name, example):
     if config is not None and config.model_type != "vit":
         raise UserError(f"--model {name} is a {config.model_type} checkpoint, not a ViT: the article's backbone is "
                         f"ViTModel (pass e.g. {example})")
-
-
-def image_processor(name):
-    """The checkpoint's image processor, its PIL backend (PIL's resize, which common/pictures.py reproduces: left to
-    itself, transformers picks its torchvision backend wherever torchvision is installed); one line when it was saved
-    without one."""
-    from transformers import AutoImageProcessor
-
-    try:
-        return load_pretrained(AutoImageProcessor, name, backend="pil")
-    except (ValueError, KeyError) as error:
-        raise UserError(f"{name} has no image processor (preprocessor_config.json): pass a checkpoint "
-                        f"saved with one") from error
-
-
-def image_classifier(name, example):
-    """AutoModelForImageClassification with the checkpoint's own head; one line when it has none."""
-    from transformers import AutoModelForImageClassification
-
-    model, info = load_pretrained(AutoModelForImageClassification, name, output_loading_info=True)
-    if any(key.startswith("classifier.") for key in info.get("missing_keys", ())):
-        raise UserError(f"{name} has no classification head (the library would draw one at random): "
-                        f"pass an image classifier such as {example}")
-    return model
-
-
-def clocked(compute, *args, **kwargs):
-    """(compute(*args, **kwargs), the seconds it took)."""
-    begun = time.perf_counter()
-    result = compute(*args, **kwargs)
-    return result, time.perf_counter() - begun
+    return name
 
 
 @contextlib.contextmanager
-def timed_trainer(recipe, device, precision, workers, **parts):
+def timed_trainer(recipe, device, precision, **parts):
     """Yields (a Trainer of `parts` and TrainingArguments(**recipe), writing to a temporary folder, its progress on
-    stderr; its passes {"training", "evaluations": pass timings, "train() seconds"}, filled as it runs), its training
-    pictures prepared by `workers` processes (docs/performance.md). The passes are timed through the Trainer's own
-    overrides: its training steps' next() in get_batch_samples, its evaluations' in their loader, evaluate() whole.
+    stderr; its passes {"training", "evaluations": pass timings, "train() seconds", "workers"}, filled as it runs), its
+    training pictures prepared by loader_workers(device) processes (docs/performance.md). The passes are timed
+    through the Trainer's own overrides: its training steps' next() in get_batch_samples, its evaluations' in their
+    loader, evaluate() whole.
     A non-finite training loss stops the training at the step it is logged, and train() raises a UserError."""
     from tqdm import tqdm
     from transformers import ProgressCallback, Trainer, TrainerCallback, TrainingArguments
 
-    passes = {what: dict(NEW_PASS) for what in ("training", "evaluations")}
+    workers = loader_workers(device)
+    passes = {**{what: dict(NEW_PASS) for what in ("training", "evaluations")}, "workers": workers}
 
     def labels_in(batch):
         return len(batch["labels"])
@@ -105,13 +78,16 @@ def timed_trainer(recipe, device, precision, workers, **parts):
             return timed(loader, passes["evaluations"], labels_in, self.args.device)
 
         def evaluate(self, *args, **kwargs):
-            metrics, seconds = clocked(super().evaluate, *args, **kwargs)
-            passes["evaluations"]["seconds"] += seconds
+            begun = time.perf_counter()
+            metrics = super().evaluate(*args, **kwargs)
+            passes["evaluations"]["seconds"] += time.perf_counter() - begun
             return metrics
 
         def train(self, *args, **kwargs):  # the training pass: train() less the evaluations it ran
             evaluating = passes["evaluations"]["seconds"]
-            output, passes["train() seconds"] = clocked(super().train, *args, **kwargs)
+            begun = time.perf_counter()
+            output = super().train(*args, **kwargs)
+            passes["train() seconds"] = time.perf_counter() - begun
             passes["training"]["seconds"] = passes["train() seconds"] - (passes["evaluations"]["seconds"] - evaluating)
             loss, first, last = divergence.found or (output.training_loss, 1, output.global_step)
             if not math.isfinite(loss):  # the mean of steps first to last: the model it trained diverged
@@ -139,8 +115,9 @@ def steps_text(first, last):
     return f"at step {last}" if first == last else f"over steps {first} to {last}"
 
 
-def dataset_loader(dataset, collate_fn, workers, pin_memory=False, batch_size=32):
-    """A DataLoader for one pass, in order, over a dataset that makes its own items, with picture_loader()'s workers."""
+def dataset_loader(dataset, collate_fn, device, pin_memory=False, batch_size=32):
+    """A DataLoader for one pass, in order, over a dataset that makes its own items, with loader_workers(device)."""
+    workers = loader_workers(device)
     return DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn, num_workers=workers, pin_memory=pin_memory,
                       prefetch_factor=PREFETCH if workers else None, worker_init_fn=worker_setup,
                       multiprocessing_context=WORKER_START if workers else None)

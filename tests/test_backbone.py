@@ -157,7 +157,9 @@ def differences(argv, counts=None, names=backbone.BEANS_CLASSES):
             raise UserError("dataset AI-Lab-Makerere/beans is not here")
         return {"train": range(counts[0]), "validation": range(counts[1]), "names": list(names)}
 
-    args = backbone.parse_args(argv)
+    with mock.patch.object(backbone.beans_data, "local_copy", str), \
+            mock.patch.object(backbone.plumbing, "check_classifier_files", lambda name, example: name):
+        args = backbone.parse_args(argv)  # folders that need not exist: their checks are the parser's (test_bad_inputs)
     known = {**checkpoint_difference(args.model, backbone.MODEL), **flag_differences(args, backbone.ARTICLE_FLAGS)}
     with mock.patch.object(backbone, "load_beans", load_beans):  # as run_sections: the checkpoint and flags, the rest
         return {**known, **backbone.setup_differences(argparse.Namespace(args=args), known)}
@@ -243,7 +245,7 @@ def test_the_trainer_with_2_workers_gives_the_numbers_it_gives_with_none(beans_s
                                 *BACKBONE_FLAGS])
     results = []
     for workers in (0, 2):
-        monkeypatch.setattr(backbone, "loader_workers", lambda device, workers=workers: workers)
+        monkeypatch.setattr(backbone.plumbing, "loader_workers", lambda device, workers=workers: workers)
         result = backbone.finetune(start_run(args, fp32_rule=backbone.ARTICLE_FP32_RULE))
         assert result["workers"] == workers and result["passes"]["training"]["pictures"] == 15 * 4  # 15 steps of 4
         assert result["passes"]["evaluations"]["pictures"] == 4 * 6  # before, at steps 10 and 15, after: 6 pictures
@@ -272,7 +274,10 @@ def test_the_validation_pictures_preprocessed_once_are_what_the_processor_makes(
     split = load_dataset(str(beans_standins["data"]))["validation"]
     processor = AutoImageProcessor.from_pretrained(beans_standins["models"][0])
     transformed = split.with_transform(functools.partial(backbone.article_transform, processor))
-    items = [item for batch in dataset_loader(transformed, list, 2) for item in batch]
+    # a GPU's device type, which loader_workers gives worker processes: the transform pickled into them (no GPU used)
+    loader = dataset_loader(transformed, list, torch.device("cuda"))
+    assert loader.num_workers >= 1
+    items = [item for batch in loader for item in batch]
     assert len(items) == len(split) == 6
     for item, row in zip(items, split):
         expected = processor(row["image"].convert("RGB"), return_tensors="pt")["pixel_values"][0]

@@ -122,8 +122,9 @@ def test_one_pass_gives_each_models_accuracy_and_the_checks_read_the_kept_batche
                           rank=0)
     batches, _ = start_pass(one_pass([path for path, _ in items], 224, 16, run.device))
     timing = dict(NEW_PASS)
-    percents = finetune.accuracies(models, batches, list(labels), run, 16, "both", timing)
-    assert percents == pytest.approx(by_hand, abs=1e-9) and timing["pictures"] == len(items)
+    counts = finetune.accuracies(models, batches, list(labels), run, 16, "both", timing)
+    assert [100 * right / of for right, of in counts] == pytest.approx(by_hand, abs=1e-9)
+    assert timing["pictures"] == len(items)
 
     log = {"loader start-up seconds": 0.0, "passes": {"checks": dict(NEW_PASS)}}
     kept, shared = finetune.kept_batches(items, run, 16, log)
@@ -131,8 +132,8 @@ def test_one_pass_gives_each_models_accuracy_and_the_checks_read_the_kept_batche
     assert [len(batch) for batch in kept] == [16, 16, 8] and checks["pictures"] == 0
     assert shared == list(labels)
     for k in (1, 2):
-        percent = finetune.accuracies([models[0]], kept, shared, run, 16, "check", checks)[0]
-        assert percent == pytest.approx(by_hand[0], abs=1e-9)  # the running total, checks, added to
+        right, of = finetune.accuracies([models[0]], kept, shared, run, 16, "check", checks)[0]
+        assert 100 * right / of == pytest.approx(by_hand[0], abs=1e-9)  # the running total, checks, added to
         assert checks["pictures"] == k * len(items)
 
 

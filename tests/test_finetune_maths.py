@@ -19,7 +19,7 @@ from conftest import tiny_vit
 import vit_part3_finetune as finetune
 from common.errors import UserError
 from common.loader import NEW_PASS
-from common.output import Accuracy, Report
+from common.output import Report
 from common.start import Terminated
 from common.training import read_checkpoint, save_checkpoint, set_rng_states
 from common.verdicts import flag_differences
@@ -246,7 +246,7 @@ def train(monkeypatch, model, optimizer, batches, labels, steps, accum_steps=1, 
     def accuracies(models, pictures, labels_, run, batch_size, desc, timing):
         assert not any(model.training for model in models)  # a check is an evaluation: no dropout
         assert batch_size == len(labels) // (world * accum_steps)
-        return [Accuracy(1, 10)]  # 10.0%, its counts kept
+        return [(1, 10)]  # 10.0%, its counts kept
 
     wrapped = []
     monkeypatch.setattr(finetune, "step_batches", step_batches)

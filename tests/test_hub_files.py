@@ -6,8 +6,8 @@ import torch
 from PIL import Image
 
 from common.pictures import resized_rgb, to_pixels
-from common.trainer import image_processor
 from job.standins import vit_classifier, vit_in21k
+from vit_backbone import image_processor
 
 # The fields of the Hub's config.json of google/vit-base-patch16-224-in21k (transformers 4.13.0.dev0 wrote it):
 # no id2label, no label2id, no num_labels.
