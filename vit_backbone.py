@@ -122,17 +122,13 @@ def article_transform(processor, batch):
 
 def table_row_config(name):
     """The ViTConfig a model name stands for: vit-<size>-patch<P>-<resolution>, the size from Table 1."""
-    from transformers import ViTConfig
-
-    from common.compute import VIT_SIZES
+    from common.compute import table1_config
 
     found = re.fullmatch(r"(?:.*/)?vit-(base|large|huge)-patch(\d+)-(\d+)", name)
     if found is None:
         raise ValueError(f"{name} is not a vit-<size>-patch<P>-<resolution> name")
-    layers, width, mlp, heads = VIT_SIZES[{"base": "B", "large": "L", "huge": "H"}[found[1]]]
-    return ViTConfig(hidden_size=width, num_hidden_layers=layers, intermediate_size=mlp, num_attention_heads=heads,
-                     patch_size=int(found[2]), image_size=int(found[3]),
-                     num_labels=1000)  # the released checkpoints are ImageNet-1k classifiers
+    return table1_config({"base": "B", "large": "L", "huge": "H"}[found[1]], int(found[2]), image_size=int(found[3]),
+                         num_labels=1000)  # the released checkpoints are ImageNet-1k classifiers
 
 
 def counted_parameters(config):

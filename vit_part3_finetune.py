@@ -42,12 +42,12 @@ from common.checkpoints import checkpoint_config, load_pretrained
 from common.errors import UserError
 from common.imagenette import CLASSES, data_differences, load_splits
 from common.inference import run_model
-from common.loader import NEW_PASS, one_pass, start_pass, timed
+from common.loader import NEW_PASS, started_pass
 from common.output import say
 from common.pictures import to_pixels
 from common.run import check_output, loaded, run_sections
 from common.training import read_checkpoint, save_checkpoint, set_rng_states
-from common.verdicts import article_values, load_reference
+from common.verdicts import article_values
 from figures import finetune as figures
 
 # ---------------------------------------------------------------- the recipe
@@ -64,6 +64,7 @@ AVERAGE_FACTOR = 0.99   # a Polyak average of the weights (the article's snippet
 RESOLUTION = 224        # pixels (the paper fine-tunes at 384)
 PRECISION = "fp32"      # the article ran on Apple's mps, which has no TF32
 REPORT_STEPS = (0, 5, 10, 25, 50, 100, 150, 200, 250, 300)  # the logged steps; another --steps scales them
+STEP_NUMBERS = ("lr", "loss", "norm", "accuracy", "seconds")  # the article's numbers on a logged step's line
 NORM_WINDOW = 50        # the first and last steps whose median gradient norm is printed (scaled as the steps)
 LOSS_WINDOW = 10        # the first and last steps whose mean loss is printed (scaled as the steps)
 MONITOR_PER_CLASS = 100  # the validation subset watched during the run, 1,000 pictures (--check-per-class)
@@ -288,9 +289,9 @@ def section_zero_head(run, report):
     classes = data["classes"]
     report.print("\n== 1. step 0 with the zero head ==")
     indices, flips = step_pictures(1, run.args.batch_size, len(data["train"]), run.args.seed)  # step 1's whole batch
-    loader = one_pass([data["train"][i][0] for i in indices], run.args.resolution, run.args.batch_size, run.device,
-                      flips, workers=0)  # no workers for one batch
-    pixels = to_pixels(next(start_pass(loader)[0]), run.device)
+    batches, _, _ = started_pass([data["train"][i][0] for i in indices], run.args.resolution, run.args.batch_size,
+                                 run.device, flips, workers=0)  # no workers for one batch
+    pixels = to_pixels(next(batches), run.device)
     labels = torch.tensor([data["train"][i][1] for i in indices], device=run.device)
     passes = run.world * run.args.accum_steps  # the micro-batch of a training step, so the peak is training's
     with run.autocast:
@@ -500,18 +501,18 @@ def step_batches(items, first, last, run, log):
     if not chosen:
         return
     indices, flips = np.concatenate([i for i, _ in chosen]), np.concatenate([f for _, f in chosen])
-    batches = started_pass([path for path, _ in items], args.batch_size // run.world, run, log, flips, indices)
-    for (indices, _), batch in zip(chosen, timed(batches, log["passes"]["training"])):
+    batches = logged_pass([path for path, _ in items], args.batch_size // run.world, run, log, flips, indices,
+                          log["passes"]["training"])
+    for (indices, _), batch in zip(chosen, batches):
         yield to_pixels(batch, run.device), torch.tensor([items[i][1] for i in indices], device=run.device)
 
 
-def started_pass(paths, batch_size, run, log, flips=None, indices=None):
-    """A pass's batches of the pictures at paths (common/loader.py), its loader started: its workers and their
-    start-up in the log."""
-    loader = one_pass(paths, run.args.resolution, batch_size, run.device, flips, indices)
-    batches, seconds = start_pass(loader)
+def logged_pass(paths, batch_size, run, log, flips=None, indices=None, timing=None, count=len):
+    """A pass's batches of the pictures at paths, its loader started (common/loader.py's started_pass; timing, count:
+    as there): its workers and their start-up in the log."""
+    batches, log["loader workers"], seconds = started_pass(paths, run.args.resolution, batch_size, run.device, flips,
+                                                           indices, timing=timing, count=count)
     log["loader start-up seconds"] += seconds
-    log["loader workers"] = loader.num_workers
     return batches
 
 
@@ -519,10 +520,9 @@ def kept_batches(items, run, batch_size, log):
     """(this process's share of the (path, label) items, read once as uint8 batches kept on the device (the checks,
     read ten times), their labels): the reading's seconds and wait added to the checks' pass (no pictures counted)."""
     share = items[run.rank::run.world]
-    batches = started_pass([path for path, _ in share], batch_size, run, log)
     checks, begun = log["passes"]["checks"], time.perf_counter()
-    kept = [pixels.to(run.device, non_blocking=True)  # pinned by the loader beside a CUDA GPU
-            for pixels in timed(batches, checks, count=lambda batch: 0, device=run.device)]
+    batches = logged_pass([path for path, _ in share], batch_size, run, log, timing=checks, count=lambda batch: 0)
+    kept = [pixels.to(run.device, non_blocking=True) for pixels in batches]  # pinned by the loader beside a CUDA GPU
     checks["seconds"] += time.perf_counter() - begun
     return kept, [label for _, label in share]
 
@@ -535,11 +535,11 @@ def accuracies(models, batches, labels, run, batch_size, desc, timing):
 
     predicted, _ = run_model(predictions, batches, run.args.resolution, run.device, batch_size, list, desc,
                              run.autocast, count=len(labels), timing=timing)
-    total, percents = distributed.sum_over_processes(len(labels), run), []
+    total, counts = distributed.sum_over_processes(len(labels), run), []
     for k in range(len(models)):
         correct = int((torch.cat([batch[k] for batch in predicted]) == torch.as_tensor(labels)).sum()) if labels else 0
-        percents.append((round(distributed.sum_over_processes(correct, run)), round(total)))
-    return percents
+        counts.append((round(distributed.sum_over_processes(correct, run)), round(total)))
+    return counts
 
 
 def finish(run, report, *, data, model, average, log, micro, last_step):
@@ -561,7 +561,7 @@ def finish(run, report, *, data, model, average, log, micro, last_step):
                      f"{report.num('pictures seen', seen, ',')} = "
                      f"{report.num('passes', seen / len(data['train']), '.2f')} passes over the training set")
         share = data["val"][run.rank::run.world]
-        batches = started_pass([path for path, _ in share], micro, run, log)
+        batches = logged_pass([path for path, _ in share], micro, run, log)
         final["both weights on all validation pictures"] = dict(NEW_PASS)
         (last, of), (averaged, _) = accuracies([model.eval(), average.eval()], batches, [label for _, label in share],
                                                run, micro, "both weights",
@@ -596,8 +596,7 @@ def setup_differences(run, known):
     differences = {**data_differences(args, counts), **check_differences(args, data)}
     if "steps" in known:  # --steps: the article's step rows this run never logs
         logged = set(report_steps(args.steps))
-        removes = [name for name in load_reference("finetune") if name.startswith("step ")
-                   and int(name.split()[1]) not in logged]
+        removes = [f"step {step} {what}" for step in REPORT_STEPS if step not in logged for what in STEP_NUMBERS]
         differences["steps"] = {**known["steps"], "removes": removes}
     return differences
 

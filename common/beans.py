@@ -5,6 +5,7 @@ from pathlib import Path
 import numpy as np
 
 from common.checkpoints import hub_reachable, why_no_download
+from common.cli import nonempty_path
 from common.errors import UserError
 
 DATASET = "AI-Lab-Makerere/beans"
@@ -15,8 +16,6 @@ SPLITS = ("train", "validation")
 def local_copy(path):
     """A local copy must be a folder holding the parquet files of the train and validation splits: the path, ~ expanded
     (argparse's type of --data-dir)."""
-    from common.cli import nonempty_path
-
     path = nonempty_path(path)
     folder = Path(path)
     if not folder.is_dir():

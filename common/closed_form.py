@@ -25,7 +25,6 @@ def ridge(x, y, lam):
     return np.linalg.lstsq(stacked_x, stacked_y, rcond=None)[0]
 
 
-
 def closed_form(features, labels, classes, lam, bias=True):
     """Part 3's probe: W (d + 1, K) from X = [features, 1] (bias=False: X = features, (d, K)) and Y (n, K), +1 in the
     column of each picture's class and -1 in the other K - 1; a picture's scores are then [x, 1] W."""

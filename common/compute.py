@@ -32,13 +32,13 @@ def patch_embedding_flops(resolution, patch, width):
     return 2 * sequence_shape(resolution, patch)[1] * 3 * patch**2 * width
 
 
-def table1_config(size, patch, image_size=224):
-    """A transformers ViTConfig of a Table 1 size."""
+def table1_config(size, patch, image_size=224, **fields):
+    """A transformers ViTConfig of a Table 1 size (fields: any other of its fields, num_labels=1000)."""
     from transformers import ViTConfig
 
     layers, width, mlp, heads = VIT_SIZES[size]
     return ViTConfig(hidden_size=width, num_hidden_layers=layers, intermediate_size=mlp,
-                     num_attention_heads=heads, patch_size=patch, image_size=image_size)
+                     num_attention_heads=heads, patch_size=patch, image_size=image_size, **fields)
 
 
 def config_forward_flops(config, resolution):

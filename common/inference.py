@@ -6,36 +6,31 @@ import time
 
 import torch
 
-from common.loader import NEW_PASS, one_pass, start_pass, timed
+from common.loader import NEW_PASS, started_pass, timed
 from common.pictures import to_pixels
-
-
-def on_host(value):
-    """A tensor, or a tuple or list of them, copied to the host."""
-    if isinstance(value, torch.Tensor):
-        return value.cpu()
-    if isinstance(value, (tuple, list)):
-        return type(value)(on_host(item) for item in value)
-    return value
 
 
 def run_model(model, pictures, resolution, device, batch_size, what_to_keep, desc="", autocast=None, count=None,
               timing=None):
     """([what_to_keep(output) of each batch, in order, on the host], timing); pictures: PIL images or paths (a pass of
     its own, its workers started before it: their start-up seconds and number in timing, "start-up seconds" and
-    "workers"), uint8 batches read before, or a started pass's batches (count: its pictures; common.loader.start_pass)
+    "workers"), uint8 batches read before, or a started pass's batches (count: its pictures; common.loader.started_pass)
     (docs/data.md#one-batched-pass). timing: the pass's seconds, wait and pictures, added to the given dict (a running
     total) or to a new one."""
     from tqdm import tqdm
+
+    def on_host(value):  # a tensor, or a tuple or list of them
+        if isinstance(value, torch.Tensor):
+            return value.cpu()
+        return type(value)(on_host(item) for item in value) if isinstance(value, (tuple, list)) else value
 
     if timing is None:
         timing = dict(NEW_PASS)  # timed() adds the wait and pictures
     if isinstance(pictures, list) and all(isinstance(item, torch.Tensor) for item in pictures):  # batches read before
         batches, count = pictures, sum(len(batch) for batch in pictures)
     elif count is None:
-        loader = one_pass(pictures, resolution, batch_size, device)
-        batches, timing["start-up seconds"] = start_pass(loader)
-        timing["workers"], count = loader.num_workers, len(pictures)
+        batches, timing["workers"], timing["start-up seconds"] = started_pass(pictures, resolution, batch_size, device)
+        count = len(pictures)
     else:
         batches = pictures
     start = time.perf_counter()

@@ -124,10 +124,11 @@ def one_pass(pictures, resolution, batch_size, device, flips=None, indices=None,
                       generator=torch.Generator())  # each pass draws a seed from it: the global RNG stays as it was
 
 
-def start_pass(loader):
+def start_pass(loader, timing=None, count=len):
     """(the pass's batches, the seconds its workers took to start): each worker runs before the pass begins, so the
     pass does not count their start as waiting for pictures. A picture that cannot be read raises its UserError; the
-    workers end with the pass, or when its batches are dropped unfinished."""
+    workers end with the pass, or when its batches are dropped unfinished. With timing, each batch's wait (the
+    host's) and pictures (count) are added to it (timed)."""
     begun = time.perf_counter()
     held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if hasattr(signal, "pthread_sigmask") else None
     try:  # Ctrl-C pending until the workers run: they inherit it held, until worker_setup (no traceback from them)
@@ -140,15 +141,25 @@ def start_pass(loader):
     seconds = time.perf_counter() - begun
 
     def checked(iterator):
+        timed_batches = iterator if timing is None else timed(iterator, timing, count)
         try:
-            for batch in iterator:
+            for batch in timed_batches:
                 if isinstance(batch, UserError):
                     raise batch
                 yield batch
         finally:  # the workers end now, a failed pass's too, not once its error (which holds this frame) is freed
-            del iterator
+            del iterator, timed_batches
 
     return checked(batches), seconds
+
+
+def started_pass(pictures, resolution, batch_size, device, flips=None, indices=None, workers=None, timing=None,
+                 count=len):
+    """(the batches of one_pass(...), its workers, the seconds they took to start): start_pass's, timing and count
+    as there."""
+    loader = one_pass(pictures, resolution, batch_size, device, flips, indices, workers)
+    batches, seconds = start_pass(loader, timing, count)
+    return batches, loader.num_workers, seconds
 
 
 def workers_text(workers, seconds):

@@ -35,8 +35,8 @@ def main():
     sizes_file, script, *flags = sys.argv[1:]
     start_pass = loader.start_pass
 
-    def counted_pass(pass_loader):
-        batches, seconds = start_pass(pass_loader)
+    def counted_pass(pass_loader, *timing):
+        batches, seconds = start_pass(pass_loader, *timing)
         return counted(batches), seconds
 
     loader.start_pass = counted_pass  # before the script imports it by name

@@ -7,6 +7,7 @@ The script's runs on stand-ins and its other functions by hand: tests/test_finet
 import contextlib
 import copy
 import math
+import re
 import signal
 from types import SimpleNamespace
 
@@ -22,7 +23,7 @@ from common.loader import NEW_PASS
 from common.output import Report
 from common.start import Terminated
 from common.training import read_checkpoint, save_checkpoint, set_rng_states
-from common.verdicts import flag_differences
+from common.verdicts import flag_differences, load_reference
 from vit_part3_posemb import bilinear_table
 
 # The article's logged learning rates of the 300-step run (step: lr as printed).
@@ -162,6 +163,9 @@ def test_a_shorter_run_removes_the_article_steps_it_never_logs():
     assert "step 250 loss" in removed and "step 300 norm" in removed and "step 0 validation" not in removed
     assert not [name for name in removed if name.split()[1] in ("1", "2", "5", "10", "15", "20", "25", "30")]
     assert "mean loss first" not in removed and "data set" not in differences
+    reference = [name for name in load_reference("finetune") if re.fullmatch(r"step (\d+) .*", name)
+                 and int(name.split()[1]) not in (0, 1, 2, 5, 10, 15, 20, 25, 30)]
+    assert removed == reference  # every article row of those steps, in the article's order
 
 
 def test_the_pictures_the_sections_loaded_are_the_setups_difference_and_no_sample():
