@@ -40,7 +40,6 @@ from common import trainer as plumbing
 from common.checkpoints import load_pretrained
 from common.closed_form import closed_form
 from common.device import PRECISIONS, float32_arithmetic
-from common.environment import made_here
 from common.errors import UserError
 from common.loader import NEW_PASS, timed
 from common.output import say
@@ -94,12 +93,6 @@ def split_tokens(last_hidden_state):
     return last_hidden_state[:, 0], last_hidden_state[:, 1:]
 
 
-def frozen_features(output):
-    """The class token of the last layer (after its LayerNorm) beside the mean of its patch tokens (DINO's, ViT-B)."""
-    class_token, patch_tokens = split_tokens(output.last_hidden_state.float())
-    return torch.cat([class_token, patch_tokens.mean(1)], 1)
-
-
 def accuracy_metrics(eval_pred):
     """The article's compute_metrics, with the accuracy computed directly (evaluate.load downloads a script)."""
     logits, labels = eval_pred
@@ -138,11 +131,6 @@ def counted_parameters(config):
     with torch.device("meta"):
         model = ViTForImageClassification(config)
     return sum(p.numel() for p in model.parameters()), sum(p.numel() for p in model.vit.parameters())
-
-
-def feature_grid(model):
-    side = model.config.image_size // model.config.patch_size
-    return side, side
 
 
 def pca_rgb(tokens, grid):
@@ -306,7 +294,8 @@ def finetune(run):
                         f"(lr {args.lr:g}): the model diverged; lower --lr")
     model.eval()
     # one basis for both, so that a colour means the same direction before and after
-    maps = pca_rgb(torch.cat([tokens_before, patch_tokens()]).numpy(), feature_grid(model)).round(3)
+    grid = (model.config.image_size // model.config.patch_size,) * 2  # patches on a side
+    maps = pca_rgb(torch.cat([tokens_before, patch_tokens()]).numpy(), grid).round(3)
     mean, std = np.array(processor.image_mean), np.array(processor.image_std)  # the pictures as the model saw them
     small = F.interpolate(map_pixels.float(), size=(56, 56), mode="area").permute(0, 2, 3, 1).numpy()
     feature_maps = {"before": maps[:len(map_indices)].tolist(), "after": maps[len(map_indices):].tolist(),
@@ -319,9 +308,10 @@ def finetune(run):
 
 
 def load_features(run, beans, processor):
-    """{"features", "labels": {split: array}, "source", "seconds", "pass"}: frozen_features() of both splits' pictures,
-    from data/features/ when they match exactly (the weight file, the arithmetic, the pictures' bytes), else computed
-    in one pass, the loader's workers started first and timed apart, building batches while the backbone loads."""
+    """{"features", "labels": {split: array}, "source", "seconds", "pass"}: the frozen features of both splits'
+    pictures, from data/features/ when they match exactly (the weight file, the arithmetic, the pictures' bytes),
+    else computed in one pass, the loader's workers started first and timed apart, building batches while the
+    backbone loads."""
     from datasets import concatenate_datasets
     from tqdm import tqdm
     from transformers import ViTModel
@@ -346,7 +336,9 @@ def load_features(run, beans, processor):
             for batch in tqdm(timed(batches, timing, lambda batch: len(batch["labels"]), run.device),
                               desc="frozen features", unit="batch", file=sys.stderr, leave=False, total=len(loader)):
                 pixels = batch["pixel_values"].to(run.device, non_blocking=True)  # pinned beside a CUDA GPU
-                outputs.append(frozen_features(model(pixel_values=pixels)))
+                # DINO's features of a ViT-B: the class token after the last LayerNorm beside the patch tokens' mean
+                class_token, patch_tokens = split_tokens(model(pixel_values=pixels).last_hidden_state.float())
+                outputs.append(torch.cat([class_token, patch_tokens.mean(1)], 1))
             features = torch.cat(outputs).cpu().numpy()
         timing["seconds"] = time.perf_counter() - begun
         return dict(zip(splits, np.split(features, [len(beans["train"])])))
@@ -445,7 +437,7 @@ def section_checkpoint(run, report):
         logits = model(pixel_values=pixels.to(run.device)).logits.float().cpu()
         by_hand = model.classifier(tokens[:, 0].to(run.device)).float().cpu()  # logits = h_cls W + b
     class_token, patch_tokens = split_tokens(tokens)
-    feature_map = patch_tokens_to_feature_map(patch_tokens, feature_grid(model))
+    feature_map = patch_tokens_to_feature_map(patch_tokens, (model.config.image_size // model.config.patch_size,) * 2)
     report.print(f"  one validation picture ({beans['names'][picture['labels']]}, {picture['image'].size[0]}x"
                  f"{picture['image'].size[1]} px) -> pixel_values torch.Size("
                  f"{report.num('pixel values shape', list(pixels.shape), 'd')}) -> Z_L torch.Size("
@@ -603,7 +595,7 @@ def setup_differences(run, known):
         beans = None
     counts = {f"{word} pictures": len(beans[split]) if beans else None
               for split, word in (("train", "training"), ("validation", "validation"))}
-    unlike = run.args.data_dir and made_here(run.args.data_dir)  # beans as far as can be checked: not generated,
+    unlike = beans and beans["made here"]  # beans as far as can be checked: not generated,
     if not unlike and beans and tuple(beans["names"]) != BEANS_CLASSES:  # its class names
         unlike = f"classes {', '.join(beans['names'])}, not those of beans ({', '.join(BEANS_CLASSES)})"
     data = ({"data set": {"flag": f"--data-dir {run.args.data_dir}",

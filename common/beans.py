@@ -6,6 +6,7 @@ import numpy as np
 
 from common.checkpoints import hub_reachable, why_no_download
 from common.cli import nonempty_path
+from common.environment import made_here
 from common.errors import UserError
 
 DATASET = "AI-Lab-Makerere/beans"
@@ -60,7 +61,8 @@ def first_per_class(split, per_class):
 
 
 def load(data_dir=None, per_class=None):
-    """{"train", "validation": datasets.Dataset as stored (not shuffled), "names": the class names}."""
+    """{"train", "validation": datasets.Dataset as stored (not shuffled), "names": the class names, "made here": what
+    job/standins.py or job/miniature.py made of --data-dir (common/environment.py's made_here), or None}."""
     if data_dir:
         from datasets import load_dataset
         from datasets.exceptions import DatasetGenerationError
@@ -87,4 +89,4 @@ def load(data_dir=None, per_class=None):
     splits = {split: dataset[split] for split in SPLITS}
     if per_class:
         splits = {split: first_per_class(data, per_class) for split, data in splits.items()}
-    return {**splits, "names": list(names)}
+    return {**splits, "names": list(names), "made here": made_here(data_dir) if data_dir else None}

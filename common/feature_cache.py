@@ -50,33 +50,30 @@ def warn(text):
     say(f"warning: {text}")
 
 
-def read_arrays(path, description, rows, say=warn):
-    """{name: array} stored at path for exactly this description, with rows[name] rows each, else None."""
-    if not path.exists():
-        return None
-    try:
-        with np.load(path) as stored:
-            if str(stored["key"]) != description:
-                return None  # made for other pictures or weights: a hash collision of the short name
-            arrays = {name: stored[name] for name in rows}
-    except OSError as error:
-        say(f"cannot read the cached features {path} ({reason(error)}): computing them")
-        return None
-    except Exception:  # noqa: BLE001 - a truncated or foreign file is recomputed, never used
-        say(f"the cached features {path} are damaged: computing them again")
-        return None
-    if any(len(array) != rows[name] for name, array in arrays.items()):
-        return None
-    return arrays
-
-
 def cached(compute, key, rows, cache_dir=CACHE_DIR, say=warn):
     """(arrays, "cache" or "computed"): read from cache_dir when they match a cache_key exactly ({name: rows}), else
     compute()d and stored; with no key (--no-cache, or no weight file on disk) compute()d, neither read nor written."""
     if key is None:
         return compute(), "computed"
     path, description = cache_dir / key[0], key[1]
-    arrays = read_arrays(path, description, rows, say)
+
+    def stored():  # {name: array} stored at path for exactly this description, with rows[name] rows each, else None
+        if not path.exists():
+            return None
+        try:
+            with np.load(path) as npz:
+                if str(npz["key"]) != description:
+                    return None  # made for other pictures or weights: a hash collision of the short name
+                arrays = {name: npz[name] for name in rows}
+        except OSError as error:
+            say(f"cannot read the cached features {path} ({reason(error)}): computing them")
+            return None
+        except Exception:  # noqa: BLE001 - a truncated or foreign file is recomputed, never used
+            say(f"the cached features {path} are damaged: computing them again")
+            return None
+        return None if any(len(array) != rows[name] for name, array in arrays.items()) else arrays
+
+    arrays = stored()
     if arrays is not None:
         return arrays, "cache"
     arrays = compute()

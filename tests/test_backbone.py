@@ -14,7 +14,7 @@ from PIL import Image
 
 import vit_backbone as backbone
 from common.checkpoints import checkpoint_difference
-from common.environment import STANDIN_MARK
+from common.environment import STANDIN_MARK, made_here
 from common.errors import UserError
 from common.output import Report
 from common.run import start_run
@@ -155,7 +155,8 @@ def differences(argv, counts=None, names=backbone.BEANS_CLASSES):
     def load_beans(data_dir, per_class):
         if counts is None:
             raise UserError("dataset AI-Lab-Makerere/beans is not here")
-        return {"train": range(counts[0]), "validation": range(counts[1]), "names": list(names)}
+        return {"train": range(counts[0]), "validation": range(counts[1]), "names": list(names),
+                "made here": made_here(data_dir) if data_dir else None}  # as beans.load says (test_beans)
 
     with mock.patch.object(backbone.beans_data, "local_copy", str), \
             mock.patch.object(backbone.plumbing, "check_classifier_files", lambda name, example: name):

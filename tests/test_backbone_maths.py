@@ -4,7 +4,6 @@ the feature grid and the linear probe's SGD, against values worked out by hand (
 The script's other functions and its runs on stand-ins: tests/test_backbone.py.
 """
 import math
-from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -43,9 +42,6 @@ def test_one_per_class_takes_the_first_of_each_class_then_the_second():
     assert backbone.one_per_class([1, 1, 0, 2, 0, 1], 10) == [0, 2, 3, 1, 4, 5]
 
 
-def test_the_feature_grid_is_patches_per_side():
-    model = SimpleNamespace(config=SimpleNamespace(image_size=224, patch_size=16))
-    assert backbone.feature_grid(model) == (14, 14)
 
 
 def test_linear_probe_three_epochs_of_three_batches_by_hand():

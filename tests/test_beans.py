@@ -1,6 +1,9 @@
-"""common/beans.py: a dataset neither cached nor reachable is one line that says why and the fixes."""
+"""common/beans.py: a dataset neither cached nor reachable is one line that says why and the fixes; what made a local
+copy."""
 import pytest
 
+from common import beans
+from common.environment import STANDIN_MARK
 from common.errors import UserError
 
 
@@ -9,8 +12,6 @@ from common.errors import UserError
 def test_a_dataset_neither_cached_nor_reachable_says_why_and_the_fixes(monkeypatch, offline, why):
     import datasets
     from huggingface_hub import constants
-
-    from common import beans
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", offline)
@@ -21,3 +22,14 @@ def test_a_dataset_neither_cached_nor_reachable_says_why_and_the_fixes(monkeypat
                                 f"connect to the internet once to download it (about 180 MB) into the Hugging Face "
                                 f"cache, or pass --data-dir with a local copy of its files")
     assert (constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE) == (offline, offline)  # switched back
+
+
+def test_a_local_copy_says_what_made_it(tmp_path):
+    """A folder job/standins.py made carries its mark: load() names it, the backbone's setup difference "data set";
+    without --data-dir (the Hub's copy) there is nothing to name."""
+    from job.standins import beans_folder
+
+    folder = beans_folder(tmp_path / "beans", {"train": 1, "validation": 1})
+    assert "job/standins.py" in beans.load(str(folder))["made here"]
+    (folder / STANDIN_MARK).unlink()
+    assert beans.load(str(folder))["made here"] is None
