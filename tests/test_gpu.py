@@ -391,7 +391,7 @@ def test_the_benchmarks_tiny_run_on_cuda(tmp_path, precision):
     lines = stdout.strip().splitlines()
     assert lines[-1].startswith("end-to-end / model-only at 224: ")
     assert float(lines[-1].rsplit(" ", 1)[1]) == pytest.approx(figures["end-to-end / model-only"], abs=0.005)
-    assert_loader_lines(lines[-5:-1], figures)
+    assert_loader_lines(lines[-5:-1], figures, workers=2)
 
 
 @GPU
