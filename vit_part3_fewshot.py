@@ -80,18 +80,14 @@ def few_shot_accuracies(x_pool, pool_labels, x_val, val_labels, shots, lam, draw
 
 # ---------------------------------------------------------------- resources
 
-def extract_features(model, pictures, resolution, device, batch_size, desc, autocast=None, count=None):
-    """({"pre-logits", "class token"}: (n, d) float32 each, both from one forward pass per batch; the pass's timing).
-
-    pictures: paths (a pass of its own: its workers' start-up in the timing, common/inference.py), or a started
-    pass's batches of count pictures (common.loader.start_pass).
-    """
+def extract_features(model, paths, resolution, device, batch_size, desc, autocast=None):
+    """({"pre-logits", "class token"}: (n, d) float32 each, both from one forward pass per batch; the timing of the
+    pass of its own, its workers' start-up in it: common/inference.py's run_model)."""
     def both_representations(out):
         return (out.pooler_output.float(),             # tanh(dense(class token))
                 out.last_hidden_state[:, 0].float())   # after the final LayerNorm
 
-    batches, timing = run_model(model, pictures, resolution, device, batch_size, both_representations, desc, autocast,
-                                count)
+    batches, timing = run_model(model, paths, resolution, device, batch_size, both_representations, desc, autocast)
     return {name: torch.cat(part).numpy() for name, part in zip(REPRESENTATIONS, zip(*batches))}, timing
 
 
