@@ -30,7 +30,7 @@ from common import cli
 from common.checkpoints import load_pretrained
 from common.closed_form import closed_form
 from common.errors import UserError
-from common.feature_cache import cache_key, cached_passes, picture_digests
+from common.feature_cache import cache_key, cached_passes
 from common.imagenette import CLASSES, data_differences, load_splits
 from common.inference import run_model
 from common.output import say
@@ -141,9 +141,8 @@ def load_features(run):
         return arrays, timing, (timing.pop("workers"), timing.pop("start-up seconds"))
 
     def key(desc, paths):  # everything that decides the features; None: neither read nor write the cache
-        return None if args.no_cache else cache_key(desc, args.model, resolution=args.resolution,
-                                                    precision=args.precision,
-                                                    pictures=picture_digests(paths, data["root"]))
+        return None if args.no_cache else cache_key(desc, args.model, paths, data["root"], resolution=args.resolution,
+                                                    precision=args.precision)
 
     sets = {desc: [path for path, _ in data[desc]] for desc in ("pool", "val")}
     return {**cached_passes(sets, features_of, key, REPRESENTATIONS, FEATURE_CACHE_DIR),

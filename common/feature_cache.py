@@ -17,13 +17,18 @@ from common.output import say
 from common.paths import FEATURE_CACHE_DIR as CACHE_DIR
 
 
-def cache_key(name, model, datasets=None, **decides):
-    """(file name, description) of the features of `model` and `decides` (in order), then of `datasets` ({split: a
-    Hugging Face dataset}, each named by a digest of its pictures and labels, as "data"), or None when the
-    checkpoint's weight file (named by its path, size and modification time) is not on disk."""
+def cache_key(name, model, paths=None, root=None, datasets=None, **decides):
+    """(file name, description) of the features of `model` and `decides` (in order), then of the pictures at `paths`
+    (under the data folder root; "pictures", each named by its path there and a digest of its bytes) or of
+    `datasets` ({split: a Hugging Face dataset}, each named by a digest of its pictures and labels, as "data"), or
+    None when the checkpoint's weight file (named by its path, size and modification time) is not on disk."""
     weights = cached_weight_file(os.path.expanduser(model))
     if weights is None:
         return None
+    if paths is not None:
+        decides["pictures"] = [[str(Path(path).relative_to(root)),
+                                hashlib.blake2b(Path(path).read_bytes(), digest_size=12).hexdigest()]
+                               for path in paths]
     if datasets is not None:
         from datasets import Image
 
@@ -38,12 +43,6 @@ def cache_key(name, model, datasets=None, **decides):
     text = json.dumps({"model": model, "weights": [str(Path(weights).resolve()), stat.st_size, stat.st_mtime_ns],
                        **decides})
     return f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:20]}.npz", text
-
-
-def picture_digests(paths, root):
-    """Each picture's path under the data folder and a digest of its bytes (about 40 MB for Imagenette)."""
-    return [[str(Path(path).relative_to(root)), hashlib.blake2b(Path(path).read_bytes(), digest_size=12).hexdigest()]
-            for path in paths]
 
 
 def warn(text):

@@ -27,6 +27,20 @@ def test_a_cache_key_holds_the_weight_file_and_what_decides_the_features(tmp_pat
     assert list(tmp_path.glob("*.npz")) == []
 
 
+def test_the_pictures_are_named_by_their_path_under_the_folder_and_their_bytes(tmp_path):
+    """Each picture: [its path under the data folder, blake2b of its bytes, 12 bytes], in order, after `decides`."""
+    (tmp_path / "model.safetensors").write_bytes(b"12345")
+    (tmp_path / "val" / "a").mkdir(parents=True)
+    picture = tmp_path / "val" / "a" / "1.JPEG"
+    picture.write_bytes(b"pixels")
+    _, text = cache_key("val", str(tmp_path), [picture], tmp_path, resolution=224)
+    assert list(json.loads(text))[-2:] == ["resolution", "pictures"]
+    assert json.loads(text)["pictures"] == [["val/a/1.JPEG", hashlib.blake2b(b"pixels", digest_size=12).hexdigest()]]
+    name = cache_key("val", str(tmp_path), [picture], tmp_path, resolution=224)[0]
+    picture.write_bytes(b"pixelz")  # the same path, other bytes
+    assert cache_key("val", str(tmp_path), [picture], tmp_path, resolution=224)[0] != name
+
+
 # The base of the keys below: a checkpoint folder's weight file of 5 bytes, modified at T nanoseconds; and what the
 # scripts say decides the features (few-shot: resolution, precision, the pictures' digests; backbone: the data sets').
 T = 1_700_000_000_123_456_789

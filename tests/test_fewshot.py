@@ -10,7 +10,7 @@ from conftest import ARTICLE, ROOT, article_block, without_a_gpu
 from PIL import Image
 
 import vit_part3_fewshot as fewshot
-from common.feature_cache import cache_key, cached, picture_digests
+from common.feature_cache import cache_key, cached
 from common.imagenette import list_split
 from common.output import Report
 from job.standins import imagenette_folder
@@ -95,7 +95,7 @@ def test_features_are_cached_and_invalidated(tiny_in21k, pictures, tmp_path):
                                             "val")[0]
 
         key = cache_key("val", str(tiny_in21k), resolution=224, precision=precision,
-                        pictures=picture_digests([path for path, _ in items], pictures))
+                        paths=[path for path, _ in items], root=pictures)
         return cached(compute, key, dict.fromkeys(fewshot.REPRESENTATIONS, len(items)), tmp_path)
 
     items = list_split(pictures, "val", per_class=2)
