@@ -141,7 +141,8 @@ def start_pass(loader, timing=None, count=len):
     seconds = time.perf_counter() - begun
 
     def checked(iterator):
-        timed_batches = iterator if timing is None else timed(iterator, timing, count)
+        timed_batches = iterator if timing is None else timed(  # a picture's error counts no pictures: raised below
+            iterator, timing, lambda batch: 0 if isinstance(batch, UserError) else count(batch))
         try:
             for batch in timed_batches:
                 if isinstance(batch, UserError):

@@ -52,8 +52,9 @@ def test_each_pass_reads_its_own_resolution_flips_and_pictures_and_its_workers_e
     assert set(multiprocessing.active_children()) <= before
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_a_picture_a_worker_cannot_read_is_one_line_naming_it(pictures, tmp_path, workers):
+@pytest.mark.parametrize("workers,timing", [(0, None), (2, None), (0, {"waiting seconds": 0.0, "pictures": 0})])
+def test_a_picture_a_worker_cannot_read_is_one_line_naming_it(pictures, tmp_path, workers, timing):
+    """Timed or not (a pass whose batches count their pictures): the batch that holds it is its UserError."""
     from common.imagenette import list_split
     from common.loader import one_pass, start_pass
 
@@ -62,7 +63,7 @@ def test_a_picture_a_worker_cannot_read_is_one_line_naming_it(pictures, tmp_path
     paths = [path for path, _ in list_split(pictures, "val", per_class=1)][:5] + [bad]
     before = set(multiprocessing.active_children())
     with pytest.raises(UserError) as problem:
-        list(start_pass(one_pass(paths, 32, 2, torch.device("cpu"), workers=workers))[0])
+        list(start_pass(one_pass(paths, 32, 2, torch.device("cpu"), workers=workers), timing)[0])
     assert set(multiprocessing.active_children()) <= before  # the failed pass's workers ended with it
     assert str(problem.value).startswith(f"cannot read picture {bad}: ") and "\n" not in str(problem.value)
 
