@@ -19,7 +19,7 @@ downloaded) and a generated folder of 160-px JPEGs:
     python benchmarks/throughput.py --size tiny           # a seconds-long smoke run (the test suite's)
     python benchmarks/throughput.py --loader-only         # figure 7 alone, about 1 min on a 2-core CPU
 
-Times are medians over --repeats timed batches after one warm-up batch; the loader's, best of 3 rounds.
+Times are medians over --repeats timed batches after one warm-up batch; the loader's, best of --rounds rounds.
 """
 import json
 import math
@@ -303,13 +303,14 @@ def section_end_to_end(run, figures, report, model):
         paths = smooth_pictures(folder, count)
         report.print(f"\n== 3. end-to-end evaluation with our loader: {count} JPEGs (160 px high), 224 px, "
                      f"batch {args.batch_size}, decoded by the loader's workers, which persist over the passes ==")
-        loop = end_to_end(model, paths, 224, args.batch_size, run.device, run.autocast)
+        loop = end_to_end(model, paths, 224, args.batch_size, run.device, run.autocast, args.rounds)
         ours = loop["pictures/s"]
         report.print(f"  the loader's start-up ({loop['workers']} worker processes, the first batch): "
                      f"{loop['start-up seconds']:.2f} s, paid once per run")
         report.print(f"  {ours:8.2f} pictures/s; the model alone on as many batches "
                      f"{loop['model-only pictures/s']:.2f}: ratio {loop['ratio']:.3f}; waiting for pictures "
-                     f"{100 * loop['waiting share']:.1f}% of the pass (medians of 3 rounds, each timing both)")
+                     f"{100 * loop['waiting share']:.1f}% of the pass (medians of {args.rounds} rounds, each timing "
+                     "both)")
         report.print("\n== 4. peer: transformers pipeline('image-classification') on the same pictures ==")
         peer = pipeline_peer(model, paths[:PEER_BATCHES * args.batch_size], args.batch_size, run.device, run.autocast)
         report.print(f"  {peer:8.2f} pictures/s; ours / pipeline {ours / peer:.2f}")
@@ -343,10 +344,11 @@ def section_loader(run, figures, report):
     with tempfile.TemporaryDirectory(prefix="vit-bench-") as folder:
         pictures = load_all(smooth_pictures(folder, args.loader_pictures))
     report.print(f"\n== 7. the loader alone: {args.loader_pictures} pictures decoded once (160 px high), batch "
-                 f"{args.batch_size}, best of 3 rounds; the reference is a plain DataLoader with {workers} workers ==")
+                 f"{args.batch_size}, best of {args.rounds} rounds; the reference is a plain DataLoader with {workers} "
+                 "workers ==")
     loader = {}
     for resolution in (224, 384):
-        speed = loader_alone(pictures, resolution, args.batch_size, workers)
+        speed = loader_alone(pictures, resolution, args.batch_size, workers, args.rounds)
         loader[str(resolution)] = {"inline pictures/s": speed["inline"], "workers": workers,
                                    "workers pictures/s": speed["workers"], "DataLoader pictures/s": speed["DataLoader"],
                                    "loader / inline": speed["workers"] / speed["inline"],
@@ -384,6 +386,9 @@ def main(argv=None):
                              "(default: %(default)s)")
     parser.add_argument("--loader-pictures", type=positive_int, default=1024,
                         help="pictures for the loader-only figures (default: %(default)s)")
+    parser.add_argument("--rounds", type=positive_int, default=3,
+                        help="rounds of the end-to-end and loader-only figures, each starting its workers anew "
+                             "(default: %(default)s)")
     parser.add_argument("--loader-only", action="store_true", help="run the loader-only figures alone")
     parser.add_argument("--json", metavar="PATH", help="also write the figures to PATH as JSON")
     args = parser.parse_args(argv)

@@ -61,7 +61,8 @@ def test_whole_run_on_a_tiny_vit(tmp_path, precision):
     """On the CPU wherever the tests run (test_gpu.py makes the same run on CUDA)."""
     out = tmp_path / "figures.json"
     run = subprocess.run([sys.executable, "benchmarks/throughput.py", "--size", "tiny", "--batch-size", "4",
-                          "--repeats", "1", "--pictures", "8", "--loader-pictures", "4", "--workers", "1",
+                          "--repeats", "1", "--rounds", "1", "--pictures", "8", "--loader-pictures", "4",
+                          "--workers", "1",
                           "--device", "cpu", "--precision", precision, "--json", str(out)],
                          cwd=ROOT, capture_output=True, text=True, check=False, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -89,6 +90,7 @@ def assert_loader_lines(lines, figures, workers):
 def test_loader_only_runs_just_the_loader_figures(tmp_path):
     out = tmp_path / "figures.json"
     run = subprocess.run([sys.executable, "benchmarks/throughput.py", "--loader-only", "--loader-pictures", "4",
+                          "--rounds", "1",
                           "--workers", "1", "--json", str(out)],  # one worker, as the whole run above: a spawn each
                          cwd=ROOT, capture_output=True, text=True, check=False, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
