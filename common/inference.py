@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from common.loader import NEW_PASS, started_pass, timed
+from common.loader import NEW_PASS, one_pass, start_pass, timed
 from common.pictures import to_pixels
 
 
@@ -29,8 +29,9 @@ def run_model(model, pictures, resolution, device, batch_size, what_to_keep, des
     if isinstance(pictures, list) and all(isinstance(item, torch.Tensor) for item in pictures):  # batches read before
         batches, count = pictures, sum(len(batch) for batch in pictures)
     elif count is None:
-        batches, timing["workers"], timing["start-up seconds"] = started_pass(pictures, resolution, batch_size, device)
-        count = len(pictures)
+        loader = one_pass(pictures, resolution, batch_size, device)
+        batches, timing["start-up seconds"] = start_pass(loader)
+        timing["workers"], count = loader.num_workers, len(pictures)
     else:
         batches = pictures
     start = time.perf_counter()
