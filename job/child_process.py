@@ -7,6 +7,7 @@ OUT where a script of an ended job still runs. On Linux that script was sent SIG
 ended (script_start) and saves and stops as on any SIGTERM, so the new job waits for it. The job
 removes the file as it ends (JobLock.close), unless a script of it still runs.
 """
+import json
 import os
 import selectors
 import shutil
@@ -132,27 +133,64 @@ def run_logged(command, cwd, log_path, stop, lock, say):
     return status, time.perf_counter() - started
 
 
+CHECKED = "checked "  # check_in_turn's own lines on its stdout, told apart from anything a library writes there
+
+
 def first_refusal(commands, cwd):
-    """Run the commands {name: command} at once, each with CHECK_ONLY=1 (a script checks its flags, values and
-    paths, then stops before its sections); (name, its last line) of the first that refuses, or None. That line's
+    """Check the commands {name: [python, script, *flags]} in turn, with CHECK_ONLY=1 (a script checks its flags,
+    values and paths, then stops before its sections): (name, its last line) of the first that refuses, or None. They
+    run in one new process (check_in_turn), which loads torch and transformers once for them all. That line's
     pointer to the script's --help is left out: the command that failed is the job's."""
     from common.run import CHECK_ONLY
 
-    checks = {name: subprocess.Popen(command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, CHECK_ONLY: "1"}) for name, command in commands.items()}
+    check = subprocess.Popen([sys.executable, "-c", "from job.child_process import check_in_turn; check_in_turn()"],
+                             cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             text=True, env={**os.environ, CHECK_ONLY: "1"})
     try:
-        for name, check in checks.items():
-            _, err = check.communicate()
-            if check.returncode != 0:
-                last = [line for line in err.splitlines() if line.strip()][-1:] or [f"exit status {check.returncode}"]
-                return name, last[0].removeprefix("error: ").removesuffix(" (--help lists every flag)")
-    finally:  # the checks not asked yet, once one refused: stopped, their pipes closed
-        for check in checks.values():
-            if check.poll() is None:
-                check.kill()
-            check.wait()
-            check.stderr.close()
-    return None
+        said, _ = check.communicate(json.dumps(commands))
+    finally:  # stopped, its pipes closed, however this ends
+        if check.poll() is None:
+            check.kill()
+        check.wait()
+    told = [json.loads(line.removeprefix(CHECKED)) for line in said.splitlines() if line.startswith(CHECKED)]
+    if not told or told[-1] is None:
+        return None if told else (next(iter(commands)), f"its check ended with exit status {check.returncode}")
+    name, last = told[-1] if isinstance(told[-1], list) else (told[-1], f"exit status {check.returncode}")
+    return name, last.removeprefix("error: ").removesuffix(" (--help lists every flag)")
+
+
+def check_in_turn():
+    """first_refusal's process: each command of the JSON {name: [python, script, *flags]} on stdin run here, in
+    turn, as `python script flags` runs it. It says each name as its check starts, then [that name, the last line it
+    wrote] where one refuses, or null once all have passed; a check that ends the process is the last name said."""
+    import contextlib
+    import functools
+    import io
+    import runpy
+    import traceback
+
+    from common.start import guarded
+
+    for name, (_, script, *flags) in json.load(sys.stdin).items():
+        print(CHECKED + json.dumps(name), flush=True)
+        written = io.StringIO()
+        sys.argv = [script, *flags]
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(written):
+            try:
+                status = guarded(functools.partial(runpy.run_path(script)["main"], flags))
+            except SystemExit as ending:  # argparse's refusal, or a Python without the packages
+                status = ending.code or 0
+                if not isinstance(status, int):  # a text: printed, status 1, as Python ends with it
+                    print(status, file=sys.stderr)
+                    status = 1
+            except Exception:  # noqa: BLE001 - a bug: its traceback, whose last line is the reason, as alone
+                traceback.print_exc()
+                status = 1
+        if status:
+            last = [line for line in written.getvalue().splitlines() if line.strip()][-1:] or [f"exit status {status}"]
+            print(CHECKED + json.dumps([name, last[0]]), flush=True)
+            return
+    print(CHECKED + json.dumps(None), flush=True)
 
 
 class JobLock:

@@ -842,11 +842,35 @@ def test_run_logged_closes_the_scripts_pipes(tmp_path, capfd):
     assert capfd.readouterr().out == "out\n"
 
 
-def test_the_checks_stopped_after_a_refusal_leave_no_pipe_open():
-    refuses = [sys.executable, "-c", "import sys; sys.exit('error: --x 3: no')"]
-    waits = [sys.executable, "-c", "import time; time.sleep(120)"]  # killed once the first has refused
-    refused = no_resource_warning(lambda: child_process.first_refusal({"a": refuses, "b": waits}, ROOT))
-    assert refused == ("a", "--x 3: no")
+CHECKED_SCRIPTS = {  # a stand-in script's main(argv), as first_refusal's process runs it
+    "passes": "def main(argv):\n    return 0\n",
+    "user error": "from common.errors import UserError\ndef main(argv):\n    raise UserError(f'--x {argv[0]}: no')\n",
+    "argparse": "import argparse\ndef main(argv):\n    argparse.ArgumentParser().parse_args(argv)\n",
+    "text exit": "import sys\ndef main(argv):\n    sys.exit('error: --x 3: no')\n",
+    "bug": "def main(argv):\n    return {}['a key']\n",
+    "abrupt": "import os\ndef main(argv):\n    os._exit(3)\n",
+    "at import": "import sys\nsys.exit(2)\n",
+}
+CHECKS = [  # (the scripts checked in turn, the refusal first_refusal returns)
+    (["passes", "passes"], None),
+    (["passes", "user error", "abrupt"], ("b", "--x 3: no")),
+    (["argparse"], ("a", "argparse.py: error: unrecognized arguments: 3")),  # as argparse ends the script alone
+    (["text exit"], ("a", "--x 3: no")),
+    (["bug", "passes"], ("a", "KeyError: 'a key'")),
+    (["passes", "abrupt", "passes"], ("b", "exit status 3")),
+    (["at import"], ("a", "exit status 2")),
+]
+
+
+@pytest.mark.parametrize("scripts,refused", CHECKS, ids=[" then ".join(scripts) for scripts, _ in CHECKS])
+def test_the_checks_run_in_turn_in_one_process_and_the_first_refusal_is_the_answer(tmp_path, scripts, refused):
+    """Each command as `python script flags` would end, its last line the reason; those after a refusal not run;
+    the checker's pipes closed however it ends."""
+    for name, text in CHECKED_SCRIPTS.items():
+        (tmp_path / f"{name}.py").write_text(text)
+    commands = {chr(ord("a") + k): [sys.executable, str(tmp_path / f"{script}.py"), "3"]
+                for k, script in enumerate(scripts)}
+    assert no_resource_warning(lambda: child_process.first_refusal(commands, ROOT)) == refused
 
 
 @pytest.mark.parametrize("ending", ["ends", "refuses", "stopped"])
