@@ -143,26 +143,33 @@ def first_refusal(commands, cwd):
     pointer to the script's --help is left out: the command that failed is the job's."""
     from common.run import CHECK_ONLY
 
-    check = subprocess.Popen([sys.executable, "-c", "from job.child_process import check_in_turn; check_in_turn()"],
-                             cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                             text=True, env={**os.environ, CHECK_ONLY: "1"})
-    try:
-        said, _ = check.communicate(json.dumps(commands))
-    finally:  # stopped, its pipes closed, however this ends
-        if check.poll() is None:
-            check.kill()
-        check.wait()
+    with subprocess.Popen([sys.executable, "-c", "from job.child_process import check_in_turn; check_in_turn()"],
+                          cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          errors="replace", env={**os.environ, CHECK_ONLY: "1"}) as check:  # its pipes closed after
+        try:
+            said, failed = check.communicate(json.dumps(commands))
+        finally:  # stopped and waited for, however this ends
+            if check.poll() is None:
+                check.kill()
+            check.wait()
     told = [json.loads(line.removeprefix(CHECKED)) for line in said.splitlines() if line.startswith(CHECKED)]
-    if not told or told[-1] is None:
-        return None if told else (next(iter(commands)), f"its check ended with exit status {check.returncode}")
-    name, last = told[-1] if isinstance(told[-1], list) else (told[-1], f"exit status {check.returncode}")
+    if told and told[-1] is None:
+        return None
+    if told and isinstance(told[-1], list):
+        name, last = told[-1]
+    elif told:  # the process ended during the check of the last name it said
+        name, last = told[-1], f"exit status {check.returncode}"
+    else:  # it could not start: its own last line
+        name, last = next(iter(commands)), ([line for line in failed.splitlines() if line.strip()]
+                                            or [f"exit status {check.returncode}"])[-1]
     return name, last.removeprefix("error: ").removesuffix(" (--help lists every flag)")
 
 
 def check_in_turn():
     """first_refusal's process: each command of the JSON {name: [python, script, *flags]} on stdin run here, in
-    turn, as `python script flags` runs it. It says each name as its check starts, then [that name, the last line it
-    wrote] where one refuses, or null once all have passed; a check that ends the process is the last name said."""
+    turn, as `python script flags` runs it, with this process's environment each time. It says each name as its check
+    starts, then [that name, the last line it wrote] where one refuses, or null once all have passed; a check that
+    ends the process is the last name said."""
     import contextlib
     import functools
     import io
@@ -171,26 +178,29 @@ def check_in_turn():
 
     from common.start import guarded
 
+    environment = dict(os.environ)
     for name, (_, script, *flags) in json.load(sys.stdin).items():
-        print(CHECKED + json.dumps(name), flush=True)
+        print(f"\n{CHECKED}{json.dumps(name)}", flush=True)  # on a line of its own, whatever was written before
         written = io.StringIO()
         sys.argv = [script, *flags]
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(written):
             try:
                 status = guarded(functools.partial(runpy.run_path(script)["main"], flags))
             except SystemExit as ending:  # argparse's refusal, or a Python without the packages
-                status = ending.code or 0
+                status = 0 if ending.code is None else ending.code
                 if not isinstance(status, int):  # a text: printed, status 1, as Python ends with it
                     print(status, file=sys.stderr)
                     status = 1
             except Exception:  # noqa: BLE001 - a bug: its traceback, whose last line is the reason, as alone
                 traceback.print_exc()
                 status = 1
+        os.environ.clear()  # what a check set is not the next one's
+        os.environ.update(environment)
         if status:
             last = [line for line in written.getvalue().splitlines() if line.strip()][-1:] or [f"exit status {status}"]
-            print(CHECKED + json.dumps([name, last[0]]), flush=True)
+            print(f"\n{CHECKED}{json.dumps([name, last[0]])}", flush=True)
             return
-    print(CHECKED + json.dumps(None), flush=True)
+    print(f"\n{CHECKED}{json.dumps(None)}", flush=True)
 
 
 class JobLock:

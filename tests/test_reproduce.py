@@ -18,6 +18,7 @@ import time
 from argparse import Namespace
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import ROOT, libraries_mapped, wait_until
 
@@ -843,34 +844,68 @@ def test_run_logged_closes_the_scripts_pipes(tmp_path, capfd):
 
 
 CHECKED_SCRIPTS = {  # a stand-in script's main(argv), as first_refusal's process runs it
-    "passes": "def main(argv):\n    return 0\n",
+    "passes": "import os\nfrom common.errors import UserError\ndef main(argv):\n    if os.environ.get("
+              "'VIT_PART3_CHECK_ONLY') != '1':\n        raise UserError('asked to run, not to check')\n",
     "user error": "from common.errors import UserError\ndef main(argv):\n    raise UserError(f'--x {argv[0]}: no')\n",
     "argparse": "import argparse\ndef main(argv):\n    argparse.ArgumentParser().parse_args(argv)\n",
     "text exit": "import sys\ndef main(argv):\n    sys.exit('error: --x 3: no')\n",
+    "empty text exit": "import sys\ndef main(argv):\n    sys.exit('')\n",
     "bug": "def main(argv):\n    return {}['a key']\n",
     "abrupt": "import os\ndef main(argv):\n    os._exit(3)\n",
     "at import": "import sys\nsys.exit(2)\n",
+    "sets the environment": "import os\ndef main(argv):\n    os.environ['VIT_PART3_CHECK_ONLY'] = '0'\n",
+    "half a line": "import os\ndef main(argv):\n    os.write(1, b'progress')\n",  # past Python's stdout
+    "sleeps": "import time\ndef main(argv):\n    time.sleep(120)\n",
 }
 CHECKS = [  # (the scripts checked in turn, the refusal first_refusal returns)
     (["passes", "passes"], None),
     (["passes", "user error", "abrupt"], ("b", "--x 3: no")),
     (["argparse"], ("a", "argparse.py: error: unrecognized arguments: 3")),  # as argparse ends the script alone
     (["text exit"], ("a", "--x 3: no")),
+    (["empty text exit"], ("a", "exit status 1")),
     (["bug", "passes"], ("a", "KeyError: 'a key'")),
     (["passes", "abrupt", "passes"], ("b", "exit status 3")),
     (["at import"], ("a", "exit status 2")),
+    (["sets the environment", "passes"], None),
+    (["passes", "half a line"], None),
 ]
+
+
+def checked(tmp_path, scripts):
+    """first_refusal's commands for the stand-in scripts, named a, b, ... in turn."""
+    for name, text in CHECKED_SCRIPTS.items():
+        (tmp_path / f"{name}.py").write_text(text)
+    return {chr(ord("a") + k): [sys.executable, str(tmp_path / f"{script}.py"), "3"]
+            for k, script in enumerate(scripts)}
 
 
 @pytest.mark.parametrize("scripts,refused", CHECKS, ids=[" then ".join(scripts) for scripts, _ in CHECKS])
 def test_the_checks_run_in_turn_in_one_process_and_the_first_refusal_is_the_answer(tmp_path, scripts, refused):
     """Each command as `python script flags` would end, its last line the reason; those after a refusal not run;
     the checker's pipes closed however it ends."""
-    for name, text in CHECKED_SCRIPTS.items():
-        (tmp_path / f"{name}.py").write_text(text)
-    commands = {chr(ord("a") + k): [sys.executable, str(tmp_path / f"{script}.py"), "3"]
-                for k, script in enumerate(scripts)}
+    commands = checked(tmp_path, scripts)
     assert no_resource_warning(lambda: child_process.first_refusal(commands, ROOT)) == refused
+
+
+def test_a_checker_that_cannot_start_is_its_own_last_line(tmp_path):
+    commands = checked(tmp_path, ["passes"])
+    assert child_process.first_refusal(commands, tmp_path) == ("a", "ModuleNotFoundError: No module named 'job'")
+
+
+def test_a_job_interrupted_while_it_checks_stops_the_checker_and_closes_its_pipes(tmp_path):
+    commands = checked(tmp_path, ["sleeps"])
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)  # a Ctrl-C while first_refusal waits on its checker
+        no_resource_warning(lambda: pytest.raises(KeyboardInterrupt, child_process.first_refusal, commands, ROOT))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert not [child for child in psutil.Process().children() if "check_in_turn" in " ".join(child.cmdline())]
 
 
 @pytest.mark.parametrize("ending", ["ends", "refuses", "stopped"])
