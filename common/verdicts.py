@@ -287,14 +287,6 @@ def decide(op, left, right, extra):
     raise ValueError(f"unknown check {op!r}")
 
 
-def across_seeds(rows):
-    """The miniature's verdict on one conclusion from its own verdict on each seed's run (own=True rows): holds when
-    it holds on every seed, fails when it fails on every seed, not run when a seed did not run it, else undecided."""
-    words = {row["verdict"] for row in rows}
-    return "not run" if "not run" in words else words.pop() if len(words) == 1 and words <= {"holds", "fails"} \
-        else "undecided"
-
-
 # ---------------------------------------------------------------- as printed
 
 def verdict_text(row):

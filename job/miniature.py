@@ -358,11 +358,19 @@ def seed_verdicts(root, seed):
     return rows
 
 
+def across_seeds(rows):
+    """The miniature's verdict on one conclusion from its own verdict on each seed's run (own=True rows): holds when
+    it holds on every seed, fails when it fails on every seed, not run when a seed did not run it, else undecided."""
+    words = {row["verdict"] for row in rows}
+    return "not run" if "not run" in words else words.pop() if len(words) == 1 and words <= {"holds", "fails"} \
+        else "undecided"
+
+
 def combined(root, seeds):
     """[{script, says, article, verdict, depends, seeds: {seed: {verdict, evidence}}}] of every conclusion: the
-    miniature's verdict across the seeds (verdicts.across_seeds), and whether it reads a number of the model or its
+    miniature's verdict across the seeds (across_seeds), and whether it reads a number of the model or its
     pictures (depends), not arithmetic alone."""
-    from common.verdicts import across_seeds, load_reference
+    from common.verdicts import load_reference
 
     each = {seed: seed_verdicts(root, seed) for seed in seeds}
     rows = []

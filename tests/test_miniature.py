@@ -352,3 +352,12 @@ def test_the_docs_tables_are_two_runs_of_the_current_rules_and_the_second_seed_s
     for a, b in zip(first, second):
         assert f"| {script_file(a['script'])} | {cell(a['says'])} | {a['verdict']} | {b['verdict']} |" in doc, a["says"]
     assert all(f"seeds {', '.join(map(str, run['seeds']))}: {run['counts']}" in doc for run in runs)
+
+
+@pytest.mark.parametrize("seeds,expected", [
+    (["holds", "holds", "holds"], "holds"), (["fails", "fails", "fails"], "fails"),
+    (["holds", "fails", "holds"], "undecided"), (["holds", "undecided", "holds"], "undecided"),
+    (["undecided"] * 3, "undecided"), (["holds", "not run", "holds"], "not run"),
+])
+def test_across_seeds_a_conclusion_holds_or_fails_only_when_every_seed_agrees(seeds, expected):
+    assert miniature.across_seeds([{"verdict": word} for word in seeds]) == expected

@@ -551,15 +551,6 @@ def test_on_its_own_terms_an_undecided_conclusion_names_the_pictures_of_its_sour
     assert accuracy_interval(round(24 * n / 25), n)[0] >= 95 > accuracy_interval(round(24 * (n - 1) / 25), n - 1)[0]
 
 
-@pytest.mark.parametrize("seeds,expected", [
-    (["holds", "holds", "holds"], "holds"), (["fails", "fails", "fails"], "fails"),
-    (["holds", "fails", "holds"], "undecided"), (["holds", "undecided", "holds"], "undecided"),
-    (["undecided"] * 3, "undecided"), (["holds", "not run", "holds"], "not run"),
-])
-def test_across_seeds_a_conclusion_holds_or_fails_only_when_every_seed_agrees(seeds, expected):
-    assert verdicts.across_seeds([{"verdict": word} for word in seeds]) == expected
-
-
 @pytest.mark.parametrize("percent,right,band,expected", [
     (98.0, 196, 0.5, "differs"), (100.0, 200, 0.5, "differs"),  # a point of the whole set, clear of the band
     (98.5, 197, 0.5, "close"), (99.5, 199, 0.5, "close"),  # at the band's edges: inside it
