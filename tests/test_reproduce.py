@@ -855,7 +855,9 @@ CHECKED_SCRIPTS = {  # a stand-in script's main(argv), as first_refusal's proces
     "at import": "import sys\nsys.exit(2)\n",
     "sets the environment": "import os\ndef main(argv):\n    os.environ['VIT_PART3_CHECK_ONLY'] = '0'\n",
     "half a line": "import os\ndef main(argv):\n    os.write(1, b'progress')\n",  # past Python's stdout
-    "sleeps": "import time\ndef main(argv):\n    time.sleep(120)\n",
+    "interrupts its job": "import os, pathlib, signal, time\ndef main(argv):\n    pathlib.Path(__file__)"
+                          ".with_suffix('.pid').write_text(str(os.getpid()))\n    os.kill(os.getppid(), "
+                          "signal.SIGALRM)\n    time.sleep(120)\n",  # SIGALRM: the test's Ctrl-C
 }
 CHECKS = [  # (the scripts checked in turn, the refusal first_refusal returns)
     (["passes", "passes"], None),
@@ -893,19 +895,19 @@ def test_a_checker_that_cannot_start_is_its_own_last_line(tmp_path):
 
 
 def test_a_job_interrupted_while_it_checks_stops_the_checker_and_closes_its_pipes(tmp_path):
-    commands = checked(tmp_path, ["sleeps"])
+    """A Ctrl-C (here SIGALRM, sent by the check itself) while first_refusal waits on its checker."""
+    commands = checked(tmp_path, ["interrupts its job"])
 
     def interrupt(signum, frame):
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGALRM, interrupt)
     try:
-        signal.setitimer(signal.ITIMER_REAL, 0.5)  # a Ctrl-C while first_refusal waits on its checker
         no_resource_warning(lambda: pytest.raises(KeyboardInterrupt, child_process.first_refusal, commands, ROOT))
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-    assert not [child for child in psutil.Process().children() if "check_in_turn" in " ".join(child.cmdline())]
+    checker = int((tmp_path / "interrupts its job.pid").read_text())
+    assert not psutil.pid_exists(checker)  # killed and waited for
 
 
 @pytest.mark.parametrize("ending", ["ends", "refuses", "stopped"])
