@@ -160,9 +160,13 @@ def first_refusal(commands, cwd):
     elif told:  # the process ended during the check of the last name it said
         name, last = told[-1], f"exit status {check.returncode}"
     else:  # it could not start: its own last line
-        name, last = next(iter(commands)), ([line for line in failed.splitlines() if line.strip()]
-                                            or [f"exit status {check.returncode}"])[-1]
+        name, last = next(iter(commands)), last_line(failed, check.returncode)
     return name, last.removeprefix("error: ").removesuffix(" (--help lists every flag)")
+
+
+def last_line(text, status):
+    """The last line a process wrote that is not blank, else its exit status."""
+    return ([line for line in text.splitlines() if line.strip()] or [f"exit status {status}"])[-1]
 
 
 def check_in_turn():
@@ -197,8 +201,7 @@ def check_in_turn():
         os.environ.clear()  # what a check set is not the next one's
         os.environ.update(environment)
         if status:
-            last = [line for line in written.getvalue().splitlines() if line.strip()][-1:] or [f"exit status {status}"]
-            print(f"\n{CHECKED}{json.dumps([name, last[0]])}", flush=True)
+            print(f"\n{CHECKED}{json.dumps([name, last_line(written.getvalue(), status)])}", flush=True)
             return
     print(f"\n{CHECKED}{json.dumps(None)}", flush=True)
 
