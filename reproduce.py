@@ -27,8 +27,6 @@ from common.start import Terminated, before_torch_loads, guarded
 if __name__ == "__main__":  # before the libraries load: a Ctrl-C then is one line, as a later one
     before_torch_loads()
 
-import hashlib
-import json
 import os
 import shlex
 import signal
@@ -40,17 +38,25 @@ from pathlib import Path
 from common.checkpoints import hub_offline
 from common.cli import script_parser
 from common.device import DEVICE_CHOICES, PRECISIONS
-from common.environment import library_versions
 from common.errors import UserError
-from common.files import reason, write_text
+from common.files import reason
 from common.output import say
 from common.run import check_output
 from common.training import read_checkpoint
 from figures import backbone, fewshot, finetune, posemb
 from job import downloads, ending
 from job.child_process import StopRequests, first_refusal, only_job_on, run_logged
-from job.page import JOB_RECORD, SCRIPTS, build, script_file
-from job.page import read_record as page_record
+from job.page import SCRIPTS, build, script_file
+from job.resuming import (
+    checkpoint_key,
+    code_digest,
+    command_key,
+    file_digest,
+    is_complete,
+    read_manifest,
+    read_record,
+    write_manifest,
+)
 from job.time_estimate import HOUR, MINUTE, clock, duration, estimate_seconds, how_estimated, measure_speed
 from vit_part3_finetune import CHECKPOINT, CHECKPOINT_FORMAT
 
@@ -152,83 +158,10 @@ def script_command(script, args, out, resume=False):
     return command + (["--plots", str(out / "figures")] if script != "setup" else []) + ["--compare"]
 
 
-def command_key(command, out):
-    """The command as the resume rule compares it: this interpreter, OUT's place and --resume left out."""
-    return ["python"] + [token.replace(str(out), "OUT") for token in command[1:] if token != "--resume"]
-
-
-def checkpoint_key(command, out):
-    """What fine-tuning's checkpoint must have been made by to be continued: the command, --pause-at aside."""
-    key, kept = command_key(command, out), []
-    for token in key:
-        if kept and kept[-1] == "--pause-at":  # its value
-            kept.pop()
-        elif not token.startswith("--pause-at="):
-            kept.append(token)
-    return kept
-
-
-def code_digest(script):
-    """One digest of the code a script's numbers and figures come from: the script, every module of common/ and
-    figures/, its reference numbers, the libraries' versions."""
-    digest = hashlib.sha256()
-    code = [path for folder in ("common", "figures") for path in sorted((ROOT / folder).rglob("*.py"))]
-    for path in [ROOT / script_file(script), *code,
-                 ROOT / "data" / f"reference_{script}.json"]:
-        digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
-    digest.update(json.dumps(library_versions(), sort_keys=True).encode())
-    return digest.hexdigest()
-
-
 def script_keys(args, out):
     """What a script's JSON in OUT must have been made by to count as done: its command and its code."""
     return {script: {"command": command_key(script_command(script, args, out), out), "code": code_digest(script)}
             for script in SCRIPTS}
-
-
-# ---------------------------------------------------------------- what is done already
-
-def file_digest(path):
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-def read_manifest(out, force=False):
-    """{script: what ran, "finetune checkpoint": key, "command", "not run": {script: why}} from OUT/reproduce.json;
-    one that cannot be read is refused (it alone says which of OUT's results are this command's), --force aside."""
-    path = out / JOB_RECORD
-    try:
-        manifest = json.loads(path.read_text()) if path.exists() else {}
-    except (OSError, ValueError) as error:
-        if force:
-            return {}
-        raise UserError(f"{path} cannot be read ({error}): restore it, or add --force to run every script again "
-                        f"(their results and fine-tuning's checkpoint are kept aside)") from error
-    return manifest if isinstance(manifest, dict) else {}
-
-
-def write_manifest(out, manifest):
-    """Whole or not at all; a failure costs the next job's skipping, not this job: a warning."""
-    try:
-        write_text(out / JOB_RECORD, json.dumps(manifest, indent=2), what="record of the job")
-    except UserError as problem:
-        say(f"warning: {problem}; the next job will run these scripts again")
-
-
-def read_record(path):
-    """A script's --json record, or None when it is missing or not one (the page's reading of it)."""
-    try:
-        return page_record(Path(path))
-    except UserError:
-        return None
-
-
-def is_complete(out, script, key, manifest):
-    """True when OUT/<script>.json is the one this key made and every section of it ran."""
-    entry, path = manifest.get(script), out / f"{script}.json"
-    if not isinstance(entry, dict) or entry.get("key") != key or not path.is_file():
-        return False
-    record = read_record(path) if entry.get("json") == file_digest(path) else None  # not rewritten since
-    return record is not None and not record.get("could_not_run")
 
 
 # ---------------------------------------------------------------- what the job needs

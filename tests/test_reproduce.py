@@ -32,7 +32,7 @@ from common.cli import ScriptParser
 from common.files import TEMP_PREFIX
 from common.start import Terminated, guarded
 from common.training import save_checkpoint
-from job import child_process, downloads, ending, standins
+from job import child_process, downloads, ending, resuming, standins
 from job.time_estimate import estimate_seconds
 
 pytestmark = pytest.mark.xdist_group("reproduce")  # one worker runs the module and its shared job
@@ -385,62 +385,12 @@ def test_fine_tuning_continues_a_run_paused_with_the_same_flags_but_not_the_quic
     out = tmp_path / "out"
     quick = reproduce.script_command("finetune", namespace(quick=True), out)
     full = reproduce.script_command("finetune", namespace(), out)
-    assert reproduce.checkpoint_key(quick, out) != reproduce.checkpoint_key(full, out) == [
+    assert resuming.checkpoint_key(quick, out) != resuming.checkpoint_key(full, out) == [
         "python", "vit_part3_finetune.py", "--save-dir", "OUT/finetune-run", "--json", "OUT/finetune.json",
         "--plots", "OUT/figures", "--compare"]
     for paused in (["--pause-at=2"], ["--pause-at", "7"]):  # both spellings, through --extra
         command = reproduce.script_command("finetune", namespace(extra={"finetune": paused}), out)
-        assert reproduce.checkpoint_key(command, out) == reproduce.checkpoint_key(full, out)
-
-
-@pytest.mark.parametrize("change,complete", [
-    (None, True),
-    ("could not run", False),      # a section could not run: it runs again
-    ("other command", False),      # made with other flags
-    ("other code", False),         # made by other code
-    ("rewritten", False),          # another run wrote over the JSON since
-    ("no manifest", False),        # a JSON from the manual commands: the job cannot know what made it
-])
-def test_a_script_is_skipped_only_when_its_json_is_complete_and_made_by_the_same_command_and_code(
-        tmp_path, change, complete):
-    record = {"script": "posemb", "numbers": {}, "could_not_run": []}
-    if change == "could not run":
-        record["could_not_run"] = [{"section": "4. accuracy", "why": "offline"}]
-    path = tmp_path / "posemb.json"
-    path.write_text(json.dumps(record))
-    key = {"command": ["python", "vit_part3_posemb.py", "--compare"], "code": "abc"}
-    import hashlib
-
-    entry = {"key": dict(key), "json": hashlib.sha256(path.read_bytes()).hexdigest()}
-    if change == "other command":
-        entry["key"]["command"] = ["python", "vit_part3_posemb.py", "--per-class", "20", "--compare"]
-    if change == "other code":
-        entry["key"]["code"] = "abd"
-    if change == "rewritten":
-        path.write_text(json.dumps(record) + " ")
-    manifest = {} if change == "no manifest" else {"posemb": entry}
-    assert reproduce.is_complete(tmp_path, "posemb", key, manifest) is complete
-
-
-@pytest.mark.parametrize("changed,runs_again", [
-    ("vit_part3_posemb.py", {"posemb"}),
-    ("common/loader.py", set(NAMES)),                      # every module of common/ is every script's code
-    ("data/reference_fewshot.json", {"fewshot"}),
-    ("common/nothing_imports_it.py", set(NAMES)),          # a module added
-    ("figures/finetune.py", set(NAMES)),                   # a module of figures/: the scripts draw them
-])
-def test_the_code_of_a_script_is_it_all_of_common_and_figures_and_its_reference(tmp_path, monkeypatch, changed,
-                                                                                 runs_again):
-    code = [p.relative_to(ROOT).as_posix() for folder in ("common", "figures") for p in (ROOT / folder).rglob("*.py")]
-    for path in [*NAMES.values(), *code,
-                 *(f"data/reference_{script}.json" for script in NAMES)]:
-        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ROOT / path, tmp_path / path)
-    monkeypatch.setattr(reproduce, "ROOT", tmp_path)
-    before = {script: reproduce.code_digest(script) for script in NAMES}
-    with open(tmp_path / changed, "a") as f:
-        f.write("\n")
-    assert {script for script in NAMES if reproduce.code_digest(script) != before[script]} == runs_again
+        assert resuming.checkpoint_key(command, out) == resuming.checkpoint_key(full, out)
 
 
 def test_the_estimate_scales_the_readme_times_then_corrects_them_by_the_finished_scripts():
@@ -667,7 +617,6 @@ def proc_alive(pid):
         return False
 
 
-
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads which libraries a process loaded in /proc")
 @pytest.mark.parametrize("moment", ["at its first line", "while torch loads", "while the plan is made"])
 def test_ctrl_c_while_the_job_starts_is_one_line(tmp_path, moment):
@@ -785,7 +734,7 @@ def test_a_checkpoint_of_another_command_or_damaged_is_kept_aside_not_deleted(tm
     saved = checkpoint.read_bytes() if whole else checkpoint.read_bytes()[:1000]
     checkpoint.write_bytes(saved)
     args, keys = namespace(), {"finetune": {"code": "code digest"}}
-    made_by = {"command": reproduce.checkpoint_key(reproduce.script_command("finetune", args, out), out),
+    made_by = {"command": resuming.checkpoint_key(reproduce.script_command("finetune", args, out), out),
                "code": "code digest"}
     manifest = {"finetune checkpoint": made_by if made_by_this_command else {**made_by, "code": "other code"}}
     command = reproduce.prepare("finetune", args, out, keys, manifest)
@@ -989,18 +938,10 @@ def test_a_script_run_again_leaves_no_figure_of_its_earlier_run(job, tmp_path):
     out = shutil.copytree(job["out"], tmp_path / "results")
     posemb = {"posemb_cosine_similarity.png", "posemb_accuracy.png"}
     assert posemb <= {path.name for path in (out / "figures").iterdir()}
-    reproduce.move_stale(out, "posemb", reproduce.read_manifest(out))
+    reproduce.move_stale(out, "posemb", resuming.read_manifest(out))
     left = {path.name for path in (out / "figures").iterdir()}
     assert not posemb & left and "fewshot_accuracy.png" in left and (out / "logs" / "posemb.previous.json").is_file()
     build(out, say=lambda text: None)
     linked = set(re.findall(r"\]\(figures/([^)]+\.png)\)", (out / "report.md").read_text()))
     assert {"fewshot_accuracy.png", "finetune_curves.png", "backbone_curves.png",
             "backbone_feature_maps.png"} == linked
-
-
-def test_force_starts_afresh_from_a_record_that_cannot_be_read(tmp_path):
-    """--force runs every script again: a damaged record then reads as nothing done, not as a refusal."""
-    (tmp_path / "reproduce.json").write_text('{"setup": {"seconds": 13')  # cut short
-    assert reproduce.read_manifest(tmp_path, force=True) == {}
-    with pytest.raises(reproduce.UserError, match="add --force to run every script again"):
-        reproduce.read_manifest(tmp_path)

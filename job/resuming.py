@@ -1,0 +1,86 @@
+"""What a job has done already, and what it must have been made by to count: the key of each script's JSON in OUT
+(its command and its code) and of fine-tuning's checkpoint, and OUT/reproduce.json, the job's record of them
+(docs/reproduce.md, Resuming)."""
+import hashlib
+import json
+from pathlib import Path
+
+from common.environment import library_versions
+from common.errors import UserError
+from common.files import write_text
+from common.output import say
+from job.page import JOB_RECORD, script_file
+from job.page import read_record as page_record
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def command_key(command, out):
+    """The command as the resume rule compares it: this interpreter, OUT's place and --resume left out."""
+    return ["python"] + [token.replace(str(out), "OUT") for token in command[1:] if token != "--resume"]
+
+
+def checkpoint_key(command, out):
+    """What fine-tuning's checkpoint must have been made by to be continued: the command, --pause-at aside."""
+    key, kept = command_key(command, out), []
+    for token in key:
+        if kept and kept[-1] == "--pause-at":  # its value
+            kept.pop()
+        elif not token.startswith("--pause-at="):
+            kept.append(token)
+    return kept
+
+
+def code_digest(script):
+    """One digest of the code a script's numbers and figures come from: the script, every module of common/ and
+    figures/, its reference numbers, the libraries' versions."""
+    digest = hashlib.sha256()
+    code = [path for folder in ("common", "figures") for path in sorted((ROOT / folder).rglob("*.py"))]
+    for path in [ROOT / script_file(script), *code,
+                 ROOT / "data" / f"reference_{script}.json"]:
+        digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
+    digest.update(json.dumps(library_versions(), sort_keys=True).encode())
+    return digest.hexdigest()
+
+
+def file_digest(path):
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def read_manifest(out, force=False):
+    """{script: what ran, "finetune checkpoint": key, "command", "not run": {script: why}} from OUT/reproduce.json;
+    one that cannot be read is refused (it alone says which of OUT's results are this command's), --force aside."""
+    path = out / JOB_RECORD
+    try:
+        manifest = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, ValueError) as error:
+        if force:
+            return {}
+        raise UserError(f"{path} cannot be read ({error}): restore it, or add --force to run every script again "
+                        f"(their results and fine-tuning's checkpoint are kept aside)") from error
+    return manifest if isinstance(manifest, dict) else {}
+
+
+def write_manifest(out, manifest):
+    """Whole or not at all; a failure costs the next job's skipping, not this job: a warning."""
+    try:
+        write_text(out / JOB_RECORD, json.dumps(manifest, indent=2), what="record of the job")
+    except UserError as problem:
+        say(f"warning: {problem}; the next job will run these scripts again")
+
+
+def read_record(path):
+    """A script's --json record, or None when it is missing or not one (the page's reading of it)."""
+    try:
+        return page_record(Path(path))
+    except UserError:
+        return None
+
+
+def is_complete(out, script, key, manifest):
+    """True when OUT/<script>.json is the one this key made and every section of it ran."""
+    entry, path = manifest.get(script), out / f"{script}.json"
+    if not isinstance(entry, dict) or entry.get("key") != key or not path.is_file():
+        return False
+    record = read_record(path) if entry.get("json") == file_digest(path) else None  # not rewritten since
+    return record is not None and not record.get("could_not_run")

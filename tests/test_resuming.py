@@ -1,0 +1,69 @@
+"""job/resuming.py: what a job counts as done, and what it must have been made by."""
+import hashlib
+import json
+import shutil
+
+import pytest
+from conftest import ROOT
+
+from common.errors import UserError
+from job import resuming
+from job.page import SCRIPTS, script_file
+
+NAMES = {script: script_file(script) for script in SCRIPTS}
+
+
+@pytest.mark.parametrize("change,complete", [
+    (None, True),
+    ("could not run", False),      # a section could not run: it runs again
+    ("other command", False),      # made with other flags
+    ("other code", False),         # made by other code
+    ("rewritten", False),          # another run wrote over the JSON since
+    ("no manifest", False),        # a JSON from the manual commands: the job cannot know what made it
+])
+def test_a_script_is_skipped_only_when_its_json_is_complete_and_made_by_the_same_command_and_code(
+        tmp_path, change, complete):
+    record = {"script": "posemb", "numbers": {}, "could_not_run": []}
+    if change == "could not run":
+        record["could_not_run"] = [{"section": "4. accuracy", "why": "offline"}]
+    path = tmp_path / "posemb.json"
+    path.write_text(json.dumps(record))
+    key = {"command": ["python", "vit_part3_posemb.py", "--compare"], "code": "abc"}
+    entry = {"key": dict(key), "json": hashlib.sha256(path.read_bytes()).hexdigest()}
+    if change == "other command":
+        entry["key"]["command"] = ["python", "vit_part3_posemb.py", "--per-class", "20", "--compare"]
+    if change == "other code":
+        entry["key"]["code"] = "abd"
+    if change == "rewritten":
+        path.write_text(json.dumps(record) + " ")
+    manifest = {} if change == "no manifest" else {"posemb": entry}
+    assert resuming.is_complete(tmp_path, "posemb", key, manifest) is complete
+
+
+@pytest.mark.parametrize("changed,runs_again", [
+    ("vit_part3_posemb.py", {"posemb"}),
+    ("common/loader.py", set(NAMES)),                      # every module of common/ is every script's code
+    ("data/reference_fewshot.json", {"fewshot"}),
+    ("common/nothing_imports_it.py", set(NAMES)),          # a module added
+    ("figures/finetune.py", set(NAMES)),                   # a module of figures/: the scripts draw them
+])
+def test_the_code_of_a_script_is_it_all_of_common_and_figures_and_its_reference(tmp_path, monkeypatch, changed,
+                                                                                 runs_again):
+    code = [p.relative_to(ROOT).as_posix() for folder in ("common", "figures") for p in (ROOT / folder).rglob("*.py")]
+    for path in [*NAMES.values(), *code,
+                 *(f"data/reference_{script}.json" for script in NAMES)]:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / path, tmp_path / path)
+    monkeypatch.setattr(resuming, "ROOT", tmp_path)
+    before = {script: resuming.code_digest(script) for script in NAMES}
+    with open(tmp_path / changed, "a") as f:
+        f.write("\n")
+    assert {script for script in NAMES if resuming.code_digest(script) != before[script]} == runs_again
+
+
+def test_force_starts_afresh_from_a_record_that_cannot_be_read(tmp_path):
+    """--force runs every script again: a damaged record then reads as nothing done, not as a refusal."""
+    (tmp_path / "reproduce.json").write_text('{"setup": {"seconds": 13')  # cut short
+    assert resuming.read_manifest(tmp_path, force=True) == {}
+    with pytest.raises(UserError, match="add --force to run every script again"):
+        resuming.read_manifest(tmp_path)
