@@ -293,18 +293,18 @@ def main(argv=None):
                        "the pool is drawn from every training picture, as in a full run",
         batch_help="pictures per batch of the passes that extract the frozen features (the pool's pictures and the "
                    "validation pictures)")
-    parser.add_argument("--shots", type=cli.positive_int, nargs="+", action="distinct", default=[1, 5, 10],
+    parser.add_argument("--shots", type=cli.positive_int, nargs="+", action="distinct", default=ARTICLE_TABLE["shots"],
                         help="pictures per class (default: %(default)s)")
     parser.add_argument("--lambdas", type=cli.nonnegative_float, nargs="+", action="distinct",
-                        default=[0.01, 1.0, 100.0],
+                        default=ARTICLE_TABLE["lambdas"],
                         help="ridge penalties, finite and >= 0 (0: plain least squares, the minimum-norm solution when "
                              "pictures are fewer than features) (default: %(default)s)")
-    parser.add_argument("--draws", type=cli.positive_int, default=5,
+    parser.add_argument("--draws", type=cli.positive_int, default=ARTICLE_FLAGS["draws"][1],
                         help="random draws of the training pictures per setting (default: %(default)s)")
-    parser.add_argument("--pool", type=cli.positive_int, default=50,
+    parser.add_argument("--pool", type=cli.positive_int, default=ARTICLE_FLAGS["pool"][1],
                         help="training pictures per class to draw from (default: %(default)s)")
     parser.add_argument("--seed", type=cli.seed, default=0, help="the pool and the draws (default: %(default)s)")
-    parser.add_argument("--resolution", type=cli.side_pixels, default=224,
+    parser.add_argument("--resolution", type=cli.side_pixels, default=ARTICLE_FLAGS["resolution"][1],
                         help="pixels on a side (default: %(default)s)")
     parser.add_argument("--no-cache", action="store_true", help="neither read nor write data/features/")
     parser.add_argument("--plots", type=cli.nonempty_path, metavar="DIR",
