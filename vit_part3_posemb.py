@@ -336,7 +336,7 @@ def main(argv=None):
                                per_class_help="keep N validation pictures of each class, drawn at random with a fixed "
                                               "seed (default: all)",
                                batch_help="pictures per batch of the evaluation passes (at 224 and at --resolution)")
-    parser.add_argument("--resolution", type=side_pixels, default=384,
+    parser.add_argument("--resolution", type=side_pixels, default=ARTICLE_FLAGS["resolution"][1],
                         help="the higher resolution (default: %(default)s)")
     parser.add_argument("--plots", type=nonempty_path, metavar="DIR",
                         help="save the similarity maps and the accuracy bars as PNG (needs matplotlib)")
