@@ -13,10 +13,10 @@ Features are cached in data/features/, keyed by everything that decides them: th
 weight file, the resolution, the precision and each picture's name and contents. --no-cache neither
 reads nor writes the cache.
 """
-from common.start import before_torch_loads, guarded
+from common.start import ARTICLE, before_torch_loads, guarded
 
 if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as a later one
-    before_torch_loads()
+    before_torch_loads(ARTICLE)
 
 import argparse
 import functools

@@ -14,10 +14,10 @@ Hub's safetensors header when it answers, otherwise from the Table 1 architectur
 device. The ResNet-50 is microsoft/resnet-50 when cached (or reachable), otherwise the library's
 architecture with random weights: the shapes and the layer count do not depend on the weights.
 """
-from common.start import before_torch_loads, guarded
+from common.start import ARTICLE, before_torch_loads, guarded
 
 if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as a later one
-    before_torch_loads()
+    before_torch_loads(ARTICLE)
 
 import math
 import sys
@@ -236,11 +236,11 @@ def section_hybrid(run, report):
 
     try:  # microsoft/resnet-50 if cached or reachable, else random weights: the stage shapes do not depend on them
         model, model_name = load_pretrained(ResNetModel, "microsoft/resnet-50").eval(), "microsoft/resnet-50"
-    except UserError:
+    except UserError as problem:
         torch.manual_seed(0)  # ResNetConfig's defaults are ResNet-50: bottleneck blocks, depths 3-4-6-3
-        why = "not cached" if hub_offline() else "neither cached nor reachable"
+        why = "microsoft/resnet-50 is not cached" if hub_offline() else problem
         model = ResNetModel(ResNetConfig()).eval()
-        model_name = f"the library's ResNet-50 architecture (random weights; microsoft/resnet-50 is {why})"
+        model_name = f"the library's ResNet-50 architecture (random weights; {why})"
     # the first Imagenette validation picture on disk, else a generated one: the shapes depend only on its size
     paths = sorted(IMAGENETTE_DIR.glob("val/*/*.JPEG"))
     if paths:

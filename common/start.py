@@ -10,10 +10,14 @@ import signal
 import sys
 import time
 
-# The import names of requirements.txt's packages (matplotlib aside: without it the scripts draw no figures).
-PACKAGES = {"torch": "torch", "transformers": "transformers", "datasets": "datasets", "accelerate": "accelerate",
-            "safetensors": "safetensors", "huggingface_hub": "huggingface_hub", "scipy": "scipy", "PIL": "pillow",
-            "numpy": "numpy", "tqdm": "tqdm", "psutil": "psutil"}
+# {import name: pip name} of what each kind of entry point needs. The article's "Run it yourself" block installs
+# only ARTICLE's (torch transformers safetensors scipy pillow, with numpy and tqdm, which they bring); the backbone
+# adds the second article's datasets and accelerate (Trainer); the job and its tools take requirements.txt's.
+# matplotlib is in none: without it the scripts draw no figures and say so.
+ARTICLE = {"torch": "torch", "transformers": "transformers", "safetensors": "safetensors", "scipy": "scipy",
+           "PIL": "pillow", "numpy": "numpy", "tqdm": "tqdm", "huggingface_hub": "huggingface_hub"}
+BACKBONE = {**ARTICLE, "datasets": "datasets", "accelerate": "accelerate"}
+JOB = {**BACKBONE, "psutil": "psutil"}
 SET_UP = ("activate the project's environment (. .venv/bin/activate, which `make quick` or `make test` makes) or "
           "install requirements.lock into yours (docs/setup.md)")
 
@@ -23,10 +27,10 @@ def speaks():
     return os.environ.get("RANK", "0") == "0" or int(os.environ.get("WORLD_SIZE", "1")) <= 1
 
 
-def before_torch_loads():
+def before_torch_loads(packages=JOB):
     """Until guarded() runs main(), Ctrl-C (while torch loads) is one line and status 130, leaving at once; a Python
-    without the project's packages is one line and status 2; a torchrun process but the first draws no progress bars
-    (tqdm reads TQDM_DISABLE once, as torch imports it)."""
+    without one of `packages` ({import name: pip name}) is one line with the pip command and status 2; a torchrun
+    process but the first draws no progress bars (tqdm reads TQDM_DISABLE once, as torch imports it)."""
     if not speaks():
         os.environ["TQDM_DISABLE"] = "1"
 
@@ -39,10 +43,11 @@ def before_torch_loads():
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     from importlib.util import find_spec  # not loaded at the interpreter's start: imported once Ctrl-C is handled
 
-    missing = [package for name, package in PACKAGES.items() if find_spec(name) is None]  # by their pip names
+    missing = [package for name, package in packages.items() if find_spec(name) is None]  # by their pip names
     if missing:
+        fix = SET_UP if packages is JOB else f"pip install {' '.join(missing)}, or {SET_UP}"
         if speaks():  # once under torchrun
-            print(f"error: this Python ({sys.executable}) has no {', '.join(missing)}: {SET_UP}", file=sys.stderr)
+            print(f"error: this Python ({sys.executable}) has no {', '.join(missing)}: {fix}", file=sys.stderr)
         sys.exit(2)
 
 
