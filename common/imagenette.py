@@ -1,24 +1,29 @@
 """Imagenette (imagenette2-160/{train,val}/<wnid>/*.JPEG): find or download it, check it, list its pictures; any
 folder in that layout works, Imagenette's counts are checked only for its ten WordNet ids (docs/data.md)."""
+import contextlib
+import hashlib
 import os
 import shutil
 import sys
 import tarfile
 import tempfile
+import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import numpy as np
-import psutil
 
 from common.environment import made_here
 from common.errors import UserError
-from common.files import reason, write_atomic
+from common.files import reason
 from common.output import say
 from common.paths import IMAGENETTE_DIR as DEFAULT_DIR
 from common.verdicts import subset_differences
 
 URL = "https://s3.amazonaws.com/fast-ai-imageclas/imagenette2-160.tgz"
+MD5 = "e793b78cc4c9e9a4ccc0c1155377a412"  # the release's, as torchvision's Imagenette publishes it for URL
+URL_VARIABLE = "VIT_PART3_IMAGENETTE_URL"  # a mirror of the archive (a test's server, a local copy)
 ARCHIVE_MB = 99  # 99,003,388 bytes; MB are 10^6 bytes, as every size the project states (94 MiB)
 SPLIT_COUNTS = {"train": 9_469, "val": 3_925}
 PICTURE_SIDE = 160  # imagenette2-160: every picture is 160 px on its short side
@@ -116,40 +121,152 @@ def data_differences(args, counts, drawn=False):
 
 
 class DownloadError(Exception):
-    """The network failed while the archive was being written (not the disk)."""
+    """The network failed while the archive was being fetched (not the disk): why, in the user's words."""
 
 
-def download(url, archive, progress=True):
-    """url into the file archive, whole or not at all (common/files.py)."""
+def archive_source():
+    """(url, md5) of the archive: URL, or the mirror VIT_PART3_IMAGENETTE_URL names (as HF_ENDPOINT names the Hub's);
+    a mirror serves the release, checked by MD5, unless its URL ends in pip's '#md5=<32 hex digits>'."""
+    url, _, fragment = (os.environ.get(URL_VARIABLE) or URL).partition("#")
+    md5 = fragment.removeprefix("md5=")
+    if fragment and not (fragment.startswith("md5=") and len(md5) == 32 and set(md5) <= set("0123456789abcdef")):
+        raise UserError(f"{URL_VARIABLE}={os.environ[URL_VARIABLE]}: its '#' part must be md5= and the archive's 32 "
+                        f"hex digits, or nothing (the release's MD5)")
+    return url, md5 or MD5
+
+
+def timeout_seconds():
+    """How long the archive's server may keep silent: huggingface_hub's HF_HUB_DOWNLOAD_TIMEOUT, one knob for every
+    download (10 s unless set)."""
+    from huggingface_hub import constants
+
+    return float(constants.HF_HUB_DOWNLOAD_TIMEOUT)
+
+
+def download(url, md5, archive, progress=True):
+    """url into the file archive, whole and checked by its MD5 or not at all. The bytes go to archive.part first: a
+    connection that drops leaves them for the next run, which asks for the rest with an HTTP Range request (a server
+    that ignores it sends the whole file again); two runs take turns (flock). Renamed into place when its MD5 is
+    md5; a wrong file is deleted."""
+    part = archive.with_name(archive.name + ".part")
+    with open(part, "ab") as out:
+        with contextlib.suppress(ImportError):  # where the system has no flock (Windows) nothing is locked
+            import fcntl
+
+            fcntl.flock(out, fcntl.LOCK_EX)  # another run downloading into the same data/ holds it until it is done
+        if archive.exists():
+            return  # that run finished it meanwhile
+        try:
+            fetch_rest(url, out, part, progress)
+        except DownloadError:
+            if out.tell() == 0:
+                part.unlink(missing_ok=True)  # nothing to continue from
+            raise
+        out.flush()
+        os.fsync(out.fileno())
+        found = file_md5(part)
+        if found != md5:
+            part.unlink()
+            raise DownloadError(f"the file from {url} is not the release: its MD5 is {found}, not {md5}; deleted it")
+        os.replace(part, archive)
+
+
+def fetch_rest(url, out, part, progress):
+    """What url has beyond the bytes out holds, appended to out (the whole file where the server ignores Range);
+    a failure of the network is a DownloadError in the user's words, the bytes so far kept."""
+    import http.client
+
     from tqdm import tqdm
 
-    def fetch(out):
-        try:
-            with urllib.request.urlopen(url, timeout=60) as response:
-                total = int(response.headers.get("Content-Length") or 0) or None
-                with tqdm.wrapattr(out, "write", total=total, bytes=False, unit="B", unit_scale=True,
-                                   desc=f"downloading {archive.name}", disable=not progress,
-                                   file=sys.stderr) as written:
-                    shutil.copyfileobj(response, written, 1 << 20)
-        except (OSError, EOFError) as error:  # URLError, a dropped connection, a timeout
-            raise DownloadError(reason(error)) from error
+    host, have = urllib.parse.urlparse(url).netloc or url, out.seek(0, os.SEEK_END)
+    request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_seconds()) as response:
+            if have and response.status != 206:  # the whole file again: start over
+                out.truncate(have := 0)
+            size = int(response.headers.get("Content-Length") or 0)
+            total = have + size if size else None
+            with tqdm(total=total, initial=have, unit="B", unit_scale=True, desc=f"downloading {Path(part).stem}",
+                      disable=not progress, file=sys.stderr) as bar:
+                while block := response.read(1 << 20):
+                    write_block(out, block, part)
+                    bar.update(len(block))
+            if total and out.tell() < total:
+                raise DownloadError(f"the connection to {host} closed after {out.tell():,} of {total:,} bytes")
+    except urllib.error.HTTPError as error:
+        if error.code == 416 and have:  # nothing beyond what the part holds: its MD5 decides
+            return
+        again = "try again later" if error.code in (429, 500, 502, 503, 504) else f"check {URL_VARIABLE}"
+        raise DownloadError(f"{host} answered {error.code} {error.reason}: {again}") from error
+    except TimeoutError as error:
+        raise DownloadError(f"{host} did not answer within {timeout_seconds():g} s: try again later") from error
+    except (OSError, EOFError, http.client.HTTPException) as error:  # refused, or dropped mid-way
+        raise DownloadError(f"{host}: {reason(error)}") from error
 
-    write_atomic(archive, fetch, what="download")
+
+def write_block(out, block, part):
+    """A block of the download into the part file; a full or read-only disk removes the part (it could not finish)
+    and is a UserError, as every write the scripts make (common/files.py)."""
+    try:
+        out.write(block)
+        out.flush()
+    except OSError as error:
+        part.unlink(missing_ok=True)
+        raise UserError(f"cannot write the download {part}: {reason(error)}") from error
+
+
+def file_md5(path):
+    digest = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+DATA_FILTER = hasattr(tarfile, "data_filter")  # extractall(filter="data"): Python 3.11.4 and later
+
+
+def extract(archive, folder):
+    """The archive's members into folder, none outside it: tarfile's "data" filter, or, on a Python without filters
+    (3.11.0 to 3.11.3), the same refusals by hand for what the release holds (plain files and folders)."""
+    with tarfile.open(archive) as tar:
+        if DATA_FILTER:
+            tar.extractall(folder, filter="data")
+            return
+        for member in tar.getmembers():
+            if not (member.isfile() or member.isdir()) or member.name.startswith("/") or ".." in member.name.split("/"):
+                raise tarfile.TarError(f"{member.name} is a link or lies outside the archive's folder")
+            member.mode &= 0o755  # no set-user-id and the like, as the data filter
+        tar.extractall(folder)
 
 
 def scratch_prefix(target):
     return f".{Path(target).name}-extracting-"
 
 
+def process_alive(pid):
+    """Whether process pid runs (psutil's rule by hand: the article's packages do not bring psutil); where it cannot
+    be told (Windows, whose os.kill has no probe), alive."""
+    if os.name != "posix":
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
+
+
 def remove_abandoned_scratch(target):
     """Folders left by an extraction that was killed: their process (the number in the name) is gone."""
     for folder in Path(target).parent.glob(scratch_prefix(target) + "*"):
         pid = folder.name[len(scratch_prefix(target)):].split("-")[0]
-        if folder.is_dir() and pid.isdigit() and not psutil.pid_exists(int(pid)):
+        if folder.is_dir() and pid.isdigit() and not process_alive(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def download_and_extract(url, target, progress=True):
+def download_and_extract(url, md5, target, progress=True):
     """Download url (.tgz) and extract it so that target appears whole or not at all: extracted into a scratch folder
     beside it, checked, renamed into place; an archive that fails is deleted (docs/data.md#imagenette)."""
     target = Path(target)
@@ -157,11 +274,10 @@ def download_and_extract(url, target, progress=True):
     remove_abandoned_scratch(target)
     archive = target.with_name(target.name + ".tgz")
     if not archive.exists():
-        download(url, archive, progress)
+        download(url, md5, archive, progress)
     scratch = Path(tempfile.mkdtemp(prefix=f"{scratch_prefix(target)}{os.getpid()}-", dir=target.parent))
     try:
-        with tarfile.open(archive) as tar:
-            tar.extractall(scratch, filter="data")
+        extract(archive, scratch)
         extracted = scratch / target.name
         if not extracted.is_dir():
             raise UserError(f"it holds no folder {target.name}")
@@ -182,19 +298,22 @@ def download_and_extract(url, target, progress=True):
     archive.unlink(missing_ok=True)  # another run that finished first removed it
 
 
-def ensure_imagenette(data_dir=None, url=URL):
-    """The data folder, downloaded first when it is the default and missing; the default must hold the whole release,
-    a partial --data-dir copy runs after a warning naming its counts."""
+def ensure_imagenette(data_dir=None):
+    """The data folder, downloaded first (archive_source()) when it is the default and missing; the default must hold
+    the whole release, a partial --data-dir copy runs after a warning naming its counts."""
+    from common.checkpoints import hub_offline
+
     root = Path(data_dir) if data_dir else DEFAULT_DIR
     default = root.resolve() == DEFAULT_DIR
     if not root.exists():
         if not default:
             raise UserError(f"--data-dir {data_dir} does not exist")
+        url, md5 = archive_source()
         fix = f"download {url} ({ARCHIVE_MB} MB) and extract it into {root.parent}, or pass --data-dir"
-        if os.environ.get("HF_HUB_OFFLINE") == "1" and url == URL:
-            raise UserError(f"Imagenette is not in {root} and offline mode is on: {fix}")
+        if hub_offline():
+            raise UserError(f"Imagenette is not in {root} and offline mode is on (HF_HUB_OFFLINE=1): {fix}")
         try:
-            download_and_extract(url, root)
+            download_and_extract(url, md5, root)
         except DownloadError as error:
             raise UserError(f"Imagenette is not in {root} and could not be downloaded ({error}): {fix}") from error
     if not root.is_dir():

@@ -7,6 +7,7 @@ A full disk is simulated by the temporary files of common/files.py refusing to g
 what the system does: the writer cannot tell the difference.
 """
 import errno
+import hashlib
 import io
 import os
 import shutil
@@ -320,7 +321,7 @@ def test_an_archive_with_the_wrong_counts_is_removed_and_a_killed_extraction_cle
     abandoned = target.parent / f"{scratch_prefix(target)}{gone.stdout.strip()}-x1y2"
     (abandoned / "imagenette2-160").mkdir(parents=True)  # a run killed while it extracted
     with pytest.raises(UserError) as refused:
-        download_and_extract(mirror.as_uri(), target, progress=False)
+        download_and_extract(mirror.as_uri(), hashlib.md5(mirror.read_bytes()).hexdigest(), target, progress=False)
     message = str(refused.value)
     assert "found 10 of 9,469 training, 10 of 3,925 validation pictures" in message
     assert f"removed {target.parent / 'imagenette2-160.tgz'}: run again to download it anew" in message

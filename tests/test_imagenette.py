@@ -1,4 +1,5 @@
 """common/imagenette.py: finding, checking, downloading, decoding and preprocessing the pictures."""
+import hashlib
 import io
 import re
 import tarfile
@@ -92,14 +93,17 @@ def test_incomplete_imagenette_is_refused_where_we_download_it_and_a_warning_els
 
 
 @pytest.mark.parametrize("offline,url,why", [
-    ("1", URL, "offline mode is on"),
-    ("0", "http://127.0.0.1:9/imagenette2-160.tgz", "could not be downloaded ("),
+    (True, URL, "offline mode is on (HF_HUB_OFFLINE=1)"),
+    (False, "http://127.0.0.1:9/imagenette2-160.tgz", "could not be downloaded (127.0.0.1:9: Connection refused)"),
 ])
 def test_imagenette_that_cannot_be_had_names_where_to_download_it(tmp_path, monkeypatch, offline, url, why):
+    from huggingface_hub import constants
+
     monkeypatch.setattr(imagenette, "DEFAULT_DIR", tmp_path / "imagenette2-160")
-    monkeypatch.setenv("HF_HUB_OFFLINE", offline)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+    monkeypatch.setenv("VIT_PART3_IMAGENETTE_URL", url)
     with pytest.raises(UserError) as error:
-        ensure_imagenette(url=url)
+        ensure_imagenette()
     assert str(error.value).startswith(f"Imagenette is not in {tmp_path / 'imagenette2-160'} and {why}")
     # imagenette2-160.tgz is 99,003,388 bytes: 99 MB of 10^6 bytes (94 MiB)
     assert str(error.value).endswith(f": download {url} (99 MB) and extract it into {tmp_path}, or pass --data-dir")
@@ -145,16 +149,20 @@ def archive_of(folder, broken=False):
     return data[: len(data) // 2] if broken else data
 
 
+def md5(path):
+    return hashlib.md5(path.read_bytes()).hexdigest()
+
+
 def test_download_is_all_or_nothing(tmp_path):
     source = imagenette_folder(tmp_path / "src" / "mine", per_class=1, classes=["a", "b"])
     target = tmp_path / "data" / "mine"
     archive = tmp_path / "mine.tgz"
     archive.write_bytes(archive_of(source, broken=True))
     with pytest.raises(UserError, match="could not extract"):
-        download_and_extract(archive.as_uri(), target, progress=False)
+        download_and_extract(archive.as_uri(), md5(archive), target, progress=False)
     assert not target.exists() and list((tmp_path / "data").iterdir()) == []  # no half folder, no leftovers
     archive.write_bytes(archive_of(source))
-    download_and_extract(archive.as_uri(), target, progress=False)
+    download_and_extract(archive.as_uri(), md5(archive), target, progress=False)
     assert len(list_split(target, "val")) == 2 and list((tmp_path / "data").iterdir()) == [target]
 
 
@@ -170,9 +178,9 @@ def test_two_runs_filling_the_same_data_folder_both_finish(tmp_path, monkeypatch
 
     def the_other_run_finishes_meanwhile(root, strict, fix):
         monkeypatch.setattr(imagenette, "check_counts", check)
-        download_and_extract(archive.as_uri(), target, progress=False)
+        download_and_extract(archive.as_uri(), md5(archive), target, progress=False)
         return check(root, strict, fix)
 
     monkeypatch.setattr(imagenette, "check_counts", the_other_run_finishes_meanwhile)
-    download_and_extract(archive.as_uri(), target, progress=False)
+    download_and_extract(archive.as_uri(), md5(archive), target, progress=False)
     assert len(list_split(target, "val")) == 2 and list((tmp_path / "data").iterdir()) == [target]

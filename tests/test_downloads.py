@@ -1,0 +1,193 @@
+"""The Imagenette archive's download, against a real HTTP server on 127.0.0.1 (tests/local_servers.py): checked by its
+MD5, continued with a Range request after a dropped connection, and each fault of the network or the disk one line
+with nothing half-written kept. The Hub's downloads: tests/test_first_contact.py."""
+import hashlib
+import io
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+from local_servers import ARCHIVE_PATH, Faulty, imagenette_archive
+from test_faults import ENOSPC, FullFile
+
+from common import imagenette
+from common.errors import UserError
+from common.imagenette import SPLIT_COUNTS, download, download_and_extract, ensure_imagenette, list_split
+
+CONTENT = os.urandom(3 << 20)  # 3 MB: more than one block of the download's loop
+MD5 = hashlib.md5(CONTENT).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def server():
+    running = Faulty()
+    running.files["/file.bin"] = CONTENT
+    yield running
+    running.close()
+
+
+@pytest.fixture
+def served(server, monkeypatch):
+    """The server with no faults and no requests yet; the downloads' time-out 2 s."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_DOWNLOAD_TIMEOUT", 2)
+    server.faults.clear()
+    server.requests.clear()
+    return server
+
+
+def test_a_download_is_checked_by_its_md5_and_renamed_into_place(served, tmp_path):
+    archive = tmp_path / "file.tgz"
+    download(f"{served.url}/file.bin", MD5, archive, progress=False)
+    assert archive.read_bytes() == CONTENT and sorted(os.listdir(tmp_path)) == ["file.tgz"]
+
+
+def test_a_dropped_connection_is_continued_with_a_range_request(served, tmp_path):
+    archive, part = tmp_path / "file.tgz", tmp_path / "file.tgz.part"
+    served.faults.append({"path": "/file.bin", "kind": "drop"})
+    with pytest.raises(imagenette.DownloadError, match=f"the connection to 127.0.0.1:{served.server_address[1]} "
+                                                       f"closed after|127.0.0.1"):
+        download(f"{served.url}/file.bin", MD5, archive, progress=False)
+    kept = part.stat().st_size
+    assert not archive.exists() and 0 < kept < len(CONTENT)  # never taken for the archive
+    download(f"{served.url}/file.bin", MD5, archive, progress=False)
+    assert served.requests[-1] == ("GET", "/file.bin", f"bytes={kept}-")  # only the rest was asked for
+    assert archive.read_bytes() == CONTENT and not part.exists()
+
+
+def test_a_server_that_ignores_the_range_sends_the_whole_file_again(served, tmp_path):
+    archive, part = tmp_path / "file.tgz", tmp_path / "file.tgz.part"
+    part.write_bytes(b"not the start of the file")  # a part of something else: the whole file replaces it
+    served.ranges = False
+    try:
+        download(f"{served.url}/file.bin", MD5, archive, progress=False)
+    finally:
+        served.ranges = True
+    assert archive.read_bytes() == CONTENT
+
+
+FAULTS = [  # (the server's fault, what the one line says)
+    ({"kind": "status", "code": 404}, "answered 404 Not Found: check VIT_PART3_IMAGENETTE_URL"),
+    ({"kind": "status", "code": 500}, "answered 500 Internal Server Error: try again later"),
+    ({"kind": "status", "code": 503}, "answered 503 Service Unavailable: try again later"),
+    ({"kind": "status", "code": 429}, "answered 429 Too Many Requests: try again later"),
+    ({"kind": "stall"}, "did not answer within 2 s: try again later"),
+]
+
+
+@pytest.mark.parametrize("fault,line", FAULTS, ids=[line.split(":")[0] for _, line in FAULTS])
+def test_a_server_error_or_silence_is_one_line_and_nothing_is_kept(served, tmp_path, fault, line):
+    served.faults.append({"path": "/file.bin", **fault})
+    with pytest.raises(imagenette.DownloadError) as error:
+        download(f"{served.url}/file.bin", MD5, tmp_path / "file.tgz", progress=False)
+    assert str(error.value) == f"127.0.0.1:{served.server_address[1]} {line}"
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_damaged_file_is_refused_by_its_md5_and_deleted(served, tmp_path):
+    served.files["/damaged.bin"] = CONTENT[:-1] + b"x"
+    with pytest.raises(imagenette.DownloadError, match=f"is not the release: its MD5 is [0-9a-f]{{32}}, not {MD5}"):
+        download(f"{served.url}/damaged.bin", MD5, tmp_path / "file.tgz", progress=False)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_full_disk_during_the_download_is_one_line_and_removes_the_part(served, tmp_path, monkeypatch):
+    def full(*args, **kwargs):
+        return FullFile(open(*args, **kwargs), room=1 << 20)
+
+    monkeypatch.setattr(imagenette, "open", full, raising=False)
+    part = tmp_path / "file.tgz.part"
+    with pytest.raises(UserError, match=f"cannot write the download {part}: {ENOSPC}"):
+        download(f"{served.url}/file.bin", MD5, tmp_path / "file.tgz", progress=False)
+    assert os.listdir(tmp_path) == []
+
+
+# ---------------------------------------------------------------- the release's archive, end to end
+
+@pytest.fixture(scope="module")
+def release(server):
+    """The server holding an archive in imagenette2-160's layout and counts: its URL with pip's #md5= fragment."""
+    data, md5 = imagenette_archive()
+    server.files[ARCHIVE_PATH] = data
+    return f"{server.url}{ARCHIVE_PATH}#md5={md5}"
+
+
+def test_the_archive_named_by_the_variable_is_downloaded_checked_and_extracted_once(served, release, tmp_path,
+                                                                                     monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("VIT_PART3_IMAGENETTE_URL", release)
+    monkeypatch.setattr(imagenette, "DEFAULT_DIR", tmp_path / "imagenette2-160")
+    root = ensure_imagenette()
+    assert {split: len(list_split(root, split)) for split in SPLIT_COUNTS} == SPLIT_COUNTS
+    assert os.listdir(tmp_path) == ["imagenette2-160"]  # no archive, part or scratch folder left
+    ensure_imagenette()
+    assert [path for _, path, _ in served.requests] == [ARCHIVE_PATH]  # the second run downloaded nothing
+
+
+@pytest.mark.parametrize("value", ["http://127.0.0.1:9/a.tgz#sha256=00", "http://127.0.0.1:9/a.tgz#md5=123"])
+def test_a_fragment_other_than_an_md5_is_refused(monkeypatch, value):
+    monkeypatch.setenv("VIT_PART3_IMAGENETTE_URL", value)
+    with pytest.raises(UserError, match="its '#' part must be md5= and the archive's 32 hex digits"):
+        imagenette.archive_source()
+
+
+def test_a_mirror_without_a_fragment_is_checked_against_the_releases_md5(monkeypatch):
+    monkeypatch.setenv("VIT_PART3_IMAGENETTE_URL", "http://127.0.0.1:9/imagenette2-160.tgz")
+    assert imagenette.archive_source() == ("http://127.0.0.1:9/imagenette2-160.tgz", "e793b78cc4c9e9a4ccc0c1155377a412")
+
+
+# ---------------------------------------------------------------- extraction on a Python without tarfile's filters
+
+def tar_of(members):
+    """A .tgz of (name, kind) members: "file", "symlink" (to /etc/passwd) or "folder"."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, kind in members:
+            member = tarfile.TarInfo(name)
+            if kind == "symlink":
+                member.type, member.linkname = tarfile.SYMTYPE, "/etc/passwd"
+            elif kind == "folder":
+                member.type = tarfile.DIRTYPE
+            tar.addfile(member, io.BytesIO(b"") if kind == "file" else None)
+    return buffer.getvalue()
+
+
+UNSAFE = [  # (a member the release never holds, as Python 3.11.0 to 3.11.3 would extract it without a filter)
+    ("mine/train/a/link.JPEG", "symlink"),
+    ("../outside.JPEG", "file"),
+    ("/absolute.JPEG", "file"),
+    ("mine/../../up.JPEG", "file"),
+]
+
+
+@pytest.mark.parametrize("filtered", [True, False], ids=["data filter", "by hand (3.11.0-3.11.3)"])
+@pytest.mark.parametrize("member", UNSAFE, ids=[name for name, _ in UNSAFE])
+def test_an_unsafe_member_is_refused_with_and_without_tarfiles_filter(tmp_path, monkeypatch, filtered, member):
+    monkeypatch.setattr(imagenette, "DATA_FILTER", filtered)
+    data = tar_of([("mine/train/a/1.JPEG", "file"), member])
+    archive = tmp_path / "in" / "mine.tgz"
+    archive.parent.mkdir()
+    archive.write_bytes(data)
+    with pytest.raises(UserError, match="could not extract it|its contents are not the release"):  # the filter
+        download_and_extract(archive.as_uri(), hashlib.md5(data).hexdigest(), tmp_path / "data" / "mine")  # strips /
+    outside = [tmp_path / "outside.JPEG", tmp_path / "up.JPEG", tmp_path / "data" / "up.JPEG", Path("/absolute.JPEG")]
+    assert not any(path.exists() for path in outside) and not (tmp_path / "data" / "mine").exists()
+
+
+def test_extraction_by_hand_gives_the_folders_the_data_filter_gives(tmp_path, monkeypatch):
+    data = tar_of([("mine/train/a/1.JPEG", "file"), ("mine/val/a/1.JPEG", "file"), ("mine/train/b", "folder"),
+                   ("mine/train/b/2.JPEG", "file"), ("mine/val/b/2.JPEG", "file")])
+    extracted = {}
+    for filtered in (True, False):
+        monkeypatch.setattr(imagenette, "DATA_FILTER", filtered)
+        archive = tmp_path / str(filtered) / "mine.tgz"
+        archive.parent.mkdir()
+        archive.write_bytes(data)
+        imagenette.extract(archive, tmp_path / str(filtered) / "out")
+        extracted[filtered] = sorted(str(p.relative_to(tmp_path / str(filtered) / "out"))
+                                     for p in (tmp_path / str(filtered) / "out").rglob("*"))
+    assert extracted[True] == extracted[False] and "mine/train/b/2.JPEG" in extracted[False]
