@@ -186,7 +186,7 @@ def room_needed(fetch, out, runs, args, resumes):
     and log, the page, and fine-tuning's checkpoint (the weights, their average and the momentum, written whole
     beside the old one). resumes: whether fine-tuning continues from OUT's checkpoint, overwriting it; if not, a
     checkpoint there is moved over an earlier one kept aside (prepare()), whose room is freed."""
-    need = downloads.room(fetch, ROOT)
+    need = downloads.room(fetch)
     if runs:
         need[out] = sum(WRITES_MB[script] for script in [*runs, "page"])
     if "finetune" in runs:
@@ -221,15 +221,15 @@ def plan(args, out, manifest):
     to_run = [script for script in SCRIPTS if script not in done]
     pieces = {piece for script in to_run for piece in NEEDS[script] + OPTIONAL.get(script, [])}
     here = {piece: piece in pieces and downloads.piece_is_here(piece, args) for piece in downloads.PIECES}
-    hosts = downloads.answering({piece for piece in pieces if not here[piece]})
-    fetch, lacking = plan_pieces(to_run, here, {piece: hosts.get(host, False)
-                                                for piece, (*_, host) in downloads.PIECES.items()})
+    answers = downloads.answering({piece for piece in pieces if not here[piece]})
+    fetch, lacking = plan_pieces(to_run, here, {piece: answers.get(piece, False) for piece in downloads.PIECES})
     runnable = [script for script in to_run if script not in lacking]
     cannot = {script: downloads.lacks_text(missing, hub_offline()) for script, missing in lacking.items()}
     resumes = "finetune" in runnable and not why_afresh(args, out, keys["finetune"], manifest)  # reads the checkpoint
     what = "the quick checks" if args.quick else "the full setup"
     lines = [f"reproduce.py: {what} of the five scripts into {out}: {len(done)} done already, {len(runnable)} to run"]
     lines += [downloads.fetch_line(fetch)] if fetch or (runnable and not lacking) else []
+    lines += [mirrors] if fetch and (mirrors := downloads.mirror_line(fetch)) else []
     lines += [f"cannot run {script_file(script)}: {why}" for script, why in cannot.items()]
     lines.append(downloads.disk_line(room_needed(fetch, out, runnable, args, resumes)))
     return keys, done, cannot, runnable, lines

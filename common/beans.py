@@ -4,7 +4,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.checkpoints import hub_reachable, why_no_download
+from common.checkpoints import ask_hub, hub_download
 from common.cli import nonempty_path
 from common.environment import made_here
 from common.errors import UserError
@@ -32,25 +32,37 @@ def local_copy(path):
 
 
 def from_hub(name):
-    """load_dataset(name) from the Hub; when it cannot be reached, from the cache alone, downloads switched off for
-    this one call (not the library's minute of retries); not cached, one line with the fixes."""
-    import datasets
-    from datasets import load_dataset
-    from huggingface_hub import constants
+    """The dataset's files of the train and validation splits (and its card) from the Hub, or the mirror HF_ENDPOINT
+    names, into the Hugging Face cache, each with a bar; when it cannot be reached, the cache's snapshot of them
+    (snapshot_download(local_files_only=True)); then read as a local copy. Not cached, one line with the fixes."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
 
-    if hub_reachable(name, "dataset"):
-        return load_dataset(name)
-    why = why_no_download()  # before downloads are switched off
-    fix = (f"connect to the internet once to download it (about {MEGABYTES} MB) into the Hugging Face cache, or pass "
-           f"--data-dir with a local copy of its files")
-    saved = datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE
-    datasets.config.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE = True
+    info, why = ask_hub(name, "dataset")
+    if info is not None:
+        for file in sorted(sibling.rfilename for sibling in info.siblings or []):
+            if file == "README.md" or (file.endswith(".parquet") and Path(file).name.startswith(SPLITS)):
+                hub_download(name, file, "dataset")
     try:
-        return load_dataset(name)
-    except (OSError, ValueError) as error:
-        raise UserError(f"dataset {name} is not in the local Hugging Face cache and {why}: {fix}") from error
-    finally:
-        datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE = saved
+        return from_folder(snapshot_download(name, repo_type="dataset", local_files_only=True), name)
+    except LocalEntryNotFoundError as error:
+        raise UserError(f"dataset {name} is not in the local Hugging Face cache and {why}: connect to the internet "
+                        f"once to download it (about {MEGABYTES} MB) into the Hugging Face cache, or pass --data-dir "
+                        f"with a local copy of its files") from error
+
+
+def from_folder(folder, where):
+    """The dataset's parquet files in folder (a local copy, or the cache's snapshot), read as its splits."""
+    from datasets import load_dataset
+    from datasets.exceptions import DatasetGenerationError
+
+    folder = Path(folder).expanduser()
+    # the files named, not the folder: the library keys its Arrow cache by them, two copies named beans apart
+    files = {split: sorted(str(path) for path in folder.rglob(f"{split}*.parquet")) for split in SPLITS}
+    try:
+        return load_dataset(str(folder), data_files=files)
+    except (OSError, ValueError, DatasetGenerationError) as error:
+        raise UserError(f"{where}: cannot read it as {DATASET} ({str(error).splitlines()[0][:160]})") from error
 
 
 def first_per_class(split, per_class):
@@ -63,20 +75,7 @@ def first_per_class(split, per_class):
 def load(data_dir=None, per_class=None):
     """{"train", "validation": datasets.Dataset as stored (not shuffled), "names": the class names, "made here": what
     job/standins.py or job/miniature.py made of --data-dir (common/environment.py's made_here), or None}."""
-    if data_dir:
-        from datasets import load_dataset
-        from datasets.exceptions import DatasetGenerationError
-
-        folder = Path(data_dir).expanduser()
-        # the files named, not the folder: the library keys its Arrow cache by them, two copies named beans apart
-        files = {split: sorted(str(path) for path in folder.rglob(f"{split}*.parquet")) for split in SPLITS}
-        try:
-            dataset = load_dataset(str(folder), data_files=files)
-        except (OSError, ValueError, DatasetGenerationError) as error:
-            raise UserError(f"--data-dir {data_dir}: cannot read it as {DATASET} "
-                            f"({str(error).splitlines()[0][:160]})") from error
-    else:
-        dataset = from_hub(DATASET)
+    dataset = from_folder(data_dir, f"--data-dir {data_dir}") if data_dir else from_hub(DATASET)
     where = data_dir or DATASET
     for split in SPLITS:
         if split not in dataset:

@@ -12,29 +12,61 @@ def hub_offline():
     return bool(constants.HF_HUB_OFFLINE)
 
 
-def hub_reachable(name, repo_type="model"):
-    """Whether name can be downloaded now, the project's one rule: HF_HUB_OFFLINE is not set and the Hub answers about
-    it within 10 s (no download retries); a name the Hub does not know is a UserError."""
-    from huggingface_hub import HfApi
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+HUB_ENDPOINT = "https://huggingface.co"
+
+
+def hub_name():
+    """The Hugging Face Hub, or the mirror HF_ENDPOINT names: every line about a download names the server it asks."""
+    from huggingface_hub import constants
+
+    return "the Hugging Face Hub" if constants.ENDPOINT == HUB_ENDPOINT else f"the Hub mirror {constants.ENDPOINT}"
+
+
+def ask_hub(name, repo_type="model"):
+    """(its repo_info, None) when name can be downloaded now, else (None, why not): the project's one rule,
+    HF_HUB_OFFLINE is not set and the Hub (or its mirror) answers about it within HF_HUB_ETAG_TIMEOUT seconds (10
+    unless set), with no retries. A name it does not know, or an error status (a server's trouble, 429 too many
+    requests), is a UserError naming it."""
+    from huggingface_hub import HfApi, constants
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
 
     if hub_offline():
-        return False
+        return None, "HF_HUB_OFFLINE=1 forbids downloads"
     what = "dataset" if repo_type == "dataset" else "checkpoint"
+    hub, seconds = hub_name(), constants.HF_HUB_ETAG_TIMEOUT
     try:
-        HfApi().repo_info(name, repo_type=repo_type, timeout=10)
+        return HfApi().repo_info(name, repo_type=repo_type, timeout=seconds), None
     except GatedRepoError as error:  # a RepositoryNotFoundError too: said first
-        raise UserError(f"{what} {name} is gated on the Hugging Face Hub: accept its terms on its page and log in "
+        raise UserError(f"{what} {name} is gated on {hub}: accept its terms on its page and log in "
                         f"(hf auth login)") from error
     except RepositoryNotFoundError as error:
-        raise UserError(f"{what} {name} does not exist on the Hugging Face Hub; check the name") from error
-    except Exception:  # noqa: BLE001 - any failure to reach the Hub means: do not try to download
-        return False
-    return True
+        raise UserError(f"{what} {name} does not exist on {hub}; check the name") from error
+    except HfHubHTTPError as error:
+        answer = f"{error.response.status_code} {error.response.reason_phrase}" if error.response else "an error"
+        raise UserError(f"{hub} answered {answer} when asked for {what} {name}: the server has trouble, try again "
+                        f"later") from error
+    except Exception as error:  # noqa: BLE001 - any other failure to reach the Hub means: do not try to download
+        if "Timeout" in type(error).__name__:  # the HTTP client's (httpx's ReadTimeout, ConnectTimeout, ...)
+            return None, f"{hub} did not answer within {seconds:g} s"
+        return None, f"{hub} cannot be reached"
 
 
-def why_no_download():
-    return "HF_HUB_OFFLINE=1 forbids downloads" if hub_offline() else "the Hugging Face Hub cannot be reached"
+def hub_reachable(name, repo_type="model"):
+    return ask_hub(name, repo_type)[0] is not None
+
+
+def hub_download(name, file, repo_type="model"):
+    """file of name into the Hugging Face cache, its path; with tqdm's own bar, which shows in a pipe too (the job
+    relays its scripts' bars), where the library's hides. A failure once the library's retries are spent (a line
+    that drops, an error status, silence) is one line; a part it kept is continued by the next run."""
+    from huggingface_hub import hf_hub_download
+    from tqdm import tqdm
+
+    try:
+        return hf_hub_download(name, file, repo_type=repo_type, tqdm_class=tqdm)
+    except Exception as error:  # the library's and its HTTP client's errors alike, said in one line
+        raise UserError(f"{'dataset' if repo_type == 'dataset' else 'checkpoint'} {name}: downloading {file} from "
+                        f"{hub_name()} failed ({download_error(error)}): run again to continue it") from error
 
 
 def check_model_flag(name):
@@ -84,12 +116,31 @@ def load_pretrained(model_class, name, **kwargs):
             return model_class.from_pretrained(name, local_files_only=True, **kwargs)
         except OSError:
             pass
-        if not hub_reachable(name):
-            raise UserError(f"checkpoint {name} is not in the local Hugging Face cache and {why_no_download()}: "
-                            f"connect to the internet once to download it, or pass --model with a local directory")
-        return model_class.from_pretrained(name, **kwargs)
+        info, why = ask_hub(name)
+        if info is None:
+            raise UserError(f"checkpoint {name} is not in the local Hugging Face cache and {why}: connect to the "
+                            f"internet once to download it, or pass --model with a local directory")
+        files = {sibling.rfilename for sibling in info.siblings or []}
+        weights = next((file for file in WEIGHT_FILES if file in files), None)
+        if weights:  # the large file with a bar of its own; from_pretrained then takes it from the cache
+            hub_download(name, weights)
+        try:
+            return model_class.from_pretrained(name, **kwargs)
+        except OSError as error:  # the library's own retries spent: a dropped line, an error status, silence
+            raise UserError(f"checkpoint {name}: the download from {hub_name()} failed ({download_error(error)}): "
+                            f"run again to continue it") from error
     finally:
         logging.set_verbosity(level)
+
+
+def download_error(error):
+    """The first line of the innermost error of a failed download (the network's own words, as "peer closed
+    connection"), not the library's guess at its cause ("does not appear to have a file named ...")."""
+    for _ in range(20):  # a chain of causes is short; a loop in it ends here
+        if not (error.__cause__ or error.__context__):
+            break
+        error = error.__cause__ or error.__context__
+    return (str(error).splitlines() or [type(error).__name__])[0][:200]
 
 
 # The weight files from_pretrained reads, in its order: safetensors first; some releases hold only the pickled
@@ -139,7 +190,7 @@ def unlike_the_hubs(folder, repo):
     published = published_hashes(repo, files)
     if published is None:
         return (f"a folder whose files cannot be checked against the Hub's: {repo} is not in the Hugging Face cache "
-                f"and {why_no_download()}")
+                f"and {ask_hub(repo)[1] or 'its files were not listed'}")
     for file in files:
         expected = published.get(file)
         if expected is None or file_hash(os.path.join(folder, file), len(expected)) != expected:

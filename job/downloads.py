@@ -14,17 +14,18 @@ from urllib.parse import urlparse
 from huggingface_hub.constants import ENDPOINT as HF_ENDPOINT
 
 from common import beans
-from common.checkpoints import cached_weight_file, hub_offline, hub_reachable
+from common.checkpoints import HUB_ENDPOINT, cached_weight_file, hub_offline, hub_reachable
 from common.errors import UserError
-from common.imagenette import ARCHIVE_MB
+from common.imagenette import ARCHIVE_MB, URL_VARIABLE
 from common.imagenette import URL as IMAGENETTE_URL
 
 VIT, IN21K, RESNET = "google/vit-base-patch16-224", "google/vit-base-patch16-224-in21k", "microsoft/resnet-50"
 IMAGENETTE, BEANS = "Imagenette", "AI-Lab-Makerere/beans"
-HUB = urlparse(HF_ENDPOINT).hostname  # huggingface.co, or the mirror HF_ENDPOINT names
+HUB = urlparse(HF_ENDPOINT).netloc  # huggingface.co, or the mirror HF_ENDPOINT names
+ARCHIVE_URL = (os.environ.get(URL_VARIABLE) or IMAGENETTE_URL).partition("#")[0]  # the release's, or its mirror's
 # (size in MB of 10^6 bytes, MB on disk at most, where it comes from)
 PIECES = {VIT: (346, 346, HUB), IN21K: (346, 346, HUB),
-          IMAGENETTE: (ARCHIVE_MB, 2 * ARCHIVE_MB, urlparse(IMAGENETTE_URL).hostname),  # the archive and its extraction
+          IMAGENETTE: (ARCHIVE_MB, 2 * ARCHIVE_MB, urlparse(ARCHIVE_URL).netloc),  # the archive and its extraction
           BEANS: (beans.MEGABYTES, 2 * beans.MEGABYTES, HUB),  # the parquet files and the library's Arrow copy
           RESNET: (100, 100, HUB)}
 NEEDS = {"setup": [], "posemb": [VIT, IMAGENETTE], "fewshot": [IN21K, IMAGENETTE],
@@ -40,17 +41,22 @@ def hf_home():
 
 def piece_is_here(piece, args):
     """A checkpoint or dataset in a local copy the job was given (--models, --imagenette, --beans), or in the caches
-    the scripts read."""
-    from huggingface_hub import constants
+    the scripts read (for beans, the cache's snapshot of its files, which the script reads when offline)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
 
     from common.imagenette import DEFAULT_DIR
 
     if piece == IMAGENETTE:
         return bool(args.imagenette) or DEFAULT_DIR.is_dir()
-    if piece == BEANS:  # the Hub's files, or the library's Arrow copy of them (what load_dataset reads offline)
-        snapshots = Path(constants.HF_HUB_CACHE) / f"datasets--{BEANS.replace('/', '--')}" / "snapshots"
-        arrow = Path(os.environ.get("HF_DATASETS_CACHE", hf_home() / "datasets")) / BEANS.replace("/", "___")
-        return bool(args.beans) or (any(snapshots.rglob("*.parquet")) if snapshots.is_dir() else arrow.is_dir())
+    if piece == BEANS:
+        if args.beans:
+            return True
+        try:
+            snapshot = Path(snapshot_download(BEANS, repo_type="dataset", local_files_only=True))
+        except LocalEntryNotFoundError:
+            return False
+        return all(any(snapshot.rglob(f"{split}*.parquet")) for split in beans.SPLITS)
     if args.models and (Path(args.models) / piece).is_dir():
         return True
     return cached_weight_file(piece) is not None
@@ -97,10 +103,12 @@ def weights_mb(piece, models):
     return Path(weights).stat().st_size / 1e6 if weights else PIECES[piece][0]
 
 
-def reachable(host):
-    """Does host answer over HTTPS, through the proxies the environment names? Any HTTP answer means it is there."""
+def reachable(url):
+    """Does the server of url answer, through the proxies the environment names? Any HTTP answer means it is there."""
+    from common.imagenette import timeout_seconds
+
     try:
-        urllib.request.urlopen(urllib.request.Request(f"https://{host}/", method="HEAD"), timeout=5).close()
+        urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout_seconds()).close()
     except urllib.error.HTTPError:
         return True
     except (OSError, ValueError):
@@ -109,11 +117,15 @@ def reachable(host):
 
 
 def answering(pieces):
-    """{host: whether a download from it can start} for the hosts of the pieces: the Hub by the scripts' own rule
-    (common/checkpoints.py), any other host when it answers (none with HF_HUB_OFFLINE=1)."""
-    hosts = {PIECES[piece][2]: piece for piece in sorted(pieces)}
-    return {host: hub_reachable(piece, "dataset" if piece == BEANS else "model") if host == HUB
-            else not hub_offline() and reachable(host) for host, piece in hosts.items()}
+    """{piece: whether its download can start}: the Hub's (or its mirror's) by the scripts' own rule
+    (common/checkpoints.py), asked once; the archive's when its server answers (never with HF_HUB_OFFLINE=1)."""
+    answers = {}
+    hub = sorted(piece for piece in pieces if piece != IMAGENETTE)
+    if hub:
+        answers = dict.fromkeys(hub, hub_reachable(hub[0], "dataset" if hub[0] == BEANS else "model"))
+    if IMAGENETTE in pieces:
+        answers[IMAGENETTE] = not hub_offline() and reachable(ARCHIVE_URL)
+    return answers
 
 
 def fetch_line(pieces):
@@ -122,6 +134,16 @@ def fetch_line(pieces):
     return ("to download, once (the scripts keep them in the caches): "
             + ", ".join(f"{piece} ({PIECES[piece][0]} MB)" for piece in pieces)
             + f"; {mb_text(sum(PIECES[piece][0] for piece in pieces))} in all")
+
+
+def mirror_line(pieces):
+    """Where the pieces come from, when a variable names a mirror (HF_ENDPOINT, VIT_PART3_IMAGENETTE_URL), else None."""
+    named = []
+    if HF_ENDPOINT != HUB_ENDPOINT and set(pieces) - {IMAGENETTE}:
+        named.append(f"the Hub's files from the mirror {HF_ENDPOINT} (HF_ENDPOINT)")
+    if os.environ.get(URL_VARIABLE) and IMAGENETTE in pieces:
+        named.append(f"Imagenette's archive from {ARCHIVE_URL} ({URL_VARIABLE})")
+    return f"from mirrors: {' and '.join(named)}" if named else None
 
 
 def lacks_text(pieces, offline):
@@ -135,11 +157,14 @@ def lacks_text(pieces, offline):
             f"once online")
 
 
-def room(pieces, root):
-    """{folder: MB} the pieces take once downloaded: Imagenette in the repository's data/, the rest in the caches."""
+def room(pieces):
+    """{folder: MB} the pieces take once downloaded: Imagenette in the data folder (common/paths.py), the rest in the
+    caches."""
+    from common.paths import DATA_DIR
+
     need = {}
     for piece in pieces:
-        folder = root / "data" if piece == IMAGENETTE else hf_home()
+        folder = DATA_DIR if piece == IMAGENETTE else hf_home()
         need[folder] = need.get(folder, 0) + PIECES[piece][1]
     return need
 
