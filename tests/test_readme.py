@@ -67,8 +67,12 @@ def commands(block):
     return [line.split("#")[0].strip() for line in block.splitlines() if line.split("#")[0].strip()]
 
 
-def test_the_set_up_is_two_commands_and_ci_runs_the_second_verbatim():
-    assert commands(section(README, "Set-up").split("```")[1]) == ["make quick", "make test"]
+def test_the_set_up_is_the_articles_block_verbatim_then_two_commands_and_ci_runs_the_second_verbatim():
+    from conftest import ARTICLE
+
+    article = ARTICLE.read_text().split("Run it yourself", 1)[1].split("bashCopy\n\n", 1)[1].split("\n\n")[0]
+    assert commands(section(README, "Set-up").split("```")[1]) == article.splitlines()
+    assert commands(section(README, "Set-up").split("```")[3]) == ["make quick", "make test"]
     assert commands(section(README, "Tests").split("```")[1]) == ["make test"]
     assert commands((ROOT / ".ci" / "run").read_text())[-1] == "make test"
 

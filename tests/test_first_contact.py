@@ -1,0 +1,265 @@
+"""The articles' first contact, run for real against servers on 127.0.0.1 (tests/local_servers.py): olah serving the
+articles' Hub ids as stand-ins, and the tests' own server holding an archive in imagenette2-160's layout and counts
+and passing the Hub's requests on, failing where a test tells it to.
+
+- The job online from empty caches, its Part 3 scripts on a Python that has only the article's packages (datasets,
+  accelerate, psutil and matplotlib unimportable in them): each piece downloaded once, with a bar.
+- Offline after it (nothing answers, nothing says offline): the job plans no download, and each piece loads from
+  the caches.
+- Each fault of the Hub's server is one line, and nothing partial is taken for a file.
+"""
+import select
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+from local_servers import (
+    ARCHIVE_PATH,
+    HUB_IDS,
+    Faulty,
+    environment,
+    hub_repositories,
+    imagenette_archive,
+    start_olah,
+    stop,
+)
+
+# The least work each script's sections can do: these tests are about what is downloaded and read, not the numbers.
+FAST = [token for extra in ["posemb=--per-class 1 --batch-size 16 --resolution 64",
+                            "fewshot=--per-class 1 --no-cache --shots 1 --draws 1 --resolution 64",
+                            "finetune=--resolution 32 --steps 2 --pause-at 1 --batch-size 8 --check-per-class 1",
+                            "backbone=--per-class 1 --batch-size 4 --probe-epochs 1 --epochs 1 --no-cache"]
+        for token in ("--extra", extra)]
+# A Python with only the article's packages (pip install torch transformers safetensors scipy pillow), for the Part 3
+# scripts alone: the job and the backbone need what requirements.txt names.
+ARTICLE_ONLY = '''import os, sys
+if os.path.basename(sys.argv[0]).startswith("vit_part3_"):
+    for name in ("datasets", "accelerate", "psutil", "matplotlib"):
+        sys.modules[name] = None  # import raises ModuleNotFoundError, importlib.util.find_spec answers None
+'''
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    """olah behind the tests' own server (HF_ENDPOINT's), and a second one holding the archive."""
+    root = tmp_path_factory.mktemp("servers")
+    (root / "olah").mkdir()
+    olah, port = start_olah(hub_repositories(root), root / "olah")
+    hub, archive = Faulty(upstream=("127.0.0.1", port)), Faulty()
+    data, md5 = imagenette_archive()
+    archive.files[ARCHIVE_PATH] = data
+    yield {"hub": hub, "archive": archive, "archive url": f"{archive.url}{ARCHIVE_PATH}#md5={md5}", "root": root}
+    hub.close()
+    archive.close()
+    stop(olah)
+
+
+def closed_port():
+    """An address where nothing listens: a server stopped."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}"
+
+
+def run(command, env, timeout=600):
+    done = subprocess.run([sys.executable, *command], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+    return done.returncode, done.stdout, done.stderr
+
+
+@pytest.fixture(scope="module")
+def jobs(servers, tmp_path_factory):
+    """The quick job online from empty caches, the Part 3 scripts with the article's packages alone, and the requests
+    it made; then the same job with --force where nothing answers, stopped once its plan is said."""
+    home, out = tmp_path_factory.mktemp("online"), tmp_path_factory.mktemp("job") / "results"
+    site = tmp_path_factory.mktemp("article-only")
+    (site / "sitecustomize.py").write_text(ARTICLE_ONLY)
+    for server in (servers["hub"], servers["archive"]):
+        server.requests.clear()
+    command = ["reproduce.py", str(out), "--quick", "--device", "cpu", *FAST]
+    online = run(command, {**environment(servers["hub"].url, servers["archive url"], home), "PYTHONPATH": str(site)})
+    requests = servers["hub"].requests + servers["archive"].requests
+    gone = closed_port()
+    offline_env = environment(gone, gone + ARCHIVE_PATH, home)
+    planned = subprocess.Popen([sys.executable, *command, "--force"], cwd=ROOT, env=offline_env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    plan = []
+    for line in planned.stderr:  # bounded: the job ends after its five scripts at the latest
+        plan.append(line)
+        if line.startswith("[1/5]"):
+            planned.send_signal(signal.SIGTERM)
+            break
+    planned.communicate(timeout=300)
+    return {"online": online, "requests": requests, "plan": "".join(plan), "out": out, "home": home,
+            "offline env": offline_env}
+
+
+def whole_downloads(requests):
+    """{path: count} of the GETs of a whole file (not a header's range) of the Hub's repositories and the archive."""
+    counts = {}
+    for method, path, asked in requests:
+        if method == "GET" and not asked and ("/resolve/" in path or path == ARCHIVE_PATH):
+            counts[path] = counts.get(path, 0) + 1
+    return counts
+
+
+def test_the_job_online_from_empty_caches_downloads_each_piece_once_with_a_bar(jobs, servers):
+    status, stdout, stderr = jobs["online"]
+    assert status == 0, stderr[-3000:]
+    downloads = whole_downloads(jobs["requests"])
+    assert set(downloads.values()) == {1}, downloads  # none twice
+    weights = {path.split("/resolve/")[0].lstrip("/") for path in downloads if path.endswith("model.safetensors")}
+    assert weights == {HUB_IDS[name].split("/", 1)[1] for name in ("vit", "in21k", "resnet")}
+    assert [path for path in downloads if path.endswith(".parquet")] == [
+        f"/{HUB_IDS['beans']}/resolve/main/data/{split}-00000-of-00001.parquet" for split in ("train", "validation")]
+    assert ARCHIVE_PATH in downloads
+    for bar in ["downloading imagenette2-160.tgz: 100%", "model.safetensors: 100%",
+                "train-00000-of-00001.parquet: 100%", "validation-00000-of-00001.parquet: 100%"]:
+        assert bar in stderr, bar
+    assert (jobs["out"] / "report.md").is_file() and "page: " in stdout
+
+
+def test_the_part3_scripts_run_every_section_with_the_articles_packages_alone(jobs):
+    """`pip install torch transformers safetensors scipy pillow`: no datasets, accelerate, psutil or matplotlib in
+    the Part 3 scripts' processes (the job and the backbone have requirements.txt's)."""
+    _, stdout, stderr = jobs["online"]
+    sections = [line.split(" | ")[1].strip().split(" of ") for line in stdout.splitlines()
+                if line.startswith("vit_") and " | " in line]
+    assert len(sections) == 5 and all(run == of for run, of in sections), sections  # every section of each
+    assert stderr.count("figures: matplotlib is not installed (pip install matplotlib); no figure saved") >= 4
+    assert "Traceback" not in stdout + stderr
+
+
+def test_a_mirror_is_named_in_the_job_and_the_hub_never(jobs, servers):
+    _, stdout, stderr = jobs["online"]
+    assert (f"from mirrors: the Hub's files from the mirror {servers['hub'].url} (HF_ENDPOINT) and Imagenette's "
+            f"archive from {servers['archive url'].split('#')[0]} (VIT_PART3_IMAGENETTE_URL)") in stderr
+    assert "huggingface.co" not in stdout + stderr
+    assert "s3.amazonaws.com" not in stdout + stderr
+
+
+LOADS = """import sys
+from transformers import AutoModel, ViTImageProcessor
+from common import beans, imagenette
+from common.checkpoints import load_pretrained
+for name in ("google/vit-base-patch16-224", "google/vit-base-patch16-224-in21k", "microsoft/resnet-50"):
+    load_pretrained(AutoModel, name)
+load_pretrained(ViTImageProcessor, "google/vit-base-patch16-224")
+splits = beans.load()
+print("loaded", len(splits["train"]), len(splits["validation"]), len(imagenette.load_splits(None, {"val": 1})["val"]))
+"""
+
+
+def test_offline_after_one_download_every_piece_is_read_from_the_caches(jobs):
+    """Nothing answers where HF_ENDPOINT and VIT_PART3_IMAGENETTE_URL point, nothing says offline: the job plans no
+    download, and each checkpoint, beans and Imagenette load as the scripts load them."""
+    assert "to download: nothing, the checkpoints and datasets the job needs are here" in jobs["plan"], jobs["plan"]
+    status, stdout, stderr = run(["-c", LOADS], jobs["offline env"], timeout=300)
+    assert status == 0 and stdout.split()[-4:] == ["loaded", "12", "6", "10"], stderr[-3000:]
+
+
+# ---------------------------------------------------------------- the Hub's server failing
+
+CLIENT = """import sys
+from transformers import AutoModel
+from common.checkpoints import load_pretrained
+from common.errors import UserError
+for name in sys.stdin:
+    try:
+        load_pretrained(AutoModel, name.strip())
+        print("loaded", flush=True)
+    except UserError as error:
+        print(f"error: {error}", flush=True)
+"""
+
+
+class Client:
+    """One process loading a checkpoint by its id for each line it is sent, as a script does (common/checkpoints.py),
+    from the Hub's server into a cache of its own: the faults' table without a Python start each."""
+
+    def __init__(self, hub, home):
+        self.home = home
+        env = {**environment(hub.url, "http://127.0.0.1:9/unused.tgz", home), "HF_HUB_ETAG_TIMEOUT": "2"}
+        self.process = subprocess.Popen([sys.executable, "-c", CLIENT], cwd=ROOT, env=env, stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+    def load(self, name):
+        self.process.stdin.write(name + "\n")
+        self.process.stdin.flush()
+        ready, _, _ = select.select([self.process.stdout], [], [], 240)  # the library's retries, on a loaded machine
+        assert ready, f"no answer about {name} in 240 s"
+        return self.process.stdout.readline().rstrip("\n")
+
+    def close(self):
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def client(servers, tmp_path_factory):
+    started = Client(servers["hub"], tmp_path_factory.mktemp("client"))
+    yield started
+    started.close()
+
+
+@pytest.fixture
+def hub(servers):
+    """The Hub's server with the faults a test appends, cleared after it."""
+    servers["hub"].faults.clear()
+    servers["hub"].requests.clear()
+    yield servers["hub"]
+    servers["hub"].faults.clear()
+
+
+TROUBLE = "{hub} answered {answer} when asked for checkpoint {model}: the server has trouble, try again later"
+FAULTS = [  # (the server's fault, the one line about the checkpoint)
+    ({"path": "/", "kind": "status", "code": 500}, TROUBLE.replace("{answer}", "500 Internal Server Error")),
+    ({"path": "/", "kind": "status", "code": 503}, TROUBLE.replace("{answer}", "503 Service Unavailable")),
+    ({"path": "/", "kind": "status", "code": 429}, TROUBLE.replace("{answer}", "429 Too Many Requests")),
+    ({"path": "/", "kind": "stall"}, ("checkpoint {model} is not in the local Hugging Face cache and {hub} did not "
+                                      "answer within 2 s: connect to the internet once to download it, or pass "
+                                      "--model with a local directory")),
+]
+
+
+@pytest.mark.parametrize("fault,line", FAULTS, ids=["500", "503", "429", "silence"])
+def test_a_server_error_or_silence_is_one_line_and_nothing_is_kept(hub, client, servers, fault, line):
+    model = "google/vit-base-patch16-224"
+    hub.faults.append({**fault, "times": 100})
+    assert client.load(model) == "error: " + line.format(hub=f"the Hub mirror {hub.url}", model=model)
+    assert not [path for _, path, _ in hub.requests if "/resolve/" in path]  # not one file asked for
+
+
+def test_an_unknown_id_is_one_line_naming_it_from_the_script(hub, servers, tmp_path):
+    pictures = servers["root"] / "built" / "pictures"
+    if not pictures.exists():
+        from job.standins import imagenette_folder
+
+        imagenette_folder(pictures, per_class=1)
+    status, _, stderr = run(["vit_part3_posemb.py", "--model", "google/no-such-model", "--data-dir", str(pictures),
+                             "--per-class", "1"], environment(hub.url, servers["archive url"], tmp_path), timeout=300)
+    lines = stderr.splitlines()
+    said = lines[next(k for k, line in enumerate(lines) if "section(s) could not run" in line) + 1]
+    expected = f"checkpoint google/no-such-model does not exist on the Hub mirror {hub.url}; check the name"
+    assert status == 1 and said == f"  {expected}"
+
+
+def test_a_weight_file_cut_off_is_continued_by_the_next_run_and_never_used_partial(hub, client, servers):
+    """The line drops half-way through the weights on every try the library makes (5 retries): one line; the next
+    try, the line whole again, completes, the file's bytes the repository's."""
+    import hashlib
+
+    model = "google/vit-base-patch16-224-in21k"
+    hub.faults.append({"path": "/model.safetensors", "kind": "drop", "times": 100})
+    line = client.load(model)
+    assert line.startswith(f"error: checkpoint {model}: downloading model.safetensors from the Hub mirror {hub.url} "
+                           f"failed (") and line.endswith("): run again to continue it"), line
+    hub.faults.clear()
+    assert client.load(model) == "loaded"
+    cached = list((client.home / "hf" / "hub").glob("models--google--vit-base-patch16-224-in21k/**/model.safetensors"))
+    source = servers["root"] / "built" / "in21k" / "model.safetensors"
+    assert [hashlib.sha256(path.read_bytes()).hexdigest() for path in cached] == [
+        hashlib.sha256(source.read_bytes()).hexdigest()]  # one file, whole: no part was taken for it
