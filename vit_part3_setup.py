@@ -235,7 +235,8 @@ def section_hybrid(run, report):
     from transformers import ResNetConfig, ResNetModel
 
     try:  # microsoft/resnet-50 if cached or reachable, else random weights: the stage shapes do not depend on them
-        model, model_name = load_pretrained(ResNetModel, "microsoft/resnet-50").eval(), "microsoft/resnet-50"
+        model = load_pretrained(ResNetModel, "microsoft/resnet-50", fix="run once online to download it").eval()
+        model_name = "microsoft/resnet-50"
     except UserError as problem:
         torch.manual_seed(0)  # ResNetConfig's defaults are ResNet-50: bottleneck blocks, depths 3-4-6-3
         why = "microsoft/resnet-50 is not cached" if hub_offline() else problem

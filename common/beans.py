@@ -44,11 +44,15 @@ def from_hub(name):
             if file == "README.md" or (file.endswith(".parquet") and Path(file).name.startswith(SPLITS)):
                 hub_download(name, file, "dataset")
     try:
-        return from_folder(snapshot_download(name, repo_type="dataset", local_files_only=True), name)
-    except LocalEntryNotFoundError as error:
+        snapshot = Path(snapshot_download(name, repo_type="dataset", local_files_only=True))
+    except LocalEntryNotFoundError:
+        snapshot = None
+    if snapshot is None or not all(any(snapshot.rglob(f"{split}*.parquet")) for split in SPLITS):
+        why = why or "the Hub's copy has no parquet file of the train or the validation split"
         raise UserError(f"dataset {name} is not in the local Hugging Face cache and {why}: connect to the internet "
                         f"once to download it (about {MEGABYTES} MB) into the Hugging Face cache, or pass --data-dir "
-                        f"with a local copy of its files") from error
+                        f"with a local copy of its files")
+    return from_folder(snapshot, name)
 
 
 def from_folder(folder, where):

@@ -15,6 +15,10 @@ def hub_offline():
 HUB_ENDPOINT = "https://huggingface.co"
 
 
+class HubTrouble(UserError):
+    """The Hub (or its mirror) answered an error status, 429 or 5xx: a passing trouble of the server."""
+
+
 def hub_name():
     """The Hugging Face Hub, or the mirror HF_ENDPOINT names: every line about a download names the server it asks."""
     from huggingface_hub import constants
@@ -42,9 +46,12 @@ def ask_hub(name, repo_type="model"):
     except RepositoryNotFoundError as error:
         raise UserError(f"{what} {name} does not exist on {hub}; check the name") from error
     except HfHubHTTPError as error:
-        answer = f"{error.response.status_code} {error.response.reason_phrase}" if error.response else "an error"
-        raise UserError(f"{hub} answered {answer} when asked for {what} {name}: the server has trouble, try again "
-                        f"later") from error
+        status = getattr(error.response, "status_code", None)
+        answer = f"{hub} answered {status} {error.response.reason_phrase}" if status else f"{hub} answered an error"
+        if status in (401, 403):  # a token that is wrong or has expired
+            raise UserError(f"{answer} when asked for {what} {name}: check HF_TOKEN, or log in (hf auth "
+                            f"login)") from error
+        raise HubTrouble(f"{answer} when asked for {what} {name}: the server has trouble, try again later") from error
     except Exception as error:  # noqa: BLE001 - any other failure to reach the Hub means: do not try to download
         if "Timeout" in type(error).__name__:  # the HTTP client's (httpx's ReadTimeout, ConnectTimeout, ...)
             return None, f"{hub} did not answer within {seconds:g} s"
@@ -52,7 +59,12 @@ def ask_hub(name, repo_type="model"):
 
 
 def hub_reachable(name, repo_type="model"):
-    return ask_hub(name, repo_type)[0] is not None
+    """Whether name can be downloaded now (ask_hub); a server in trouble counts as one that cannot be reached, so
+    that the job plans without it and a check of a folder's files says it could not check them."""
+    try:
+        return ask_hub(name, repo_type)[0] is not None
+    except HubTrouble:
+        return False
 
 
 def hub_download(name, file, repo_type="model"):
@@ -66,7 +78,7 @@ def hub_download(name, file, repo_type="model"):
         return hf_hub_download(name, file, repo_type=repo_type, tqdm_class=tqdm)
     except Exception as error:  # the library's and its HTTP client's errors alike, said in one line
         raise UserError(f"{'dataset' if repo_type == 'dataset' else 'checkpoint'} {name}: downloading {file} from "
-                        f"{hub_name()} failed ({download_error(error)}): run again to continue it") from error
+                        f"{hub_name()} failed ({download_error(error)}): run again") from error
 
 
 def check_model_flag(name):
@@ -98,9 +110,13 @@ def checkpoint_config(name):
         return None
 
 
-def load_pretrained(model_class, name, **kwargs):
+LOCAL_COPY = "connect to the internet once to download it, or pass --model with a local directory"
+
+
+def load_pretrained(model_class, name, fix=LOCAL_COPY, **kwargs):
     """model_class.from_pretrained(name) from a local directory, the cache (so offline after one download), or the
-    Hub; the library's notes on loading silenced (the scripts say them in their words)."""
+    Hub; the library's notes on loading silenced (the scripts say them in their words). fix: what the line on a
+    checkpoint neither cached nor to be downloaded tells the user to do."""
     from transformers.utils import logging
 
     check_model_flag(name)
@@ -118,8 +134,7 @@ def load_pretrained(model_class, name, **kwargs):
             pass
         info, why = ask_hub(name)
         if info is None:
-            raise UserError(f"checkpoint {name} is not in the local Hugging Face cache and {why}: connect to the "
-                            f"internet once to download it, or pass --model with a local directory")
+            raise UserError(f"checkpoint {name} is not in the local Hugging Face cache and {why}: {fix}")
         files = {sibling.rfilename for sibling in info.siblings or []}
         weights = next((file for file in WEIGHT_FILES if file in files), None)
         if weights:  # the large file with a bar of its own; from_pretrained then takes it from the cache
@@ -128,7 +143,7 @@ def load_pretrained(model_class, name, **kwargs):
             return model_class.from_pretrained(name, **kwargs)
         except OSError as error:  # the library's own retries spent: a dropped line, an error status, silence
             raise UserError(f"checkpoint {name}: the download from {hub_name()} failed ({download_error(error)}): "
-                            f"run again to continue it") from error
+                            f"run again") from error
     finally:
         logging.set_verbosity(level)
 
@@ -208,9 +223,12 @@ def published_hashes(repo, files):
         return {file: os.path.basename(os.path.realpath(path)) for file, path in cached.items()}  # the blob's name
     if not hub_reachable(repo):
         return None
-    from huggingface_hub import HfApi
+    from huggingface_hub import HfApi, constants
 
-    siblings = HfApi().model_info(repo, files_metadata=True, timeout=10).siblings or []
+    try:
+        siblings = HfApi().model_info(repo, files_metadata=True, timeout=constants.HF_HUB_ETAG_TIMEOUT).siblings or []
+    except Exception:  # noqa: BLE001 - the Hub stopped answering between two calls: it cannot say
+        return None
     return {sibling.rfilename: sibling.lfs.sha256 if sibling.lfs else sibling.blob_id for sibling in siblings
             if sibling.rfilename in files}
 

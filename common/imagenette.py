@@ -24,7 +24,8 @@ from common.verdicts import subset_differences
 URL = "https://s3.amazonaws.com/fast-ai-imageclas/imagenette2-160.tgz"
 MD5 = "e793b78cc4c9e9a4ccc0c1155377a412"  # the release's, as torchvision's Imagenette publishes it for URL
 URL_VARIABLE = "VIT_PART3_IMAGENETTE_URL"  # a mirror of the archive (a test's server, a local copy)
-ARCHIVE_MB = 99  # 99,003,388 bytes; MB are 10^6 bytes, as every size the project states (94 MiB)
+ARCHIVE_BYTES = 99_003_388  # the release's archive
+ARCHIVE_MB = 99  # MB are 10^6 bytes, as every size the project states (94 MiB)
 SPLIT_COUNTS = {"train": 9_469, "val": 3_925}
 PICTURE_SIDE = 160  # imagenette2-160: every picture is 160 px on its short side
 SAMPLE_SEED = 0  # the draw of --per-class's validation pictures, where they are a sample: the same in every run
@@ -125,13 +126,17 @@ class DownloadError(Exception):
 
 
 def archive_source():
-    """(url, md5) of the archive: URL, or the mirror VIT_PART3_IMAGENETTE_URL names (as HF_ENDPOINT names the Hub's);
-    a mirror serves the release, checked by MD5, unless its URL ends in pip's '#md5=<32 hex digits>'."""
+    """(url, md5) of the archive: URL, or the mirror VIT_PART3_IMAGENETTE_URL names (as HF_ENDPOINT names the Hub's:
+    http, https or file); a mirror serves the release, checked by MD5, unless its URL ends in pip's '#md5=<32 hex
+    digits>'."""
     url, _, fragment = (os.environ.get(URL_VARIABLE) or URL).partition("#")
     md5 = fragment.removeprefix("md5=")
     if fragment and not (fragment.startswith("md5=") and len(md5) == 32 and set(md5) <= set("0123456789abcdef")):
         raise UserError(f"{URL_VARIABLE}={os.environ[URL_VARIABLE]}: its '#' part must be md5= and the archive's 32 "
                         f"hex digits, or nothing (the release's MD5)")
+    if urllib.parse.urlparse(url).scheme not in ("http", "https", "file"):
+        raise UserError(f"{URL_VARIABLE}={url}: not an http, https or file URL (a file on disk: "
+                        f"file://{Path(url).expanduser().resolve()})")
     return url, md5 or MD5
 
 
@@ -146,24 +151,25 @@ def timeout_seconds():
 def download(url, md5, archive, progress=True):
     """url into the file archive, whole and checked by its MD5 or not at all. The bytes go to archive.part first: a
     connection that drops leaves them for the next run, which asks for the rest with an HTTP Range request (a server
-    that ignores it sends the whole file again); two runs take turns (flock). Renamed into place when its MD5 is
-    md5; a wrong file is deleted."""
+    that ignores it sends the whole file again). Two runs take turns (folder_lock). Renamed into place when its MD5
+    is md5; a wrong file is deleted."""
     part = archive.with_name(archive.name + ".part")
-    with open(part, "ab") as out:
-        with contextlib.suppress(ImportError):  # where the system has no flock (Windows) nothing is locked
-            import fcntl
-
-            fcntl.flock(out, fcntl.LOCK_EX)  # another run downloading into the same data/ holds it until it is done
+    with folder_lock(archive.parent):
         if archive.exists():
             return  # that run finished it meanwhile
         try:
-            fetch_rest(url, out, part, progress)
-        except DownloadError:
-            if out.tell() == 0:
-                part.unlink(missing_ok=True)  # nothing to continue from
+            with open(part, "ab") as out:
+                fetch_rest(url, out, part, md5, progress)
+                out.flush()
+                os.fsync(out.fileno())
+        except UserError:  # the disk: what could not be written is not kept
+            part.unlink(missing_ok=True)
             raise
-        out.flush()
-        os.fsync(out.fileno())
+        finally:
+            if part.exists() and part.stat().st_size == 0:
+                part.unlink()  # nothing to continue from
+        if not part.exists():
+            raise DownloadError(f"{urllib.parse.urlparse(url).netloc or url} sent an empty file")
         found = file_md5(part)
         if found != md5:
             part.unlink()
@@ -171,9 +177,27 @@ def download(url, md5, archive, progress=True):
         os.replace(part, archive)
 
 
-def fetch_rest(url, out, part, progress):
+@contextlib.contextmanager
+def folder_lock(folder):
+    """Held by one process at a time: flock on the folder itself, which is never deleted (a lock on the part file
+    could be taken on a file another run has just deleted); where the system has no flock (Windows), nothing."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    handle = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # another run downloading into the same data/ holds it until it is done
+        yield
+    finally:
+        os.close(handle)  # the lock goes with it
+
+
+def fetch_rest(url, out, part, md5, progress):
     """What url has beyond the bytes out holds, appended to out (the whole file where the server ignores Range);
-    a failure of the network is a DownloadError in the user's words, the bytes so far kept."""
+    a failure of the network is a DownloadError in the user's words, the bytes so far kept. The whole size: the
+    server's Content-Length or Content-Range, else the release's when its MD5 is asked for."""
     import http.client
 
     from tqdm import tqdm
@@ -183,35 +207,42 @@ def fetch_rest(url, out, part, progress):
     try:
         with urllib.request.urlopen(request, timeout=timeout_seconds()) as response:
             if have and response.status != 206:  # the whole file again: start over
-                out.truncate(have := 0)
+                out.truncate(0)
+                have = out.seek(0)
+            whole = response.headers.get("Content-Range", "").rpartition("/")[2]
             size = int(response.headers.get("Content-Length") or 0)
-            total = have + size if size else None
+            total = int(whole) if whole.isdigit() else have + size if size else ARCHIVE_BYTES if md5 == MD5 else None
             with tqdm(total=total, initial=have, unit="B", unit_scale=True, desc=f"downloading {Path(part).stem}",
                       disable=not progress, file=sys.stderr) as bar:
                 while block := response.read(1 << 20):
                     write_block(out, block, part)
                     bar.update(len(block))
             if total and out.tell() < total:
-                raise DownloadError(f"the connection to {host} closed after {out.tell():,} of {total:,} bytes")
+                raise DownloadError(f"the connection to {host} closed after {out.tell():,} of {total:,} bytes: run "
+                                    f"again to continue it")
     except urllib.error.HTTPError as error:
         if error.code == 416 and have:  # nothing beyond what the part holds: its MD5 decides
             return
-        again = "try again later" if error.code in (429, 500, 502, 503, 504) else f"check {URL_VARIABLE}"
+        if error.code in (429, 500, 502, 503, 504):
+            again = "the server has trouble, try again later"
+        elif os.environ.get(URL_VARIABLE):
+            again = f"check {URL_VARIABLE}"
+        else:
+            again = f"the release may have moved: set {URL_VARIABLE} to a copy of it, or pass --data-dir"
         raise DownloadError(f"{host} answered {error.code} {error.reason}: {again}") from error
-    except TimeoutError as error:
-        raise DownloadError(f"{host} did not answer within {timeout_seconds():g} s: try again later") from error
-    except (OSError, EOFError, http.client.HTTPException) as error:  # refused, or dropped mid-way
+    except (OSError, EOFError, ValueError, http.client.HTTPException) as error:  # refused, silent, dropped mid-way
+        if isinstance(error, TimeoutError) or isinstance(getattr(error, "reason", None), TimeoutError):
+            raise DownloadError(f"{host} did not answer within {timeout_seconds():g} s: try again later") from error
         raise DownloadError(f"{host}: {reason(error)}") from error
 
 
 def write_block(out, block, part):
-    """A block of the download into the part file; a full or read-only disk removes the part (it could not finish)
-    and is a UserError, as every write the scripts make (common/files.py)."""
+    """A block of the download into the part file; a full or read-only disk is a UserError, as every write the
+    scripts make (common/files.py), and download() removes the part (it could not finish)."""
     try:
         out.write(block)
         out.flush()
     except OSError as error:
-        part.unlink(missing_ok=True)
         raise UserError(f"cannot write the download {part}: {reason(error)}") from error
 
 

@@ -26,6 +26,8 @@ os.environ["HF_HOME"] = _cache
 os.environ["HF_HUB_CACHE"] = os.path.join(_cache, "hub")
 os.environ["VIT_PART3_DATA"] = os.path.join(_cache, "data")  # downloads and caches (common/paths.py), not data/
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+for _variable in ("NO_PROXY", "no_proxy"):  # the servers on 127.0.0.1 are asked directly, whatever proxy is set
+    os.environ[_variable] = "127.0.0.1,localhost"
 
 try:  # the datasets library's log handler keeps the sys.stderr of its first import: here, the session's. First
     # imported in a test with capsys, it would keep that test's stream, closed after it, and a later test's log line

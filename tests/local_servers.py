@@ -36,6 +36,7 @@ class Faulty(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), Handler)
         self.upstream, self.files, self.faults, self.requests = upstream, {}, [], []
         self.ranges = True  # False: a server that ignores Range requests
+        self.lengths = True  # False: a server that says no Content-Length of its files (and closes to end one)
         self.stop = threading.Event()
         self.lock = threading.Lock()
         threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
@@ -88,6 +89,9 @@ class Handler(BaseHTTPRequestHandler):
             status, headers, content = ranged(server.files[path], server.ranges and self.headers.get("Range"))
         else:
             status, headers, content = self.from_upstream(body)
+        if path in server.files and not server.lengths:
+            headers = [(name, value) for name, value in headers if name != "Content-Length"]
+            self.close_connection = True  # the end of the body is the end of the connection
         self.send_response(status)
         for name, value in headers:
             self.send_header(name, value)
@@ -258,4 +262,4 @@ def environment(hub_url, archive_url, home):
                                                                              "HF_DATASETS_OFFLINE")}
     return {**env, "HF_ENDPOINT": hub_url, "VIT_PART3_IMAGENETTE_URL": archive_url, "HF_HOME": str(home / "hf"),
             "HF_HUB_CACHE": str(home / "hf" / "hub"), "VIT_PART3_DATA": str(home / "data"),
-            "HF_HUB_DOWNLOAD_TIMEOUT": "3", "HF_HUB_ETAG_TIMEOUT": "3", "NO_PROXY": "127.0.0.1"}
+            "HF_HUB_DOWNLOAD_TIMEOUT": "30", "HF_HUB_ETAG_TIMEOUT": "30"}

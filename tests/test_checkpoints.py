@@ -159,3 +159,49 @@ def test_a_model_flag_is_a_directory_or_a_hub_id_by_the_hubs_rule(tmp_path, monk
         with pytest.raises(UserError, match=rf"^--model {name}: the directory {what}; pass a saved checkpoint "
                                             rf"directory or a Hub id$"):
             check_model_flag(name)
+
+
+# ---------------------------------------------------------------- the one probe: what the Hub answers, in one line
+
+TOKEN = "answered {} when asked for checkpoint a/b: check HF_TOKEN, or log in (hf auth login)"
+TROUBLE = "answered {} when asked for checkpoint a/b: the server has trouble, try again later"
+PROBES = [  # (the server's fault, what ask_hub answers: (None, why) or the UserError's line)
+    ({"kind": "status", "code": 401}, TOKEN.format("401 Unauthorized")),
+    ({"kind": "status", "code": 403}, TOKEN.format("403 Forbidden")),
+    ({"kind": "status", "code": 500}, TROUBLE.format("500 Internal Server Error")),
+    ({"kind": "status", "code": 503}, TROUBLE.format("503 Service Unavailable")),
+    ({"kind": "status", "code": 429}, TROUBLE.format("429 Too Many Requests")),
+    ({"kind": "stall"}, (None, "did not answer within 1 s")),
+]
+
+@pytest.mark.parametrize("fault,answer", PROBES, ids=["401", "403", "500", "503", "429", "silence"])
+def test_the_probe_says_what_the_hub_answered_naming_the_mirror(monkeypatch, fault, answer):
+    """A token refused is the user's to fix; 429 and 5xx are the server's trouble (hub_reachable: not reachable, so
+    the job plans without it); silence past HF_HUB_ETAG_TIMEOUT is a reason, not a hang."""
+    from local_servers import Faulty
+
+    server = Faulty()
+    try:
+        server.faults.append({"path": "/", "times": 100, **fault})
+        monkeypatch.setattr(constants, "ENDPOINT", server.url)
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(constants, "HF_HUB_ETAG_TIMEOUT", 1)
+        hub = f"the Hub mirror {server.url}"
+        if isinstance(answer, tuple):
+            assert checkpoints.ask_hub("a/b") == (None, f"{hub} {answer[1]}")
+        else:
+            with pytest.raises(UserError) as error:
+                checkpoints.ask_hub("a/b")
+            assert str(error.value) == f"{hub} {answer}"
+            trouble = fault["code"] in (429, 500, 503)
+            assert isinstance(error.value, checkpoints.HubTrouble) == trouble
+            if trouble:
+                assert checkpoints.hub_reachable("a/b") is False
+    finally:
+        server.close()
+
+
+def test_the_probe_names_a_server_that_cannot_be_reached(monkeypatch):
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    assert checkpoints.ask_hub("a/b") == (None, "the Hub mirror http://127.0.0.1:9 cannot be reached")

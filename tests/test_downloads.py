@@ -4,8 +4,10 @@ with nothing half-written kept. The Hub's downloads: tests/test_first_contact.py
 import hashlib
 import io
 import os
+import re
+import subprocess
+import sys
 import tarfile
-from pathlib import Path
 
 import pytest
 from local_servers import ARCHIVE_PATH, Faulty, imagenette_archive
@@ -48,7 +50,7 @@ def test_a_dropped_connection_is_continued_with_a_range_request(served, tmp_path
     archive, part = tmp_path / "file.tgz", tmp_path / "file.tgz.part"
     served.faults.append({"path": "/file.bin", "kind": "drop"})
     with pytest.raises(imagenette.DownloadError, match=f"the connection to 127.0.0.1:{served.server_address[1]} "
-                                                       f"closed after|127.0.0.1"):
+                                                       f"closed after [0-9,]+ of 3,145,728 bytes: run again"):
         download(f"{served.url}/file.bin", MD5, archive, progress=False)
     kept = part.stat().st_size
     assert not archive.exists() and 0 < kept < len(CONTENT)  # never taken for the archive
@@ -68,22 +70,62 @@ def test_a_server_that_ignores_the_range_sends_the_whole_file_again(served, tmp_
     assert archive.read_bytes() == CONTENT
 
 
-FAULTS = [  # (the server's fault, what the one line says)
-    ({"kind": "status", "code": 404}, "answered 404 Not Found: check VIT_PART3_IMAGENETTE_URL"),
-    ({"kind": "status", "code": 500}, "answered 500 Internal Server Error: try again later"),
-    ({"kind": "status", "code": 503}, "answered 503 Service Unavailable: try again later"),
-    ({"kind": "status", "code": 429}, "answered 429 Too Many Requests: try again later"),
-    ({"kind": "stall"}, "did not answer within 2 s: try again later"),
+TROUBLE = "the server has trouble, try again later"
+FAULTS = [  # (the server's fault, VIT_PART3_IMAGENETTE_URL set, what the one line says)
+    ({"kind": "status", "code": 404}, True, "answered 404 Not Found: check VIT_PART3_IMAGENETTE_URL"),
+    ({"kind": "status", "code": 404}, False, ("answered 404 Not Found: the release may have moved: set "
+                                              "VIT_PART3_IMAGENETTE_URL to a copy of it, or pass --data-dir")),
+    ({"kind": "status", "code": 500}, True, f"answered 500 Internal Server Error: {TROUBLE}"),
+    ({"kind": "status", "code": 503}, True, f"answered 503 Service Unavailable: {TROUBLE}"),
+    ({"kind": "status", "code": 429}, True, f"answered 429 Too Many Requests: {TROUBLE}"),
+    ({"kind": "stall"}, True, "did not answer within 2 s: try again later"),
 ]
 
 
-@pytest.mark.parametrize("fault,line", FAULTS, ids=[line.split(":")[0] for _, line in FAULTS])
-def test_a_server_error_or_silence_is_one_line_and_nothing_is_kept(served, tmp_path, fault, line):
+@pytest.mark.parametrize("fault,mirror,line", FAULTS, ids=["404 mirror", "404 release", "500", "503", "429", "silence"])
+def test_a_server_error_or_silence_is_one_line_and_nothing_is_kept(served, tmp_path, monkeypatch, fault, mirror, line):
+    if mirror:
+        monkeypatch.setenv("VIT_PART3_IMAGENETTE_URL", f"{served.url}/file.bin")
+    else:
+        monkeypatch.delenv("VIT_PART3_IMAGENETTE_URL", raising=False)
     served.faults.append({"path": "/file.bin", **fault})
     with pytest.raises(imagenette.DownloadError) as error:
         download(f"{served.url}/file.bin", MD5, tmp_path / "file.tgz", progress=False)
     assert str(error.value) == f"127.0.0.1:{served.server_address[1]} {line}"
-    assert os.listdir(tmp_path) == []
+    assert os.listdir(tmp_path) == []  # no part
+
+
+def test_an_error_status_keeps_the_part_an_earlier_run_left(served, tmp_path):
+    part = tmp_path / "file.tgz.part"
+    part.write_bytes(CONTENT[:1000])
+    served.faults.append({"path": "/file.bin", "kind": "status", "code": 503})
+    with pytest.raises(imagenette.DownloadError, match="503"):
+        download(f"{served.url}/file.bin", MD5, tmp_path / "file.tgz", progress=False)
+    assert part.read_bytes() == CONTENT[:1000]  # the next run continues it
+    download(f"{served.url}/file.bin", MD5, tmp_path / "file.tgz", progress=False)
+    assert served.requests[-1] == ("GET", "/file.bin", "bytes=1000-")
+
+
+def test_a_part_that_is_already_whole_is_checked_and_taken(served, tmp_path):
+    """The server answers 416 to a range past its end: the part holds the whole file, its MD5 decides."""
+    (tmp_path / "file.tgz.part").write_bytes(CONTENT)
+    download(f"{served.url}/file.bin", MD5, tmp_path / "file.tgz", progress=False)
+    assert served.requests[-1][2] == f"bytes={len(CONTENT)}-" and (tmp_path / "file.tgz").read_bytes() == CONTENT
+
+
+def test_a_release_cut_short_without_a_length_is_kept_to_continue(served, tmp_path, monkeypatch):
+    """A server that says no Content-Length and closes early: the release's own size (ARCHIVE_BYTES) tells the part
+    is short, so it is kept, not deleted as the wrong file."""
+    monkeypatch.setattr(imagenette, "ARCHIVE_BYTES", len(CONTENT))
+    monkeypatch.setattr(imagenette, "MD5", MD5)
+    served.lengths = False
+    served.faults.append({"path": "/file.bin", "kind": "drop"})
+    try:
+        with pytest.raises(imagenette.DownloadError, match="closed after"):
+            download(f"{served.url}/file.bin", MD5, tmp_path / "file.tgz", progress=False)
+    finally:
+        served.lengths = True
+    assert 0 < (tmp_path / "file.tgz.part").stat().st_size < len(CONTENT)
 
 
 def test_a_damaged_file_is_refused_by_its_md5_and_deleted(served, tmp_path):
@@ -128,10 +170,15 @@ def test_the_archive_named_by_the_variable_is_downloaded_checked_and_extracted_o
     assert [path for _, path, _ in served.requests] == [ARCHIVE_PATH]  # the second run downloaded nothing
 
 
-@pytest.mark.parametrize("value", ["http://127.0.0.1:9/a.tgz#sha256=00", "http://127.0.0.1:9/a.tgz#md5=123"])
-def test_a_fragment_other_than_an_md5_is_refused(monkeypatch, value):
+@pytest.mark.parametrize("value,refusal", [
+    ("http://127.0.0.1:9/a.tgz#sha256=00", "its '#' part must be md5= and the archive's 32 hex digits"),
+    ("http://127.0.0.1:9/a.tgz#md5=123", "its '#' part must be md5= and the archive's 32 hex digits"),
+    ("/srv/imagenette2-160.tgz", "not an http, https or file URL (a file on disk: file:///srv/imagenette2-160.tgz)"),
+    ("ftp://127.0.0.1/a.tgz", "not an http, https or file URL"),
+])
+def test_a_variable_that_is_no_url_of_an_archive_is_refused(monkeypatch, value, refusal):
     monkeypatch.setenv("VIT_PART3_IMAGENETTE_URL", value)
-    with pytest.raises(UserError, match="its '#' part must be md5= and the archive's 32 hex digits"):
+    with pytest.raises(UserError, match=re.escape(refusal)):
         imagenette.archive_source()
 
 
@@ -159,7 +206,7 @@ def tar_of(members):
 UNSAFE = [  # (a member the release never holds, as Python 3.11.0 to 3.11.3 would extract it without a filter)
     ("mine/train/a/link.JPEG", "symlink"),
     ("../outside.JPEG", "file"),
-    ("/absolute.JPEG", "file"),
+    ("{tmp}/absolute.JPEG", "file"),  # inside the test's folder, should a broken check write it
     ("mine/../../up.JPEG", "file"),
 ]
 
@@ -167,15 +214,25 @@ UNSAFE = [  # (a member the release never holds, as Python 3.11.0 to 3.11.3 woul
 @pytest.mark.parametrize("filtered", [True, False], ids=["data filter", "by hand (3.11.0-3.11.3)"])
 @pytest.mark.parametrize("member", UNSAFE, ids=[name for name, _ in UNSAFE])
 def test_an_unsafe_member_is_refused_with_and_without_tarfiles_filter(tmp_path, monkeypatch, filtered, member):
+    """The archive is otherwise in the layout (val/ too), so that only the member's refusal can stop it; the data
+    filter makes an absolute name relative, which lands inside, and the check by hand refuses it."""
     monkeypatch.setattr(imagenette, "DATA_FILTER", filtered)
-    data = tar_of([("mine/train/a/1.JPEG", "file"), member])
+    name, kind = member[0].format(tmp=tmp_path), member[1]
+    data = tar_of([("mine/train/a/1.JPEG", "file"), ("mine/val/a/1.JPEG", "file"), ("mine/train/b/1.JPEG", "file"),
+                   ("mine/val/b/1.JPEG", "file"), (name, kind)])
     archive = tmp_path / "in" / "mine.tgz"
     archive.parent.mkdir()
     archive.write_bytes(data)
-    with pytest.raises(UserError, match="could not extract it|its contents are not the release"):  # the filter
-        download_and_extract(archive.as_uri(), hashlib.md5(data).hexdigest(), tmp_path / "data" / "mine")  # strips /
-    outside = [tmp_path / "outside.JPEG", tmp_path / "up.JPEG", tmp_path / "data" / "up.JPEG", Path("/absolute.JPEG")]
-    assert not any(path.exists() for path in outside) and not (tmp_path / "data" / "mine").exists()
+    target = tmp_path / "data" / "mine"
+    if filtered and name.startswith("/"):  # the data filter: "absolute.JPEG" inside the folder, no harm
+        download_and_extract(archive.as_uri(), hashlib.md5(data).hexdigest(), target, progress=False)
+    else:
+        with pytest.raises(UserError, match="could not extract it") as refused:
+            download_and_extract(archive.as_uri(), hashlib.md5(data).hexdigest(), target, progress=False)
+        assert isinstance(refused.value.__cause__, tarfile.TarError) and not target.exists()
+    outside = [tmp_path / "outside.JPEG", tmp_path / "data" / "outside.JPEG", tmp_path / "up.JPEG",
+               tmp_path / "data" / "up.JPEG", tmp_path / "absolute.JPEG"]
+    assert not any(path.exists() for path in outside)
 
 
 def test_extraction_by_hand_gives_the_folders_the_data_filter_gives(tmp_path, monkeypatch):
@@ -191,3 +248,16 @@ def test_extraction_by_hand_gives_the_folders_the_data_filter_gives(tmp_path, mo
         extracted[filtered] = sorted(str(p.relative_to(tmp_path / str(filtered) / "out"))
                                      for p in (tmp_path / str(filtered) / "out").rglob("*"))
     assert extracted[True] == extracted[False] and "mine/train/b/2.JPEG" in extracted[False]
+
+
+def test_two_processes_downloading_into_one_folder_take_turns(served, tmp_path):
+    """Each waits for the other's download (a lock on the folder): both end with the archive whole, fetched once."""
+    from conftest import ROOT
+
+    code = ("import sys; from pathlib import Path; from common.imagenette import download; "
+            "download(sys.argv[1], sys.argv[2], Path(sys.argv[3]), progress=False)")
+    command = [sys.executable, "-c", code, f"{served.url}/file.bin", MD5, str(tmp_path / "file.tgz")]
+    both = [subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    assert [run.wait(timeout=120) for run in both] == [0, 0], [run.stderr.read() for run in both]
+    assert (tmp_path / "file.tgz").read_bytes() == CONTENT and os.listdir(tmp_path) == ["file.tgz"]
+    assert [request for request in served.requests if request[0] == "GET"] == [("GET", "/file.bin", None)]
