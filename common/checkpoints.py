@@ -7,9 +7,10 @@ from common.errors import UserError
 
 
 def hub_offline():
-    from huggingface_hub import constants
+    """huggingface_hub's own offline check (HF_HUB_OFFLINE=1), which every download of the scripts obeys."""
+    from huggingface_hub import is_offline_mode
 
-    return bool(constants.HF_HUB_OFFLINE)
+    return is_offline_mode()
 
 
 HUB_ENDPOINT = "https://huggingface.co"
