@@ -10,12 +10,12 @@ import sys
 import tarfile
 
 import pytest
-from local_servers import ARCHIVE_PATH, Faulty, imagenette_archive
+from local_servers import Faulty
 from test_faults import ENOSPC, FullFile
 
 from common import imagenette
 from common.errors import UserError
-from common.imagenette import SPLIT_COUNTS, download, download_and_extract, ensure_imagenette, list_split
+from common.imagenette import download, download_and_extract
 
 CONTENT = os.urandom(3 << 20)  # 3 MB: more than one block of the download's loop
 MD5 = hashlib.md5(CONTENT).hexdigest()
@@ -146,29 +146,8 @@ def test_a_full_disk_during_the_download_is_one_line_and_removes_the_part(served
     assert os.listdir(tmp_path) == []
 
 
-# ---------------------------------------------------------------- the release's archive, end to end
-
-@pytest.fixture(scope="module")
-def release(server):
-    """The server holding an archive in imagenette2-160's layout and counts: its URL with pip's #md5= fragment."""
-    data, md5 = imagenette_archive()
-    server.files[ARCHIVE_PATH] = data
-    return f"{server.url}{ARCHIVE_PATH}#md5={md5}"
-
-
-def test_the_archive_named_by_the_variable_is_downloaded_checked_and_extracted_once(served, release, tmp_path,
-                                                                                     monkeypatch):
-    from huggingface_hub import constants
-
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setenv("VIT_PART3_IMAGENETTE_URL", release)
-    monkeypatch.setattr(imagenette, "DEFAULT_DIR", tmp_path / "imagenette2-160")
-    root = ensure_imagenette()
-    assert {split: len(list_split(root, split)) for split in SPLIT_COUNTS} == SPLIT_COUNTS
-    assert os.listdir(tmp_path) == ["imagenette2-160"]  # no archive, part or scratch folder left
-    ensure_imagenette()
-    assert [path for _, path, _ in served.requests] == [ARCHIVE_PATH]  # the second run downloaded nothing
-
+# ---------------------------------------------------------------- the variable naming a mirror
+# (the release's layout and counts downloaded, checked and extracted end to end: the job in test_first_contact.py)
 
 @pytest.mark.parametrize("value,refusal", [
     ("http://127.0.0.1:9/a.tgz#sha256=00", "its '#' part must be md5= and the archive's 32 hex digits"),
