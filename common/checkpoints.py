@@ -71,7 +71,7 @@ def hub_reachable(name, repo_type="model"):
 def hub_download(name, file, repo_type="model"):
     """file of name into the Hugging Face cache, its path; with tqdm's own bar, which shows in a pipe too (the job
     relays its scripts' bars), where the library's hides. A failure once the library's retries are spent (a line
-    that drops, an error status, silence) is one line; a part it kept is continued by the next run."""
+    that drops, an error status, silence) is one line; the library never takes a part for the file."""
     from huggingface_hub import hf_hub_download
     from tqdm import tqdm
 

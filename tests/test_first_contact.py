@@ -2,8 +2,8 @@
 articles' Hub ids as stand-ins, and the tests' own server holding an archive in imagenette2-160's layout and counts
 and passing the Hub's requests on, failing where a test tells it to.
 
-- The job online from empty caches, its Part 3 scripts on a Python that has only the article's packages (datasets,
-  accelerate, psutil and matplotlib unimportable in them): each piece downloaded once, with a bar.
+- The job online from empty caches, its Part 3 scripts with datasets, accelerate, psutil and matplotlib
+  unimportable, as on a Python with only the article's packages: each piece downloaded once, with a bar.
 - Offline after it (nothing answers, nothing says offline): the job plans no download, and each piece loads from
   the caches.
 - Each fault of the Hub's server is one line, and nothing partial is taken for a file.
@@ -35,8 +35,8 @@ FAST = [token for extra in ["posemb=--per-class 1 --batch-size 16 --resolution 6
                             "finetune=--resolution 32 --steps 2 --pause-at 1 --batch-size 8 --check-per-class 1",
                             "backbone=--per-class 1 --batch-size 4 --probe-epochs 1 --epochs 1 --no-cache"]
         for token in ("--extra", extra)]
-# A Python with only the article's packages (pip install torch transformers safetensors scipy pillow), for the Part 3
-# scripts alone: the job and the backbone need what requirements.txt names.
+# As on a Python with only the article's packages (pip install torch transformers safetensors scipy pillow), for the
+# Part 3 scripts alone: the job and the backbone need what requirements.txt names.
 ARTICLE_ONLY = '''import os, sys
 if os.path.basename(sys.argv[0]).startswith("vit_part3_"):
     for name in ("datasets", "accelerate", "psutil", "matplotlib"):
