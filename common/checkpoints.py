@@ -1,7 +1,11 @@
 """Hugging Face checkpoints: load by id or local directory, quietly, with one line when one cannot be had; and
 whether the one a run loaded is the article's."""
+import contextlib
 import hashlib
+import json
 import os
+import time
+from pathlib import Path
 
 from common.errors import UserError
 
@@ -180,64 +184,110 @@ def cached_weight_file(name):
 
 
 def checkpoint_difference(name, article):
-    """{"checkpoint": difference} when --model is not the article's checkpoint, {} when it is: the article's Hub id
-    itself (the Hub's files, or the cache's copy of them), or a local folder whose config.json, weight file and image
-    processor's file (when it has one) are the Hub's published ones for that id (their hashes, from the local cache or
-    the Hub). A stand-in, the miniature's, or a folder that cannot be checked offline is a difference too, named."""
+    """{"checkpoint": difference} when --model is not the article's checkpoint, {} when it is: its files' bytes (the
+    cache's copy of the article's Hub id, or a local folder's: config.json, the weight file and the image processor's
+    file when there is one) hash to what huggingface.co publishes for the article's id (published_hashes). Another
+    id, a stand-in, the miniature's, files that differ, or files that cannot be checked are a difference, named."""
     from common.environment import made_here
 
     flag, folder = f"--model {name}", os.path.expanduser(name)
     if not os.path.isdir(folder):
-        return {} if name == article else {"checkpoint": {"flag": flag, "why": f"{flag}: the article's checkpoint "
-                                                                               f"is {article}"}}
-    unlike = made_here(folder) or unlike_the_hubs(folder, article)
+        if name != article:
+            return {"checkpoint": {"flag": flag, "why": f"{flag}: the article's checkpoint is {article}"}}
+        folder = cached_snapshot(name)
+        unlike = (unlike_the_hubs(folder, article, "the cache's copy") if folder else
+                  "its files are not in the Hugging Face cache, so their bytes cannot be checked")
+    else:
+        unlike = made_here(folder) or unlike_the_hubs(folder, article, "a folder")
     return {"checkpoint": {"flag": flag, "why": f"{flag}: {unlike}, not the article's {article}"}} if unlike else {}
 
 
-def unlike_the_hubs(folder, repo):
-    """Why the folder's config.json, weight file or image processor's file is not the Hub's published one of repo, or
-    None when each is. The Hub names each file by a hash: a large (LFS) file by its sha256, a small one by git's blob
-    sha1; the cache's blobs carry those names, and the Hub's file metadata says them."""
+def cached_snapshot(name):
+    """The folder of the cache's snapshot of name (its files as the library found them), or None."""
+    from huggingface_hub import try_to_load_from_cache
+
+    config = try_to_load_from_cache(name, "config.json")
+    return os.path.dirname(config) if isinstance(config, str) else None
+
+
+def unlike_the_hubs(folder, repo, what):
+    """Why the folder's config.json, weight file or image processor's file is not the one huggingface.co publishes
+    for repo, or None when each is, by the bytes: a large (LFS) file by its sha256, a small one by git's blob sha1,
+    as the Hub names them. The names of the cache's blobs are never taken for their contents."""
     weights = next((file for file in WEIGHT_FILES if os.path.isfile(os.path.join(folder, file))), None)
     if weights is None:
-        return "a folder without model.safetensors or pytorch_model.bin"
+        return f"{what} without model.safetensors or pytorch_model.bin"
     files = ["config.json", weights, *(["preprocessor_config.json"]  # the image processor's sizes, mean and std
                                        if os.path.isfile(os.path.join(folder, "preprocessor_config.json")) else [])]
-    published = published_hashes(repo, files)
+    published, why = published_hashes(repo, files)
     if published is None:
-        return (f"a folder whose files cannot be checked against the Hub's: {repo} is not in the Hugging Face cache "
-                f"and {ask_hub(repo)[1] or 'its files were not listed'}")
+        return f"{what} whose files cannot be checked: {why}"
     for file in files:
         expected = published.get(file)
         if expected is None or file_hash(os.path.join(folder, file), len(expected)) != expected:
-            return f"a folder whose {file} is not the one the Hub publishes for {repo}"
+            return f"{what} whose {file} is not the one huggingface.co publishes for {repo}"
     return None
 
 
 def published_hashes(repo, files):
-    """{file: the Hub's hash of it} for repo, from the local cache when it holds every file, else from the Hub; None
-    when neither can say."""
-    from huggingface_hub import try_to_load_from_cache
-
-    cached = {file: try_to_load_from_cache(repo, file) for file in files}
-    if all(isinstance(path, str) for path in cached.values()):
-        return {file: os.path.basename(os.path.realpath(path)) for file, path in cached.items()}  # the blob's name
-    if not hub_reachable(repo):
-        return None
+    """({file: the hash huggingface.co publishes for it}, None), or (None, why not): recorded on this machine the
+    first time huggingface.co itself answered (DATA_DIR/published_hashes.json, each with where and when it was
+    read), else asked now and recorded. A mirror's answer is not taken: it cannot vouch for the article's files."""
     from huggingface_hub import HfApi, constants
 
+    from common.files import write_text
+    from common.paths import DATA_DIR
+
+    record_path = DATA_DIR / "published_hashes.json"
+    record = read_json(record_path)
+    known = record.get(repo, {}).get("files", {})
+    if all(file in known for file in files):
+        return known, None
+    if constants.ENDPOINT != HUB_ENDPOINT:
+        return None, (f"their hashes were never read from huggingface.co, and {hub_name()} cannot vouch for the "
+                      f"article's files")
+    info, why = ask_hub(repo)
+    if info is None:
+        return None, f"their hashes were never read from huggingface.co, and {why}: run once online"
     try:
-        siblings = HfApi().model_info(repo, files_metadata=True, timeout=constants.HF_HUB_ETAG_TIMEOUT).siblings or []
+        siblings = HfApi().model_info(repo, revision=info.sha, files_metadata=True,
+                                      timeout=constants.HF_HUB_ETAG_TIMEOUT).siblings or []
     except Exception:  # noqa: BLE001 - the Hub stopped answering between two calls: it cannot say
-        return None
-    return {sibling.rfilename: sibling.lfs.sha256 if sibling.lfs else sibling.blob_id for sibling in siblings
-            if sibling.rfilename in files}
+        return None, "huggingface.co stopped answering before it listed the files' hashes"
+    known = {sibling.rfilename: sibling.lfs.sha256 if sibling.lfs else sibling.blob_id for sibling in siblings
+             if sibling.blob_id}
+    record[repo] = {"files": known, "read from": f"{HUB_ENDPOINT}/{repo} at revision {info.sha}",
+                    "read": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    with contextlib.suppress(UserError):  # a disk that cannot keep it: asked again next time
+        write_text(record_path, json.dumps(record, indent=2, sort_keys=True) + "\n", what="record of hashes")
+    return known, None
+
+
+def read_json(path):
+    """The JSON object at path, or {} when there is none or it cannot be read."""
+    try:
+        found = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def file_hash(path, length):
-    """The file's sha256 (length 64: the Hub's name of a large file) or git blob sha1 (length 40: of a small one)."""
-    digest = hashlib.sha256() if length == 64 else hashlib.sha1(f"blob {os.path.getsize(path)}\0".encode())
-    with open(path, "rb") as f:
+    """The file's sha256 (length 64: the Hub's name of a large file) or git blob sha1 (length 40: of a small one),
+    computed once: kept by the file's real path, size and time in DATA_DIR/file_hashes.json."""
+    from common.files import write_text
+    from common.paths import DATA_DIR
+
+    real, kept_path = os.path.realpath(path), DATA_DIR / "file_hashes.json"
+    stat, kept = os.stat(real), read_json(kept_path)
+    key, when = f"{real} {'sha256' if length == 64 else 'git blob sha1'}", [stat.st_size, stat.st_mtime_ns]
+    if kept.get(key, [None])[:2] == when:
+        return kept[key][2]
+    digest = hashlib.sha256() if length == 64 else hashlib.sha1(f"blob {stat.st_size}\0".encode())
+    with open(real, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
-    return digest.hexdigest()
+    kept[key] = [*when, digest.hexdigest()]
+    with contextlib.suppress(UserError):  # a disk that cannot keep it: hashed again next time
+        write_text(kept_path, json.dumps(kept, indent=1) + "\n", what="record of hashes")
+    return kept[key][2]

@@ -13,6 +13,7 @@ from conftest import BACKBONE_ARTICLE, BACKBONE_FLAGS, compare, script_output
 from PIL import Image
 
 import vit_backbone as backbone
+from common import checkpoints
 from common.checkpoints import checkpoint_difference
 from common.environment import STANDIN_MARK, made_here
 from common.errors import UserError
@@ -161,7 +162,10 @@ def differences(argv, counts=None, names=backbone.BEANS_CLASSES):
     with mock.patch.object(backbone.beans_data, "local_copy", str), \
             mock.patch.object(backbone.plumbing, "check_classifier_files", lambda name, example: name):
         args = backbone.parse_args(argv)  # folders that need not exist: their checks are the parser's (test_bad_inputs)
-    known = {**checkpoint_difference(args.model, backbone.MODEL), **flag_differences(args, backbone.ARTICLE_FLAGS)}
+    with mock.patch.object(checkpoints, "cached_snapshot", lambda name: "cache"), \
+            mock.patch.object(checkpoints, "unlike_the_hubs", lambda folder, repo, what: None):  # its bytes the Hub's
+        checkpoint = checkpoint_difference(args.model, backbone.MODEL)
+    known = {**checkpoint, **flag_differences(args, backbone.ARTICLE_FLAGS)}
     with mock.patch.object(backbone, "load_beans", load_beans):  # as run_sections: the checkpoint and flags, the rest
         return {**known, **backbone.setup_differences(argparse.Namespace(args=args), known)}
 

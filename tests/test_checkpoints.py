@@ -1,6 +1,6 @@
-"""common/checkpoints.py's checkpoint_difference: a checkpoint is the article's when it is the article's Hub id, or a
-folder whose config.json and weight file are the files the Hub publishes for that id, as the Hugging Face cache
-(its blobs named by the files' hashes) or the Hub's file metadata says; anything else is a setup difference, named."""
+"""common/checkpoints.py's checkpoint_difference: a checkpoint is the article's when its files' bytes (the cache's copy
+under the article's Hub id, or a folder's) are the files huggingface.co publishes for that id, as its file metadata
+said once online; the names of the cache's blobs vouch for nothing; anything else is a setup difference, named."""
 import hashlib
 import shutil
 import subprocess
@@ -58,12 +58,34 @@ def hub_cache(tmp_path, monkeypatch):
     return tmp_path / "hub"
 
 
+@pytest.fixture
+def recorded(tmp_path, monkeypatch):
+    """record(hashes): as if huggingface.co had once said these are ARTICLE's files (DATA_DIR of the test's own)."""
+    import json
+
+    from common import paths
+
+    monkeypatch.setattr(paths, "DATA_DIR", tmp_path / "data")
+
+    def record(hashes):
+        (tmp_path / "data").mkdir(exist_ok=True)
+        (tmp_path / "data" / "published_hashes.json").write_text(json.dumps({ARTICLE: {"files": hashes}}))
+
+    return record
+
+
 def why(difference):
     return difference["checkpoint"]["why"] if difference else None
 
 
-def test_the_articles_hub_id_is_the_article_and_another_is_named():
-    assert checkpoint_difference(ARTICLE, ARTICLE) == {}
+NEVER_READ = ("whose files cannot be checked: their hashes were never read from huggingface.co, and HF_HUB_OFFLINE=1 "
+              "forbids downloads: run once online")
+
+
+def test_the_articles_hub_id_is_the_article_only_by_its_cached_bytes_and_another_id_is_named(recorded):
+    assert why(checkpoint_difference(ARTICLE, ARTICLE)) == (
+        f"--model {ARTICLE}: its files are not in the Hugging Face cache, so their bytes cannot be checked, not the "
+        f"article's {ARTICLE}")
     assert checkpoint_difference("google/vit-large-patch16-224", ARTICLE) == {"checkpoint": {
         "flag": "--model google/vit-large-patch16-224",
         "why": f"--model google/vit-large-patch16-224: the article's checkpoint is {ARTICLE}"}}
@@ -76,32 +98,63 @@ def test_a_folder_the_job_scripts_made_is_not_the_article(copy, mark, said):
     assert why(checkpoint_difference(str(copy), ARTICLE)).startswith(f"--model {copy}: {said}")
 
 
-def test_a_copy_whose_files_the_cache_holds_for_the_id_is_the_article(copy, hub_cache):
+def test_a_fake_cache_under_the_hub_id_is_not_the_article(copy, hub_cache, recorded):
+    """A tiny random ViT in the cache's layout under the article's id, its blobs named by their own hashes as the
+    library names them: the names vouch for nothing, the bytes are checked against what huggingface.co published."""
     cache(copy, hub_cache)
+    assert why(checkpoint_difference(ARTICLE, ARTICLE)) == f"--model {ARTICLE}: the cache's copy {NEVER_READ}, not " \
+                                                           f"the article's {ARTICLE}"
+    recorded({"config.json": "1" * 40, "model.safetensors": "2" * 64})  # the article's, as read once online
+    assert why(checkpoint_difference(ARTICLE, ARTICLE)) == (
+        f"--model {ARTICLE}: the cache's copy whose config.json is not the one huggingface.co publishes for "
+        f"{ARTICLE}, not the article's {ARTICLE}")
+    recorded(published(copy))  # had huggingface.co published these very bytes
+    assert checkpoint_difference(ARTICLE, ARTICLE) == {}
+
+
+def test_a_copy_whose_bytes_are_the_published_ones_is_the_article(copy, recorded):
+    recorded(published(copy))
     assert checkpoint_difference(str(copy), ARTICLE) == {}
 
 
 @pytest.mark.parametrize("file", ["config.json", "model.safetensors"])
-def test_a_copy_with_a_file_not_the_hubs_is_not_the_article(copy, hub_cache, file):
-    cache(copy, hub_cache)
+def test_a_copy_with_a_file_not_the_hubs_is_not_the_article(copy, recorded, file):
+    recorded(published(copy))
     with open(copy / file, "ab") as changed:
         changed.write(b" ")
     assert why(checkpoint_difference(str(copy), ARTICLE)) == (
-        f"--model {copy}: a folder whose {file} is not the one the Hub publishes for {ARTICLE}, not the article's "
-        f"{ARTICLE}")
+        f"--model {copy}: a folder whose {file} is not the one huggingface.co publishes for {ARTICLE}, not the "
+        f"article's {ARTICLE}")
 
 
-def test_a_copy_that_cannot_be_checked_offline_is_not_taken_for_the_article(copy, hub_cache):
+def test_the_articles_config_beside_other_weights_is_not_the_article(copy, recorded, tmp_path):
+    recorded(published(copy))
+    other = vit_classifier(tmp_path / "other", seed=1)
+    shutil.copyfile(other / "model.safetensors", copy / "model.safetensors")
+    assert "whose model.safetensors is not the one huggingface.co publishes" in why(
+        checkpoint_difference(str(copy), ARTICLE))
+
+
+def test_a_copy_that_cannot_be_checked_offline_is_not_taken_for_the_article(copy, hub_cache, recorded):
     assert why(checkpoint_difference(str(copy), ARTICLE)) == (
-        f"--model {copy}: a folder whose files cannot be checked against the Hub's: {ARTICLE} is not in the Hugging "
-        f"Face cache and HF_HUB_OFFLINE=1 forbids downloads, not the article's {ARTICLE}")
-    cache(copy, hub_cache, repo="someone/else")  # the same files, cached for another id, do not vouch for this one
+        f"--model {copy}: a folder {NEVER_READ}, not the article's {ARTICLE}")
+    cache(copy, hub_cache)  # the same files in the cache under the id: their blobs' names vouch for nothing
     assert "cannot be checked" in why(checkpoint_difference(str(copy), ARTICLE))
 
 
+def test_a_mirrors_answer_is_not_taken_for_what_huggingface_co_publishes(copy, recorded, monkeypatch):
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    assert why(checkpoint_difference(str(copy), ARTICLE)) == (
+        f"--model {copy}: a folder whose files cannot be checked: their hashes were never read from huggingface.co, "
+        f"and the Hub mirror http://127.0.0.1:9 cannot vouch for the article's files, not the article's {ARTICLE}")
+
+
 @pytest.mark.parametrize("same", [True, False])
-def test_online_the_hubs_file_metadata_decides(copy, hub_cache, monkeypatch, same):
-    """Not cached, the Hub reachable: its file metadata (an LFS file's sha256, a small one's blob id) is asked."""
+def test_online_huggingface_cos_file_metadata_decides_and_is_recorded(copy, recorded, tmp_path, monkeypatch, same):
+    """Never read before, huggingface.co answering: its file metadata (an LFS file's sha256, a small one's blob id)
+    at the revision it named is asked once, recorded with where it was read, and decides."""
+    import json
+
     hashes = published(copy)
     if not same:
         hashes["model.safetensors"] = "0" * 64
@@ -113,15 +166,30 @@ def test_online_the_hubs_file_metadata_decides(copy, hub_cache, monkeypatch, sam
     asked = []
 
     class Hub:
-        def model_info(self, repo, files_metadata, timeout):
-            asked.append((repo, files_metadata))
+        def model_info(self, repo, revision, files_metadata, timeout):
+            asked.append((repo, revision, files_metadata))
             return type("Info", (), {"siblings": siblings})()
 
-    monkeypatch.setattr(checkpoints, "hub_reachable", lambda name: True)
+    monkeypatch.setattr(checkpoints, "ask_hub", lambda name: (type("Info", (), {"sha": COMMIT})(), None))
     monkeypatch.setattr("huggingface_hub.HfApi", Hub)
     difference = checkpoint_difference(str(copy), ARTICLE)
-    assert asked == [(ARTICLE, True)]
-    assert difference == {} if same else "model.safetensors is not the one the Hub publishes" in why(difference)
+    assert asked == [(ARTICLE, COMMIT, True)]
+    assert difference == {} if same else "model.safetensors is not the one huggingface.co publishes" in why(difference)
+    record = json.loads((tmp_path / "data" / "published_hashes.json").read_text())[ARTICLE]
+    assert record["files"]["model.safetensors"] == hashes["model.safetensors"]
+    assert record["read from"] == f"https://huggingface.co/{ARTICLE} at revision {COMMIT}"
+    checkpoint_difference(str(copy), ARTICLE)
+    assert len(asked) == 1  # read once: the record answers after
+
+
+def test_a_files_hash_is_kept_by_its_size_and_time(copy, recorded, tmp_path):
+    weights = copy / "model.safetensors"
+    first = checkpoints.file_hash(weights, 64)
+    assert first == hashlib.sha256(weights.read_bytes()).hexdigest()
+    assert first in (tmp_path / "data" / "file_hashes.json").read_text()
+    with open(weights, "ab") as changed:  # another size: hashed again
+        changed.write(b" ")
+    assert checkpoints.file_hash(weights, 64) == hashlib.sha256(weights.read_bytes()).hexdigest() != first
 
 
 def test_a_folder_without_weights_is_named(copy):

@@ -115,7 +115,7 @@ def as_the_release(monkeypatch, release):
     monkeypatch.setattr(imagenette, "SPLIT_COUNTS", counts)
     for module in (environment, imagenette):
         monkeypatch.setattr(module, "made_here", lambda path: None)
-    monkeypatch.setattr(checkpoints, "unlike_the_hubs", lambda folder, repo: None)
+    monkeypatch.setattr(checkpoints, "unlike_the_hubs", lambda folder, repo, what: None)
     monkeypatch.setenv("TQDM_DISABLE", "1")
 
 
