@@ -94,8 +94,8 @@ def data_differences(args, counts, drawn=False):
     """{item: difference} of this run's pictures ({split: count used, or None when not loaded}) against Imagenette's;
     the pictures: --data-dir, else the default folder. Another data set is told by what can be checked cheaply: a
     folder job/standins.py or job/miniature.py made, other class folders, a class's first picture in either split
-    not 160 px on its short side; else a copy with fewer pictures is a sample of the release's (drawn: --per-class
-    drew them at random)."""
+    not 160 px on its short side; else only a draw --per-class made at random (drawn) from a folder that holds the
+    release's counts is a sample of its pictures: a partial copy is none."""
     from PIL import Image
 
     root, unlike = Path(args.data_dir or DEFAULT_DIR), None
@@ -117,8 +117,9 @@ def data_differences(args, counts, drawn=False):
     if unlike:
         return {"data set": {"flag": f"--data-dir {args.data_dir}", "why": f"--data-dir {args.data_dir}: {unlike}"}}
     items = {split: f"{SPLIT_WORDS[split]} pictures" for split in counts}
+    whole = not root.is_dir() or all(len(list_split(root, split)) == SPLIT_COUNTS[split] for split in SPLIT_COUNTS)
     return subset_differences(args, {items[split]: count for split, count in counts.items()},
-                              {items[split]: SPLIT_COUNTS[split] for split in counts}, drawn)
+                              {items[split]: SPLIT_COUNTS[split] for split in counts}, drawn, whole)
 
 
 class DownloadError(Exception):

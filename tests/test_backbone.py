@@ -178,7 +178,8 @@ def test_setup_differences_name_the_flags():
     assert changed["lr"]["why"] == "--lr 0.0001: the article's is 2e-05"
     partial = differences(["--data-dir", "x"], (100, 133))
     assert list(partial) == ["training pictures"]
-    assert partial["training pictures"]["why"] == "--data-dir x: 100 of 1,034 training pictures (a partial copy)"
+    assert partial["training pictures"]["why"] == ("--data-dir x: 100 of 1,034 training pictures (a partial copy, not "
+                                                   "a draw)")
 
 
 def test_pictures_that_are_not_beans_are_another_data_set_and_no_sample_of_it(tmp_path):

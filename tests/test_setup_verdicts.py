@@ -275,7 +275,7 @@ def test_pictures_that_are_not_imagenettes_are_another_data_set(change, said, tm
                                               {"val": 4})
     assert list(differences) == ["data set"] and differences["data set"]["why"] == f"--data-dir {other}: {said}"
     (other / environment.STANDIN_MARK).unlink(missing_ok=True)
-    if change == "size":  # the same folder with the release's sizes: a partial copy, a sample of Imagenette's
+    if change == "size":  # the same folder with the release's sizes: a partial copy of Imagenette, no sample of it
         Image.new("RGB", (213, 160)).save(other / "train" / CLASSES[0][0] / "n01440764_0000.JPEG")
         assert list(imagenette.data_differences(type("Args", (), {"data_dir": str(other), "per_class": None})(),
                                                 {"val": 4})) == ["validation pictures"]

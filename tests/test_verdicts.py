@@ -355,16 +355,27 @@ def test_a_sampled_accuracy_is_close_differs_or_undecided_by_this_runs_exact_int
     assert uncounted["verdict"] == "not comparable"
 
 
-@pytest.mark.parametrize("count,samples", [(30, True), (3930, False), (3925, False)])
-def test_only_fewer_pictures_than_the_release_are_a_sample_of_it(count, samples):
-    """A partial copy is a sample of the release; a folder with more pictures than the release is not (judging it as
-    one would be a count over its set)."""
-    args = type("Args", (), {"per_class": None, "data_dir": "copy"})()
-    differences = verdicts.subset_differences(args, {"validation pictures": count}, {"validation pictures": 3925})
-    assert ("n" in differences.get("validation pictures", {})) is samples
-    if count == 3930:
-        assert differences["validation pictures"]["why"] == ("--data-dir copy: 3,930 of 3,925 validation pictures "
-                                                             "(more than the release)")
+SUBSETS = [  # (--per-class, drawn at random, the folder whole, pictures used, a sample of the release, why)
+    (3, True, True, 30, True, "--per-class 3: 30 of 3,925 validation pictures (3 of each class drawn at random)"),
+    (3, False, True, 30, False, "--per-class 3: 30 of 3,925 validation pictures (the first 3 of each class)"),
+    (3, True, False, 30, False, ("--data-dir copy --per-class 3: 30 of 3,925 validation pictures (3 of each class "
+                                 "drawn at random of a partial copy)")),
+    (None, False, False, 30, False, "--data-dir copy: 30 of 3,925 validation pictures (a partial copy, not a draw)"),
+    (None, False, True, 3930, False, "--data-dir copy: 3,930 of 3,925 validation pictures (more than the release)"),
+    (None, False, True, 3925, False, None),
+]
+
+
+@pytest.mark.parametrize("per_class,drawn,whole,count,sample,why", SUBSETS)
+def test_only_a_draw_the_project_made_from_a_whole_copy_is_a_sample(per_class, drawn, whole, count, sample, why):
+    """A sample of the release is a draw the project made, by its seed, from the release or a whole copy: not the
+    first N of each class, not a partial copy (the first files by name is the obvious way to make one, and a biased
+    part), not a folder with more pictures than the release (judging it as one would be a count over its set)."""
+    args = type("Args", (), {"per_class": per_class, "data_dir": "copy"})()
+    differences = verdicts.subset_differences(args, {"validation pictures": count}, {"validation pictures": 3925},
+                                              drawn, whole)
+    assert ("n" in differences.get("validation pictures", {})) is sample
+    assert differences.get("validation pictures", {}).get("why") == why
 
 
 def test_a_conclusion_on_sampled_accuracies_uses_their_intervals_together_and_names_the_pictures_that_decide_it():
