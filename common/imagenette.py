@@ -2,6 +2,7 @@
 folder in that layout works, Imagenette's counts are checked only for its ten WordNet ids (docs/data.md)."""
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 import sys
@@ -101,6 +102,8 @@ def data_differences(args, counts, drawn=False):
     root, unlike = Path(args.data_dir or DEFAULT_DIR), None
     if root.is_dir() and (made := made_here(root)):
         unlike = f"{made}, not Imagenette"
+    elif root.is_dir() and (changed := changed_pictures(root)):
+        unlike = f"the pictures the project downloaded, but {changed}"
     elif root.is_dir() and class_folders(root, "val") != IMAGENETTE_WNIDS:
         unlike = "another data set than Imagenette"
     elif root.is_dir():
@@ -115,7 +118,8 @@ def data_differences(args, counts, drawn=False):
                           f"release's are {PICTURE_SIDE} px on the short side)")
                 break
     if unlike:
-        return {"data set": {"flag": f"--data-dir {args.data_dir}", "why": f"--data-dir {args.data_dir}: {unlike}"}}
+        flag = f"--data-dir {args.data_dir}" if args.data_dir else str(root)
+        return {"data set": {"flag": flag, "why": f"{flag}: {unlike}"}}
     items = {split: f"{SPLIT_WORDS[split]} pictures" for split in counts}
     whole = not root.is_dir() or all(len(list_split(root, split)) == SPLIT_COUNTS[split] for split in SPLIT_COUNTS)
     return subset_differences(args, {items[split]: count for split, count in counts.items()},
@@ -314,6 +318,7 @@ def download_and_extract(url, md5, target, progress=True):
         if not extracted.is_dir():
             raise UserError(f"it holds no folder {target.name}")
         check_counts(extracted, strict=True, fix="")
+        write_manifest(extracted, url, md5)
         try:
             extracted.rename(target)
         except OSError:
@@ -328,6 +333,41 @@ def download_and_extract(url, md5, target, progress=True):
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     archive.unlink(missing_ok=True)  # another run that finished first removed it
+
+
+MANIFEST = ".manifest.json"  # in the folder the project extracted: each picture's size, time and sha256
+
+
+def picture_files(root):
+    """{path relative to root: path} of every picture in root's splits."""
+    return {str(path.relative_to(root)): path for split in SPLIT_COUNTS for path, _ in list_split(root, split)}
+
+
+def write_manifest(root, url, md5):
+    """The archive the folder came from and each picture's size, time and sha256, so that the folder is told later
+    for the one the project extracted, and a picture changed, added or removed since is noticed (changed_pictures)."""
+    pictures = {name: [path.stat().st_size, path.stat().st_mtime_ns, hashlib.sha256(path.read_bytes()).hexdigest()]
+                for name, path in picture_files(root).items()}
+    (root / MANIFEST).write_text(json.dumps({"archive": url, "md5": md5, "pictures": pictures}))
+
+
+def changed_pictures(root):
+    """Why root's pictures are no longer the ones its manifest lists (the first picture changed, removed or added),
+    or None when they are; a picture whose size and time are as listed is not read again. No manifest: None."""
+    try:
+        listed = json.loads((Path(root) / MANIFEST).read_text())["pictures"]
+    except (OSError, ValueError, KeyError):
+        return None
+    found = picture_files(root)
+    odd = sorted(set(listed) ^ set(found))
+    if odd:
+        return f"{odd[0]} was {'removed' if odd[0] in listed else 'added'} since the project extracted the archive"
+    for name, (size, mtime, sha256) in listed.items():
+        stat = found[name].stat()
+        if [stat.st_size, stat.st_mtime_ns] != [size, mtime] and \
+                hashlib.sha256(found[name].read_bytes()).hexdigest() != sha256:
+            return f"{name} changed since the project extracted the archive"
+    return None
 
 
 def ensure_imagenette(data_dir=None):

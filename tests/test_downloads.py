@@ -3,6 +3,7 @@ MD5, continued with a Range request after a dropped connection, and each fault o
 with nothing half-written kept. The Hub's downloads: tests/test_first_contact.py."""
 import hashlib
 import io
+import json
 import os
 import re
 import subprocess
@@ -241,3 +242,51 @@ def test_two_processes_downloading_into_one_folder_take_turns(served, tmp_path):
     assert [run.wait(timeout=120) for run in both] == [0, 0], [run.stderr.read() for run in both]
     assert (tmp_path / "file.tgz").read_bytes() == CONTENT and os.listdir(tmp_path) == ["file.tgz"]
     assert [request for request in served.requests if request[0] == "GET"] == [("GET", "/file.bin", None)]
+
+
+# ---------------------------------------------------------------- the pictures the project extracted, known later
+
+def extracted_copy(tmp_path):
+    """A small archive downloaded and extracted as the project does: its folder, with the manifest written."""
+    from job.standins import imagenette_folder
+
+    source = imagenette_folder(tmp_path / "src" / "mine", per_class=2, classes=["a", "b"])
+    (source / "STAND-IN.txt").unlink()  # a user's pictures, not a stand-in: the manifest alone decides
+    archive = tmp_path / "mine.tgz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(source, arcname="mine")
+    target = tmp_path / "data" / "mine"
+    download_and_extract(archive.as_uri(), hashlib.md5(archive.read_bytes()).hexdigest(), target, progress=False)
+    return target
+
+
+CHANGES = [  # (what is done to one picture after extraction, what the line says)
+    ("rewrite", "val/a/a_0000.JPEG changed since the project extracted the archive"),
+    ("remove", "val/a/a_0000.JPEG was removed since the project extracted the archive"),
+    ("add", "val/a/zz.JPEG was added since the project extracted the archive"),
+]
+
+
+@pytest.mark.parametrize("change,said", CHANGES, ids=[change for change, _ in CHANGES])
+def test_a_picture_changed_since_the_extraction_makes_the_folder_another_data_set(tmp_path, change, said):
+    target = extracted_copy(tmp_path)
+    args = type("Args", (), {"data_dir": str(target), "per_class": None})()
+    listed = json.loads((target / imagenette.MANIFEST).read_text())
+    picture = target / "val" / "a" / "a_0000.JPEG"
+    assert listed["pictures"]["val/a/a_0000.JPEG"][2] == hashlib.sha256(picture.read_bytes()).hexdigest()
+    assert imagenette.changed_pictures(target) is None
+    if change == "rewrite":  # the same size, other bytes, another time
+        picture.write_bytes(bytes(255 - byte for byte in picture.read_bytes()))
+    elif change == "remove":
+        picture.unlink()
+    else:
+        (target / "val" / "a" / "zz.JPEG").write_bytes(picture.read_bytes())
+    assert imagenette.data_differences(args, {})["data set"]["why"] == (
+        f"--data-dir {target}: the pictures the project downloaded, but {said}")
+
+
+def test_a_picture_touched_but_unchanged_is_read_again_and_passes(tmp_path):
+    target = extracted_copy(tmp_path)
+    picture = target / "train" / "b" / "b_0001.JPEG"
+    os.utime(picture, ns=(1, 1))  # another time, the same bytes: hashed again, still the one extracted
+    assert imagenette.changed_pictures(target) is None
