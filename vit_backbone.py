@@ -598,8 +598,10 @@ def setup_differences(run, known):
     unlike = beans and beans["made here"]  # beans as far as can be checked: not generated,
     if not unlike and beans and tuple(beans["names"]) != BEANS_CLASSES:  # its class names
         unlike = f"classes {', '.join(beans['names'])}, not those of beans ({', '.join(BEANS_CLASSES)})"
-    data = ({"data set": {"flag": f"--data-dir {run.args.data_dir}",
-                          "why": f"--data-dir {run.args.data_dir}: {unlike}"}}
+    if not unlike and beans:  # its files' bytes
+        unlike = beans_data.unlike_the_published(beans["folder"], "a copy" if run.args.data_dir else "the cache's copy")
+    flag = f"--data-dir {run.args.data_dir}" if run.args.data_dir else beans_data.DATASET
+    data = ({"data set": {"flag": flag, "why": f"{flag}: {unlike}"}}
             if unlike else subset_differences(run.args, counts, RELEASED))  # another data set is no sample of beans
     return data
 

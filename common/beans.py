@@ -32,9 +32,9 @@ def local_copy(path):
 
 
 def from_hub(name):
-    """The dataset's files of the train and validation splits (and its card) from the Hub, or the mirror HF_ENDPOINT
-    names, into the Hugging Face cache, each with a bar; when it cannot be reached, the cache's snapshot of them
-    (snapshot_download(local_files_only=True)); then read as a local copy. Not cached, one line with the fixes."""
+    """The folder of the dataset's files of the train and validation splits (and its card), downloaded from the Hub,
+    or the mirror HF_ENDPOINT names, into the Hugging Face cache, each with a bar; when it cannot be reached, the
+    cache's snapshot of them (snapshot_download(local_files_only=True)). Not cached, one line with the fixes."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
@@ -52,7 +52,13 @@ def from_hub(name):
         raise UserError(f"dataset {name} is not in the local Hugging Face cache and {why}: connect to the internet "
                         f"once to download it (about {MEGABYTES} MB) into the Hugging Face cache, or pass --data-dir "
                         f"with a local copy of its files")
-    return from_folder(snapshot, name)
+    return snapshot
+
+
+def split_files(folder):
+    """{split: [its parquet files]} in folder (a local copy, or the cache's snapshot)."""
+    return {split: sorted(str(path) for path in Path(folder).expanduser().rglob(f"{split}*.parquet"))
+            for split in SPLITS}
 
 
 def from_folder(folder, where):
@@ -61,8 +67,7 @@ def from_folder(folder, where):
     from datasets.exceptions import DatasetGenerationError
 
     folder = Path(folder).expanduser()
-    # the files named, not the folder: the library keys its Arrow cache by them, two copies named beans apart
-    files = {split: sorted(str(path) for path in folder.rglob(f"{split}*.parquet")) for split in SPLITS}
+    files = split_files(folder)  # the files named, not the folder: the library keys its Arrow cache by them
     try:
         return load_dataset(str(folder), data_files=files)
     except (OSError, ValueError, DatasetGenerationError) as error:
@@ -78,8 +83,10 @@ def first_per_class(split, per_class):
 
 def load(data_dir=None, per_class=None):
     """{"train", "validation": datasets.Dataset as stored (not shuffled), "names": the class names, "made here": what
-    job/standins.py or job/miniature.py made of --data-dir (common/environment.py's made_here), or None}."""
-    dataset = from_folder(data_dir, f"--data-dir {data_dir}") if data_dir else from_hub(DATASET)
+    job/standins.py or job/miniature.py made of --data-dir (common/environment.py's made_here), or None, "folder":
+    the copy's or the cache's snapshot of the Hub's files}."""
+    folder = Path(data_dir).expanduser() if data_dir else from_hub(DATASET)
+    dataset = from_folder(folder, f"--data-dir {data_dir}" if data_dir else DATASET)
     where = data_dir or DATASET
     for split in SPLITS:
         if split not in dataset:
@@ -92,4 +99,13 @@ def load(data_dir=None, per_class=None):
     splits = {split: dataset[split] for split in SPLITS}
     if per_class:
         splits = {split: first_per_class(data, per_class) for split, data in splits.items()}
-    return {**splits, "names": list(names), "made here": made_here(data_dir) if data_dir else None}
+    return {**splits, "names": list(names), "made here": made_here(data_dir) if data_dir else None, "folder": folder}
+
+
+def unlike_the_published(folder, what):
+    """Why the folder's parquet files of the train and validation splits are not the ones huggingface.co publishes
+    for the dataset, by their bytes (common/checkpoints.py), or None when they are."""
+    from common import checkpoints
+
+    files = [str(Path(path).relative_to(folder)) for paths in split_files(folder).values() for path in paths]
+    return checkpoints.unlike_the_published(folder, DATASET, files, what, "dataset")

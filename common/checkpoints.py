@@ -219,7 +219,14 @@ def unlike_the_hubs(folder, repo, what):
         return f"{what} without model.safetensors or pytorch_model.bin"
     files = ["config.json", weights, *(["preprocessor_config.json"]  # the image processor's sizes, mean and std
                                        if os.path.isfile(os.path.join(folder, "preprocessor_config.json")) else [])]
-    published, why = published_hashes(repo, files)
+    return unlike_the_published(folder, repo, files, what)
+
+
+def unlike_the_published(folder, repo, files, what, repo_type="model"):
+    """Why one of files (paths relative to folder, as in the repository) is not the one huggingface.co publishes
+    for repo, or None when each is, by the bytes: a large (LFS) file by its sha256, a small one by git's blob sha1,
+    as the Hub names them."""
+    published, why = published_hashes(repo, files, repo_type)
     if published is None:
         return f"{what} whose files cannot be checked: {why}"
     for file in files:
@@ -229,7 +236,7 @@ def unlike_the_hubs(folder, repo, what):
     return None
 
 
-def published_hashes(repo, files):
+def published_hashes(repo, files, repo_type="model"):
     """({file: the hash huggingface.co publishes for it}, None), or (None, why not): recorded on this machine the
     first time huggingface.co itself answered (DATA_DIR/published_hashes.json, each with where and when it was
     read), else asked now and recorded. A mirror's answer is not taken: it cannot vouch for the article's files."""
@@ -238,25 +245,27 @@ def published_hashes(repo, files):
     from common.files import write_text
     from common.paths import DATA_DIR
 
-    record_path = DATA_DIR / "published_hashes.json"
+    record_path, key = DATA_DIR / "published_hashes.json", repo if repo_type == "model" else f"{repo_type}s/{repo}"
     record = read_json(record_path)
-    known = record.get(repo, {}).get("files", {})
+    known = record.get(key, {}).get("files", {})
     if all(file in known for file in files):
         return known, None
     if constants.ENDPOINT != HUB_ENDPOINT:
         return None, (f"their hashes were never read from huggingface.co, and {hub_name()} cannot vouch for the "
                       f"article's files")
-    info, why = ask_hub(repo)
+    info, why = ask_hub(repo, repo_type)
     if info is None:
         return None, f"their hashes were never read from huggingface.co, and {why}: run once online"
     try:
-        siblings = HfApi().model_info(repo, revision=info.sha, files_metadata=True,
-                                      timeout=constants.HF_HUB_ETAG_TIMEOUT).siblings or []
+        listing = HfApi().model_info if repo_type == "model" else HfApi().dataset_info
+        siblings = listing(repo, revision=info.sha, files_metadata=True,
+                           timeout=constants.HF_HUB_ETAG_TIMEOUT).siblings or []
     except Exception:  # noqa: BLE001 - the Hub stopped answering between two calls: it cannot say
         return None, "huggingface.co stopped answering before it listed the files' hashes"
     known = {sibling.rfilename: sibling.lfs.sha256 if sibling.lfs else sibling.blob_id for sibling in siblings
              if sibling.blob_id}
-    record[repo] = {"files": known, "read from": f"{HUB_ENDPOINT}/{repo} at revision {info.sha}",
+    where = f"{HUB_ENDPOINT}/{'' if repo_type == 'model' else f'{repo_type}s/'}{repo}"
+    record[key] = {"files": known, "read from": f"{where} at revision {info.sha}",
                     "read": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     with contextlib.suppress(UserError):  # a disk that cannot keep it: asked again next time
         write_text(record_path, json.dumps(record, indent=2, sort_keys=True) + "\n", what="record of hashes")

@@ -33,3 +33,31 @@ def test_a_local_copy_says_what_made_it(tmp_path):
     assert "job/standins.py" in beans.load(str(folder))["made here"]
     (folder / STANDIN_MARK).unlink()
     assert beans.load(str(folder))["made here"] is None
+
+
+def test_a_copy_is_beans_only_when_its_files_bytes_are_the_published_ones(tmp_path, monkeypatch):
+    """By the bytes of its parquet files, against what huggingface.co published for the dataset (recorded once
+    online); never read: it cannot be checked."""
+    import hashlib
+    import json
+
+    from common import paths
+    from job.standins import beans_folder
+
+    monkeypatch.setattr(paths, "DATA_DIR", tmp_path / "data")
+    folder = beans_folder(tmp_path / "beans", {"train": 1, "validation": 1})
+    files = {f"data/{split}-00000-of-00001.parquet": hashlib.sha256(
+        (folder / "data" / f"{split}-00000-of-00001.parquet").read_bytes()).hexdigest() for split in beans.SPLITS}
+    assert "whose files cannot be checked: their hashes were never read from huggingface.co" in \
+        beans.unlike_the_published(folder, "a copy")
+
+    def record(hashes):
+        (tmp_path / "data").mkdir(exist_ok=True)
+        (tmp_path / "data" / "published_hashes.json").write_text(json.dumps(
+            {f"datasets/{beans.DATASET}": {"files": hashes}}))
+
+    record(files)
+    assert beans.unlike_the_published(folder, "a copy") is None
+    record({**files, "data/train-00000-of-00001.parquet": "0" * 64})
+    assert beans.unlike_the_published(folder, "a copy") == (
+        f"a copy whose data/train-00000-of-00001.parquet is not the one huggingface.co publishes for {beans.DATASET}")

@@ -170,7 +170,7 @@ def test_online_huggingface_cos_file_metadata_decides_and_is_recorded(copy, reco
             asked.append((repo, revision, files_metadata))
             return type("Info", (), {"siblings": siblings})()
 
-    monkeypatch.setattr(checkpoints, "ask_hub", lambda name: (type("Info", (), {"sha": COMMIT})(), None))
+    monkeypatch.setattr(checkpoints, "ask_hub", lambda name, repo_type: (type("Info", (), {"sha": COMMIT})(), None))
     monkeypatch.setattr("huggingface_hub.HfApi", Hub)
     difference = checkpoint_difference(str(copy), ARTICLE)
     assert asked == [(ARTICLE, COMMIT, True)]
