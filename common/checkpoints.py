@@ -292,10 +292,9 @@ def file_hash(path, length):
     key, when = f"{real} {'sha256' if length == 64 else 'git blob sha1'}", [stat.st_size, stat.st_mtime_ns]
     if kept.get(key, [None])[:2] == when:
         return kept[key][2]
-    digest = hashlib.sha256() if length == 64 else hashlib.sha1(f"blob {stat.st_size}\0".encode())
+    header = f"blob {stat.st_size}\0".encode()  # git names a file by the sha1 of this header and its bytes
     with open(real, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+        digest = hashlib.file_digest(f, "sha256" if length == 64 else lambda: hashlib.sha1(header))
     kept[key] = [*when, digest.hexdigest()]
     with contextlib.suppress(UserError):  # a disk that cannot keep it: hashed again next time
         write_text(kept_path, json.dumps(kept, indent=1) + "\n", what="record of hashes")

@@ -175,7 +175,8 @@ def download(url, md5, archive, progress=True):
                 part.unlink()  # nothing to continue from
         if not part.exists():
             raise DownloadError(f"{urllib.parse.urlparse(url).netloc or url} sent an empty file")
-        found = file_md5(part)
+        with open(part, "rb") as f:
+            found = hashlib.file_digest(f, "md5").hexdigest()
         if found != md5:
             part.unlink()
             raise DownloadError(f"the file from {url} is not the release: its MD5 is {found}, not {md5}; deleted it")
@@ -249,14 +250,6 @@ def write_block(out, block, part):
         out.flush()
     except OSError as error:
         raise UserError(f"cannot write the download {part}: {reason(error)}") from error
-
-
-def file_md5(path):
-    digest = hashlib.md5(usedforsecurity=False)
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 DATA_FILTER = hasattr(tarfile, "data_filter")  # extractall(filter="data"): Python 3.11.4 and later

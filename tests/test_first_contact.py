@@ -209,7 +209,7 @@ class Client:
 
     def __init__(self, hub, home):
         self.home = home
-        env = {**environment(hub.url, NOTHING_LISTENS + ARCHIVE_PATH, home), "HF_HUB_ETAG_TIMEOUT": "3"}
+        env = {**environment(hub.url, NOTHING_LISTENS + ARCHIVE_PATH, home), "HF_HUB_ETAG_TIMEOUT": "8"}  # olah, loaded
         self.process = subprocess.Popen([sys.executable, "-c", CLIENT], cwd=ROOT, env=env, stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
@@ -246,9 +246,9 @@ FAULTS = [  # (the server's fault, the one line about the checkpoint)
     ({"path": "/", "kind": "status", "code": 500}, TROUBLE.replace("{answer}", "500 Internal Server Error")),
     ({"path": "/", "kind": "status", "code": 503}, TROUBLE.replace("{answer}", "503 Service Unavailable")),
     ({"path": "/", "kind": "status", "code": 429}, TROUBLE.replace("{answer}", "429 Too Many Requests")),
-    ({"path": "/", "kind": "stall"}, ("checkpoint {model} is not in the local Hugging Face cache and {hub} did not "
-                                      "answer within 3 s: connect to the internet once to download it, or pass "
-                                      "--model with a local directory")),
+    ({"path": "/api/models/", "kind": "stall"}, ("checkpoint {model} is not in the local Hugging Face cache and {hub} "
+                                                 "did not answer within 8 s: connect to the internet once to download "
+                                                 "it, or pass --model with a local directory")),
 ]
 
 
