@@ -227,15 +227,16 @@ def section_one_solve(run, report):
     w = closed_form(x, pool_labels[chosen], len(names), lam)
     scores = features["val"]["pre-logits"] @ w[:-1] + w[-1]
     predicted = scores.argmax(1)
-    per_class = [100 * np.mean(predicted[val_labels == c] == c) for c in range(len(names))]
+    per_class = [100 * np.mean(predicted[val_labels == c] == c) if (val_labels == c).any() else None
+                 for c in range(len(names))]  # a --per-class draw may hold none of a class
     report.print(f"  {shots}-shot, draw 0, pre-logits, lambda {lam:g}: X is "
                  f"{report.num('X shape', (len(x), x.shape[1] + 1), 'd')} ("
                  f"{report.num('solve pictures', len(x))} pictures x {report.num('solve features', x.shape[1])} "
                  f"features + bias), Y is {report.num('Y shape', (len(x), len(names)), 'd')}, W is "
                  f"{report.num('W shape', w.shape, 'd')}; one solve of a {report.num('system size', w.shape[0])}x"
                  f"{w.shape[0]} system")
-    classes = ", ".join(f"{name} {report.num(f'per-class {name}', accuracy, '.0f')}%"
-                        for name, accuracy in zip(names, per_class))
+    classes = ", ".join(f"{name} {report.num(f'per-class {name}', accuracy, '.0f')}%" if accuracy is not None
+                        else f"{name} none drawn" for name, accuracy in zip(names, per_class))
     report.print(f"  per-class accuracy ({shots}-shot, draw 0): {classes}")
     first = " ".join(report.num(f"first picture score {i}", s, "+.2f") for i, s in enumerate(scores[0], 1))
     report.print(f"  scores of the first validation picture (a {names[val_labels[0]]}): {first}  -> class "
@@ -289,8 +290,8 @@ def setup_differences(run, known):
 def main(argv=None):
     parser = cli.experiment_parser(
         __doc__, model=DEFAULT_MODEL, model_help="with its pre-logits layer",
-        per_class_help="keep N validation pictures of each class, drawn at random with a fixed seed (default: all); "
-                       "the pool is drawn from every training picture, as in a full run",
+        per_class_help="keep N validation pictures a class on average, drawn at random from the whole split with a "
+                       "fixed seed (default: all); the pool is drawn from every training picture, as in a full run",
         batch_help="pictures per batch of the passes that extract the frozen features (the pool's pictures and the "
                    "validation pictures)")
     parser.add_argument("--shots", type=cli.positive_int, nargs="+", action="distinct", default=ARTICLE_TABLE["shots"],

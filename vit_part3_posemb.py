@@ -333,8 +333,8 @@ def setup_differences(run, known):
 
 def main(argv=None):
     parser = experiment_parser(__doc__, model=DEFAULT_MODEL, model_help="with an ImageNet-1k head",
-                               per_class_help="keep N validation pictures of each class, drawn at random with a fixed "
-                                              "seed (default: all)",
+                               per_class_help="keep N validation pictures a class on average, drawn at random from "
+                                              "the whole split with a fixed seed (default: all)",
                                batch_help="pictures per batch of the evaluation passes (at 224 and at --resolution)")
     parser.add_argument("--resolution", type=side_pixels, default=ARTICLE_FLAGS["resolution"][1],
                         help="the higher resolution (default: %(default)s)")

@@ -45,17 +45,18 @@ def class_folders(root, split):
 
 
 def list_split(root, split, per_class=None, drawn=False):
-    """[(path, label)] sorted by class folder, then file name; per_class keeps N of each: the first N by name (in
-    Imagenette's val/ its ILSVRC2012_val_* pictures, whose names sort first: docs/data.md), or, drawn, N drawn at
-    random with a fixed seed, a random sample of each class, which --compare's intervals take them for."""
-    items = []
-    for label, wnid in enumerate(class_folders(root, split)):
-        folder = Path(root) / split / wnid
-        paths = sorted(p for p in folder.iterdir() if p.suffix.lower() in (".jpeg", ".jpg", ".png"))
-        if drawn and per_class and per_class < len(paths):
-            chosen = np.random.default_rng([SAMPLE_SEED, label]).choice(len(paths), per_class, replace=False)
-            paths = [paths[i] for i in sorted(chosen)]
-        items += [(p, label) for p in paths[:per_class]]
+    """[(path, label)] sorted by class folder, then file name; per_class keeps N of each class: the first N by name
+    (in Imagenette's val/ its ILSVRC2012_val_* pictures, whose names sort first: docs/data.md), or, drawn, N times the
+    classes drawn at random with a fixed seed from the whole split, N a class on average: a simple random sample,
+    which --compare's exact intervals take them for."""
+    paths = [sorted(p for p in (Path(root) / split / wnid).iterdir() if p.suffix.lower() in (".jpeg", ".jpg", ".png"))
+             for wnid in class_folders(root, split)]
+    if not drawn:
+        return [(path, label) for label, each in enumerate(paths) for path in each[:per_class]]
+    items = [(path, label) for label, each in enumerate(paths) for path in each]
+    if per_class and per_class * len(paths) < len(items):
+        chosen = np.random.default_rng(SAMPLE_SEED).choice(len(items), per_class * len(paths), replace=False)
+        items = [items[i] for i in sorted(chosen)]
     return items
 
 

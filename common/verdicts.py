@@ -31,6 +31,7 @@ LEGEND = ("same: equal at the article's digits; close: within the band the refer
           "varies: depends on chance, spread unmeasured, no claim; not comparable: this run's setup differs from the "
           "article's in an input of the number (the flag is named)")
 OPERATORS = {"<": 0, ">=": 1, "==": 0, "within": 1, "apart": 1, "times": 2}  # each check's extra numbers
+ROUND_OFF = 1e-12  # relative: a bound is met to this share of the numbers' size (float64's round-off is 1.1e-16)
 MOST_DRAWN = 1_000_000  # pictures of a source without end: an undecided conclusion names no more than these
 
 
@@ -140,7 +141,7 @@ def subset_differences(args, counts, released, drawn=False, whole=True):
         if args.per_class:
             flag = f"--per-class {args.per_class}"
             flag = flag if whole else f"--data-dir {args.data_dir} {flag}"
-            how = (f"{args.per_class} of each class drawn at random" if drawn
+            how = (f"{args.per_class} a class on average, drawn at random" if drawn
                    else f"the first {args.per_class} of each class") + ("" if whole else " of a partial copy")
         else:
             flag = f"--data-dir {args.data_dir}"
@@ -269,27 +270,33 @@ def conclusion_row(rule, judged, numbers, own):
 
 
 def decide(op, left, right, extra):
-    """holds, fails or undecided for the intervals left and right (a constant is an interval of one point)."""
+    """holds, fails or undecided for the intervals left and right (a constant is an interval of one point). A bound
+    (an offset, a tolerance, a gap, a ratio's limit) is met to float round-off: ROUND_OFF of the numbers' size, so
+    that 98.2 is within 0.2 of 98.0 (their difference computes to 0.2000000000000028) and a tolerance of 1e-12 on
+    numbers near 0 stays one. "<" and "==" are exact."""
     (a_low, a_high), (b_low, b_high) = left, right
+    slack = ROUND_OFF * max(abs(value) for value in (a_low, a_high, b_low, b_high, *extra))
     if op == "<":
         return "holds" if a_high < b_low else "fails" if a_low >= b_high else "undecided"
     if op == ">=":
-        return "holds" if a_low >= b_high + extra[0] else "fails" if a_high < b_low + extra[0] else "undecided"
+        return "holds" if a_low >= b_high + extra[0] - slack else "fails" if a_high < b_low + extra[0] - slack \
+            else "undecided"
     if op == "==":
         return "holds" if a_low == a_high == b_low == b_high else "fails" if a_high < b_low or b_high < a_low \
             else "undecided"
     largest, smallest = max(a_high - b_low, b_high - a_low), max(0.0, a_low - b_high, b_low - a_high)
     if op == "within":
-        return "holds" if largest <= extra[0] else "fails" if smallest > extra[0] else "undecided"
+        return "holds" if largest <= extra[0] + slack else "fails" if smallest > extra[0] + slack else "undecided"
     if op == "apart":
-        return "holds" if smallest >= extra[0] else "fails" if largest < extra[0] else "undecided"
+        return "holds" if smallest >= extra[0] - slack else "fails" if largest < extra[0] - slack else "undecided"
     if op == "times":
         if b_low <= 0 <= b_high:
             return "undecided" if b_low < b_high else "fails"  # a ratio to 0 is no ratio
         ratios = [a / b for a in (a_low, a_high) for b in (b_low, b_high)]
         low, high = extra
-        return "holds" if low <= min(ratios) and max(ratios) <= high else \
-            "fails" if max(ratios) < low or min(ratios) > high else "undecided"
+        slack = ROUND_OFF * max(abs(value) for value in (*ratios, low, high))
+        return "holds" if low - slack <= min(ratios) and max(ratios) <= high + slack else \
+            "fails" if max(ratios) < low - slack or min(ratios) > high + slack else "undecided"
     raise ValueError(f"unknown check {op!r}")
 
 

@@ -56,6 +56,25 @@ def test_load_splits_lists_each_split_with_its_own_count_and_names_the_folder(pi
     assert imagenette.load_splits(named, {})["name"] == "Imagenette"
 
 
+def test_a_drawn_per_class_is_a_simple_random_sample_of_the_whole_split(tmp_path, monkeypatch):
+    """drawn: N times the classes from every picture of the split, not N of each class: classes of 1, 3 and 40
+    pictures give 6 of the 44 at N = 2 (N of each could give 5), and over 300 seeds the one-picture class is in about
+    6 / 44 of the draws (N of each: in all of them); a draw as large as the split keeps it whole."""
+    for wnid, count in (("n01", 1), ("n02", 3), ("n03", 40)):
+        (tmp_path / "val" / wnid).mkdir(parents=True)
+        for i in range(count):
+            (tmp_path / "val" / wnid / f"{i:02d}.JPEG").touch()
+    whole = list_split(tmp_path, "val")
+    drawn = list_split(tmp_path, "val", per_class=2, drawn=True)
+    assert len(drawn) == 6 and len(set(drawn)) == 6 and drawn == [item for item in whole if item in drawn]
+    assert list_split(tmp_path, "val", per_class=15, drawn=True) == whole
+    seen = 0
+    for seed in range(300):
+        monkeypatch.setattr(imagenette, "SAMPLE_SEED", seed)
+        seen += any(label == 0 for _, label in list_split(tmp_path, "val", per_class=2, drawn=True))
+    assert 0.05 < seen / 300 < 0.25
+
+
 def test_per_class_takes_imagenets_validation_pictures_first(tmp_path):
     """docs/data.md: in Imagenette's val/, the ILSVRC2012_val_* names sort before the <wnid>_* ones (capital I before
     n), so --per-class N up to their count takes them alone, in their number's order; then the others by name, as

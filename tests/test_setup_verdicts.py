@@ -249,7 +249,8 @@ def test_the_comparison_names_the_setup_at_the_top(release, tiny_classifier, as_
                         "--device", "cpu", "--compare"]) == 0
     comparison = capsys.readouterr().out.split("== comparison with the article ==")[1].splitlines()
     assert comparison[1].startswith("  setup: this run differs from the article's")
-    assert comparison[2].strip() == "--per-class 2: 20 of 60 validation pictures (2 of each class drawn at random)"
+    assert comparison[2].strip() == ("--per-class 2: 20 of 60 validation pictures (2 a class on average, drawn at "
+                                     "random)")
     assert any("not comparable: --per-class 2" in text for text in comparison)
     assert any("(95% interval" in text for text in comparison)
 
