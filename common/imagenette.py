@@ -123,8 +123,15 @@ def data_differences(args, counts, drawn=False):
         return {"data set": {"flag": flag, "why": f"{flag}: {unlike}"}}
     items = {split: f"{SPLIT_WORDS[split]} pictures" for split in counts}
     whole = not root.is_dir() or all(len(list_split(root, split)) == SPLIT_COUNTS[split] for split in SPLIT_COUNTS)
-    return subset_differences(args, {items[split]: count for split, count in counts.items()},
-                              {items[split]: SPLIT_COUNTS[split] for split in counts}, drawn, whole)
+    differences = subset_differences(args, {items[split]: count for split, count in counts.items()},
+                                     {items[split]: SPLIT_COUNTS[split] for split in counts}, drawn, whole)
+    if whole and root.is_dir() and extracted_from(root) != MD5:  # a copy of the release's layout and counts
+        flag = f"--data-dir {args.data_dir}" if args.data_dir else str(root)
+        differences["pictures unchecked"] = {
+            "flag": flag, "moves": False, "note": True,
+            "why": f"{flag}: the release's layout and counts, its pictures not checked against the release (the "
+                   f"project checks the pictures of its own download, by the archive's MD5)"}
+    return differences
 
 
 class DownloadError(Exception):
@@ -343,6 +350,14 @@ def write_manifest(root, url, md5):
     pictures = {name: [path.stat().st_size, path.stat().st_mtime_ns, hashlib.sha256(path.read_bytes()).hexdigest()]
                 for name, path in picture_files(root).items()}
     (root / MANIFEST).write_text(json.dumps({"archive": url, "md5": md5, "pictures": pictures}))
+
+
+def extracted_from(root):
+    """The MD5 of the archive the project extracted into root, as its manifest records it, or None."""
+    try:
+        return json.loads((Path(root) / MANIFEST).read_text()).get("md5")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def changed_pictures(root):

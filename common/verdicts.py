@@ -155,6 +155,13 @@ def subset_differences(args, counts, released, drawn=False, whole=True):
     return differences
 
 
+def split_notes(differences):
+    """(the differences that make this run another setup, the notes' reasons): a note ("note": True, moving nothing)
+    says what was not checked of a setup that is the article's as far as the run can tell."""
+    return ({item: difference for item, difference in differences.items() if not difference.get("note")},
+            [difference["why"] for difference in differences.values() if difference.get("note")])
+
+
 # ---------------------------------------------------------------- judging
 
 def judge(script, numbers, differences=None, own=False):
@@ -331,12 +338,14 @@ def comparison_lines(rows, conclusions, differences):
     each conclusion with the numbers it read and their count."""
     width = max(len(row["name"]) for row in rows)
     lines = ["", "== comparison with the article =="]
+    differences, notes = split_notes(differences)
     if differences:
         lines.append("  setup: this run differs from the article's, so the numbers that depend on these are not "
                      "comparable:")
         lines += [f"    {difference['why']}" for difference in differences.values()]
     else:
         lines.append("  setup: the article's")
+    lines += [f"  note: {why}" for why in notes]
     row_line = f"  {{:<{width}}}  {{:>14}}  {{:>14}}  {{:>11}}  {{}}"
     lines.append(row_line.format("number", "article", "this run", "difference", "verdict"))
     for row in rows:

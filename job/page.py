@@ -35,7 +35,7 @@ from common.environment import LIBRARIES, MINIATURE_MARK
 from common.errors import UserError
 from common.files import write_text
 from common.start import guarded
-from common.verdicts import LEGEND, article_values, counts_text, judge, verdict_text
+from common.verdicts import LEGEND, article_values, counts_text, judge, split_notes, verdict_text
 from figures import backbone, fewshot, finetune, posemb
 from job.time_estimate import clock
 
@@ -159,6 +159,7 @@ def draw_figures(script, record, rows, folder, say):
 
 def setup_cell(differences):
     """The article's setup, or a quick check: the flags that made it another setup."""
+    differences = split_notes(differences)[0]
     if not differences:
         return ARTICLE_SETUP
     flags = ", ".join(dict.fromkeys(difference["flag"] for difference in differences.values()))
@@ -209,13 +210,14 @@ def script_section(script, record, rows, drawn, folder, seconds):
         given = ", ".join(inside(path, folder) for path in record["stand-ins"])
         lines += [f"Run on generated stand-ins ({given}): its numbers mean nothing.", ""]
     lines += environment_lines(record, folder, seconds)
-    differences = record.get("setup differences", {})
+    differences, notes = split_notes(record.get("setup differences", {}))
     if differences:
         lines.append("- setup: not the article's, so the numbers that depend on these are not comparable (or, for an "
                      "accuracy on a subset, judged by the interval the subset's size implies):")
         lines += [f"  - {difference['why']}" for difference in differences.values()]
     else:
         lines.append(f"- setup: {ARTICLE_SETUP}")
+    lines += [f"- note: {why}" for why in notes]
     for problem in record.get("could_not_run", []):
         lines.append(f"- could not run section \"{problem['section']}\": {inside(problem['why'], folder)}")
     lines += ["", "Verdicts: " + counts_text(rows), ""]

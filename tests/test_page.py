@@ -140,6 +140,16 @@ def test_a_script_the_job_could_not_run_says_why_and_the_jobs_command(tmp_path):
         in page  # setup: the job never said why (it was stopped before, say)
 
 
+def test_a_note_of_pictures_not_checked_is_a_line_under_the_articles_setup_not_a_difference(tmp_path):
+    why = "--data-dir /copy: the release's layout and counts, its pictures not checked against the release"
+    record = {"numbers": {}, "setup differences": {"pictures unchecked": {"flag": "--data-dir /copy", "why": why,
+                                                                          "moves": False, "note": True}}}
+    (tmp_path / "posemb.json").write_text(json.dumps(record))
+    page = page_maker.build(tmp_path, say=lambda text: None).read_text()
+    assert f"- setup: {page_maker.ARTICLE_SETUP}\n- note: {why}\n" in page
+    assert "a quick check, not the article's setup" not in page
+
+
 def test_the_flags_are_shown_as_a_user_types_them_with_paths_inside_the_folder_relative(tmp_path):
     flags = {"model": "/models/vit", "steps": 300, "shots": [1, 2], "resume": True, "no_cache": False,
              "pause_at": None, "save_dir": str(tmp_path / "finetune-run"), "plots": str(tmp_path / "figures"),

@@ -282,6 +282,34 @@ def test_pictures_that_are_not_imagenettes_are_another_data_set(change, said, tm
                                                 {"val": 4})) == ["validation pictures"]
 
 
+# (the archive the manifest names, or None for no manifest; whether --compare notes the pictures as unchecked)
+WHOLE_COPIES = [(None, True), ("0" * 32, True), (imagenette.MD5, False)]
+
+
+@pytest.mark.parametrize("md5,noted", WHOLE_COPIES, ids=["a copy", "another archive extracted", "the release"])
+def test_a_whole_copy_stays_comparable_and_says_in_one_line_its_pictures_were_not_checked(md5, noted, tmp_path,
+                                                                                          monkeypatch):
+    """A --data-dir copy with the release's layout and counts is the article's data as far as a run can tell; unless
+    the project extracted it from the release's archive (its manifest), one note line says its pictures were not
+    checked against the release, and it moves no number."""
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    monkeypatch.setattr(imagenette, "SPLIT_COUNTS", {"train": 10 * 2, "val": 10 * 2})
+    copy = imagenette_folder(tmp_path / "nette", per_class=2)
+    (copy / environment.STANDIN_MARK).unlink()
+    if md5:
+        imagenette.write_manifest(copy, "https://mirror.example/imagenette2-160.tgz", md5)
+    differences = imagenette.data_differences(type("Args", (), {"data_dir": str(copy), "per_class": None})(),
+                                              {"val": 20})
+    assert [item for item, difference in differences.items() if difference.get("moves", True)] == []
+    rows, conclusions = verdicts.judge("posemb", {}, differences)
+    lines = verdicts.comparison_lines(rows, conclusions, differences)
+    notes = [line for line in lines if line.startswith("  note: ")]
+    assert notes == ([f"  note: --data-dir {copy}: the release's layout and counts, its pictures not checked against "
+                      f"the release (the project checks the pictures of its own download, by the archive's MD5)"]
+                     if noted else [])
+    assert lines[2] == "  setup: the article's"
+
+
 # (script, its flags, the subset's flag, another flag that moves the subset's accuracies too): issue 43
 SUBSET_AND_ANOTHER_FLAG = [
     (posemb.main, ["--batch-size", "30", "--device", "cpu"], ["--per-class", "3"], ["--resolution", "288"]),
