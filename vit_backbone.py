@@ -341,7 +341,7 @@ def load_features(run, beans, processor):
                 outputs.append(torch.cat([class_token, patch_tokens.mean(1)], 1))
             features = torch.cat(outputs).cpu().numpy()
         timing["seconds"] = time.perf_counter() - begun
-        return dict(zip(splits, np.split(features, [len(beans["train"])])))
+        return dict(zip(splits, np.split(features, [len(beans["train"])]), strict=True))
 
     begun, precision = time.perf_counter(), run.args.precision
     rule = float32_arithmetic(run.device, precision, run.fp32_rule)["rule"]

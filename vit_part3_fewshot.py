@@ -88,7 +88,8 @@ def extract_features(model, paths, resolution, device, batch_size, desc, autocas
                 out.last_hidden_state[:, 0].float())   # after the final LayerNorm
 
     batches, timing = run_model(model, paths, resolution, device, batch_size, both_representations, desc, autocast)
-    return {name: torch.cat(part).numpy() for name, part in zip(REPRESENTATIONS, zip(*batches))}, timing
+    parts = zip(*batches, strict=True)  # each representation's batches
+    return {name: torch.cat(part).numpy() for name, part in zip(REPRESENTATIONS, parts, strict=True)}, timing
 
 
 def load_frozen_model(name, device):
@@ -236,7 +237,7 @@ def section_one_solve(run, report):
                  f"{report.num('W shape', w.shape, 'd')}; one solve of a {report.num('system size', w.shape[0])}x"
                  f"{w.shape[0]} system")
     classes = ", ".join(f"{name} {report.num(f'per-class {name}', accuracy, '.0f')}%" if accuracy is not None
-                        else f"{name} none drawn" for name, accuracy in zip(names, per_class))
+                        else f"{name} none drawn" for name, accuracy in zip(names, per_class, strict=True))
     report.print(f"  per-class accuracy ({shots}-shot, draw 0): {classes}")
     first = " ".join(report.num(f"first picture score {i}", s, "+.2f") for i, s in enumerate(scores[0], 1))
     report.print(f"  scores of the first validation picture (a {names[val_labels[0]]}): {first}  -> class "

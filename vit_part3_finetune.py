@@ -126,7 +126,7 @@ def process_share(items, rank, world):
 def micro_batches(pixels, labels, passes):
     """(pictures, labels, weight) of each of `passes` parts of a batch; weight: the part's share, so that the weighted
     mean losses add up to the batch's."""
-    for x, y in zip(pixels.chunk(passes), labels.chunk(passes)):
+    for x, y in zip(pixels.chunk(passes), labels.chunk(passes), strict=True):
         yield x, y, len(y) / len(labels)
 
 
@@ -140,7 +140,7 @@ def head_gradient_by_hand(features, logits, labels):
 def update_average(average, model, factor=AVERAGE_FACTOR):
     """Polyak average in place: w_bar <- factor w_bar + (1 - factor) w, for every parameter."""
     with torch.no_grad():
-        for averaged, current in zip(average.parameters(), model.parameters()):
+        for averaged, current in zip(average.parameters(), model.parameters(), strict=True):
             averaged.mul_(factor).add_(current.detach(), alpha=1 - factor)
 
 
@@ -262,7 +262,8 @@ def section_data_and_model(run, report):
                  f"{report.num('classes', data['classes'])} classes; device {run.device.type} ==")
     report.print(f"  loaded {args.model} into a {data['classes']}-class classifier")
     if pre_logits:
-        rows, columns = (report.num(f"pre-logits {what}", n) for what, n in zip(("rows", "columns"), pre_logits))
+        rows, columns = (report.num(f"pre-logits {what}", n)
+                         for what, n in zip(("rows", "columns"), pre_logits, strict=True))
         report.print(f"  the pre-logits layer ({rows} x {columns} + tanh) is dropped: model.vit.pooler is "
                      f"{model.vit.pooler}")
     else:
@@ -503,7 +504,7 @@ def step_batches(items, first, last, run, log):
     indices, flips = np.concatenate([i for i, _ in chosen]), np.concatenate([f for _, f in chosen])
     batches = logged_pass([path for path, _ in items], args.batch_size // run.world, run, log, flips, indices,
                           log["passes"]["training"])
-    for (indices, _), batch in zip(chosen, batches):
+    for (indices, _), batch in zip(chosen, batches, strict=True):
         yield to_pixels(batch, run.device), torch.tensor([items[i][1] for i in indices], device=run.device)
 
 

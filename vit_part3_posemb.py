@@ -264,7 +264,7 @@ def section_cosine(run, report):
         corner = (size - 1 if r < size / 2 else 0, size - 1 if c < size / 2 else 0)
         neighbours = [similarity[r - 1, c], similarity[r + 1, c], similarity[r, c - 1], similarity[r, c + 1]]
         up, down, left, right = (report.num(f"{prefix}neighbour {side}", v, ".2f")
-                                 for side, v in zip(("up", "down", "left", "right"), neighbours))
+                                 for side, v in zip(("up", "down", "left", "right"), neighbours, strict=True))
         report.print(f"  {name} grid, row ({r}, {c}): neighbours up {up}, down {down}, left {left}, right {right} "
                      f"({report.num(f'{prefix}neighbours min', min(neighbours), '.2f')} to "
                      f"{report.num(f'{prefix}neighbours max', max(neighbours), '.2f')}); far corner {corner}: "

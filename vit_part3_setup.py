@@ -425,7 +425,7 @@ def torch_optimizer_weight(optimizer_class, gradients, **settings):
 
 def torch_clip(gradients, max_norm):
     params = [torch.nn.Parameter(torch.zeros(len(g), dtype=torch.float64)) for g in gradients]
-    for p, g in zip(params, gradients):
+    for p, g in zip(params, gradients, strict=True):
         p.grad = torch.tensor(g, dtype=torch.float64)
     torch.nn.utils.clip_grad_norm_(params, max_norm)
     return [p.grad.tolist() for p in params]
@@ -491,8 +491,8 @@ def section_by_hand(run, report):
                  f"{report.num('torch clipped [4]', by_torch[1])}")
     flat, before = [g for tensor in clipped for g in tensor], [g for tensor in gradients for g in tensor]
     report.num("clipped length", math.sqrt(sum(g * g for g in flat)), "short", printed=False)  # "length 1"
-    report.num("clipped cosine with the gradient", sum(a * b for a, b in zip(flat, before)) / norm, "short",
-               printed=False)  # the line's "direction kept"
+    cosine = sum(a * b for a, b in zip(flat, before, strict=True)) / norm
+    report.num("clipped cosine with the gradient", cosine, "short", printed=False)  # the line's "direction kept"
 
     # Table 4 in steps and passes, and cosine decay
     report.print()

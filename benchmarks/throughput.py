@@ -172,9 +172,10 @@ def end_to_end(model, paths, resolution, batch_size, device, autocast, rounds=3)
         waiting.append(timing["waiting seconds"])
     return {"pictures/s": len(paths) / statistics.median(whole),
             "model-only pictures/s": len(paths) / statistics.median(alone),
-            "ratio": statistics.median(a / w for a, w in zip(alone, whole)),
+            "ratio": statistics.median(a / w for a, w in zip(alone, whole, strict=True)),
             "start-up seconds": statistics.median(startup),
-            "waiting share": statistics.median(w / t for w, t in zip(waiting, whole)), "workers": loader.num_workers}
+            "waiting share": statistics.median(w / t for w, t in zip(waiting, whole, strict=True)),
+            "workers": loader.num_workers}
 
 
 def pipeline_peer(model, paths, batch_size, device, autocast):

@@ -80,7 +80,7 @@ def shared_pixels(pictures):
         return None, pictures
     pixels = torch.empty(end, dtype=torch.uint8).share_memory_()
     array = pixels.numpy()
-    for picture, place in zip(pictures, places):
+    for picture, place in zip(pictures, places, strict=True):
         if isinstance(place, SharedPicture):
             array[place.start:place.end] = np.asarray(picture).reshape(-1)
     return pixels, places
@@ -113,7 +113,7 @@ def one_pass(pictures, resolution, batch_size, device, flips=None, indices=None,
     batches (B, R, R, 3), flips[i] mirroring the i-th. Its workers, beside a GPU, end with the pass (start_pass)."""
     indices = range(len(pictures)) if indices is None else indices
     flips = np.zeros(len(indices), dtype=bool) if flips is None else np.asarray(flips)
-    keys = [(int(i), resolution, bool(flip)) for i, flip in zip(indices, flips)]  # the sampler: the pass's keys
+    keys = [(int(i), resolution, bool(flip)) for i, flip in zip(indices, flips, strict=True)]  # the sampler's keys
     workers = loader_workers(device) if workers is None else workers
     context = multiprocessing.get_context(WORKER_START) if workers else None
     ready = context.Semaphore(0) if context else None

@@ -250,7 +250,8 @@ def conclusion_row(rule, judged, numbers, own):
                   for name, total in totals.items()}
         sides = [[bounds.get(side, (row["reads"].get(side), row["reads"].get(side))) if isinstance(side, str)
                   else (side, side) for side in (left, right)] for left, _, right, *_ in rule["checks"]]
-        return [decide(op, *pair, extra) for (_, op, _, *extra), pair in zip(rule["checks"], sides)], bounds
+        words = [decide(op, *pair, extra) for (_, op, _, *extra), pair in zip(rule["checks"], sides, strict=True)]
+        return words, bounds
 
     def decided(n):
         return "undecided" not in verdicts(n)[0]

@@ -13,10 +13,11 @@ def backbone_curves(series, folder, say):
     figure = plt.figure(figsize=(6, 4))
     ax1 = figure.add_subplot(1, 1, 1)
     loss, accuracy = series.get("training loss", []), series.get("evaluation accuracy", [])
-    line1 = ax1.plot(*zip(*loss), color="tab:blue", marker="o", label="Training Loss") if loss else []
+    line1 = ax1.plot(*zip(*loss, strict=True), color="tab:blue", marker="o", label="Training Loss") if loss else []
     ax1.set(xlabel="Step", ylabel="Training Loss", title="ViT Training Loss Curve")
     ax2 = ax1.twinx()
-    line2 = ax2.plot(*zip(*accuracy), color="tab:orange", marker="o", label="Evaluation Accuracy") if accuracy else []
+    line2 = ax2.plot(*zip(*accuracy, strict=True), color="tab:orange", marker="o",
+                     label="Evaluation Accuracy") if accuracy else []
     ax2.set_ylabel("Evaluation Accuracy", rotation=-90, labelpad=12)
     lines = line1 + line2  # the legend below the axes, where it hides no line (the article's sat on them)
     ax1.legend(lines, [line.get_label() for line in lines], loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2,
@@ -35,7 +36,7 @@ def backbone_feature_maps(maps, folder, say):
     figure, axes = plt.subplots(rows, 3, figsize=(7.5, 2.5 * rows), squeeze=False)
     for row, k in enumerate(kept):
         for axis, image, title in zip(axes[row], (maps["pictures"][k], maps["before"][k], maps["after"][k]),
-                                      (maps["labels"][k], "patch tokens before", "after fine-tuning")):
+                                      (maps["labels"][k], "patch tokens before", "after fine-tuning"), strict=True):
             axis.imshow(image, interpolation="nearest")
             axis.set_title(title, fontsize=9)
             axis.axis("off")

@@ -48,7 +48,7 @@ def fewshot_accuracy(values, article, folder, say, draws=None):
     gap = min([0.015 * max(decades[-1] - decades[0], 1)] + [step / (2 * len(lambdas) + 1) for step in steps])
     figure, axes = plt.subplots(1, len(representations), figsize=(5.5 * len(representations), 4.2), squeeze=False,
                                 layout="constrained")
-    for axis, representation in zip(axes[0], representations):
+    for axis, representation in zip(axes[0], representations, strict=True):
         for k, lam in enumerate(lambdas):
             offset = (2 * k - len(lambdas) + 0.5) * gap  # in decades: the run's point, the article's a gap right
             for source, kept, style in (("this run", cells, {"marker": "o", "linestyle": "-", "markersize": 5}),
@@ -57,7 +57,7 @@ def fewshot_accuracy(values, article, folder, say, draws=None):
                 points = sorted((c["shots"], c["mean"], c["std"]) for c in kept
                                 if c["representation"] == representation and c["lambda"] == lam)
                 if points:
-                    x, mean, std = zip(*points)
+                    x, mean, std = zip(*points, strict=True)
                     shift = offset + (gap if source == "article" else 0)
                     axis.errorbar([s * 10 ** shift for s in x], mean, std, capsize=3, color=f"C{k}",
                                   label=f"lambda {lam:g}, {source}", **style)
@@ -68,7 +68,7 @@ def fewshot_accuracy(values, article, folder, say, draws=None):
         axis.xaxis.set_minor_locator(NullLocator())
     handles = {}  # one entry per label across the panels, in lambda order
     for axis in axes[0]:
-        for handle, label in zip(*axis.get_legend_handles_labels()):
+        for handle, label in zip(*axis.get_legend_handles_labels(), strict=True):
             handles.setdefault(label, handle)
     order = sorted(handles, key=lambda label: (float(label.split()[1].rstrip(",")), "article" in label))
     figure.legend([handles[label] for label in order], order, loc="outside lower center", ncol=len(lambdas),

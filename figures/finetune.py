@@ -36,7 +36,7 @@ def finetune_curves(series, values, article, folder, say):
     last = max([step for curve in curves.values() for step in curve] or [1])
     figure, axes = plt.subplots(2, 2, figsize=(9, 6.5), layout="constrained")  # readable at a page's width
     margin = max(0.5, 0.02 * last)
-    for axis, (name, key, unit) in zip(axes.flat, FINETUNE_PANELS):
+    for axis, (name, key, unit) in zip(axes.flat, FINETUNE_PANELS, strict=True):
         curve = curves[key]
         style = "o-" if len(curve) <= 30 else "-"  # a short run's every point is seen
         axis.plot(list(curve), list(curve.values()), style, markersize=3, label="this run")
@@ -50,7 +50,7 @@ def finetune_curves(series, values, article, folder, say):
         axis.xaxis.set_major_locator(MaxNLocator(integer=True))
     entries = {}  # one legend for the four panels, below them, where it hides no point
     for axis in axes.flat:
-        for handle, label in zip(*axis.get_legend_handles_labels()):
+        for handle, label in zip(*axis.get_legend_handles_labels(), strict=True):
             entries.setdefault(label, handle)
     figure.legend(list(entries.values()), list(entries), loc="outside lower center", ncol=len(entries))
     return save(figure, folder, FILE, say)

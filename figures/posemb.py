@@ -14,7 +14,7 @@ def cosine_maps(maps, folder, say):
     from matplotlib.ticker import MaxNLocator
 
     figure, axes = plt.subplots(1, len(maps), figsize=(4.5 * len(maps), 4.6), squeeze=False, layout="constrained")
-    for axis, (name, similarity) in zip(axes[0], maps.items()):
+    for axis, (name, similarity) in zip(axes[0], maps.items(), strict=True):
         grid = np.asarray(similarity, dtype=float)
         row, column = np.unravel_index(np.argmax(grid), grid.shape)
         image = axis.imshow(grid, cmap="viridis", vmin=-1, vmax=1)
@@ -46,7 +46,8 @@ def accuracy_bars(values, article, folder, say):
     rows, article_rows = accuracy_rows(values), accuracy_rows(article)
     figure, axes = plt.subplots(1, 2, figsize=(12, 4.4))
     labels = list(rows)
-    for k, (axis, title) in enumerate(zip(axes, ("of 10 (the Imagenette classes)", "of 1000 (all ImageNet classes)"))):
+    titles = ("of 10 (the Imagenette classes)", "of 1000 (all ImageNet classes)")
+    for k, (axis, title) in enumerate(zip(axes, titles, strict=True)):
         bars = axis.bar(range(len(labels)), [rows[label][k] for label in labels], color="tab:blue", label="this run")
         axis.bar_label(bars, fmt="%.2f", padding=2, fontsize=8)
         marked = [i for i, label in enumerate(labels) if label in article_rows]

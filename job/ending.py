@@ -83,7 +83,8 @@ def final_table(rows, marks=None):
              *(str(row["counts"][word]) + (f" [{marks[script]}]" if word == "not run" and script in marks else "")
                for word in NUMBER_VERDICTS), row["time"]] for script, row in rows.items()]
     widths = [max(len(line[k]) for line in [header, *body]) for k in range(len(header))]
-    return [" | ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in [header, *body]]
+    return [" | ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+            for line in [header, *body]]
 
 
 def standins_line(records):

@@ -449,7 +449,7 @@ def run_seeds(root, seeds, say=print):
             say(f"seed {seed}: the job ended with status {statuses[seed]} after {time.perf_counter() - begun:.0f} s")
         return statuses
     except BaseException:  # Ctrl-C or SIGTERM: each job saves and stops as reproduce.py does; the same command resumes
-        for job, log, _ in jobs.values():
+        for job, _, _ in jobs.values():
             if job.poll() is None:
                 job.send_signal(signal.SIGTERM)
         for job, log, _ in jobs.values():

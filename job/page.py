@@ -290,7 +290,7 @@ def build(folder, say=print):
         if on_the_miniature({script: record}):  # judged on its own numbers too, as the articles' claims of it
             own = judge(script, record["numbers"], differences, own=True)[1]
             conclusions = [{**row, "verdict text": f"{verdict_text(row)}; on the miniature: {verdict_text(mine)}",
-                            "evidence": mine["evidence"]} for row, mine in zip(conclusions, own)]
+                            "evidence": mine["evidence"]} for row, mine in zip(conclusions, own, strict=True)]
         decided += [f"| `{script_file(script)}` | {cell(row['says'])} | "
                     f"{cell(row.get('verdict text', verdict_text(row)))}"
                     f" | {cell(row['evidence'])} | {cell(row['article'])} |" for row in conclusions]

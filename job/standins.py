@@ -221,7 +221,7 @@ def beans_folder(root, per_class=None, seed=0, side=64, smooth=False):
     for split, counts in per_class.items():
         counts = [counts] * len(BEANS_CLASSES) if isinstance(counts, int) else counts
         rows = {"image_file_path": [], "image": [], "labels": []}
-        for k, (name, count) in enumerate(zip(BEANS_CLASSES, counts)):
+        for k, (name, count) in enumerate(zip(BEANS_CLASSES, counts, strict=True)):
             for i in range(count):
                 buffer = io.BytesIO()
                 image = smooth_picture(rng, side) if smooth else picture(rng, 70 * k, width=side, height=side)

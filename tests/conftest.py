@@ -169,7 +169,8 @@ def expected_batch(paths, resolution, flips):
     import numpy as np
 
     expected = library_pixels(paths, resolution)
-    return np.stack([np.flip(a, axis=2) if flip else a for a, flip in zip(expected, flips)])  # axis 2: left-right
+    return np.stack([np.flip(a, axis=2) if flip else a  # axis 2: left-right
+                     for a, flip in zip(expected, flips, strict=True)])
 
 
 def tiny_vit(image_size=12, patch_size=4, hidden_size=4):

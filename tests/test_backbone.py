@@ -294,7 +294,7 @@ def test_the_validation_pictures_preprocessed_once_are_what_the_processor_makes(
     assert loader.num_workers >= 1
     items = [item for batch in loader for item in batch]
     assert len(items) == len(split) == 6
-    for item, row in zip(items, split):
+    for item, row in zip(items, split, strict=True):
         expected = processor(row["image"].convert("RGB"), return_tensors="pt")["pixel_values"][0]
         assert torch.equal(item["pixel_values"], expected) and item["labels"] == row["labels"]
 
@@ -339,7 +339,8 @@ def test_a_learning_rate_that_diverges_is_one_line_for_each_section_that_needs_t
     assert status == 1 and "Traceback" not in out + err
     refused = [text.strip() for text in out.splitlines() if "cannot run section" in text]
     assert len(refused) == 2
-    for title, text in zip(("4. the article's fine-tuning", "5. three ways to adapt the same backbone"), refused):
+    titles = ("4. the article's fine-tuning", "5. three ways to adapt the same backbone")
+    for title, text in zip(titles, refused, strict=True):
         assert re.fullmatch(f'cannot run section "{title}": ' + DIVERGED.format(lr=printed), text), text
 
 

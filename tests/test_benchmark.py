@@ -80,7 +80,7 @@ def assert_loader_lines(lines, figures, workers):
     """The four ratio lines, in the issue's order, each the ratio of the pictures/s in the JSON."""
     expected = [(resolution, what) for resolution in ("224", "384") for what in ("inline", "DataLoader")]
     assert len(lines) == 4
-    for line, (resolution, what) in zip(lines, expected):
+    for line, (resolution, what) in zip(lines, expected, strict=True):
         assert line.startswith(f"loader / {what} at {resolution} with {workers} workers: "), line
         figure = figures["loader-only"][resolution]
         ratio = figure["workers pictures/s"] / figure[f"{what} pictures/s"]

@@ -153,7 +153,7 @@ def test_each_lambda_of_the_few_shot_figure_has_its_own_points_and_legend_entrie
         label = container.get_label()
         line, _, (bars,) = container
         marks[label] = line.get_xdata()
-        for (x, y), segment in zip(line.get_xydata(), bars.get_segments()):
+        for (x, y), segment in zip(line.get_xydata(), bars.get_segments(), strict=True):
             spread = 0.6 if label.endswith("article") else 2.0
             assert segment[0][0] == segment[1][0] == x and sorted([segment[0][1], segment[1][1]]) == pytest.approx(
                 [y - spread, y + spread])

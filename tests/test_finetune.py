@@ -211,7 +211,7 @@ def final_weights(save_dir):
 
 
 def assert_same_weights(first, second, atol):
-    for a, b in zip(first, second):
+    for a, b in zip(first, second, strict=True):
         assert a.keys() == b.keys()
         for name in a:
             assert torch.allclose(a[name], b[name], atol=atol, rtol=0), name
@@ -235,7 +235,7 @@ def test_resumed_run_ends_like_an_uninterrupted_one(tiny_in21k, pictures, tmp_pa
     status, out = run_main(common_flags(tiny_in21k, pictures, parts, steps=6) + ["--resume", "--json",
                                                                                   str(tmp_path / "b.json")], capsys)
     assert status == 0 and "resumed from" in out and "step   6:" in out
-    for a, b in zip(final_weights(whole), final_weights(parts)):
+    for a, b in zip(final_weights(whole), final_weights(parts), strict=True):
         assert all(torch.equal(a[name], b[name]) for name in a)
     first, second = (json.loads((tmp_path / f"{x}.json").read_text())["numbers"] for x in "ab")
     timeless = [key for key in first if "seconds" not in key]

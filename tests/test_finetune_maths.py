@@ -340,7 +340,7 @@ def test_a_training_step_is_one_sgd_step_on_the_clipped_mean_gradient(accum_step
     history, _, _ = train(monkeypatch, model, optimizer, [pixels], labels, 1, accum_steps, lr=0.002)
     assert history["losses"] == pytest.approx([loss.item()], rel=1e-6)
     assert history["norms"] == pytest.approx([norm], rel=1e-6)
-    for p, e in zip(model.parameters(), expected):
+    for p, e in zip(model.parameters(), expected, strict=True):
         assert torch.allclose(p.detach(), e, rtol=0, atol=1e-7)
     assert optimizer.param_groups[0]["lr"] == 0.002
 
@@ -371,7 +371,7 @@ def test_the_loop_keeps_the_polyak_average_of_the_weights(monkeypatch):
 
     optimizer.step = step
     _, _, average = train(monkeypatch, model, optimizer, [pixels] * 2, labels, 2, lr=0.1)
-    for averaged, w0, w1, w2 in zip(average.parameters(), *weights):
+    for averaged, w0, w1, w2 in zip(average.parameters(), *weights, strict=True):
         assert torch.allclose(averaged, 0.99 * (0.99 * w0 + 0.01 * w1) + 0.01 * w2, rtol=0, atol=1e-7)
 
 
@@ -381,7 +381,7 @@ def test_a_step_whose_loss_is_not_finite_changes_no_weight(monkeypatch):
     pixels[0, 0] = float("nan")
     with pytest.raises(UserError, match="the training loss is nan at step 1"):
         train(monkeypatch, model, torch.optim.SGD(model.parameters(), lr=0.1), [pixels], labels, 1, lr=0.1)
-    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
 
 
 def test_a_step_whose_loss_is_finite_but_whose_gradient_overflows_changes_no_weight(monkeypatch):
@@ -391,7 +391,7 @@ def test_a_step_whose_loss_is_finite_but_whose_gradient_overflows_changes_no_wei
     before = [p.detach().clone() for p in model.parameters()]
     with pytest.raises(UserError, match="the training gradient norm is inf at step 1"):
         train(monkeypatch, model, torch.optim.SGD(model.parameters(), lr=0.1), [pixels * 1e19], labels, 1, lr=0.1)
-    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
 
 
 @pytest.mark.parametrize("checkpoint", [False, True])

@@ -327,7 +327,7 @@ def final_state(tmp, name):
 
 
 def same_state(first, second):
-    weights = all(torch.equal(a[name], b[name]) for a, b in zip(first[:2], second[:2]) for name in a)
+    weights = all(torch.equal(a[name], b[name]) for a, b in zip(first[:2], second[:2], strict=True) for name in a)
     return weights and first[2] == second[2]
 
 

@@ -342,14 +342,15 @@ def test_the_docs_tables_are_two_runs_of_the_current_rules_and_the_second_seed_s
 
     runs = [json.loads((ROOT / "docs" / f"miniature-seeds-{seed}.json").read_text()) for seed in (0, 1000)]
     rules = [(script, row["says"]) for script in SCRIPTS for row in judge(script, {})[1]]
-    for run, seed in zip(runs, (0, 1000)):
+    for run, seed in zip(runs, (0, 1000), strict=True):
         assert run["seeds"] == [seed, seed + 1, seed + 2]
         assert [(row["script"], row["says"]) for row in run["conclusions"]] == rules
         assert sum(row["verdict"] in ("holds", "fails") for row in run["conclusions"]) >= 18
     first, second = (run["conclusions"] for run in runs)
-    assert [a["says"] for a, b in zip(first, second) if {a["verdict"], b["verdict"]} == {"holds", "fails"}] == []
+    pairs = list(zip(first, second, strict=True))
+    assert [a["says"] for a, b in pairs if {a["verdict"], b["verdict"]} == {"holds", "fails"}] == []
     doc = (ROOT / "docs" / "miniature.md").read_text()
-    for a, b in zip(first, second):
+    for a, b in zip(first, second, strict=True):
         assert f"| {script_file(a['script'])} | {cell(a['says'])} | {a['verdict']} | {b['verdict']} |" in doc, a["says"]
     assert all(f"seeds {', '.join(map(str, run['seeds']))}: {run['counts']}" in doc for run in runs)
 

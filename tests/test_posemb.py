@@ -247,7 +247,8 @@ def test_bf16_changes_the_accuracies_by_at_most_a_tenth_of_a_point(tiny_classifi
 
     for resolution in (224, 384):
         fp32, bf16 = counts(resolution, "fp32"), counts(resolution, "bf16")
-        assert all(abs(b - f) / len(items) * 100 <= 0.1 for f, b in zip(fp32, bf16)), (resolution, fp32, bf16)
+        assert all(abs(b - f) / len(items) * 100 <= 0.1 for f, b in zip(fp32, bf16, strict=True)), \
+            (resolution, fp32, bf16)
 
 
 def test_script_offline_without_weights_says_what_is_missing():

@@ -304,9 +304,9 @@ def test_a_whole_copy_stays_comparable_and_says_in_one_line_its_pictures_were_no
     rows, conclusions = verdicts.judge("posemb", {}, differences)
     lines = verdicts.comparison_lines(rows, conclusions, differences)
     notes = [line for line in lines if line.startswith("  note: ")]
-    assert notes == ([f"  note: --data-dir {copy}: the release's layout and counts, its pictures not checked against "
-                      f"the release (the project checks the pictures of its own download, by the archive's MD5)"]
-                     if noted else [])
+    note = (f"  note: --data-dir {copy}: the release's layout and counts, its pictures not checked against the "
+            f"release (the project checks the pictures of its own download, by the archive's MD5)")
+    assert notes == ([note] if noted else [])
     assert lines[2] == "  setup: the article's"
 
 

@@ -41,7 +41,7 @@ def conclusion(rows, says):
 def rules_of(script):
     """The conclusions of a script as data/conclusions_<script>.json holds them, each with the names it reads."""
     rules = json.loads((verdicts.REFERENCE_DIR / f"conclusions_{script}.json").read_text())["conclusions"]
-    return [{**rule, "reads": list(row["reads"])} for rule, row in zip(rules, judge(script, {})[1])]
+    return [{**rule, "reads": list(row["reads"])} for rule, row in zip(rules, judge(script, {})[1], strict=True)]
 
 
 # ---------------------------------------------------------------- the exact intervals
@@ -458,7 +458,7 @@ def test_on_ten_pictures_no_rule_comparing_close_accuracies_is_decided(script):
     if script == "fewshot":  # a mean over 5 draws: each draw counted
         for name in sampled:
             numbers[name]["right"] = [numbers[name]["right"]] * 5
-    for row, rule in zip(judge(script, numbers, sample(10, flag="--per-class 1"))[1], rules_of(script)):
+    for row, rule in zip(judge(script, numbers, sample(10, flag="--per-class 1"))[1], rules_of(script), strict=True):
         if not set(rule["reads"]) & sampled:  # decided as on the article's setup, or moved by the subset
             assert row["verdict"] in ("holds", "not comparable"), row
         elif rule["says"].startswith(("the 1D stretch", "with no position rows")):
@@ -593,7 +593,7 @@ def test_the_interval_of_a_per_class_draw_covers_the_whole_sets_accuracy_at_ever
     accuracies (common/imagenette.py), so the count right is hypergeometric(3,925, K, n), K the whole set's count: the
     arrangement over the classes does not enter. Its coverage, computed exactly for every N from 1 to the whole split,
     is at least 95%."""
-    truth, total = round(sum(a * size for a, size in zip(profile, IMAGENETTE_VAL))), sum(IMAGENETTE_VAL)
+    truth, total = round(sum(a * size for a, size in zip(profile, IMAGENETTE_VAL, strict=True))), sum(IMAGENETTE_VAL)
     for per_class in range(1, -(-total // 10) + 1):
         n = min(10 * per_class, total)
         first, last = counts_covering(truth, n, total)
