@@ -18,6 +18,7 @@ ARTICLE = {"torch": "torch", "transformers": "transformers", "safetensors": "saf
            "PIL": "pillow", "numpy": "numpy", "tqdm": "tqdm", "huggingface_hub": "huggingface_hub"}
 BACKBONE = {**ARTICLE, "datasets": "datasets", "accelerate": "accelerate"}
 JOB = {**BACKBONE, "psutil": "psutil"}
+JOB_PID = "VIT_PART3_JOB_PID"  # set by the job for a script it starts (job/child_process.py): the job's pid
 SET_UP = ("activate the project's environment (. .venv/bin/activate, which `make quick` or `make test` makes) or "
           "install requirements.lock into yours (docs/setup.md)")
 
@@ -39,6 +40,13 @@ def before_torch_loads(packages=JOB):
         os._exit(130)
 
     signal.signal(signal.SIGINT, leave)
+    job = os.environ.pop(JOB_PID, None)  # started by a job: end with it (the script's own children do not)
+    if job and sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG: SIGTERM as the job ends
+        if os.getppid() != int(job):  # it ended before the request was made
+            os.kill(os.getpid(), signal.SIGTERM)
     if hasattr(signal, "pthread_sigmask"):  # reproduce.py starts a script with Ctrl-C held back until here
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     from importlib.util import find_spec  # not loaded at the interpreter's start: imported once Ctrl-C is handled

@@ -4,7 +4,7 @@ end tied to the job's.
 The job holds an exclusive lock on OUT/.reproduce.lock (only_job_on) and each script it starts
 inherits it (run_logged), so the lock lasts while any of them lives: a new job never writes into an
 OUT where a script of an ended job still runs. On Linux that script was sent SIGTERM when its job
-ended (script_start) and saves and stops as on any SIGTERM, so the new job waits for it. The job
+ended (start_script) and saves and stops as on any SIGTERM, so the new job waits for it. The job
 removes the file as it ends (JobLock.close), unless a script of it still runs.
 """
 import json
@@ -20,6 +20,7 @@ import psutil
 
 from common.errors import UserError
 from common.files import reason, write_atomic
+from common.start import JOB_PID
 
 LOG_EVERY = 30  # seconds between snapshots of a running script's log
 LOCK = ".reproduce.lock"
@@ -52,24 +53,18 @@ class StopRequests:
             self.child.send_signal(signum)
 
 
-def script_start():
-    """A preexec_fn: Ctrl-C held back until the script's first line handles it; on Linux, SIGTERM when the job's
-    process ends, however it ends (docs/reproduce.md, "Stopping")."""
-    if not hasattr(signal, "pthread_sigmask"):
-        return None
-    linux, job = sys.platform.startswith("linux"), os.getpid()
-    if linux:
-        import ctypes
-
-        prctl, pr_set_pdeathsig = ctypes.CDLL(None, use_errno=True).prctl, 1
-
-    def start():
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        if linux:
-            prctl(pr_set_pdeathsig, int(signal.SIGTERM))
-            if os.getppid() != job:  # the job ended before the request was made
-                os.kill(os.getpid(), signal.SIGTERM)
-    return start
+def start_script(command, env, **popen):
+    """Popen of a script in a process group of its own, with no preexec_fn: the job's process has threads (torch's),
+    and after a fork with threads no Python may run before exec. What a preexec_fn would do, the script does itself
+    (common/start.py): Ctrl-C stays held back until its first line handles it, for the child keeps the signal mask
+    this thread holds while it forks; on Linux it asks for SIGTERM when the job ends, told the job's pid (JOB_PID)."""
+    held = hasattr(signal, "pthread_sigmask")
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if held else None
+    try:
+        return subprocess.Popen(command, env={**env, JOB_PID: str(os.getpid())}, process_group=0, **popen)
+    finally:
+        if held:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def final_states(output):
@@ -104,9 +99,8 @@ def run_logged(command, cwd, log_path, stop, lock, say):
     if sys.stderr.isatty():  # progress bars as wide as the terminal, which the script's pipe cannot tell it
         columns, lines = shutil.get_terminal_size()
         env.update(COLUMNS=str(columns), LINES=str(lines))
-    child = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, process_group=0, preexec_fn=script_start(),  # noqa: PLW1509 - no threads
-                             pass_fds=[lock.fileno()] if lock else [])
+    child = start_script(command, env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, pass_fds=[lock.fileno()] if lock else [])
     if lock:
         lock.scripts.append(child)
     stop.child = child

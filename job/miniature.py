@@ -424,7 +424,7 @@ def write_results(root, seeds, rows):
 def run_seeds(root, seeds, say=print):
     """Each seed's pictures and ViT, trained in turn here, and its job in a process of its own once its ViT is
     saved, beside the next training (one thread each: the 2 cores share them); the jobs' statuses."""
-    from job.child_process import script_start
+    from job.child_process import start_script
 
     jobs, env = {}, {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     try:
@@ -438,9 +438,7 @@ def run_seeds(root, seeds, say=print):
             build_checkpoints(folder, seed, told)
             command = [sys.executable, str(REPRODUCE), str(folder / "results"), *job_flags(folder, seed)]
             log = open(folder / "job.log", "wb")  # noqa: SIM115 - open while the job runs
-            jobs[seed] = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, process_group=0,
-                                           preexec_fn=script_start()), log,  # noqa: PLW1509 - no threads here
-                          time.perf_counter())
+            jobs[seed] = (start_script(command, env, stdout=log, stderr=subprocess.STDOUT), log, time.perf_counter())
             say(f"seed {seed}: the job runs, its lines in {folder / 'job.log'}")
         statuses = {}
         for seed, (job, log, begun) in jobs.items():

@@ -572,6 +572,25 @@ def test_a_new_job_waits_for_a_script_its_ended_job_left_running(tmp_path, capsy
     lock.close()
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux's")
+def test_a_script_starts_without_a_preexec_fn_ctrl_c_held_and_the_jobs_pid_told(monkeypatch):
+    """The job's process has threads (torch's): it forks with no Python to run in the child (no preexec_fn). The child
+    starts with SIGINT blocked (its first line unblocks it) and JOB_PID set (it asks for SIGTERM as the job ends); the
+    job's own signal mask is as before."""
+    popen, calls = subprocess.Popen, []
+    monkeypatch.setattr(subprocess, "Popen", lambda *args, **kwargs: calls.append(kwargs) or popen(*args, **kwargs))
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    probe = ("import os; blocked = int(next(line for line in open('/proc/self/status') if line.startswith('SigBlk'))"
+             ".split()[1], 16); print(blocked >> (2 - 1) & 1, os.environ['VIT_PART3_JOB_PID'], os.getpgid(0) == "
+             "os.getpid())")
+    child = child_process.start_script([sys.executable, "-c", probe], dict(os.environ), stdout=subprocess.PIPE,
+                                       text=True)
+    printed = child.communicate(timeout=120)[0].split()
+    assert printed == ["1", str(os.getpid()), "True"] and child.returncode == 0
+    assert calls[0].get("preexec_fn") is None
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == before
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc are Linux's")
 def test_no_script_outlives_its_job_killed_with_its_process_group(job, tmp_path):
     """A scheduler's SIGKILL of the job's process group: the script, in a group of its own, is sent SIGTERM as the
