@@ -26,9 +26,11 @@ if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as 
 
 import functools
 import math
+import os
 import re
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -37,14 +39,14 @@ import torch.nn.functional as F
 from common import beans as beans_data
 from common import cli
 from common import trainer as plumbing
-from common.checkpoints import load_pretrained
+from common.checkpoints import load_pretrained, save_loadable
 from common.closed_form import closed_form
 from common.device import PRECISIONS, float32_arithmetic
 from common.errors import UserError
 from common.loader import NEW_PASS, timed
 from common.output import say
 from common.paths import FEATURE_CACHE_DIR
-from common.run import loaded, run_sections
+from common.run import check_output, loaded, run_sections
 from common.verdicts import subset_differences
 from figures import backbone as figures
 
@@ -55,6 +57,7 @@ BATCH = 16              # TrainingArguments(per_device_train_batch_size=16, per_
 EPOCHS = 5              # num_train_epochs=5
 LR = 2e-5               # learning_rate=2e-5 (AdamW, linear decay: the Trainer's defaults)
 LOGGING_STEPS = 10      # logging_steps=10 with eval_strategy='steps': the training loss and an evaluation every 10
+SAVED_MODEL, TRAINER_DIR = "model", "trainer"  # --save-dir's folders: the fine-tuned model, the Trainer's output
 RELEASED = {"training pictures": 1034, "validation pictures": 133}
 # ds['train'].features['labels'].names  # ds['train'], ds['validation'] as released
 BEANS_CLASSES = ("angular_leaf_spot", "bean_rust", "healthy")
@@ -280,10 +283,13 @@ def finetune(run):
     preprocessing = time.perf_counter() - begun
     recipe = {"per_device_train_batch_size": args.batch_size, "per_device_eval_batch_size": args.batch_size,
               "num_train_epochs": args.epochs, "learning_rate": args.lr, "logging_steps": LOGGING_STEPS,
-              "save_strategy": "no", "eval_strategy": "steps", "remove_unused_columns": False, "seed": args.seed}
-    with plumbing.timed_trainer(recipe, run.device, args.precision, model=model, processing_class=processor,
-                                train_dataset=train_ds.with_transform(transform), eval_dataset=val_items,
-                                data_collator=collate_fn, compute_metrics=accuracy_metrics) as (trainer, passes):
+              "save_strategy": "no", "eval_strategy": "steps", "remove_unused_columns": False, "seed": args.seed,
+              "report_to": args.report_to}
+    trainer_dir = Path(args.save_dir) / TRAINER_DIR if args.save_dir else None  # its logs (--report-to tensorboard)
+    with plumbing.timed_trainer(recipe, run.device, args.precision, trainer_dir, model=model,
+                                processing_class=processor, train_dataset=train_ds.with_transform(transform),
+                                eval_dataset=val_items, data_collator=collate_fn,
+                                compute_metrics=accuracy_metrics) as (trainer, passes):
         before = trainer.evaluate()  # the article's: evaluate, train, evaluate
         tokens_before = patch_tokens()
         trained = trainer.train()
@@ -293,6 +299,10 @@ def finetune(run):
                         f"{trained.training_loss:.4g} {plumbing.steps_text(1, trained.global_step)} "
                         f"(lr {args.lr:g}): the model diverged; lower --lr")
     model.eval()
+    if args.save_dir:  # what from_pretrained and pipeline("image-classification") load
+        saved = save_loadable(Path(args.save_dir) / SAVED_MODEL, model, beans["names"], processor,
+                              what="fine-tuned model")
+        say(f"saved the fine-tuned model in {saved}: from_pretrained and pipeline(\"image-classification\") load it")
     # one basis for both, so that a colour means the same direction before and after
     grid = (model.config.image_size // model.config.patch_size,) * 2  # patches on a side
     maps = pca_rgb(torch.cat([tokens_before, patch_tokens()]).numpy(), grid).round(3)
@@ -636,12 +646,42 @@ def parse_args(argv):
                              "faster on recent GPUs (default: %(default)s)")
     parser.add_argument("--plots", type=cli.nonempty_path, metavar="DIR",
                         help="save the training curves and the feature maps as PNG (needs matplotlib)")
+    parser.add_argument("--save-dir", type=cli.nonempty_path, metavar="DIR",
+                        help=f"save the fine-tuned model in DIR/{SAVED_MODEL}, as from_pretrained and pipeline() load "
+                             f"it; the Trainer's own output (its logs) in DIR/{TRAINER_DIR}")
+    parser.add_argument("--report-to", nargs="+", default=["none"], metavar="NAME",
+                        help="the Trainer's report_to: where it logs the run, e.g. tensorboard (its logs in "
+                             "--save-dir), wandb, mlflow, or all installed (default: none)")
     args = parser.parse_args(argv)
+    why = reporting_problem(args.report_to, args.save_dir)
+    if why:
+        parser.error(f"--report-to {' '.join(args.report_to)}: {why}")
     return args
+
+
+def reporting_problem(names, save_dir):
+    """Why the Trainer could not report to `names` (its report_to), in a line, or None; said before any work."""
+    from transformers.integrations import get_available_reporting_integrations
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+    if names in (["none"], ["all"]):
+        return None
+    unknown = [name for name in names if name not in INTEGRATION_TO_CALLBACK]
+    if unknown:
+        known = ", ".join(INTEGRATION_TO_CALLBACK)
+        return f"{unknown[0]} is not one the Trainer knows; choose none, all, or of {known}"
+    missing = [name for name in names if name not in get_available_reporting_integrations()]
+    if missing:
+        return f"{missing[0]} is not installed here: pip install {missing[0]}"
+    if "tensorboard" in names and not save_dir and not os.environ.get("TENSORBOARD_LOGGING_DIR"):
+        return "its logs go to the Trainer's output folder, which without --save-dir is deleted: add --save-dir DIR"
+    return None
 
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.save_dir:
+        check_output(args.save_dir, "--save-dir", folder=True)
     return run_sections("backbone", args, SECTIONS, setup_differences, MODEL, ARTICLE_FLAGS,
                         fp32_rule=ARTICLE_FP32_RULE)
 

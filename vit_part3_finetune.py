@@ -38,13 +38,13 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from common import cli, distributed
-from common.checkpoints import checkpoint_config, load_pretrained
+from common.checkpoints import checkpoint_config, load_pretrained, save_loadable
 from common.errors import UserError
 from common.imagenette import CLASSES, data_differences, load_splits
 from common.inference import run_model
 from common.loader import NEW_PASS, started_pass
 from common.output import say
-from common.pictures import to_pixels
+from common.pictures import pixels_processor, to_pixels
 from common.run import check_output, loaded, run_sections
 from common.training import read_checkpoint, save_checkpoint, set_rng_states
 from common.verdicts import article_values
@@ -74,6 +74,7 @@ ARTICLE_FLAGS = {"steps": ("steps", STEPS), "batch": ("batch_size", BATCH), "lr"
 # --accum-steps and torchrun's processes keep the recipe's arithmetic, so they are not in ARTICLE_FLAGS.
 
 CHECKPOINT = "checkpoint.pt"
+SAVED_AVERAGE, SAVED_LAST = "model", "model-last"  # --save-dir's folders of the end's weights, save_pretrained's
 CHECKPOINT_FORMAT = "vit_part3_finetune checkpoint, v5"  # v5: the log keeps each check's counts, right of checked
 
 
@@ -570,6 +571,16 @@ def finish(run, report, *, data, model, average, log, micro, last_step):
         report.print(f"  on all {len(data['val']):,} validation pictures: the weight average (factor {AVERAGE_FACTOR}) "
                      f"{report.num('average accuracy', 100 * averaged / of, '.2f', right=averaged, of=of)}%, the last "
                      f"weights {report.num('last accuracy', 100 * last / of, '.2f', right=last, of=of)}%")
+        if args.save_dir and run.rank == 0:  # what from_pretrained and pipeline("image-classification") load
+            short = {wnid: name for wnid, name, _ in CLASSES}  # Imagenette's short names; another set's folder names
+            names = [short.get(wnid, wnid) for wnid in data["folders"]]
+            for folder, weights in ((SAVED_AVERAGE, average), (SAVED_LAST, model)):
+                weights.config.image_size = args.resolution  # its position table's, stretched by build_classifier
+                save_loadable(Path(args.save_dir) / folder, weights, names, pixels_processor(args.resolution),
+                              what="fine-tuned model")
+            say(f"saved the weight average in {Path(args.save_dir) / SAVED_AVERAGE} and the last weights in "
+                f"{Path(args.save_dir) / SAVED_LAST}: from_pretrained and pipeline(\"image-classification\") load "
+                "either")
     texts = {what: report.num(what, timing) for what, timing in (*passes.items(), *final.items())}
     report.print(f"  passes over pictures (this process's): training, {last_step} steps {texts['training']}; the "
                  f"checks of the validation subset, {passes['checks']['pictures']:,} pictures in all {texts['checks']}"
@@ -634,7 +645,9 @@ def parse_flags(argv, world):
     parser.add_argument("--accum-steps", type=cli.positive_int, default=1,
                         help="split each process's batch into N passes (default: %(default)s)")
     parser.add_argument("--save-dir", type=cli.nonempty_path, metavar="DIR",
-                        help=f"write DIR/{CHECKPOINT} every --save-every steps, at the end and on Ctrl-C or SIGTERM")
+                        help=f"write DIR/{CHECKPOINT} every --save-every steps, at the end and on Ctrl-C or SIGTERM; "
+                             f"at the last step, the weight average in DIR/{SAVED_AVERAGE} and the last weights in "
+                             f"DIR/{SAVED_LAST}, as from_pretrained and pipeline() load them")
     parser.add_argument("--save-every", type=cli.positive_int, default=50,
                         help="steps between checkpoints (default: %(default)s)")
     parser.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.pt of --save-dir")

@@ -153,6 +153,21 @@ def load_pretrained(model_class, name, fix=LOCAL_COPY, **kwargs):
         logging.set_verbosity(level)
 
 
+def save_loadable(folder, model, names, processor, what="model"):
+    """A classifier as from_pretrained and pipeline("image-classification", model=folder) load it, written whole or
+    not at all: its weights (safetensors) and config, the classes named (id2label), and the image processor that
+    makes its pixels."""
+    from common.files import write_folder_atomic
+
+    model.config.update({"id2label": dict(enumerate(names)), "label2id": {name: i for i, name in enumerate(names)}})
+
+    def write(temporary):
+        model.save_pretrained(temporary)
+        processor.save_pretrained(temporary)
+
+    return write_folder_atomic(folder, write, what=what)
+
+
 def download_error(error):
     """The first line of the innermost error of a failed download (the network's own words, as "peer closed
     connection"), not the library's guess at its cause ("does not appear to have a file named ...")."""

@@ -53,3 +53,32 @@ def write_atomic(path, write, text=False, what="file"):
 
 def write_text(path, content, what="file"):
     return write_atomic(path, lambda f: f.write(content), text=True, what=what)
+
+
+def write_folder_atomic(path, write, what="folder"):
+    """write(folder) into a temporary folder beside path, then put it in path's place: the folder there before is
+    moved aside first and removed only once the new one stands, so that a failure (a full disk) leaves the old one
+    whole; an OSError is a UserError naming the folder as `what`."""
+    import shutil
+
+    target, token = Path(path), secrets.token_hex(8)
+    temporary, old = target.parent / f"{TEMP_PREFIX}{target.name}-{token}", target.parent / f"{TEMP_PREFIX}old-{token}"
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temporary.mkdir()
+        write(temporary)
+        if target.exists():
+            os.replace(target, old)
+        try:
+            os.replace(temporary, target)
+        except OSError:
+            if old.exists():  # the old one back in its place
+                os.replace(old, target)
+            raise
+    except (OSError, RuntimeError, ValueError) as error:
+        raise UserError(f"cannot write the {what} {target}: {reason(error)}") from error
+    finally:
+        shutil.rmtree(temporary, ignore_errors=True)
+        if target.exists():  # else the old one is all there is: kept, under its temporary name
+            shutil.rmtree(old, ignore_errors=True)
+    return target

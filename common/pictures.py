@@ -37,6 +37,14 @@ def to_pixels(batch, device):
     return (x * (1 / 255) - 0.5) / 0.5
 
 
+def pixels_processor(resolution):
+    """The image processor that makes these pixels from a picture, as transformers saves and loads it (a model
+    saved for from_pretrained and pipeline() carries it)."""
+    from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
+
+    return ViTImageProcessorPil(size={"height": resolution, "width": resolution})
+
+
 def load_all(paths, desc="decoding"):
     """Every picture decoded (RGB), in order; by threads (PIL decodes outside the GIL)."""
     from tqdm import tqdm

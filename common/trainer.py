@@ -29,8 +29,9 @@ def check_classifier_files(name, example):
 
 
 @contextlib.contextmanager
-def timed_trainer(recipe, device, precision, **parts):
-    """Yields (a Trainer of `parts` and TrainingArguments(**recipe), writing to a temporary folder, its progress on
+def timed_trainer(recipe, device, precision, output_dir=None, **parts):
+    """Yields (a Trainer of `parts` and TrainingArguments(**recipe; report_to "none" unless it says), writing to
+    output_dir (a temporary folder without one), its progress on
     stderr; its passes {"training", "evaluations": pass timings, "train() seconds", "workers"}, filled as it runs), its
     training pictures prepared by loader_workers(device) processes (docs/performance.md). The passes are timed
     through the Trainer's own overrides: its training steps' next() in get_batch_samples, its evaluations' in their
@@ -97,9 +98,11 @@ def timed_trainer(recipe, device, precision, **parts):
             return output
 
     divergence = Divergence()
-    with tempfile.TemporaryDirectory(prefix="vit-backbone-trainer-") as output_dir:
+    kept = contextlib.nullcontext(output_dir) if output_dir else tempfile.TemporaryDirectory(prefix="vit-trainer-")
+    with kept as folder:
         # no logging_nan_inf_filter: it hides a nan loss (a step's as the others' mean, an evaluation's dropped)
-        args = TrainingArguments(**recipe, output_dir=output_dir, report_to="none", use_cpu=device.type == "cpu",
+        args = TrainingArguments(**{"report_to": "none", **recipe}, output_dir=str(folder),
+                                 use_cpu=device.type == "cpu",
                                  logging_nan_inf_filter=False,
                                  bf16=precision == "bf16", dataloader_num_workers=workers,
                                  dataloader_persistent_workers=workers > 0, dataloader_pin_memory=device.type == "cuda",

@@ -278,7 +278,7 @@ def beans_standins(tmp_path_factory):
 @pytest.fixture(scope="session")
 def backbone_runs(beans_standins, tmp_path_factory):
     """The backbone script's JSON: the first stand-in twice (features computed, then read from the cache), then
-    the second stand-in; with --compare, and --plots on the first run."""
+    the second stand-in; with --compare, and --plots and --save-dir on the first run."""
     import json
 
     import vit_backbone
@@ -289,14 +289,14 @@ def backbone_runs(beans_standins, tmp_path_factory):
     try:
         for k, model in enumerate([beans_standins["models"][0], *beans_standins["models"]]):
             path = out / f"backbone-{k}.json"
-            extra = ["--plots", str(out / "figures")] if k == 0 else []
+            extra = ["--plots", str(out / "figures"), "--save-dir", str(out / "saved")] if k == 0 else []
             status = vit_backbone.main(["--model", str(model), "--data-dir", str(beans_standins["data"]),
                                         *BACKBONE_FLAGS, *extra, "--compare", "--json", str(path)])
             assert status == 0
             records.append(json.loads(path.read_text()))
     finally:
         vit_backbone.FEATURE_CACHE_DIR = saved
-    return {"records": records, "figures": out / "figures", "cache": out / "features"}
+    return {"records": records, "figures": out / "figures", "cache": out / "features", "saved": out / "saved"}
 
 
 def compare(numbers, reference, differences=None):

@@ -299,6 +299,37 @@ def test_the_validation_pictures_preprocessed_once_are_what_the_processor_makes(
         assert torch.equal(item["pixel_values"], expected) and item["labels"] == row["labels"]
 
 
+def test_the_saved_model_loads_in_a_pipeline_that_predicts_as_the_run_counted(backbone_runs, beans_standins):
+    """--save-dir DIR: DIR/model, which from_pretrained and pipeline("image-classification") load, its classes named,
+    the pipeline right on as many validation pictures as the run's accuracy after fine-tuning."""
+    from transformers import pipeline
+
+    from common import beans as beans_data
+
+    beans = beans_data.load(beans_standins["data"])
+    classify = pipeline("image-classification", model=str(backbone_runs["saved"] / "model"), device="cpu")
+    guesses = classify(list(beans["validation"]["image"]), top_k=1)
+    right = sum(guess[0]["label"] == beans["names"][label]
+                for guess, label in zip(guesses, beans["validation"]["labels"], strict=True))
+    assert right == backbone_runs["records"][0]["numbers"]["after right"]["value"]
+
+
+@pytest.mark.parametrize("names,save_dir,said", [
+    (["none"], None, None), (["all"], None, None), (["wandb"], None, None), (["tensorboard"], "runs", None),
+    (["tensorboard"], None, "its logs go to the Trainer's output folder, which without --save-dir is deleted"),
+    (["tensorboard", "nosuch"], "runs", "nosuch is not one the Trainer knows"),
+    (["mlflow"], None, "mlflow is not installed here: pip install mlflow"),
+])
+def test_report_to_is_refused_before_any_work_where_the_trainer_could_not_report(names, save_dir, said, monkeypatch):
+    import transformers.integrations
+
+    monkeypatch.setattr(transformers.integrations, "get_available_reporting_integrations",
+                        lambda: ["tensorboard", "wandb"])
+    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
+    why = backbone.reporting_problem(names, save_dir)
+    assert why == said if said is None else why.startswith(said), why
+
+
 def test_figures_are_pngs_that_open(backbone_runs):
     pytest.importorskip("matplotlib")
     for name in (backbone.figures.CURVES_FILE, backbone.figures.MAPS_FILE):

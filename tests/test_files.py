@@ -21,3 +21,45 @@ def test_a_written_file_has_the_mode_the_umask_gives(tmp_path, umask, mode):
         os.umask(previous)
     assert target.stat().st_mode & 0o777 == mode and target.read_text() == "new"
     assert not list(tmp_path.glob(f"{TEMP_PREFIX}*"))
+
+
+def fill(folder, text="new", fail=None):
+    """What a save_pretrained writes, in small: two files, or an error after the first (a full disk)."""
+    (folder / "config.json").write_text(text)
+    if fail:
+        raise fail
+    (folder / "model.safetensors").write_text(text)
+
+
+# (what the writer meets, the error's words, or None when it writes): each leaves a whole folder and no leftovers
+FOLDER_FAULTS = [
+    (None, None),
+    (OSError(28, "No space left on device"), "cannot write the model {target}: No space left on device"),
+    (RuntimeError("the library's own error"), "cannot write the model {target}: the library's own error"),
+]
+
+
+@pytest.mark.parametrize("fault,said", FOLDER_FAULTS, ids=["written", "a full disk", "a library's error"])
+def test_a_folder_is_written_whole_or_the_old_one_stays(tmp_path, fault, said):
+    from common.errors import UserError
+    from common.files import TEMP_PREFIX, write_folder_atomic
+
+    target = tmp_path / "model"
+    target.mkdir()
+    fill(target, "old")
+    if fault is None:
+        write_folder_atomic(target, fill, what="model")
+        assert sorted(p.read_text() for p in target.iterdir()) == ["new", "new"]
+    else:
+        with pytest.raises(UserError) as refused:
+            write_folder_atomic(target, lambda folder: fill(folder, fail=fault), what="model")
+        assert str(refused.value) == said.format(target=target)
+        assert sorted(p.read_text() for p in target.iterdir()) == ["old", "old"]
+    assert not list(tmp_path.glob(f"{TEMP_PREFIX}*"))
+
+
+def test_a_folder_written_where_none_was_is_made_with_its_parents(tmp_path):
+    from common.files import write_folder_atomic
+
+    write_folder_atomic(tmp_path / "run" / "model", fill)
+    assert sorted(p.name for p in (tmp_path / "run" / "model").iterdir()) == ["config.json", "model.safetensors"]

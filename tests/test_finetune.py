@@ -390,10 +390,12 @@ def numbers_as_hash(text):
 
 @pytest.mark.skipif(not ARTICLE.exists(), reason="the article is not beside the checkout")
 def test_script_end_to_end_on_stand_ins(tiny_in21k, pictures, tmp_path):
+    """The article's lines; the batches the loader hands over; --save-dir's two folders, which from_pretrained and
+    pipeline("image-classification") load, the pipeline predicting the validation pictures as the script counted."""
     sizes = tmp_path / "batches.json"  # the sizes of the batches the loader hands over, pass by pass
     command = [sys.executable, "tests/batch_counter.py", str(sizes), "vit_part3_finetune.py", "--model",
                str(tiny_in21k), "--data-dir", str(pictures), "--steps", "6", "--batch-size", "8", "--compare",
-               "--plots", str(tmp_path)]
+               "--plots", str(tmp_path), "--save-dir", str(tmp_path / "run"), "--json", str(tmp_path / "run.json")]
     run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     printed = [numbers_as_hash(text) for text in run.stdout.splitlines()]
@@ -412,6 +414,20 @@ def test_script_end_to_end_on_stand_ins(tiny_in21k, pictures, tmp_path):
     for text in article_block("== 2. fine-tuning")[-2:] + article_block("== 0. data")[2:]:
         assert numbers_as_hash(text) in printed, text
     assert "(of 86 article numbers)" in run.stdout
+    from transformers import ViTForImageClassification, pipeline
+
+    from common.imagenette import list_split
+
+    numbers, items = json.loads((tmp_path / "run.json").read_text())["numbers"], list_split(pictures, "val")
+    for folder, counted in ((finetune.SAVED_AVERAGE, "average accuracy"), (finetune.SAVED_LAST, "last accuracy")):
+        names = ViTForImageClassification.from_pretrained(tmp_path / "run" / folder).config.id2label
+        assert [names[k] for k in range(10)] == [name for _, name, _ in finetune.CLASSES]
+        classify = pipeline("image-classification", model=str(tmp_path / "run" / folder), device="cpu")
+        right = sum(guess[0]["label"] == names[label]
+                    for guess, (_, label) in zip(classify([str(path) for path, _ in items], top_k=1), items,
+                                                 strict=True))
+        assert (right, len(items)) == (numbers[counted]["right"], numbers[counted]["of"]), folder
+    assert not [path.name for path in (tmp_path / "run").iterdir() if path.name.startswith(".tmp-")]
 
 
 def test_script_without_the_checkpoint_says_so(pictures):
