@@ -198,7 +198,7 @@ def test_the_seeds_verdicts_combine_on_every_seed_and_the_page_shows_each(tmp_pa
 
     monkeypatch.setattr(miniature, "seed_verdicts", seed_rows)
     rows = miniature.combined(tmp_path, [0, 1])
-    assert [row["verdict"] for row in rows] == ["undecided"] + ["holds"] * 10
+    assert [row["verdict"] for row in rows] == ["undecided"] + ["holds"] * 11
     assert rows[0]["seeds"] == {0: {"verdict": "holds", "evidence": "seed 0's numbers"},
                                 1: {"verdict": "fails", "evidence": "seed 1's numbers"}}
     assert rows[1]["depends"] is False and rows[2]["depends"] is True  # no gradient into the body: arithmetic alone
@@ -207,7 +207,7 @@ def test_the_seeds_verdicts_combine_on_every_seed_and_the_page_shows_each(tmp_pa
     text = page.read_text()
     assert "| vit_part3_finetune.py | with the zero head the first loss is ln 10: ten equal scores, a probability of " \
            "0.1 each | undecided | holds: seed 0's numbers | fails: seed 1's numbers |" in text
-    assert "On the miniature: 10 hold, 0 fail, 1 undecided, 0 not run (of 11 conclusions; decided 10, " in text
+    assert "On the miniature: 11 hold, 0 fail, 1 undecided, 0 not run (of 12 conclusions; decided 11, " in text
 
 
 # ---------------------------------------------------------------- the maths, broken one piece at a time
