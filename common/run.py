@@ -58,6 +58,7 @@ def loaded(*loads, run=None):
     return values
 
 
+RECORD_FORMAT = 1  # the layout of --json's records: a reader of another layout refuses them in one line (job/page.py)
 CHECK_ONLY = "VIT_PART3_CHECK_ONLY"  # set to 1: a script checks its flags and paths, then stops before its sections
 IN_JOB = "VIT_PART3_IN_JOB"  # set to 1 by reproduce.py for its scripts: the job's last lines say what to run next
 
@@ -139,8 +140,8 @@ def same_command():
 def run_record(run, report, rows, differences, conclusions=()):
     """What --json writes: the flags, the environment, the setup, every printed number, the comparison and the
     conclusions' verdicts."""
-    record = {"script": report.script, "flags": vars(run.args), "setup differences": differences,
-              "environment": environment(run), "printed": report.lines,
+    record = {"format": RECORD_FORMAT, "script": report.script, "flags": vars(run.args),
+              "setup differences": differences, "environment": environment(run), "printed": report.lines,
               "numbers": {name: {**number, "line": report.line_of.get(name)}
                           for name, number in report.numbers.items()},
               "series": report.series, "passes": report.passes,

@@ -34,6 +34,7 @@ from common.cli import script_parser
 from common.environment import LIBRARIES, MINIATURE_MARK
 from common.errors import UserError
 from common.files import write_text
+from common.run import RECORD_FORMAT
 from common.start import guarded
 from common.verdicts import LEGEND, article_values, counts_text, judge, split_notes, verdict_text
 from figures import backbone, fewshot, finetune, posemb
@@ -64,6 +65,10 @@ def read_record(path):
     if not isinstance(record, dict) or "numbers" not in record:
         raise UserError(f"{path} was not written by the --json of vit_part3_*.py or vit_backbone.py: "
                         "run the script again")
+    if record.get("format") != RECORD_FORMAT:
+        found = f"format {record['format']}" if "format" in record else "no format, an older version's"
+        raise UserError(f"{path} is a record of another version of the scripts ({found}; this version reads format "
+                        f"{RECORD_FORMAT}): run the script again")
     problem = unlike_a_record(record)
     if problem:
         raise UserError(f"{path} is not a record a script wrote ({problem}): run the script again")

@@ -9,6 +9,7 @@ from common.environment import library_versions
 from common.errors import UserError
 from common.files import write_text
 from common.output import say
+from common.run import RECORD_FORMAT
 from job.page import JOB_RECORD, script_file
 from job.page import read_record as page_record
 
@@ -58,13 +59,15 @@ def read_manifest(out, force=False):
             return {}
         raise UserError(f"{path} cannot be read ({error}): restore it, or add --force to run every script again "
                         f"(their results and fine-tuning's checkpoint are kept aside)") from error
-    return manifest if isinstance(manifest, dict) else {}
+    # another version's record (another format) tells nothing of what this version made: every script runs again
+    return manifest if isinstance(manifest, dict) and manifest.get("format") == RECORD_FORMAT else {}
 
 
 def write_manifest(out, manifest):
     """Whole or not at all; a failure costs the next job's skipping, not this job: a warning."""
     try:
-        write_text(out / JOB_RECORD, json.dumps(manifest, indent=2), what="record of the job")
+        write_text(out / JOB_RECORD, json.dumps({**manifest, "format": RECORD_FORMAT}, indent=2),
+                   what="record of the job")
     except UserError as problem:
         say(f"warning: {problem}; the next job will run these scripts again")
 

@@ -125,8 +125,9 @@ def test_the_page_says_first_that_a_run_on_the_miniature_has_numbers_of_its_own(
 
     marked, results = miniature.mark(tmp_path / "imagenette"), tmp_path / "results"
     results.mkdir()
-    record = {"script": "posemb", "flags": {"model": "google/vit-base-patch16-224", "data_dir": str(marked)},
-              "numbers": {}, "environment": {}, "printed": [], "series": {}, "passes": {}, "could_not_run": []}
+    record = {"format": 1, "script": "posemb",
+              "flags": {"model": "google/vit-base-patch16-224", "data_dir": str(marked)}, "numbers": {},
+              "environment": {}, "printed": [], "series": {}, "passes": {}, "could_not_run": []}
     (results / "posemb.json").write_text(json.dumps(record))
     paragraphs = page.build(results, say=lambda text: None).read_text().split("\n\n")
     assert paragraphs[1].startswith("**A miniature, its numbers its own**: vit_part3_posemb.py ran on a ViT trained "

@@ -142,7 +142,8 @@ def test_a_script_the_job_could_not_run_says_why_and_the_jobs_command(tmp_path):
 
 def test_a_note_of_pictures_not_checked_is_a_line_under_the_articles_setup_not_a_difference(tmp_path):
     why = "--data-dir /copy: the release's layout and counts, its pictures not checked against the release"
-    record = {"numbers": {}, "setup differences": {"pictures unchecked": {"flag": "--data-dir /copy", "why": why,
+    record = {"format": 1, "numbers": {}, "setup differences": {"pictures unchecked": {"flag": "--data-dir /copy",
+                                                                                      "why": why,
                                                                           "moves": False, "note": True}}}
     (tmp_path / "posemb.json").write_text(json.dumps(record))
     page = page_maker.build(tmp_path, say=lambda text: None).read_text()
@@ -258,13 +259,19 @@ BAD_RECORDS = [
     ("a difference without flag", {"setup differences": {"resolution": {"why": "w"}}}, "has no flag and reason"),
     ("a sample over its set", {"setup differences": {"validation pictures": {"flag": "f", "why": "w", "n": 3930,
                                                                              "of": 3925}}}, "is not a sample of"),
+    ("an older version's", {"format": None},
+     "a record of another version of the scripts (no format, an older version's; this version reads format 1)"),
+    ("a later version's", {"format": 2},
+     "a record of another version of the scripts (format 2; this version reads format 1)"),
 ]
 
 
 @pytest.mark.parametrize("what,changed,said", BAD_RECORDS, ids=[what for what, _, _ in BAD_RECORDS])
 def test_a_record_the_scripts_never_write_is_refused_in_one_line(what, changed, said, tmp_path):
-    record = {"script": "posemb", "numbers": {"224 of 10": GOOD_NUMBER}, "setup differences": {}, **changed}
-    (tmp_path / "posemb.json").write_text(json.dumps(record))
+    record = {"format": 1, "script": "posemb", "numbers": {"224 of 10": GOOD_NUMBER}, "setup differences": {},
+              **changed}
+    (tmp_path / "posemb.json").write_text(json.dumps({key: value for key, value in record.items()
+                                                      if value is not None}))  # None: left out
     with pytest.raises(UserError) as refused:
         page_maker.build(tmp_path, say=lambda text: None)
     assert said in str(refused.value) and "run the script again" in str(refused.value)

@@ -23,7 +23,7 @@ NAMES = {script: script_file(script) for script in SCRIPTS}
 ])
 def test_a_script_is_skipped_only_when_its_json_is_complete_and_made_by_the_same_command_and_code(
         tmp_path, change, complete):
-    record = {"script": "posemb", "numbers": {}, "could_not_run": []}
+    record = {"format": 1, "script": "posemb", "numbers": {}, "could_not_run": []}
     if change == "could not run":
         record["could_not_run"] = [{"section": "4. accuracy", "why": "offline"}]
     path = tmp_path / "posemb.json"
@@ -67,3 +67,19 @@ def test_force_starts_afresh_from_a_record_that_cannot_be_read(tmp_path):
     assert resuming.read_manifest(tmp_path, force=True) == {}
     with pytest.raises(UserError, match="add --force to run every script again"):
         resuming.read_manifest(tmp_path)
+
+
+@pytest.mark.parametrize("format_,kept", [(None, False), (2, False), (1, True)], ids=["older", "later", "this"])
+def test_a_job_record_of_another_version_counts_nothing_done(tmp_path, format_, kept):
+    """The job's record carries its format: another version's (none: an older one) says nothing of what this version
+    made, and every script runs again; this version's keeps what it says."""
+    manifest = {"setup": {"key": {"command": ["python"]}, "seconds": 13}, "not run": {}}
+    resuming.write_manifest(tmp_path, manifest)
+    written = json.loads((tmp_path / "reproduce.json").read_text())
+    assert written["format"] == 1
+    if format_ is None:
+        del written["format"]
+    else:
+        written["format"] = format_
+    (tmp_path / "reproduce.json").write_text(json.dumps(written))
+    assert resuming.read_manifest(tmp_path) == (written if kept else {})
