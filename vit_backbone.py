@@ -49,6 +49,7 @@ from common.paths import FEATURE_CACHE_DIR
 from common.run import check_output, loaded, run_sections
 from common.verdicts import subset_differences
 from figures import backbone as figures
+from figures import origin_of
 
 # ---------------------------------------------------------------- the recipe, where the article states it
 MODEL = "google/vit-base-patch16-224"  # model_id: an ImageNet-1k classifier whose head is replaced by a 3-class one
@@ -544,8 +545,9 @@ def section_finetune(run, report):
     print_history(report, result["history"])
     report.series["feature maps"] = result["feature maps"]
     if args.plots:
-        figures.backbone_curves(report.series, args.plots, say)
-        figures.backbone_feature_maps(result["feature maps"], args.plots, say)
+        origin = origin_of(args, beans_data.DATASET)
+        figures.backbone_curves(report.series, args.plots, say, origin)
+        figures.backbone_feature_maps(result["feature maps"], args.plots, say, origin)
 
 
 def section_three_ways(run, report):

@@ -31,13 +31,14 @@ from common.checkpoints import load_pretrained
 from common.closed_form import closed_form
 from common.errors import UserError
 from common.feature_cache import cache_key, cached_passes
-from common.imagenette import CLASSES, data_differences, load_splits
+from common.imagenette import CLASSES, DEFAULT_NAME, data_differences, load_splits
 from common.inference import run_model
 from common.output import say
 from common.paths import CHECKOUT, FEATURE_CACHE_DIR
 from common.run import run_sections
 from common.verdicts import article_values, load_reference
 from figures import fewshot as figures
+from figures import origin_of
 
 DEFAULT_MODEL = "google/vit-base-patch16-224-in21k"
 REPRESENTATIONS = ("pre-logits", "class token")
@@ -213,7 +214,8 @@ def section_frozen(run, report):
     report.print(f"  chance is {report.num('chance (%)', 100 / classes, '.0f')}%; 1-shot means "
                  f"{report.num('1-shot pictures', classes)} training pictures in total, one per class")
     if args.plots:
-        figures.fewshot_accuracy(report.values(), article_values("fewshot"), args.plots, say, args.draws)
+        figures.fewshot_accuracy(report.values(), article_values("fewshot"), args.plots, say, args.draws,
+                                 origin_of(args, DEFAULT_NAME))
 
 
 def section_one_solve(run, report):

@@ -40,7 +40,7 @@ from tqdm import tqdm
 from common import cli, distributed
 from common.checkpoints import checkpoint_config, load_pretrained, save_loadable
 from common.errors import UserError
-from common.imagenette import CLASSES, data_differences, load_splits
+from common.imagenette import CLASSES, DEFAULT_NAME, data_differences, load_splits
 from common.inference import run_model
 from common.loader import NEW_PASS, started_pass
 from common.output import say
@@ -49,6 +49,7 @@ from common.run import check_output, loaded, run_sections
 from common.training import read_checkpoint, save_checkpoint, set_rng_states
 from common.verdicts import article_values
 from figures import finetune as figures
+from figures import origin_of
 
 # ---------------------------------------------------------------- the recipe
 # The article's run ("Our fine-tuning run"), the pieces of the paper's Table 4 at a smaller scale.
@@ -594,7 +595,8 @@ def finish(run, report, *, data, model, average, log, micro, last_step):
                           "learning rate": [lr_at(step, args.lr, args.steps) for step in range(1, last_step + 1)],
                           "clipping threshold": CLIP_NORM})
     if args.plots and run.rank == 0:
-        figures.finetune_curves(report.series, report.values(), article_values("finetune"), args.plots, say)
+        figures.finetune_curves(report.series, report.values(), article_values("finetune"), args.plots, say,
+                                origin_of(args, DEFAULT_NAME))
 
 
 SECTIONS = [section_data_and_model, section_zero_head, section_finetune]

@@ -31,13 +31,14 @@ import torch.nn.functional as F
 from common.checkpoints import checkpoint_config, load_pretrained
 from common.cli import experiment_parser, nonempty_path, side_pixels
 from common.errors import UserError
-from common.imagenette import CLASSES, data_differences, load_splits
+from common.imagenette import CLASSES, DEFAULT_NAME, data_differences, load_splits
 from common.inference import run_model
 from common.loader import workers_text
 from common.output import say
 from common.pictures import load_all
 from common.run import loaded, run_sections
 from common.verdicts import article_values
+from figures import origin_of
 from figures import posemb as figures
 
 DEFAULT_MODEL = "google/vit-base-patch16-224"
@@ -272,7 +273,7 @@ def section_cosine(run, report):
         maps[name] = similarity.tolist()
     report.series["cosine maps"] = maps  # for the figures and the page
     if run.args.plots:
-        figures.cosine_maps(maps, run.args.plots, say)
+        figures.cosine_maps(maps, run.args.plots, say, origin_of(run.args, DEFAULT_NAME))
 
 
 def section_accuracy(run, report):
@@ -315,7 +316,8 @@ def section_accuracy(run, report):
     report.print(f"  zeros: all {report.num('zeros rows', n_new * n_new + 1)} rows of E_pos set to 0, the [class] row "
                  "included; 1D and 2D tables keep the [class] row as it is")
     if args.plots:
-        figures.accuracy_bars(report.values(), article_values("posemb"), args.plots, say)
+        figures.accuracy_bars(report.values(), article_values("posemb"), args.plots, say,
+                              origin_of(args, DEFAULT_NAME))
 
 
 SECTIONS = [section_tiny_grid, section_position_table, section_cosine, section_accuracy]

@@ -29,6 +29,7 @@ ARCHIVE_BYTES = 99_003_388  # the release's archive
 ARCHIVE_MB = 99  # MB are 10^6 bytes, as every size the project states (94 MiB)
 SPLIT_COUNTS = {"train": 9_469, "val": 3_925}
 PICTURE_SIDE = 160  # imagenette2-160: every picture is 160 px on its short side
+DEFAULT_NAME = "imagenette2-160 (the project's download)"  # the data a run without --data-dir reads
 SAMPLE_SEED = 0  # the draw of --per-class's validation pictures, where they are a sample: the same in every run
 # WordNet id, the article's short name, ImageNet-1k index (parachute is n03888257, not n03888605)
 CLASSES = [("n01440764", "tench", 0), ("n02102040", "springer", 217), ("n02979186", "cassette player", 482),

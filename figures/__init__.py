@@ -22,6 +22,30 @@ def pyplot(say):
     return plt
 
 
+def provenance(model, data, made=None):
+    """The line each figure carries: the checkpoint and the data it shows, and, for a stand-in or the miniature (its
+    mark, or made: what job/ made of them), that its numbers are not the article's."""
+    from common.environment import made_here
+
+    made = made or next(filter(None, (made_here(path) for path in (model, data) if path and Path(path).is_dir())),
+                        None)
+    line = f"model: {model}; data: {data}"
+    return f"{line}; {made}: its numbers are not the article's" if made else line
+
+
+def origin_of(args, default_data):
+    """provenance() of a script's run: its --model and --data-dir (default_data: the name of the copy it reads
+    without one)."""
+    return provenance(getattr(args, "model", None), getattr(args, "data_dir", None) or default_data)
+
+
+def stamp(figure, origin):
+    """The figure's provenance line (provenance()) under it, small: a PNG copied out of the page still says what it
+    shows."""
+    if origin:
+        figure.text(0.5, 0, origin, ha="center", va="top", fontsize=7, color="dimgray")
+
+
 def save(figure, folder, name, say):
     """Save the figure as the PNG folder/name (whole or not at all) and say where; its path, or None after one
     `warning:` line naming the file and why when it cannot be written: a figure is a convenience (job/page.py redraws

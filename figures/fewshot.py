@@ -3,7 +3,7 @@ import itertools
 import math
 import re
 
-from figures import pyplot, save
+from figures import pyplot, save, stamp
 
 FILE = "fewshot_accuracy.png"
 ARTICLE_MARKERS = ("x", "+", "*", "X", "P", "1")  # the article's points: a marker of its own per lambda
@@ -29,7 +29,7 @@ def error_bars(draws, article):
             f"(ddof 0{'; the article: over its 5 draws' if article else ''})")
 
 
-def fewshot_accuracy(values, article, folder, say, draws=None):
+def fewshot_accuracy(values, article, folder, say, draws=None, origin=None):
     """few-shot: accuracy against shots, a line per lambda and the article's points, a colour and (the article's) a
     marker of its own per lambda, a panel per representation; the mean over the draws +- their std as bars (draws: how
     many, when known). Each lambda's points sit a little apart along the (log) x axis, the article's beside the
@@ -47,7 +47,7 @@ def fewshot_accuracy(values, article, folder, say, draws=None):
     steps = [b - a for a, b in itertools.pairwise(decades)]
     gap = min([0.015 * max(decades[-1] - decades[0], 1)] + [step / (2 * len(lambdas) + 1) for step in steps])
     figure, axes = plt.subplots(1, len(representations), figsize=(5.5 * len(representations), 4.2), squeeze=False,
-                                layout="constrained")
+                                layout="constrained", sharey=True)  # the representations compared on one axis
     for axis, representation in zip(axes[0], representations, strict=True):
         for k, lam in enumerate(lambdas):
             offset = (2 * k - len(lambdas) + 0.5) * gap  # in decades: the run's point, the article's a gap right
@@ -73,4 +73,5 @@ def fewshot_accuracy(values, article, folder, say, draws=None):
     order = sorted(handles, key=lambda label: (float(label.split()[1].rstrip(",")), "article" in label))
     figure.legend([handles[label] for label in order], order, loc="outside lower center", ncol=len(lambdas),
                   fontsize=8, title=error_bars(draws, article_cells), title_fontsize=8)
+    stamp(figure, origin)
     return save(figure, folder, FILE, say)

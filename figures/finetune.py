@@ -1,7 +1,7 @@
 """fine-tuning's figure: loss, gradient norm, learning rate and validation accuracy against step."""
 import re
 
-from figures import ARTICLE_STYLE, pyplot, save
+from figures import ARTICLE_STYLE, pyplot, save, stamp
 
 FILE = "finetune_curves.png"
 
@@ -19,10 +19,11 @@ def logged_steps(values):
 
 FINETUNE_PANELS = (("training loss", "loss", "cross-entropy (nats)"),
                    ("gradient norm", "norm", "L2 norm, before clipping"),
-                   ("learning rate", "lr", "learning rate"), ("validation accuracy", "accuracy", "accuracy (%)"))
+                   ("learning rate", "lr", "learning rate (per unit of gradient)"),
+                   ("validation accuracy", "accuracy", "accuracy (%)"))
 
 
-def finetune_curves(series, values, article, folder, say):
+def finetune_curves(series, values, article, folder, say, origin=None):
     """fine-tuning: loss, gradient norm, LR and validation accuracy against the run's steps, the article's marked up to
     its last; series: a value per step from 1 (else the logged steps') and the "clipping threshold"."""
     plt = pyplot(say)
@@ -53,4 +54,5 @@ def finetune_curves(series, values, article, folder, say):
         for handle, label in zip(*axis.get_legend_handles_labels(), strict=True):
             entries.setdefault(label, handle)
     figure.legend(list(entries.values()), list(entries), loc="outside lower center", ncol=len(entries))
+    stamp(figure, origin)
     return save(figure, folder, FILE, say)

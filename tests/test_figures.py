@@ -1,6 +1,7 @@
 """figures/: figures a reader understands without the code: axes titled, a short run on its own steps, zero
 drawn as zero, the cosine grids' position named, one picture per class, points no legend hides, each lambda's points
-told apart, the error bars named. Each figure is caught before it is saved."""
+told apart, the error bars named, compared panels on one axis, no empty legend entry, and each figure's line naming
+the model and data it shows. Each figure is caught before it is saved."""
 import json
 
 import pytest
@@ -74,6 +75,9 @@ def test_a_zero_accuracy_bar_carries_its_value(drawn, tmp_path):
     labels = [text.get_text() for text in axes[0].texts]
     assert labels == ["0.00", "0.00", "0.00", "0.00", "10.00"]
     assert [text.get_text() for text in axes[1].texts] == ["0.00"] * 5
+    # no row comparable with the article's: no empty "article" entry; both panels on one accuracy axis
+    assert [[text.get_text() for text in axis.get_legend().get_texts()] for axis in axes] == [["this run"]] * 2
+    assert axes[0].get_shared_y_axes().joined(axes[0], axes[1])
 
 
 def test_the_cosine_grids_name_the_position_shown_and_have_grid_positions_on_their_axes(drawn, tmp_path):
@@ -100,7 +104,9 @@ def test_the_backbone_curves_keep_the_articles_figure_with_the_legend_off_the_li
     series = {"training loss": [[10, 1.1], [20, 0.5], [30, 0.2]], "evaluation accuracy": [[10, 0.6], [30, 0.98]]}
     figure = backbone.backbone_curves(series, tmp_path, print) and drawn[backbone.CURVES_FILE]
     axis = figure.axes[0]
-    assert axis.get_title() == "ViT Training Loss Curve" and len(figure.axes) == 2  # the article's twin axes
+    assert axis.get_title() == "ViT Training Loss and Evaluation Accuracy" and len(figure.axes) == 2  # twin axes
+    assert [axis.get_ylabel() for axis in figure.axes] == ["Training Loss (cross-entropy, nats)",
+                                                           "Evaluation Accuracy (fraction, 0 to 1)"]
     figure.canvas.draw()
     legend, plotted = axis.get_legend().get_window_extent(), axis.get_window_extent()
     assert legend.y1 <= plotted.y0 or legend.x0 >= plotted.x1  # outside the axes: over no line
@@ -148,6 +154,7 @@ def test_each_lambda_of_the_few_shot_figure_has_its_own_points_and_legend_entrie
     assert not any(legend.get_window_extent().overlaps(axis.get_tightbbox()) for axis in figure.axes)
     pre_logits = figure.axes[0]
     assert pre_logits.get_title() == "few-shot accuracy, pre-logits"
+    assert pre_logits.get_shared_y_axes().joined(pre_logits, figure.axes[1])  # the representations on one axis
     marks = {}
     for container in pre_logits.containers:
         label = container.get_label()
@@ -172,14 +179,47 @@ def test_without_the_count_of_draws_the_few_shot_legend_still_names_the_bars(dra
     assert "article" not in title  # none of its points drawn
 
 
-def test_the_backbone_caption_says_the_title_is_the_articles_and_names_both_y_axes(drawn, tmp_path):
+def test_the_backbone_caption_names_the_articles_title_and_both_y_axes(drawn, tmp_path):
     series = {"training loss": [[10, 1.1], [20, 0.5]], "evaluation accuracy": [[10, 0.6], [20, 0.98]]}
     backbone.backbone_curves(series, tmp_path, print)
     loss_axis, accuracy_axis = drawn[backbone.CURVES_FILE].axes
     caption = page_maker.CAPTIONS[backbone.CURVES_FILE]
-    assert f'the title, "{loss_axis.get_title()}", is the article\'s' in caption
-    assert f"left y axis is the {loss_axis.get_ylabel().lower()} (cross-entropy in nats" in caption
-    assert f"right y axis the {accuracy_axis.get_ylabel().lower()} (a fraction from 0 to 1" in caption
+    assert 'the article titled it "ViT Training Loss Curve"' in caption
+    assert f"left y axis is the {loss_axis.get_ylabel().lower().split(' (')[0]} (cross-entropy in nats" in caption
+    assert f"right y axis the {accuracy_axis.get_ylabel().lower().split(' (')[0]} (a fraction from 0 to 1" in caption
+
+
+ORIGIN = "model: google/vit-base-patch16-224; data: imagenette2-160 (the project's download)"
+# each figure drawn with its provenance line: (the function, its arguments before folder and say, its file)
+EVERY_FIGURE = [
+    (posemb.cosine_maps, ({"3x3": [[0.1, 0.2, 0.3], [0.0, 0.5, 0.4], [0.2, 1.0, -0.3]]},), posemb.COSINE_FILE),
+    (posemb.accuracy_bars, ({f"{row} of {n}": 50.0 for row in posemb.POSEMB_ROWS for n in (10, 1000)}, {}),
+     posemb.ACCURACY_FILE),
+    (backbone.backbone_curves, ({"training loss": [[10, 1.1]], "evaluation accuracy": [[10, 0.6]]},),
+     backbone.CURVES_FILE),
+    (fewshot.fewshot_accuracy, (FEWSHOT_RUN, {}), fewshot.FILE),
+    (finetune.finetune_curves, ({"training loss": [2.3, 2.2], "gradient norm": [1.5, 1.4],
+                                 "learning rate": [0.003, 0.0]}, {"step 0 validation": 10.0}, {}), finetune.FILE),
+    (backbone.backbone_feature_maps, ({"pictures": [[[[0, 0, 0]]]], "before": [[[[0.5] * 3]]],
+                                       "after": [[[[0.5] * 3]]], "labels": ["healthy"]},), backbone.MAPS_FILE),
+]
+
+
+@pytest.mark.parametrize("draw,arguments,file", EVERY_FIGURE, ids=[file for _, _, file in EVERY_FIGURE])
+def test_each_figure_carries_the_model_and_data_it_shows(draw, arguments, file, drawn, tmp_path):
+    draw(*arguments, tmp_path, print, origin=ORIGIN)
+    assert ORIGIN in [text.get_text() for text in drawn[file].texts]
+
+
+def test_the_provenance_of_a_stand_in_says_its_numbers_are_not_the_articles(tmp_path):
+    from figures import provenance
+    from job.standins import imagenette_folder
+
+    folder = imagenette_folder(tmp_path / "nette", per_class=1)
+    assert provenance("google/vit-base-patch16-224", str(folder)) == (
+        f"model: google/vit-base-patch16-224; data: {folder}; a stand-in generated by job/standins.py (random "
+        "weights or generated pictures): its numbers are not the article's")
+    assert provenance("m", "d") == "model: m; data: d"
 
 
 FINETUNE_SERIES = {"training loss": [2.3, 2.2], "gradient norm": [1.5, 1.4], "learning rate": [0.003, 0.0],
