@@ -651,10 +651,11 @@ def parse_args(argv):
     parser.add_argument("--save-dir", type=cli.nonempty_path, metavar="DIR",
                         help=f"save the fine-tuned model in DIR/{SAVED_MODEL}, as from_pretrained and pipeline() load "
                              f"it; the Trainer's own output (its logs) in DIR/{TRAINER_DIR}")
-    parser.add_argument("--report-to", nargs="+", default=["none"], metavar="NAME",
+    parser.add_argument("--report-to", nargs="+", default="none", metavar="NAME",
                         help="the Trainer's report_to: where it logs the run, e.g. tensorboard (its logs in "
-                             "--save-dir), wandb, mlflow, or all installed (default: none)")
+                             "--save-dir), wandb, mlflow, or all installed (default: %(default)s)")
     args = parser.parse_args(argv)
+    args.report_to = [args.report_to] if isinstance(args.report_to, str) else args.report_to
     why = reporting_problem(args.report_to, args.save_dir)
     if why:
         parser.error(f"--report-to {' '.join(args.report_to)}: {why}")

@@ -67,6 +67,12 @@ def write_folder_atomic(path, write, what="folder"):
         target.parent.mkdir(parents=True, exist_ok=True)
         temporary.mkdir()
         write(temporary)
+        probe = temporary / f"{TEMP_PREFIX}mode"  # the mode a new file gets here (the umask's), for every file
+        probe.touch(exist_ok=False)
+        mode = probe.stat().st_mode & 0o777
+        probe.unlink()
+        for file in (path for path in temporary.rglob("*") if path.is_file()):
+            os.chmod(file, mode)  # a library's writer may make its files 0600
         if target.exists():
             os.replace(target, old)
         try:

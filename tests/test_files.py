@@ -58,8 +58,19 @@ def test_a_folder_is_written_whole_or_the_old_one_stays(tmp_path, fault, said):
     assert not list(tmp_path.glob(f"{TEMP_PREFIX}*"))
 
 
-def test_a_folder_written_where_none_was_is_made_with_its_parents(tmp_path):
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX file modes")
+def test_a_folder_written_where_none_was_is_made_with_its_parents_its_files_of_the_umasks_mode(tmp_path):
+    """A library's writer may make a file 0600 (as safetensors may): every file gets the mode the umask gives."""
     from common.files import write_folder_atomic
 
-    write_folder_atomic(tmp_path / "run" / "model", fill)
-    assert sorted(p.name for p in (tmp_path / "run" / "model").iterdir()) == ["config.json", "model.safetensors"]
+    def private(folder):
+        fill(folder)
+        os.chmod(folder / "model.safetensors", 0o600)
+
+    previous = os.umask(0o022)
+    try:
+        write_folder_atomic(tmp_path / "run" / "model", private)
+    finally:
+        os.umask(previous)
+    written = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "run" / "model").iterdir()}
+    assert written == {"config.json": 0o644, "model.safetensors": 0o644}
