@@ -562,20 +562,17 @@ IMAGENETTE_VAL = (387, 395, 357, 386, 409, 394, 389, 419, 399, 390)  # each clas
 
 
 def counts_covering(truth, n, total):
-    """[first, last]: the counts right of n pictures whose interval holds the truth (a count of the whole set). Both
-    bounds of the interval grow with the count, so these are every count between; found from the one-sided tests'
-    quantiles, then moved by asking accuracy_interval itself, so that the set is the implementation's."""
+    """[first, last]: counts right of n pictures whose interval (accuracy_interval's own) holds the truth, a count of
+    the whole set. Both bounds of the interval grow with the count, so every count between holds it too, and
+    P(first <= X <= last) is at most the interval's coverage: at least 95% here is at least 95% there. Found from the
+    one-sided tests' quantiles, moved inward until accuracy_interval holds the truth at both ends."""
     def covers(right):
         low, high = accuracy_interval(right, n, total)
         return low - 1e-9 <= 100 * truth / total <= high + 1e-9
 
     first, last = (int(q(0.025, total, truth, n)) for q in (hypergeom.ppf, hypergeom.isf))
-    while first > 0 and covers(first - 1):
-        first -= 1
     while not covers(first):
         first += 1
-    while last < n and covers(last + 1):
-        last += 1
     while not covers(last):
         last -= 1
     return first, last
