@@ -42,7 +42,7 @@ from common.errors import UserError
 from common.files import reason
 from common.output import say
 from common.run import check_output
-from common.training import read_checkpoint
+from common.training import CHECKPOINT, CHECKPOINT_FORMAT, read_checkpoint
 from figures import backbone, fewshot, finetune, posemb
 from job import downloads, ending
 from job.child_process import StopRequests, first_refusal, only_job_on, run_logged
@@ -54,11 +54,10 @@ from job.resuming import (
     file_digest,
     is_complete,
     read_manifest,
-    read_record,
+    readable_record,
     write_manifest,
 )
 from job.time_estimate import HOUR, MINUTE, clock, duration, estimate_seconds, how_estimated, measure_speed
-from vit_part3_finetune import CHECKPOINT, CHECKPOINT_FORMAT
 
 ROOT = Path(__file__).resolve().parent
 FINETUNE_RUN = "finetune-run"  # fine-tuning's --save-dir in OUT
@@ -378,7 +377,7 @@ def run_job(args, argv, out, lock):
             started = time.time()
             status, seconds = run_logged(command, ROOT, out / "logs" / f"{script}.log", stop, lock, say)
             seconds = round(seconds, 1)  # one clock: the terminal, reproduce.json and the page show these seconds
-            record = read_record(out / f"{script}.json")
+            record = readable_record(out / f"{script}.json")
             if record is not None:  # written by this run: move_stale took any older one away
                 manifest[script] = {"key": keys[script], "json": file_digest(out / f"{script}.json"),
                                     "seconds": seconds}
@@ -405,7 +404,7 @@ def run_job(args, argv, out, lock):
 def finish(args, argv, out, ran, not_run):
     """The table, then the page (built again when anything ran or is newer than it), then why a script did not
     finish and the command to run next, last, where the exit status is read; the exit status."""
-    (cannot, finished, times), records = ran, {script: read_record(out / f"{script}.json") for script in SCRIPTS}
+    (cannot, finished, times), records = ran, {script: readable_record(out / f"{script}.json") for script in SCRIPTS}
     rows = {script: {**ending.result_row(script, records[script]), "time": times[script]} for script in SCRIPTS}
     marks, footnotes = ending.notes(rows, records, not_run)
     lines = ending.final_table(rows, marks) + ending.conclusions_line(records) + ending.standins_line(records)

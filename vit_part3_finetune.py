@@ -46,7 +46,7 @@ from common.loader import NEW_PASS, started_pass
 from common.output import say
 from common.pictures import pixels_processor, to_pixels
 from common.run import check_output, loaded, run_sections
-from common.training import read_checkpoint, save_checkpoint, set_rng_states
+from common.training import CHECKPOINT, CHECKPOINT_FORMAT, read_checkpoint, save_checkpoint, set_rng_states
 from common.verdicts import article_values
 from figures import finetune as figures
 from figures import origin_of
@@ -74,9 +74,7 @@ ARTICLE_FLAGS = {"steps": ("steps", STEPS), "batch": ("batch_size", BATCH), "lr"
                  "resolution": ("resolution", RESOLUTION), "precision": ("precision", PRECISION)}
 # --accum-steps and torchrun's processes keep the recipe's arithmetic, so they are not in ARTICLE_FLAGS.
 
-CHECKPOINT = "checkpoint.pt"
 SAVED_AVERAGE, SAVED_LAST = "model", "model-last"  # --save-dir's folders of the end's weights, save_pretrained's
-CHECKPOINT_FORMAT = "vit_part3_finetune checkpoint, v5"  # v5: the log keeps each check's counts, right of checked
 
 
 # ---------------------------------------------------------------- the recipe, as pure functions
@@ -95,10 +93,10 @@ def warmup_steps(total_steps):
     return round(WARMUP_FRACTION * total_steps)
 
 
-def lr_at(step, base_lr, total_steps):
-    """The learning rate of step s = 1 .. T, the one it applies and logs: the schedule after t = s - 1 finished steps,
+def lr_at(t, base_lr, total_steps):
+    """The schedule after t finished steps, the article's lr_at(step - 1), which step s = t + 1 applies and logs:
     eta_0 t / W during the W warm-up steps, then the cosine decay eta_0 / 2 (1 + cos(pi (t - W) / (T - W))) to 0."""
-    t, warmup = step - 1, warmup_steps(total_steps)
+    warmup = warmup_steps(total_steps)
     if t < warmup:
         return base_lr * t / warmup
     return base_lr / 2 * (1 + math.cos(math.pi * (t - warmup) / (total_steps - warmup)))
@@ -405,7 +403,7 @@ def train(run, report, *, data, model, average, optimizer, log, monitor, micro, 
         for step in steps:
             step_begun = time.perf_counter()  # a step's seconds and wait for pictures, not its check's
             pixels, labels = next(batches)
-            lr = lr_at(step, args.lr, args.steps)
+            lr = lr_at(step - 1, args.lr, args.steps)
             loss = gradients(trained, optimizer, pixels, labels, lr, run)
             norm = torch.nn.utils.clip_grad_norm_(trained.parameters(), CLIP_NORM).item()
             if not (math.isfinite(loss) and math.isfinite(norm)):  # a finite loss can still overflow its gradient
@@ -592,7 +590,7 @@ def finish(run, report, *, data, model, average, log, micro, last_step):
         report.print(f"  paused after step {last_step} of {args.steps}; saved {Path(args.save_dir) / CHECKPOINT}: add "
                      "--resume to continue")
     report.series.update({"training loss": log["losses"], "gradient norm": log["norms"],  # for the figures and the page
-                          "learning rate": [lr_at(step, args.lr, args.steps) for step in range(1, last_step + 1)],
+                          "learning rate": [lr_at(step - 1, args.lr, args.steps) for step in range(1, last_step + 1)],
                           "clipping threshold": CLIP_NORM})
     if args.plots and run.rank == 0:
         figures.finetune_curves(report.series, report.values(), article_values("finetune"), args.plots, say,

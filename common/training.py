@@ -7,6 +7,9 @@ import torch
 from common.errors import UserError
 from common.files import write_atomic
 
+CHECKPOINT = "checkpoint.pt"  # in fine-tuning's --save-dir (and the job's OUT/finetune-run)
+CHECKPOINT_FORMAT = "vit_part3_finetune checkpoint, v5"  # v5: the log keeps each check's counts, right of checked
+
 
 def state_digest(state):
     """blake2b over every value in a fixed order, tensors by dtype, shape and bytes (uint8, for bfloat16), the rest by

@@ -10,8 +10,7 @@ from common.errors import UserError
 from common.files import write_text
 from common.output import say
 from common.run import RECORD_FORMAT
-from job.page import JOB_RECORD, script_file
-from job.page import read_record as page_record
+from job.page import JOB_RECORD, read_record, script_file
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -72,10 +71,10 @@ def write_manifest(out, manifest):
         say(f"warning: {problem}; the next job will run these scripts again")
 
 
-def read_record(path):
-    """A script's --json record, or None when it is missing or not one (the page's reading of it)."""
+def readable_record(path):
+    """A script's --json record, or None when it is missing or not one (read_record, the page's reading, refuses)."""
     try:
-        return page_record(Path(path))
+        return read_record(Path(path))
     except UserError:
         return None
 
@@ -85,5 +84,5 @@ def is_complete(out, script, key, manifest):
     entry, path = manifest.get(script), out / f"{script}.json"
     if not isinstance(entry, dict) or entry.get("key") != key or not path.is_file():
         return False
-    record = read_record(path) if entry.get("json") == file_digest(path) else None  # not rewritten since
+    record = readable_record(path) if entry.get("json") == file_digest(path) else None  # not rewritten since
     return record is not None and not record.get("could_not_run")

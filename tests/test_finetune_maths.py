@@ -42,12 +42,12 @@ def article_lr(step):
 
 def test_lr_at_every_logged_step_is_the_articles():
     assert finetune.warmup_steps(300) == 30
-    assert {s: f"{finetune.lr_at(s, 0.003, 300):.5f}" for s in ARTICLE_LRS} == ARTICLE_LRS
+    assert {s: f"{finetune.lr_at(s - 1, 0.003, 300):.5f}" for s in ARTICLE_LRS} == ARTICLE_LRS  # the article's call
 
 
 def test_lr_at_every_step_of_the_300():
     """Warm-up by hand; the cosine part against torch's CosineAnnealingLR (T_max 270) stepped once per step."""
-    lrs = [finetune.lr_at(s, 0.003, 300) for s in range(1, 301)]
+    lrs = [finetune.lr_at(s - 1, 0.003, 300) for s in range(1, 301)]
     assert lrs[0] == 0.0  # step 1 applies lr_at(0) of the article's loop
     assert lrs[:31] == pytest.approx([0.003 * t / 30 for t in range(31)], rel=1e-12, abs=0)
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.003)

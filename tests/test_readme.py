@@ -348,3 +348,33 @@ def test_the_quick_checks_conclusions_are_what_the_rules_decide_at_the_articles_
                              "of": sample}
     line = decided_line(script, judge(script, numbers, differences)[1])
     assert line in section(README, "Quick check").splitlines()
+
+
+def imported(path):
+    """The project's modules a file imports, by dotted name (at its top or inside a function)."""
+    import ast
+
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_docs_layouts_claims_about_modules_hold():
+    """docs/layout.md: no common/ module over 450 lines; nothing in common/ imports a script or job/; nothing outside
+    tests/ imports a script; every job/ module is named in its paragraph on the rest."""
+    layout = (ROOT / "docs" / "layout.md").read_text()
+    common = sorted((ROOT / "common").glob("*.py"))
+    assert max(len(path.read_text().splitlines()) for path in common) <= 450 and "none over 450 lines" in layout
+    scripts = {path.stem for path in ROOT.glob("vit_*.py")}
+    outside = [path for folder in ("common", "job", "figures", "benchmarks") for path in (ROOT / folder).glob("*.py")]
+    for path in [*outside, ROOT / "reproduce.py"]:
+        wrong = {name for name in imported(path) if name.split(".")[0] in scripts}
+        if path.parent.name == "common":
+            wrong |= {name for name in imported(path) if name.split(".")[0] == "job"}
+        assert not wrong, (path.relative_to(ROOT), wrong)
+    rest = layout[layout.index("## The rest"):]
+    assert all(f"`{path.name}`" in rest for path in (ROOT / "job").glob("*.py") if path.name != "__init__.py")
