@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from common import cli
-from common.checkpoints import load_pretrained
+from common.checkpoints import load_pretrained, processor_config
 from common.closed_form import closed_form
 from common.errors import UserError
 from common.feature_cache import cache_key, cached_passes
@@ -35,6 +35,7 @@ from common.imagenette import CLASSES, DEFAULT_NAME, data_differences, load_spli
 from common.inference import run_model
 from common.output import say
 from common.paths import CHECKOUT, FEATURE_CACHE_DIR
+from common.pictures import ARTICLE_PIXELS, processor_pixels
 from common.run import run_sections
 from common.verdicts import article_values, load_reference
 from figures import fewshot as figures
@@ -81,14 +82,15 @@ def few_shot_accuracies(x_pool, pool_labels, x_val, val_labels, shots, lam, draw
 
 # ---------------------------------------------------------------- resources
 
-def extract_features(model, paths, resolution, device, batch_size, desc, autocast=None):
+def extract_features(model, paths, resolution, device, batch_size, desc, autocast=None, pixels=ARTICLE_PIXELS):
     """({"pre-logits", "class token"}: (n, d) float32 each, both from one forward pass per batch; the timing of the
     pass of its own, its workers' start-up in it: common/inference.py's run_model)."""
     def both_representations(out):
         return (out.pooler_output.float(),             # tanh(dense(class token))
                 out.last_hidden_state[:, 0].float())   # after the final LayerNorm
 
-    batches, timing = run_model(model, paths, resolution, device, batch_size, both_representations, desc, autocast)
+    batches, timing = run_model(model, paths, resolution, device, batch_size, both_representations, desc, autocast,
+                                pixels=pixels)
     parts = zip(*batches, strict=True)  # each representation's batches
     return {name: torch.cat(part).numpy() for name, part in zip(REPRESENTATIONS, parts, strict=True)}, timing
 
@@ -136,15 +138,16 @@ def load_features(run):
     """The features of the pool and of the validation pictures, each read from the cache or computed in one pass."""
     args, data = run.args, load_data(run)
     model = functools.cache(lambda: load_frozen_model(args.model, run.device))  # loaded by the first pass, if any
+    pixels = processor_pixels(processor_config(args.model), args.model)  # what its image processor makes
 
     def features_of(paths, desc):  # a pass of its own, its workers started before it
         arrays, timing = extract_features(model(), paths, args.resolution, run.device, args.batch_size, desc,
-                                          run.autocast)
+                                          run.autocast, pixels)
         return arrays, timing, (timing.pop("workers"), timing.pop("start-up seconds"))
 
     def key(desc, paths):  # everything that decides the features; None: neither read nor write the cache
         return None if args.no_cache else cache_key(desc, args.model, paths, data["root"], resolution=args.resolution,
-                                                    precision=args.precision)
+                                                    precision=args.precision, pixels=pixels)
 
     sets = {desc: [path for path, _ in data[desc]] for desc in ("pool", "val")}
     return {**cached_passes(sets, features_of, key, REPRESENTATIONS, FEATURE_CACHE_DIR),

@@ -38,13 +38,13 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from common import cli, distributed
-from common.checkpoints import checkpoint_config, load_pretrained, save_loadable
+from common.checkpoints import checkpoint_config, load_pretrained, processor_config, save_loadable
 from common.errors import UserError
 from common.imagenette import CLASSES, DEFAULT_NAME, data_differences, load_splits
 from common.inference import run_model
 from common.loader import NEW_PASS, started_pass
 from common.output import say
-from common.pictures import pixels_processor, to_pixels
+from common.pictures import pixels_processor, processor_pixels, to_pixels
 from common.run import check_output, loaded, run_sections
 from common.training import CHECKPOINT, CHECKPOINT_FORMAT, read_checkpoint, save_checkpoint, set_rng_states
 from common.verdicts import article_values
@@ -245,6 +245,7 @@ def data_and_model(run):
             lambda: load_splits(args.data_dir, {"train": args.per_class, "val": args.per_class}),
             lambda: load_pretrained(ViTForImageClassification, args.model, output_loading_info=True), run=run)
         check_resolution(checkpoint[0].config, args.resolution)
+        run.kept["pixels"] = processor_pixels(processor_config(args.model), args.model)  # its image processor's
         data["classes"] = len(data["folders"])
         model, pre_logits = build_classifier(checkpoint, data["classes"], args.resolution)
         run.kept["data and model"] = data, model.to(run.device), pre_logits
@@ -291,8 +292,8 @@ def section_zero_head(run, report):
     report.print("\n== 1. step 0 with the zero head ==")
     indices, flips = step_pictures(1, run.args.batch_size, len(data["train"]), run.args.seed)  # step 1's whole batch
     batches, _, _ = started_pass([data["train"][i][0] for i in indices], run.args.resolution, run.args.batch_size,
-                                 run.device, flips, workers=0)  # no workers for one batch
-    pixels = to_pixels(next(batches), run.device)
+                                 run.device, flips, workers=0, resample=run.kept["pixels"]["resample"])  # one batch
+    pixels = to_pixels(next(batches), run.device, run.kept["pixels"])
     labels = torch.tensor([data["train"][i][1] for i in indices], device=run.device)
     passes = run.world * run.args.accum_steps  # the micro-batch of a training step, so the peak is training's
     with run.autocast:
@@ -505,14 +506,16 @@ def step_batches(items, first, last, run, log):
     batches = logged_pass([path for path, _ in items], args.batch_size // run.world, run, log, flips, indices,
                           log["passes"]["training"])
     for (indices, _), batch in zip(chosen, batches, strict=True):
-        yield to_pixels(batch, run.device), torch.tensor([items[i][1] for i in indices], device=run.device)
+        yield (to_pixels(batch, run.device, run.kept["pixels"]),
+               torch.tensor([items[i][1] for i in indices], device=run.device))
 
 
 def logged_pass(paths, batch_size, run, log, flips=None, indices=None, timing=None, count=len):
     """A pass's batches of the pictures at paths, its loader started (common/loader.py's started_pass; timing, count:
     as there): its workers and their start-up in the log."""
     batches, log["loader workers"], seconds = started_pass(paths, run.args.resolution, batch_size, run.device, flips,
-                                                           indices, timing=timing, count=count)
+                                                           indices, timing=timing, count=count,
+                                                           resample=run.kept["pixels"]["resample"])
     log["loader start-up seconds"] += seconds
     return batches
 
@@ -535,7 +538,7 @@ def accuracies(models, batches, labels, run, batch_size, desc, timing):
         return [model(**inputs).logits.argmax(1) for model in models]
 
     predicted, _ = run_model(predictions, batches, run.args.resolution, run.device, batch_size, list, desc,
-                             run.autocast, count=len(labels), timing=timing)
+                             run.autocast, count=len(labels), timing=timing, pixels=run.kept["pixels"])
     total, counts = distributed.sum_over_processes(len(labels), run), []
     for k in range(len(models)):
         correct = int((torch.cat([batch[k] for batch in predicted]) == torch.as_tensor(labels)).sum()) if labels else 0
@@ -575,8 +578,8 @@ def finish(run, report, *, data, model, average, log, micro, last_step):
             names = [short.get(wnid, wnid) for wnid in data["folders"]]
             for folder, weights in ((SAVED_AVERAGE, average), (SAVED_LAST, model)):
                 weights.config.image_size = args.resolution  # its position table's, stretched by build_classifier
-                save_loadable(Path(args.save_dir) / folder, weights, names, pixels_processor(args.resolution),
-                              what="fine-tuned model")
+                save_loadable(Path(args.save_dir) / folder, weights, names,
+                              pixels_processor(args.resolution, run.kept["pixels"]), what="fine-tuned model")
             say(f"saved the weight average in {Path(args.save_dir) / SAVED_AVERAGE} and the last weights in "
                 f"{Path(args.save_dir) / SAVED_LAST}: from_pretrained and pipeline(\"image-classification\") load "
                 "either")

@@ -28,14 +28,14 @@ import scipy.ndimage
 import torch
 import torch.nn.functional as F
 
-from common.checkpoints import checkpoint_config, load_pretrained
+from common.checkpoints import checkpoint_config, load_pretrained, processor_config
 from common.cli import experiment_parser, nonempty_path, side_pixels
 from common.errors import UserError
 from common.imagenette import CLASSES, DEFAULT_NAME, data_differences, load_splits
 from common.inference import run_model
 from common.loader import workers_text
 from common.output import say
-from common.pictures import load_all
+from common.pictures import load_all, processor_pixels
 from common.run import loaded, run_sections
 from common.verdicts import article_values
 from figures import origin_of
@@ -280,6 +280,7 @@ def section_accuracy(run, report):
     """4. accuracy at both resolutions"""
     model, (images, labels, imagenet_classes) = loaded(lambda: load_model(run), lambda: load_pictures(run))
     args = run.args
+    pixels = processor_pixels(processor_config(args.model), args.model)  # what its image processor makes
     report.print(f"\n== 4. accuracy on the Imagenette validation set: {report.num('validation pictures', len(images))} "
                  f"pictures (160 px on the short side), device {run.device.type} ==")
     report.print("  the ImageNet head of the checkpoint is read at the 10 Imagenette classes; no training; \"of 1000\" "
@@ -300,7 +301,7 @@ def section_accuracy(run, report):
                 np.asarray(table, dtype=np.float32))[None].to(original.device))
             size = model.config.image_size if key == "224" else args.resolution
             logits, timing = run_model(model, images, size, run.device, args.batch_size,  # a pass of its own
-                                       lambda out: out.logits.float(), key, run.autocast)
+                                       lambda out: out.logits.float(), key, run.autocast, pixels=pixels)
             workers, start_up = timing.pop("workers"), timing.pop("start-up seconds")  # its workers' start, outside it
             if key == "224":  # the first row's: said before the rows
                 report.print(f"  the loader: {workers_text(workers, start_up)}; each row's wait for pictures is its "

@@ -87,13 +87,16 @@ def hub_download(name, file, repo_type="model"):
 
 
 def check_model_flag(name):
-    """--model must be a checkpoint directory, or else a name the Hub's own rule takes as a repository id: the name
-    (argparse's type of --model)."""
+    """--model must be a checkpoint directory (with an image processor the scripts can follow, if any), or else a
+    name the Hub's own rule takes as a repository id: the name (argparse's type of --model)."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     if not name.strip():
         raise UserError("--model is empty: pass a saved checkpoint directory or a Hub id")
     if os.path.isdir(os.path.expanduser(name)):
+        from common.pictures import processor_pixels
+
+        processor_pixels(processor_config(name), name)  # an image processor the scripts cannot follow: refused now
         return name
     try:
         validate_repo_id(name)
@@ -151,6 +154,35 @@ def load_pretrained(model_class, name, fix=LOCAL_COPY, **kwargs):
                             f"run again") from error
     finally:
         logging.set_verbosity(level)
+
+
+PROCESSOR_FILE = "preprocessor_config.json"
+# The articles' Part 3 checkpoints: their PROCESSOR_FILE is ViTImageProcessor's, bilinear, mean and std 0.5, the
+# article's pixels (common/pictures.py), so it is not fetched for them
+ARTICLE_PROCESSORS = ("google/vit-base-patch16-224", "google/vit-base-patch16-224-in21k")
+
+
+def processor_config(name):
+    """The checkpoint's image processor (its PROCESSOR_FILE) as a dict, or None when it has none or it is one of
+    ARTICLE_PROCESSORS: from its folder, the Hugging Face cache, or the Hub (once, then cached). A Hub id whose file
+    cannot be had is one line: its pixels would be guessed."""
+    from huggingface_hub import try_to_load_from_cache
+
+    folder = Path(os.path.expanduser(name))
+    if folder.is_dir():
+        return read_json(folder / PROCESSOR_FILE) if (folder / PROCESSOR_FILE).is_file() else None
+    cached = try_to_load_from_cache(name, PROCESSOR_FILE)
+    if isinstance(cached, str):
+        return read_json(cached)
+    if cached is not None or name in ARTICLE_PROCESSORS:  # the Hub said it has none, or it is the article's
+        return None
+    info, why = ask_hub(name)
+    if info is None:
+        raise UserError(f"checkpoint {name}: its image processor ({PROCESSOR_FILE}) is not in the local Hugging Face "
+                        f"cache and {why}, so the pixels it was made for are unknown: {LOCAL_COPY}")
+    if PROCESSOR_FILE not in {sibling.rfilename for sibling in info.siblings or []}:
+        return None
+    return read_json(hub_download(name, PROCESSOR_FILE))
 
 
 def save_loadable(folder, model, names, processor, what="model"):

@@ -35,8 +35,8 @@ class Pictures(Dataset):
     Into a worker process, decoded (RGB) pictures travel as one uint8 tensor in shared memory, which each worker maps:
     not a copy each."""
 
-    def __init__(self, pictures, ready=None):
-        self.pictures, self.shared = pictures, None
+    def __init__(self, pictures, ready=None, resample=Image.BILINEAR):
+        self.pictures, self.shared, self.resample = pictures, None, resample  # resample: PIL's filter of the resize
         self.ready = ready  # a semaphore each worker releases once it runs (start_pass waits for them)
 
     def __len__(self):
@@ -49,7 +49,7 @@ class Pictures(Dataset):
             pixels = self.shared[0][picture.start:picture.end].numpy()
             picture = Image.frombuffer("RGB", picture.size, pixels, "raw", "RGB", 0, 1)
         try:
-            return resized_rgb(picture, resolution, flip)
+            return resized_rgb(picture, resolution, flip, self.resample)
         except UserError as error:
             return error  # a value, not raised: raised in a worker it would reach the user as the worker's traceback
 
@@ -59,7 +59,7 @@ class Pictures(Dataset):
         if self.shared is None:
             self.shared = shared_pixels(self.pictures)
         pixels, places = self.shared
-        return {"pictures": places, "shared": (pixels, places), "ready": self.ready}
+        return {"pictures": places, "shared": (pixels, places), "ready": self.ready, "resample": self.resample}
 
 
 # An RGB picture's size and where its pixels lie in the shared tensor of Pictures: [start, end).
@@ -108,17 +108,19 @@ def worker_setup(worker_id):
         ready.release()
 
 
-def one_pass(pictures, resolution, batch_size, device, flips=None, indices=None, workers=None):
+def one_pass(pictures, resolution, batch_size, device, flips=None, indices=None, workers=None,
+             resample=Image.BILINEAR):
     """A DataLoader for one pass over the pictures (paths or PIL images; indices: which, in order; default all): uint8
-    batches (B, R, R, 3), flips[i] mirroring the i-th. Its workers, beside a GPU, end with the pass (start_pass)."""
+    batches (B, R, R, 3), resized with PIL's filter `resample`, flips[i] mirroring the i-th. Its workers, beside a
+    GPU, end with the pass (start_pass)."""
     indices = range(len(pictures)) if indices is None else indices
     flips = np.zeros(len(indices), dtype=bool) if flips is None else np.asarray(flips)
     keys = [(int(i), resolution, bool(flip)) for i, flip in zip(indices, flips, strict=True)]  # the sampler's keys
     workers = loader_workers(device) if workers is None else workers
     context = multiprocessing.get_context(WORKER_START) if workers else None
     ready = context.Semaphore(0) if context else None
-    return DataLoader(Pictures(pictures, ready), batch_size=batch_size, sampler=keys, collate_fn=stack_or_error,
-                      num_workers=workers, pin_memory=device.type == "cuda",
+    return DataLoader(Pictures(pictures, ready, resample), batch_size=batch_size, sampler=keys,
+                      collate_fn=stack_or_error, num_workers=workers, pin_memory=device.type == "cuda",
                       prefetch_factor=PREFETCH if workers else None,
                       worker_init_fn=worker_setup, multiprocessing_context=context,
                       generator=torch.Generator())  # each pass draws a seed from it: the global RNG stays as it was
@@ -155,10 +157,10 @@ def start_pass(loader, timing=None, count=len):
 
 
 def started_pass(pictures, resolution, batch_size, device, flips=None, indices=None, workers=None, timing=None,
-                 count=len):
+                 count=len, resample=Image.BILINEAR):
     """(the batches of one_pass(...), its workers, the seconds they took to start): start_pass's, timing and count
     as there."""
-    loader = one_pass(pictures, resolution, batch_size, device, flips, indices, workers)
+    loader = one_pass(pictures, resolution, batch_size, device, flips, indices, workers, resample)
     batches, seconds = start_pass(loader, timing, count)
     return batches, loader.num_workers, seconds
 

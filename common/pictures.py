@@ -1,10 +1,12 @@
-"""Pictures to a ViT's pixels: decode (RGB), resize to R x R, (x/255 - 0.5) / 0.5, as the checkpoints' image processor
-does; the batched path splits it between the loader's workers (resized_rgb) and the model's device (to_pixels)."""
+"""Pictures to a ViT's pixels: decode (RGB), resize to R x R, (x/255 - mean) / std, as the checkpoint's image processor
+does (the article's: bilinear, mean and std 0.5); the batched path splits it between the loader's workers
+(resized_rgb) and the model's device (to_pixels)."""
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import torch
 from PIL import Image
 
 from common.device import to_device
@@ -23,26 +25,59 @@ def load_rgb(path):
         raise UserError(f"cannot read picture {path}: {error}") from error
 
 
-def resized_rgb(picture, resolution, flip=False):
-    """The picture (a PIL image or a path) resized to R x R (bilinear): uint8 (R, R, 3), mirrored if flip."""
+# the article's checkpoints' image processor (ViTImageProcessor): bilinear, then (x/255 - 0.5) / 0.5
+ARTICLE_PIXELS = {"resample": Image.BILINEAR, "mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5)}
+RESAMPLES = {Image.NEAREST, Image.BILINEAR, Image.BICUBIC, Image.LANCZOS, Image.BOX, Image.HAMMING}  # PIL's filters
+
+
+def processor_pixels(config, name):
+    """The pixels the image processor of --model `name` makes (config: its preprocessor_config.json; None: it has
+    none, and the scripts make the article's), as the scripts follow it: {"resample", "mean", "std"}: resized to
+    R x R with its filter, then (x/255 - mean) / std. A processor that does otherwise (a crop, no resize, another
+    rescale) is refused in one line, not followed halfway."""
+    if config is None:
+        return ARTICLE_PIXELS
+    otherwise = [what for what, does in (
+        ("crops the picture (do_center_crop)", config.get("do_center_crop")),
+        ("does not resize it (do_resize false)", config.get("do_resize", True) is False),
+        ("does not rescale by 1/255", config.get("do_rescale", True) is False
+         or abs(config.get("rescale_factor", 1 / 255) - 1 / 255) > 1e-12),
+        (f"resamples with filter {config.get('resample')!r}, not one of PIL's",
+         config.get("resample", Image.BILINEAR) not in RESAMPLES),
+    ) if does]
+    if otherwise:
+        raise UserError(f"--model {name}: its image processor {otherwise[0]}, which the scripts do not follow (they "
+                        f"resize the whole picture to R x R and scale it by 1/255): pass a checkpoint whose processor "
+                        f"does so")
+    normalize = config.get("do_normalize", True)
+    return {"resample": config.get("resample", Image.BILINEAR),
+            "mean": tuple(config.get("image_mean", ARTICLE_PIXELS["mean"])) if normalize else (0.0, 0.0, 0.0),
+            "std": tuple(config.get("image_std", ARTICLE_PIXELS["std"])) if normalize else (1.0, 1.0, 1.0)}
+
+
+def resized_rgb(picture, resolution, flip=False, resample=Image.BILINEAR):
+    """The picture (a PIL image or a path) resized to R x R (PIL's filter `resample`): uint8 (R, R, 3), mirrored if
+    flip."""
     image = picture if isinstance(picture, Image.Image) else load_rgb(picture)
-    array = np.asarray(image.resize((resolution, resolution), Image.BILINEAR))
+    array = np.asarray(image.resize((resolution, resolution), resample))
     return array[:, ::-1] if flip else array
 
 
-def to_pixels(batch, device):
-    """uint8 (B, R, R, 3) -> float32 (B, 3, R, R) on the device, as the image processor: a quarter of the
-    bytes travel."""
+def to_pixels(batch, device, pixels=ARTICLE_PIXELS):
+    """uint8 (B, R, R, 3) -> float32 (B, 3, R, R) on the device, (x/255 - mean) / std as the image processor: a quarter
+    of the bytes travel."""
     x = to_device(batch, device).permute(0, 3, 1, 2).float().contiguous()
-    return (x * (1 / 255) - 0.5) / 0.5
+    mean, std = (torch.tensor(pixels[what], device=x.device).view(1, 3, 1, 1) for what in ("mean", "std"))
+    return (x * (1 / 255) - mean) / std
 
 
-def pixels_processor(resolution):
+def pixels_processor(resolution, pixels=ARTICLE_PIXELS):
     """The image processor that makes these pixels from a picture, as transformers saves and loads it (a model
     saved for from_pretrained and pipeline() carries it)."""
     from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
 
-    return ViTImageProcessorPil(size={"height": resolution, "width": resolution})
+    return ViTImageProcessorPil(size={"height": resolution, "width": resolution}, resample=pixels["resample"],
+                                image_mean=list(pixels["mean"]), image_std=list(pixels["std"]))
 
 
 def load_all(paths, desc="decoding"):

@@ -5,6 +5,7 @@ one line that names the flag or path (on stderr before any work, or a 'cannot ru
 when only a section is refused), no traceback, and no output file left behind.
 """
 import itertools
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -54,7 +55,15 @@ def places(tmp_path_factory, tiny_in21k):
             "{bad beans}": str(root / "bad-beans"),
             "{classifier+processor}": str(vit_classifier(root / "cp", processor=True)),
             "{resnet}": str(resnet_classifier(root / "resnet")),
-            "{headless}": str(with_processor(vit_in21k(root / "headless")))}
+            "{headless}": str(with_processor(vit_in21k(root / "headless"))),
+            "{cropping}": str(cropping(vit_classifier(root / "crop", processor=True)))}
+
+
+def cropping(directory):
+    """A checkpoint whose image processor crops the picture, as the scripts do not."""
+    config = json.loads((directory / "preprocessor_config.json").read_text())
+    (directory / "preprocessor_config.json").write_text(json.dumps({**config, "do_center_crop": True}))
+    return directory
 
 
 def with_processor(directory):
@@ -96,6 +105,8 @@ CASES = [
     ("posemb", ["--model", "{classifier}", "--data-dir", "{file}"], 1, "is a file"),
     ("posemb", ["--model", "{classifier}", "--plots", "{file}/figures"], 2, "--plots"),
     ("posemb", ["--model", "{in21k}", "--data-dir", "{data}"], 1, "has 2 labels, not the 1,000 of ImageNet"),
+    ("posemb", ["--model", "{cropping}"], 2, "its image processor crops the picture (do_center_crop)"),
+    ("finetune", ["--model", "{cropping}"], 2, "its image processor crops the picture (do_center_crop)"),
     ("fewshot", ["--lambdas", "-1"], 2, "--lambdas"),
     ("fewshot", ["--lambdas", "nan"], 2, "--lambdas"),
     ("fewshot", ["--lambdas", "1", "inf"], 2, "--lambdas"),

@@ -273,3 +273,31 @@ def test_the_probe_names_a_server_that_cannot_be_reached(monkeypatch):
     monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     assert checkpoints.ask_hub("a/b") == (None, "the Hub mirror http://127.0.0.1:9 cannot be reached")
+
+
+def test_the_image_processor_is_read_where_the_checkpoint_is_and_never_guessed(tmp_path, monkeypatch):
+    """A folder's own preprocessor_config.json, or none; the article's ids need no fetch (their processor is the
+    article's pixels); another Hub id whose file is neither cached nor to be had is one line, not a guess."""
+    import json
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    with_processor = vit_classifier(tmp_path / "with", processor=True)
+    assert checkpoints.processor_config(str(with_processor)) == json.loads(
+        (with_processor / "preprocessor_config.json").read_text())
+    assert checkpoints.processor_config(str(vit_classifier(tmp_path / "without"))) is None
+    assert checkpoints.processor_config("google/vit-base-patch16-224-in21k") is None
+    with pytest.raises(UserError, match="so the pixels it was made for are unknown") as refused:
+        checkpoints.processor_config("someone/other-vit")
+    assert "\n" not in str(refused.value)
+
+
+def test_a_folder_whose_image_processor_crops_is_refused_as_the_model_flag(tmp_path):
+    import json
+
+    folder = vit_classifier(tmp_path / "crop", processor=True)
+    config = json.loads((folder / "preprocessor_config.json").read_text())
+    (folder / "preprocessor_config.json").write_text(json.dumps({**config, "do_center_crop": True}))
+    with pytest.raises(UserError, match="its image processor crops the picture"):
+        check_model_flag(str(folder))

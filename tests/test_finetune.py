@@ -118,8 +118,10 @@ def test_one_pass_gives_each_models_accuracy_and_the_checks_read_the_kept_batche
     with torch.no_grad():
         by_hand = [100 * np.mean(m(pixel_values=pixels).logits.argmax(1).numpy() == labels) for m in models]
     assert by_hand[0] != by_hand[1]  # the two heads are told apart
+    from common.pictures import ARTICLE_PIXELS
+
     run = SimpleNamespace(args=SimpleNamespace(resolution=224), device=torch.device("cpu"), autocast=None, world=1,
-                          rank=0)
+                          rank=0, kept={"pixels": ARTICLE_PIXELS})
     batches, _ = start_pass(one_pass([path for path, _ in items], 224, 16, run.device))
     timing = dict(NEW_PASS)
     counts = finetune.accuracies(models, batches, list(labels), run, 16, "both", timing)
