@@ -26,6 +26,9 @@ from common.start import Terminated, before_torch_loads, guarded
 
 if __name__ == "__main__":  # before the libraries load: a Ctrl-C then is one line, as a later one
     before_torch_loads()
+    from job.child_process import one_thread
+
+    one_thread()  # the job forks its scripts from a process of one thread (no preexec_fn runs in them either)
 
 import os
 import shlex

@@ -47,14 +47,14 @@ def probe_gflops(device_name):
 
 
 def measure_speed(device):
-    """This machine's GFLOP/s on the scripts' device, or None; a GPU in a process of its own, so that the job holds
-    no GPU memory while the scripts run."""
-    if device.type == "cpu":
-        return probe_gflops("cpu")
+    """This machine's GFLOP/s on the scripts' device, or None; measured in a process of its own, with the scripts'
+    environment, so that the job holds no GPU memory and starts no thread pool of its own."""
+    from job.child_process import scripts_environment
+
     probe = "import sys; from job.time_estimate import probe_gflops; print(probe_gflops(sys.argv[1]))"
     try:
         done = subprocess.run([sys.executable, "-c", probe, str(device)], cwd=Path(__file__).resolve().parent.parent,
-                              capture_output=True, text=True, timeout=300, check=False)
+                              capture_output=True, text=True, timeout=300, check=False, env=scripts_environment())
         return float(done.stdout.strip().splitlines()[-1])
     except (subprocess.TimeoutExpired, ValueError, IndexError):
         return None

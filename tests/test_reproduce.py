@@ -57,10 +57,23 @@ def job_flags(job_standins):
     return standins.job_flags(job_standins)
 
 
-def reproduce_run(out, flags):
-    done = subprocess.run([sys.executable, "reproduce.py", str(out), *flags], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, check=False)
+def reproduce_run(out, flags, python=()):
+    done = subprocess.run([sys.executable, *python, "reproduce.py", str(out), *flags], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, check=False)
     return done.returncode, done.stdout, done.stderr
+
+
+# reproduce.py run as `python reproduce.py` runs it, each script it starts said with the job's threads at that moment
+COUNTING_THREADS = """import os, runpy, sys
+import job.child_process as child_process
+start_script = child_process.start_script
+def counted(*args, **kwargs):
+    print(f"job threads: {len(os.listdir('/proc/self/task'))}", file=sys.stderr, flush=True)
+    return start_script(*args, **kwargs)
+child_process.start_script = counted
+sys.argv = sys.argv[1:]
+runpy.run_path("reproduce.py", run_name="__main__")
+"""
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +99,7 @@ def job(job_standins, tmp_path_factory):
         stopped = (status, stdout.read(), "".join(seen))
     after_stop = {path.name: path.read_bytes() for path in out.glob("*.json")}
     return {"out": out, "flags": flags, "offline": offline, "after offline": after_offline, "stopped": stopped,
-            "after stop": after_stop, "finished": reproduce_run(out, flags)}
+            "after stop": after_stop, "finished": reproduce_run(out, flags, ["-c", COUNTING_THREADS])}
 
 
 def verdict_counts_of(record):
@@ -570,6 +583,29 @@ def test_a_new_job_waits_for_a_script_its_ended_job_left_running(tmp_path, capsy
     assert "a script of an ended job still runs on" in capsys.readouterr().err
     assert (out / child_process.LOCK).read_text() == f"{os.getpid()}\n"
     lock.close()
+
+
+@pytest.mark.parametrize("users,job_has,scripts_get", [(None, "1", None), ("4", "4", "4")],
+                         ids=["not set: one thread in the job alone", "the user's: kept for both"])
+def test_the_jobs_single_thread_setting_is_its_own(users, job_has, scripts_get, monkeypatch):
+    for name in (child_process.SET_FOR_THE_JOB, "OPENBLAS_NUM_THREADS"):  # recorded, so that both are undone
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    if users is not None:
+        monkeypatch.setenv("OPENBLAS_NUM_THREADS", users)
+    child_process.one_thread()
+    assert os.environ["OPENBLAS_NUM_THREADS"] == job_has
+    environment = child_process.scripts_environment()
+    assert environment.get("OPENBLAS_NUM_THREADS") == scripts_get and child_process.SET_FOR_THE_JOB not in environment
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux's")
+def test_the_job_starts_each_script_from_a_process_of_one_thread(job):
+    """No thread pool in the job (numpy's OpenBLAS held to one thread there alone, the speed probed in a process of
+    its own): a fork from it copies one thread, and no lock another thread held."""
+    _, _, err = job["finished"]
+    counts = [line for line in err.splitlines() if line.startswith("job threads: ")]
+    assert counts and set(counts) == {"job threads: 1"}, counts
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux's")
