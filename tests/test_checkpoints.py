@@ -14,7 +14,7 @@ from common import checkpoints
 from common.checkpoints import check_model_flag, checkpoint_difference, load_pretrained
 from common.environment import MINIATURE_MARK, STANDIN_MARK
 from common.errors import UserError
-from job.standins import vit_classifier
+from job.standins import HUB_PROCESSOR, vit_classifier
 
 ARTICLE = "google/vit-base-patch16-224"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -283,10 +283,12 @@ def test_the_image_processor_is_read_where_the_checkpoint_is_and_never_guessed(t
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
-    with_processor = vit_classifier(tmp_path / "with", processor=True)
-    assert checkpoints.processor_config(str(with_processor)) == json.loads(
-        (with_processor / "preprocessor_config.json").read_text())
-    assert checkpoints.processor_config(str(vit_classifier(tmp_path / "without"))) is None
+    for folder in ("with", "without"):  # what the function reads of a checkpoint's folder
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "config.json").write_text("{}")
+    (tmp_path / "with" / "preprocessor_config.json").write_text(json.dumps(HUB_PROCESSOR))
+    assert checkpoints.processor_config(str(tmp_path / "with")) == HUB_PROCESSOR
+    assert checkpoints.processor_config(str(tmp_path / "without")) is None
     assert checkpoints.processor_config("google/vit-base-patch16-224-in21k") is None
     with pytest.raises(UserError, match="so the pixels it was made for are unknown") as refused:
         checkpoints.processor_config("someone/other-vit")
@@ -296,8 +298,7 @@ def test_the_image_processor_is_read_where_the_checkpoint_is_and_never_guessed(t
 def test_a_folder_whose_image_processor_crops_is_refused_as_the_model_flag(tmp_path):
     import json
 
-    folder = vit_classifier(tmp_path / "crop", processor=True)
-    config = json.loads((folder / "preprocessor_config.json").read_text())
-    (folder / "preprocessor_config.json").write_text(json.dumps({**config, "do_center_crop": True}))
+    (tmp_path / "crop").mkdir()
+    (tmp_path / "crop" / "preprocessor_config.json").write_text(json.dumps({**HUB_PROCESSOR, "do_center_crop": True}))
     with pytest.raises(UserError, match="its image processor crops the picture"):
-        check_model_flag(str(folder))
+        check_model_flag(str(tmp_path / "crop"))

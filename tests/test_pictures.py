@@ -36,8 +36,7 @@ def test_a_checkpoints_image_processor_is_followed_or_refused_in_one_line(config
     assert "\n" not in str(refused.value)
 
 
-@pytest.mark.parametrize("resolution", [64, 96])
-def test_followed_pixels_are_the_library_processors(pictures, resolution):
+def test_followed_pixels_are_the_library_processors(pictures, resolution=72):
     """ImageNet's statistics and bicubic resizing: resized_rgb on the workers, to_pixels on the device, equal
     transformers' ViTImageProcessorPil with the same settings."""
     from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
