@@ -1,7 +1,7 @@
 """Signals and a script's ending, in one place: a script's first line, before anything slow loads (Ctrl-C is one
 line from here on, and a Python without the project's packages is told so in one line); guarded(main), where a
-user's error, Ctrl-C, SIGTERM or a lost reader ends in one line; and the stop between two training steps
-(docs/faults.md). At its import it loads only os, signal, sys, time and contextlib, modules the interpreter has loaded
+user's error, Ctrl-C, SIGTERM or a lost reader ends in one line; the stop between two training steps
+(docs/faults.md); and the job's start in one thread, which its scripts do not inherit (one_thread). At its import it loads only os, signal, sys, time and contextlib, modules the interpreter has loaded
 already, so that a Ctrl-C is handled a few milliseconds after the interpreter's own start (docs/reproduce.md,
 Stopping)."""
 import contextlib
@@ -21,6 +21,24 @@ JOB = {**BACKBONE, "psutil": "psutil"}
 JOB_PID = "VIT_PART3_JOB_PID"  # set by the job for a script it starts (job/child_process.py): the job's pid
 SET_UP = ("activate the project's environment (. .venv/bin/activate, which `make quick` or `make test` makes) or "
           "install requirements.lock into yours (docs/setup.md)")
+
+
+# for the job's own process alone (reproduce.py): numpy's OpenBLAS then starts no thread pool, and the job forks its
+# scripts from a process of one thread; the scripts get the environment the user gave (scripts_environment)
+ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1"}
+SET_FOR_THE_JOB = "VIT_PART3_SET_FOR_THE_JOB"  # the names one_thread() set, which the scripts do not inherit
+
+
+def one_thread():
+    """Before numpy loads in the job: ONE_THREAD's settings the user has not made, set for this process alone."""
+    set_here = [name for name in ONE_THREAD if name not in os.environ]
+    os.environ.update({name: ONE_THREAD[name] for name in set_here}, **{SET_FOR_THE_JOB: " ".join(set_here)})
+
+
+def scripts_environment():
+    """The environment as the user gave it, for the processes the job starts: without what one_thread() set."""
+    set_here = os.environ.get(SET_FOR_THE_JOB, "").split()
+    return {name: value for name, value in os.environ.items() if name not in (*set_here, SET_FOR_THE_JOB)}
 
 
 def speaks():

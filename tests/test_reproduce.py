@@ -28,6 +28,7 @@ import vit_part3_fewshot
 import vit_part3_finetune
 import vit_part3_posemb
 import vit_part3_setup
+from common import start
 from common.cli import ScriptParser
 from common.files import TEMP_PREFIX
 from common.start import Terminated, guarded
@@ -588,15 +589,15 @@ def test_a_new_job_waits_for_a_script_its_ended_job_left_running(tmp_path, capsy
 @pytest.mark.parametrize("users,job_has,scripts_get", [(None, "1", None), ("4", "4", "4")],
                          ids=["not set: one thread in the job alone", "the user's: kept for both"])
 def test_the_jobs_single_thread_setting_is_its_own(users, job_has, scripts_get, monkeypatch):
-    for name in (child_process.SET_FOR_THE_JOB, "OPENBLAS_NUM_THREADS"):  # recorded, so that both are undone
+    for name in (start.SET_FOR_THE_JOB, "OPENBLAS_NUM_THREADS"):  # recorded, so that both are undone
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
     if users is not None:
         monkeypatch.setenv("OPENBLAS_NUM_THREADS", users)
-    child_process.one_thread()
+    start.one_thread()
     assert os.environ["OPENBLAS_NUM_THREADS"] == job_has
-    environment = child_process.scripts_environment()
-    assert environment.get("OPENBLAS_NUM_THREADS") == scripts_get and child_process.SET_FOR_THE_JOB not in environment
+    environment = start.scripts_environment()
+    assert environment.get("OPENBLAS_NUM_THREADS") == scripts_get and start.SET_FOR_THE_JOB not in environment
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux's")
