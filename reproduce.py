@@ -315,11 +315,12 @@ def stopped_line(signum, argv, during=""):
 
 
 def start_estimate(args, runnable, estimable, reference):
-    """This machine's speed, measured only when an estimate can be made, and the job's time, or why there is none."""
+    """This machine's speed, measured only when an estimate can be made and a script with a model is in it (setup's
+    time is its start-up), and the job's time, or why there is none."""
     if estimable != runnable:
         say("time: not estimated, --extra changes the work of "
             + ", ".join(script_file(script) for script in runnable if script not in estimable))
-    gflops = measure_speed(args.device_chosen) if estimable else None
+    gflops = measure_speed(args.device_chosen) if set(estimable) - {"setup"} else None
     if runnable and estimable == runnable:
         say(f"time: about {duration(estimate_seconds(runnable, reference, gflops, {}))} for {len(runnable)} "
             f"script(s), {how_estimated(reference, gflops, args.device_chosen)}")
