@@ -1,9 +1,9 @@
 """Signals and a script's ending, in one place: a script's first line, before anything slow loads (Ctrl-C is one
 line from here on, and a Python without the project's packages is told so in one line); guarded(main), where a
 user's error, Ctrl-C, SIGTERM or a lost reader ends in one line; the stop between two training steps
-(docs/faults.md); and the job's start in one thread, which its scripts do not inherit (one_thread). At its import it loads only os, signal, sys, time and contextlib, modules the interpreter has loaded
-already, so that a Ctrl-C is handled a few milliseconds after the interpreter's own start (docs/reproduce.md,
-Stopping)."""
+(docs/faults.md); and the job's start in one thread, which its scripts do not inherit (one_thread). At its import
+it loads only os, signal, sys, time and contextlib, modules the interpreter has loaded already, so that a Ctrl-C is
+handled a few milliseconds after the interpreter's own start (docs/reproduce.md, Stopping)."""
 import contextlib
 import os
 import signal
