@@ -40,7 +40,6 @@ if __name__ == "__main__":  # run as a file: the repository root, not job/, is w
     before_torch_loads()
 
 import contextlib
-import io
 import json
 import math
 import shlex
@@ -54,7 +53,8 @@ from PIL import Image
 
 from common.environment import MINIATURE_MARK
 from common.imagenette import CLASSES
-from job.standins import BEANS_CARD, BEANS_CLASSES, IN21K, IN21K_CONFIG, VIT, hub_processor
+from job.standins import BEANS_CARD, BEANS_CLASSES, IN21K, IN21K_CONFIG, VIT, hub_processor, write_beans
+from job.standins import vit_config as standin_config
 
 # ---------------------------------------------------------------- the pictures
 PICTURE_SIDE = 160          # pixels on a side, Imagenette-160's short side; the scripts resize to their resolution
@@ -166,39 +166,21 @@ def beans_folder(root, counts=None, seed=0, side=PICTURE_SIDE):
     """AI-Lab-Makerere/beans's files as job/standins.py's beans_folder writes them (README.md, one parquet file a
     split), class k's blob in the k-th third of the height."""
     import datasets
-    from datasets import ClassLabel, Dataset, Features, Value
-    from datasets import Image as ImageFeature
 
     datasets.disable_progress_bars()  # a bar a split, for files of a second each
-
     rng = np.random.default_rng(seed)
-    root = Path(root)
-    (root / "data").mkdir(parents=True, exist_ok=True)
-    features = Features({"image_file_path": Value("string"), "image": ImageFeature(),
-                         "labels": ClassLabel(names=list(BEANS_CLASSES))})
-    for split, count in (counts or BEANS_COUNTS).items():
-        rows = {"image_file_path": [], "image": [], "labels": []}
-        for label, name in enumerate(BEANS_CLASSES):
-            for i in range(count):
-                buffer = io.BytesIO()
-                Image.fromarray(beans_picture(rng, label, side)[0]).save(buffer, format="JPEG", quality=90)
-                path = f"{split}/{name}/{name}_{split}.{i}.jpg"
-                rows["image_file_path"].append(path)
-                rows["image"].append({"bytes": buffer.getvalue(), "path": path})
-                rows["labels"].append(label)
-        Dataset.from_dict(rows, features=features).to_parquet(root / "data" / f"{split}-00000-of-00001.parquet")
-    (root / "README.md").write_text(BEANS_CARD.replace("(stand-in)", "(miniature)"))
-    return mark(root)
+    pictures = {split: [(label, Image.fromarray(beans_picture(rng, label, side)[0]))
+                        for label in range(len(BEANS_CLASSES)) for _ in range(count)]
+                for split, count in (counts or BEANS_COUNTS).items()}
+    return mark(write_beans(root, pictures, BEANS_CARD.replace("(stand-in)", "(miniature)")))
 
 
 # ---------------------------------------------------------------- the ViT
 
 def vit_config(num_labels=1000):
-    from transformers import ViTConfig
-
-    return ViTConfig(image_size=IMAGE_SIZE, patch_size=PATCH_SIZE, hidden_size=WIDTH, num_hidden_layers=LAYERS,
-                     num_attention_heads=HEADS, intermediate_size=MLP_WIDTH, num_labels=num_labels,
-                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return standin_config("tiny", num_labels, image_size=IMAGE_SIZE, patch_size=PATCH_SIZE, hidden_size=WIDTH,
+                          num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=MLP_WIDTH,
+                          hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 
 
 def sincos_rows(grid, width):

@@ -66,7 +66,9 @@ def vit_config(size="tiny", num_labels=1000, **overrides):
 
     from common.compute import table1_config
 
-    config = ViTConfig(num_labels=num_labels, **TINY) if size == "tiny" else table1_config(size, 16)
+    if size == "tiny":  # the overrides given to the constructor: a field it derives (pooler_output_size) follows them
+        return ViTConfig(num_labels=num_labels, **{**TINY, **overrides})
+    config = table1_config(size, 16)
     config.num_labels = num_labels
     for key, value in overrides.items():
         setattr(config, key, value)
@@ -208,31 +210,40 @@ def beans_folder(root, per_class=None, seed=0, side=64, smooth=False):
     per_class: {split: pictures of each class, or a count per class (BEANS_SIZE is the release's)}; the
     pictures are JPEGs of side x side pixels, noisy, or smooth (photo-like to decode, for timing runs).
     """
+    per_class = per_class or {"train": 4, "validation": 2, "test": 1}
+    rng = np.random.default_rng(seed)
+    pictures = {}
+    for split, counts in per_class.items():
+        counts = [counts] * len(BEANS_CLASSES) if isinstance(counts, int) else counts
+        pictures[split] = [(k, smooth_picture(rng, side) if smooth else picture(rng, 70 * k, width=side, height=side))
+                           for k, count in enumerate(counts) for _ in range(count)]
+    return marked(write_beans(root, pictures))
+
+
+def write_beans(root, pictures, card=BEANS_CARD):
+    """AI-Lab-Makerere/beans's files in its layout: the card (README.md) and data/<split>-00000-of-00001.parquet of
+    pictures ({split: [(label, PIL image)]}, each class's in order), each a JPEG named as the release names them."""
     import io
 
     from datasets import ClassLabel, Dataset, Features, Image, Value
 
-    per_class = per_class or {"train": 4, "validation": 2, "test": 1}
-    rng = np.random.default_rng(seed)
     root = Path(root)
     (root / "data").mkdir(parents=True, exist_ok=True)
     features = Features({"image_file_path": Value("string"), "image": Image(),
                          "labels": ClassLabel(names=list(BEANS_CLASSES))})
-    for split, counts in per_class.items():
-        counts = [counts] * len(BEANS_CLASSES) if isinstance(counts, int) else counts
-        rows = {"image_file_path": [], "image": [], "labels": []}
-        for k, (name, count) in enumerate(zip(BEANS_CLASSES, counts, strict=True)):
-            for i in range(count):
-                buffer = io.BytesIO()
-                image = smooth_picture(rng, side) if smooth else picture(rng, 70 * k, width=side, height=side)
-                image.save(buffer, format="JPEG", quality=90)
-                path = f"{split}/{name}/{name}_{split}.{i}.jpg"
-                rows["image_file_path"].append(path)
-                rows["image"].append({"bytes": buffer.getvalue(), "path": path})
-                rows["labels"].append(k)
+    for split, labelled in pictures.items():
+        rows, seen = {"image_file_path": [], "image": [], "labels": []}, [0] * len(BEANS_CLASSES)
+        for label, image in labelled:
+            buffer, name = io.BytesIO(), BEANS_CLASSES[label]
+            image.save(buffer, format="JPEG", quality=90)
+            path = f"{split}/{name}/{name}_{split}.{seen[label]}.jpg"
+            seen[label] += 1
+            rows["image_file_path"].append(path)
+            rows["image"].append({"bytes": buffer.getvalue(), "path": path})
+            rows["labels"].append(label)
         Dataset.from_dict(rows, features=features).to_parquet(root / "data" / f"{split}-00000-of-00001.parquet")
-    (root / "README.md").write_text(BEANS_CARD)
-    return marked(root)
+    (root / "README.md").write_text(card)
+    return root
 
 
 def job_inputs(root):
