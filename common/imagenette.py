@@ -20,7 +20,6 @@ from common.errors import UserError
 from common.files import reason
 from common.output import say
 from common.paths import IMAGENETTE_DIR as DEFAULT_DIR
-from common.verdicts import subset_differences
 
 URL = "https://s3.amazonaws.com/fast-ai-imageclas/imagenette2-160.tgz"
 MD5 = "e793b78cc4c9e9a4ccc0c1155377a412"  # the release's, as torchvision's Imagenette publishes it for URL
@@ -122,6 +121,8 @@ def data_differences(args, counts, drawn=False):
     if unlike:
         flag = f"--data-dir {args.data_dir}" if args.data_dir else str(root)
         return {"data set": {"flag": flag, "why": f"{flag}: {unlike}"}}
+    from common.verdicts import subset_differences  # asked only for --compare or --json
+
     items = {split: f"{SPLIT_WORDS[split]} pictures" for split in counts}
     whole = not root.is_dir() or all(len(list_split(root, split)) == SPLIT_COUNTS[split] for split in SPLIT_COUNTS)
     differences = subset_differences(args, {items[split]: count for split, count in counts.items()},
