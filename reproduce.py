@@ -36,14 +36,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from common.checkpoints import hub_offline
 from common.cli import script_parser
 from common.device import DEVICE_CHOICES, PRECISIONS
 from common.errors import UserError
 from common.files import reason
+from common.finetune_checkpoint import CHECKPOINT, CHECKPOINT_FORMAT, read_checkpoint
 from common.output import say
+from common.pretrained import hub_offline
 from common.run import check_output
-from common.training import CHECKPOINT, CHECKPOINT_FORMAT, read_checkpoint
 from figures import backbone, fewshot, finetune, posemb
 from job import downloads, ending
 from job.child_process import StopRequests, first_refusal, only_job_on, run_logged

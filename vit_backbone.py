@@ -39,13 +39,13 @@ import torch.nn.functional as F
 from common import beans as beans_data
 from common import cli
 from common import trainer as plumbing
-from common.checkpoints import load_pretrained, save_loadable
 from common.closed_form import closed_form
 from common.device import PRECISIONS, float32_arithmetic
 from common.errors import UserError
 from common.loader import NEW_PASS, timed
 from common.output import say
 from common.paths import FEATURE_CACHE_DIR
+from common.pretrained import load_pretrained, save_loadable
 from common.run import check_output, loaded, run_sections
 from common.verdicts import subset_differences
 from figures import backbone as figures

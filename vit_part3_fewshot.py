@@ -27,7 +27,6 @@ import numpy as np
 import torch
 
 from common import cli
-from common.checkpoints import load_pretrained, processor_config
 from common.closed_form import closed_form
 from common.errors import UserError
 from common.feature_cache import cache_key, cached_passes
@@ -36,6 +35,7 @@ from common.inference import run_model
 from common.output import say
 from common.paths import CHECKOUT, FEATURE_CACHE_DIR
 from common.pictures import ARTICLE_PIXELS, processor_pixels
+from common.pretrained import load_pretrained, processor_config
 from common.run import run_sections
 from common.verdicts import article_values, load_reference
 from figures import fewshot as figures

@@ -38,15 +38,15 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from common import cli, distributed
-from common.checkpoints import checkpoint_config, load_pretrained, processor_config, save_loadable
 from common.errors import UserError
+from common.finetune_checkpoint import CHECKPOINT, CHECKPOINT_FORMAT, read_checkpoint, save_checkpoint, set_rng_states
 from common.imagenette import CLASSES, DEFAULT_NAME, data_differences, load_splits
 from common.inference import run_model
 from common.loader import NEW_PASS, started_pass
 from common.output import say
 from common.pictures import pixels_processor, processor_pixels, to_pixels
+from common.pretrained import checkpoint_config, load_pretrained, processor_config, save_loadable
 from common.run import check_output, loaded, run_sections
-from common.training import CHECKPOINT, CHECKPOINT_FORMAT, read_checkpoint, save_checkpoint, set_rng_states
 from common.verdicts import article_values
 from figures import finetune as figures
 from figures import origin_of

@@ -28,7 +28,6 @@ import scipy.ndimage
 import torch
 import torch.nn.functional as F
 
-from common.checkpoints import checkpoint_config, load_pretrained, processor_config
 from common.cli import experiment_parser, nonempty_path, side_pixels
 from common.errors import UserError
 from common.imagenette import CLASSES, DEFAULT_NAME, data_differences, load_splits
@@ -36,6 +35,7 @@ from common.inference import run_model
 from common.loader import workers_text
 from common.output import say
 from common.pictures import load_all, processor_pixels
+from common.pretrained import checkpoint_config, load_pretrained, processor_config
 from common.run import loaded, run_sections
 from common.verdicts import article_values
 from figures import origin_of

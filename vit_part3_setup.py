@@ -24,7 +24,6 @@ import sys
 
 import torch
 
-from common.checkpoints import cached_weight_file, hub_offline, load_pretrained
 from common.cli import experiment_parser
 from common.compute import (
     VIT_SIZES,
@@ -37,6 +36,7 @@ from common.compute import (
 )
 from common.errors import UserError
 from common.paths import IMAGENETTE_DIR
+from common.pretrained import cached_weight_file, hub_offline, load_pretrained
 from common.run import run_sections
 
 # Table 1's parameter counts (millions), its rows, and the released checkpoints; ViT-L/16's is the ImageNet

@@ -4,10 +4,10 @@ from pathlib import Path
 
 import numpy as np
 
-from common.checkpoints import ask_hub, hub_download
 from common.cli import nonempty_path
 from common.environment import made_here
 from common.errors import UserError
+from common.pretrained import ask_hub, hub_download
 
 DATASET = "AI-Lab-Makerere/beans"
 MEGABYTES = 180  # its parquet files, about: the size the job and the refusal below state
@@ -104,8 +104,8 @@ def load(data_dir=None, per_class=None):
 
 def unlike_the_published(folder, what):
     """Why the folder's parquet files of the train and validation splits are not the ones huggingface.co publishes
-    for the dataset, by their bytes (common/checkpoints.py), or None when they are."""
-    from common import checkpoints
+    for the dataset, by their bytes (common/pretrained.py), or None when they are."""
+    from common import pretrained
 
     files = [str(Path(path).relative_to(folder)) for paths in split_files(folder).values() for path in paths]
-    return checkpoints.unlike_the_published(folder, DATASET, files, what, "dataset")
+    return pretrained.unlike_the_published(folder, DATASET, files, what, "dataset")

@@ -4,8 +4,8 @@ import functools
 import math
 import os
 
-from common.checkpoints import check_model_flag
 from common.device import DEVICE_CHOICES, PRECISIONS
+from common.pretrained import check_model_flag
 
 
 class ScriptParser(argparse.ArgumentParser):

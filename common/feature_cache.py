@@ -9,12 +9,12 @@ from pathlib import Path
 
 import numpy as np
 
-from common.checkpoints import cached_weight_file
 from common.errors import UserError
 from common.files import reason, write_atomic
 from common.loader import workers_text
 from common.output import say
 from common.paths import FEATURE_CACHE_DIR as CACHE_DIR
+from common.pretrained import cached_weight_file
 
 
 def cache_key(name, model, paths=None, root=None, datasets=None, **decides):

@@ -384,7 +384,7 @@ def changed_pictures(root):
 def ensure_imagenette(data_dir=None):
     """The data folder, downloaded first (archive_source()) when it is the default and missing; the default must hold
     the whole release, a partial --data-dir copy runs after a warning naming its counts."""
-    from common.checkpoints import hub_offline
+    from common.pretrained import hub_offline
 
     root = Path(data_dir) if data_dir else DEFAULT_DIR
     default = root.resolve() == DEFAULT_DIR

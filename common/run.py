@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from common.checkpoints import checkpoint_difference
 from common.environment import STANDIN_MARK, environment
 from common.errors import UserError
 from common.files import write_text
 from common.output import MATPLOTLIB_MISSING, Report, say
+from common.pretrained import checkpoint_difference
 
 
 class Run(SimpleNamespace):

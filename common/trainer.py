@@ -9,9 +9,9 @@ from pathlib import Path
 
 from torch.utils.data import DataLoader
 
-from common.checkpoints import checkpoint_config
 from common.errors import UserError
 from common.loader import NEW_PASS, PREFETCH, WORKER_START, loader_workers, timed, worker_setup
+from common.pretrained import checkpoint_config
 
 
 def check_classifier_files(name, example):

@@ -14,10 +14,10 @@ from urllib.parse import urlparse
 from huggingface_hub.constants import ENDPOINT as HF_ENDPOINT
 
 from common import beans
-from common.checkpoints import HUB_ENDPOINT, cached_weight_file, hub_offline, hub_reachable
 from common.errors import UserError
 from common.imagenette import ARCHIVE_MB, URL_VARIABLE
 from common.imagenette import URL as IMAGENETTE_URL
+from common.pretrained import HUB_ENDPOINT, cached_weight_file, hub_offline, hub_reachable
 
 VIT, IN21K, RESNET = "google/vit-base-patch16-224", "google/vit-base-patch16-224-in21k", "microsoft/resnet-50"
 IMAGENETTE, BEANS = "Imagenette", "AI-Lab-Makerere/beans"
@@ -118,7 +118,7 @@ def reachable(url):
 
 def answering(pieces):
     """{piece: whether its download can start}: the Hub's (or its mirror's) by the scripts' own rule
-    (common/checkpoints.py), asked once; the archive's when its server answers (never with HF_HUB_OFFLINE=1)."""
+    (common/pretrained.py), asked once; the archive's when its server answers (never with HF_HUB_OFFLINE=1)."""
     answers = {}
     hub = sorted(piece for piece in pieces if piece != IMAGENETTE)
     if hub:

@@ -28,7 +28,7 @@ from PIL import Image
 import vit_part3_fewshot as fewshot
 import vit_part3_finetune as finetune
 import vit_part3_setup as setup
-from common import files, start, training
+from common import files, finetune_checkpoint, start
 from common.errors import UserError
 from common.feature_cache import cached
 from common.imagenette import IMAGENETTE_WNIDS, download_and_extract, scratch_prefix
@@ -85,7 +85,7 @@ def run(main, argv, capsys, monkeypatch):
 
 
 def read_checkpoint(path):
-    return training.read_checkpoint(path, finetune.CHECKPOINT_FORMAT, "vit_part3_finetune.py")
+    return finetune_checkpoint.read_checkpoint(path, finetune.CHECKPOINT_FORMAT, "vit_part3_finetune.py")
 
 
 def tune_flags(model, data, save_dir, steps=6):

@@ -14,9 +14,9 @@ import torch
 from conftest import ARTICLE, ROOT, article_block, library_pixels
 
 import vit_part3_finetune as finetune
-from common import distributed, training
-from common.checkpoints import load_pretrained
+from common import distributed, finetune_checkpoint
 from common.loader import NEW_PASS
+from common.pretrained import load_pretrained
 
 
 def test_report_steps_scale_with_the_run():
@@ -193,7 +193,7 @@ def test_resolution_384_stretches_the_table_with_the_official_rule(tiny_in21k):
 
 
 def read_checkpoint(path):
-    return training.read_checkpoint(path, finetune.CHECKPOINT_FORMAT, "vit_part3_finetune.py")
+    return finetune_checkpoint.read_checkpoint(path, finetune.CHECKPOINT_FORMAT, "vit_part3_finetune.py")
 
 
 def run_main(argv, capsys):

@@ -19,10 +19,10 @@ from conftest import tiny_vit
 
 import vit_part3_finetune as finetune
 from common.errors import UserError
+from common.finetune_checkpoint import read_checkpoint, save_checkpoint, set_rng_states
 from common.loader import NEW_PASS
 from common.output import Report
 from common.start import Terminated
-from common.training import read_checkpoint, save_checkpoint, set_rng_states
 from common.verdicts import flag_differences, load_reference
 from vit_part3_posemb import bilinear_table
 

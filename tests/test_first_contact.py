@@ -171,7 +171,7 @@ def test_a_mirror_is_named_in_the_job_and_the_hub_never(jobs, servers):
 LOADS = """import sys
 from transformers import AutoModel, ViTImageProcessor
 from common import beans, imagenette
-from common.checkpoints import load_pretrained
+from common.pretrained import load_pretrained
 for name in ("google/vit-base-patch16-224", "google/vit-base-patch16-224-in21k", "microsoft/resnet-50"):
     load_pretrained(AutoModel, name)
 load_pretrained(ViTImageProcessor, "google/vit-base-patch16-224")
@@ -192,7 +192,7 @@ def test_offline_after_one_download_every_piece_is_read_from_the_caches(jobs):
 
 CLIENT = """import sys
 from transformers import AutoModel
-from common.checkpoints import load_pretrained
+from common.pretrained import load_pretrained
 from common.errors import UserError
 for name in sys.stdin:
     try:
@@ -204,7 +204,7 @@ for name in sys.stdin:
 
 
 class Client:
-    """One process loading a checkpoint by its id for each line it is sent, as a script does (common/checkpoints.py),
+    """One process loading a checkpoint by its id for each line it is sent, as a script does (common/pretrained.py),
     from the Hub's server into a cache of its own: the faults' table without a Python start each."""
 
     def __init__(self, hub, home):

@@ -86,7 +86,7 @@ def test_the_checkpoints_load_as_the_scripts_load_the_hubs(checkpoints):
     from transformers import AutoImageProcessor, ViTForImageClassification, ViTModel
 
     import vit_part3_posemb
-    from common.checkpoints import load_pretrained
+    from common.pretrained import load_pretrained
 
     models, saved, trained = checkpoints
     assert saved["vit"] == models / miniature.VIT and saved["in21k"] == models / miniature.IN21K

@@ -31,8 +31,8 @@ import vit_part3_setup
 from common import start
 from common.cli import ScriptParser
 from common.files import TEMP_PREFIX
+from common.finetune_checkpoint import save_checkpoint
 from common.start import Terminated, guarded
-from common.training import save_checkpoint
 from job import child_process, downloads, ending, resuming, standins
 from job.time_estimate import estimate_seconds
 

@@ -1,5 +1,6 @@
-"""Hugging Face checkpoints: load by id or local directory, quietly, with one line when one cannot be had; and
-whether the one a run loaded is the article's."""
+"""Pretrained Hugging Face checkpoints: load by id or local directory, quietly, with one line when one cannot be had;
+their image processor; whether the one a run loaded is the article's; a fine-tuned one saved as from_pretrained
+loads it."""
 import contextlib
 import hashlib
 import json

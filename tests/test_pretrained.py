@@ -1,4 +1,4 @@
-"""common/checkpoints.py's checkpoint_difference: a checkpoint is the article's when its files' bytes (the cache's copy
+"""common/pretrained.py's checkpoint_difference: a checkpoint is the article's when its files' bytes (the cache's copy
 under the article's Hub id, or a folder's) are the files huggingface.co publishes for that id, as its file metadata
 said once online; the names of the cache's blobs vouch for nothing; anything else is a setup difference, named."""
 import hashlib
@@ -10,10 +10,10 @@ import pytest
 from huggingface_hub import constants
 from huggingface_hub.hf_api import BlobLfsInfo, RepoSibling
 
-from common import checkpoints
-from common.checkpoints import check_model_flag, checkpoint_difference, load_pretrained
+from common import pretrained
 from common.environment import MINIATURE_MARK, STANDIN_MARK
 from common.errors import UserError
+from common.pretrained import check_model_flag, checkpoint_difference, load_pretrained
 from job.standins import HUB_PROCESSOR, vit_classifier
 
 ARTICLE = "google/vit-base-patch16-224"
@@ -170,7 +170,7 @@ def test_online_huggingface_cos_file_metadata_decides_and_is_recorded(copy, reco
             asked.append((repo, revision, files_metadata))
             return type("Info", (), {"siblings": siblings})()
 
-    monkeypatch.setattr(checkpoints, "ask_hub", lambda name, repo_type: (type("Info", (), {"sha": COMMIT})(), None))
+    monkeypatch.setattr(pretrained, "ask_hub", lambda name, repo_type: (type("Info", (), {"sha": COMMIT})(), None))
     monkeypatch.setattr("huggingface_hub.HfApi", Hub)
     difference = checkpoint_difference(str(copy), ARTICLE)
     assert asked == [(ARTICLE, COMMIT, True)]
@@ -184,12 +184,12 @@ def test_online_huggingface_cos_file_metadata_decides_and_is_recorded(copy, reco
 
 def test_a_files_hash_is_kept_by_its_size_and_time(copy, recorded, tmp_path):
     weights = copy / "model.safetensors"
-    first = checkpoints.file_hash(weights, 64)
+    first = pretrained.file_hash(weights, 64)
     assert first == hashlib.sha256(weights.read_bytes()).hexdigest()
     assert first in (tmp_path / "data" / "file_hashes.json").read_text()
     with open(weights, "ab") as changed:  # another size: hashed again
         changed.write(b" ")
-    assert checkpoints.file_hash(weights, 64) == hashlib.sha256(weights.read_bytes()).hexdigest() != first
+    assert pretrained.file_hash(weights, 64) == hashlib.sha256(weights.read_bytes()).hexdigest() != first
 
 
 def test_a_folder_without_weights_is_named(copy):
@@ -256,15 +256,15 @@ def test_the_probe_says_what_the_hub_answered_naming_the_mirror(monkeypatch, fau
         monkeypatch.setattr(constants, "HF_HUB_ETAG_TIMEOUT", 1)
         hub = f"the Hub mirror {server.url}"
         if isinstance(answer, tuple):
-            assert checkpoints.ask_hub("a/b") == (None, f"{hub} {answer[1]}")
+            assert pretrained.ask_hub("a/b") == (None, f"{hub} {answer[1]}")
         else:
             with pytest.raises(UserError) as error:
-                checkpoints.ask_hub("a/b")
+                pretrained.ask_hub("a/b")
             assert str(error.value) == f"{hub} {answer}"
             trouble = fault["code"] in (429, 500, 503)
-            assert isinstance(error.value, checkpoints.HubTrouble) == trouble
+            assert isinstance(error.value, pretrained.HubTrouble) == trouble
             if trouble:
-                assert checkpoints.hub_reachable("a/b") is False
+                assert pretrained.hub_reachable("a/b") is False
     finally:
         server.close()
 
@@ -272,7 +272,7 @@ def test_the_probe_says_what_the_hub_answered_naming_the_mirror(monkeypatch, fau
 def test_the_probe_names_a_server_that_cannot_be_reached(monkeypatch):
     monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    assert checkpoints.ask_hub("a/b") == (None, "the Hub mirror http://127.0.0.1:9 cannot be reached")
+    assert pretrained.ask_hub("a/b") == (None, "the Hub mirror http://127.0.0.1:9 cannot be reached")
 
 
 def test_the_image_processor_is_read_where_the_checkpoint_is_and_never_guessed(tmp_path, monkeypatch):
@@ -287,11 +287,11 @@ def test_the_image_processor_is_read_where_the_checkpoint_is_and_never_guessed(t
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "config.json").write_text("{}")
     (tmp_path / "with" / "preprocessor_config.json").write_text(json.dumps(HUB_PROCESSOR))
-    assert checkpoints.processor_config(str(tmp_path / "with")) == HUB_PROCESSOR
-    assert checkpoints.processor_config(str(tmp_path / "without")) is None
-    assert checkpoints.processor_config("google/vit-base-patch16-224-in21k") is None
+    assert pretrained.processor_config(str(tmp_path / "with")) == HUB_PROCESSOR
+    assert pretrained.processor_config(str(tmp_path / "without")) is None
+    assert pretrained.processor_config("google/vit-base-patch16-224-in21k") is None
     with pytest.raises(UserError, match="so the pixels it was made for are unknown") as refused:
-        checkpoints.processor_config("someone/other-vit")
+        pretrained.processor_config("someone/other-vit")
     assert "\n" not in str(refused.value)
 
 
