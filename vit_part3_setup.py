@@ -192,7 +192,11 @@ def section_table1(run, report):
         report.print(f"  Table 2 fine-tuning resolution: {key}: grid {report.num(f'{key}: grid', grid)}x{grid}, N = "
                      f"{report.num(f'{key}: N', patches)}, sequence {report.num(f'{key}: sequence', seq)}")
 
-    # the parameters of the released checkpoints
+    released_parameters(report)
+
+def released_parameters(report):
+    """Section 1's last lines: the parameters of the released checkpoints, read from their weight files (or counted
+    from the Table 1 architecture on the meta device), against Table 1's; why ViT-B/32 has more than ViT-B/16."""
     counts, sources = {}, {}
     for size, patch, name, pre_logits in RELEASED:
         shapes, sources[size, patch] = checkpoint_shapes(name, size, patch, pre_logits)
@@ -447,20 +451,7 @@ def section_by_hand(run, report):
     for g in (0.001, 1000):  # the prose's "whatever the size of the gradient"
         report.num(f"Adam t=1 step at g={g:g}", adam_by_hand([g])[0][6], "short", printed=False)
 
-    # Table 3 in steps, and the warm-up
-    report.print()
-    for label, epochs, pictures, base_lr, decay in TABLE3:
-        steps = pretraining_steps(epochs, pictures)
-        report.print(f"  {label:<39}: {epochs:>3} epochs x {pictures / 1e6:6.2f}M images / batch {PRETRAIN_BATCH} = "
-                     f"{report.num(f'{label}: steps', steps, '>9,')} steps; warm-up {PRETRAIN_WARMUP:,} = "
-                     f"{report.num(f'{label}: warm-up %', 100 * PRETRAIN_WARMUP / steps, '4.1f')}% of them; base LR "
-                     f"{base_lr:g}, {decay} decay")
-    total = pretraining_steps(7, 303e6)
-    at_5000, at_10000, at_middle = (warmup_linear_lr(step, 8e-4, total, PRETRAIN_WARMUP) for step in
-                                    (5_000, 10_000, PRETRAIN_WARMUP + (total - PRETRAIN_WARMUP) // 2))
-    report.print(f"  ViT-B/16 on JFT: LR at step 5,000 = {report.num('JFT LR at 5,000', at_5000, '.1e')} (half way up "
-                 f"the warm-up), at 10,000 = {report.num('JFT LR at 10,000', at_10000, '.1e')}, at the middle of the "
-                 f"decay = {report.num('JFT LR at mid-decay', at_middle, '.1e')}")
+    table3_in_steps(report)
 
     # SGD with momentum and Polyak averaging
     report.print()
@@ -494,7 +485,27 @@ def section_by_hand(run, report):
     cosine = sum(a * b for a, b in zip(flat, before, strict=True)) / norm
     report.num("clipped cosine with the gradient", cosine, "short", printed=False)  # the line's "direction kept"
 
-    # Table 4 in steps and passes, and cosine decay
+    table4_in_steps(report)
+
+def table3_in_steps(report):
+    """Section 4's Table 3 in steps, the warm-up's share of them, and ViT-B/16's learning rate on JFT."""
+    report.print()
+    for label, epochs, pictures, base_lr, decay in TABLE3:
+        steps = pretraining_steps(epochs, pictures)
+        report.print(f"  {label:<39}: {epochs:>3} epochs x {pictures / 1e6:6.2f}M images / batch {PRETRAIN_BATCH} = "
+                     f"{report.num(f'{label}: steps', steps, '>9,')} steps; warm-up {PRETRAIN_WARMUP:,} = "
+                     f"{report.num(f'{label}: warm-up %', 100 * PRETRAIN_WARMUP / steps, '4.1f')}% of them; base LR "
+                     f"{base_lr:g}, {decay} decay")
+    total = pretraining_steps(7, 303e6)
+    at_5000, at_10000, at_middle = (warmup_linear_lr(step, 8e-4, total, PRETRAIN_WARMUP) for step in
+                                    (5_000, 10_000, PRETRAIN_WARMUP + (total - PRETRAIN_WARMUP) // 2))
+    report.print(f"  ViT-B/16 on JFT: LR at step 5,000 = {report.num('JFT LR at 5,000', at_5000, '.1e')} (half way up "
+                 f"the warm-up), at 10,000 = {report.num('JFT LR at 10,000', at_10000, '.1e')}, at the middle of the "
+                 f"decay = {report.num('JFT LR at mid-decay', at_middle, '.1e')}")
+
+
+def table4_in_steps(report):
+    """Section 4's Table 4 in steps and passes, and the cosine decay of ImageNet fine-tuning."""
     report.print()
     for task, steps, pictures in TABLE4:
         seen = steps * FINETUNE_BATCH
