@@ -49,10 +49,16 @@ def processor_pixels(config, name):
         raise UserError(f"--model {name}: its image processor {otherwise[0]}, which the scripts do not follow (they "
                         f"resize the whole picture to R x R and scale it by 1/255): pass a checkpoint whose processor "
                         f"does so")
-    normalize = config.get("do_normalize", True)
+    if not config.get("do_normalize", True):
+        return {"resample": config.get("resample", Image.BILINEAR), "mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0)}
+    stats = {what: np.ravel(config.get(f"image_{what}", ARTICLE_PIXELS[what])) for what in ("mean", "std")}
+    if any(len(value) not in (1, 3) or not np.all(np.isfinite(value)) for value in stats.values()) \
+            or not np.all(stats["std"] > 0):
+        raise UserError(f"--model {name}: its image processor's image_mean {stats['mean'].tolist()} and image_std "
+                        f"{stats['std'].tolist()} are not one finite value, or one a channel, with std above 0: "
+                        f"pass a checkpoint whose processor has them")
     return {"resample": config.get("resample", Image.BILINEAR),
-            "mean": tuple(config.get("image_mean", ARTICLE_PIXELS["mean"])) if normalize else (0.0, 0.0, 0.0),
-            "std": tuple(config.get("image_std", ARTICLE_PIXELS["std"])) if normalize else (1.0, 1.0, 1.0)}
+            **{what: tuple(float(v) for v in np.broadcast_to(value, 3)) for what, value in stats.items()}}
 
 
 def resized_rgb(picture, resolution, flip=False, resample=Image.BILINEAR):
@@ -74,7 +80,7 @@ def to_pixels(batch, device, pixels=ARTICLE_PIXELS):
 def pixels_processor(resolution, pixels=ARTICLE_PIXELS):
     """The image processor that makes these pixels from a picture, as transformers saves and loads it (a model
     saved for from_pretrained and pipeline() carries it)."""
-    from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
+    from transformers import ViTImageProcessorPil
 
     return ViTImageProcessorPil(size={"height": resolution, "width": resolution}, resample=pixels["resample"],
                                 image_mean=list(pixels["mean"]), image_std=list(pixels["std"]))

@@ -155,7 +155,7 @@ def library_pixels(pictures, resolution):
     """The checkpoints' image processor, transformers' ViTImageProcessorPil (resize to R x R, bilinear, then
     (x/255 - 0.5) / 0.5), of the pictures (paths or PIL images): float32 (N, 3, R, R)."""
     from PIL import Image
-    from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
+    from transformers import ViTImageProcessorPil
 
     from common.pictures import load_rgb
 

@@ -21,9 +21,8 @@ def test_the_processor_is_pils_even_where_the_library_would_pick_torchvisions(tm
     """transformers picks the torchvision backend wherever torchvision is installed, unless told; here it is made to
     believe torchvision is installed, its torchvision class a stand-in, so that the test holds the same with or
     without torchvision: the library's own choice is the stand-in, the project's loader's the PIL class."""
-    from transformers import AutoImageProcessor
+    from transformers import AutoImageProcessor, ViTImageProcessorPil
     from transformers.models.auto import image_processing_auto as auto
-    from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
 
     class TorchvisionViT(ViTImageProcessorPil):
         """What ViTImageProcessor (the torchvision backend) would be."""

@@ -10,18 +10,22 @@ from common.pictures import ARTICLE_PIXELS, load_rgb, processor_pixels, resized_
 from job.standins import HUB_PROCESSOR
 
 IMAGENET = {"image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}
-# (its preprocessor_config.json, the pixels the scripts make, or the refusal's words)
+# (its preprocessor_config.json, the pixels the scripts make, or the refusal's words after "its image processor")
 PROCESSORS = [
     (None, ARTICLE_PIXELS),  # none: the article's
     (HUB_PROCESSOR, ARTICLE_PIXELS),  # the article's checkpoints' own
     ({**HUB_PROCESSOR, **IMAGENET, "resample": 3},
      {"resample": 3, "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)}),
     ({**HUB_PROCESSOR, "do_normalize": False}, {"resample": 2, "mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0)}),
-    ({**HUB_PROCESSOR, "do_center_crop": True, "crop_size": 224}, "crops the picture (do_center_crop)"),
-    ({**HUB_PROCESSOR, "do_resize": False}, "does not resize it (do_resize false)"),
-    ({**HUB_PROCESSOR, "rescale_factor": 1 / 127.5}, "does not rescale by 1/255"),
-    ({**HUB_PROCESSOR, "do_rescale": False}, "does not rescale by 1/255"),
-    ({**HUB_PROCESSOR, "resample": 7}, "resamples with filter 7, not one of PIL's"),
+    ({**HUB_PROCESSOR, "do_center_crop": True, "crop_size": 224}, " crops the picture (do_center_crop)"),
+    ({**HUB_PROCESSOR, "do_resize": False}, " does not resize it (do_resize false)"),
+    ({**HUB_PROCESSOR, "rescale_factor": 1 / 127.5}, " does not rescale by 1/255"),
+    ({**HUB_PROCESSOR, "do_rescale": False}, " does not rescale by 1/255"),
+    ({**HUB_PROCESSOR, "resample": 7}, " resamples with filter 7, not one of PIL's"),
+    ({**HUB_PROCESSOR, "image_mean": 0.5, "image_std": 0.25}, {"resample": 2, "mean": (0.5, 0.5, 0.5),
+                                                                "std": (0.25, 0.25, 0.25)}),  # one for all channels
+    ({**HUB_PROCESSOR, "image_mean": [0.5, 0.5]}, "'s image_mean [0.5, 0.5] and image_std [0.5, 0.5, 0.5] are not"),
+    ({**HUB_PROCESSOR, "image_std": [0.5, 0.0, 0.5]}, "'s image_mean [0.5, 0.5, 0.5] and image_std [0.5, 0.0, 0.5]"),
 ]
 
 
@@ -32,14 +36,14 @@ def test_a_checkpoints_image_processor_is_followed_or_refused_in_one_line(config
         return
     with pytest.raises(UserError) as refused:
         processor_pixels(config, "m")
-    assert str(refused.value).startswith(f"--model m: its image processor {expected}, which the scripts do not ")
+    assert str(refused.value).startswith(f"--model m: its image processor{expected}")
     assert "\n" not in str(refused.value)
 
 
 def test_followed_pixels_are_the_library_processors(pictures, resolution=72):
     """ImageNet's statistics and bicubic resizing: resized_rgb on the workers, to_pixels on the device, equal
     transformers' ViTImageProcessorPil with the same settings."""
-    from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
+    from transformers import ViTImageProcessorPil
 
     config = {**HUB_PROCESSOR, **IMAGENET, "resample": 3}
     pixels = processor_pixels(config, "m")
