@@ -667,15 +667,19 @@ def reporting_problem(names, save_dir):
     from transformers.integrations import get_available_reporting_integrations
     from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
 
-    if names in (["none"], ["all"]):
+    if names == ["none"]:
         return None
-    unknown = [name for name in names if name not in INTEGRATION_TO_CALLBACK]
+    if len(names) > 1 and {"none", "all"} & set(names):
+        return "none and all each stand alone: give one of them, or the names of integrations"
+    available = get_available_reporting_integrations()
+    unknown = [name for name in names if name not in INTEGRATION_TO_CALLBACK and name != "all"]
     if unknown:
         known = ", ".join(INTEGRATION_TO_CALLBACK)
         return f"{unknown[0]} is not one the Trainer knows; choose none, all, or of {known}"
-    missing = [name for name in names if name not in get_available_reporting_integrations()]
+    missing = [name for name in names if name not in available and name != "all"]
     if missing:
         return f"{missing[0]} is not installed here: pip install {missing[0]}"
+    names = available if names == ["all"] else names
     if "tensorboard" in names and not save_dir and not os.environ.get("TENSORBOARD_LOGGING_DIR"):
         return "its logs go to the Trainer's output folder, which without --save-dir is deleted: add --save-dir DIR"
     return None

@@ -241,11 +241,12 @@ def data_and_model(run):
 
     args = run.args
     if "data and model" not in run.kept:
-        data, checkpoint = loaded(
+        data, checkpoint, processor = loaded(
             lambda: load_splits(args.data_dir, {"train": args.per_class, "val": args.per_class}),
-            lambda: load_pretrained(ViTForImageClassification, args.model, output_loading_info=True), run=run)
+            lambda: load_pretrained(ViTForImageClassification, args.model, output_loading_info=True),
+            lambda: processor_config(args.model), run=run)
         check_resolution(checkpoint[0].config, args.resolution)
-        run.kept["pixels"] = processor_pixels(processor_config(args.model), args.model)  # its image processor's
+        run.kept["pixels"] = processor_pixels(processor, args.model)  # what its image processor makes
         data["classes"] = len(data["folders"])
         model, pre_logits = build_classifier(checkpoint, data["classes"], args.resolution)
         run.kept["data and model"] = data, model.to(run.device), pre_logits

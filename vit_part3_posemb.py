@@ -183,7 +183,7 @@ def imagenet_indices(root, folders):
 @functools.lru_cache(maxsize=1)  # once per run: section 4 and setup_differences ask for them
 def load_pictures(run):
     """(decoded pictures, labels, the ImageNet index of each class) of the validation split."""
-    data = load_splits(run.args.data_dir, {"val": run.args.per_class}, drawn=True)  # a sample of each class
+    data = load_splits(run.args.data_dir, {"val": run.args.per_class}, drawn=True)  # a random sample of the split
     return (load_all([path for path, _ in data["val"]]), torch.tensor([label for _, label in data["val"]]),
             imagenet_indices(data["root"], data["folders"]))
 

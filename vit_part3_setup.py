@@ -194,6 +194,7 @@ def section_table1(run, report):
 
     released_parameters(report)
 
+
 def released_parameters(report):
     """Section 1's last lines: the parameters of the released checkpoints, read from their weight files (or counted
     from the Table 1 architecture on the meta device), against Table 1's; why ViT-B/32 has more than ViT-B/16."""
@@ -486,6 +487,7 @@ def section_by_hand(run, report):
     report.num("clipped cosine with the gradient", cosine, "short", printed=False)  # the line's "direction kept"
 
     table4_in_steps(report)
+
 
 def table3_in_steps(report):
     """Section 4's Table 3 in steps, the warm-up's share of them, and ViT-B/16's learning rate on JFT."""

@@ -118,8 +118,8 @@ def data_differences(args, counts, drawn=False):
                 unlike = (f"pictures of another size than Imagenette-160's ({path.name} is {size[0]}x{size[1]}, the "
                           f"release's are {PICTURE_SIDE} px on the short side)")
                 break
+    flag = f"--data-dir {args.data_dir}" if args.data_dir else str(root)
     if unlike:
-        flag = f"--data-dir {args.data_dir}" if args.data_dir else str(root)
         return {"data set": {"flag": flag, "why": f"{flag}: {unlike}"}}
     from common.verdicts import subset_differences  # asked only for --compare or --json
 
@@ -128,7 +128,6 @@ def data_differences(args, counts, drawn=False):
     differences = subset_differences(args, {items[split]: count for split, count in counts.items()},
                                      {items[split]: SPLIT_COUNTS[split] for split in counts}, drawn, whole)
     if whole and root.is_dir() and extracted_from(root) != MD5:  # a copy of the release's layout and counts
-        flag = f"--data-dir {args.data_dir}" if args.data_dir else str(root)
         differences["pictures unchecked"] = {
             "flag": flag, "moves": False, "note": True,
             "why": f"{flag}: the release's layout and counts, its pictures not checked against the release (the "

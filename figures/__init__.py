@@ -27,8 +27,8 @@ def provenance(model, data, made=None):
     mark, or made: what job/ made of them), that its numbers are not the article's."""
     from common.environment import made_here
 
-    made = made or next(filter(None, (made_here(path) for path in (model, data) if path and Path(path).is_dir())),
-                        None)
+    folders = [path for path in (model, data) if path and Path(path).expanduser().is_dir()]
+    made = made or next(filter(None, map(made_here, folders)), None)
     line = f"model: {model}; data: {data}"
     return f"{line}; {made}: its numbers are not the article's" if made else line
 

@@ -24,6 +24,8 @@ from common.start import JOB_PID, scripts_environment
 
 LOG_EVERY = 30  # seconds between snapshots of a running script's log
 LOCK = ".reproduce.lock"
+
+
 class StopRequests:
     """Ctrl-C and SIGTERM while the job runs: remembered, and passed on once each to the running script (in a
     process group of its own, so a Ctrl-C at the terminal reaches it only through here; fine-tuning reads a second
@@ -52,8 +54,9 @@ class StopRequests:
 
 
 def start_script(command, env, **popen):
-    """Popen of a script in a process group of its own, with no preexec_fn: the job's process has threads (torch's),
-    and after a fork with threads no Python may run before exec. What a preexec_fn would do, the script does itself
+    """Popen of a script in a process group of its own, with no preexec_fn: no Python runs between fork and exec, safe
+    whatever threads the starting process has (the job keeps to one: one_thread). What a preexec_fn would do, the
+    script does itself
     (common/start.py): Ctrl-C stays held back until its first line handles it, for the child keeps the signal mask
     this thread holds while it forks; on Linux it asks for SIGTERM when the job ends, told the job's pid (JOB_PID)."""
     held = hasattr(signal, "pthread_sigmask")
@@ -137,7 +140,7 @@ def first_refusal(commands, cwd):
 
     with subprocess.Popen([sys.executable, "-c", "from job.child_process import check_in_turn; check_in_turn()"],
                           cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          errors="replace", env={**os.environ, CHECK_ONLY: "1"}) as check:  # its pipes closed after
+                          errors="replace", env={**scripts_environment(), CHECK_ONLY: "1"}) as check:  # closed after
         try:
             said, failed = check.communicate(json.dumps(commands))
         finally:  # stopped and waited for, however this ends

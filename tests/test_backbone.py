@@ -315,10 +315,12 @@ def test_the_saved_model_loads_in_a_pipeline_that_predicts_as_the_run_counted(ba
 
 
 @pytest.mark.parametrize("names,save_dir,said", [
-    (["none"], None, None), (["all"], None, None), (["wandb"], None, None), (["tensorboard"], "runs", None),
+    (["none"], None, None), (["wandb"], None, None), (["tensorboard"], "runs", None),
     (["tensorboard"], None, "its logs go to the Trainer's output folder, which without --save-dir is deleted"),
     (["tensorboard", "nosuch"], "runs", "nosuch is not one the Trainer knows"),
     (["mlflow"], None, "mlflow is not installed here: pip install mlflow"),
+    (["all"], None, "its logs go to the Trainer's output folder"),  # all installed: tensorboard among them
+    (["all"], "runs", None), (["none", "wandb"], None, "none and all each stand alone"),
 ])
 def test_report_to_is_refused_before_any_work_where_the_trainer_could_not_report(names, save_dir, said, monkeypatch):
     import transformers.integrations
