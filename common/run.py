@@ -14,7 +14,6 @@ from common.environment import STANDIN_MARK, environment
 from common.errors import UserError
 from common.files import write_text
 from common.output import MATPLOTLIB_MISSING, Report, say
-from common.pretrained import checkpoint_difference
 
 
 class Run(SimpleNamespace):
@@ -93,7 +92,8 @@ def run_sections(script, args, sections, setup_differences=None, article_model=N
             report.cannot_run(section.__doc__.strip().splitlines()[0], problem)  # the docstring's first line: its title
     differences, rows, conclusions = {}, None, []
     if args.compare or args.json:  # the setup's differences, asked of the sections after them, decide the verdicts
-        from common.verdicts import comparison_lines, flag_differences, judge  # loaded only when asked for
+        from common.published_files import checkpoint_difference  # loaded only when asked for
+        from common.verdicts import comparison_lines, flag_differences, judge
 
         checkpoint = checkpoint_difference(args.model, article_model) if article_model else {}
         flags = flag_differences(args, article_flags) if article_flags else {}

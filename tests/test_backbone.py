@@ -13,11 +13,11 @@ from conftest import BACKBONE_ARTICLE, BACKBONE_FLAGS, compare, script_output
 from PIL import Image
 
 import vit_backbone as backbone
-from common import pretrained
+from common import published_files
 from common.environment import STANDIN_MARK, made_here
 from common.errors import UserError
 from common.output import Report
-from common.pretrained import checkpoint_difference
+from common.published_files import checkpoint_difference
 from common.run import start_run
 from common.start import guarded
 from common.trainer import check_classifier_files, dataset_loader
@@ -162,8 +162,8 @@ def differences(argv, counts=None, names=backbone.BEANS_CLASSES, published=True)
     with mock.patch.object(backbone.beans_data, "local_copy", str), \
             mock.patch.object(backbone.plumbing, "check_classifier_files", lambda name, example: name):
         args = backbone.parse_args(argv)  # folders that need not exist: their checks are the parser's (test_bad_inputs)
-    with mock.patch.object(pretrained, "cached_snapshot", lambda name: "cache"), \
-            mock.patch.object(pretrained, "unlike_the_hubs", lambda folder, repo, what: None):  # its bytes the Hub's
+    with mock.patch.object(published_files, "cached_snapshot", lambda name: "cache"), \
+            mock.patch.object(published_files, "unlike_the_hubs", lambda folder, repo, what: None):  # the Hub's bytes
         checkpoint = checkpoint_difference(args.model, backbone.MODEL)
     known = {**checkpoint, **flag_differences(args, backbone.ARTICLE_FLAGS)}
     unlike = None if published else "a copy whose data/train-00000-of-00001.parquet is not the one huggingface.co " \

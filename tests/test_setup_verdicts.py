@@ -17,7 +17,7 @@ from conftest import compare, library_pixels
 import vit_part3_fewshot as fewshot
 import vit_part3_finetune as finetune
 import vit_part3_posemb as posemb
-from common import environment, imagenette, pretrained, verdicts
+from common import environment, imagenette, published_files, verdicts
 from common.imagenette import CLASSES, list_split
 from common.verdicts import flag_differences, format_like, load_reference
 from job.standins import imagenette_folder, vit_classifier
@@ -115,7 +115,7 @@ def as_the_release(monkeypatch, release):
     monkeypatch.setattr(imagenette, "SPLIT_COUNTS", counts)
     for module in (environment, imagenette):
         monkeypatch.setattr(module, "made_here", lambda path: None)
-    monkeypatch.setattr(pretrained, "unlike_the_hubs", lambda folder, repo, what: None)
+    monkeypatch.setattr(published_files, "unlike_the_hubs", lambda folder, repo, what: None)
     monkeypatch.setenv("TQDM_DISABLE", "1")
 
 
