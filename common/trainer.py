@@ -31,20 +31,35 @@ def check_classifier_files(name, example):
 @contextlib.contextmanager
 def timed_trainer(recipe, device, precision, output_dir=None, **parts):
     """Yields (a Trainer of `parts` and TrainingArguments(**recipe; report_to "none" unless it says), writing to
-    output_dir (a temporary folder without one), its progress on
-    stderr; its passes {"training", "evaluations": pass timings, "train() seconds", "workers"}, filled as it runs), its
-    training pictures prepared by loader_workers(device) processes (docs/performance.md). The passes are timed
-    through the Trainer's own overrides: its training steps' next() in get_batch_samples, its evaluations' in their
-    loader, evaluate() whole.
+    output_dir (a temporary folder without one), its progress on stderr; its passes {"training", "evaluations": pass
+    timings, "train() seconds", "workers"}, filled as it runs), its training pictures prepared by
+    loader_workers(device) processes (docs/performance.md). The passes are timed through the Trainer's own
+    overrides: its training steps' next() in get_batch_samples, its evaluations' in their loader, evaluate() whole.
     A non-finite training loss stops the training at the step it is logged, and train() raises a UserError."""
-    from tqdm import tqdm
-    from transformers import ProgressCallback, Trainer, TrainerCallback, TrainingArguments
+    from transformers import ProgressCallback, TrainingArguments
 
     workers = loader_workers(device)
     passes = {**{what: dict(NEW_PASS) for what in ("training", "evaluations")}, "workers": workers}
+    progress, divergence = callbacks()
+    kept = contextlib.nullcontext(output_dir) if output_dir else tempfile.TemporaryDirectory(prefix="vit-trainer-")
+    with kept as folder:
+        # no logging_nan_inf_filter: it hides a nan loss (a step's as the others' mean, an evaluation's dropped)
+        args = TrainingArguments(**{"report_to": "none", **recipe}, output_dir=str(folder),
+                                 use_cpu=device.type == "cpu",
+                                 logging_nan_inf_filter=False,
+                                 bf16=precision == "bf16", dataloader_num_workers=workers,
+                                 dataloader_persistent_workers=workers > 0, dataloader_pin_memory=device.type == "cuda",
+                                 dataloader_multiprocessing_context=(  # on macOS the library's own choice
+                                     WORKER_START if workers and sys.platform.startswith("linux") else None))
+        trainer = timed_trainer_class(passes, divergence)(args=args, callbacks=[progress, divergence], **parts)
+        trainer.remove_callback(ProgressCallback)
+        yield trainer, passes
 
-    def labels_in(batch):
-        return len(batch["labels"])
+
+def callbacks():
+    """(a progress bar on stderr, the watch for a training loss that is not finite: its `found`)."""
+    from tqdm import tqdm
+    from transformers import TrainerCallback
 
     class Progress(TrainerCallback):  # a bar on stderr: the Trainer's own writes its log lines on stdout
         def on_train_begin(self, args, state, control, **kwargs):
@@ -65,6 +80,17 @@ def timed_trainer(recipe, device, precision, output_dir=None, **parts):
             if loss is not None and not math.isfinite(loss) and self.found is None:
                 self.found, control.should_training_stop = (loss, self.logged + 1, state.global_step), True
             self.logged = state.global_step if loss is not None else self.logged
+
+    return Progress(), Divergence()
+
+
+def timed_trainer_class(passes, divergence):
+    """A Trainer that times its passes into `passes` through its own overrides, and raises a UserError at the end of
+    a training whose loss `divergence` found not finite."""
+    from transformers import Trainer
+
+    def labels_in(batch):
+        return len(batch["labels"])
 
     class TimedTrainer(Trainer):
         def get_batch_samples(self, epoch_iterator, num_batches, device):
@@ -97,20 +123,7 @@ def timed_trainer(recipe, device, precision, output_dir=None, **parts):
                                 "lower --lr")
             return output
 
-    divergence = Divergence()
-    kept = contextlib.nullcontext(output_dir) if output_dir else tempfile.TemporaryDirectory(prefix="vit-trainer-")
-    with kept as folder:
-        # no logging_nan_inf_filter: it hides a nan loss (a step's as the others' mean, an evaluation's dropped)
-        args = TrainingArguments(**{"report_to": "none", **recipe}, output_dir=str(folder),
-                                 use_cpu=device.type == "cpu",
-                                 logging_nan_inf_filter=False,
-                                 bf16=precision == "bf16", dataloader_num_workers=workers,
-                                 dataloader_persistent_workers=workers > 0, dataloader_pin_memory=device.type == "cuda",
-                                 dataloader_multiprocessing_context=(  # on macOS the library's own choice
-                                     WORKER_START if workers and sys.platform.startswith("linux") else None))
-        trainer = TimedTrainer(args=args, callbacks=[Progress(), divergence], **parts)
-        trainer.remove_callback(ProgressCallback)
-        yield trainer, passes
+    return TimedTrainer
 
 
 def steps_text(first, last):

@@ -308,20 +308,7 @@ def build(folder, say=print):
                        f"{seconds} |")
         drawn = draw_figures(script, record, rows, folder, say if with_figures else lambda text: None)  # its warnings
         body += script_section(script, record, rows, drawn, folder, seconds)
-    head = ["# The two articles' numbers, reproduced", ""]
-    standins = [script_file(script) for script, record in records.items() if record and record.get("stand-ins")]
-    if standins:
-        head += [(f"**These numbers mean nothing**: {', '.join(standins)} ran on generated stand-ins (checkpoints "
-                  f"of random weights, generated pictures; job/standins.py), not on the articles' checkpoints "
-                  f"and data. The page shows that the job runs, not what the articles found."), ""]
-    miniature = on_the_miniature(records)
-    if miniature:
-        head += [(f"**A miniature, its numbers its own**: {', '.join(miniature)} ran on a ViT trained here on "
-                  f"generated pictures whose class is where a blob is (job/miniature.py), not on the articles' "
-                  f"checkpoints and data: the articles' numbers do not apply, and the verdicts beside them say "
-                  f"nothing. What carries over is the articles' conclusions, each judged on the miniature's own "
-                  f"numbers below (\"on the miniature\"; over several seeds: the job/miniature.py folder's "
-                  f"report.md, docs/miniature.md)."), ""]
+    head = ["# The two articles' numbers, reproduced", "", *what_ran(records)]
     head += [*decided, ""]  # first: what the run decides of the articles' conclusions, then the numbers
     head += ["Each number of the logged lines of \"ViT, explained · Part 3\" (the vit_part3_* scripts) and of \"ViT "
              "as a backbone\" (vit_backbone.py) beside this run's. " + LEGEND + ". Paths are relative to this "
@@ -330,6 +317,25 @@ def build(folder, say=print):
         head += [(f"No figures: {figures.INSTALL_HINT}; run `python -m job.page {folder}` again after "
                   f"installing it."), ""]
     return write_text(folder / "report.md", "\n".join(head + summary + ["", COLUMNS, ""] + body), what="report")
+
+
+def what_ran(records):
+    """The page's first paragraphs when its numbers are not of the articles' checkpoints and data."""
+    lines = []
+    standins = [script_file(script) for script, record in records.items() if record and record.get("stand-ins")]
+    if standins:
+        lines += [(f"**These numbers mean nothing**: {', '.join(standins)} ran on generated stand-ins (checkpoints "
+                   f"of random weights, generated pictures; job/standins.py), not on the articles' checkpoints "
+                   f"and data. The page shows that the job runs, not what the articles found."), ""]
+    miniature = on_the_miniature(records)
+    if miniature:
+        lines += [(f"**A miniature, its numbers its own**: {', '.join(miniature)} ran on a ViT trained here on "
+                   f"generated pictures whose class is where a blob is (job/miniature.py), not on the articles' "
+                   f"checkpoints and data: the articles' numbers do not apply, and the verdicts beside them say "
+                   f"nothing. What carries over is the articles' conclusions, each judged on the miniature's own "
+                   f"numbers below (\"on the miniature\"; over several seeds: the job/miniature.py folder's "
+                   f"report.md, docs/miniature.md)."), ""]
+    return lines
 
 
 def main(argv=None):
