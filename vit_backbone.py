@@ -43,7 +43,7 @@ from common.closed_form import closed_form
 from common.device import PRECISIONS, float32_arithmetic
 from common.errors import UserError
 from common.loader import NEW_PASS, timed
-from common.output import say
+from common.output import pass_text, say
 from common.paths import FEATURE_CACHE_DIR
 from common.pretrained import load_pretrained, save_loadable
 from common.run import check_output, loaded, run_sections
@@ -376,11 +376,12 @@ def section_feature_map(run, report):
     feature_map = patch_tokens_to_feature_map(patch_tokens, (grid_h, grid_w))
     agree = sum(bool(torch.equal(feature_map[b, :, i, j], patch_tokens[b, i * grid_w + j]))  # place by place
                 for b in range(2) for i in range(grid_h) for j in range(grid_w))
-    report.print(f"  Patch tokens shape: torch.Size({report.num('patch tokens shape', list(patch_tokens.shape), 'd')})")
-    report.print(f"  Feature map shape: torch.Size({report.num('feature map shape', list(feature_map.shape), 'd')})")
-    report.print("  feature_map[b, :, i, j] == patch_tokens[b, i * W_p + j, :] at "
-                 f"{report.num('positions that agree', agree)} of {2 * grid_h * grid_w} (b, i, j): each patch token "
-                 "lands at its own place in the grid")
+    report.print(f"  Patch tokens shape: {patch_tokens.shape}")
+    report.print(f"  Feature map shape: {feature_map.shape}")
+    report.print(f"  feature_map[b, :, i, j] == patch_tokens[b, i * W_p + j, :] at {agree} of {2 * grid_h * grid_w} "
+                 "(b, i, j): each patch token lands at its own place in the grid")
+    report.record({"patch tokens shape": list(patch_tokens.shape), "feature map shape": list(feature_map.shape),
+                   "positions that agree": agree})
     try:
         patch_tokens_to_feature_map(patch_tokens, (4, 5))
         refused = "accepted (wrong)"
@@ -399,14 +400,13 @@ def section_table(run, report):
         whole, backbone = counted_parameters(config)
         widths = {"patch size": ">5", "input resolution": ">5", "embedding dimension": ">5", "layers": ">6",
                   "heads": ">5"}
-        columns = " ".join(report.num(f"{name} {what}", getattr(config, key), widths[what])
-                           for what, key in TABLE_COLUMNS.items())
-        report.print(f"  {name:<30} {columns}  {table_millions:>4}M  "
-                     f"{report.num(f'{name} parameters', whole, ',')} = "
-                     f"{report.num(f'{name} parameters (M)', whole / 1e6, '.0f')}M ("
-                     f"{report.num(f'{name} backbone parameters', backbone, ',')} = "
-                     f"{report.num(f'{name} backbone parameters (M)', backbone / 1e6, '.0f')}M)  "
+        columns = {what: getattr(config, key) for what, key in TABLE_COLUMNS.items()}
+        report.print(f"  {name:<30} {' '.join(f'{value:{widths[what]}}' for what, value in columns.items())}  "
+                     f"{table_millions:>4}M  {whole:,} = {whole / 1e6:.0f}M ({backbone:,} = {backbone / 1e6:.0f}M)  "
                      f"{'same' if f'{whole / 1e6:.0f}' == str(table_millions) else 'differs'}")
+        report.record({**{f"{name} {what}": value for what, value in columns.items()}, f"{name} parameters": whole,
+                       f"{name} parameters (M)": whole / 1e6, f"{name} backbone parameters": backbone,
+                       f"{name} backbone parameters (M)": backbone / 1e6})
     report.print("  same / differs: the table's Parameters column read as the whole classifier its row names (with its "
                  "1000-class head), the number --compare compares. A row is the architecture its name stands for "
                  "(vit-<size>-patch<P>-<resolution>), counted, not a released checkpoint: the Hub need not hold one "
@@ -429,16 +429,18 @@ def section_checkpoint(run, report):
             raise UserError(*also.args, *missing.args) from None
         raise
     report.print(f"\n== 3. {args.model}: backbone + head ==")
-    for label, key in CONFIG_LINES.items():
-        report.print(f"  {label}: {report.num(label, getattr(model.config, key))}")
+    config = {label: getattr(model.config, key) for label, key in CONFIG_LINES.items()}
+    for label, value in config.items():
+        report.print(f"  {label}: {value}")
+    report.record(config)
     backbone = sum(p.numel() for p in model.vit.parameters())
     head = sum(p.numel() for p in model.classifier.parameters())
+    in_features, out_features = model.classifier.in_features, model.classifier.out_features
+    share = 100 * backbone / (backbone + head)
     report.print("  parameters: backbone (patch embedding, class token, position embedding, encoder, final LayerNorm) "
-                 f"{report.num('backbone parameters', backbone, ',')}; head Linear("
-                 f"{report.num('head in features', model.classifier.in_features)}, "
-                 f"{report.num('head out features', model.classifier.out_features)}) "
-                 f"{report.num('head parameters', head, ',')} ("
-                 f"{report.num('backbone share (%)', 100 * backbone / (backbone + head), '.2f')}% in the backbone)")
+                 f"{backbone:,}; head Linear({in_features}, {out_features}) {head:,} ({share:.2f}% in the backbone)")
+    report.record({"backbone parameters": backbone, "head in features": in_features, "head out features": out_features,
+                   "head parameters": head, "backbone share (%)": share})
     beans = load_beans(args.data_dir, args.per_class)
     picture = beans["validation"][0]
     pixels = article_transform(processor, beans["validation"][:1])["pixel_values"]
@@ -449,18 +451,17 @@ def section_checkpoint(run, report):
         by_hand = model.classifier(tokens[:, 0].to(run.device)).float().cpu()  # logits = h_cls W + b
     class_token, patch_tokens = split_tokens(tokens)
     feature_map = patch_tokens_to_feature_map(patch_tokens, (model.config.image_size // model.config.patch_size,) * 2)
+    difference = (by_hand - logits).abs().max().item()
     report.print(f"  one validation picture ({beans['names'][picture['labels']]}, {picture['image'].size[0]}x"
-                 f"{picture['image'].size[1]} px) -> pixel_values torch.Size("
-                 f"{report.num('pixel values shape', list(pixels.shape), 'd')}) -> Z_L torch.Size("
-                 f"{report.num('Z_L shape', list(tokens.shape), 'd')})")
-    report.print(f"  class token Z_L[:, 0, :] "
-                 f"torch.Size({report.num('class token shape', list(class_token.shape), 'd')}); patch tokens Z_L[:, "
-                 f"1:, :] torch.Size({report.num('patch tokens shape (picture)', list(patch_tokens.shape), 'd')}) "
-                 "-> feature map torch.Size("
-                 f"{report.num('feature map shape (picture)', list(feature_map.shape), 'd')}"
-                 ")")
-    report.print("  the head on the class token, h_cls W + b, gives the model's logits within "
-                 f"{report.num('head on the class token vs logits', (by_hand - logits).abs().max().item(), '.1e')}")
+                 f"{picture['image'].size[1]} px) -> pixel_values {pixels.shape} -> Z_L {tokens.shape}")
+    report.print(f"  class token Z_L[:, 0, :] {class_token.shape}; patch tokens Z_L[:, 1:, :] {patch_tokens.shape} "
+                 f"-> feature map {feature_map.shape}")
+    report.print(f"  the head on the class token, h_cls W + b, gives the model's logits within {difference:.1e}")
+    report.record({"pixel values shape": list(pixels.shape), "Z_L shape": list(tokens.shape),
+                   "class token shape": list(class_token.shape),
+                   "patch tokens shape (picture)": list(patch_tokens.shape),
+                   "feature map shape (picture)": list(feature_map.shape),
+                   "head on the class token vs logits": difference})
 
 
 def print_history(report, history):
@@ -469,19 +470,16 @@ def print_history(report, history):
     for entry in history:  # the Trainer's log entries, those of a step merged
         if "loss" in entry or "eval_loss" in entry:
             rows.setdefault(entry["step"], {}).update(entry)
-    for step, row in sorted(rows.items()):
+    for step, row in sorted(rows.items()):  # a step's training loss, its evaluation, or both
         if "loss" in row and "eval_loss" in row:
-            report.print(f"  step {step:>3}  training loss "
-                         f"{report.num(f'step {step} training loss', row.get('loss'), '.4f')}  eval_loss "
-                         f"{report.num(f'step {step} eval_loss', row.get('eval_loss'), '.4f')}  eval_accuracy "
-                         f"{report.num(f'step {step} eval_accuracy', row.get('eval_accuracy'), '.4f')}")
+            report.print(f"  step {step:>3}  training loss {row['loss']:.4f}  eval_loss {row['eval_loss']:.4f}  "
+                         f"eval_accuracy {row['eval_accuracy']:.4f}")
         elif "loss" in row:
-            report.print(f"  step {step:>3}  training loss "
-                         f"{report.num(f'step {step} training loss', row.get('loss'), '.4f')}")
+            report.print(f"  step {step:>3}  training loss {row['loss']:.4f}")
         else:
-            report.print(f"  step {step:>3}  eval_loss "
-                         f"{report.num(f'step {step} eval_loss', row.get('eval_loss'), '.4f')}  eval_accuracy "
-                         f"{report.num(f'step {step} eval_accuracy', row.get('eval_accuracy'), '.4f')}")
+            report.print(f"  step {step:>3}  eval_loss {row['eval_loss']:.4f}  eval_accuracy {row['eval_accuracy']:.4f}")
+        report.record({f"step {step} {name}": row[key] for name, key in (
+            ("training loss", "loss"), ("eval_loss", "eval_loss"), ("eval_accuracy", "eval_accuracy")) if key in row})
     report.series.update({  # for the figures and the page
         "training loss": [[step, row["loss"]] for step, row in sorted(rows.items()) if "loss" in row],
         "evaluation accuracy": [[step, row["eval_accuracy"]] for step, row in sorted(rows.items())
@@ -509,39 +507,41 @@ def section_finetune(run, report):
     report.print(f"  float32: {FLOAT32[arithmetic['rule']]}; TF32 on this device: "
                  f"{'yes' if arithmetic['TF32 on this device'] else 'no (all IEEE float32)'}")
     names, train_count, val_count = beans["names"], len(beans["train"]), len(beans["validation"])
-    report.print(f"  beans: {report.num('training pictures', train_count, ',')} training and "
-                 f"{report.num('validation pictures', val_count)} validation pictures, "
-                 f"{report.num('classes', len(names))} classes ({', '.join(names)})")
+    report.print(f"  beans: {train_count:,} training and {val_count} validation pictures, {len(names)} classes "
+                 f"({', '.join(names)})")
+    report.record({"training pictures": train_count, "validation pictures": val_count, "classes": len(names)})
     report.print(f"  seed {args.seed}: random, numpy and torch, as dnnlpy.set_seed does in its releases 2026.6.11 and "
                  "2026.7.21 (2026.8.24 and later seed torch alone; the article's release is unknown). The shuffles "
                  "draw from numpy: if the article's numpy was not seeded, its training order, and so its after "
                  "numbers, cannot be reproduced by anyone")
     result = finetune(run)
-    report.print(f"  new head Linear({result['hidden size']}, {len(names)}), random; "
-                 f"{report.num('training steps', result['steps'])} steps ("
-                 f"{report.num('steps per epoch', math.ceil(train_count / args.batch_size))} per epoch)")
+    steps_per_epoch = math.ceil(train_count / args.batch_size)
+    report.print(f"  new head Linear({result['hidden size']}, {len(names)}), random; {result['steps']} steps "
+                 f"({steps_per_epoch} per epoch)")
+    report.record({"training steps": result["steps"], "steps per epoch": steps_per_epoch})
     for what in ("before", "after"):  # the article's dicts of loss and accuracy, an empty line between
         report.print(f"  {what.capitalize()} fine-tuning:")
-        loss, accuracy = (report.num(f"{what} {key}", result[what][key], "repr")
-                          for key in ("eval_loss", "eval_accuracy"))
-        report.print(f"  {{'eval_loss': {loss}, 'eval_accuracy': {accuracy}}}")
+        loss, accuracy = result[what]["eval_loss"], result[what]["eval_accuracy"]
+        report.print(f"  {{'eval_loss': {loss!r}, 'eval_accuracy': {accuracy!r}}}")
+        report.record({f"{what} eval_loss": loss, f"{what} eval_accuracy": accuracy})
         if what == "before":
             report.print("  ")
     passes = result["passes"]
-    report.print(f"  ({report.num('before right', round(result['before']['eval_accuracy'] * val_count))} of "
-                 f"{val_count} validation pictures right before, "
-                 f"{report.num('after right', round(result['after']['eval_accuracy'] * val_count))} of {val_count} "
-                 f"after; training, with its evaluations every {LOGGING_STEPS} steps, took "
-                 f"{report.num('training seconds', result['seconds'], ',.0f')} s)")
-    training = report.num("training steps", passes["training"])
-    evaluating = report.num("evaluations", passes["evaluations"])
-    report.print(f"  passes over pictures: the training steps {training}, their pictures decoded and preprocessed by "
-                 f"{result['workers']} worker processes (none on a CPU: the main process); the "
-                 f"{passes['evaluations']['pictures'] // max(1, val_count)} evaluations {evaluating}, their "
-                 f"{val_count} pictures preprocessed once, before the Trainer, in "
-                 f"{report.num('validation preprocessing seconds', result['preprocessing seconds'], '.1f')} s. The "
-                 "Trainer's loop hides its wait, so every next() of its data loaders is timed from outside (on a "
-                 "CUDA GPU, the GPU's idle time, with CUDA events)")
+    right = {what: round(result[what]["eval_accuracy"] * val_count) for what in ("before", "after")}
+    report.print(f"  ({right['before']} of {val_count} validation pictures right before, {right['after']} of "
+                 f"{val_count} after; training, with its evaluations every {LOGGING_STEPS} steps, took "
+                 f"{result['seconds']:,.0f} s)")
+    report.print(f"  passes over pictures: the training steps {pass_text(passes['training'])}, their pictures decoded "
+                 f"and preprocessed by {result['workers']} worker processes (none on a CPU: the main process); the "
+                 f"{passes['evaluations']['pictures'] // max(1, val_count)} evaluations "
+                 f"{pass_text(passes['evaluations'])}, their {val_count} pictures preprocessed once, before the "
+                 f"Trainer, in {result['preprocessing seconds']:.1f} s. The Trainer's loop hides its wait, so every "
+                 "next() of its data loaders is timed from outside (on a CUDA GPU, the GPU's idle time, with CUDA "
+                 "events)")
+    report.record({"before right": right["before"], "after right": right["after"],
+                   "training seconds": result["seconds"], "training steps": passes["training"],
+                   "evaluations": passes["evaluations"],
+                   "validation preprocessing seconds": result["preprocessing seconds"]})
     print_history(report, result["history"])
     report.series["feature maps"] = result["feature maps"]
     if args.plots:
@@ -558,13 +558,15 @@ def section_three_ways(run, report):
                  f"{len(beans['train']):,} training and {len(beans['validation'])} validation pictures ==")
     frozen, result = loaded(lambda: load_features(run, beans, processor), lambda: finetune(run))  # section 4's run
     timing = frozen["pass"]  # None when read from the cache
-    pass_words = "" if not timing else (f" {report.num('frozen features', timing)}, the loader's "
-                                        f"{timing['workers']} worker processes (none on a CPU) started in "
-                                        f"{timing['start-up seconds']:.1f} s, outside the pass")
-    report.print("  frozen features: the last layer's class token beside the mean of its patch tokens, "
-                 f"{report.num('feature width', frozen['features']['train'].shape[1], ',')} numbers per picture, "
-                 f"{frozen['source']} in {report.num('features seconds', frozen['seconds'], '.1f')} s (--no-cache "
-                 f"recomputes){pass_words}")
+    pass_words = "" if not timing else (f" {pass_text(timing)}, the loader's {timing['workers']} worker processes "
+                                        f"(none on a CPU) started in {timing['start-up seconds']:.1f} s, outside the "
+                                        "pass")
+    width = frozen["features"]["train"].shape[1]
+    report.print(f"  frozen features: the last layer's class token beside the mean of its patch tokens, {width:,} "
+                 f"numbers per picture, {frozen['source']} in {frozen['seconds']:.1f} s (--no-cache recomputes)"
+                 f"{pass_words}")
+    report.record(({"frozen features": timing} if timing else {})  # no pass when read from the cache
+                  | {"feature width": width, "features seconds": frozen["seconds"]})
     size = getattr(processor, "size", None) or {}  # the processor's resize and normalisation, in words
     side = f"{size['height']}x{size['width']}" if "height" in size else str(size.get("shortest_edge", "?"))
     mean, std = (", ".join(f"{v:g}" for v in dict.fromkeys(values)) for values in (processor.image_mean,
@@ -586,10 +588,11 @@ def section_three_ways(run, report):
              result["trained parameters"], result["seconds"])]
     report.print("  way                                      accuracy     loss  trained parameters  time (s)")
     for way, accuracy, loss, parameters, seconds in rows:
-        report.print(f"  {way:<40} {report.num(f'{way}: accuracy (%)', 100 * accuracy, '7.2f')}%  "
-                     f"{'-' if loss is None else report.num(f'{way}: loss', loss, '7.4f'):>7}  "
-                     f"{report.num(f'{way}: trained parameters', parameters, '18,')}  "
-                     f"{'-' if seconds is None else report.num(f'{way}: seconds', seconds, '8.2f'):>8}")
+        percent = 100 * accuracy
+        report.print(f"  {way:<40} {percent:7.2f}%  {'-' if loss is None else f'{loss:7.4f}':>7}  "
+                     f"{parameters:18,}  {'-' if seconds is None else f'{seconds:8.2f}':>8}")
+        numbers = {"accuracy (%)": percent, "loss": loss, "trained parameters": parameters, "seconds": seconds}
+        report.record({f"{way}: {what}": value for what, value in numbers.items() if value is not None})  # not a '-'
     report.print("  accuracy and loss (cross-entropy) on the validation pictures; the closed form fits squared error "
                  "to targets in {-1, +1} and gives no probabilities, so it has no cross-entropy; fine-tuning's "
                  "time is its training with its evaluations, the probes' their fit on the features")

@@ -32,7 +32,7 @@ from common.errors import UserError
 from common.feature_cache import cache_key, cached_passes
 from common.imagenette import CLASSES, DEFAULT_NAME, data_differences, load_splits
 from common.inference import run_model
-from common.output import say
+from common.output import listed, pass_text, say
 from common.paths import CHECKOUT, FEATURE_CACHE_DIR
 from common.pictures import ARTICLE_PIXELS, processor_pixels
 from common.pretrained import load_pretrained, processor_config
@@ -164,45 +164,49 @@ def section_by_hand(run, report):
     w = closed_form(x, HAND_LABELS, 2, 1.0, bias=False)
     new_scores, training_scores = np.array(HAND_NEW) @ w, x @ w
     right_side = all(np.sign(training_scores[i]) @ np.sign(y[i]) == 2 for i in range(len(x)))
-    report.print(f"  X (rows = pictures A1, A2, B1, B2) = {report.num('X', x)}")
-    report.print(f"  Y (targets in {{-1, 1}}: class A = [1, -1], class B = [-1, 1]) = {report.num('Y', y)}")
-    report.print(f"  X^T X = {report.num('X^T X', x.T @ x)}   + lambda I = {report.num('X^T X + I', regularised)}   "
-                 f"det = {report.num('det', round(np.linalg.det(regularised), 6), 'g')}")
-    # printed for the pencil check; the fit itself solves
-    report.print(f"  (X^T X + I)^-1 = {report.num('inverse', np.linalg.inv(regularised))}")
-    report.print(f"  X^T Y = {report.num('X^T Y', x.T @ y)}")
-    report.print(f"  W = (X^T X + I)^-1 X^T Y = {report.num('W', w)}")
-    report.print(f"  new picture x = {report.num('new picture', HAND_NEW)}: scores x W = "
-                 f"{report.num('new picture scores', new_scores)} -> class {'AB'[int(new_scores.argmax())]}")
-    report.print(f"  training scores X W = {report.num('training scores', training_scores)} ("
+    gram, det, x_t_y = x.T @ x, round(np.linalg.det(regularised), 6), x.T @ y
+    inverse = np.linalg.inv(regularised)  # printed for the pencil check; the fit itself solves
+    report.print(f"  X (rows = pictures A1, A2, B1, B2) = {listed(x)}")
+    report.print(f"  Y (targets in {{-1, 1}}: class A = [1, -1], class B = [-1, 1]) = {listed(y)}")
+    report.print(f"  X^T X = {listed(gram)}   + lambda I = {listed(regularised)}   det = {det:g}")
+    report.print(f"  (X^T X + I)^-1 = {listed(inverse)}")
+    report.print(f"  X^T Y = {listed(x_t_y)}")
+    report.print(f"  W = (X^T X + I)^-1 X^T Y = {listed(w)}")
+    report.print(f"  new picture x = {listed(HAND_NEW)}: scores x W = {listed(new_scores)} -> class "
+                 f"{'AB'[int(new_scores.argmax())]}")
+    report.print(f"  training scores X W = {listed(training_scores)} ("
                  f"{'all on the right side of 0' if right_side else 'not all on the right side of 0'})")
+    report.record({"X": x, "Y": y, "X^T X": gram, "X^T X + I": regularised, "det": det, "inverse": inverse,
+                   "X^T Y": x_t_y, "W": w, "new picture": HAND_NEW, "new picture scores": new_scores,
+                   "training scores": training_scores})
 
 
 def section_frozen(run, report):
     """2. few-shot accuracy"""
     args, data = run.args, data_naming_all_missing(run)
     report.print(f"\n== 2. frozen {'ViT-B/16 (ImageNet-21k weights)' if args.model == DEFAULT_MODEL else args.model}, "
-                 f"device {run.device.type}: features of {report.num('pool pictures', len(data['pool']))} training "
-                 f"pictures (a pool of {args.pool} per class) and "
-                 f"{report.num('validation pictures', len(data['val']))} validation pictures ==")
+                 f"device {run.device.type}: features of {len(data['pool'])} training pictures (a pool of {args.pool} "
+                 f"per class) and {len(data['val'])} validation pictures ==")
+    report.record({"pool pictures": len(data["pool"]), "validation pictures": len(data["val"])})
     features = load_features(run)
     accuracies = {(name, lam, shots): few_shot_accuracies(features["pool"][name], features["pool labels"],
                                                           features["val"][name], features["val labels"], shots, lam,
                                                           args.draws, args.seed)
                   for name in REPRESENTATIONS for lam in args.lambdas for shots in args.shots}
-    passes = "".join(f"; {WHAT[desc]} {report.num(f'{desc} features', timing)}"
-                     for desc, timing in features["passes"].items())
+    passes = "".join(f"; {WHAT[desc]} {pass_text(timing)}" for desc, timing in features["passes"].items())
     passes += f"; the loader: {features['loader']}" if features["loader"] else ""
     cache = FEATURE_CACHE_DIR.relative_to(CHECKOUT) if FEATURE_CACHE_DIR.is_relative_to(CHECKOUT) else FEATURE_CACHE_DIR
-    report.print(f"  features {features['source']} in {report.num('features seconds', features['seconds'], '.1f')} s ("
-                 f"{cache}/; "
+    width = features["pool"]["pre-logits"].shape[1]
+    report.print(f"  features {features['source']} in {features['seconds']:.1f} s ({cache}/; "
                  f"{'--no-cache: the cache was neither read nor written' if args.no_cache else '--no-cache recomputes'}"
                  f"){passes}")
-    report.print("  representation \"pre-logits\": the tanh layer on the [class] token, "
-                 f"{report.num('feature width', features['pool']['pre-logits'].shape[1])} numbers;  \"class token\": "
-                 "the final LayerNorm output (Eq. 4)")
-    report.print(f"  accuracy on the {report.num('validation pictures (table)', len(data['val']), ',')} validation "
-                 f"pictures, mean +- std over {args.draws} random draws of the training pictures")
+    report.print(f"  representation \"pre-logits\": the tanh layer on the [class] token, {width} numbers;  \"class "
+                 "token\": the final LayerNorm output (Eq. 4)")
+    report.print(f"  accuracy on the {len(data['val']):,} validation pictures, mean +- std over {args.draws} random "
+                 "draws of the training pictures")
+    report.record({f"{desc} features": timing for desc, timing in features["passes"].items()}
+                  | {"features seconds": features["seconds"], "feature width": width,
+                     "validation pictures (table)": len(data["val"])})
     for representation in REPRESENTATIONS:
         for lam in args.lambdas:
             cells = []
@@ -210,12 +214,13 @@ def section_frozen(run, report):
                 rights, of = accuracies[representation, lam, shots], len(features["val labels"])
                 cell = [100 * (right / of) for right in rights]  # per cent right, each draw
                 name = f"{representation} lambda {lam:g} {shots}-shot"  # the mean over the draws, each draw's count
-                cells.append(f"{shots}-shot {report.num(f'{name} mean', np.mean(cell), '5.1f', right=rights, of=of)}"
-                             f" +- {report.num(f'{name} std', np.std(cell), '4.1f')}%")  # std: ddof=0
+                mean, std = np.mean(cell), np.std(cell)  # std: ddof=0
+                cells.append(f"{shots}-shot {mean:5.1f} +- {std:4.1f}%")
+                report.record({f"{name} mean": mean, f"{name} std": std}, counts={f"{name} mean": (rights, of)})
             report.print(f"  {representation:<11} lambda {lam:>6g}:  {'   '.join(cells)}")
     classes = len(data["names"])
-    report.print(f"  chance is {report.num('chance (%)', 100 / classes, '.0f')}%; 1-shot means "
-                 f"{report.num('1-shot pictures', classes)} training pictures in total, one per class")
+    report.print(f"  chance is {100 / classes:.0f}%; 1-shot means {classes} training pictures in total, one per class")
+    report.record({"chance (%)": 100 / classes, "1-shot pictures": classes})
     if args.plots:
         figures.fewshot_accuracy(report.values(), article_values("fewshot"), args.plots, say, args.draws,
                                  origin_of(args, DEFAULT_NAME))
@@ -235,18 +240,19 @@ def section_one_solve(run, report):
     predicted = scores.argmax(1)
     per_class = [100 * np.mean(predicted[val_labels == c] == c) if (val_labels == c).any() else None
                  for c in range(len(names))]  # a --per-class draw may hold none of a class
-    report.print(f"  {shots}-shot, draw 0, pre-logits, lambda {lam:g}: X is "
-                 f"{report.num('X shape', (len(x), x.shape[1] + 1), 'd')} ("
-                 f"{report.num('solve pictures', len(x))} pictures x {report.num('solve features', x.shape[1])} "
-                 f"features + bias), Y is {report.num('Y shape', (len(x), len(names)), 'd')}, W is "
-                 f"{report.num('W shape', w.shape, 'd')}; one solve of a {report.num('system size', w.shape[0])}x"
+    x_shape, y_shape = (len(x), x.shape[1] + 1), (len(x), len(names))  # X with the bias column
+    report.print(f"  {shots}-shot, draw 0, pre-logits, lambda {lam:g}: X is {x_shape} ({len(x)} pictures x "
+                 f"{x.shape[1]} features + bias), Y is {y_shape}, W is {w.shape}; one solve of a {w.shape[0]}x"
                  f"{w.shape[0]} system")
-    classes = ", ".join(f"{name} {report.num(f'per-class {name}', accuracy, '.0f')}%" if accuracy is not None
-                        else f"{name} none drawn" for name, accuracy in zip(names, per_class, strict=True))
+    report.record({"X shape": x_shape, "solve pictures": len(x), "solve features": x.shape[1], "Y shape": y_shape,
+                   "W shape": w.shape, "system size": w.shape[0]})
+    classes = ", ".join(f"{name} {accuracy:.0f}%" if accuracy is not None else f"{name} none drawn"
+                        for name, accuracy in zip(names, per_class, strict=True))
     report.print(f"  per-class accuracy ({shots}-shot, draw 0): {classes}")
-    first = " ".join(report.num(f"first picture score {i}", s, "+.2f") for i, s in enumerate(scores[0], 1))
-    report.print(f"  scores of the first validation picture (a {names[val_labels[0]]}): {first}  -> class "
-                 f"{names[predicted[0]]}")
+    report.print(f"  scores of the first validation picture (a {names[val_labels[0]]}): "
+                 f"{' '.join(f'{s:+.2f}' for s in scores[0])}  -> class {names[predicted[0]]}")
+    report.record({f"per-class {name}": accuracy for name, accuracy in zip(names, per_class, strict=True)
+                   if accuracy is not None} | {f"first picture score {i}": s for i, s in enumerate(scores[0], 1)})
 
 
 SECTIONS = [section_by_hand, section_frozen, section_one_solve]

@@ -43,7 +43,7 @@ from common.finetune_checkpoint import CHECKPOINT, CHECKPOINT_FORMAT, read_check
 from common.imagenette import CLASSES, DEFAULT_NAME, data_differences, load_splits
 from common.inference import run_model
 from common.loader import NEW_PASS, started_pass
-from common.output import say
+from common.output import listed, millions, pass_text, say, zero_or_3g
 from common.pictures import pixels_processor, processor_pixels, to_pixels
 from common.pretrained import checkpoint_config, load_pretrained, processor_config, save_loadable
 from common.run import check_output, loaded, run_sections
@@ -259,20 +259,21 @@ def section_data_and_model(run, report):
     """0. data and model"""
     data, model, pre_logits = data_and_model(run)
     args = run.args
-    report.print(f"\n== 0. data: {data['name']}, {report.num('training pictures', len(data['train']))} training and "
-                 f"{report.num('validation pictures', len(data['val']))} validation pictures, "
-                 f"{report.num('classes', data['classes'])} classes; device {run.device.type} ==")
+    report.print(f"\n== 0. data: {data['name']}, {len(data['train'])} training and {len(data['val'])} validation "
+                 f"pictures, {data['classes']} classes; device {run.device.type} ==")
+    report.record({"training pictures": len(data["train"]), "validation pictures": len(data["val"]),
+                   "classes": data["classes"]})
     report.print(f"  loaded {args.model} into a {data['classes']}-class classifier")
     if pre_logits:
-        rows, columns = (report.num(f"pre-logits {what}", n)
-                         for what, n in zip(("rows", "columns"), pre_logits, strict=True))
+        rows, columns = pre_logits
         report.print(f"  the pre-logits layer ({rows} x {columns} + tanh) is dropped: model.vit.pooler is "
                      f"{model.vit.pooler}")
+        report.record({"pre-logits rows": rows, "pre-logits columns": columns})
     else:
         report.print(f"  the checkpoint has no pre-logits layer: model.vit.pooler is {model.vit.pooler}")
-    report.print(f"  new head: {model.classifier} with every weight and bias set to 0 ("
-                 f"{report.num('head numbers', model.classifier.weight.numel() + model.classifier.bias.numel(), ',')} "
-                 "numbers)")
+    head_numbers = model.classifier.weight.numel() + model.classifier.bias.numel()
+    report.print(f"  new head: {model.classifier} with every weight and bias set to 0 ({head_numbers:,} numbers)")
+    report.record({"head numbers": head_numbers})
     patch = model.config.patch_size
     n_old, n_new = model.config.image_size // patch, args.resolution // patch
     if args.resolution % patch:
@@ -303,45 +304,50 @@ def section_zero_head(run, report):
     probabilities = torch.softmax(first.float(), 0)
     by_hand, autograd = zero["head by hand"], zero["head autograd"]
     if torch.all(first == first[0]):
-        report.print(f"  logits of the first picture: {report.num('zero head logits', first)}  -> softmax gives "
-                     f"{report.num('zero head probability', round(probabilities[0].item(), 6), 'g')} to each of the "
+        probability = round(probabilities[0].item(), 6)
+        report.print(f"  logits of the first picture: {listed(first)}  -> softmax gives {probability:g} to each of the "
                      f"{classes} classes")
+        report.record({"zero head logits": first, "zero head probability": probability})
     else:
-        report.print(f"  logits of the first picture: {report.num('zero head logits', first)}  -> softmax gives "
-                     f"{report.num('zero head probability min', probabilities.min(), '.3f')} to "
-                     f"{report.num('zero head probability max', probabilities.max(), '.3f')}")
-    report.print(f"  loss = -ln({1 / classes:g}) = ln {classes} = {report.num('ln 10', math.log(classes), '.6f')};  "
-                 f"measured {report.num('zero head loss', zero['loss'], '.6f')}")
+        lowest, highest = probabilities.min(), probabilities.max()
+        report.print(f"  logits of the first picture: {listed(first)}  -> softmax gives {lowest:.3f} to {highest:.3f}")
+        report.record({"zero head logits": first, "zero head probability min": lowest,
+                       "zero head probability max": highest})
+    ln = math.log(classes)
+    report.print(f"  loss = -ln({1 / classes:g}) = ln {classes} = {ln:.6f};  measured {zero['loss']:.6f}")
+    hand_norm, autograd_norm, difference = by_hand.norm(), autograd.norm(), (by_hand - autograd).abs().max()
     report.print("  gradient of the head weight by hand, (softmax - one_hot)^T y / batch: norm "
-                 f"{report.num('head gradient norm by hand', by_hand.norm(), '.4f')}; autograd: "
-                 f"{report.num('head gradient norm autograd', autograd.norm(), '.4f')}; max |difference| "
-                 f"{report.num('head gradient max diff', (by_hand - autograd).abs().max(), '.1e')}")
+                 f"{hand_norm:.4f}; autograd: {autograd_norm:.4f}; max |difference| {difference:.1e}")
     body_millions = sum(p.numel() for name, p in model.named_parameters() if not name.startswith("classifier.")) / 1e6
-    report.print(f"  gradient reaching the body (all {report.num('body numbers (M)', body_millions, 'millions')} other "
-                 f"numbers): norm {report.num('zero head body gradient norm', zero['body norm'], 'zero or 3g')}  "
-                 "(W_head^T (softmax - one_hot) = 0 because W_head = 0)")
+    report.print(f"  gradient reaching the body (all {millions(body_millions)} other numbers): norm "
+                 f"{zero_or_3g(zero['body norm'])}  (W_head^T (softmax - one_hot) = 0 because W_head = 0)")
+    report.record({"ln 10": ln, "zero head loss": zero["loss"], "head gradient norm by hand": hand_norm,
+                   "head gradient norm autograd": autograd_norm, "head gradient max diff": difference,
+                   "body numbers (M)": body_millions, "zero head body gradient norm": zero["body norm"]})
     random_head(model, run.args.seed)  # for comparison: the loss and the body's gradient of a random head
     with run.autocast:
         noisy = head_step(model, pixels, labels, passes)
     zero_head(model)
     model.zero_grad(set_to_none=True)
     logits = noisy["logits"][0]
-    report.print(f"  for comparison, a random head (normal, std {RANDOM_HEAD_STD}): loss "
-                 f"{report.num('random head loss', noisy['loss'], '.4f')}, gradient reaching the body: norm "
-                 f"{report.num('random head body gradient norm', noisy['body norm'], 'zero or 3g')}, logits of "
-                 f"picture 1 range {report.num('random head logit min', logits.min(), '.2f')} to "
-                 f"{report.num('random head logit max', logits.max(), '.2f')}")
+    lowest, highest = logits.min(), logits.max()
+    report.print(f"  for comparison, a random head (normal, std {RANDOM_HEAD_STD}): loss {noisy['loss']:.4f}, gradient "
+                 f"reaching the body: norm {zero_or_3g(noisy['body norm'])}, logits of picture 1 range {lowest:.2f} to "
+                 f"{highest:.2f}")
+    report.record({"random head loss": noisy["loss"], "random head body gradient norm": noisy["body norm"],
+                   "random head logit min": lowest, "random head logit max": highest})
 
 
 def print_step(report, step, row):
     """The article's step line, the wait for pictures inside its brackets; row["accuracy"]: (right, of) of the check."""
     name, (right, of) = f"step {step}", row["accuracy"]
-    report.print(f"  step {step:3d}: lr {report.num(f'{name} lr', row['lr'], '.5f')}  loss "
-                 f"{report.num(f'{name} loss', row['loss'], '.4f')}  gradient norm before clipping "
-                 f"{report.num(f'{name} norm', row['norm'], '7.3f')}  validation "
-                 f"{report.num(f'{name} accuracy', 100 * right / of, '5.1f', right=right, of=of)}%   ["
-                 f"{report.num(f'{name} seconds', row['seconds'], '.0f')} s, "
-                 f"{report.num(f'{name} waiting seconds', row['waiting seconds'], '.1f')} s waiting for pictures]")
+    accuracy = 100 * right / of
+    report.print(f"  step {step:3d}: lr {row['lr']:.5f}  loss {row['loss']:.4f}  gradient norm before clipping "
+                 f"{row['norm']:7.3f}  validation {accuracy:5.1f}%   {pass_text(row)}")
+    # the run's clock and its waits so far, printed as a pass's are, recorded as two plain numbers: no pass of its own
+    report.record({f"{name} lr": row["lr"], f"{name} loss": row["loss"], f"{name} norm": row["norm"],
+                   f"{name} accuracy": accuracy, f"{name} seconds": row["seconds"],
+                   f"{name} waiting seconds": row["waiting seconds"]}, counts={f"{name} accuracy": (right, of)})
 
 
 def section_finetune(run, report):
@@ -350,9 +356,10 @@ def section_finetune(run, report):
     args = run.args
     warmup, micro = warmup_steps(args.steps), args.batch_size // (run.world * args.accum_steps)
     report.print(f"\n== 2. fine-tuning: {args.steps} steps, batch {args.batch_size}, SGD momentum {MOMENTUM}, no "
-                 f"weight decay, base LR {args.lr:g}, linear warm-up {report.num('warm-up steps', warmup)} step"
-                 f"{'s' * (warmup != 1)}, cosine decay to 0, clip at global norm {CLIP_NORM}, weight average factor "
-                 f"{AVERAGE_FACTOR}, random horizontal flips ==")
+                 f"weight decay, base LR {args.lr:g}, linear warm-up {warmup} step{'s' * (warmup != 1)}, cosine "
+                 f"decay to 0, clip at global norm {CLIP_NORM}, weight average factor {AVERAGE_FACTOR}, random "
+                 "horizontal flips ==")
+    report.record({"warm-up steps": warmup})
     if run.world > 1 or args.accum_steps > 1 or args.resolution != RESOLUTION:
         report.print(f"  {args.resolution} pixels; batch {args.batch_size} = {run.world} process(es) x "
                      f"{args.accum_steps} accumulation step(s) x {micro} pictures")
@@ -374,9 +381,10 @@ def section_finetune(run, report):
         log["step 0"] = 100 * right / of  # no sample: the zero head's tie is 100 / classes on a balanced check
         ties = not model.classifier.weight.any() and not model.classifier.bias.any()
         log["tie note"] = "  (zero head: every class ties, the first wins)" if ties else ""
-    report.print(f"  step   0: validation accuracy ({report.num('monitor pictures', len(items), ',')} pictures, "
-                 f"{report.num('monitor per class', len(items) // data['classes'])} per class) "
-                 f"{report.num('step 0 validation', log['step 0'], '.1f')}%{log['tie note']}")
+    per_class = len(items) // data["classes"]
+    report.print(f"  step   0: validation accuracy ({len(items):,} pictures, {per_class} per class) "
+                 f"{log['step 0']:.1f}%{log['tie note']}")
+    report.record({"monitor pictures": len(items), "monitor per class": per_class, "step 0 validation": log["step 0"]})
     last_step = min(args.pause_at or args.steps, args.steps)
     train(run, report, data=data, model=model, average=average, optimizer=optimizer, log=log, monitor=monitor,
           micro=micro, steps=(start, last_step))
@@ -557,23 +565,26 @@ def finish(run, report, *, data, model, average, log, micro, last_step):
         clipped, norm_first, norm_last, loss_first, loss_last = run_statistics(
             log["losses"], log["norms"], CLIP_NORM, norm_window, loss_window)
         seen = args.steps * args.batch_size
-        report.print(f"  clipping was active in {report.num('clipped steps', clipped)} of {args.steps} steps; median "
-                     f"gradient norm: first {norm_window} steps {report.num('median norm first', norm_first, '.3f')}, "
-                     f"last {norm_window} steps {report.num('median norm last', norm_last, '.3f')}")
-        report.print(f"  mean training loss: steps 1 to {loss_window} "
-                     f"{report.num('mean loss first', loss_first, '.3f')}, steps {args.steps - loss_window + 1} to "
-                     f"{args.steps} {report.num('mean loss last', loss_last, '.3f')}; pictures seen "
-                     f"{report.num('pictures seen', seen, ',')} = "
-                     f"{report.num('passes', seen / len(data['train']), '.2f')} passes over the training set")
+        epochs = seen / len(data["train"])
+        report.print(f"  clipping was active in {clipped} of {args.steps} steps; median gradient norm: first "
+                     f"{norm_window} steps {norm_first:.3f}, last {norm_window} steps {norm_last:.3f}")
+        report.print(f"  mean training loss: steps 1 to {loss_window} {loss_first:.3f}, steps "
+                     f"{args.steps - loss_window + 1} to {args.steps} {loss_last:.3f}; pictures seen {seen:,} = "
+                     f"{epochs:.2f} passes over the training set")
+        report.record({"clipped steps": clipped, "median norm first": norm_first, "median norm last": norm_last,
+                       "mean loss first": loss_first, "mean loss last": loss_last, "pictures seen": seen,
+                       "passes": epochs})
         share = data["val"][run.rank::run.world]
         batches = logged_pass([path for path, _ in share], micro, run, log)
         final["both weights on all validation pictures"] = dict(NEW_PASS)
         (last, of), (averaged, _) = accuracies([model.eval(), average.eval()], batches, [label for _, label in share],
                                                run, micro, "both weights",
                                                final["both weights on all validation pictures"])
+        average_accuracy, last_accuracy = 100 * averaged / of, 100 * last / of
         report.print(f"  on all {len(data['val']):,} validation pictures: the weight average (factor {AVERAGE_FACTOR}) "
-                     f"{report.num('average accuracy', 100 * averaged / of, '.2f', right=averaged, of=of)}%, the last "
-                     f"weights {report.num('last accuracy', 100 * last / of, '.2f', right=last, of=of)}%")
+                     f"{average_accuracy:.2f}%, the last weights {last_accuracy:.2f}%")
+        report.record({"average accuracy": average_accuracy, "last accuracy": last_accuracy},
+                      counts={"average accuracy": (averaged, of), "last accuracy": (last, of)})
         if args.save_dir and run.rank == 0:  # what from_pretrained and pipeline("image-classification") load
             short = {wnid: name for wnid, name, _ in CLASSES}  # Imagenette's short names; another set's folder names
             names = [short.get(wnid, wnid) for wnid in data["folders"]]
@@ -584,12 +595,14 @@ def finish(run, report, *, data, model, average, log, micro, last_step):
             say(f"saved the weight average in {Path(args.save_dir) / SAVED_AVERAGE} and the last weights in "
                 f"{Path(args.save_dir) / SAVED_LAST}: from_pretrained and pipeline(\"image-classification\") load "
                 "either")
-    texts = {what: report.num(what, timing) for what, timing in (*passes.items(), *final.items())}
+    timings = {**passes, **final}
+    texts = {what: pass_text(timing) for what, timing in timings.items()}
     report.print(f"  passes over pictures (this process's): training, {last_step} steps {texts['training']}; the "
                  f"checks of the validation subset, {passes['checks']['pictures']:,} pictures in all {texts['checks']}"
                  f"{''.join(f'; {what} {texts[what]}' for what in final)}; the loaders' {log['loader workers']} "
                  "worker processes each (none on a CPU, whose cores the model uses) started in "
                  f"{log['loader start-up seconds']:.1f} s, outside the passes")
+    report.record(timings)
     if last_step < args.steps:
         report.print(f"  paused after step {last_step} of {args.steps}; saved {Path(args.save_dir) / CHECKPOINT}: add "
                      "--resume to continue")

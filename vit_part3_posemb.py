@@ -33,7 +33,7 @@ from common.errors import UserError
 from common.imagenette import CLASSES, DEFAULT_NAME, data_differences, load_splits
 from common.inference import run_model
 from common.loader import workers_text
-from common.output import say
+from common.output import listed, pass_text, say
 from common.pictures import load_all, processor_pixels
 from common.pretrained import checkpoint_config, load_pretrained, processor_config
 from common.run import loaded, run_sections
@@ -196,14 +196,13 @@ def section_tiny_grid(run, report):
                  "linear) ==")
     grid = np.array([[0.0, 1.0], [2.0, 3.0]])
     resized = scipy.ndimage.zoom(grid, 1.5, order=1)
-    report.print(f"  grid 2x2: {report.num('2x2 grid', grid)}")
-    for i, row in enumerate(resized, 1):
-        cells = [report.num(f"3x3 grid[{i},{j}]", v, ".2f") for j, v in enumerate(row, 1)]
-        report.print(f"    {'  '.join(cells)}")
-    report.print("  corners stay, the new middle row and column are averages of their neighbours: (0+1)/2 = "
-                 f"{report.num('2x2 top middle', resized[0, 1], 'g')}, (0+2)/2 = "
-                 f"{report.num('2x2 middle left', resized[1, 0], 'g')}, (0+1+2+3)/4 = "
-                 f"{report.num('2x2 centre', resized[1, 1], 'g')}")
+    report.print(f"  grid 2x2: {listed(grid)}")
+    for row in resized:
+        report.print(f"    {'  '.join(f'{v:.2f}' for v in row)}")
+    report.print(f"  corners stay, the new middle row and column are averages of their neighbours: (0+1)/2 = "
+                 f"{resized[0, 1]:g}, (0+2)/2 = {resized[1, 0]:g}, (0+1+2+3)/4 = {resized[1, 1]:g}")
+    report.record({"2x2 grid": grid, "3x3 grid": resized, "2x2 top middle": resized[0, 1],
+                   "2x2 middle left": resized[1, 0], "2x2 centre": resized[1, 1]})
 
 
 def section_position_table(run, report):
@@ -217,21 +216,23 @@ def section_position_table(run, report):
     bicubic = bicubic_resize(grid.astype(np.float32), n_new).numpy().astype(np.float64)
     row = 5 if n_new > 6 else n_new - 2
     lower, delta = stretch_positions(n_old, n_new)[row]
+    rows_needed = n_new * n_new + 1
+    scipy_difference = np.abs(ours - scipy_resize(grid, n_new)).max()
     report.print(f"\n== 2. the position table of {run.args.model} ==")
-    report.print(f"  E_pos {report.num('E_pos shape', table.shape, 'd')} = 1 row for [class] + "
-                 f"{report.num('grid rows', n_old * n_old)} rows = a {report.num('old grid side', n_old)}x{n_old} "
-                 f"grid of {report.num('row width', table.shape[1])} numbers")
-    report.print(f"  at {resolution} pixels: {resolution}/{report.num('patch size', config.patch_size)} = "
-                 f"{report.num('new grid side', n_new)} patches per side, N = {report.num('new N', n_new * n_new)}, "
-                 f"so {report.num('rows needed', n_new * n_new + 1)} rows are needed: "
-                 f"{report.num('rows missing', n_new * n_new + 1 - len(table))} rows do not exist")
-    report.print(f"  our bilinear {n_old}x{n_old} -> {n_new}x{n_new}: {report.num('bilinear shape', ours.shape, 'd')}; "
-                 "max |difference| vs scipy.ndimage.zoom(order=1): "
-                 f"{report.num('bilinear vs scipy max diff', np.abs(ours - scipy_resize(grid, n_new)).max(), '.1e')}")
-    report.print(f"  new row {row} sits at old position {row} x {n_old - 1}/{n_new - 1} = "
-                 f"{report.num(f'new row {row} position', lower + delta, '.4f')}: "
-                 f"{report.num(f'new row {row} weight of the lower row', 1 - delta, '.4f')} of old row {lower} + "
-                 f"{report.num(f'new row {row} weight of the upper row', delta, '.4f')} of old row {lower + 1}")
+    report.print(f"  E_pos {table.shape} = 1 row for [class] + {n_old * n_old} rows = a {n_old}x{n_old} grid of "
+                 f"{table.shape[1]} numbers")
+    report.print(f"  at {resolution} pixels: {resolution}/{config.patch_size} = {n_new} patches per side, N = "
+                 f"{n_new * n_new}, so {rows_needed} rows are needed: {rows_needed - len(table)} rows do not exist")
+    report.print(f"  our bilinear {n_old}x{n_old} -> {n_new}x{n_new}: {ours.shape}; max |difference| vs "
+                 f"scipy.ndimage.zoom(order=1): {scipy_difference:.1e}")
+    report.print(f"  new row {row} sits at old position {row} x {n_old - 1}/{n_new - 1} = {lower + delta:.4f}: "
+                 f"{1 - delta:.4f} of old row {lower} + {delta:.4f} of old row {lower + 1}")
+    report.record({"E_pos shape": table.shape, "grid rows": n_old * n_old, "old grid side": n_old,
+                   "row width": table.shape[1], "patch size": config.patch_size, "new grid side": n_new,
+                   "new N": n_new * n_new, "rows needed": rows_needed, "rows missing": rows_needed - len(table),
+                   "bilinear shape": ours.shape, "bilinear vs scipy max diff": scipy_difference,
+                   f"new row {row} position": lower + delta, f"new row {row} weight of the lower row": 1 - delta,
+                   f"new row {row} weight of the upper row": delta})
     # the library's stretched grid, from interpolate_pos_encoding, computed on the host as our bicubic call is: the
     # line compares the two formulas, and a GPU's bicubic kernel rounds otherwise than the CPU's (8.9e-08 apart, H200)
     embeddings = copy.deepcopy(model.vit.embeddings).cpu()
@@ -239,13 +240,15 @@ def section_position_table(run, report):
         dummy = torch.zeros(1, n_new * n_new + 1, config.hidden_size)
         library = embeddings.interpolate_pos_encoding(dummy, resolution, resolution)[0, 1:]
     library_difference = np.abs(bicubic - library.numpy().astype(np.float64).reshape(n_new, n_new, -1)).max()
+    stats = {"bicubic vs library max diff": library_difference,
+             "bilinear vs bicubic mean diff": np.abs(ours - bicubic).mean(), "mean |value|": np.abs(ours).mean(),
+             "corner max diff": np.abs(ours[0, 0] - grid[0, 0]).max()}
     report.print("  library interpolate_pos_encoding: bicubic, align_corners=False; our bicubic call matches it: max "
-                 f"|difference| {report.num('bicubic vs library max diff', library_difference, '.1e')}")
+                 f"|difference| {library_difference:.1e}")
     report.print("  bilinear (official) vs bicubic (library) position rows: mean |difference| "
-                 f"{report.num('bilinear vs bicubic mean diff', np.abs(ours - bicubic).mean(), '.4f')}, mean |value| "
-                 f"{report.num('mean |value|', np.abs(ours).mean(), '.4f')}")
-    report.print("  corner row (0,0) kept by bilinear: max |difference| "
-                 f"{report.num('corner max diff', np.abs(ours[0, 0] - grid[0, 0]).max(), '.1e')}")
+                 f"{stats['bilinear vs bicubic mean diff']:.4f}, mean |value| {stats['mean |value|']:.4f}")
+    report.print(f"  corner row (0,0) kept by bilinear: max |difference| {stats['corner max diff']:.1e}")
+    report.record(stats)
 
 
 def section_cosine(run, report):
@@ -263,13 +266,15 @@ def section_cosine(run, report):
         size = g.shape[0]
         similarity = cosine_similarities(g, (r, c))
         corner = (size - 1 if r < size / 2 else 0, size - 1 if c < size / 2 else 0)
-        neighbours = [similarity[r - 1, c], similarity[r + 1, c], similarity[r, c - 1], similarity[r, c + 1]]
-        up, down, left, right = (report.num(f"{prefix}neighbour {side}", v, ".2f")
-                                 for side, v in zip(("up", "down", "left", "right"), neighbours, strict=True))
-        report.print(f"  {name} grid, row ({r}, {c}): neighbours up {up}, down {down}, left {left}, right {right} "
-                     f"({report.num(f'{prefix}neighbours min', min(neighbours), '.2f')} to "
-                     f"{report.num(f'{prefix}neighbours max', max(neighbours), '.2f')}); far corner {corner}: "
-                     f"{report.num(f'{prefix}far corner', similarity[corner], '.2f')}")
+        up, down, left, right = neighbours = (similarity[r - 1, c], similarity[r + 1, c], similarity[r, c - 1],
+                                              similarity[r, c + 1])
+        report.print(f"  {name} grid, row ({r}, {c}): neighbours up {up:.2f}, down {down:.2f}, left {left:.2f}, "
+                     f"right {right:.2f} ({min(neighbours):.2f} to {max(neighbours):.2f}); far corner {corner}: "
+                     f"{similarity[corner]:.2f}")
+        report.record({f"{prefix}neighbour up": up, f"{prefix}neighbour down": down,
+                       f"{prefix}neighbour left": left, f"{prefix}neighbour right": right,
+                       f"{prefix}neighbours min": min(neighbours), f"{prefix}neighbours max": max(neighbours),
+                       f"{prefix}far corner": similarity[corner]})
         maps[name] = similarity.tolist()
     report.series["cosine maps"] = maps  # for the figures and the page
     if run.args.plots:
@@ -281,8 +286,9 @@ def section_accuracy(run, report):
     model, (images, labels, imagenet_classes) = loaded(lambda: load_model(run), lambda: load_pictures(run))
     args = run.args
     pixels = processor_pixels(processor_config(args.model), args.model)  # what its image processor makes
-    report.print(f"\n== 4. accuracy on the Imagenette validation set: {report.num('validation pictures', len(images))} "
-                 f"pictures (160 px on the short side), device {run.device.type} ==")
+    report.print(f"\n== 4. accuracy on the Imagenette validation set: {len(images)} pictures (160 px on the short "
+                 f"side), device {run.device.type} ==")
+    report.record({"validation pictures": len(images)})
     report.print("  the ImageNet head of the checkpoint is read at the 10 Imagenette classes; no training; \"of 1000\" "
                  "= the top class of all 1000 must be right")
     embeddings = model.vit.embeddings
@@ -308,14 +314,15 @@ def section_accuracy(run, report):
                              "own")
             of_10, of_1000 = accuracy_counts(torch.cat(logits), labels, imagenet_classes)
             n = len(images)
-            report.print(f"  {label:<46} accuracy "
-                         f"{report.num(f'{key} of 10', 100 * of_10 / n, '.2f', right=of_10, of=n)}% (of 10)   "
-                         f"{report.num(f'{key} of 1000', 100 * of_1000 / n, '.2f', right=of_1000, of=n)}% (of 1000)   "
-                         f"{report.num(key, timing)}")
+            report.print(f"  {label:<46} accuracy {100 * of_10 / n:.2f}% (of 10)   {100 * of_1000 / n:.2f}% "
+                         f"(of 1000)   {pass_text(timing)}")
+            report.record({f"{key} of 10": 100 * of_10 / n, f"{key} of 1000": 100 * of_1000 / n, key: timing},
+                          counts={f"{key} of 10": (of_10, n), f"{key} of 1000": (of_1000, n)})
     finally:
         embeddings.position_embeddings.data = original
-    report.print(f"  zeros: all {report.num('zeros rows', n_new * n_new + 1)} rows of E_pos set to 0, the [class] row "
-                 "included; 1D and 2D tables keep the [class] row as it is")
+    report.print(f"  zeros: all {n_new * n_new + 1} rows of E_pos set to 0, the [class] row included; 1D and 2D "
+                 "tables keep the [class] row as it is")
+    report.record({"zeros rows": n_new * n_new + 1})
     if args.plots:
         figures.accuracy_bars(report.values(), article_values("posemb"), args.plots, say,
                               origin_of(args, DEFAULT_NAME))

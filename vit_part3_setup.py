@@ -35,6 +35,7 @@ from common.compute import (
     token_flops,
 )
 from common.errors import UserError
+from common.output import listed
 from common.paths import IMAGENETTE_DIR
 from common.pretrained import cached_weight_file, hub_offline, load_pretrained
 from common.run import run_sections
@@ -155,6 +156,7 @@ def section_table1(run, report):
     attention32 = 100 * attention_flops(layers, width, s32) / total32
     attention16 = 100 * attention_flops(layers, width, s16) / total16
     with_embedding = (total16 + embedding) / (total32 + embedding)
+    patch_ratio, compute224, attention_ratio = n16 // n32, total16 / total32, (s16 / s32) ** 2
     report.print("\n== 1. Table 1 and the patch-size notation: ViT-<size>/<patch> ==")
     report.print("  N = (resolution / patch)^2 patches, plus 1 [class] token; attention compares every pair: (N+1)^2 "
                  "pairs per head")
@@ -162,35 +164,32 @@ def section_table1(run, report):
         for resolution in (224, 384):
             grid, patches, seq, pairs = sequence_shape(resolution, patch)
             key, gflops = f"ViT-{size}/{patch} at {resolution}", encoder_flops(*VIT_SIZES[size][:3], seq) / 1e9
-            report.print(f"  {key}: grid {report.num(f'{key}: grid', grid, '>2')}x{grid:<2} N = "
-                         f"{report.num(f'{key}: N', patches, '>4')}  sequence "
-                         f"{report.num(f'{key}: sequence', seq, '>4')}  pairs per head "
-                         f"{report.num(f'{key}: pairs', pairs, '>9,')}  forward compute about "
-                         f"{report.num(f'{key}: GFLOPs', gflops, '6.1f')} GFLOPs")
-    report.print(f"  ViT-B/16 vs ViT-B/32 at 224: {report.num('B/16 patches at 224', n16)} vs "
-                 f"{report.num('B/32 patches at 224', n32)} patches = x"
-                 f"{report.num('B/16 over B/32 patches', n16 // n32)} (patch side halved, so (1/2)^-2 = 4); compute x"
-                 f"{report.num('B/16 over B/32 compute at 224', total16 / total32, '.2f')}")
-    report.print(f"  ViT-B/16 from 224 to 384: sequence {s16} -> {s384} = x"
-                 f"{report.num('sequence 384 over 224', s384 / s16, '.1f')}, pairs per head x"
-                 f"{report.num('pairs 384 over 224', p384 / p224, '.1f')}, compute x"
-                 f"{report.num('compute 384 over 224', compute_ratio, '.2f')}")
-    report.print(f"  the extra {report.num('B/16 over B/32 compute above 4', total16 / total32 - 4, '.2f')} over x4: "
-                 f"the per-token parts grow x{report.num('per-token compute ratio', per_token_ratio, '.2f')} "
-                 f"({s16}/{s32} tokens; the [class] token keeps it under 4), attention's pairs "
-                 f"x{report.num('attention compute ratio', (s16 / s32) ** 2, '.2f')}; attention is "
-                 f"{report.num('attention share of B/32 (%)', attention32, '.1f')}% of ViT-B/32's compute, "
-                 f"{report.num('attention share of B/16 (%)', attention16, '.1f')}% of ViT-B/16's")
-    report.print("  the patch embedding, left out above, costs both "
-                 f"{report.num('patch embedding GFLOPs', embedding / 1e9, '.2f')} GFLOPs "
-                 f"({report.num('patch embedding share of B/32 (%)', 100 * embedding / total32, '.1f')}% of ViT-B/32); "
-                 "with it the ratio is "
-                 f"x{report.num('B/16 over B/32 compute with the embedding', with_embedding, '.2f')}")
+            report.print(f"  {key}: grid {grid:>2}x{grid:<2} N = {patches:>4}  sequence {seq:>4}  pairs per head "
+                         f"{pairs:>9,}  forward compute about {gflops:6.1f} GFLOPs")
+            report.record({f"{key}: grid": grid, f"{key}: N": patches, f"{key}: sequence": seq, f"{key}: pairs": pairs,
+                           f"{key}: GFLOPs": gflops})
+    report.print(f"  ViT-B/16 vs ViT-B/32 at 224: {n16} vs {n32} patches = x{patch_ratio} (patch side halved, so "
+                 f"(1/2)^-2 = 4); compute x{compute224:.2f}")
+    report.print(f"  ViT-B/16 from 224 to 384: sequence {s16} -> {s384} = x{s384 / s16:.1f}, pairs per head x"
+                 f"{p384 / p224:.1f}, compute x{compute_ratio:.2f}")
+    report.print(f"  the extra {compute224 - 4:.2f} over x4: the per-token parts grow x{per_token_ratio:.2f} "
+                 f"({s16}/{s32} tokens; the [class] token keeps it under 4), attention's pairs x{attention_ratio:.2f}; "
+                 f"attention is {attention32:.1f}% of ViT-B/32's compute, {attention16:.1f}% of ViT-B/16's")
+    report.print(f"  the patch embedding, left out above, costs both {embedding / 1e9:.2f} GFLOPs "
+                 f"({100 * embedding / total32:.1f}% of ViT-B/32); with it the ratio is x{with_embedding:.2f}")
+    report.record({"B/16 patches at 224": n16, "B/32 patches at 224": n32, "B/16 over B/32 patches": patch_ratio,
+                   "B/16 over B/32 compute at 224": compute224, "sequence 384 over 224": s384 / s16,
+                   "pairs 384 over 224": p384 / p224, "compute 384 over 224": compute_ratio,
+                   "B/16 over B/32 compute above 4": compute224 - 4, "per-token compute ratio": per_token_ratio,
+                   "attention compute ratio": attention_ratio, "attention share of B/32 (%)": attention32,
+                   "attention share of B/16 (%)": attention16, "patch embedding GFLOPs": embedding / 1e9,
+                   "patch embedding share of B/32 (%)": 100 * embedding / total32,
+                   "B/16 over B/32 compute with the embedding": with_embedding})
     for size, patch, resolution in (("L", 16, 512), ("H", 14, 518)):
         grid, patches, seq, _ = sequence_shape(resolution, patch)
         key = f"ViT-{size}/{patch} at {resolution}"
-        report.print(f"  Table 2 fine-tuning resolution: {key}: grid {report.num(f'{key}: grid', grid)}x{grid}, N = "
-                     f"{report.num(f'{key}: N', patches)}, sequence {report.num(f'{key}: sequence', seq)}")
+        report.print(f"  Table 2 fine-tuning resolution: {key}: grid {grid}x{grid}, N = {patches}, sequence {seq}")
+        report.record({f"{key}: grid": grid, f"{key}: N": patches, f"{key}: sequence": seq})
 
     released_parameters(report)
 
@@ -214,20 +213,20 @@ def released_parameters(report):
     for size, patch, name, _ in RELEASED:
         backbone, pre_logits = counts[size, patch]
         key = f"ViT-{size}/{patch}"
-        report.print(f"  {key} ({name.split('/')[-1]}, {sources[size, patch]}): backbone "
-                     f"{report.num(f'{key} backbone', backbone, '>11,')}  = "
-                     f"{report.num(f'{key} backbone (M)', backbone / 1e6, '6.1f')}M   pre-logits layer "
-                     f"{report.num(f'{key} pre-logits', pre_logits, '>9,')}   Table 1: {TABLE1_MILLIONS[size]}M")
-    report.print(f"  ViT-B/32 minus ViT-B/16: {report.num('B/32 minus B/16', b32 - b16, ',')} parameters ("
-                 f"{report.num('B/32 over B/16 percent', 100 * (b32 - b16) / b16, '.1f')}% more), because E grows "
-                 f"from {report.num('E rows at /16', 16 * 16 * 3)}x{width} to "
-                 f"{report.num('E rows at /32', 32 * 32 * 3)}x{width} (+"
-                 f"{report.num('E growth', (32 * 32 * 3 - 16 * 16 * 3) * width, ',')}) and the position table shrinks "
-                 f"from {report.num('position rows at /16', rows16)} to {report.num('position rows at /32', rows32)} "
-                 f"rows (-{report.num('position table shrink', (rows16 - rows32) * width, ',')})")
-    report.print("  ViT-L/32 with its pre-logits layer: "
-                 f"{report.num('ViT-L/32 with pre-logits (M)', sum(counts['L', 32]) / 1e6, '.1f')}M; ViT-L/16 "
-                 f"has {report.num('ViT-L/16 without (M)', counts['L', 16][0] / 1e6, '.1f')}M without one")
+        report.print(f"  {key} ({name.split('/')[-1]}, {sources[size, patch]}): backbone {backbone:>11,}  = "
+                     f"{backbone / 1e6:6.1f}M   pre-logits layer {pre_logits:>9,}   Table 1: {TABLE1_MILLIONS[size]}M")
+        report.record({f"{key} backbone": backbone, f"{key} backbone (M)": backbone / 1e6,
+                       f"{key} pre-logits": pre_logits})
+    e16, e32, l32, l16 = 16 * 16 * 3, 32 * 32 * 3, sum(counts["L", 32]) / 1e6, counts["L", 16][0] / 1e6
+    report.print(f"  ViT-B/32 minus ViT-B/16: {b32 - b16:,} parameters ({100 * (b32 - b16) / b16:.1f}% more), because "
+                 f"E grows from {e16}x{width} to {e32}x{width} (+{(e32 - e16) * width:,}) and the position table "
+                 f"shrinks from {rows16} to {rows32} rows (-{(rows16 - rows32) * width:,})")
+    report.print(f"  ViT-L/32 with its pre-logits layer: {l32:.1f}M; ViT-L/16 has {l16:.1f}M without one")
+    report.record({"B/32 minus B/16": b32 - b16, "B/32 over B/16 percent": 100 * (b32 - b16) / b16,
+                   "E rows at /16": e16, "E rows at /32": e32, "E growth": (e32 - e16) * width,
+                   "position rows at /16": rows16, "position rows at /32": rows32,
+                   "position table shrink": (rows16 - rows32) * width, "ViT-L/32 with pre-logits (M)": l32,
+                   "ViT-L/16 without (M)": l16})
 
 
 # ---------------------------------------------------------------- 2. the hybrid
@@ -262,17 +261,17 @@ def section_hybrid(run, report):
     shapes = [tuple(h.shape[1:]) for h in hidden[1:]]  # (channels, height, width) of each stage; hidden[0]: the stem
     tokens4, tokens3 = shapes[3][1] * shapes[3][2], shapes[2][1] * shapes[2][2]
     for stage, (channels, height, width) in enumerate(shapes, 1):
-        report.print(f"  stage {stage} output: {report.num(f'stage {stage} channels', channels, '>4')} channels x "
-                     f"{report.num(f'stage {stage} height', height, '>2')} x "
-                     f"{report.num(f'stage {stage} width', width, '<2')} -> as 1x1 patches: "
-                     f"{report.num(f'stage {stage} tokens', height * width, '>5')} tokens of {channels} numbers")
-    report.print(f"  option (i), stage 4: {report.num('option (i) tokens', tokens4)} tokens; option (ii), extended "
-                 f"stage 3: {report.num('option (ii) tokens', tokens3)} tokens = x"
-                 f"{report.num('stage 3 over stage 4 tokens', tokens3 // tokens4)} (the \"4x longer sequence\")")
-    modules = list(model.modules())
-    report.print(f"  {model_name} is a standard ResNet: it has "
-                 f"{report.num('BatchNorm2d layers', sum(isinstance(m, torch.nn.BatchNorm2d) for m in modules))}"
-                 " BatchNorm2d layers (BiT replaces each with Group Norm)")
+        report.print(f"  stage {stage} output: {channels:>4} channels x {height:>2} x {width:<2} -> as 1x1 patches: "
+                     f"{height * width:>5} tokens of {channels} numbers")
+        report.record({f"stage {stage} channels": channels, f"stage {stage} height": height,
+                       f"stage {stage} width": width, f"stage {stage} tokens": height * width})
+    batch_norms = sum(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
+    report.print(f"  option (i), stage 4: {tokens4} tokens; option (ii), extended stage 3: {tokens3} tokens = "
+                 f"x{tokens3 // tokens4} (the \"4x longer sequence\")")
+    report.print(f"  {model_name} is a standard ResNet: it has {batch_norms} BatchNorm2d layers (BiT replaces each "
+                 "with Group Norm)")
+    report.record({"option (i) tokens": tokens4, "option (ii) tokens": tokens3,
+                   "stage 3 over stage 4 tokens": tokens3 // tokens4, "BatchNorm2d layers": batch_norms})
     report.print(f"  (picture: {picture}, resized to 224x224)")
 
 
@@ -324,32 +323,32 @@ def section_norms(run, report):
         raise RuntimeError("torch's BatchNorm/GroupNorm disagree with the by-hand formulas")
     group, filters = a[:2].flatten(), torch.tensor([FILTER_1, FILTER_2], dtype=torch.float64)
     standardized = weight_standardize(filters)
-    report.print(f"  picture A, channel 1 = {report.num('picture A channel 1', a[0])}")
-    report.print("  Batch Norm, A batched with partner 1: A channel 1 -> "
-                 f"{report.num('BN partner 1', batch_norm(batches[0])[0, 0], '6.3f')}")
-    report.print("  Batch Norm, A batched with partner 2: A channel 1 -> "
-                 f"{report.num('BN partner 2', batch_norm(batches[1])[0, 0], '6.3f')}   (same picture, different "
-                 "output)")
-    report.print(f"  Group Norm, group 1 = channels 1 and 2 of A = {report.num('GN group 1', group)}: mean "
-                 f"{report.num('GN group 1 mean', group.mean(), '.3f')}, std "
-                 f"{report.num('GN group 1 std', group.std(unbiased=False), '.3f')}")
-    report.print(f"  Group Norm: A channel 1 -> {report.num('GN', group_norm(batches[0], 2)[0, 0], '6.3f')} with any "
-                 f"partner (it never looks at the batch); torch GroupNorm agrees: {torch_agrees}")
+    # A's channel 1 (its two pixels) after Batch Norm and Group Norm, A batched with partner 1, then partner 2
+    bn, gn = [batch_norm(batch)[0, 0] for batch in batches], [group_norm(batch, 2)[0, 0] for batch in batches]
+    group_mean, group_std = group.mean(), group.std(unbiased=False)
+    filter_mean, filter_std = filters[1].mean(), filters[1].std(unbiased=False)
+    report.print(f"  picture A, channel 1 = {listed(a[0])}")
+    report.print(f"  Batch Norm, A batched with partner 1: A channel 1 -> {listed(bn[0], '6.3f')}")
+    report.print(f"  Batch Norm, A batched with partner 2: A channel 1 -> {listed(bn[1], '6.3f')}   (same picture, "
+                 "different output)")
+    report.print(f"  Group Norm, group 1 = channels 1 and 2 of A = {listed(group)}: mean {group_mean:.3f}, std "
+                 f"{group_std:.3f}")
+    report.print(f"  Group Norm: A channel 1 -> {listed(gn[0], '6.3f')} with any partner (it never looks at the "
+                 f"batch); torch GroupNorm agrees: {torch_agrees}")
     report.print("  torch BatchNorm (training mode, batch statistics) agrees with both Batch Norm lines: "
                  f"{torch_agrees}")
-    report.print(f"  Weight Standardization: filter 2 = {report.num('filter 2', filters[1])}: mean "
-                 f"{report.num('WS filter 2 mean', filters[1].mean(), '.2f')}, std "
-                 f"{report.num('WS filter 2 std', filters[1].std(unbiased=False), '.4f')} -> "
-                 f"{report.num('WS filter 2', standardized[1], '6.3f')}")
-    report.print(f"  filter 1 = {report.num('filter 1', filters[0])} -> "
-                 f"{report.num('WS filter 1', standardized[0], '6.3f')}   (every filter now has mean 0 and std 1 "
-                 "before the convolution uses it)")
+    report.print(f"  Weight Standardization: filter 2 = {listed(filters[1])}: mean {filter_mean:.2f}, std "
+                 f"{filter_std:.4f} -> {listed(standardized[1], '6.3f')}")
+    report.print(f"  filter 1 = {listed(filters[0])} -> {listed(standardized[0], '6.3f')}   (every filter now has mean "
+                 "0 and std 1 before the convolution uses it)")
+    report.record({"picture A channel 1": a[0], "BN partner 1": bn[0], "BN partner 2": bn[1], "GN group 1": group,
+                   "GN group 1 mean": group_mean, "GN group 1 std": group_std, "GN": gn[0],
+                   "filter 2": filters[1], "WS filter 2 mean": filter_mean, "WS filter 2 std": filter_std,
+                   "WS filter 2": standardized[1], "filter 1": filters[0], "WS filter 1": standardized[0]})
     # the prose's "with any partner" and "every filter now has mean 0 and std 1", for the conclusions to read
-    report.num("GN partner 2", group_norm(batches[1], 2)[0, 0], printed=False)
     means, stds = standardized.mean(dim=-1), standardized.std(dim=-1, unbiased=False)
-    for name, value in (("WS filters largest mean", means.abs().max()), ("WS filters smallest std", stds.min()),
-                        ("WS filters largest std", stds.max())):
-        report.num(name, value, "short", printed=False)
+    report.record({"GN partner 2": gn[1], "WS filters largest mean": means.abs().max(),
+                   "WS filters smallest std": stds.min(), "WS filters largest std": stds.max()})
 
 
 # ---------------------------------------------------------------- 4. optimizers and schedules
@@ -443,14 +442,14 @@ def section_by_hand(run, report):
     # Adam by hand and by torch
     rows, by_torch = adam_by_hand(GRADIENTS), torch_optimizer_weight(torch.optim.Adam, GRADIENTS, lr=1e-3)
     for t, g, m, v, m_hat, v_hat, step, w in rows:
-        report.print(f"  Adam t={t}: g={g:5.2f}  m={report.num(f'Adam t={t} m', m, '.4f')}  v="
-                     f"{report.num(f'Adam t={t} v', v, '.6f')}  m_hat={report.num(f'Adam t={t} m_hat', m_hat, '.4f')} "
-                     f" v_hat={report.num(f'Adam t={t} v_hat', v_hat, '.4f')}  step = lr*m_hat/sqrt(v_hat) = "
-                     f"{report.num(f'Adam t={t} step', step, '.6f')}  w={report.num(f'Adam t={t} w', w, '.6f')}")
-    report.print(f"  torch.optim.Adam after the same three gradients: w={report.num('torch Adam w', by_torch, '.6f')}  "
-                 f"(ours {rows[-1][-1]:.6f})")
-    for g in (0.001, 1000):  # the prose's "whatever the size of the gradient"
-        report.num(f"Adam t=1 step at g={g:g}", adam_by_hand([g])[0][6], "short", printed=False)
+        report.print(f"  Adam t={t}: g={g:5.2f}  m={m:.4f}  v={v:.6f}  m_hat={m_hat:.4f}  v_hat={v_hat:.4f}  step = "
+                     f"lr*m_hat/sqrt(v_hat) = {step:.6f}  w={w:.6f}")
+        report.record({f"Adam t={t} m": m, f"Adam t={t} v": v, f"Adam t={t} m_hat": m_hat, f"Adam t={t} v_hat": v_hat,
+                       f"Adam t={t} step": step, f"Adam t={t} w": w})
+    report.print(f"  torch.optim.Adam after the same three gradients: w={by_torch:.6f}  (ours {rows[-1][-1]:.6f})")
+    report.record({"torch Adam w": by_torch})
+    # the prose's "whatever the size of the gradient"
+    report.record({f"Adam t=1 step at g={g:g}": adam_by_hand([g])[0][6] for g in (0.001, 1000)})
 
     table3_in_steps(report)
 
@@ -459,16 +458,18 @@ def section_by_hand(run, report):
     rows = sgd_momentum_by_hand(GRADIENTS)
     weights = [1.0, 1.2, 0.9, 1.1, 1.05]
     for t, g, velocity, w in rows:
-        report.print(f"  SGD momentum 0.9, lr 0.01, t={t}: g={g:5.2f}  velocity = 0.9*velocity + g = "
-                     f"{report.num(f'SGD t={t} velocity', velocity, '.4f')}  w = w - lr*velocity = "
-                     f"{report.num(f'SGD t={t} w', w, '.5f')}")
+        report.print(f"  SGD momentum 0.9, lr 0.01, t={t}: g={g:5.2f}  velocity = 0.9*velocity + g = {velocity:.4f}  "
+                     f"w = w - lr*velocity = {w:.5f}")
+        report.record({f"SGD t={t} velocity": velocity, f"SGD t={t} w": w})
     by_torch = torch_optimizer_weight(torch.optim.SGD, GRADIENTS, lr=0.01, momentum=0.9)
-    report.print(f"  torch.optim.SGD(momentum=0.9) after the same gradients: w="
-                 f"{report.num('torch SGD w', by_torch, '.5f')}  (ours {rows[-1][-1]:.5f})")
-    report.print(f"  Polyak (exponential) averaging, factor 0.9: weights {report.num('Polyak weights', weights)} -> "
-                 f"averages {report.num('Polyak average', polyak_average(weights, 0.9))}")
-    report.print("  a factor of 0.9999 averages over roughly the last 1/(1 - 0.9999) = "
-                 f"{report.num('Polyak 0.9999 memory', 1 / (1 - 0.9999), ',.0f')} steps")
+    averages = polyak_average(weights, 0.9)
+    report.print(f"  torch.optim.SGD(momentum=0.9) after the same gradients: w={by_torch:.5f}  (ours "
+                 f"{rows[-1][-1]:.5f})")
+    report.print(f"  Polyak (exponential) averaging, factor 0.9: weights {listed(weights)} -> averages "
+                 f"{listed(averages)}")
+    report.print(f"  a factor of 0.9999 averages over roughly the last 1/(1 - 0.9999) = {1 / (1 - 0.9999):,.0f} steps")
+    report.record({"torch SGD w": by_torch, "Polyak weights": weights, "Polyak average": averages,
+                   "Polyak 0.9999 memory": 1 / (1 - 0.9999)})
 
     # clipping at global norm 1
     report.print()
@@ -476,15 +477,15 @@ def section_by_hand(run, report):
     norm, clipped = clip_by_global_norm(gradients, 1.0)
     by_torch = torch_clip(gradients, 1.0)
     report.print("  clipping at global norm 1: gradients of two tensors [3, 0] and [4]; global norm sqrt(9 + 0 + 16) = "
-                 f"{report.num('clip global norm', norm, '.1f')} > 1, so every gradient is multiplied by 1/{norm:g}: "
-                 f"{report.num('clipped [3, 0]', clipped[0])} and {report.num('clipped [4]', clipped[1])}; direction "
-                 "kept, length 1")
-    report.print(f"  torch.nn.utils.clip_grad_norm_: {report.num('torch clipped [3, 0]', by_torch[0])} and "
-                 f"{report.num('torch clipped [4]', by_torch[1])}")
+                 f"{norm:.1f} > 1, so every gradient is multiplied by 1/{norm:g}: {listed(clipped[0])} and "
+                 f"{listed(clipped[1])}; direction kept, length 1")
+    report.print(f"  torch.nn.utils.clip_grad_norm_: {listed(by_torch[0])} and {listed(by_torch[1])}")
+    report.record({"clip global norm": norm, "clipped [3, 0]": clipped[0], "clipped [4]": clipped[1],
+                   "torch clipped [3, 0]": by_torch[0], "torch clipped [4]": by_torch[1]})
     flat, before = [g for tensor in clipped for g in tensor], [g for tensor in gradients for g in tensor]
-    report.num("clipped length", math.sqrt(sum(g * g for g in flat)), "short", printed=False)  # "length 1"
     cosine = sum(a * b for a, b in zip(flat, before, strict=True)) / norm
-    report.num("clipped cosine with the gradient", cosine, "short", printed=False)  # the line's "direction kept"
+    # the line's "length 1" and "direction kept"
+    report.record({"clipped length": math.sqrt(sum(g * g for g in flat)), "clipped cosine with the gradient": cosine})
 
     table4_in_steps(report)
 
@@ -494,16 +495,17 @@ def table3_in_steps(report):
     report.print()
     for label, epochs, pictures, base_lr, decay in TABLE3:
         steps = pretraining_steps(epochs, pictures)
+        warmup_share = 100 * PRETRAIN_WARMUP / steps
         report.print(f"  {label:<39}: {epochs:>3} epochs x {pictures / 1e6:6.2f}M images / batch {PRETRAIN_BATCH} = "
-                     f"{report.num(f'{label}: steps', steps, '>9,')} steps; warm-up {PRETRAIN_WARMUP:,} = "
-                     f"{report.num(f'{label}: warm-up %', 100 * PRETRAIN_WARMUP / steps, '4.1f')}% of them; base LR "
+                     f"{steps:>9,} steps; warm-up {PRETRAIN_WARMUP:,} = {warmup_share:4.1f}% of them; base LR "
                      f"{base_lr:g}, {decay} decay")
+        report.record({f"{label}: steps": steps, f"{label}: warm-up %": warmup_share})
     total = pretraining_steps(7, 303e6)
     at_5000, at_10000, at_middle = (warmup_linear_lr(step, 8e-4, total, PRETRAIN_WARMUP) for step in
                                     (5_000, 10_000, PRETRAIN_WARMUP + (total - PRETRAIN_WARMUP) // 2))
-    report.print(f"  ViT-B/16 on JFT: LR at step 5,000 = {report.num('JFT LR at 5,000', at_5000, '.1e')} (half way up "
-                 f"the warm-up), at 10,000 = {report.num('JFT LR at 10,000', at_10000, '.1e')}, at the middle of the "
-                 f"decay = {report.num('JFT LR at mid-decay', at_middle, '.1e')}")
+    report.print(f"  ViT-B/16 on JFT: LR at step 5,000 = {at_5000:.1e} (half way up the warm-up), at 10,000 = "
+                 f"{at_10000:.1e}, at the middle of the decay = {at_middle:.1e}")
+    report.record({"JFT LR at 5,000": at_5000, "JFT LR at 10,000": at_10000, "JFT LR at mid-decay": at_middle})
 
 
 def table4_in_steps(report):
@@ -511,13 +513,13 @@ def table4_in_steps(report):
     report.print()
     for task, steps, pictures in TABLE4:
         seen = steps * FINETUNE_BATCH
-        report.print(f"  {f'fine-tuning {task}':<31}: {steps:>6,} steps x batch {FINETUNE_BATCH} = "
-                     f"{report.num(f'{task}: pictures seen (M)', seen / 1e6, '6.2f')}M pictures seen = "
-                     f"{report.num(f'{task}: passes', seen / pictures, '7.1f')} passes over {pictures:,} training "
-                     "pictures")
-    decay = ", ".join(f"step {step:,} -> {report.num(f'cosine LR at {step:,}', cosine_lr(step, 0.03, 20_000), '.2g')}"
-                      for step in (0, 10_000, 15_000, 20_000))
-    report.print(f"  ImageNet fine-tuning at base LR 0.03, cosine: {decay}")
+        report.print(f"  {f'fine-tuning {task}':<31}: {steps:>6,} steps x batch {FINETUNE_BATCH} = {seen / 1e6:6.2f}M "
+                     f"pictures seen = {seen / pictures:7.1f} passes over {pictures:,} training pictures")
+        report.record({f"{task}: pictures seen (M)": seen / 1e6, f"{task}: passes": seen / pictures})
+    rates = {step: cosine_lr(step, 0.03, 20_000) for step in (0, 10_000, 15_000, 20_000)}
+    report.print("  ImageNet fine-tuning at base LR 0.03, cosine: "
+                 f"{', '.join(f'step {step:,} -> {rate:.2g}' for step, rate in rates.items())}")
+    report.record({f"cosine LR at {step:,}": rate for step, rate in rates.items()})
 
 
 SECTIONS = [section_table1, section_hybrid, section_norms, section_by_hand]

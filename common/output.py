@@ -1,4 +1,5 @@
-"""A run's output: each line an f-string, every number on it recorded by report.num(name, value, spec) as printed."""
+"""A run's output: each line printed from a plain f-string, its numbers recorded beside it by name, for --json and
+--compare (report.record)."""
 import sys
 from dataclasses import dataclass, field
 
@@ -13,12 +14,34 @@ def say(text=""):
         print(text, file=sys.stderr, flush=True)
 
 
-# report.num's specs beside format()'s: "short", a float as Python prints it after rounding (0.1875, -0.7, 1.0; + 0.0
-# turns -0.0 into 0.0); "millions", a count as the article prints ViT-B's body (85.8M; a small stand-in's in full);
-# "zero or 3g", an exact zero as 0.0 (the zero head's body gradient), anything else to 3 significant digits
-FORMATS = {"short": lambda x: repr(round(float(x), 4) + 0.0), "repr": repr,
-           "millions": lambda value: f"{value:.1f}M" if value >= 0.1 else f"{value * 1e6:,.0f}",
-           "zero or 3g": lambda value: "0.0" if value == 0 else f"{value:.3g}"}
+def short(x):
+    """A float as Python prints it after rounding to 4 places: 0.1875, -0.7, 1.0 (+ 0.0 turns -0.0 into 0.0)."""
+    return repr(round(float(x), 4) + 0.0)
+
+
+def listed(values, spec=None):
+    """A (nested) list, tuple or array as the article prints one, '[[7.0, 5.0], [5.0, 15.0]]' or '(197, 768)', each
+    entry in the format spec (default: short)."""
+    values = values.tolist() if hasattr(values, "tolist") else values
+    if not isinstance(values, (list, tuple)):
+        return short(values) if spec is None else format(values, spec)
+    brackets = "()" if isinstance(values, tuple) else "[]"
+    return brackets[0] + ", ".join(listed(value, spec) for value in values) + brackets[1]
+
+
+def millions(count):
+    """A parameter count as the article prints ViT-B's body, in millions (85.8M); a small stand-in's in full."""
+    return f"{count:.1f}M" if count >= 0.1 else f"{count * 1e6:,.0f}"
+
+
+def zero_or_3g(value):
+    """An exact zero as 0.0 (the zero head's body gradient), anything else to 3 significant digits."""
+    return "0.0" if value == 0 else f"{value:.3g}"
+
+
+def pass_text(timing):
+    """A pass over pictures (NEW_PASS's keys) as its line prints it: '[12 s, 0.2 s waiting for pictures]'."""
+    return f"[{timing['seconds']:.0f} s, {timing['waiting seconds']:.1f} s waiting for pictures]"
 
 
 @dataclass
@@ -27,58 +50,54 @@ class Report:
 
     script: str
     quiet: bool = False  # a process other than the first under torchrun prints nothing
-    numbers: dict = field(default_factory=dict)  # name -> {"value": float, "text": as printed}
+    numbers: dict = field(default_factory=dict)  # name -> {"value": float}, and an accuracy's counts
     could_not_run: list = field(default_factory=list)  # (section title, the UserError: its reasons)
     lines: list = field(default_factory=list)  # every printed line, in order
-    line_of: dict = field(default_factory=dict)  # name -> index in lines of the line that printed it
     series: dict = field(default_factory=dict)  # plain lists a figure needs beyond the printed numbers (maps, curves)
     passes: dict = field(default_factory=dict)  # name -> a pass over pictures: its seconds, waiting seconds, pictures
 
     def print(self, text=""):
-        """Text as printed, framed as the article's lines are: "  " a logged line, "\n== ... ==" a section's title.
-        The numbers recorded since the last text are on its last line."""
+        """Text as printed, framed as the article's lines are: "  " a logged line, "\n== ... ==" a section's title."""
         self.lines += text.split("\n")
-        self.line_of.update((name, len(self.lines) - 1) for name in self.numbers if name not in self.line_of)
         if not self.quiet:
             print(text, flush=True)
 
-    def num(self, name, value, spec="", printed=True, right=None, of=None):
-        """The number as printed with spec (a format spec, or a name of FORMATS), recorded under `name` with that
-        text: the one call that records a number, inside the f-string of its line. A (nested) list, tuple or array
-        prints as the article prints it, '[[7.0, 5.0], [5.0, 15.0]]' or '(197, 768)' (spec "short" unless given),
-        entry (i, j) recorded as 'name[i,j]'. A pass's timing (a dict) prints as '[12 s, 0.2 s waiting for
-        pictures]', its two numbers recorded as '<name> seconds' and '<name> waiting seconds'. printed=False: a number
-        a conclusion reads that the article's lines do not print (the evidence for a claim of its prose), recorded on
-        no line. right, of: the counts an accuracy in per cent came from, `right` of `of` pictures (right a list, one
-        count a draw, for a mean over draws): --json records them, and the verdicts' exact intervals are made from
-        them (common/verdicts.py)."""
-        if isinstance(value, dict):  # a pass over pictures (NEW_PASS's keys), kept whole for --json
-            self.passes[name] = dict(value)
-            return (f"[{self.num(f'{name} seconds', value['seconds'], '.0f')} s, "
-                    f"{self.num(f'{name} waiting seconds', value['waiting seconds'], '.1f')} s waiting for pictures]")
-        values = value.tolist() if getattr(value, "ndim", 0) > 0 else value
-        if isinstance(values, (list, tuple)):
-            def entries(values, index):
-                if not isinstance(values, (list, tuple)):
-                    return self.num(f"{name}[{','.join(map(str, index))}]", values, spec or "short", printed)
-                texts = [entries(value, index + (i,)) for i, value in enumerate(values, 1)]
-                brackets = "()" if isinstance(values, tuple) else "[]"
-                return brackets[0] + ", ".join(texts) + brackets[1]
-
-            return entries(values, ())
-        if name in self.numbers:
-            raise ValueError(f"{self.script}: the number {name!r} is printed twice")
-        text = FORMATS[spec](value) if spec in FORMATS else format(value, spec)
-        counts = {} if right is None else {"right": right, "of": of, "scale": 100}
-        self.numbers[name] = {"value": float(value), "text": text.strip(), **counts}
-        if not printed:
-            self.line_of[name] = None
-        return text
+    def record(self, numbers, counts=None):
+        """Each number of {name: value} kept under its name, beside the line that prints it (or, for a number a
+        conclusion reads that no line prints, the evidence for a claim of the prose, on its own). A list, tuple or
+        array: entry (i, j) as 'name[i,j]'. A pass over pictures (a dict, NEW_PASS's keys): kept whole, and its two
+        numbers as '<name> seconds' and '<name> waiting seconds'. counts: {name: (right, of)}, the counts an accuracy
+        in per cent came from, `right` of `of` pictures (right a list, one count a draw, for a mean over draws):
+        --json records them, and the verdicts' exact intervals are made from them (common/verdicts.py)."""
+        counts = counts or {}
+        for name, value in numbers.items():
+            if isinstance(value, dict):
+                self.passes[name] = dict(value)
+                self.record({f"{name} seconds": value["seconds"], f"{name} waiting seconds": value["waiting seconds"]})
+                continue
+            values = value.tolist() if getattr(value, "ndim", 0) > 0 else value
+            if isinstance(values, (list, tuple)):
+                self.record(dict(entries(name, values)))
+                continue
+            if name in self.numbers:
+                raise ValueError(f"{self.script}: the number {name!r} is recorded twice")
+            right, of = counts.get(name, (None, None))
+            self.numbers[name] = {"value": float(value)} | ({} if right is None else
+                                                            {"right": right, "of": of, "scale": 100})
 
     def values(self):
-        """{name: value} of every number printed so far."""
+        """{name: value} of every number recorded so far."""
         return {name: number["value"] for name, number in self.numbers.items()}
 
     def cannot_run(self, title, problem):
         self.print(f'  cannot run section "{title}": {problem}')
         self.could_not_run.append((title, problem))
+
+
+def entries(name, values, index=()):
+    """(name[i,j], entry) of each entry of a nested list or tuple, i and j counted from 1."""
+    for i, value in enumerate(values, 1):
+        if isinstance(value, (list, tuple)):
+            yield from entries(name, value, (*index, i))
+        else:
+            yield f"{name}[{','.join(map(str, (*index, i)))}]", value

@@ -143,8 +143,7 @@ def run_record(run, report, rows, differences, conclusions=()):
     conclusions' verdicts."""
     record = {"format": RECORD_FORMAT, "script": report.script, "flags": vars(run.args),
               "setup differences": differences, "environment": environment(run), "printed": report.lines,
-              "numbers": {name: {**number, "line": report.line_of.get(name)}
-                          for name, number in report.numbers.items()},
+              "numbers": report.numbers,
               "series": report.series, "passes": report.passes,
               "could_not_run": [{"section": title, "why": str(problem)} for title, problem in report.could_not_run]}
     if rows is not None:

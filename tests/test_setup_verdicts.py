@@ -120,13 +120,12 @@ def as_the_release(monkeypatch, release):
 
 
 def as_the_article(record, script, monkeypatch, tmp_path):
-    """A reference whose numbers are this run's, as printed, with the real entries' kinds, inputs and bands; no
-    conclusions (the rules read the article's numbers)."""
+    """A reference whose numbers are this run's, at the article's digits, with the real entries' kinds, inputs and
+    bands; no conclusions (the rules read the article's numbers)."""
     printed = record["numbers"]
-    pseudo = {name: {**entry, "article": printed[name]["text"]} for name, entry in load_reference(script).items()
-              if name in printed
-              and format_like(printed[name]["text"], printed[name]["value"]) == printed[name]["text"]}
-    assert len(pseudo) >= 30  # all but the steps and shots not run, and counts printed in full
+    pseudo = {name: {**entry, "article": format_like(entry["article"], printed[name]["value"])}
+              for name, entry in load_reference(script).items() if name in printed}
+    assert len(pseudo) >= 30  # all but the steps and shots not run
     (tmp_path / f"conclusions_{script}.json").write_text('{"conclusions": []}')
     (tmp_path / f"reference_{script}.json").write_text(json.dumps({"numbers": pseudo}))
     monkeypatch.setattr(verdicts, "REFERENCE_DIR", tmp_path)  # judge() reads them; the scripts read the real names

@@ -24,9 +24,6 @@ FIELD = re.compile(r"\{\{|\}\}|\{[^{}]*\}")
 PROJECT_LINES = {
     "": "an empty line (the backbone article's print('\\n', end='') between its two dicts)",
     # vit_part3_finetune.py
-    "step {step:3d}: lr {lr:.5f}  loss {loss:.4f}  gradient norm before clipping {norm:7.3f}  validation "
-    "{accuracy:5.1f}%   [{seconds:.0f} s, {waiting seconds:.1f} s waiting for pictures]":
-        "the article's step line, with the wait for pictures inside its brackets",
     "passes over pictures (this process's): training, {steps} steps {training}; the checks of the validation subset, "
     "{checked:,} pictures in all {checks}{finals}; the loaders' {workers} worker processes each (none on a CPU, whose "
     "cores the model uses) started in {start_up:.1f} s, outside the passes": "the wait for pictures of each pass",
@@ -65,10 +62,10 @@ PROJECT_LINES = {
     "parameters: backbone (patch embedding, class token, position embedding, encoder, final LayerNorm) "
     "{backbone parameters:,}; head Linear({head in features}, {head out features}) {head parameters:,} "
     "({backbone share (%):.2f}% in the backbone)": "the article's split into backbone and head, counted",
-    "one validation picture ({name}, {width}x{height} px) -> pixel_values torch.Size({pixel values shape:d}) -> Z_L "
-    "torch.Size({Z_L shape:d})": "the article's Z_L, on one picture",
-    "class token Z_L[:, 0, :] torch.Size({class token shape:d}); patch tokens Z_L[:, 1:, :] "
-    "torch.Size({patch tokens shape (picture):d}) -> feature map torch.Size({feature map shape (picture):d})":
+    "one validation picture ({name}, {width}x{height} px) -> pixel_values {pixels.shape} -> Z_L {tokens.shape}":
+        "the article's Z_L, on one picture",
+    "class token Z_L[:, 0, :] {class_token.shape}; patch tokens Z_L[:, 1:, :] {patch_tokens.shape} -> feature map "
+    "{feature_map.shape}":
         "the article's class token and patch tokens, on one picture",
     "the head on the class token, h_cls W + b, gives the model's logits within {head on the class token vs logits:.1e}":
         "the article's logits = h_cls W + b, checked",
