@@ -477,7 +477,8 @@ def print_history(report, history):
         elif "loss" in row:
             report.print(f"  step {step:>3}  training loss {row['loss']:.4f}")
         else:
-            report.print(f"  step {step:>3}  eval_loss {row['eval_loss']:.4f}  eval_accuracy {row['eval_accuracy']:.4f}")
+            report.print(f"  step {step:>3}  eval_loss {row['eval_loss']:.4f}  eval_accuracy "
+                         f"{row['eval_accuracy']:.4f}")
         report.record({f"step {step} {name}": row[key] for name, key in (
             ("training loss", "loss"), ("eval_loss", "eval_loss"), ("eval_accuracy", "eval_accuracy")) if key in row})
     report.series.update({  # for the figures and the page
