@@ -409,21 +409,22 @@ def train(run, report, *, data, model, average, optimizer, log, monitor, micro, 
     logged = report_steps(args.steps)  # the steps whose line the article prints, each checked on the validation subset
     steps = tqdm(range(start + 1, last_step + 1), desc="fine-tuning", unit="step", file=sys.stderr, initial=start,
                  total=args.steps)
+
+    def checkpoint(step):  # what --resume continues from
+        log["seconds"] = time.perf_counter() - begun
+        return {"model": model.state_dict(), "average": average.state_dict(), "optimizer": optimizer.state_dict(),
+                "step": step, "log": log, "settings": settings(run)}
+
     with stop_between_steps() as stop:
         for step in steps:
             step_begun = time.perf_counter()  # a step's seconds and wait for pictures, not its check's
             pixels, labels = next(batches)
-            lr = lr_at(step - 1, args.lr, args.steps)
-            loss = gradients(trained, optimizer, pixels, labels, lr, run)
-            norm = torch.nn.utils.clip_grad_norm_(trained.parameters(), CLIP_NORM).item()
-            if not (math.isfinite(loss) and math.isfinite(norm)):  # a finite loss can still overflow its gradient
-                what = f"loss is {loss}" if not math.isfinite(loss) else f"gradient norm is {norm}"
-                saved = Path(args.save_dir or ".") / CHECKPOINT
-                kept = f"; the last good checkpoint is {saved}" if args.save_dir and saved.exists() else ""
-                raise UserError(f"the training {what} at step {step} (lr {lr:.2g}): the run stopped before "
-                                f"applying it{kept}; lower --lr")
+            lr = lr_at(step - 1, args.lr, args.steps)  # warm-up, then cosine to 0
+            loss = gradients(trained, optimizer, pixels, labels, lr, run)  # at lr: zero_grad, loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(trained.parameters(), CLIP_NORM).item()  # global norm 1
+            check_finite(loss, norm, step, lr, args)
             optimizer.step()
-            update_average(average, model)
+            update_average(average, model)  # Polyak average
             log["losses"].append(loss)
             log["norms"].append(norm)
             passes["training"]["seconds"] += time.perf_counter() - step_begun
@@ -434,23 +435,51 @@ def train(run, report, *, data, model, average, optimizer, log, monitor, micro, 
                        "waiting seconds": sum(timing["waiting seconds"] for timing in passes.values())}
                 log["rows"].append({"step": step, **row})
                 print_step(report, step, row)
-            # every process learns of a signal, or of a failed save, in any: all stop at the same step
-            interrupted = distributed.sum_over_processes(bool(stop["asked"]), run) > 0
-            path, problem = None, None
-            if args.save_dir and run.rank == 0 and (step % args.save_every == 0 or step == last_step or interrupted):
-                log["seconds"] = time.perf_counter() - begun
-                checkpoint = {"model": model.state_dict(), "average": average.state_dict(),
-                              "optimizer": optimizer.state_dict(), "step": step, "log": log, "settings": settings(run)}
-                try:
-                    path = save_checkpoint(Path(args.save_dir) / CHECKPOINT, checkpoint, CHECKPOINT_FORMAT)
-                except UserError as error:
-                    problem = error
-            if distributed.sum_over_processes(problem is not None, run) > 0:
-                raise problem or UserError("the first process could not write its checkpoint (it names the reason)")
-            if interrupted:
-                saved = f"; saved {path}: add --resume to continue" if path else " (no --save-dir: nothing saved)"
-                say(f"\nstopped after step {step}{' on ' + stop['asked'] if stop['asked'] else ''}{saved}")
-                raise Terminated if stop["asked"] == "SIGTERM" else KeyboardInterrupt
+            end_of_step(run, stop, step, last_step, checkpoint)
+
+
+def check_finite(loss, norm, step, lr, args):
+    """A loss or gradient norm that is nan or inf (a finite loss can still overflow its gradient) stops the run
+    before the step is applied."""
+    if math.isfinite(loss) and math.isfinite(norm):
+        return
+    what = f"loss is {loss}" if not math.isfinite(loss) else f"gradient norm is {norm}"
+    saved = Path(args.save_dir or ".") / CHECKPOINT
+    kept = f"; the last good checkpoint is {saved}" if args.save_dir and saved.exists() else ""
+    raise UserError(f"the training {what} at step {step} (lr {lr:.2g}): the run stopped before applying it{kept}; "
+                    "lower --lr")
+
+
+def end_of_step(run, stop, step, last_step, checkpoint):
+    """A step's end, every process at the same step: the first process writes the checkpoint due (every
+    --save-every steps, and the last), then one sum over the processes tells each whether any was asked to stop
+    (Ctrl-C, SIGTERM) or could not write; on a stop, the first process writes this step's checkpoint unless it did,
+    and every process stops."""
+    args = run.args
+    writes = bool(args.save_dir) and run.rank == 0
+    path, problem = None, None
+    if writes and (step % args.save_every == 0 or step == last_step):
+        path, problem = write_checkpoint(args, checkpoint(step))
+    asked, failed = distributed.sum_over_processes((bool(stop["asked"]), problem is not None), run)
+    if failed:
+        raise problem or UserError("the first process could not write its checkpoint (it names the reason)")
+    if not asked:
+        return
+    if writes and path is None:
+        path, problem = write_checkpoint(args, checkpoint(step))
+        if problem:
+            raise problem
+    saved = f"; saved {path}: add --resume to continue" if path else " (no --save-dir: nothing saved)"
+    say(f"\nstopped after step {step}{' on ' + stop['asked'] if stop['asked'] else ''}{saved}")
+    raise Terminated if stop["asked"] == "SIGTERM" else KeyboardInterrupt
+
+
+def write_checkpoint(args, checkpoint):
+    """(its path, None), or (None, the UserError that kept it from being written)."""
+    try:
+        return save_checkpoint(Path(args.save_dir) / CHECKPOINT, checkpoint, CHECKPOINT_FORMAT), None
+    except UserError as error:
+        return None, error
 
 
 def gradients(trained, optimizer, pixels, labels, lr, run):

@@ -42,12 +42,14 @@ def first_process_first(run, load):
     return result if run.rank == 0 else load()
 
 
-def sum_over_processes(value, run):
+def sum_over_processes(values, run):
+    """The sum over every process of a number, or of each of a tuple of numbers: one all_reduce."""
+    many = isinstance(values, tuple)
     if run.world == 1:
-        return float(value)
-    total = torch.tensor(float(value), dtype=torch.float64, device=run.device)
+        return tuple(map(float, values)) if many else float(values)
+    total = torch.tensor(values if many else [values], dtype=torch.float64, device=run.device)
     dist.all_reduce(total)
-    return total.item()
+    return tuple(total.tolist()) if many else total.item()
 
 
 LEAVING = {"together": False}  # set once every process has finished its sections (finish_together)

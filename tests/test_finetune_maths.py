@@ -426,7 +426,8 @@ def test_a_resumed_run_prints_its_logged_rows_again_then_continues(monkeypatch):
 def test_under_torchrun_the_gradients_are_averaged_once_after_the_last_pass(monkeypatch):
     """2 processes, 3 passes: passes 1 and 2 inside DDP's no_sync(), the last one not; the loss is the sum over the
     processes (here two with the same share) divided by 2."""
-    monkeypatch.setattr(finetune.distributed, "sum_over_processes", lambda value, run: 2 * float(value))
+    monkeypatch.setattr(finetune.distributed, "sum_over_processes", lambda values, run: (
+        tuple(2 * float(value) for value in values) if isinstance(values, tuple) else 2 * float(values)))
     model, (pixels, labels) = TinyClassifier(), step_batch()
     expected = F.cross_entropy(model.classifier(pixels), labels).item()
     history, _, _ = train(monkeypatch, model, torch.optim.SGD(model.parameters(), lr=0.1), [pixels], labels, 1, 3,
