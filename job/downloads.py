@@ -105,7 +105,7 @@ def weights_mb(piece, models):
 
 def reachable(url):
     """Does the server of url answer, through the proxies the environment names? Any HTTP answer means it is there."""
-    from common.imagenette import timeout_seconds
+    from common.imagenette_archive import timeout_seconds
 
     try:
         urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout_seconds()).close()

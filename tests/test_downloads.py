@@ -14,9 +14,9 @@ import pytest
 from local_servers import Faulty
 from test_faults import ENOSPC, FullFile
 
-from common import imagenette
+from common import imagenette, imagenette_archive
 from common.errors import UserError
-from common.imagenette import download, download_and_extract
+from common.imagenette_archive import DownloadError, archive_source, download, download_and_extract
 
 CONTENT = os.urandom(3 << 20)  # 3 MB: more than one block of the download's loop
 MD5 = hashlib.md5(CONTENT).hexdigest()
@@ -50,8 +50,8 @@ def test_a_download_is_checked_by_its_md5_and_renamed_into_place(served, tmp_pat
 def test_a_dropped_connection_is_continued_with_a_range_request(served, tmp_path):
     archive, part = tmp_path / "file.tgz", tmp_path / "file.tgz.part"
     served.faults.append({"path": "/file.bin", "kind": "drop"})
-    with pytest.raises(imagenette.DownloadError, match=f"the connection to 127.0.0.1:{served.server_address[1]} "
-                                                       f"closed after [0-9,]+ of 3,145,728 bytes: run again"):
+    with pytest.raises(DownloadError, match=f"the connection to 127.0.0.1:{served.server_address[1]} "
+                                            f"closed after [0-9,]+ of 3,145,728 bytes: run again"):
         download(f"{served.url}/file.bin", MD5, archive, progress=False)
     kept = part.stat().st_size
     assert not archive.exists() and 0 < kept < len(CONTENT)  # never taken for the archive
@@ -90,7 +90,7 @@ def test_a_server_error_or_silence_is_one_line_and_nothing_is_kept(served, tmp_p
     else:
         monkeypatch.delenv("VIT_PART3_IMAGENETTE_URL", raising=False)
     served.faults.append({"path": "/file.bin", **fault})
-    with pytest.raises(imagenette.DownloadError) as error:
+    with pytest.raises(DownloadError) as error:
         download(f"{served.url}/file.bin", MD5, tmp_path / "file.tgz", progress=False)
     assert str(error.value) == f"127.0.0.1:{served.server_address[1]} {line}"
     assert os.listdir(tmp_path) == []  # no part
@@ -100,7 +100,7 @@ def test_an_error_status_keeps_the_part_an_earlier_run_left(served, tmp_path):
     part = tmp_path / "file.tgz.part"
     part.write_bytes(CONTENT[:1000])
     served.faults.append({"path": "/file.bin", "kind": "status", "code": 503})
-    with pytest.raises(imagenette.DownloadError, match="503"):
+    with pytest.raises(DownloadError, match="503"):
         download(f"{served.url}/file.bin", MD5, tmp_path / "file.tgz", progress=False)
     assert part.read_bytes() == CONTENT[:1000]  # the next run continues it
     download(f"{served.url}/file.bin", MD5, tmp_path / "file.tgz", progress=False)
@@ -117,12 +117,12 @@ def test_a_part_that_is_already_whole_is_checked_and_taken(served, tmp_path):
 def test_a_release_cut_short_without_a_length_is_kept_to_continue(served, tmp_path, monkeypatch):
     """A server that says no Content-Length and closes early: the release's own size (ARCHIVE_BYTES) tells the part
     is short, so it is kept, not deleted as the wrong file."""
-    monkeypatch.setattr(imagenette, "ARCHIVE_BYTES", len(CONTENT))
-    monkeypatch.setattr(imagenette, "MD5", MD5)
+    monkeypatch.setattr(imagenette_archive, "ARCHIVE_BYTES", len(CONTENT))
+    monkeypatch.setattr(imagenette_archive, "MD5", MD5)
     served.lengths = False
     served.faults.append({"path": "/file.bin", "kind": "drop"})
     try:
-        with pytest.raises(imagenette.DownloadError, match="closed after"):
+        with pytest.raises(DownloadError, match="closed after"):
             download(f"{served.url}/file.bin", MD5, tmp_path / "file.tgz", progress=False)
     finally:
         served.lengths = True
@@ -131,7 +131,7 @@ def test_a_release_cut_short_without_a_length_is_kept_to_continue(served, tmp_pa
 
 def test_a_damaged_file_is_refused_by_its_md5_and_deleted(served, tmp_path):
     served.files["/damaged.bin"] = CONTENT[:-1] + b"x"
-    with pytest.raises(imagenette.DownloadError, match=f"is not the release: its MD5 is [0-9a-f]{{32}}, not {MD5}"):
+    with pytest.raises(DownloadError, match=f"is not the release: its MD5 is [0-9a-f]{{32}}, not {MD5}"):
         download(f"{served.url}/damaged.bin", MD5, tmp_path / "file.tgz", progress=False)
     assert os.listdir(tmp_path) == []
 
@@ -140,7 +140,7 @@ def test_a_full_disk_during_the_download_is_one_line_and_removes_the_part(served
     def full(*args, **kwargs):
         return FullFile(open(*args, **kwargs), room=1 << 20)
 
-    monkeypatch.setattr(imagenette, "open", full, raising=False)
+    monkeypatch.setattr(imagenette_archive, "open", full, raising=False)
     part = tmp_path / "file.tgz.part"
     with pytest.raises(UserError, match=f"cannot write the download {part}: {ENOSPC}"):
         download(f"{served.url}/file.bin", MD5, tmp_path / "file.tgz", progress=False)
@@ -159,12 +159,12 @@ def test_a_full_disk_during_the_download_is_one_line_and_removes_the_part(served
 def test_a_variable_that_is_no_url_of_an_archive_is_refused(monkeypatch, value, refusal):
     monkeypatch.setenv("VIT_PART3_IMAGENETTE_URL", value)
     with pytest.raises(UserError, match=re.escape(refusal)):
-        imagenette.archive_source()
+        archive_source()
 
 
 def test_a_mirror_without_a_fragment_is_checked_against_the_releases_md5(monkeypatch):
     monkeypatch.setenv("VIT_PART3_IMAGENETTE_URL", "http://127.0.0.1:9/imagenette2-160.tgz")
-    assert imagenette.archive_source() == ("http://127.0.0.1:9/imagenette2-160.tgz", "e793b78cc4c9e9a4ccc0c1155377a412")
+    assert archive_source() == ("http://127.0.0.1:9/imagenette2-160.tgz", "e793b78cc4c9e9a4ccc0c1155377a412")
 
 
 # ---------------------------------------------------------------- extraction on a Python without tarfile's filters
@@ -201,7 +201,7 @@ FILTERS = [pytest.param(True, id="data filter", marks=pytest.mark.skipif(
 def test_an_unsafe_member_is_refused_with_and_without_tarfiles_filter(tmp_path, monkeypatch, filtered, member):
     """The archive is otherwise in the layout (val/ too), so that only the member's refusal can stop it; the data
     filter makes an absolute name relative, which lands inside, and the check by hand refuses it."""
-    monkeypatch.setattr(imagenette, "DATA_FILTER", filtered)
+    monkeypatch.setattr(imagenette_archive, "DATA_FILTER", filtered)
     name, kind = member[0].format(tmp=tmp_path), member[1]
     data = tar_of([("mine/train/a/1.JPEG", "file"), ("mine/val/a/1.JPEG", "file"), ("mine/train/b/1.JPEG", "file"),
                    ("mine/val/b/1.JPEG", "file"), (name, kind)])
@@ -222,11 +222,11 @@ def test_an_unsafe_member_is_refused_with_and_without_tarfiles_filter(tmp_path, 
 
 @pytest.mark.parametrize("filtered", FILTERS)
 def test_extraction_gives_the_archives_folders_and_files(tmp_path, monkeypatch, filtered):
-    monkeypatch.setattr(imagenette, "DATA_FILTER", filtered)
+    monkeypatch.setattr(imagenette_archive, "DATA_FILTER", filtered)
     archive = tmp_path / "mine.tgz"
     archive.write_bytes(tar_of([("mine/train/a/1.JPEG", "file"), ("mine/val/a/1.JPEG", "file"),
                                 ("mine/train/b", "folder"), ("mine/train/b/2.JPEG", "file")]))
-    imagenette.extract(archive, tmp_path / "out")
+    imagenette_archive.extract(archive, tmp_path / "out")
     found = sorted(str(path.relative_to(tmp_path / "out")) for path in (tmp_path / "out").rglob("*"))
     assert found == ["mine", "mine/train", "mine/train/a", "mine/train/a/1.JPEG", "mine/train/b",
                      "mine/train/b/2.JPEG", "mine/val", "mine/val/a", "mine/val/a/1.JPEG"]
@@ -235,7 +235,7 @@ def test_two_processes_downloading_into_one_folder_take_turns(served, tmp_path):
     """Each waits for the other's download (a lock on the folder): both end with the archive whole, fetched once."""
     from conftest import ROOT
 
-    code = ("import sys; from pathlib import Path; from common.imagenette import download; "
+    code = ("import sys; from pathlib import Path; from common.imagenette_archive import download; "
             "download(sys.argv[1], sys.argv[2], Path(sys.argv[3]), progress=False)")
     command = [sys.executable, "-c", code, f"{served.url}/file.bin", MD5, str(tmp_path / "file.tgz")]
     both = [subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True) for _ in range(2)]

@@ -31,7 +31,8 @@ import vit_part3_setup as setup
 from common import files, finetune_checkpoint, start
 from common.errors import UserError
 from common.feature_cache import cached
-from common.imagenette import IMAGENETTE_WNIDS, download_and_extract, scratch_prefix
+from common.imagenette import IMAGENETTE_WNIDS
+from common.imagenette_archive import download_and_extract, scratch_prefix
 from common.start import guarded
 from job.standins import imagenette_folder
 

@@ -12,7 +12,8 @@ from PIL import Image
 
 from common import imagenette
 from common.errors import UserError
-from common.imagenette import URL, check_counts, download_and_extract, ensure_imagenette, list_split
+from common.imagenette import URL, check_counts, ensure_imagenette, list_split
+from common.imagenette_archive import download_and_extract
 from common.pictures import load_rgb, resized_rgb, to_pixels
 from job.standins import imagenette_folder
 
