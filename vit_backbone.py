@@ -47,9 +47,6 @@ from common.output import pass_text, say
 from common.paths import FEATURE_CACHE_DIR
 from common.pretrained import load_pretrained, save_loadable
 from common.run import check_output, loaded, run_sections
-from common.verdicts import subset_differences
-from figures import backbone as figures
-from figures import origin_of
 
 # ---------------------------------------------------------------- the recipe, where the article states it
 MODEL = "google/vit-base-patch16-224"  # model_id: an ImageNet-1k classifier whose head is replaced by a 3-class one
@@ -546,9 +543,11 @@ def section_finetune(run, report):
     print_history(report, result["history"])
     report.series["feature maps"] = result["feature maps"]
     if args.plots:
+        from figures import backbone, origin_of  # loaded only for --plots
+
         origin = origin_of(args, beans_data.DATASET)
-        figures.backbone_curves(report.series, args.plots, say, origin)
-        figures.backbone_feature_maps(result["feature maps"], args.plots, say, origin)
+        backbone.backbone_curves(report.series, args.plots, say, origin)
+        backbone.backbone_feature_maps(result["feature maps"], args.plots, say, origin)
 
 
 def section_three_ways(run, report):
@@ -605,6 +604,8 @@ SECTIONS = [section_feature_map, section_table, section_checkpoint, section_fine
 def setup_differences(run, known):
     """How this run's setup differs from the article's: the checkpoint, the pictures, the flags. Not --probe-epochs
     or --lambdas (section 5 goes beyond the article)."""
+    from common.verdicts import subset_differences  # asked only for --compare and --json
+
     try:  # the pictures the sections read, loaded already; or none, as they could not load
         beans = load_beans(run.args.data_dir, run.args.per_class)
     except UserError:

@@ -37,9 +37,6 @@ from common.paths import CHECKOUT, FEATURE_CACHE_DIR
 from common.pictures import ARTICLE_PIXELS, processor_pixels
 from common.pretrained import load_pretrained, processor_config
 from common.run import run_sections
-from common.verdicts import article_values, load_reference
-from figures import fewshot as figures
-from figures import origin_of
 
 DEFAULT_MODEL = "google/vit-base-patch16-224-in21k"
 REPRESENTATIONS = ("pre-logits", "class token")
@@ -222,7 +219,10 @@ def section_frozen(run, report):
     report.print(f"  chance is {100 / classes:.0f}%; 1-shot means {classes} training pictures in total, one per class")
     report.record({"chance (%)": 100 / classes, "1-shot pictures": classes})
     if args.plots:
-        figures.fewshot_accuracy(report.values(), article_values("fewshot"), args.plots, say, args.draws,
+        from common.verdicts import article_values  # loaded only for --plots
+        from figures import fewshot, origin_of
+
+        fewshot.fewshot_accuracy(report.values(), article_values("fewshot"), args.plots, say, args.draws,
                                  origin_of(args, DEFAULT_NAME))
 
 
@@ -280,6 +280,8 @@ def table_differences(args, names):
 def setup_differences(run, known):
     """How this run's setup differs from the article's: the checkpoint, the pictures (the pool is drawn from every
     training picture of the folder: a partial copy moves it), the pool, draws, the solve shown."""
+    from common.verdicts import load_reference  # asked only for --compare and --json
+
     args = run.args
     try:
         data = load_data(run)

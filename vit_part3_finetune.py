@@ -47,9 +47,6 @@ from common.output import listed, millions, pass_text, say, zero_or_3g
 from common.pictures import pixels_processor, processor_pixels, to_pixels
 from common.pretrained import checkpoint_config, load_pretrained, processor_config, save_loadable
 from common.run import check_output, loaded, run_sections
-from common.verdicts import article_values
-from figures import finetune as figures
-from figures import origin_of
 
 # ---------------------------------------------------------------- the recipe
 # The article's run ("Our fine-tuning run"), the pieces of the paper's Table 4 at a smaller scale.
@@ -639,8 +636,11 @@ def finish(run, report, *, data, model, average, log, micro, last_step):
                           "learning rate": [lr_at(step - 1, args.lr, args.steps) for step in range(1, last_step + 1)],
                           "clipping threshold": CLIP_NORM})
     if args.plots and run.rank == 0:
-        figures.finetune_curves(report.series, report.values(), article_values("finetune"), args.plots, say,
-                                origin_of(args, DEFAULT_NAME))
+        from common.verdicts import article_values  # loaded only for --plots
+        from figures import finetune, origin_of
+
+        finetune.finetune_curves(report.series, report.values(), article_values("finetune"), args.plots, say,
+                                 origin_of(args, DEFAULT_NAME))
 
 
 SECTIONS = [section_data_and_model, section_zero_head, section_finetune]

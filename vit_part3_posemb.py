@@ -37,9 +37,6 @@ from common.output import listed, pass_text, say
 from common.pictures import load_all, processor_pixels
 from common.pretrained import checkpoint_config, load_pretrained, processor_config
 from common.run import loaded, run_sections
-from common.verdicts import article_values
-from figures import origin_of
-from figures import posemb as figures
 
 DEFAULT_MODEL = "google/vit-base-patch16-224"
 ARTICLE_PLACE = (3, 10)  # the position row of section 3, on the 14x14 grid
@@ -278,7 +275,9 @@ def section_cosine(run, report):
         maps[name] = similarity.tolist()
     report.series["cosine maps"] = maps  # for the figures and the page
     if run.args.plots:
-        figures.cosine_maps(maps, run.args.plots, say, origin_of(run.args, DEFAULT_NAME))
+        from figures import origin_of, posemb  # loaded only for --plots
+
+        posemb.cosine_maps(maps, run.args.plots, say, origin_of(run.args, DEFAULT_NAME))
 
 
 def section_accuracy(run, report):
@@ -324,8 +323,10 @@ def section_accuracy(run, report):
                  "tables keep the [class] row as it is")
     report.record({"zeros rows": n_new * n_new + 1})
     if args.plots:
-        figures.accuracy_bars(report.values(), article_values("posemb"), args.plots, say,
-                              origin_of(args, DEFAULT_NAME))
+        from common.verdicts import article_values  # loaded only for --plots
+        from figures import origin_of, posemb
+
+        posemb.accuracy_bars(report.values(), article_values("posemb"), args.plots, say, origin_of(args, DEFAULT_NAME))
 
 
 SECTIONS = [section_tiny_grid, section_position_table, section_cosine, section_accuracy]

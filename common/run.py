@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from common.environment import STANDIN_MARK, environment
 from common.errors import UserError
 from common.files import write_text
 from common.output import MATPLOTLIB_MISSING, Report, say
@@ -141,6 +140,8 @@ def same_command():
 def run_record(run, report, rows, differences, conclusions=()):
     """What --json writes: the flags, the environment, the setup, every printed number, the comparison and the
     conclusions' verdicts."""
+    from common.environment import STANDIN_MARK, environment  # asked only for --json
+
     record = {"format": RECORD_FORMAT, "script": report.script, "flags": vars(run.args),
               "setup differences": differences, "environment": environment(run), "printed": report.lines,
               "numbers": report.numbers,
