@@ -273,11 +273,8 @@ def finetune(run):
         with torch.inference_mode(), run.autocast:
             return model.vit(pixel_values=map_pixels.to(run.device)).last_hidden_state[:, 1:].float().cpu()
 
-    # The validation pictures through the transform once: a loader started afresh per evaluation keeps a GPU waiting.
     begun = time.perf_counter()
-    val_items = [{**item, "pixel_values": item["pixel_values"].to(run.device)}  # 80 MB
-                 for batch in plumbing.dataset_loader(val_ds.with_transform(transform), list, run.device)
-                 for item in batch]
+    val_items = preprocessed_once(val_ds.with_transform(transform), run.device)
     preprocessing = time.perf_counter() - begun
     recipe = {"per_device_train_batch_size": args.batch_size, "per_device_eval_batch_size": args.batch_size,
               "num_train_epochs": args.epochs, "learning_rate": args.lr, "logging_steps": LOGGING_STEPS,
@@ -301,18 +298,31 @@ def finetune(run):
         saved = save_loadable(Path(args.save_dir) / SAVED_MODEL, model, beans["names"], processor,
                               what="fine-tuned model")
         say(f"saved the fine-tuned model in {saved}: from_pretrained and pipeline(\"image-classification\") load it")
-    # one basis for both, so that a colour means the same direction before and after
     grid = (model.config.image_size // model.config.patch_size,) * 2  # patches on a side
-    maps = pca_rgb(torch.cat([tokens_before, patch_tokens()]).numpy(), grid).round(3)
-    mean, std = np.array(processor.image_mean), np.array(processor.image_std)  # the pictures as the model saw them
-    small = F.interpolate(map_pixels.float(), size=(56, 56), mode="area").permute(0, 2, 3, 1).numpy()
-    feature_maps = {"before": maps[:len(map_indices)].tolist(), "after": maps[len(map_indices):].tolist(),
-                    "pictures": np.clip((small * std + mean) * 255, 0, 255).round().astype(np.uint8).tolist(),
-                    "labels": [beans["names"][beans["validation"][i]["labels"]] for i in map_indices]}
+    feature_maps = figure_maps(tokens_before, patch_tokens(), map_pixels, processor, grid,
+                               [beans["names"][beans["validation"][i]["labels"]] for i in map_indices])
     return {"before": before, "after": after, "seconds": passes["train() seconds"], "passes": passes,
             "history": trainer.state.log_history, "workers": passes["workers"], "preprocessing seconds": preprocessing,
             "steps": trainer.state.max_steps, "hidden size": model.config.hidden_size, "feature maps": feature_maps,
             "trained parameters": sum(p.numel() for p in model.parameters() if p.requires_grad)}
+
+
+def preprocessed_once(dataset, device):
+    """The dataset's items through its transform once, on the device (80 MB for beans' validation pictures): a loader
+    started afresh for each evaluation keeps a GPU waiting."""
+    return [{**item, "pixel_values": item["pixel_values"].to(device)}
+            for batch in plumbing.dataset_loader(dataset, list, device) for item in batch]
+
+
+def figure_maps(before, after, pixels, processor, grid, labels):
+    """The figure's patch tokens before and after as RGB maps, one PCA basis for both so that a colour means the same
+    direction in each, beside the pictures as the model saw them (56 px) and their labels."""
+    maps = pca_rgb(torch.cat([before, after]).numpy(), grid).round(3)
+    mean, std = np.array(processor.image_mean), np.array(processor.image_std)
+    small = F.interpolate(pixels.float(), size=(56, 56), mode="area").permute(0, 2, 3, 1).numpy()
+    return {"before": maps[:len(before)].tolist(), "after": maps[len(before):].tolist(),
+            "pictures": np.clip((small * std + mean) * 255, 0, 255).round().astype(np.uint8).tolist(),
+            "labels": labels}
 
 
 def load_features(run, beans, processor):
