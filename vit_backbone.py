@@ -19,7 +19,7 @@ Reproduces the companion article "ViT as a backbone":
     python vit_backbone.py --per-class 20 --epochs 1    # a quick look: not the article's setup
     python vit_backbone.py --no-cache        # section 5's features neither read from nor kept in data/features/
 """
-from common.start import BACKBONE, before_torch_loads, guarded
+from common.start_and_end import BACKBONE, before_torch_loads, guarded
 
 if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as a later one
     before_torch_loads(BACKBONE)

@@ -13,7 +13,7 @@ Features are cached in data/features/, keyed by everything that decides them: th
 weight file, the resolution, the precision and each picture's name and contents. --no-cache neither
 reads nor writes the cache.
 """
-from common.start import ARTICLE, before_torch_loads, guarded
+from common.start_and_end import ARTICLE, before_torch_loads, guarded
 
 if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as a later one
     before_torch_loads(ARTICLE)

@@ -17,7 +17,7 @@ Reproduces the article's sections "Fine-tuning: a new head for a new task" and "
 --batch-size is the batch of one optimizer step; it is split over the torchrun processes, and each
 process's share over --accum-steps passes, so every setting follows the same mathematics.
 """
-from common.start import ARTICLE, Terminated, before_torch_loads, guarded, stop_between_steps
+from common.start_and_end import ARTICLE, Terminated, before_torch_loads, guarded, stop_between_steps
 
 if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as a later one
     before_torch_loads(ARTICLE)

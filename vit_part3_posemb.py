@@ -13,7 +13,7 @@ Reproduces the article's section "Fine-tuning at a higher resolution":
 
 Section 1 needs nothing; sections 2-4 need the checkpoint, section 4 the pictures too.
 """
-from common.start import ARTICLE, before_torch_loads, guarded
+from common.start_and_end import ARTICLE, before_torch_loads, guarded
 
 if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as a later one
     before_torch_loads(ARTICLE)

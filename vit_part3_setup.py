@@ -14,7 +14,7 @@ Hub's safetensors header when it answers, otherwise from the Table 1 architectur
 device. The ResNet-50 is microsoft/resnet-50 when cached (or reachable), otherwise the library's
 architecture with random weights: the shapes and the layer count do not depend on the weights.
 """
-from common.start import ARTICLE, before_torch_loads, guarded
+from common.start_and_end import ARTICLE, before_torch_loads, guarded
 
 if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as a later one
     before_torch_loads(ARTICLE)

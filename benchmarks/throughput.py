@@ -46,7 +46,7 @@ from common.loader import PREFETCH, one_pass, start_pass
 from common.output import Report
 from common.pictures import load_all, resized_rgb
 from common.run import check_output, start_run
-from common.start import guarded
+from common.start_and_end import guarded
 from job.standins import smooth_pictures, vit_config
 
 ATTENTION = ("sdpa", "eager")

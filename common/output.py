@@ -3,7 +3,7 @@
 import sys
 from dataclasses import dataclass, field
 
-from common.start import speaks
+from common.start_and_end import speaks
 
 MATPLOTLIB_MISSING = "matplotlib is not installed (pip install matplotlib)"  # --plots and the page say so
 

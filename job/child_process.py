@@ -20,7 +20,7 @@ import psutil
 
 from common.errors import UserError
 from common.files import reason, write_atomic
-from common.start import JOB_PID, scripts_environment
+from common.start_and_end import JOB_PID, scripts_environment
 
 LOG_EVERY = 30  # seconds between snapshots of a running script's log
 LOCK = ".reproduce.lock"
@@ -56,9 +56,9 @@ class StopRequests:
 def start_script(command, env, **popen):
     """Popen of a script in a process group of its own, with no preexec_fn: no Python runs between fork and exec, safe
     whatever threads the starting process has (the job keeps to one: one_thread). What a preexec_fn would do, the
-    script does itself
-    (common/start.py): Ctrl-C stays held back until its first line handles it, for the child keeps the signal mask
-    this thread holds while it forks; on Linux it asks for SIGTERM when the job ends, told the job's pid (JOB_PID)."""
+    script does itself (common/start_and_end.py): Ctrl-C stays held back until its first line handles it, for the
+    child keeps the signal mask this thread holds while it forks; on Linux it asks for SIGTERM when the job ends, told
+    the job's pid (JOB_PID)."""
     held = hasattr(signal, "pthread_sigmask")
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if held else None
     try:
@@ -175,7 +175,7 @@ def check_in_turn():
     import runpy
     import traceback
 
-    from common.start import guarded
+    from common.start_and_end import guarded
 
     environment = dict(os.environ)
     for name, (_, script, *flags) in json.load(sys.stdin).items():

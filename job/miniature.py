@@ -34,7 +34,7 @@ import sys
 
 if __name__ == "__main__":  # run as a file: the repository root, not job/, is where modules are found
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    from common.start import before_torch_loads
+    from common.start_and_end import before_torch_loads
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # the scripts' too: small matrices, one thread (one_thread())
     before_torch_loads()
@@ -487,6 +487,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from common.start import guarded
+    from common.start_and_end import guarded
 
     sys.exit(guarded(main))

@@ -14,7 +14,7 @@ import sys
 
 if __name__ == "__main__":  # run as a file: the repository root, not job/, is where modules are found
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    from common.start import before_torch_loads
+    from common.start_and_end import before_torch_loads
 
     before_torch_loads()
 

@@ -49,7 +49,7 @@ def probe_gflops(device_name):
 def measure_speed(device):
     """This machine's GFLOP/s on the scripts' device, or None; measured in a process of its own, with the scripts'
     environment, so that the job holds no GPU memory and starts no thread pool of its own."""
-    from common.start import scripts_environment
+    from common.start_and_end import scripts_environment
 
     probe = "import sys; from job.time_estimate import probe_gflops; print(probe_gflops(sys.argv[1]))"
     try:

@@ -12,6 +12,7 @@ import torch
 from conftest import BACKBONE_ARTICLE, BACKBONE_FLAGS, compare, script_output
 from PIL import Image
 
+import figures.backbone
 import vit_backbone as backbone
 from common import published_files
 from common.environment import STANDIN_MARK, made_here
@@ -19,7 +20,7 @@ from common.errors import UserError
 from common.output import Report
 from common.published_files import checkpoint_difference
 from common.run import start_run
-from common.start import guarded
+from common.start_and_end import guarded
 from common.trainer import check_classifier_files, dataset_loader
 from common.verdicts import flag_differences, load_reference
 
@@ -334,7 +335,7 @@ def test_report_to_is_refused_before_any_work_where_the_trainer_could_not_report
 
 def test_figures_are_pngs_that_open(backbone_runs):
     pytest.importorskip("matplotlib")
-    for name in (backbone.figures.CURVES_FILE, backbone.figures.MAPS_FILE):
+    for name in (figures.backbone.CURVES_FILE, figures.backbone.MAPS_FILE):
         with Image.open(backbone_runs["figures"] / name) as picture:
             picture.verify()
             assert picture.format == "PNG"

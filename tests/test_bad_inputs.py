@@ -20,7 +20,7 @@ import vit_part3_fewshot
 import vit_part3_finetune
 import vit_part3_posemb
 import vit_part3_setup
-from common.start import guarded
+from common.start_and_end import guarded
 from job.standins import beans_folder, imagenette_folder, vit_classifier, vit_in21k
 
 sys.path.insert(0, str(ROOT / "benchmarks"))

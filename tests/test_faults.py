@@ -28,12 +28,12 @@ from PIL import Image
 import vit_part3_fewshot as fewshot
 import vit_part3_finetune as finetune
 import vit_part3_setup as setup
-from common import files, finetune_checkpoint, start
+from common import files, finetune_checkpoint, start_and_end
 from common.errors import UserError
 from common.feature_cache import cached
 from common.imagenette import IMAGENETTE_WNIDS
 from common.imagenette_archive import download_and_extract, scratch_prefix
-from common.start import guarded
+from common.start_and_end import guarded
 from job.standins import imagenette_folder
 
 ENOSPC = os.strerror(errno.ENOSPC)  # "No space left on device"
@@ -246,8 +246,8 @@ def test_a_decompression_bomb_is_named(tiny_in21k, tmp_path, capsys, monkeypatch
 def test_a_second_signal_stops_at_once_unless_it_repeats_the_first_sigterm(first, second, seconds_between,
                                                                            stops_at_once, monkeypatch):
     clock = [100.0]
-    monkeypatch.setattr(start.time, "monotonic", lambda: clock[0])
-    with start.stop_between_steps() as stop:
+    monkeypatch.setattr(start_and_end.time, "monotonic", lambda: clock[0])
+    with start_and_end.stop_between_steps() as stop:
         signal.raise_signal(first)
         clock[0] += seconds_between
         if stops_at_once:

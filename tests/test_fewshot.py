@@ -9,6 +9,7 @@ import torch
 from conftest import ARTICLE, ROOT, article_block, without_a_gpu
 from PIL import Image
 
+import figures.fewshot
 import vit_part3_fewshot as fewshot
 from common.feature_cache import cache_key, cached
 from common.imagenette import list_split
@@ -170,7 +171,7 @@ def test_script_end_to_end_on_stand_ins(tiny_in21k, pictures, tmp_path):
     except ImportError:
         assert "matplotlib is not installed (pip install matplotlib)" in run.stderr
     else:
-        assert (tmp_path / fewshot.figures.FILE).stat().st_size > 0
+        assert (tmp_path / figures.fewshot.FILE).stat().st_size > 0
 
 
 def test_script_offline_without_weights_runs_section_1():

@@ -13,6 +13,7 @@ import pytest
 import torch
 from conftest import ARTICLE, ROOT, article_block, library_pixels
 
+import figures.finetune
 import vit_part3_finetune as finetune
 from common import distributed, finetune_checkpoint
 from common.loader import NEW_PASS
@@ -233,7 +234,7 @@ def test_resumed_run_ends_like_an_uninterrupted_one(tiny_in21k, pictures, tmp_pa
     assert curves["learning rate"] == [0.003 * t / 1 if t < 1 else 0.0015 * (1 + math.cos(math.pi * (t - 1) / 5))
                                        for t in range(3)]  # warm-up of round(0.6) = 1 step, then cosine over 5
     if importlib.util.find_spec("matplotlib"):
-        assert (tmp_path / "figures" / finetune.figures.FILE).stat().st_size > 0
+        assert (tmp_path / "figures" / figures.finetune.FILE).stat().st_size > 0
     status, out = run_main(common_flags(tiny_in21k, pictures, parts, steps=6) + ["--resume", "--json",
                                                                                   str(tmp_path / "b.json")], capsys)
     assert status == 0 and "resumed from" in out and "step   6:" in out
@@ -248,7 +249,7 @@ def test_resumed_run_ends_like_an_uninterrupted_one(tiny_in21k, pictures, tmp_pa
 def test_a_stop_after_the_last_step_says_to_resume(tiny_in21k, pictures, tmp_path, capsys, monkeypatch):
     """SIGTERM while the final passes run: the last step is saved, so the line says --resume finishes in seconds
     (the same command without it would train every step again)."""
-    from common.start import Terminated, guarded
+    from common.start_and_end import Terminated, guarded
 
     def stopped(*args, **parts):
         raise Terminated

@@ -22,7 +22,7 @@ from common.errors import UserError
 from common.finetune_checkpoint import read_checkpoint, save_checkpoint, set_rng_states
 from common.loader import NEW_PASS
 from common.output import Report
-from common.start import Terminated
+from common.start_and_end import Terminated
 from common.verdicts import flag_differences, load_reference
 from vit_part3_posemb import bilinear_table
 

@@ -163,7 +163,7 @@ BAD_INPUT = [
 def test_a_bad_flag_or_folder_is_one_line_before_any_training(flags, prepare, said, tmp_path, capsys):
     from conftest import script_output
 
-    from common.start import guarded
+    from common.start_and_end import guarded
 
     root = tmp_path / "mini"
     root.mkdir()
@@ -178,7 +178,7 @@ def test_a_bad_flag_or_folder_is_one_line_before_any_training(flags, prepare, sa
 def test_a_file_where_the_folder_goes_is_refused(tmp_path, capsys):
     from conftest import script_output
 
-    from common.start import guarded
+    from common.start_and_end import guarded
 
     (tmp_path / "mini").write_text("a file")
     status, _, err = script_output(lambda argv: guarded(lambda: miniature.main(argv)), [str(tmp_path / "mini")], capsys)
@@ -242,7 +242,7 @@ def run_main(name):
     def main(argv):
         import importlib
 
-        from common.start import guarded
+        from common.start_and_end import guarded
 
         return guarded(lambda: importlib.import_module(name).main(argv))
     return main

@@ -363,6 +363,51 @@ def imported(path):
     return names
 
 
+def loaded_at_import(path):
+    """The project's files that importing path loads, itself aside: the closure of the imports outside its functions
+    (at its top, and in the ifs and trys there), each package's __init__.py with its modules."""
+    import ast
+
+    def resolved(name):  # a.b: a/__init__.py, then a/b.py or a/b/__init__.py, those that are the project's
+        parts, files = name.split("."), []
+        for k in range(1, len(parts) + 1):
+            base = ROOT.joinpath(*parts[:k])
+            files += [file for file in (base.with_suffix(".py"), base / "__init__.py") if file.is_file()]
+        return files
+
+    def imports(file):
+        names, statements = set(), list(ast.parse(file.read_text()).body)
+        while statements:
+            node = statements.pop()
+            if isinstance(node, ast.Import):
+                names |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names |= {node.module, *(f"{node.module}.{alias.name}" for alias in node.names)}
+            elif isinstance(node, (ast.If, ast.Try)):  # run at import; a function's or class's body is not
+                statements += [*node.body, *node.orelse, *getattr(node, "finalbody", []),
+                               *(line for handler in getattr(node, "handlers", []) for line in handler.body)]
+        return {file for name in names for file in resolved(name)}
+
+    loaded, new = set(), {path}
+    while new:
+        loaded |= new
+        new = set().union(*map(imports, new)) - loaded
+    return loaded - {path}
+
+
+@pytest.mark.parametrize("script, most", [("vit_part3_setup.py", 1100), *(
+    (name, 1800) for name in ("vit_part3_posemb.py", "vit_part3_fewshot.py", "vit_part3_finetune.py",
+                              "vit_backbone.py"))])
+def test_a_script_carries_at_most_the_lines_docs_layout_states(script, most):
+    """What a reader of a script carries at its import: the verdicts and the figures load only when --compare, --json
+    or --plots asks for them."""
+    files = loaded_at_import(ROOT / script)
+    lines = sum(len(file.read_text().splitlines()) for file in files)
+    assert lines <= most, (lines, sorted(str(file.relative_to(ROOT)) for file in files))
+    assert not {ROOT / "common" / "verdicts.py", ROOT / "figures" / "__init__.py"} & files
+    assert f"at most {most:,} of the project's lines" in " ".join((ROOT / "docs" / "layout.md").read_text().split())
+
+
 def test_docs_layouts_claims_about_modules_hold():
     """docs/layout.md: no common/ module over 450 lines; nothing in common/ imports a script or job/; nothing outside
     tests/ imports a script; every job/ module is named in its paragraph on the rest."""

@@ -28,11 +28,11 @@ import vit_part3_fewshot
 import vit_part3_finetune
 import vit_part3_posemb
 import vit_part3_setup
-from common import start
+from common import start_and_end
 from common.cli import ScriptParser
 from common.files import TEMP_PREFIX
 from common.finetune_checkpoint import save_checkpoint
-from common.start import Terminated, guarded
+from common.start_and_end import Terminated, guarded
 from job import child_process, downloads, ending, resuming, standins
 from job.time_estimate import estimate_seconds
 
@@ -589,15 +589,15 @@ def test_a_new_job_waits_for_a_script_its_ended_job_left_running(tmp_path, capsy
 @pytest.mark.parametrize("users,job_has,scripts_get", [(None, "1", None), ("4", "4", "4")],
                          ids=["not set: one thread in the job alone", "the user's: kept for both"])
 def test_the_jobs_single_thread_setting_is_its_own(users, job_has, scripts_get, monkeypatch):
-    for name in (start.SET_FOR_THE_JOB, "OPENBLAS_NUM_THREADS"):  # recorded, so that both are undone
+    for name in (start_and_end.SET_FOR_THE_JOB, "OPENBLAS_NUM_THREADS"):  # recorded, so that both are undone
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
     if users is not None:
         monkeypatch.setenv("OPENBLAS_NUM_THREADS", users)
-    start.one_thread()
+    start_and_end.one_thread()
     assert os.environ["OPENBLAS_NUM_THREADS"] == job_has
-    environment = start.scripts_environment()
-    assert environment.get("OPENBLAS_NUM_THREADS") == scripts_get and start.SET_FOR_THE_JOB not in environment
+    environment = start_and_end.scripts_environment()
+    assert environment.get("OPENBLAS_NUM_THREADS") == scripts_get and start_and_end.SET_FOR_THE_JOB not in environment
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux's")

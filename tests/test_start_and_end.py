@@ -1,4 +1,4 @@
-"""common/start.py: a script's first line handles Ctrl-C before anything slow loads, and a Python without the
+"""common/start_and_end.py: a script's first line handles Ctrl-C before anything slow loads, and a Python without the
 project's packages is one line, not a ModuleNotFoundError traceback."""
 import ast
 import os
@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT
 
 from common.errors import UserError
-from common.start import guarded
+from common.start_and_end import guarded
 
 ENTRY_POINTS = ["reproduce.py", "vit_part3_setup.py", "vit_part3_posemb.py", "vit_part3_fewshot.py",
                 "vit_part3_finetune.py", "vit_backbone.py", "job/standins.py"]
@@ -28,7 +28,8 @@ def new_modules(code):
 def test_the_first_line_loads_nothing_but_what_signal_needs():
     """What stands between the interpreter's start and the Ctrl-C handler: `signal` and `contextlib` and what they
     import, no more."""
-    assert new_modules("import common.start") - new_modules("import signal") == {"common", "common.start", "contextlib"}
+    assert new_modules("import common.start_and_end") - new_modules("import signal") == {
+        "common", "common.start_and_end", "contextlib"}
 
 
 def imports_before_the_first_line(tree):
@@ -47,9 +48,9 @@ def imports_before_the_first_line(tree):
 
 @pytest.mark.parametrize("script", ENTRY_POINTS)
 def test_each_script_handles_ctrl_c_before_any_other_import(script):
-    """Before `before_torch_loads()` runs, a script imports common.start alone (job/standins.py: also os and sys, which
-    the interpreter's start has loaded, to find the checkout)."""
-    allowed = {"common.start"} | ({"os", "sys"} if script == "job/standins.py" else set())
+    """Before `before_torch_loads()` runs, a script imports common.start_and_end alone (job/standins.py: also os and
+    sys, which the interpreter's start has loaded, to find the checkout)."""
+    allowed = {"common.start_and_end"} | ({"os", "sys"} if script == "job/standins.py" else set())
     imported = imports_before_the_first_line(ast.parse((ROOT / script).read_text()))
     assert imported is not None and set(imported) <= allowed, imported
 
@@ -141,7 +142,7 @@ def test_a_user_error_is_said_once_under_torchrun_and_always_outside_it(environm
 def test_only_the_process_that_speaks_draws_progress_bars(environment, speaks):
     """tqdm reads TQDM_DISABLE once, when it is imported (by torch, at a script's start): before_torch_loads() sets it
     first, as a script's first line does."""
-    code = ("from common.start import before_torch_loads; before_torch_loads(); import tqdm; "
+    code = ("from common.start_and_end import before_torch_loads; before_torch_loads(); import tqdm; "
             "print(tqdm.tqdm([]).disable)")
     plain = {name: value for name, value in os.environ.items() if name not in ("RANK", "WORLD_SIZE", "TQDM_DISABLE")}
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**plain, **environment}, capture_output=True,
