@@ -189,18 +189,20 @@ def test_download_is_all_or_nothing(tmp_path):
 def test_two_runs_filling_the_same_data_folder_both_finish(tmp_path, monkeypatch):
     """Two runs download and extract Imagenette into one data/ at once: the second to rename its checked copy finds
     the first's in place and uses it, not blaming the archive (each run's copy passed the same check)."""
-    from common import imagenette
+    from common import imagenette_archive
 
     source = imagenette_folder(tmp_path / "src" / "mine", per_class=1, classes=["a", "b"])
     target, archive = tmp_path / "data" / "mine", tmp_path / "mine.tgz"
     archive.write_bytes(archive_of(source))
-    check = imagenette.check_counts
+    check, finished = imagenette_archive.check_counts, []
 
     def the_other_run_finishes_meanwhile(root, strict, fix):
-        monkeypatch.setattr(imagenette, "check_counts", check)
+        monkeypatch.setattr(imagenette_archive, "check_counts", check)
         download_and_extract(archive.as_uri(), md5(archive), target, progress=False)
+        finished.append(target.is_dir())
         return check(root, strict, fix)
 
-    monkeypatch.setattr(imagenette, "check_counts", the_other_run_finishes_meanwhile)
+    monkeypatch.setattr(imagenette_archive, "check_counts", the_other_run_finishes_meanwhile)
     download_and_extract(archive.as_uri(), md5(archive), target, progress=False)
+    assert finished == [True]  # the other run put its copy in place before this one renamed its own
     assert len(list_split(target, "val")) == 2 and list((tmp_path / "data").iterdir()) == [target]
