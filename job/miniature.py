@@ -53,7 +53,16 @@ from PIL import Image
 
 from common.environment import MINIATURE_MARK
 from common.imagenette import CLASSES
-from job.standins import BEANS_CARD, BEANS_CLASSES, IN21K, IN21K_CONFIG, VIT, hub_processor, write_beans
+from job.standins import (
+    BEANS_CARD,
+    BEANS_CLASSES,
+    IN21K,
+    IN21K_CONFIG,
+    VIT,
+    hub_processor,
+    write_beans,
+    write_imagenette,
+)
 from job.standins import vit_config as standin_config
 
 # ---------------------------------------------------------------- the pictures
@@ -152,14 +161,9 @@ def mark(folder):
 def imagenette_folder(root, counts=None, seed=0):
     """root/{train,val}/<wnid>/<wnid>_<i>.JPEG, 160 x 160 px, each class's blob in its region (Imagenette's layout)."""
     rng = np.random.default_rng(seed)
-    root = Path(root)
-    for split, count in (counts or IMAGENETTE_COUNTS).items():
-        for label, (wnid, _, _) in enumerate(CLASSES):
-            folder = root / split / wnid
-            folder.mkdir(parents=True, exist_ok=True)
-            for i in range(count):
-                Image.fromarray(imagenette_picture(rng, label)[0]).save(folder / f"{wnid}_{i:04d}.JPEG", quality=90)
-    return mark(root)
+    wnids = [wnid for wnid, _, _ in CLASSES]
+    return mark(write_imagenette(root, wnids, counts or IMAGENETTE_COUNTS, lambda split, label, i: (
+        f"{wnids[label]}_{i:04d}", Image.fromarray(imagenette_picture(rng, label)[0]))))
 
 
 def beans_folder(root, counts=None, seed=0, side=PICTURE_SIDE):

@@ -128,23 +128,30 @@ def imagenette_folder(root, per_class=2, classes=None, seed=0, splits=("train", 
     in four is named as Imagenette names ImageNet's own validation pictures, ILSVRC2012_val_<8 digits>.JPEG (500 of
     its 3,925), the others <wnid>_<number>.JPEG: the ILSVRC names sort first."""
     rng = np.random.default_rng(seed)
-    root = Path(root)
     wnids = classes or [wnid for wnid, _, _ in CLASSES]
-    for split in splits:
+
+    def generated(split, k, i):
+        portrait = i % 4 == 2
+        image = picture(rng, 25 * k, *((160, int(rng.integers(200, 240))) if portrait else ()))
+        image = image.convert("L") if i % 3 == 1 else image.convert("CMYK") if i % 3 == 2 else image
+        return (f"ILSVRC2012_val_{1 + k * per_class + i:08d}" if split == "val" and i % 4 == 1
+                else f"{wnids[k]}_{i:04d}"), image
+
+    return marked(write_imagenette(root, wnids, dict.fromkeys(splits, per_class), generated))
+
+
+def write_imagenette(root, wnids, counts, generated):
+    """root/<split>/<wnid>/<name>.JPEG in Imagenette's layout: counts[split] pictures of each class, each
+    generated(split, class index, i) -> (name, PIL image), drawn in this order."""
+    root = Path(root)
+    for split, count in counts.items():
         for k, wnid in enumerate(wnids):
             folder = root / split / wnid
             folder.mkdir(parents=True, exist_ok=True)
-            for i in range(per_class):
-                portrait = i % 4 == 2
-                image = picture(rng, 25 * k, *((160, int(rng.integers(200, 240))) if portrait else ()))
-                if i % 3 == 1:
-                    image = image.convert("L")
-                elif i % 3 == 2:
-                    image = image.convert("CMYK")
-                name = (f"ILSVRC2012_val_{1 + k * per_class + i:08d}" if split == "val" and i % 4 == 1
-                        else f"{wnid}_{i:04d}")
+            for i in range(count):
+                name, image = generated(split, k, i)
                 image.save(folder / f"{name}.JPEG", quality=90)
-    return marked(root)
+    return root
 
 
 def smooth_pictures(folder, count, seed=0):
