@@ -450,22 +450,24 @@ def check_finite(loss, norm, step, lr, args):
 def end_of_step(run, stop, step, last_step, checkpoint):
     """A step's end, every process at the same step: the first process writes the checkpoint due (every
     --save-every steps, and the last), then one sum over the processes tells each whether any was asked to stop
-    (Ctrl-C, SIGTERM) or could not write; on a stop, the first process writes this step's checkpoint unless it did,
-    and every process stops."""
+    (Ctrl-C, SIGTERM) or the write failed; on a stop between two due steps, the first process writes this step's
+    checkpoint while the others wait for it in a second sum (torchrun would stop the first when another ends), and
+    every process stops."""
     args = run.args
-    writes = bool(args.save_dir) and run.rank == 0
+    due = bool(args.save_dir) and (step % args.save_every == 0 or step == last_step)
     path, problem = None, None
-    if writes and (step % args.save_every == 0 or step == last_step):
+    if due and run.rank == 0:
         path, problem = write_checkpoint(args, checkpoint(step))
     asked, failed = distributed.sum_over_processes((bool(stop["asked"]), problem is not None), run)
     if failed:
         raise problem or UserError("the first process could not write its checkpoint (it names the reason)")
     if not asked:
         return
-    if writes and path is None:
-        path, problem = write_checkpoint(args, checkpoint(step))
-        if problem:
-            raise problem
+    if args.save_dir and not due:
+        if run.rank == 0:
+            path, problem = write_checkpoint(args, checkpoint(step))
+        if distributed.sum_over_processes(problem is not None, run):
+            raise problem or UserError("the first process could not write its checkpoint (it names the reason)")
     saved = f"; saved {path}: add --resume to continue" if path else " (no --save-dir: nothing saved)"
     say(f"\nstopped after step {step}{' on ' + stop['asked'] if stop['asked'] else ''}{saved}")
     raise Terminated if stop["asked"] == "SIGTERM" else KeyboardInterrupt

@@ -216,6 +216,48 @@ class TinyClassifier(torch.nn.Module):
             self.waiting = False
 
 
+# (rank, --save-dir, step, asked to stop, the write fails) -> what end_of_step does, in order, and how it ends; 2
+# processes, a checkpoint due every 10 steps and at step 300. A stop between two due steps: the first process writes
+# while the other waits in a second sum (torchrun stops every worker once one ends).
+END_OF_STEP = [
+    (0, "d", 10, False, False, ["write", "sum 2"], None),
+    (0, "d", 3, False, False, ["sum 2"], None),
+    (1, "d", 10, False, False, ["sum 2"], None),
+    (0, "d", 3, True, False, ["sum 2", "write", "sum 1"], KeyboardInterrupt),
+    (1, "d", 3, True, False, ["sum 2", "sum 1"], KeyboardInterrupt),
+    (0, "d", 10, True, False, ["write", "sum 2"], KeyboardInterrupt),  # written once
+    (0, "d", 300, True, False, ["write", "sum 2"], KeyboardInterrupt),
+    (0, None, 3, True, False, ["sum 2"], KeyboardInterrupt),
+    (0, "d", 10, False, True, ["write", "sum 2"], UserError),
+    (1, "d", 10, False, True, ["sum 2"], UserError),
+    (0, "d", 3, True, True, ["sum 2", "write", "sum 1"], UserError),
+    (1, "d", 3, True, True, ["sum 2", "sum 1"], UserError),
+]
+
+
+@pytest.mark.parametrize("rank, save_dir, step, asked, fails, events, ends", END_OF_STEP)
+def test_a_steps_end_agrees_in_one_sum_and_a_stop_waits_for_the_write(rank, save_dir, step, asked, fails, events,
+                                                                       ends, monkeypatch):
+    done = []
+
+    def write_checkpoint(args, checkpoint):
+        done.append("write")
+        return (None, UserError("disk full")) if fails else ("d/checkpoint.pt", None)
+
+    def sum_over_processes(values, run):  # over both processes: a signal, and the first's write when it wrote
+        done.append(f"sum {len(values) if isinstance(values, tuple) else 1}")
+        wrote = save_dir and step % 10 == 0 or step == 300  # at a due step, then at a stop
+        return (float(asked), float(fails and wrote)) if isinstance(values, tuple) else float(fails)
+
+    monkeypatch.setattr(finetune, "write_checkpoint", write_checkpoint)
+    monkeypatch.setattr(finetune.distributed, "sum_over_processes", sum_over_processes)
+    run = SimpleNamespace(rank=rank, world=2, args=SimpleNamespace(save_dir=save_dir, save_every=10))
+    stop = {"asked": "Ctrl-C" if asked and rank == 0 else None}
+    with pytest.raises(ends) if ends else contextlib.nullcontext():
+        finetune.end_of_step(run, stop, step, 300, lambda step: {"step": step})
+    assert done == events
+
+
 def step_batch():
     generator = torch.Generator().manual_seed(0)
     return torch.randn(6, 3, generator=generator) * 3, torch.tensor([0, 3, 1, 1, 2, 0])
