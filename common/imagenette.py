@@ -171,14 +171,14 @@ def changed_pictures(root):
 def ensure_imagenette(data_dir=None):
     """The data folder, downloaded first (archive_source()) when it is the default and missing; the default must hold
     the whole release, a partial --data-dir copy runs after a warning naming its counts."""
-    from common.imagenette_archive import DownloadError, archive_source, download_and_extract  # only to download
-    from common.pretrained import hub_offline
-
     root = Path(data_dir) if data_dir else DEFAULT_DIR
     default = root.resolve() == DEFAULT_DIR
     if not root.exists():
         if not default:
             raise UserError(f"--data-dir {data_dir} does not exist")
+        from common.imagenette_archive import DownloadError, archive_source, download_and_extract  # to download
+        from common.pretrained import hub_offline
+
         url, md5 = archive_source()
         fix = f"download {url} ({ARCHIVE_MB} MB) and extract it into {root.parent}, or pass --data-dir"
         if hub_offline():

@@ -399,12 +399,13 @@ def loaded_at_import(path):
     (name, 1800) for name in ("vit_part3_posemb.py", "vit_part3_fewshot.py", "vit_part3_finetune.py",
                               "vit_backbone.py"))])
 def test_a_script_carries_at_most_the_lines_docs_layout_states(script, most):
-    """What a reader of a script carries at its import: the verdicts and the figures load only when --compare, --json
-    or --plots asks for them."""
+    """What a reader of a script carries at its import: the verdicts, the figures, the checks of published files and
+    Imagenette's download load only when --compare, --json, --plots or a missing folder asks for them."""
     files = loaded_at_import(ROOT / script)
     lines = sum(len(file.read_text().splitlines()) for file in files)
     assert lines <= most, (lines, sorted(str(file.relative_to(ROOT)) for file in files))
-    assert not {ROOT / "common" / "verdicts.py", ROOT / "figures" / "__init__.py"} & files
+    assert not {ROOT / "common" / name for name in ("verdicts.py", "published_files.py", "imagenette_archive.py")
+                } & files and ROOT / "figures" / "__init__.py" not in files
     assert f"at most {most:,} of the project's lines" in " ".join((ROOT / "docs" / "layout.md").read_text().split())
 
 
