@@ -253,30 +253,29 @@ def test_the_probe_line_says_how_it_differs_from_dinos_protocol(backbone_runs):
     assert "resized to 32x32, mean 0.5 and std 0.5" in line  # the stand-in's processor (job/standins.py)
 
 
-def test_the_trainer_with_2_workers_gives_the_numbers_it_gives_with_none(beans_standins, monkeypatch):
+def test_the_trainer_with_2_workers_gives_the_numbers_it_gives_with_none(beans_standins, backbone_runs, monkeypatch):
     """Worker processes beside a GPU must not move the article's numbers: the same evaluation dicts to the last
-    digit and the same training losses as the main process alone."""
+    digit and the same training losses as the main process alone (the session's first run of the same flags)."""
+    alone = backbone_runs["records"][0]
+    assert any("preprocessed by 0 worker processes" in line for line in alone["printed"])  # a CPU: none
     monkeypatch.setenv("TQDM_DISABLE", "1")
+    monkeypatch.setattr(backbone.plumbing, "loader_workers", lambda device: 2)
     args = backbone.parse_args(["--model", str(beans_standins["models"][0]), "--data-dir", str(beans_standins["data"]),
                                 *BACKBONE_FLAGS])
-    results = []
-    for workers in (0, 2):
-        monkeypatch.setattr(backbone.plumbing, "loader_workers", lambda device, workers=workers: workers)
-        result = backbone.finetune(start_run(args, fp32_rule=backbone.ARTICLE_FP32_RULE))
-        assert result["workers"] == workers and result["passes"]["training"]["pictures"] == 15 * 4  # 15 steps of 4
-        assert result["passes"]["evaluations"]["pictures"] == 4 * 6  # before, at steps 10 and 15, after: 6 pictures
-        results.append(result)
+    result = backbone.finetune(start_run(args, fp32_rule=backbone.ARTICLE_FP32_RULE))
+    assert result["workers"] == 2 and result["passes"]["training"]["pictures"] == 15 * 4  # 15 steps of 4
+    assert result["passes"]["evaluations"]["pictures"] == 4 * 6  # before, at steps 10 and 15, after: 6 pictures
     # the training loader's persistent workers ended with the Trainer: none is left to hold the process at its exit
     spawned = [child for child in psutil.Process().children(recursive=True)
                if "multiprocessing.spawn" in " ".join(child.cmdline())]
     assert spawned == []
-    without, with_workers = ([{key: entry[key] for key in ("step", "loss", "eval_loss", "eval_accuracy")
-                               if key in entry}
-                              for entry in result["history"]] for result in results)
-    assert without == with_workers and any("loss" in entry for entry in without)
-    for when in ("before", "after"):
-        assert [results[0][when][key] for key in ("eval_loss", "eval_accuracy")] == [
-            results[1][when][key] for key in ("eval_loss", "eval_accuracy")]
+    with_workers = {f"step {entry['step']} {name}": entry[key] for entry in result["history"]
+                    for name, key in (("training loss", "loss"), ("eval_loss", "eval_loss"),
+                                      ("eval_accuracy", "eval_accuracy")) if key in entry}
+    with_workers |= {f"{when} {key}": result[when][key] for when in ("before", "after")
+                     for key in ("eval_loss", "eval_accuracy")}
+    assert "step 10 training loss" in with_workers
+    assert with_workers == {name: alone["numbers"][name]["value"] for name in with_workers}
 
 
 def test_the_validation_pictures_preprocessed_once_are_what_the_processor_makes(beans_standins):
