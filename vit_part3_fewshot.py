@@ -34,8 +34,8 @@ from common.imagenette import CLASSES, DEFAULT_NAME, data_differences, load_spli
 from common.inference import run_model
 from common.output import listed, pass_text, say
 from common.paths import CHECKOUT, FEATURE_CACHE_DIR
-from common.pictures import ARTICLE_PIXELS, processor_pixels
-from common.pretrained import load_pretrained, processor_config
+from common.pictures import ARTICLE_PIXELS
+from common.pretrained import checkpoint_pixels, load_pretrained
 from common.run import run_sections
 
 DEFAULT_MODEL = "google/vit-base-patch16-224-in21k"
@@ -135,7 +135,7 @@ def load_features(run):
     """The features of the pool and of the validation pictures, each read from the cache or computed in one pass."""
     args, data = run.args, load_data(run)
     model = functools.cache(lambda: load_frozen_model(args.model, run.device))  # loaded by the first pass, if any
-    pixels = processor_pixels(processor_config(args.model), args.model)  # what its image processor makes
+    pixels = checkpoint_pixels(args.model)  # what its image processor makes
 
     def features_of(paths, desc):  # a pass of its own, its workers started before it
         arrays, timing = extract_features(model(), paths, args.resolution, run.device, args.batch_size, desc,

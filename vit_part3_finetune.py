@@ -43,9 +43,9 @@ from common.finetune_checkpoint import CHECKPOINT, CHECKPOINT_FORMAT, read_check
 from common.imagenette import CLASSES, DEFAULT_NAME, data_differences, load_splits
 from common.inference import run_model
 from common.loader import NEW_PASS, started_pass
-from common.output import listed, millions, pass_text, say, zero_or_3g
-from common.pictures import pixels_processor, processor_pixels, to_pixels
-from common.pretrained import checkpoint_config, load_pretrained, processor_config, save_loadable
+from common.output import listed, pass_text, say
+from common.pictures import pixels_processor, to_pixels
+from common.pretrained import checkpoint_config, checkpoint_pixels, load_pretrained, save_loadable
 from common.run import check_output, loaded, run_sections
 
 # ---------------------------------------------------------------- the recipe
@@ -132,6 +132,16 @@ def head_gradient_by_hand(features, logits, labels):
     and L = mean_i -ln p_i[t_i], dL/dlogits = (p - t) / batch, times the input y of each picture."""
     error = torch.softmax(logits, dim=1) - F.one_hot(labels, logits.shape[1]).to(logits.dtype)
     return error.T @ features / len(labels)
+
+
+def millions(count):
+    """A parameter count as the article prints ViT-B's body, in millions (85.8M); a small stand-in's in full."""
+    return f"{count:.1f}M" if count >= 0.1 else f"{count * 1e6:,.0f}"
+
+
+def zero_or_3g(value):
+    """An exact zero as 0.0 (the zero head's body gradient), anything else to 3 significant digits."""
+    return "0.0" if value == 0 else f"{value:.3g}"
 
 
 def update_average(average, model, factor=AVERAGE_FACTOR):
@@ -238,12 +248,11 @@ def data_and_model(run):
 
     args = run.args
     if "data and model" not in run.kept:
-        data, checkpoint, processor = loaded(
+        data, checkpoint, run.kept["pixels"] = loaded(  # the pixels its image processor makes
             lambda: load_splits(args.data_dir, {"train": args.per_class, "val": args.per_class}),
             lambda: load_pretrained(ViTForImageClassification, args.model, output_loading_info=True),
-            lambda: processor_config(args.model), run=run)
+            lambda: checkpoint_pixels(args.model), run=run)
         check_resolution(checkpoint[0].config, args.resolution)
-        run.kept["pixels"] = processor_pixels(processor, args.model)  # what its image processor makes
         data["classes"] = len(data["folders"])
         model, pre_logits = build_classifier(checkpoint, data["classes"], args.resolution)
         run.kept["data and model"] = data, model.to(run.device), pre_logits

@@ -33,9 +33,9 @@ from common.errors import UserError
 from common.imagenette import CLASSES, DEFAULT_NAME, data_differences, load_splits
 from common.inference import run_model
 from common.loader import workers_text
-from common.output import listed, pass_text, say
-from common.pictures import load_all, processor_pixels
-from common.pretrained import checkpoint_config, load_pretrained, processor_config
+from common.output import pass_text, say
+from common.pictures import load_all
+from common.pretrained import checkpoint_config, checkpoint_pixels, load_pretrained
 from common.run import loaded, run_sections
 
 DEFAULT_MODEL = "google/vit-base-patch16-224"
@@ -193,7 +193,7 @@ def section_tiny_grid(run, report):
                  "linear) ==")
     grid = np.array([[0.0, 1.0], [2.0, 3.0]])
     resized = scipy.ndimage.zoom(grid, 1.5, order=1)
-    report.print(f"  grid 2x2: {listed(grid)}")
+    report.print(f"  grid 2x2: {grid.tolist()}")
     for row in resized:
         report.print(f"    {'  '.join(f'{v:.2f}' for v in row)}")
     report.print(f"  corners stay, the new middle row and column are averages of their neighbours: (0+1)/2 = "
@@ -284,7 +284,7 @@ def section_accuracy(run, report):
     """4. accuracy at both resolutions"""
     model, (images, labels, imagenet_classes) = loaded(lambda: load_model(run), lambda: load_pictures(run))
     args = run.args
-    pixels = processor_pixels(processor_config(args.model), args.model)  # what its image processor makes
+    pixels = checkpoint_pixels(args.model)  # what its image processor makes
     report.print(f"\n== 4. accuracy on the Imagenette validation set: {len(images)} pictures (160 px on the short "
                  f"side), device {run.device.type} ==")
     report.record({"validation pictures": len(images)})

@@ -29,16 +29,6 @@ def listed(values, spec=None):
     return brackets[0] + ", ".join(listed(value, spec) for value in values) + brackets[1]
 
 
-def millions(count):
-    """A parameter count as the article prints ViT-B's body, in millions (85.8M); a small stand-in's in full."""
-    return f"{count:.1f}M" if count >= 0.1 else f"{count * 1e6:,.0f}"
-
-
-def zero_or_3g(value):
-    """An exact zero as 0.0 (the zero head's body gradient), anything else to 3 significant digits."""
-    return "0.0" if value == 0 else f"{value:.3g}"
-
-
 def pass_text(timing):
     """A pass over pictures (NEW_PASS's keys) as its line prints it: '[12 s, 0.2 s waiting for pictures]'."""
     return f"[{timing['seconds']:.0f} s, {timing['waiting seconds']:.1f} s waiting for pictures]"

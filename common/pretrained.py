@@ -183,6 +183,14 @@ def processor_config(name):
     return read_json(hub_download(name, PROCESSOR_FILE))
 
 
+def checkpoint_pixels(name):
+    """The pixels the checkpoint's image processor makes (common/pictures.py's processor_pixels of its
+    processor_config)."""
+    from common.pictures import processor_pixels
+
+    return processor_pixels(processor_config(name), name)
+
+
 def save_loadable(folder, model, names, processor, what="model"):
     """A classifier as from_pretrained and pipeline("image-classification", model=folder) load it, written whole or
     not at all: its weights (safetensors) and config, the classes named (id2label), and the image processor that

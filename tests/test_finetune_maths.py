@@ -40,6 +40,14 @@ def article_lr(step):
 
 # ---------------------------------------------------------------- the learning rate of every step
 
+@pytest.mark.parametrize("text, printed", [
+    (finetune.millions(85.79), "85.8M"), (finetune.millions(0.012345), "12,345"),  # ViT-B's body; a stand-in's
+    (finetune.zero_or_3g(0.0), "0.0"), (finetune.zero_or_3g(0.123456), "0.123"),
+    (finetune.zero_or_3g(5.61e-7), "5.61e-07")])
+def test_the_body_and_its_gradient_print_as_the_article_prints_them(text, printed):
+    assert text == printed
+
+
 def test_lr_at_every_logged_step_is_the_articles():
     assert finetune.warmup_steps(300) == 30
     assert {s: f"{finetune.lr_at(s - 1, 0.003, 300):.5f}" for s in ARTICLE_LRS} == ARTICLE_LRS  # the article's call
