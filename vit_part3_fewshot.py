@@ -30,7 +30,7 @@ from common import cli
 from common.closed_form import closed_form
 from common.errors import UserError
 from common.feature_cache import cache_key, cached_passes
-from common.imagenette import CLASSES, DEFAULT_NAME, data_differences, load_splits
+from common.imagenette import DEFAULT_NAME, data_differences, load_splits
 from common.inference import run_model
 from common.output import listed, pass_text, say
 from common.paths import CHECKOUT, FEATURE_CACHE_DIR
@@ -112,9 +112,8 @@ def load_data(run):
     if smallest < max(args.shots):
         raise UserError(f"a class has only {smallest} training pictures in the pool, fewer than --shots "
                         f"{max(args.shots)}: lower --shots")
-    short = {wnid: name for wnid, name, _ in CLASSES}  # Imagenette's short names; another set's folder names
     return {"root": data["root"], "pool": pool, "val": data["val"], "training": len(data["train"]),
-            "names": [short.get(wnid, wnid) for wnid in data["folders"]]}
+            "names": data["names"]}
 
 
 def data_naming_all_missing(run):

@@ -623,11 +623,9 @@ def finish(run, report, *, data, model, average, log, micro, last_step):
         report.record({"average accuracy": average_accuracy, "last accuracy": last_accuracy},
                       counts={"average accuracy": (averaged, of), "last accuracy": (last, of)})
         if args.save_dir and run.rank == 0:  # what from_pretrained and pipeline("image-classification") load
-            short = {wnid: name for wnid, name, _ in CLASSES}  # Imagenette's short names; another set's folder names
-            names = [short.get(wnid, wnid) for wnid in data["folders"]]
             for folder, weights in ((SAVED_AVERAGE, average), (SAVED_LAST, model)):
                 weights.config.image_size = args.resolution  # its position table's, stretched by build_classifier
-                save_loadable(Path(args.save_dir) / folder, weights, names,
+                save_loadable(Path(args.save_dir) / folder, weights, data["names"],
                               pixels_processor(args.resolution, run.kept["pixels"]), what="fine-tuned model")
             say(f"saved the weight average in {Path(args.save_dir) / SAVED_AVERAGE} and the last weights in "
                 f"{Path(args.save_dir) / SAVED_LAST}: from_pretrained and pipeline(\"image-classification\") load "

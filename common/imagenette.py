@@ -197,10 +197,12 @@ def ensure_imagenette(data_dir=None):
 
 def load_splits(data_dir, per_class, drawn=False):
     """The data folder (ensure_imagenette) and its pictures: {"root", "folders": its class folders (WordNet ids),
-    "name": "Imagenette" or the folder's own, and each split of per_class ({split: N or None}): list_split(root,
-    split, N, drawn)}."""
+    "names": their classes' names (Imagenette's short names, another set's folder names), "name": "Imagenette" or the
+    folder's own, and each split of per_class ({split: N or None}): list_split(root, split, N, drawn)}."""
     root = ensure_imagenette(data_dir)
     folders = class_folders(root, "val")
     imagenette = Path(root).name == DEFAULT_DIR.name and folders == IMAGENETTE_WNIDS  # a folder whose counts are known
-    return {"root": root, "folders": folders, "name": "Imagenette" if imagenette else Path(root).name,
+    short = {wnid: name for wnid, name, _ in CLASSES}
+    return {"root": root, "folders": folders, "names": [short.get(wnid, wnid) for wnid in folders],
+            "name": "Imagenette" if imagenette else Path(root).name,
             **{split: list_split(root, split, n, drawn) for split, n in per_class.items()}}
