@@ -295,9 +295,13 @@ def finetune(run):
                         f"(lr {args.lr:g}): the model diverged; lower --lr")
     model.eval()
     if args.save_dir:  # what from_pretrained and pipeline("image-classification") load
-        saved = save_loadable(Path(args.save_dir) / SAVED_MODEL, model, beans["names"], processor,
-                              what="fine-tuned model")
-        say(f"saved the fine-tuned model in {saved}: from_pretrained and pipeline(\"image-classification\") load it")
+        try:  # a model that cannot be written costs the saved copy, not the run's numbers
+            saved = save_loadable(Path(args.save_dir) / SAVED_MODEL, model, beans["names"], processor,
+                                  what="fine-tuned model")
+            say(f"saved the fine-tuned model in {saved}: from_pretrained and pipeline(\"image-classification\") load "
+                "it")
+        except UserError as problem:
+            say(f"warning: {problem}; the run's numbers are printed as usual")
     grid = (model.config.image_size // model.config.patch_size,) * 2  # patches on a side
     feature_maps = figure_maps(tokens_before, patch_tokens(), map_pixels, processor, grid,
                                [beans["names"][beans["validation"][i]["labels"]] for i in map_indices])

@@ -623,13 +623,16 @@ def finish(run, report, *, data, model, average, log, micro, last_step):
         report.record({"average accuracy": average_accuracy, "last accuracy": last_accuracy},
                       counts={"average accuracy": (averaged, of), "last accuracy": (last, of)})
         if args.save_dir and run.rank == 0:  # what from_pretrained and pipeline("image-classification") load
-            for folder, weights in ((SAVED_AVERAGE, average), (SAVED_LAST, model)):
-                weights.config.image_size = args.resolution  # its position table's, stretched by build_classifier
-                save_loadable(Path(args.save_dir) / folder, weights, data["names"],
-                              pixels_processor(args.resolution, run.kept["pixels"]), what="fine-tuned model")
-            say(f"saved the weight average in {Path(args.save_dir) / SAVED_AVERAGE} and the last weights in "
-                f"{Path(args.save_dir) / SAVED_LAST}: from_pretrained and pipeline(\"image-classification\") load "
-                "either")
+            try:  # a model that cannot be written costs the saved copy, not the run's numbers
+                for folder, weights in ((SAVED_AVERAGE, average), (SAVED_LAST, model)):
+                    weights.config.image_size = args.resolution  # its position table's, stretched by build_classifier
+                    save_loadable(Path(args.save_dir) / folder, weights, data["names"],
+                                  pixels_processor(args.resolution, run.kept["pixels"]), what="fine-tuned model")
+                say(f"saved the weight average in {Path(args.save_dir) / SAVED_AVERAGE} and the last weights in "
+                    f"{Path(args.save_dir) / SAVED_LAST}: from_pretrained and pipeline(\"image-classification\") "
+                    "load either")
+            except UserError as problem:
+                say(f"warning: {problem}; the run's numbers are printed as usual")
     timings = {**passes, **final}
     texts = {what: pass_text(timing) for what, timing in timings.items()}
     report.print(f"  passes over pictures (this process's): training, {last_step} steps {texts['training']}; the "

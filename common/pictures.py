@@ -1,6 +1,7 @@
 """Pictures to a ViT's pixels: decode (RGB), resize to R x R, (x/255 - mean) / std, as the checkpoint's image processor
 does (the article's: bilinear, mean and std 0.5); the batched path splits it between the loader's workers
 (resized_rgb) and the model's device (to_pixels)."""
+import functools
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -73,8 +74,14 @@ def to_pixels(batch, device, pixels=ARTICLE_PIXELS):
     """uint8 (B, R, R, 3) -> float32 (B, 3, R, R) on the device, (x/255 - mean) / std as the image processor: a quarter
     of the bytes travel."""
     x = to_device(batch, device).permute(0, 3, 1, 2).float().contiguous()
-    mean, std = (torch.tensor(pixels[what], device=x.device).view(1, 3, 1, 1) for what in ("mean", "std"))
+    mean, std = channel_constants(tuple(pixels["mean"]), tuple(pixels["std"]), x.device)
     return (x * (1 / 255) - mean) / std
+
+
+@functools.lru_cache(maxsize=8)
+def channel_constants(mean, std, device):
+    """(mean, std) as (1, 3, 1, 1) tensors on the device, made once: a copy to a GPU each batch would wait for it."""
+    return tuple(torch.tensor(values, device=device).view(1, 3, 1, 1) for values in (mean, std))
 
 
 def pixels_processor(resolution, pixels=ARTICLE_PIXELS):

@@ -159,6 +159,21 @@ def test_a_full_disk_while_saving_keeps_the_last_good_checkpoint(tiny_in21k, pic
     assert leftovers(tmp_path) == []
 
 
+def test_a_full_disk_for_the_fine_tuned_model_is_a_warning_after_every_number(tiny_in21k, pictures, tmp_path, capsys,
+                                                                              monkeypatch):
+    from transformers import PreTrainedModel
+
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, ENOSPC)
+
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", full)
+    status, out, err = run(finetune.main, tune_flags(tiny_in21k, pictures, tmp_path, steps=4), capsys, monkeypatch)
+    assert status == 0 and "Traceback" not in out + err
+    assert "the weight average" in out and "passes over pictures" in out  # the section ran to its end
+    assert f"warning: cannot write the fine-tuned model {tmp_path / finetune.SAVED_AVERAGE}: {ENOSPC}" in err
+    assert not (tmp_path / finetune.SAVED_AVERAGE).exists() and leftovers(tmp_path) == []
+
+
 def test_a_full_disk_for_json_prints_every_number_first_and_keeps_the_old_file(tmp_path, capsys, full_disk,
                                                                                  monkeypatch):
     target = tmp_path / "setup.json"
