@@ -183,16 +183,18 @@ def plan_pieces(to_run, here, can_download):
 
 def room_needed(fetch, out, runs, args, resumes):
     """{folder: MB} the job will write: downloads into the caches and data/; into OUT, each script's JSON, figures
-    and log, the page, and fine-tuning's checkpoint (the weights, their average and the momentum, written whole
-    beside the old one). resumes: whether fine-tuning continues from OUT's checkpoint, overwriting it; if not, a
-    checkpoint there is moved over an earlier one kept aside (prepare()), whose room is freed."""
+    and log, the page, fine-tuning's checkpoint (the weights, their average and the momentum, written whole beside
+    the old one) and its two saved models (the average and the last weights, each written whole beside the old).
+    resumes: whether fine-tuning continues from OUT's checkpoint, overwriting it; if not, a checkpoint there is moved
+    over an earlier one kept aside (prepare()), whose room is freed."""
     need = downloads.room(fetch)
     if runs:
         need[out] = sum(WRITES_MB[script] for script in [*runs, "page"])
     if "finetune" in runs:
         checkpoint, kept = out / FINETUNE_RUN / CHECKPOINT, out / FINETUNE_RUN / KEPT_ASIDE
         freed = file_mb(checkpoint) if resumes else file_mb(kept) if checkpoint.is_file() else 0
-        need[out] += max(0.0, 2 * 3 * downloads.weights_mb(downloads.IN21K, args.models) - freed)
+        weights = downloads.weights_mb(downloads.IN21K, args.models)
+        need[out] += max(0.0, 2 * 3 * weights - freed) + 2 * weights  # the checkpoint, then model/, model-last/
     return need
 
 
