@@ -38,6 +38,15 @@ def processor_pixels(config, name):
     rescale) is refused in one line, not followed halfway."""
     if config is None:
         return ARTICLE_PIXELS
+    try:
+        return followed_pixels(config, name)
+    except (TypeError, ValueError) as error:  # a value of another type: null, a list where a number goes
+        raise UserError(f"--model {name}: its image processor has a value of the wrong type ({error}): pass a "
+                        f"checkpoint whose preprocessor_config.json is as transformers writes it") from None
+
+
+def followed_pixels(config, name):
+    """processor_pixels of a preprocessor_config.json."""
     otherwise = [what for what, does in (
         ("crops the picture (do_center_crop)", config.get("do_center_crop")),
         ("does not resize it (do_resize false)", config.get("do_resize", True) is False),

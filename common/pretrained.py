@@ -168,10 +168,10 @@ def processor_config(name):
 
     folder = Path(os.path.expanduser(name))
     if folder.is_dir():
-        return read_json(folder / PROCESSOR_FILE) if (folder / PROCESSOR_FILE).is_file() else None
+        return read_processor(folder / PROCESSOR_FILE, name) if (folder / PROCESSOR_FILE).is_file() else None
     cached = try_to_load_from_cache(name, PROCESSOR_FILE)
     if isinstance(cached, str):
-        return read_json(cached)
+        return read_processor(cached, name)
     if cached is not None or name in ARTICLE_PROCESSORS:  # the Hub said it has none, or it is the article's
         return None
     info, why = ask_hub(name)
@@ -180,7 +180,19 @@ def processor_config(name):
                         f"cache and {why}, so the pixels it was made for are unknown: {LOCAL_COPY}")
     if PROCESSOR_FILE not in {sibling.rfilename for sibling in info.siblings or []}:
         return None
-    return read_json(hub_download(name, PROCESSOR_FILE))
+    return read_processor(hub_download(name, PROCESSOR_FILE), name)
+
+
+def read_processor(path, name):
+    """The image processor's file as a dict; one that is not a JSON object is one line, its pixels never guessed."""
+    try:
+        found = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as error:
+        found = error
+    if not isinstance(found, dict):
+        raise UserError(f"--model {name}: its {PROCESSOR_FILE} is not a JSON object ({found}): pass a checkpoint whose "
+                        f"image processor can be read")
+    return found
 
 
 def checkpoint_pixels(name):

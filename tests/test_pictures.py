@@ -26,6 +26,9 @@ PROCESSORS = [
                                                                 "std": (0.25, 0.25, 0.25)}),  # one for all channels
     ({**HUB_PROCESSOR, "image_mean": [0.5, 0.5]}, "'s image_mean [0.5, 0.5] and image_std [0.5, 0.5, 0.5] are not"),
     ({**HUB_PROCESSOR, "image_std": [0.5, 0.0, 0.5]}, "'s image_mean [0.5, 0.5, 0.5] and image_std [0.5, 0.0, 0.5]"),
+    ({**HUB_PROCESSOR, "resample": [2]}, " has a value of the wrong type"),
+    ({**HUB_PROCESSOR, "rescale_factor": None}, " has a value of the wrong type"),
+    ({**HUB_PROCESSOR, "image_mean": None}, " has a value of the wrong type"),
 ]
 
 

@@ -105,6 +105,10 @@ def test_the_image_processor_is_read_where_the_checkpoint_is_and_never_guessed(t
     with pytest.raises(UserError, match="so the pixels it was made for are unknown") as refused:
         pretrained.processor_config("someone/other-vit")
     assert "\n" not in str(refused.value)
+    for damaged in ('{"image_mean": [0.5', "[0.5, 0.5, 0.5]"):  # cut short; JSON, but not an object
+        (tmp_path / "with" / "preprocessor_config.json").write_text(damaged)
+        with pytest.raises(UserError, match=r"its preprocessor_config.json is not a JSON object \("):
+            pretrained.processor_config(str(tmp_path / "with"))
 
 
 def test_a_folder_whose_image_processor_crops_is_refused_as_the_model_flag(tmp_path):
