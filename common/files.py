@@ -36,12 +36,7 @@ def write_atomic(path, write, text=False, what="file"):
             os.fsync(f.fileno())
         os.replace(temporary, target)
         temporary = None
-        with contextlib.suppress(OSError):  # the rename made durable; a folder that cannot be opened (Windows) is left
-            folder = os.open(target.parent, os.O_RDONLY)
-            try:
-                os.fsync(folder)
-            finally:
-                os.close(folder)
+        synced(target.parent)  # the rename made durable
     except (OSError, RuntimeError, ValueError) as error:
         raise UserError(f"cannot write the {what} {target}: {reason(error)}") from error
     finally:
@@ -49,6 +44,17 @@ def write_atomic(path, write, text=False, what="file"):
             with contextlib.suppress(OSError):
                 os.unlink(temporary)
     return target
+
+
+def synced(path):
+    """fsync a file or folder (a folder: the renames in it made durable); one that cannot be opened so (a folder on
+    Windows) is left as it is."""
+    with contextlib.suppress(OSError):
+        handle = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(handle)
+        finally:
+            os.close(handle)
 
 
 def write_text(path, content, what="file"):
@@ -73,14 +79,16 @@ def write_folder_atomic(path, write, what="folder"):
         probe.unlink()
         for file in (path for path in temporary.rglob("*") if path.is_file()):
             os.chmod(file, mode)  # a library's writer may make its files 0600
+            synced(file)  # on the disk before the old folder goes
+        synced(temporary)
         if target.exists():
             os.replace(target, old)
         try:
             os.replace(temporary, target)
-        except OSError:
-            if old.exists():  # the old one back in its place
+        finally:
+            if not target.exists() and old.exists():  # a failure or a signal between the renames: the old one back
                 os.replace(old, target)
-            raise
+        synced(target.parent)
     except (OSError, RuntimeError, ValueError) as error:
         raise UserError(f"cannot write the {what} {target}: {reason(error)}") from error
     finally:

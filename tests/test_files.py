@@ -58,6 +58,27 @@ def test_a_folder_is_written_whole_or_the_old_one_stays(tmp_path, fault, said):
     assert not list(tmp_path.glob(f"{TEMP_PREFIX}*"))
 
 
+def test_a_signal_between_the_folders_renames_leaves_the_old_one_in_place(tmp_path, monkeypatch):
+    from common import files
+
+    target = tmp_path / "model"
+    target.mkdir()
+    fill(target, "old")
+    real_replace, calls = os.replace, []
+
+    def replace(source, destination):  # SIGTERM (Terminated, a KeyboardInterrupt) after the old one moved aside
+        calls.append(source)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        real_replace(source, destination)
+
+    monkeypatch.setattr(files.os, "replace", replace)
+    with pytest.raises(KeyboardInterrupt):
+        files.write_folder_atomic(target, fill, what="model")
+    assert sorted(p.read_text() for p in target.iterdir()) == ["old", "old"]
+    assert not list(tmp_path.glob(f"{files.TEMP_PREFIX}*"))
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX file modes")
 def test_a_folder_written_where_none_was_is_made_with_its_parents_its_files_of_the_umasks_mode(tmp_path):
     """A library's writer may make a file 0600 (as safetensors may): every file gets the mode the umask gives."""
