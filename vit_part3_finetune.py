@@ -464,22 +464,23 @@ def end_of_step(run, stop, step, last_step, checkpoint):
     every process stops."""
     args = run.args
     due = bool(args.save_dir) and (step % args.save_every == 0 or step == last_step)
-    path, problem = None, None
-    if due and run.rank == 0:
-        path, problem = write_checkpoint(args, checkpoint(step))
+    path, problem = write_checkpoint(args, checkpoint(step)) if due and run.rank == 0 else (None, None)
     asked, failed = distributed.sum_over_processes((bool(stop["asked"]), problem is not None), run)
-    if failed:
-        raise problem or UserError("the first process could not write its checkpoint (it names the reason)")
+    stop_if_failed(failed, problem)
     if not asked:
         return
     if args.save_dir and not due:
-        if run.rank == 0:
-            path, problem = write_checkpoint(args, checkpoint(step))
-        if distributed.sum_over_processes(problem is not None, run):
-            raise problem or UserError("the first process could not write its checkpoint (it names the reason)")
+        path, problem = write_checkpoint(args, checkpoint(step)) if run.rank == 0 else (None, None)
+        stop_if_failed(distributed.sum_over_processes(problem is not None, run), problem)
     saved = f"; saved {path}: add --resume to continue" if path else " (no --save-dir: nothing saved)"
     say(f"\nstopped after step {step}{' on ' + stop['asked'] if stop['asked'] else ''}{saved}")
     raise Terminated if stop["asked"] == "SIGTERM" else KeyboardInterrupt
+
+
+def stop_if_failed(failed, problem):
+    """Every process stops when the first could not write its checkpoint: the first with its reason."""
+    if failed:
+        raise problem or UserError("the first process could not write its checkpoint (it names the reason)")
 
 
 def write_checkpoint(args, checkpoint):
