@@ -246,12 +246,3 @@ def cached_weight_file(name):
         if isinstance(path, str) and os.path.isfile(path):
             return path
     return None
-
-
-def read_json(path):
-    """The JSON object at path, or {} when there is none or it cannot be read."""
-    try:
-        found = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return {}
-    return found if isinstance(found, dict) else {}

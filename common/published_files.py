@@ -5,9 +5,10 @@ import hashlib
 import json
 import os
 import time
+from pathlib import Path
 
 from common.errors import UserError
-from common.pretrained import HUB_ENDPOINT, WEIGHT_FILES, ask_hub, hub_name, read_json
+from common.pretrained import HUB_ENDPOINT, WEIGHT_FILES, ask_hub, hub_name
 
 
 def checkpoint_difference(name, article):
@@ -117,3 +118,12 @@ def file_hash(path, length):
     with contextlib.suppress(UserError):  # a disk that cannot keep it: hashed again next time
         write_text(kept_path, json.dumps(kept, indent=1) + "\n", what="record of hashes")
     return kept[key][2]
+
+
+def read_json(path):
+    """The JSON object at path, or {} when there is none or it cannot be read."""
+    try:
+        found = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
