@@ -185,6 +185,48 @@ def test_a_file_where_the_folder_goes_is_refused(tmp_path, capsys):
     assert status == 2 and "holds mini, which are not the miniature's" in err
 
 
+class Ending:
+    """A started process that ends with `status` at its `polls`-th poll."""
+
+    def __init__(self, polls, status):
+        self.polls, self.status = polls, status
+
+    def poll(self):
+        self.polls -= 1
+        return None if self.polls > 0 else self.status
+
+
+def test_the_seeds_train_side_by_side_then_their_jobs_run_and_a_failed_training_is_that_seeds_status(tmp_path,
+                                                                                                    monkeypatch):
+    """run_seeds with PROCESSES 3 on 4 seeds, each process ending at its own poll: seeds 0 to 2 train at once; a
+    trained seed's job starts before the next seed's training; seed 1's training fails, so it gets no job and its
+    status is that training's; never more than 3 processes at once."""
+    import job.child_process
+
+    polls = {("train", 0): 2, ("train", 1): 3, ("train", 2): 6, ("train", 3): 2}  # a job ends at its 4th poll
+    started, alive = [], []
+
+    def start(command, env, **popen):
+        what = "train" if "--prepare" in command else "job"
+        seed = int(command[command.index("--seed") + 1] if what == "train" else command[2].rsplit("seed-", 1)[1][0])
+        alive[:] = [process for process in alive if process.polls > 0]
+        started.append((what, seed, len(alive)))  # what started, and how many processes it joined
+        alive.append(Ending(polls.get((what, seed), 4), 1 if (what, seed) == ("train", 1) else 0))
+        return alive[-1]
+
+    monkeypatch.setattr(job.child_process, "start_script", start)
+    monkeypatch.setattr(miniature, "PROCESSES", 3)
+    monkeypatch.setattr(miniature, "POLL_SECONDS", 0)
+    for seed in range(4):
+        (tmp_path / f"seed-{seed}").mkdir()
+    said = []
+    statuses = miniature.run_seeds(tmp_path, [0, 1, 2, 3], said.append)
+    assert started == [("train", 0, 0), ("train", 1, 1), ("train", 2, 2), ("job", 0, 2), ("train", 3, 2),
+                       ("job", 3, 2), ("job", 2, 1)]
+    assert statuses == {0: 0, 1: 1, 2: 0, 3: 0}
+    assert "seed 1: its pictures and training ended with status 1 (its lines above)" in said
+
+
 def test_the_seeds_verdicts_combine_on_every_seed_and_the_page_shows_each(tmp_path, monkeypatch):
     """Two seeds' records, one conclusion apart: it holds on one seed and fails on the other, so it is undecided; the
     others agree. The page and the record say so, with each seed's numbers."""
