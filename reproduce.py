@@ -30,6 +30,7 @@ if __name__ == "__main__":  # before the libraries load: a Ctrl-C then is one li
 
 import os
 import shlex
+import shutil
 import signal
 import sys
 import tempfile
@@ -40,7 +41,7 @@ from common.cli import script_parser
 from common.device import DEVICE_CHOICES, PRECISIONS
 from common.errors import UserError
 from common.files import reason
-from common.finetune_checkpoint import CHECKPOINT, CHECKPOINT_FORMAT, read_checkpoint
+from common.finetune_checkpoint import CHECKPOINT, CHECKPOINT_FORMAT, SAVED_AVERAGE, SAVED_LAST, read_checkpoint
 from common.output import say
 from common.pretrained import hub_offline
 from common.run import check_output
@@ -62,7 +63,8 @@ from job.time_estimate import HOUR, MINUTE, clock, duration, estimate_seconds, h
 
 ROOT = Path(__file__).resolve().parent
 FINETUNE_RUN = "finetune-run"  # fine-tuning's --save-dir in OUT
-KEPT_ASIDE = "checkpoint.previous.pt"  # a checkpoint of another command or code, kept there, not deleted
+KEPT_ASIDE = {CHECKPOINT: "checkpoint.previous.pt", SAVED_AVERAGE: "model.previous",  # fine-tuning's files of
+              SAVED_LAST: "model-last.previous"}  # another command or code, kept there as it starts afresh
 SET_BY_THE_JOB = ("--json", "--plots", "--compare", "--save-dir", "--resume")
 
 # --quick: the flags of the README's Quick check table (a test reads both); fine-tuning's --save-dir there
@@ -191,7 +193,7 @@ def room_needed(fetch, out, runs, args, resumes):
     if runs:
         need[out] = sum(WRITES_MB[script] for script in [*runs, "page"])
     if "finetune" in runs:
-        checkpoint, kept = out / FINETUNE_RUN / CHECKPOINT, out / FINETUNE_RUN / KEPT_ASIDE
+        checkpoint, kept = out / FINETUNE_RUN / CHECKPOINT, out / FINETUNE_RUN / KEPT_ASIDE[CHECKPOINT]
         freed = file_mb(checkpoint) if resumes else file_mb(kept) if checkpoint.is_file() else 0
         weights = downloads.weights_mb(downloads.IN21K, args.models)
         need[out] += max(0.0, 2 * 3 * weights - freed) + 2 * weights  # the checkpoint, then model/, model-last/
@@ -239,17 +241,19 @@ def plan(args, out, manifest):
 
 def prepare(script, args, out, keys, manifest):
     """The script's command. Fine-tuning: --resume from OUT/finetune-run when its checkpoint is whole and was made by
-    the same command and code, else a fresh start, the old checkpoint kept as checkpoint.previous.pt. A stale JSON is
-    moved to OUT/logs/."""
+    the same command and code, else a fresh start, the old checkpoint kept as checkpoint.previous.pt and the old
+    saved models as model.previous/ and model-last.previous/ (no earlier run's model stays beside this run's
+    checkpoint). A stale JSON is moved to OUT/logs/."""
     resume = False
     if script == "finetune":
-        checkpoint = out / FINETUNE_RUN / CHECKPOINT
         why = why_afresh(args, out, keys[script], manifest)
         resume = not why
-        if why and checkpoint.is_file():  # hours of training may be in it: kept aside, not deleted
-            kept = checkpoint.with_name(KEPT_ASIDE)
-            move(checkpoint, kept)
-            say(f"{script_file(script)} starts afresh: {why}; the old one is kept as {kept}")
+        if why:  # hours of training may be in them: kept aside, not deleted
+            found = [out / FINETUNE_RUN / name for name in KEPT_ASIDE if (out / FINETUNE_RUN / name).exists()]
+            kept = [keep_aside(path) for path in found]
+            if kept:
+                ones = "one is" if len(kept) == 1 else "ones are"
+                say(f"{script_file(script)} starts afresh: {why}; the old {ones} kept as {', '.join(map(str, kept))}")
         manifest["finetune checkpoint"] = checkpoint_maker(args, out, keys[script])  # every checkpoint from now on
     move_stale(out, script, manifest)
     return script_command(script, args, out, resume)
@@ -272,6 +276,18 @@ def why_afresh(args, out, key, manifest):
     except UserError:  # --resume would refuse it on every run of this command
         return "its checkpoint is damaged (truncated, unreadable, or changed since it was written)"
     return ""
+
+
+def keep_aside(path):
+    """path moved to its KEPT_ASIDE name, in the place of the one kept there before; the new name."""
+    kept = path.with_name(KEPT_ASIDE[path.name])
+    if kept.is_dir() and not kept.is_symlink():
+        try:
+            shutil.rmtree(kept)
+        except OSError as error:
+            raise UserError(f"cannot remove {kept} ({reason(error)}): make OUT writable") from error
+    move(path, kept)
+    return kept
 
 
 def move(source, target):

@@ -39,7 +39,15 @@ from tqdm import tqdm
 
 from common import cli, distributed
 from common.errors import UserError
-from common.finetune_checkpoint import CHECKPOINT, CHECKPOINT_FORMAT, read_checkpoint, save_checkpoint, set_rng_states
+from common.finetune_checkpoint import (
+    CHECKPOINT,
+    CHECKPOINT_FORMAT,
+    SAVED_AVERAGE,
+    SAVED_LAST,
+    read_checkpoint,
+    save_checkpoint,
+    set_rng_states,
+)
 from common.imagenette import CLASSES, DEFAULT_NAME, data_differences, load_splits
 from common.inference import run_model
 from common.loader import NEW_PASS, started_pass
@@ -71,7 +79,6 @@ ARTICLE_FLAGS = {"steps": ("steps", STEPS), "batch": ("batch_size", BATCH), "lr"
                  "resolution": ("resolution", RESOLUTION), "precision": ("precision", PRECISION)}
 # --accum-steps and torchrun's processes keep the recipe's arithmetic, so they are not in ARTICLE_FLAGS.
 
-SAVED_AVERAGE, SAVED_LAST = "model", "model-last"  # --save-dir's folders of the end's weights, save_pretrained's
 
 
 # ---------------------------------------------------------------- the recipe, as pure functions

@@ -8,6 +8,7 @@ from common.errors import UserError
 from common.files import write_atomic
 
 CHECKPOINT = "checkpoint.pt"  # in fine-tuning's --save-dir (and the job's OUT/finetune-run)
+SAVED_AVERAGE, SAVED_LAST = "model", "model-last"  # its folders of the end's weights, save_pretrained's
 CHECKPOINT_FORMAT = "vit_part3_finetune checkpoint, v5"  # v5: the log keeps each check's counts, right of checked
 
 

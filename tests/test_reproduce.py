@@ -785,11 +785,16 @@ def test_a_checkpoint_of_another_command_or_damaged_is_kept_aside_not_deleted(tm
                                                                              whole, why):
     """A whole checkpoint this command made is resumed; one made otherwise (other flags or code) may hold hours of
     training, and a damaged one (cut short) would be refused by --resume on every call of the same command: either is
-    moved to checkpoint.previous.pt, with a line saying why, and the run starts afresh."""
+    moved to checkpoint.previous.pt, with a line saying why, and the run starts afresh; the models its run saved go
+    with it (model.previous/ and model-last.previous/, in the place of those kept before), so that none of them stays
+    beside the new run's checkpoint."""
     out = tmp_path / "out"
     (out / "logs").mkdir(parents=True)
     checkpoint = out / "finetune-run" / "checkpoint.pt"
     save_checkpoint(checkpoint, {"step": 5}, vit_part3_finetune.CHECKPOINT_FORMAT)  # what the script writes
+    for folder in ("model", "model-last", "model.previous"):
+        (out / "finetune-run" / folder).mkdir()
+        (out / "finetune-run" / folder / "config.json").write_text(folder)
     saved = checkpoint.read_bytes() if whole else checkpoint.read_bytes()[:1000]
     checkpoint.write_bytes(saved)
     args, keys = namespace(), {"finetune": {"code": "code digest"}}
@@ -800,9 +805,29 @@ def test_a_checkpoint_of_another_command_or_damaged_is_kept_aside_not_deleted(tm
     previous = checkpoint.with_name("checkpoint.previous.pt")
     assert ("--resume" in command) is (why is None) and checkpoint.is_file() is (why is None)
     assert previous.is_file() is (why is not None) and (why is None or previous.read_bytes() == saved)
+    run = out / "finetune-run"
+    models = {folder: (run / folder / "config.json").read_text() for folder in ("model", "model-last",
+                                                                               "model.previous", "model-last.previous")
+              if (run / folder).is_dir()}
+    assert models == ({"model": "model", "model-last": "model-last", "model.previous": "model.previous"} if why is None
+                      else {"model.previous": "model", "model-last.previous": "model-last"})
     said = [text for text in capsys.readouterr().err.splitlines() if "starts afresh" in text]
-    afresh = f"vit_part3_finetune.py starts afresh: {why}; the old one is kept as {previous}"
+    afresh = (f"vit_part3_finetune.py starts afresh: {why}; the old ones are kept as {previous}, "
+              f"{run / 'model.previous'}, {run / 'model-last.previous'}")
     assert said == ([] if why is None else [afresh])
+
+
+def test_models_of_an_earlier_run_without_its_checkpoint_are_kept_aside_as_fine_tuning_starts_afresh(tmp_path, capsys):
+    """No checkpoint in OUT/finetune-run (removed by hand), but the models of an earlier run: moved aside, so that a
+    fresh run that pauses leaves no earlier model beside its checkpoint."""
+    out = tmp_path / "out"
+    (out / "logs").mkdir(parents=True)
+    (out / "finetune-run" / "model").mkdir(parents=True)
+    command = reproduce.prepare("finetune", namespace(), out, {"finetune": {"code": "code digest"}}, {})
+    assert "--resume" not in command and not (out / "finetune-run" / "model").exists()
+    kept = out / "finetune-run" / "model.previous"
+    assert kept.is_dir() and capsys.readouterr().err.splitlines()[-1] == (
+        f"vit_part3_finetune.py starts afresh: there is no checkpoint; the old one is kept as {kept}")
 
 
 def test_a_paused_fine_tunings_note_says_the_full_job_runs_it_whole():
