@@ -1,5 +1,5 @@
 """Fine-tuning's checkpoint file: written whole or not at all, with torch's RNG states and a digest, and read back
-only when it is whole and of this version."""
+only when it is whole and of this version; the names of what fine-tuning saves beside it."""
 import hashlib
 
 import torch
