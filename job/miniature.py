@@ -21,7 +21,8 @@ from scratch on pictures drawn afresh (not the folders' own), with two heads at 
 class token (Imagenette's classes at their ImageNet-1k indices) and a pre-logits layer with a head of its own.
 It is saved with save_pretrained under the Hub ids the scripts load (DIR/seed-<s>/models/google/...), then
 reproduce.py runs the five scripts on it offline, into DIR/seed-<s>/results. Each seed draws its own pictures,
-its own training and the scripts' draws (--seed); the seeds' jobs run side by side, one thread each.
+its own training and the scripts' draws (--seed); the seeds train side by side, then their jobs run, each a
+process of one thread (run_seeds).
 
 Against the articles' numbers the miniature is not comparable (its checkpoint and pictures are its own). On the
 miniature each conclusion is judged on its own numbers (common/verdicts.py, judge(..., own=True)): it holds when
