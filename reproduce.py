@@ -63,8 +63,9 @@ from job.time_estimate import HOUR, MINUTE, clock, duration, estimate_seconds, h
 
 ROOT = Path(__file__).resolve().parent
 FINETUNE_RUN = "finetune-run"  # fine-tuning's --save-dir in OUT
-KEPT_ASIDE = {CHECKPOINT: "checkpoint.previous.pt", SAVED_AVERAGE: "model.previous",  # fine-tuning's files of
-              SAVED_LAST: "model-last.previous"}  # another command or code, kept there as it starts afresh
+KEPT_ASIDE = {SAVED_AVERAGE: "model.previous", SAVED_LAST: "model-last.previous",  # fine-tuning's files of another
+              CHECKPOINT: "checkpoint.previous.pt"}  # command or code, kept there as it starts afresh (the checkpoint
+                                                    # last: a failed move leaves the reason to start afresh as it was)
 SET_BY_THE_JOB = ("--json", "--plots", "--compare", "--save-dir", "--resume")
 
 # --quick: the flags of the README's Quick check table (a test reads both); fine-tuning's --save-dir there
@@ -186,7 +187,7 @@ def plan_pieces(to_run, here, can_download):
 def room_needed(fetch, out, runs, args, resumes):
     """{folder: MB} the job will write: downloads into the caches and data/; into OUT, each script's JSON, figures
     and log, the page, fine-tuning's checkpoint (the weights, their average and the momentum, written whole beside
-    the old one) and its two saved models (the average and the last weights, each written whole beside the old).
+    the old one) and its two saved models (the average and the last weights, each written whole).
     resumes: whether fine-tuning continues from OUT's checkpoint, overwriting it; if not, a checkpoint there is moved
     over an earlier one kept aside (prepare()), whose room is freed."""
     need = downloads.room(fetch)
@@ -281,11 +282,13 @@ def why_afresh(args, out, key, manifest):
 def keep_aside(path):
     """path moved to its KEPT_ASIDE name, in the place of the one kept there before; the new name."""
     kept = path.with_name(KEPT_ASIDE[path.name])
-    if kept.is_dir() and not kept.is_symlink():
-        try:
+    try:
+        if kept.is_dir() and not kept.is_symlink():
             shutil.rmtree(kept)
-        except OSError as error:
-            raise UserError(f"cannot remove {kept} ({reason(error)}): make OUT writable") from error
+        elif path.is_dir():  # a file or a link where the folder goes: os.replace would refuse it
+            kept.unlink(missing_ok=True)
+    except OSError as error:
+        raise UserError(f"cannot remove {kept} ({reason(error)}): make OUT writable") from error
     move(path, kept)
     return kept
 

@@ -87,14 +87,16 @@ LAYERS = 4                  # transformer blocks (ViT-B: 12)
 HEADS = 4                   # attention heads of width 16
 MLP_WIDTH = 128             # the MLP's inner width, twice the width (ViT-B: 4 times): quicker
 TRAIN_PICTURES = 4000       # pictures drawn for training (seed TRAIN_SEED), none of them in the folders
-STEPS = 450                 # AdamW steps of TRAIN_BATCH pictures: with 4,000 pictures, 0 to 6 errors in 3,000 at
-                            # 64 px (2,000 pictures and 300 steps: up to 8 in 2,000), so accuracies near 100% compare
+STEPS = 450                 # AdamW steps of TRAIN_BATCH pictures: with 4,000 pictures, 0 to 6 errors in the 2,000
+                            # posemb reads at 64 px (2,000 pictures and 300 steps: up to 8), so accuracies near 100%
+                            # compare
 TRAIN_BATCH = 64
 LEARNING_RATE = 2e-3        # peak, after a warm-up of WARMUP_STEPS, then cosine to 0
 WARMUP_STEPS = 40
 WEIGHT_DECAY = 0.05
 SEEDS = 3                   # --seeds: each number of the model measured on this many independent seeds
-PROCESSES = (os.cpu_count() or 1) + 1  # trainings and jobs at once, one thread each: on 2 cores, 3 seeds' trainings
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # this process's
+PROCESSES = CORES + 1       # trainings and jobs at once, one thread each: on 2 cores, 3 seeds' trainings
 POLL_SECONDS = 0.2          # how often run_seeds looks for a process that ended
 
 # ---------------------------------------------------------------- the job
@@ -434,9 +436,12 @@ def run_seeds(root, seeds, say=print):
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     untrained, trained, running, statuses = list(seeds), [], {}, {}  # running: {seed: (process, job log, start)}
+    asked = []  # Ctrl-C or SIGTERM, noted by the handler and acted on by the loop: no process started goes unseen
+    handlers = {signum: signal.signal(signum, lambda signum, frame: asked.append(signum))
+                for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
-        while untrained or trained or running:
-            while len(running) < PROCESSES and (untrained or trained):
+        while (untrained or trained or running) and not asked:
+            while len(running) < PROCESSES and (untrained or trained) and not asked:
                 if trained:
                     seed = trained.pop(0)
                     folder = seed_folder(root, seed)
@@ -464,8 +469,7 @@ def run_seeds(root, seeds, say=print):
                 else:
                     log.close()
                     say(f"seed {seed}: the job ended with status {status} after {time.perf_counter() - begun:.0f} s")
-        return statuses
-    except BaseException:  # Ctrl-C or SIGTERM: each process saves and stops; the same command resumes
+    finally:  # each process still running (a stop, or an error here) saves and stops; the same command resumes
         for process, _, _ in running.values():
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
@@ -473,9 +477,15 @@ def run_seeds(root, seeds, say=print):
             process.wait()
             if log is not None:
                 log.close()
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    if asked:
+        from common.start_and_end import Terminated
+
         say(f"stopped: each seed's pictures, trained ViT and finished scripts are kept; the same command continues: "
             f"{shlex.join(['python', sys.argv[0], *sys.argv[1:]])}")
-        raise
+        raise KeyboardInterrupt if asked[0] == signal.SIGINT else Terminated
+    return statuses
 
 
 def main(argv=None):
@@ -493,8 +503,6 @@ def main(argv=None):
     parser.add_argument("--prepare", action="store_true", help=argparse.SUPPRESS)  # run_seeds' child: one seed's
     args = parser.parse_args(argv)                                                  # pictures and ViT, no more
     root = Path(args.directory).expanduser()
-    if args.prepare:
-        return prepare(root, args.seed, say)
     seeds = list(range(args.seed, args.seed + args.seeds))
     if seeds[-1] > 2**32 - 1:
         raise UserError(f"--seed {args.seed} --seeds {args.seeds} reaches seed {seeds[-1]}, past the last seed numpy "
@@ -503,6 +511,8 @@ def main(argv=None):
     if foreign:
         raise UserError(f"{root} holds {', '.join(foreign[:3])}, which are not the miniature's: give a new or empty "
                         f"folder (the miniature writes DIR/seed-<s>/, DIR/report.md and DIR/miniature.json)")
+    if args.prepare:
+        return prepare(root, args.seed, say)
     from transformers.utils import logging
 
     logging.set_verbosity_error()  # the library's note that torchvision would serve the processor faster
@@ -521,8 +531,8 @@ def main(argv=None):
     failed = [seed for seed, status in statuses.items() if status]
     if failed:
         again = shlex.join(["python", sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
-        print(f"seed(s) {', '.join(map(str, failed))} did not finish (the lines above say where; a job's last lines: "
-              f"{seed_folder(root, failed[0]) / 'job.log'}); the same command continues: {again}")
+        print(f"seed(s) {', '.join(map(str, failed))} did not finish (the lines above say which step; a job's last "
+              f"lines are in DIR/seed-<s>/job.log); the same command continues: {again}")
         return 1
     return 0
 

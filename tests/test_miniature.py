@@ -4,6 +4,7 @@ benchmarks/miniature.py's, not a test's."""
 import json
 import math
 import os
+import signal
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from PIL import Image
 
 from common.environment import MINIATURE_MARK
 from common.imagenette import CLASSES, list_split
+from common.start_and_end import Terminated
 from job import miniature
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # conftest sets it too: nothing here may reach the Hub
@@ -195,6 +197,12 @@ class Ending:
         self.polls -= 1
         return None if self.polls > 0 else self.status
 
+    def send_signal(self, signum):
+        self.polls, self.status = 0, 128 + signum
+
+    def wait(self):
+        return self.status
+
 
 def test_the_seeds_train_side_by_side_then_their_jobs_run_and_a_failed_training_is_that_seeds_status(tmp_path,
                                                                                                     monkeypatch):
@@ -225,6 +233,34 @@ def test_the_seeds_train_side_by_side_then_their_jobs_run_and_a_failed_training_
                        ("job", 3, 2), ("job", 2, 1)]
     assert statuses == {0: 0, 1: 1, 2: 0, 3: 0}
     assert "seed 1: its pictures and training ended with status 1 (its lines above)" in said
+
+
+@pytest.mark.parametrize("signum,raised", [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, Terminated)])
+def test_a_stop_while_a_training_starts_stops_every_process_started_and_says_how_to_continue(signum, raised, tmp_path,
+                                                                                           monkeypatch):
+    """Ctrl-C or SIGTERM arriving as the second training starts (start_script lets it in as it returns): both
+    trainings started are sent SIGTERM and waited for, no job starts, and the last line says the same command
+    continues; then Ctrl-C is KeyboardInterrupt (status 130) and SIGTERM Terminated (143), as guarded() reads them."""
+    import job.child_process
+
+    started = []
+
+    def start(command, env, **popen):
+        started.append(Ending(10, 0))
+        if len(started) == 2:
+            os.kill(os.getpid(), signum)
+        return started[-1]
+
+    monkeypatch.setattr(job.child_process, "start_script", start)
+    monkeypatch.setattr(miniature, "PROCESSES", 3)
+    monkeypatch.setattr(miniature, "POLL_SECONDS", 0)
+    said = []
+    with pytest.raises(raised):
+        miniature.run_seeds(tmp_path, [0, 1, 2], said.append)
+    assert [process.status for process in started] == [128 + signal.SIGTERM] * 2
+    assert said[-1].startswith("stopped: each seed's pictures, trained ViT and finished scripts are kept; the same "
+                               "command continues: ")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_the_seeds_verdicts_combine_on_every_seed_and_the_page_shows_each(tmp_path, monkeypatch):

@@ -795,6 +795,7 @@ def test_a_checkpoint_of_another_command_or_damaged_is_kept_aside_not_deleted(tm
     for folder in ("model", "model-last", "model.previous"):
         (out / "finetune-run" / folder).mkdir()
         (out / "finetune-run" / folder / "config.json").write_text(folder)
+    (out / "finetune-run" / "model-last.previous").write_text("a file where the folder goes")
     saved = checkpoint.read_bytes() if whole else checkpoint.read_bytes()[:1000]
     checkpoint.write_bytes(saved)
     args, keys = namespace(), {"finetune": {"code": "code digest"}}
@@ -812,8 +813,8 @@ def test_a_checkpoint_of_another_command_or_damaged_is_kept_aside_not_deleted(tm
     assert models == ({"model": "model", "model-last": "model-last", "model.previous": "model.previous"} if why is None
                       else {"model.previous": "model", "model-last.previous": "model-last"})
     said = [text for text in capsys.readouterr().err.splitlines() if "starts afresh" in text]
-    afresh = (f"vit_part3_finetune.py starts afresh: {why}; the old ones are kept as {previous}, "
-              f"{run / 'model.previous'}, {run / 'model-last.previous'}")
+    afresh = (f"vit_part3_finetune.py starts afresh: {why}; the old ones are kept as {run / 'model.previous'}, "
+              f"{run / 'model-last.previous'}, {previous}")
     assert said == ([] if why is None else [afresh])
 
 
