@@ -300,13 +300,13 @@ def test_the_seeds_verdicts_combine_on_every_seed_and_the_page_shows_each(tmp_pa
 
 @pytest.fixture(scope="module")
 def trained_miniature(tmp_path_factory):
-    """A miniature ViT trained as job/miniature.py trains it, shorter (200 of its 450 steps, on 2,000 of its 4,000
+    """A miniature ViT trained as job/miniature.py trains it, shorter (150 of its 450 steps, on 1,000 of its 4,000
     pictures: every picture of a batch right by then), its folders of 60 training and 10 validation pictures a class,
     and each script's own verdicts on it with the maths intact."""
     root = tmp_path_factory.mktemp("trained-miniature")
     miniature.imagenette_folder(root / "imagenette", counts={"train": 60, "val": 10}, seed=[0, 0])
-    pictures, labels = miniature.training_pictures(2000, [0, 2])
-    miniature.save_checkpoints(root / "models", *miniature.train(pictures, labels, steps=200, say=lambda text: None))
+    pictures, labels = miniature.training_pictures(1000, [0, 2])
+    miniature.save_checkpoints(root / "models", *miniature.train(pictures, labels, steps=150, say=lambda text: None))
     return {"root": root, "intact": {script: own_verdicts(script, root, root / "intact") for script in PIECES_RUN}}
 
 
