@@ -443,63 +443,68 @@ def prepare(root, seed, say=print):
     return 0
 
 
+def started(root, seed, its_job, env, say):
+    """(process, its log or None, when it started): the seed's job (reproduce.py, its lines in DIR/seed-<s>/job.log),
+    or its pictures and training (this script again, --prepare)."""
+    from job.child_process import start_script
+
+    if not its_job:
+        command = [sys.executable, str(MINIATURE), str(root), "--seed", str(seed), "--prepare"]
+        return start_script(command, env), None, time.perf_counter()
+    folder = seed_folder(root, seed)
+    log = open(folder / "job.log", "wb")  # noqa: SIM115 - open while the job runs
+    process = start_script([sys.executable, str(REPRODUCE), str(folder / "results"), *job_flags(folder, seed)], env,
+                           stdout=log, stderr=subprocess.STDOUT)
+    say(f"seed {seed}: the job runs, its lines in {folder / 'job.log'}")
+    return process, log, time.perf_counter()
+
+
 def run_seeds(root, seeds, say=print):
     """Each seed's pictures and ViT (this script again, --prepare), then its job (reproduce.py), each a process of
     its own and of one thread, at most PROCESSES at once, a job before the next training; the jobs' statuses (a seed
-    whose training failed: its status)."""
-    from job.child_process import start_script
+    whose training failed: its status). Ctrl-C and SIGTERM are noted (StopRequests) and acted on between polls, so
+    that no process started goes unseen: each one still running is sent SIGTERM and waited for."""
+    from job.child_process import StopRequests
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     untrained, trained, running, statuses = list(seeds), [], {}, {}  # running: {seed: (process, job log, start)}
-    asked = []  # Ctrl-C or SIGTERM, noted by the handler and acted on by the loop: no process started goes unseen
-    handlers = {signum: signal.signal(signum, lambda signum, frame: asked.append(signum))
-                for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        while (untrained or trained or running) and not asked:
-            while len(running) < PROCESSES and (untrained or trained) and not asked:
-                if trained:
-                    seed = trained.pop(0)
-                    folder = seed_folder(root, seed)
-                    command = [sys.executable, str(REPRODUCE), str(folder / "results"), *job_flags(folder, seed)]
-                    log = open(folder / "job.log", "wb")  # noqa: SIM115 - open while the job runs
-                    running[seed] = (start_script(command, env, stdout=log, stderr=subprocess.STDOUT), log,
-                                     time.perf_counter())
-                    say(f"seed {seed}: the job runs, its lines in {folder / 'job.log'}")
-                else:
-                    seed = untrained.pop(0)
-                    command = [sys.executable, str(MINIATURE), str(root), "--seed", str(seed), "--prepare"]
-                    running[seed] = (start_script(command, env), None, time.perf_counter())
-            time.sleep(POLL_SECONDS)
-            for seed, (process, log, begun) in list(running.items()):
-                status = process.poll()
-                if status is None:
-                    continue
-                del running[seed]
-                if log is None and status == 0:
-                    trained.append(seed)
-                    continue
-                statuses[seed] = status
-                if log is None:
-                    say(f"seed {seed}: its pictures and training ended with status {status} (its lines above)")
-                else:
+    with StopRequests() as stops:
+        try:
+            while (untrained or trained or running) and not stops.asked:
+                while len(running) < PROCESSES and (untrained or trained) and not stops.asked:
+                    its_job = bool(trained)  # a trained seed's job goes first
+                    seed = (trained or untrained).pop(0)
+                    running[seed] = started(root, seed, its_job, env, say)
+                time.sleep(POLL_SECONDS)
+                for seed, (process, log, begun) in list(running.items()):
+                    status = process.poll()
+                    if status is None:
+                        continue
+                    del running[seed]
+                    if log is None and status == 0:
+                        trained.append(seed)
+                        continue
+                    statuses[seed] = status
+                    if log is None:
+                        say(f"seed {seed}: its pictures and training ended with status {status} (its lines above)")
+                    else:
+                        log.close()
+                        say(f"seed {seed}: the job ended with status {status} after "
+                            f"{time.perf_counter() - begun:.0f} s")
+        finally:  # each process still running (a stop, or an error here) saves and stops; the same command resumes
+            for process, _, _ in running.values():
+                if process.poll() is None:
+                    process.send_signal(signal.SIGTERM)
+            for process, log, _ in running.values():
+                process.wait()
+                if log is not None:
                     log.close()
-                    say(f"seed {seed}: the job ended with status {status} after {time.perf_counter() - begun:.0f} s")
-    finally:  # each process still running (a stop, or an error here) saves and stops; the same command resumes
-        for process, _, _ in running.values():
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process, log, _ in running.values():
-            process.wait()
-            if log is not None:
-                log.close()
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
-    if asked:
+    if stops.asked:
         from common.start_and_end import Terminated
 
         say(f"stopped: each seed's pictures, trained ViT and finished scripts are kept; the same command continues: "
             f"{shlex.join(['python', sys.argv[0], *sys.argv[1:]])}")
-        raise KeyboardInterrupt if asked[0] == signal.SIGINT else Terminated
+        raise KeyboardInterrupt if stops.asked[0] == signal.SIGINT else Terminated
     return statuses
 
 
