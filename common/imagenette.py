@@ -134,11 +134,17 @@ def picture_files(root):
 
 
 def write_manifest(root, url, md5):
-    """The archive the folder came from and each picture's size, time and sha256, so that the folder is told later
-    for the one the project extracted, and a picture changed, added or removed since is noticed (changed_pictures)."""
-    pictures = {name: [path.stat().st_size, path.stat().st_mtime_ns, hashlib.sha256(path.read_bytes()).hexdigest()]
+    """The archive the folder came from (url, as shown: no secret in it), the MD5 computed of its bytes, and each
+    picture's size, time and sha256, so that the folder is told later for the one the project extracted, and a
+    picture changed, added or removed since is noticed (changed_pictures)."""
+    pictures = {name: [path.stat().st_size, path.stat().st_mtime_ns, sha256_of(path)]
                 for name, path in picture_files(root).items()}
     (root / MANIFEST).write_text(json.dumps({"archive": url, "md5": md5, "pictures": pictures}))
+
+
+def sha256_of(path):
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()  # in blocks: the file is never read whole
 
 
 def extracted_from(root):
@@ -162,8 +168,7 @@ def changed_pictures(root):
         return f"{odd[0]} was {'removed' if odd[0] in listed else 'added'} since the project extracted the archive"
     for name, (size, mtime, sha256) in listed.items():
         stat = found[name].stat()
-        if [stat.st_size, stat.st_mtime_ns] != [size, mtime] and \
-                hashlib.sha256(found[name].read_bytes()).hexdigest() != sha256:
+        if [stat.st_size, stat.st_mtime_ns] != [size, mtime] and sha256_of(found[name]) != sha256:
             return f"{name} changed since the project extracted the archive"
     return None
 
@@ -176,17 +181,25 @@ def ensure_imagenette(data_dir=None):
     if not root.exists():
         if not default:
             raise UserError(f"--data-dir {data_dir} does not exist")
-        from common.imagenette_archive import DownloadError, archive_source, download_and_extract  # to download
-        from common.pretrained import hub_offline
+        from common.imagenette_archive import (  # to download
+            DownloadError,
+            archive_source,
+            download_and_extract,
+            without_secrets,
+        )
+        from common.pretrained import hub_offline, shown_url
 
         url, md5 = archive_source()
-        fix = f"download {url} ({ARCHIVE_MB} MB) and extract it into {root.parent}, or pass --data-dir"
+        fix = f"download {shown_url(url)} ({ARCHIVE_MB} MB) and extract it into {root.parent}, or pass --data-dir"
         if hub_offline():
             raise UserError(f"Imagenette is not in {root} and offline mode is on (HF_HUB_OFFLINE=1): {fix}")
         try:
             download_and_extract(url, md5, root)
         except DownloadError as error:
-            raise UserError(f"Imagenette is not in {root} and could not be downloaded ({error}): {fix}") from error
+            raise UserError(without_secrets(f"Imagenette is not in {root} and could not be downloaded ({error}): "
+                                            f"{fix}", url)) from error
+        except UserError as error:  # a library's words may repeat the URL
+            raise UserError(without_secrets(str(error), url)) from error
     if not root.is_dir():
         raise UserError(f"--data-dir {data_dir} is a file, not a folder of {{train,val}}/<class>/ pictures")
     warning = check_counts(root, strict=default)

@@ -1,21 +1,33 @@
-"""The release's archive of Imagenette (imagenette2-160.tgz): downloaded whole, resumed, checked by its MD5 and
-extracted so that its folder appears whole or not at all (docs/data.md#imagenette); common/imagenette.py asks for it
-only when the folder is missing."""
+"""The release's archive of Imagenette (imagenette2-160.tgz): downloaded whole, resumed, known by its MD5, and
+extracted so that its folder appears whole or not at all, nothing written outside it (docs/data.md#imagenette);
+common/imagenette.py asks for it only when the folder is missing."""
 import contextlib
+import gzip
 import hashlib
 import os
 import shutil
 import sys
 import tarfile
 import tempfile
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import zlib
 from pathlib import Path
 
 from common.errors import UserError
 from common.files import reason
 from common.imagenette import ARCHIVE_BYTES, MD5, URL, URL_VARIABLE, check_counts, write_manifest
+from common.pretrained import shown_url
+
+# The caps, generous multiples of the release's (99 MB, 13,394 pictures of 160 px, none near 1 MB): a mirror's
+# archive that passes them is refused, if at all, by its contents, never by the disk or the memory it fills
+DOWNLOAD_BYTES_MOST = 10 * ARCHIVE_BYTES  # a mirror's archive whose size its server does not say
+MEMBER_BYTES_MOST = 10 * 2**20  # one picture
+EXTRACTED_BYTES_MOST = 10 * ARCHIVE_BYTES  # the pictures are JPEGs: the release extracts to about its own size
+MEMBERS_MOST = 100_000
+SLOWEST_BYTES_PER_SECOND = 10_000  # a server slower than this for HF_HUB_DOWNLOAD_TIMEOUT seconds is given up on
 
 
 class DownloadError(Exception):
@@ -29,31 +41,51 @@ def archive_source():
     url, _, fragment = (os.environ.get(URL_VARIABLE) or URL).partition("#")
     md5 = fragment.removeprefix("md5=")
     if fragment and not (fragment.startswith("md5=") and len(md5) == 32 and set(md5) <= set("0123456789abcdef")):
-        raise UserError(f"{URL_VARIABLE}={os.environ[URL_VARIABLE]}: its '#' part must be md5= and the archive's 32 "
-                        f"hex digits, or nothing (the release's MD5)")
-    if urllib.parse.urlparse(url).scheme not in ("http", "https", "file"):
-        raise UserError(f"{URL_VARIABLE}={url}: not an http, https or file URL (a file on disk: "
+        raise UserError(f"{URL_VARIABLE}={shown_url(url)}#{fragment[:40]}: its '#' part must be md5= and the "
+                        f"archive's 32 hex digits, or nothing (the release's MD5)")
+    try:
+        scheme = urllib.parse.urlsplit(url).scheme
+    except ValueError:  # a malformed host ("http://[::1")
+        scheme = None
+    if scheme not in ("http", "https", "file"):
+        raise UserError(f"{URL_VARIABLE}={shown_url(url)}: not an http, https or file URL (a file on disk: "
                         f"file://{Path(url).expanduser().resolve()})")
     return url, md5 or MD5
 
 
+def without_secrets(text, url):
+    """text with url's user:password and query string replaced by ***, wherever a library's message repeats them."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return text
+    for secret in sorted({parts.netloc.rpartition("@")[0], parts.password, parts.query} - {"", None}, key=len)[::-1]:
+        text = text.replace(secret, "***")
+    return text
+
+
+def shown_host(url):
+    """The host (and port) of url without a user:password: whom a line about a download names."""
+    return shown_url(url).split("://", 1)[-1].split("/", 1)[0].removeprefix("***@") or shown_url(url)
+
+
 def timeout_seconds():
-    """How long the archive's server may keep silent: huggingface_hub's HF_HUB_DOWNLOAD_TIMEOUT, one knob for every
-    download (10 s unless set)."""
+    """How long the archive's server may keep silent, or send less than SLOWEST_BYTES_PER_SECOND: huggingface_hub's
+    HF_HUB_DOWNLOAD_TIMEOUT, one knob for every download (10 s unless set)."""
     from huggingface_hub import constants
 
     return float(constants.HF_HUB_DOWNLOAD_TIMEOUT)
 
 
 def download(url, md5, archive, progress=True):
-    """url into the file archive, whole and checked by its MD5 or not at all. The bytes go to archive.part first: a
-    connection that drops leaves them for the next run, which asks for the rest with an HTTP Range request (a server
-    that ignores it sends the whole file again). Two runs take turns (folder_lock). Renamed into place when its MD5
-    is md5; a wrong file is deleted."""
+    """url into the file archive, whole and checked by its MD5 or not at all: the MD5 found, or None when another
+    run put the archive there meanwhile. The bytes go to archive.part first: a connection that drops leaves them for
+    the next run, which asks for the rest with an HTTP Range request (a server that ignores it sends the whole file
+    again). Two runs take turns (folder_lock). Renamed into place when its MD5 is md5; a wrong file is deleted."""
     part = archive.with_name(archive.name + ".part")
     with folder_lock(archive.parent):
         if archive.exists():
-            return  # that run finished it meanwhile
+            return None  # that run finished it meanwhile
         try:
             with open(part, "ab") as out:
                 fetch_rest(url, out, part, md5, progress)
@@ -66,41 +98,59 @@ def download(url, md5, archive, progress=True):
             if part.exists() and part.stat().st_size == 0:
                 part.unlink()  # nothing to continue from
         if not part.exists():
-            raise DownloadError(f"{urllib.parse.urlparse(url).netloc or url} sent an empty file")
-        with open(part, "rb") as f:
-            found = hashlib.file_digest(f, "md5").hexdigest()
+            raise DownloadError(f"{shown_host(url)} sent an empty file")
+        found = md5_of(part)
         if found != md5:
             part.unlink()
-            raise DownloadError(f"the file from {url} is not the release: its MD5 is {found}, not {md5}; deleted it")
+            raise DownloadError(f"the file from {shown_url(url)} is not the release: its MD5 is {found}, not {md5}; "
+                                f"deleted it")
         os.replace(part, archive)
+        return found
+
+
+def md5_of(path):
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "md5").hexdigest()  # in blocks: the file is never read whole
+
+
+def lock(path, wait=True):
+    """A descriptor of the file or folder at path that holds flock's exclusive lock until it is closed, or None when
+    not wait and another process holds it. flock works across processes that cannot see each other's numbers (other
+    containers, other PID namespaces) on one filesystem; where the system has none (Windows), no lock is held."""
+    try:
+        import fcntl
+    except ImportError:
+        return os.open(os.devnull, os.O_RDONLY)
+    handle = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+        os.close(handle)
+        return None
+    return handle
 
 
 @contextlib.contextmanager
 def folder_lock(folder):
     """Held by one process at a time: flock on the folder itself, which is never deleted (a lock on the part file
-    could be taken on a file another run has just deleted); where the system has no flock (Windows), nothing."""
+    could be taken on a file another run has just deleted)."""
+    handle = lock(folder)  # another run downloading into the same data/ holds it until it is done
     try:
-        import fcntl
-    except ImportError:
-        yield
-        return
-    handle = os.open(folder, os.O_RDONLY)
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX)  # another run downloading into the same data/ holds it until it is done
         yield
     finally:
         os.close(handle)  # the lock goes with it
 
 
 def fetch_rest(url, out, part, md5, progress):
-    """What url has beyond the bytes out holds, appended to out (the whole file where the server ignores Range);
-    a failure of the network is a DownloadError in the user's words, the bytes so far kept. The whole size: the
-    server's Content-Length or Content-Range, else the release's when its MD5 is asked for."""
+    """What url has beyond the bytes out holds, appended to out (the whole file where the server ignores Range), and
+    not a byte past the whole size: the release's when its MD5 is asked for, else the server's Content-Length or
+    Content-Range, at most DOWNLOAD_BYTES_MOST. A failure of the network, or a server slower than
+    SLOWEST_BYTES_PER_SECOND for timeout_seconds(), is a DownloadError in the user's words, the bytes so far kept."""
     import http.client
 
     from tqdm import tqdm
 
-    host, have = urllib.parse.urlparse(url).netloc or url, out.seek(0, os.SEEK_END)
+    host, have = shown_host(url), out.seek(0, os.SEEK_END)
     request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
     try:
         with urllib.request.urlopen(request, timeout=timeout_seconds()) as response:
@@ -109,25 +159,42 @@ def fetch_rest(url, out, part, md5, progress):
                 have = out.seek(0)
             whole = response.headers.get("Content-Range", "").rpartition("/")[2]
             size = int(response.headers.get("Content-Length") or 0)
-            total = int(whole) if whole.isdigit() else have + size if size else ARCHIVE_BYTES if md5 == MD5 else None
+            said = int(whole) if whole.isdigit() else have + size if size else None
+            total = ARCHIVE_BYTES if md5 == MD5 else said
+            if total is not None and total > DOWNLOAD_BYTES_MOST:
+                raise DownloadError(f"{host} sends {total:,} bytes, more than {DOWNLOAD_BYTES_MOST:,}, ten times the "
+                                    f"release's archive: check {URL_VARIABLE}")
+            end = total or DOWNLOAD_BYTES_MOST
             with tqdm(total=total, initial=have, unit="B", unit_scale=True, desc=f"downloading {Path(part).stem}",
                       disable=not progress, file=sys.stderr) as bar:
-                while block := response.read(1 << 20):
+                since, sent = time.monotonic(), 0  # the rate over the last timeout_seconds()
+                while out.tell() < end and (block := response.read1(min(1 << 20, end - out.tell()))):
                     write_block(out, block, part)
                     bar.update(len(block))
+                    sent += len(block)
+                    if (seconds := time.monotonic() - since) >= timeout_seconds():
+                        if sent < SLOWEST_BYTES_PER_SECOND * seconds:
+                            raise DownloadError(
+                                f"{host} sent {sent:,} bytes in {seconds:.0f} s, slower than "
+                                f"{SLOWEST_BYTES_PER_SECOND // 1000} kB/s: try again later to continue (the "
+                                f"{out.tell():,} bytes so far are kept), or set {URL_VARIABLE} to another mirror")
+                        since, sent = time.monotonic(), 0
             if total and out.tell() < total:
                 raise DownloadError(f"the connection to {host} closed after {out.tell():,} of {total:,} bytes: run "
                                     f"again to continue it")
     except urllib.error.HTTPError as error:
         if error.code == 416 and have:  # nothing beyond what the part holds: its MD5 decides
             return
-        if error.code in (429, 500, 502, 503, 504):
+        if 300 <= error.code < 400:  # urllib follows redirects, 10 at most, and gives up on a loop
+            again = f"it redirects in a loop or more than 10 times: check {URL_VARIABLE}"
+        elif error.code in (429, 500, 502, 503, 504):
             again = "the server has trouble, try again later"
         elif os.environ.get(URL_VARIABLE):
             again = f"check {URL_VARIABLE}"
         else:
             again = f"the release may have moved: set {URL_VARIABLE} to a copy of it, or pass --data-dir"
-        raise DownloadError(f"{host} answered {error.code} {error.reason}: {again}") from error
+        raise DownloadError(f"{host} answered {error.code} {str(error.reason).splitlines()[-1][:80]}: "
+                            f"{again}") from error
     except (OSError, EOFError, ValueError, http.client.HTTPException) as error:  # refused, silent, dropped mid-way
         if isinstance(error, TimeoutError) or isinstance(getattr(error, "reason", None), TimeoutError):
             raise DownloadError(f"{host} did not answer within {timeout_seconds():g} s: try again later") from error
@@ -145,76 +212,132 @@ def write_block(out, block, part):
 
 
 DATA_FILTER = hasattr(tarfile, "data_filter")  # extractall(filter="data"): Python 3.11.4 and later
+KINDS = {tarfile.SYMTYPE: "a symbolic link", tarfile.LNKTYPE: "a hard link", tarfile.CHRTYPE: "a device",
+         tarfile.BLKTYPE: "a device", tarfile.FIFOTYPE: "a FIFO"}
 
 
-def extract(archive, folder):
-    """The archive's members into folder, none outside it: tarfile's "data" filter, or, on a Python without filters
-    (3.11.0 to 3.11.3), the same refusals by hand for what the release holds (plain files and folders)."""
-    with tarfile.open(archive) as tar:
+class Refused(tarfile.TarError):
+    """A member the release could not hold: a reason in the user's words."""
+
+
+class CappedReads:
+    """The archive's decompressed stream, each read at most MEMBER_BYTES_MOST bytes and the whole at most the caps
+    allow: tarfile reads a long name or a PAX header whole, at whatever size its header states."""
+
+    def __init__(self, stream):
+        self.stream, self.most = stream, EXTRACTED_BYTES_MOST + 3 * tarfile.BLOCKSIZE * MEMBERS_MOST
+
+    def read(self, size=-1):
+        if not 0 <= size <= MEMBER_BYTES_MOST or self.stream.tell() + size > self.most:
+            raise Refused(f"it asks to read {size:,} bytes at once, or more than {self.most:,} in all")
+        return self.stream.read(size)
+
+    def seek(self, *where):
+        found = self.stream.seek(*where)
+        if found > self.most:
+            raise Refused(f"it is longer than {self.most:,} bytes once decompressed")
+        return found
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def refusal(member, top):
+    """Why member is not one the release holds, or None: the release holds plain files and folders under top/, each
+    file at most MEMBER_BYTES_MOST, and nothing else (no link, device, FIFO or sparse file)."""
+    parts = member.name.split("/")
+    if parts[0] != top or "\0" in member.name or "\\" in member.name or {"", ".", ".."} & set(parts):
+        return f"{member.name!r} lies outside {top}/"
+    if member.issparse():
+        return f"{member.name!r} is a sparse file"
+    if not (member.isdir() or member.type in (tarfile.REGTYPE, tarfile.AREGTYPE)):
+        return f"{member.name!r} is {KINDS.get(member.type, f'a member of type {member.type!r}')}"
+    if member.name == top and not member.isdir():
+        return f"{member.name!r} is a file where the folder goes"
+    if member.size > MEMBER_BYTES_MOST:
+        return f"{member.name!r} holds {member.size:,} bytes, more than {MEMBER_BYTES_MOST:,}"
+    return None
+
+
+def extract(archive, folder, top):
+    """The archive's members into folder, each checked by refusal() before anything is written, and the count of its
+    files. tarfile's "data" filter (Python 3.11.4 and later) is a second guard; without it (3.11.0 to 3.11.3) every
+    file is the current user's, folders 0755 and files 0644."""
+    with gzip.open(archive) as stream, tarfile.open(fileobj=CappedReads(stream), mode="r:") as tar:
+        members, total = [], 0
+        for member in tar:  # one header at a time: a refused member stops the reading before the next
+            total += member.size
+            if why := refusal(member, top):
+                raise Refused(why)
+            if total > EXTRACTED_BYTES_MOST or len(members) >= MEMBERS_MOST:
+                raise Refused(f"it holds more than {EXTRACTED_BYTES_MOST:,} bytes or {MEMBERS_MOST:,} members")
+            members.append(member)
         if DATA_FILTER:
-            tar.extractall(folder, filter="data")
-            return
-        for member in tar.getmembers():
-            if not (member.isfile() or member.isdir()) or member.name.startswith("/") or ".." in member.name.split("/"):
-                raise tarfile.TarError(f"{member.name} is a link or lies outside the archive's folder")
-            member.mode &= 0o755  # no set-user-id and the like, as the data filter
-        tar.extractall(folder)
+            tar.extractall(folder, members, filter="data")
+        else:
+            for member in members:
+                member.mode = 0o755 if member.isdir() else 0o644
+                member.uid, member.gid, member.uname, member.gname = os.getuid(), os.getgid(), "", ""
+            tar.extractall(folder, members)
+    return sum(member.isfile() for member in members)
 
 
 def scratch_prefix(target):
     return f".{Path(target).name}-extracting-"
 
 
-def process_alive(pid):
-    """Whether process pid runs (psutil's rule by hand: the article's packages do not bring psutil); where it cannot
-    be told (Windows, whose os.kill has no probe), alive."""
-    if os.name != "posix":
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's
-        return True
-    return True
-
-
 def remove_abandoned_scratch(target):
-    """Folders left by an extraction that was killed: their process (the number in the name) is gone."""
-    for folder in Path(target).parent.glob(scratch_prefix(target) + "*"):
-        pid = folder.name[len(scratch_prefix(target)):].split("-")[0]
-        if folder.is_dir() and pid.isdigit() and not process_alive(int(pid)):
+    """Folders left by an extraction that was killed: no process holds their lock (called under folder_lock, under
+    which a run makes its scratch folder and locks it). Where no lock can be held (Windows), none is told abandoned."""
+    for folder in Path(target).parent.glob(scratch_prefix(target) + "*") if os.name == "posix" else []:
+        handle = lock(folder, wait=False) if folder.is_dir() and not folder.is_symlink() else None
+        if handle is not None:
             shutil.rmtree(folder, ignore_errors=True)
+            os.close(handle)
 
 
 def download_and_extract(url, md5, target, progress=True):
-    """Download url (.tgz) and extract it so that target appears whole or not at all: extracted into a scratch folder
-    beside it, checked, renamed into place; an archive that fails is deleted (docs/data.md#imagenette)."""
+    """Download url (.tgz), unless the archive is already there, and extract it so that target appears whole or not
+    at all: an archive not downloaded now is known by its MD5 first; extracted into a scratch folder beside target,
+    locked while this run writes it; its files counted and checked; renamed into place. An archive that is not the
+    release, or cannot be extracted, is moved aside (docs/data.md#imagenette)."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    remove_abandoned_scratch(target)
-    archive = target.with_name(target.name + ".tgz")
-    if not archive.exists():
-        download(url, md5, archive, progress)
-    scratch = Path(tempfile.mkdtemp(prefix=f"{scratch_prefix(target)}{os.getpid()}-", dir=target.parent))
+    archive, aside = target.with_name(target.name + ".tgz"), target.with_name(target.name + ".tgz.refused")
+    found = None if archive.exists() else download(url, md5, archive, progress)
+    source = f"the archive downloaded from {shown_url(url)}" if found else f"the archive {archive}"
+    with folder_lock(target.parent):
+        remove_abandoned_scratch(target)
+        scratch = Path(tempfile.mkdtemp(prefix=scratch_prefix(target), dir=target.parent))
+        handle = lock(scratch)  # another run, in another container too, leaves it alone while this one writes it
     try:
-        extract(archive, scratch)
+        found = found or md5_of(archive)
+        if found != md5:
+            raise UserError(f"its MD5 is {found}, not {md5}")
+        files = extract(archive, scratch, target.name)
         extracted = scratch / target.name
-        if not extracted.is_dir():
+        if extracted.is_symlink() or not extracted.is_dir():
             raise UserError(f"it holds no folder {target.name}")
+        written = sum(len(names) for _, _, names in os.walk(extracted))
+        if written != files:
+            raise UserError(f"{written:,} files were written of its {files:,}")
         check_counts(extracted, strict=True, fix="")
-        write_manifest(extracted, url, md5)
+        write_manifest(extracted, shown_url(url), found)
         try:
             extracted.rename(target)
         except OSError:
             if not target.is_dir():
                 raise  # else another run put its own checked copy there first: this one is not needed
-    except (tarfile.TarError, EOFError, OSError, UserError) as error:
-        archive.unlink(missing_ok=True)  # a wrong or broken archive is downloaded again next time
-        what = (f"its contents are not the release ({error})" if isinstance(error, UserError) else
+    except (tarfile.TarError, EOFError, OSError, ValueError, MemoryError, zlib.error, UserError) as error:
+        if target.is_dir():  # another run put its checked copy in place, and removed the archive, meanwhile
+            return
+        with contextlib.suppress(OSError):
+            os.replace(archive, aside)  # not taken again by the next run, kept to be looked at
+        what = (f"its contents are not the release ({error})" if isinstance(error, (UserError, Refused)) else
                 f"could not extract it ({reason(error)})")
-        raise UserError(f"the archive downloaded from {url}: {what}; removed {archive}: run again to download it "
-                        f"anew, or pass --data-dir with a complete copy") from error
+        raise UserError(f"{source}: {what}; moved it to {aside}: run again to download it anew, or pass --data-dir "
+                        f"with a complete copy") from error
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+        os.close(handle)
     archive.unlink(missing_ok=True)  # another run that finished first removed it

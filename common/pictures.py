@@ -3,6 +3,7 @@ does (the article's: bilinear, mean and std 0.5); the batched path splits it bet
 (resized_rgb) and the model's device (to_pixels)."""
 import functools
 import os
+import reprlib
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
@@ -52,7 +53,7 @@ def followed_pixels(config, name):
         ("does not resize it (do_resize false)", config.get("do_resize", True) is False),
         ("does not rescale by 1/255", config.get("do_rescale", True) is False
          or abs(config.get("rescale_factor", 1 / 255) - 1 / 255) > 1e-12),
-        (f"resamples with filter {config.get('resample')!r}, not one of PIL's",
+        (f"resamples with filter {reprlib.repr(config.get('resample'))}, not one of PIL's",
          config.get("resample", Image.BILINEAR) not in RESAMPLES),
     ) if does]
     if otherwise:
@@ -64,8 +65,10 @@ def followed_pixels(config, name):
     stats = {what: np.ravel(config.get(f"image_{what}", ARTICLE_PIXELS[what])) for what in ("mean", "std")}
     if any(len(value) not in (1, 3) or not np.all(np.isfinite(value)) for value in stats.values()) \
             or not np.all(stats["std"] > 0):
-        raise UserError(f"--model {name}: its image processor's image_mean {stats['mean'].tolist()} and image_std "
-                        f"{stats['std'].tolist()} are not one finite value, or one a channel, with std above 0: "
+        shown = {what: value.tolist() if len(value) <= 3 else f"of {len(value):,} values"
+                 for what, value in stats.items()}
+        raise UserError(f"--model {name}: its image processor's image_mean {shown['mean']} and image_std "
+                        f"{shown['std']} are not one finite value, or one a channel, with std above 0: "
                         f"pass a checkpoint whose processor has them")
     return {"resample": config.get("resample", Image.BILINEAR),
             **{what: tuple(float(v) for v in np.broadcast_to(value, 3)) for what, value in stats.items()}}

@@ -3,9 +3,11 @@ their image processor; a fine-tuned one saved as from_pretrained loads it. Wheth
 common/published_files.py."""
 import json
 import os
+import urllib.parse
 from pathlib import Path
 
 from common.errors import UserError
+from common.files import reason
 
 
 def hub_offline():
@@ -26,7 +28,20 @@ def hub_name():
     """The Hugging Face Hub, or the mirror HF_ENDPOINT names: every line about a download names the server it asks."""
     from huggingface_hub import constants
 
-    return "the Hugging Face Hub" if constants.ENDPOINT == HUB_ENDPOINT else f"the Hub mirror {constants.ENDPOINT}"
+    endpoint = constants.ENDPOINT
+    return "the Hugging Face Hub" if endpoint == HUB_ENDPOINT else f"the Hub mirror {shown_url(endpoint)}"
+
+
+def shown_url(url):
+    """url as every line and record shows it: a user:password and a query string (a presigned URL's signature)
+    replaced by ***, so that no secret leaves the run."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:  # a malformed host ("http://[::1"): nothing of it is shown
+        return "(a URL that cannot be read)"
+    _, at, host = parts.netloc.rpartition("@")
+    return urllib.parse.urlunsplit((parts.scheme, "***@" * bool(at) + host, parts.path, "***" * bool(parts.query),
+                                    parts.fragment))
 
 
 def ask_hub(name, repo_type="model"):
@@ -132,8 +147,8 @@ def load_pretrained(model_class, name, fix=LOCAL_COPY, **kwargs):
         if os.path.isdir(name):
             try:
                 return model_class.from_pretrained(name, **kwargs)
-            except OSError as error:
-                raise UserError(f"{name} is not a saved checkpoint directory: {str(error).splitlines()[0]}") from error
+            except (OSError, ValueError, RuntimeError, RecursionError) as error:  # RuntimeError: sizes that do not fit
+                raise UserError(f"{name} is not a saved checkpoint directory: {reason(error)}") from error
         try:
             return model_class.from_pretrained(name, local_files_only=True, **kwargs)
         except OSError:
@@ -187,8 +202,8 @@ def read_processor(path, name):
     """The image processor's file as a dict; one that is not a JSON object is one line, its pixels never guessed."""
     try:
         found = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as error:
-        found = error
+    except (OSError, ValueError, RecursionError) as error:  # RecursionError: arrays nested thousands deep
+        found = f"{type(error).__name__}: {reason(error)}"
     if not isinstance(found, dict):
         raise UserError(f"--model {name}: its {PROCESSOR_FILE} is not a JSON object ({found}): pass a checkpoint whose "
                         f"image processor can be read")

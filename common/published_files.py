@@ -102,22 +102,25 @@ def published_hashes(repo, files, repo_type="model"):
 
 def file_hash(path, length):
     """The file's sha256 (length 64: the Hub's name of a large file) or git blob sha1 (length 40: of a small one),
-    computed once: kept by the file's real path, size and time in DATA_DIR/file_hashes.json."""
+    computed once: kept by the file's real path, size, modification and change times and inode in
+    DATA_DIR/file_hashes.json (an edit with its size and modification time put back still changes the change time,
+    which no user call sets)."""
     from common.files import write_text
     from common.paths import DATA_DIR
 
     real, kept_path = os.path.realpath(path), DATA_DIR / "file_hashes.json"
     stat, kept = os.stat(real), read_json(kept_path)
-    key, when = f"{real} {'sha256' if length == 64 else 'git blob sha1'}", [stat.st_size, stat.st_mtime_ns]
-    if kept.get(key, [None])[:2] == when:
-        return kept[key][2]
+    key = f"{real} {'sha256' if length == 64 else 'git blob sha1'}"
+    when = [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino]
+    if kept.get(key, [None])[:4] == when:
+        return kept[key][4]
     header = f"blob {stat.st_size}\0".encode()  # git names a file by the sha1 of this header and its bytes
     with open(real, "rb") as f:
         digest = hashlib.file_digest(f, "sha256" if length == 64 else lambda: hashlib.sha1(header))
     kept[key] = [*when, digest.hexdigest()]
     with contextlib.suppress(UserError):  # a disk that cannot keep it: hashed again next time
         write_text(kept_path, json.dumps(kept, indent=1) + "\n", what="record of hashes")
-    return kept[key][2]
+    return kept[key][4]
 
 
 def read_json(path):

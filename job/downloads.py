@@ -9,7 +9,6 @@ import shutil
 import urllib.error
 import urllib.request
 from pathlib import Path
-from urllib.parse import urlparse
 
 from huggingface_hub.constants import ENDPOINT as HF_ENDPOINT
 
@@ -17,15 +16,16 @@ from common import beans
 from common.errors import UserError
 from common.imagenette import ARCHIVE_MB, URL_VARIABLE
 from common.imagenette import URL as IMAGENETTE_URL
-from common.pretrained import HUB_ENDPOINT, cached_weight_file, hub_offline, hub_reachable
+from common.imagenette_archive import shown_host
+from common.pretrained import HUB_ENDPOINT, cached_weight_file, hub_offline, hub_reachable, shown_url
 
 VIT, IN21K, RESNET = "google/vit-base-patch16-224", "google/vit-base-patch16-224-in21k", "microsoft/resnet-50"
 IMAGENETTE, BEANS = "Imagenette", "AI-Lab-Makerere/beans"
-HUB = urlparse(HF_ENDPOINT).netloc  # huggingface.co, or the mirror HF_ENDPOINT names
+HUB = shown_host(HF_ENDPOINT)  # huggingface.co, or the mirror HF_ENDPOINT names
 ARCHIVE_URL = (os.environ.get(URL_VARIABLE) or IMAGENETTE_URL).partition("#")[0]  # the release's, or its mirror's
 # (size in MB of 10^6 bytes, MB on disk at most, where it comes from)
 PIECES = {VIT: (346, 346, HUB), IN21K: (346, 346, HUB),
-          IMAGENETTE: (ARCHIVE_MB, 2 * ARCHIVE_MB, urlparse(ARCHIVE_URL).netloc),  # the archive and its extraction
+          IMAGENETTE: (ARCHIVE_MB, 2 * ARCHIVE_MB, shown_host(ARCHIVE_URL)),  # the archive and its extraction
           BEANS: (beans.MEGABYTES, 2 * beans.MEGABYTES, HUB),  # the parquet files and the library's Arrow copy
           RESNET: (100, 100, HUB)}
 NEEDS = {"setup": [], "posemb": [VIT, IMAGENETTE], "fewshot": [IN21K, IMAGENETTE],
@@ -140,9 +140,9 @@ def mirror_line(pieces):
     """Where the pieces come from, when a variable names a mirror (HF_ENDPOINT, VIT_PART3_IMAGENETTE_URL), else None."""
     named = []
     if HF_ENDPOINT != HUB_ENDPOINT and set(pieces) - {IMAGENETTE}:
-        named.append(f"the Hub's files from the mirror {HF_ENDPOINT} (HF_ENDPOINT)")
+        named.append(f"the Hub's files from the mirror {shown_url(HF_ENDPOINT)} (HF_ENDPOINT)")
     if os.environ.get(URL_VARIABLE) and IMAGENETTE in pieces:
-        named.append(f"Imagenette's archive from {ARCHIVE_URL} ({URL_VARIABLE})")
+        named.append(f"Imagenette's archive from {shown_url(ARCHIVE_URL)} ({URL_VARIABLE})")
     return f"from mirrors: {' and '.join(named)}" if named else None
 
 

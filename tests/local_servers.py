@@ -24,12 +24,14 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 STALL_SECONDS = 120  # a silent answer ends by then at the latest (the clients' time-outs are far shorter)
+TRICKLE_SECONDS = 0.05  # a trickle's pause between two bytes, 20 bytes a second, for at most STALL_SECONDS
 ARCHIVE_PATH = "/fast-ai-imageclas/imagenette2-160.tgz"
 
 
 class Faulty(ThreadingHTTPServer):
     """The tests' own server: files it holds, else olah's answers; faults: [{"path": part of the path, "kind":
-    "drop" | "status" | "stall", "code": the status, "times": how many requests it hits}]."""
+    "drop" | "status" | "stall" | "trickle" (a byte each TRICKLE_SECONDS) | "redirect" (to the same path), "code":
+    the status, "times": how many requests it hits}]."""
     daemon_threads = True
 
     def __init__(self, upstream=None):
@@ -79,6 +81,12 @@ class Handler(BaseHTTPRequestHandler):
             server.stop.wait(STALL_SECONDS)
             self.close_connection = True
             return
+        if fault and fault["kind"] == "redirect":
+            self.send_response(302)
+            self.send_header("Location", self.path)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if fault and fault["kind"] == "status":
             self.send_response(fault["code"])
             self.send_header("Content-Length", "0")
@@ -97,6 +105,17 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.end_headers()
         if not body:
+            return
+        if fault and fault["kind"] == "trickle":  # the whole length announced, then a byte at a time
+            for byte in content[: int(STALL_SECONDS / TRICKLE_SECONDS)]:
+                if server.stop.wait(TRICKLE_SECONDS):
+                    break
+                try:
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                except OSError:  # the client gave up
+                    break
+            self.close_connection = True
             return
         if fault and fault["kind"] == "drop":  # the whole length announced, half of it sent, then the line is cut
             self.wfile.write(content[: len(content) // 2])

@@ -56,7 +56,20 @@ def places(tmp_path_factory, tiny_in21k):
             "{classifier+processor}": str(vit_classifier(root / "cp", processor=True)),
             "{resnet}": str(resnet_classifier(root / "resnet")),
             "{headless}": str(with_processor(vit_in21k(root / "headless"))),
-            "{cropping}": str(cropping(vit_classifier(root / "crop", processor=True)))}
+            "{cropping}": str(cropping(vit_classifier(root / "crop", processor=True))),
+            "{deep processor}": str(hostile(vit_classifier(root / "deep"), "preprocessor_config.json",
+                                            "[" * 100_000 + "]" * 100_000)),
+            "{long mean}": str(hostile(vit_classifier(root / "mean"), "preprocessor_config.json",
+                                       json.dumps({"image_mean": [0.5] * 10**6}))),
+            "{misfit}": str(hostile(vit_classifier(root / "misfit"), "config.json", lambda config: json.dumps(
+                {**json.loads(config), "intermediate_size": 2 * json.loads(config)["intermediate_size"]})))}
+
+
+def hostile(directory, file, content):
+    """A checkpoint whose file is replaced by content (a function of its text: what it becomes)."""
+    path = directory / file
+    path.write_text(content(path.read_text()) if callable(content) else content)
+    return directory
 
 
 def cropping(directory):
@@ -107,6 +120,10 @@ CASES = [
     ("posemb", ["--model", "{in21k}", "--data-dir", "{data}"], 1, "has 2 labels, not the 1,000 of ImageNet"),
     ("posemb", ["--model", "{cropping}"], 2, "its image processor crops the picture (do_center_crop)"),
     ("finetune", ["--model", "{cropping}"], 2, "its image processor crops the picture (do_center_crop)"),
+    # hostile files from a mirror: one line, never a traceback or megabytes of it
+    ("posemb", ["--model", "{deep processor}"], 2, "its preprocessor_config.json is not a JSON object (RecursionError"),
+    ("posemb", ["--model", "{long mean}"], 2, "image_mean of 1,000,000 values and image_std [0.5, 0.5, 0.5]"),
+    ("posemb", ["--model", "{misfit}", "--data-dir", "{data}"], 1, "is not a saved checkpoint directory: You set"),
     ("fewshot", ["--lambdas", "-1"], 2, "--lambdas"),
     ("fewshot", ["--lambdas", "nan"], 2, "--lambdas"),
     ("fewshot", ["--lambdas", "1", "inf"], 2, "--lambdas"),
@@ -215,6 +232,7 @@ def test_a_bad_input_is_one_line_and_a_non_zero_exit(script, flags, status, name
     code, out, err = script_output(lambda a: guarded(lambda: SCRIPTS[script](a)), argv, capsys)
     assert code == status, out[-1500:] + err[-1500:]
     assert "Traceback" not in out + err
+    assert all(len(text) < 1000 for text in (out + err).splitlines())  # no value of a hostile file printed whole
     if status == 2:
         lines = [text for text in err.splitlines() if text.strip()]
         assert len(lines) == 1 and lines[0].startswith("error: ") and names in lines[0], err

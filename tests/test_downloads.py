@@ -8,15 +8,19 @@ import os
 import re
 import subprocess
 import sys
+import sysconfig
 import tarfile
+import time
+from pathlib import Path
 
 import pytest
-from local_servers import Faulty
+from local_servers import STALL_SECONDS, Faulty
 from test_faults import ENOSPC, FullFile
 
 from common import imagenette, imagenette_archive
 from common.errors import UserError
-from common.imagenette_archive import DownloadError, archive_source, download, download_and_extract
+from common.imagenette_archive import MEMBER_BYTES_MOST, DownloadError, archive_source, download, download_and_extract
+from common.pretrained import shown_url
 
 CONTENT = os.urandom(3 << 20)  # 3 MB: more than one block of the download's loop
 MD5 = hashlib.md5(CONTENT).hexdigest()
@@ -80,10 +84,13 @@ FAULTS = [  # (the server's fault, VIT_PART3_IMAGENETTE_URL set, what the one li
     ({"kind": "status", "code": 503}, True, f"answered 503 Service Unavailable: {TROUBLE}"),
     ({"kind": "status", "code": 429}, True, f"answered 429 Too Many Requests: {TROUBLE}"),
     ({"kind": "stall"}, True, "did not answer within 2 s: try again later"),
+    ({"kind": "redirect", "times": 20}, True,
+     "answered 302 Found: it redirects in a loop or more than 10 times: check VIT_PART3_IMAGENETTE_URL"),
 ]
 
 
-@pytest.mark.parametrize("fault,mirror,line", FAULTS, ids=["404 mirror", "404 release", "500", "503", "429", "silence"])
+@pytest.mark.parametrize("fault,mirror,line", FAULTS,
+                         ids=["404 mirror", "404 release", "500", "503", "429", "silence", "redirect loop"])
 def test_a_server_error_or_silence_is_one_line_and_nothing_is_kept(served, tmp_path, monkeypatch, fault, mirror, line):
     if mirror:
         monkeypatch.setenv("VIT_PART3_IMAGENETTE_URL", f"{served.url}/file.bin")
@@ -129,6 +136,20 @@ def test_a_release_cut_short_without_a_length_is_kept_to_continue(served, tmp_pa
     assert 0 < (tmp_path / "file.tgz.part").stat().st_size < len(CONTENT)
 
 
+def test_a_trickling_server_ends_in_one_line_within_twice_the_time_out(served, tmp_path):
+    """A server that sends a byte at a time, 20 a second, is never silent for the time-out; the least rate, 10 kB/s
+    over HF_HUB_DOWNLOAD_TIMEOUT (2 s here), ends it in one line naming the server, the bytes kept to continue."""
+    served.faults.append({"path": "/file.bin", "kind": "trickle"})
+    started = time.monotonic()
+    with pytest.raises(DownloadError) as error:
+        download(f"{served.url}/file.bin", MD5, tmp_path / "file.tgz", progress=False)
+    assert time.monotonic() - started < STALL_SECONDS / 4  # else the server's own end, not the rule, stopped it
+    assert re.fullmatch(rf"127\.0\.0\.1:{served.server_address[1]} sent \d+ bytes in \d+ s, slower than 10 kB/s: try "
+                        rf"again later to continue \(the \d+ bytes so far are kept\), or set VIT_PART3_IMAGENETTE_URL "
+                        rf"to another mirror", str(error.value)), str(error.value)
+    assert 0 < (tmp_path / "file.tgz.part").stat().st_size < 1000
+
+
 def test_a_damaged_file_is_refused_by_its_md5_and_deleted(served, tmp_path):
     served.files["/damaged.bin"] = CONTENT[:-1] + bytes([CONTENT[-1] ^ 1])  # its last byte changed, whatever it was
     with pytest.raises(DownloadError, match=f"is not the release: its MD5 is [0-9a-f]{{32}}, not {MD5}"):
@@ -162,33 +183,197 @@ def test_a_variable_that_is_no_url_of_an_archive_is_refused(monkeypatch, value, 
         archive_source()
 
 
+@pytest.mark.parametrize("url,shown", [
+    ("https://user:hunter2@s3.example.com/b/a.tgz?X-Amz-Signature=SECRET&X-Amz-Date=1#md5=00",
+     "https://***@s3.example.com/b/a.tgz?***#md5=00"),
+    ("http://127.0.0.1:8000/imagenette2-160.tgz", "http://127.0.0.1:8000/imagenette2-160.tgz"),
+    ("file:///srv/imagenette2-160.tgz", "file:///srv/imagenette2-160.tgz"),
+    ("http://[::1", "(a URL that cannot be read)"),
+])
+def test_a_url_is_shown_without_its_user_password_and_query(url, shown):
+    assert shown_url(url) == shown
+
+
+def test_no_secret_of_a_mirrors_url_leaves_the_run(served, tmp_path, monkeypatch):
+    """A presigned URL's query and a user:password are in no line (a failure's, the job's plan) and no record (the
+    manifest, which --json and the page read)."""
+    from huggingface_hub import constants
+
+    from job import downloads
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(imagenette, "DEFAULT_DIR", tmp_path / "data" / "imagenette2-160")
+    served.files["/layout.tgz"] = layout = tgz(*LAYOUT, content=b"")
+    lines = []
+    for url in (f"{served.url}/missing.tgz?X-Amz-Signature=SECRET", "http://user:SECRET@127.0.0.1:9/x.tgz?a=SECRET",
+                f"{served.url}/layout.tgz?X-Amz-Signature=SECRET#md5={hashlib.md5(layout).hexdigest()}"):
+        monkeypatch.setenv("VIT_PART3_IMAGENETTE_URL", url)
+        monkeypatch.setattr(downloads, "ARCHIVE_URL", url.partition("#")[0])
+        lines.append(downloads.mirror_line([downloads.IMAGENETTE]))
+        try:
+            imagenette.ensure_imagenette()
+        except UserError as problem:
+            lines.append(str(problem))
+    assert len(lines) == 5 and "?***" in lines[1] and "***@127.0.0.1:9" in lines[2]
+    manifest = (tmp_path / "data" / "imagenette2-160" / imagenette.MANIFEST).read_text()
+    assert "layout.tgz?***" in manifest and not [line for line in [*lines, manifest] if "SECRET" in line]
+
+
 def test_a_mirror_without_a_fragment_is_checked_against_the_releases_md5(monkeypatch):
     monkeypatch.setenv("VIT_PART3_IMAGENETTE_URL", "http://127.0.0.1:9/imagenette2-160.tgz")
     assert archive_source() == ("http://127.0.0.1:9/imagenette2-160.tgz", "e793b78cc4c9e9a4ccc0c1155377a412")
 
 
-# ---------------------------------------------------------------- extraction on a Python without tarfile's filters
+# ---------------------------------------------------------------- hostile archives from a mirror
 
-def tar_of(members):
-    """A .tgz of (name, kind) members: "file", "symlink" (to /etc/passwd) or "folder"."""
+def entry(name, kind="file", link="", size=0, **pax):
+    """A tar member: kind "file" (size zero bytes), "folder", "symlink", "hardlink", "fifo" or "device"; pax: its
+    PAX headers."""
+    info = tarfile.TarInfo(name)
+    info.type = {"file": tarfile.REGTYPE, "folder": tarfile.DIRTYPE, "symlink": tarfile.SYMTYPE,
+                 "hardlink": tarfile.LNKTYPE, "fifo": tarfile.FIFOTYPE, "device": tarfile.CHRTYPE}[kind]
+    info.linkname, info.size, info.pax_headers, info.devmajor, info.devminor = link, size, pax, 1, 3
+    return info
+
+
+def tgz(*members, content=b"overwritten"):
+    """A .tgz of the members (PAX format); each file holds its size of zeros, the last one `content`."""
     buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for name, kind in members:
-            member = tarfile.TarInfo(name)
-            if kind == "symlink":
-                member.type, member.linkname = tarfile.SYMTYPE, "/etc/passwd"
-            elif kind == "folder":
-                member.type = tarfile.DIRTYPE
-            tar.addfile(member, io.BytesIO(b"") if kind == "file" else None)
+    with tarfile.open(fileobj=buffer, mode="w:gz", format=tarfile.PAX_FORMAT, compresslevel=1) as tar:
+        for i, info in enumerate(members):
+            if info.isfile() and i == len(members) - 1:
+                info.size = len(content)
+                tar.addfile(info, io.BytesIO(content))
+            else:
+                tar.addfile(info, io.BytesIO(bytes(info.size)) if info.isfile() else None)
     return buffer.getvalue()
 
 
-UNSAFE = [  # (a member the release never holds, as Python 3.11.0 to 3.11.3 would extract it without a filter)
-    ("mine/train/a/link.JPEG", "symlink"),
-    ("../outside.JPEG", "file"),
-    ("{tmp}/absolute.JPEG", "file"),  # inside the test's folder, should a broken check write it
-    ("mine/../../up.JPEG", "file"),
+TOP = "imagenette2-160"
+LAYOUT = [entry(f"{TOP}/{split}/{name}/1.JPEG") for split in ("train", "val") for name in ("a", "b")]  # 2 classes
+
+
+def cve_2025_4517(outside):
+    """The chain that bypasses tarfile's data filter on Python 3.11.4-3.11.12, 3.12.0-3.12.10, 3.13.0-3.13.3: 16
+    folders of 247 letters and links to them make a real path longer than PATH_MAX, where os.path.realpath stops
+    resolving links and the filter judges the rest by its letters; "escape" then reaches /, and a hard link through
+    it brings the outside file in, which the last member writes."""
+    long, steps, members, path = "d" * 247, "abcdefghijklmnop", [], TOP
+    for step in steps:
+        members += [entry(f"{path}/{long}", "folder"), entry(f"{path}/{step}", "symlink", long)]
+        path = f"{path}/{long}"
+    linkpath = "/".join([TOP, *steps, "l" * 254])
+    members += [entry(linkpath, "symlink", "../" * len(steps)),
+                entry(f"{TOP}/escape", "symlink", linkpath.split("/", 1)[1] + "/.." * (len(steps) + 1)),
+                entry(f"{TOP}/flaglink", "hardlink", f"{TOP}/escape{outside}"), entry(f"{TOP}/flaglink")]
+    return members
+
+
+HOSTILE = [  # (what the archive holds, its members given the outside file's path, what the one line says)
+    ("CVE-2025-4517's chain", lambda outside: [*LAYOUT, *cve_2025_4517(outside)], "is a symbolic link"),
+    ("the folder a link to .", lambda outside: [entry(TOP, "symlink", "."), *[entry(info.name.split("/", 1)[1])
+                                                                           for info in LAYOUT]],
+     f"'{TOP}' is a symbolic link"),
+    ("a link to a file outside", lambda outside: [*LAYOUT, entry(f"{TOP}/train/a/2.JPEG", "symlink", outside)],
+     "is a symbolic link"),
+    ("a hard link to a file outside", lambda outside: [*LAYOUT, entry(f"{TOP}/train/a/2.JPEG", "hardlink", outside)],
+     "is a hard link"),
+    ("a name up and out", lambda outside: [*LAYOUT, entry("../outside.JPEG")], f"lies outside {TOP}/"),
+    ("an absolute name", lambda outside: [*LAYOUT, entry(f"{outside}.JPEG")], f"lies outside {TOP}/"),
+    ("a name up through the folder", lambda outside: [*LAYOUT, entry(f"{TOP}/../../up.JPEG")], f"lies outside {TOP}/"),
+    ("another folder beside it", lambda outside: [*LAYOUT, entry("elsewhere/1.JPEG")], f"lies outside {TOP}/"),
+    ("a file where the folder goes", lambda outside: [entry(TOP), *LAYOUT], "is a file where the folder goes"),
+    ("a FIFO", lambda outside: [*LAYOUT, entry(f"{TOP}/train/a/2.JPEG", "fifo")], "is a FIFO"),
+    ("a device", lambda outside: [*LAYOUT, entry(f"{TOP}/train/a/2.JPEG", "device")], "is a device"),
+    ("NUL in a PAX path", lambda outside: [*LAYOUT, entry(f"{TOP}/train/a/2.JPEG", path=f"{TOP}/train/a/2\0.JPEG")],
+     f"lies outside {TOP}/"),
+    ("a 64 GiB sparse member", lambda outside: [*LAYOUT, entry(f"{TOP}/train/a/2.JPEG", size=1, **{
+        "GNU.sparse.map": f"{(64 << 30) - 1},1", "GNU.sparse.size": str(64 << 30),
+        "GNU.sparse.name": f"{TOP}/train/a/2.JPEG"}), *LAYOUT[:1]], "is a sparse file"),
+    ("a member of zeros past the cap", lambda outside: [*LAYOUT, entry(f"{TOP}/train/a/2.JPEG",
+                                                                       size=MEMBER_BYTES_MOST + 1), *LAYOUT[:1]],
+     f"holds {MEMBER_BYTES_MOST + 1:,} bytes, more than {MEMBER_BYTES_MOST:,}"),
+    ("a PAX header of 11 MiB", lambda outside: [*LAYOUT, entry(f"{TOP}/train/a/2.JPEG", comment="x" * (11 << 20))],
+     "it asks to read"),
+    ("a file named twice", lambda outside: [*LAYOUT, *LAYOUT[:1]], "4 files were written of its 5"),
 ]
+DRIVER = """import sys
+from common.errors import UserError
+from common.imagenette import ensure_imagenette
+try:
+    ensure_imagenette()
+except UserError as problem:
+    sys.exit(f"error: {problem}")
+"""
+
+
+def system_python():
+    """Debian's /usr/bin/python3 when it is this Python's minor version (the packages this one has fit it): 3.11.2
+    on Debian 12, whose tarfile has no filters, so that the checks by hand alone guard it."""
+    if not os.path.exists("/usr/bin/python3"):
+        return None
+    found = subprocess.run(["/usr/bin/python3", "-c", "import sys; print(sys.version_info[:2])"],
+                           capture_output=True, text=True, timeout=60, check=False).stdout.strip()
+    return "/usr/bin/python3" if found == str(sys.version_info[:2]) else None
+
+
+PYTHONS = [pytest.param(sys.executable, id="this Python"),
+           pytest.param("/usr/bin/python3", id="/usr/bin/python3", marks=pytest.mark.skipif(
+               system_python() is None, reason=f"no /usr/bin/python3 of Python {sys.version_info[0]}."
+                                               f"{sys.version_info[1]} here"))]
+
+
+def tree(root, leave_out):
+    """{path: its bytes or link} of every file, folder and link under root but leave_out."""
+    found = {}
+    for folder, folders, files in os.walk(root):
+        folders[:] = [name for name in folders if Path(folder, name) != leave_out]
+        for path in [Path(folder, name) for name in folders + files]:
+            found[str(path)] = (os.readlink(path) if path.is_symlink() else path.read_bytes() if path.is_file()
+                                else "folder")
+    return found
+
+
+def download_run(python, served, archive, home):
+    """ensure_imagenette() in a process of its own, as a script's section calls it, VIT_PART3_IMAGENETTE_URL naming
+    the archive with its MD5 (a mirror the user trusts): its exit status and stderr."""
+    from conftest import ROOT
+
+    served.files[f"/hostile/{home.name}.tgz"] = archive
+    environment = {name: value for name, value in os.environ.items() if name != "HF_HUB_OFFLINE"}
+    site = os.pathsep.join(dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]))
+    environment.update(PYTHONPATH=f"{ROOT}{os.pathsep}{site}", VIT_PART3_DATA=str(home / "data"),
+                       VIT_PART3_IMAGENETTE_URL=f"{served.url}/hostile/{home.name}.tgz#md5={hashlib.md5(archive).hexdigest()}")
+    done = subprocess.run([python, "-c", DRIVER], cwd=home, env=environment, capture_output=True, text=True,
+                          timeout=300, check=False)
+    return done.returncode, done.stderr
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+@pytest.mark.parametrize("holds,members,said", HOSTILE, ids=[case[0] for case in HOSTILE])
+def test_a_hostile_archive_writes_nothing_outside_the_data_folder(served, tmp_path, python, holds, members, said):
+    """Through the download path, on each Python: one line naming what the archive holds, exit status 1, no
+    traceback, nothing outside data/ changed, no link or folder where the pictures go, the archive moved aside."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text("original")
+    before = tree(tmp_path, tmp_path / "data")
+    status, stderr = download_run(python, served, tgz(*members(str(outside))), tmp_path)
+    lines = [line for line in stderr.replace("\r", "\n").splitlines() if line.strip() and
+             not line.startswith(f"downloading {TOP}.tgz:")]  # the bar
+    assert status == 1 and len(lines) == 1 and lines[0].startswith("error: ") and said in lines[0], stderr
+    assert "Traceback" not in stderr and tree(tmp_path, tmp_path / "data") == before
+    assert os.listdir(tmp_path / "data") == [f"{TOP}.tgz.refused"], os.listdir(tmp_path / "data")
+    assert lines[0].endswith(f"moved it to {tmp_path / 'data' / TOP}.tgz.refused: run again to download it anew, "
+                             f"or pass --data-dir with a complete copy")
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_the_archives_folders_and_files_are_extracted_on_each_python(served, tmp_path, python):
+    """The control of the table above: the layout alone extracts, its folder in place, on each Python."""
+    status, stderr = download_run(python, served, tgz(*LAYOUT, content=b""), tmp_path)
+    assert status == 0, stderr
+    found = sorted(str(path.relative_to(tmp_path / "data")) for path in (tmp_path / "data").rglob("*.JPEG"))
+    assert found == sorted(info.name for info in LAYOUT) and os.listdir(tmp_path / "data") == [TOP]
 
 
 FILTERS = [pytest.param(True, id="data filter", marks=pytest.mark.skipif(
@@ -197,39 +382,102 @@ FILTERS = [pytest.param(True, id="data filter", marks=pytest.mark.skipif(
 
 
 @pytest.mark.parametrize("filtered", FILTERS)
-@pytest.mark.parametrize("member", UNSAFE, ids=[name for name, _ in UNSAFE])
-def test_an_unsafe_member_is_refused_with_and_without_tarfiles_filter(tmp_path, monkeypatch, filtered, member):
-    """The archive is otherwise in the layout (val/ too), so that only the member's refusal can stop it; the data
-    filter makes an absolute name relative, which lands inside, and the check by hand refuses it."""
-    monkeypatch.setattr(imagenette_archive, "DATA_FILTER", filtered)
-    name, kind = member[0].format(tmp=tmp_path), member[1]
-    data = tar_of([("mine/train/a/1.JPEG", "file"), ("mine/val/a/1.JPEG", "file"), ("mine/train/b/1.JPEG", "file"),
-                   ("mine/val/b/1.JPEG", "file"), (name, kind)])
-    archive = tmp_path / "in" / "mine.tgz"
-    archive.parent.mkdir()
-    archive.write_bytes(data)
-    target = tmp_path / "data" / "mine"
-    if filtered and name.startswith("/"):  # the data filter: "absolute.JPEG" inside the folder, no harm
-        download_and_extract(archive.as_uri(), hashlib.md5(data).hexdigest(), target, progress=False)
-    else:
-        with pytest.raises(UserError, match="could not extract it") as refused:
-            download_and_extract(archive.as_uri(), hashlib.md5(data).hexdigest(), target, progress=False)
-        assert isinstance(refused.value.__cause__, tarfile.TarError) and not target.exists()
-    outside = [tmp_path / "outside.JPEG", tmp_path / "data" / "outside.JPEG", tmp_path / "up.JPEG",
-               tmp_path / "data" / "up.JPEG", tmp_path / "absolute.JPEG"]
-    assert not any(path.exists() for path in outside)
-
-
-@pytest.mark.parametrize("filtered", FILTERS)
 def test_extraction_gives_the_archives_folders_and_files(tmp_path, monkeypatch, filtered):
+    """Without tarfile's filters every file is the current user's, folders 0755 and files 0644, whatever the
+    archive says (a folder of mode 000, another user's files)."""
     monkeypatch.setattr(imagenette_archive, "DATA_FILTER", filtered)
+    members = [entry("mine/train/a/1.JPEG"), entry("mine/val/a/1.JPEG"), entry("mine/train/b", "folder"),
+               entry("mine/train/b/2.JPEG")]
+    members[2].mode, members[3].mode = 0o000, 0o4777
+    for info in members:
+        info.uid, info.gid, info.uname, info.gname = 4242, 4242, "nobody-here", "nobody-here"
     archive = tmp_path / "mine.tgz"
-    archive.write_bytes(tar_of([("mine/train/a/1.JPEG", "file"), ("mine/val/a/1.JPEG", "file"),
-                                ("mine/train/b", "folder"), ("mine/train/b/2.JPEG", "file")]))
-    imagenette_archive.extract(archive, tmp_path / "out")
-    found = sorted(str(path.relative_to(tmp_path / "out")) for path in (tmp_path / "out").rglob("*"))
-    assert found == ["mine", "mine/train", "mine/train/a", "mine/train/a/1.JPEG", "mine/train/b",
-                     "mine/train/b/2.JPEG", "mine/val", "mine/val/a", "mine/val/a/1.JPEG"]
+    archive.write_bytes(tgz(*members, content=b"4"))
+    assert imagenette_archive.extract(archive, tmp_path / "out", "mine") == 3
+    found = sorted((tmp_path / "out").rglob("*"))
+    assert [str(path.relative_to(tmp_path / "out")) for path in found] == [
+        "mine", "mine/train", "mine/train/a", "mine/train/a/1.JPEG", "mine/train/b", "mine/train/b/2.JPEG", "mine/val",
+        "mine/val/a", "mine/val/a/1.JPEG"]
+    assert all(path.stat().st_uid == os.getuid() and path.stat().st_gid == os.getgid() for path in found)
+    if not filtered:
+        assert {str(path.relative_to(tmp_path / "out")): oct(path.stat().st_mode & 0o7777) for path in found
+                if path.name in ("b", "2.JPEG")} == {"mine/train/b": "0o755", "mine/train/b/2.JPEG": "0o644"}
+
+
+def test_more_than_the_caps_in_all_is_refused_before_it_is_written(tmp_path, monkeypatch):
+    """Each member under its cap, all of them over the total's: refused, nothing written."""
+    monkeypatch.setattr(imagenette_archive, "EXTRACTED_BYTES_MOST", 3)
+    archive = tmp_path / "mine.tgz"
+    archive.write_bytes(tgz(*[entry(f"mine/train/a/{i}.JPEG", size=1) for i in range(5)]))
+    with pytest.raises(imagenette_archive.Refused, match="it holds more than 3 bytes or 100,000 members"):
+        imagenette_archive.extract(archive, tmp_path / "out", "mine")
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*"))
+
+
+def test_an_archive_found_in_place_counts_as_the_release_only_by_its_bytes(tmp_path, monkeypatch):
+    """An archive already in data/ (another tool's copy) is hashed before it is extracted: with other bytes than the
+    release's it is moved aside in one line, its pictures never taken for the release's; with the bytes a mirror's
+    #md5= names, its manifest records the MD5 computed, so that its pictures are not the release's."""
+    from huggingface_hub import constants
+
+    data, layout = tmp_path / "data", tgz(*LAYOUT, content=b"")
+    data.mkdir()
+    (data / f"{TOP}.tgz").write_bytes(layout)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(imagenette, "DEFAULT_DIR", data / TOP)
+    monkeypatch.delenv("VIT_PART3_IMAGENETTE_URL", raising=False)
+    with pytest.raises(UserError) as refused:
+        imagenette.ensure_imagenette()
+    found = hashlib.md5(layout).hexdigest()
+    assert str(refused.value) == (f"the archive {data / TOP}.tgz: its contents are not the release (its MD5 is "
+                                  f"{found}, not {imagenette.MD5}); moved it to {data / TOP}.tgz.refused: run again "
+                                  f"to download it anew, or pass --data-dir with a complete copy")
+    assert os.listdir(data) == [f"{TOP}.tgz.refused"]
+    (data / f"{TOP}.tgz").write_bytes(layout)
+    monkeypatch.setenv("VIT_PART3_IMAGENETTE_URL", f"http://127.0.0.1:9/{TOP}.tgz#md5={found}")
+    imagenette.ensure_imagenette()
+    assert imagenette.extracted_from(data / TOP) == found != imagenette.MD5
+
+
+UNSHARE = ["unshare", "--pid", "--fork", "--kill-child"]
+
+
+def pid_namespaces():
+    """Whether unshare can start a process in a PID namespace of its own here (root, or user namespaces)."""
+    try:
+        return subprocess.run([*UNSHARE, "true"], capture_output=True, timeout=60, check=False).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+@pytest.mark.skipif(not pid_namespaces(), reason="unshare cannot make a PID namespace here (it needs root or user "
+                                                 "namespaces)")
+def test_a_run_in_another_pid_namespace_never_deletes_a_live_scratch_folder(tmp_path):
+    """This process is the first run: it holds its scratch folder's lock, as a run that extracts does. A second run in
+    a PID namespace of its own (another container sharing data/), to which this process's number means nothing,
+    extracts its copy beside it and deletes only the folder no process holds."""
+    from conftest import ROOT
+
+    data, archive = tmp_path / "data", tmp_path / "mine.tgz"
+    data.mkdir()
+    archive.write_bytes(tgz(*LAYOUT, content=b""))
+    prefix = imagenette_archive.scratch_prefix(data / TOP)
+    live, abandoned = data / f"{prefix}{os.getpid()}-live", data / f"{prefix}{os.getpid()}-abandoned"
+    for folder in (live, abandoned):
+        folder.mkdir()
+        (folder / "half.JPEG").write_bytes(b"half")
+    handle = imagenette_archive.lock(live)
+    code = ("import sys; from common.imagenette_archive import download_and_extract; "
+            "download_and_extract(sys.argv[1], sys.argv[2], sys.argv[3], progress=False)")
+    try:
+        done = subprocess.run([*UNSHARE, sys.executable, "-c", code, archive.as_uri(),
+                               hashlib.md5(archive.read_bytes()).hexdigest(), str(data / TOP)],
+                              cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    finally:
+        os.close(handle)
+    assert done.returncode == 0, done.stderr
+    assert sorted(os.listdir(data)) == sorted([TOP, live.name]) and (live / "half.JPEG").read_bytes() == b"half"
+
 
 def test_two_processes_downloading_into_one_folder_take_turns(served, tmp_path):
     """Each waits for the other's download (a lock on the folder): both end with the archive whole, fetched once."""

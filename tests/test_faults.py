@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import libraries_mapped, script_output, wait_until
+from conftest import ROOT, libraries_mapped, script_output, wait_until
 from PIL import Image
 
 import vit_part3_fewshot as fewshot
@@ -327,22 +327,24 @@ def archive_of(folder):
     return buffer.getvalue()
 
 
-def test_an_archive_with_the_wrong_counts_is_removed_and_a_killed_extraction_cleaned(tmp_path):
+def test_an_archive_with_the_wrong_counts_is_moved_aside_and_a_killed_extraction_cleaned(tmp_path):
+    """A run killed while it extracted left its scratch folder, whose lock died with it: removed."""
     mirror = tmp_path / "mirror.tgz"
     mirror.write_bytes(archive_of(imagenette_folder(tmp_path / "src" / "imagenette2-160", per_class=1)))
     target = tmp_path / "data" / "imagenette2-160"
     target.parent.mkdir()
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
-                          check=True)
-    abandoned = target.parent / f"{scratch_prefix(target)}{gone.stdout.strip()}-x1y2"
-    (abandoned / "imagenette2-160").mkdir(parents=True)  # a run killed while it extracted
+    abandoned = target.parent / f"{scratch_prefix(target)}x1y2"
+    (abandoned / "imagenette2-160").mkdir(parents=True)
+    killed = subprocess.run([sys.executable, "-c", ("import os, sys; from common.imagenette_archive import lock; "
+                             "lock(sys.argv[1]); os.kill(os.getpid(), 9)"), str(abandoned)], cwd=ROOT, check=False)
+    assert killed.returncode == -9  # killed while it held the folder's lock, as a run killed mid-extraction
     with pytest.raises(UserError) as refused:
         download_and_extract(mirror.as_uri(), hashlib.md5(mirror.read_bytes()).hexdigest(), target, progress=False)
     message = str(refused.value)
     assert "found 10 of 9,469 training, 10 of 3,925 validation pictures" in message
-    assert f"removed {target.parent / 'imagenette2-160.tgz'}: run again to download it anew" in message
+    assert f"moved it to {target.parent / 'imagenette2-160.tgz.refused'}: run again to download it anew" in message
     assert "delete the folder" not in message  # the scratch folder the old message named is gone already
-    assert list(target.parent.iterdir()) == []  # no archive, no scratch folder, no half target
+    assert os.listdir(target.parent) == ["imagenette2-160.tgz.refused"]  # no scratch folder, no half target
 
 
 def test_the_writer_never_costs_the_good_file(tmp_path, full_disk):

@@ -178,12 +178,13 @@ def test_download_is_all_or_nothing(tmp_path):
     target = tmp_path / "data" / "mine"
     archive = tmp_path / "mine.tgz"
     archive.write_bytes(archive_of(source, broken=True))
-    with pytest.raises(UserError, match="could not extract"):
+    refused = tmp_path / "data" / "mine.tgz.refused"
+    with pytest.raises(UserError, match=f"could not extract it .*; moved it to {refused}: run again"):
         download_and_extract(archive.as_uri(), md5(archive), target, progress=False)
-    assert not target.exists() and list((tmp_path / "data").iterdir()) == []  # no half folder, no leftovers
+    assert not target.exists() and list((tmp_path / "data").iterdir()) == [refused]  # no half folder, no leftovers
     archive.write_bytes(archive_of(source))
     download_and_extract(archive.as_uri(), md5(archive), target, progress=False)
-    assert len(list_split(target, "val")) == 2 and list((tmp_path / "data").iterdir()) == [target]
+    assert len(list_split(target, "val")) == 2 and sorted((tmp_path / "data").iterdir()) == [target, refused]
 
 
 def test_two_runs_filling_the_same_data_folder_both_finish(tmp_path, monkeypatch):

@@ -3,6 +3,7 @@ copy under the article's Hub id, or a folder's) are the files huggingface.co pub
 metadata said once online; the names of the cache's blobs vouch for nothing; anything else is a setup difference,
 named."""
 import hashlib
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -189,6 +190,17 @@ def test_a_files_hash_is_kept_by_its_size_and_time(copy, recorded, tmp_path):
     assert first in (tmp_path / "data" / "file_hashes.json").read_text()
     with open(weights, "ab") as changed:  # another size: hashed again
         changed.write(b" ")
+    assert published_files.file_hash(weights, 64) == hashlib.sha256(weights.read_bytes()).hexdigest() != first
+
+
+def test_a_file_edited_with_its_size_and_time_put_back_is_hashed_again(copy, recorded):
+    """The memo is keyed on the change time and inode too: os.utime puts a modification time back, never those."""
+    weights = copy / "model.safetensors"
+    first, stat = published_files.file_hash(weights, 64), weights.stat()
+    content = weights.read_bytes()
+    weights.write_bytes(bytes([content[0] ^ 1]) + content[1:])
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert [weights.stat().st_size, weights.stat().st_mtime_ns] == [stat.st_size, stat.st_mtime_ns]
     assert published_files.file_hash(weights, 64) == hashlib.sha256(weights.read_bytes()).hexdigest() != first
 
 
