@@ -618,7 +618,7 @@ SECTIONS = [section_feature_map, section_table, section_checkpoint, section_fine
 def setup_differences(run, known):
     """How this run's setup differs from the article's: the checkpoint, the pictures, the flags. Not --probe-epochs
     or --lambdas (section 5 goes beyond the article)."""
-    from common.verdicts import subset_differences  # asked only for --compare and --json
+    from compare.verdicts import subset_differences  # asked only for --compare and --json
 
     try:  # the pictures the sections read, loaded already; or none, as they could not load
         beans = load_beans(run.args.data_dir, run.args.per_class)

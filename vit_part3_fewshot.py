@@ -218,7 +218,7 @@ def section_frozen(run, report):
     report.print(f"  chance is {100 / classes:.0f}%; 1-shot means {classes} training pictures in total, one per class")
     report.record({"chance (%)": 100 / classes, "1-shot pictures": classes})
     if args.plots:
-        from common.verdicts import article_values  # loaded only for --plots
+        from compare.verdicts import article_values  # loaded only for --plots
         from figures import fewshot, origin_of
 
         fewshot.fewshot_accuracy(report.values(), article_values("fewshot"), args.plots, say, args.draws,
@@ -279,7 +279,7 @@ def table_differences(args, names):
 def setup_differences(run, known):
     """How this run's setup differs from the article's: the checkpoint, the pictures (the pool is drawn from every
     training picture of the folder: a partial copy moves it), the pool, draws, the solve shown."""
-    from common.verdicts import load_reference  # asked only for --compare and --json
+    from compare.verdicts import load_reference  # asked only for --compare and --json
 
     args = run.args
     try:

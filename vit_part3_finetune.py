@@ -656,7 +656,7 @@ def finish(run, report, *, data, model, average, log, micro, last_step):
                           "learning rate": [lr_at(step - 1, args.lr, args.steps) for step in range(1, last_step + 1)],
                           "clipping threshold": CLIP_NORM})
     if args.plots and run.rank == 0:
-        from common.verdicts import article_values  # loaded only for --plots
+        from compare.verdicts import article_values  # loaded only for --plots
         from figures import finetune, origin_of
 
         finetune.finetune_curves(report.series, report.values(), article_values("finetune"), args.plots, say,

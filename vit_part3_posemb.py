@@ -323,7 +323,7 @@ def section_accuracy(run, report):
                  "tables keep the [class] row as it is")
     report.record({"zeros rows": n_new * n_new + 1})
     if args.plots:
-        from common.verdicts import article_values  # loaded only for --plots
+        from compare.verdicts import article_values  # loaded only for --plots
         from figures import origin_of, posemb
 
         posemb.accuracy_bars(report.values(), article_values("posemb"), args.plots, say, origin_of(args, DEFAULT_NAME))

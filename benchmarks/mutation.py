@@ -62,7 +62,7 @@ TARGETS = {
                                "zero_head", "random_head", "setup_differences", "train", "gradients",
                                "micro_batches", "step_pictures", "process_share"],
                               guarded_by("tests/test_finetune_maths.py", "tests/test_finetune.py")),
-    "common/verdicts.py": (["accuracy_interval", "first_k", "number_interval", "scaled", "number_row", "verdict",
+    "compare/verdicts.py": (["accuracy_interval", "first_k", "number_interval", "scaled", "number_row", "verdict",
                             "conclusion_row", "decide"],
                            guarded_by("tests/test_verdicts.py")),
     "vit_backbone.py": (["patch_tokens_to_feature_map", "split_tokens", "accuracy_metrics", "pca_rgb",

@@ -104,8 +104,8 @@ def load(data_dir=None, per_class=None):
 
 def unlike_the_published(folder, what):
     """Why the folder's parquet files of the train and validation splits are not the ones huggingface.co publishes
-    for the dataset, by their bytes (common/published_files.py), or None when they are."""
-    from common import published_files
+    for the dataset, by their bytes (compare/published_files.py), or None when they are."""
+    from compare import published_files
 
     files = [str(Path(path).relative_to(folder)) for paths in split_files(folder).values() for path in paths]
     return published_files.unlike_the_published(folder, DATASET, files, what, "dataset")

@@ -16,7 +16,7 @@ MINIATURE_MARK = "MINIATURE.txt"  # job/miniature.py leaves this one: a ViT trai
 
 def made_here(path):
     """What job/standins.py or job/miniature.py made of this folder (its mark says), or None: a setup difference
-    (common/verdicts.py), since neither is the article's checkpoint or data."""
+    (compare/verdicts.py), since neither is the article's checkpoint or data."""
     folder = Path(path).expanduser()
     if (folder / STANDIN_MARK).is_file():
         return STANDIN_MADE

@@ -111,7 +111,7 @@ def data_differences(args, counts, drawn=False):
     flag = f"--data-dir {args.data_dir}" if args.data_dir else str(root)
     if unlike:
         return {"data set": {"flag": flag, "why": f"{flag}: {unlike}"}}
-    from common.verdicts import subset_differences  # asked only for --compare or --json
+    from compare.verdicts import subset_differences  # asked only for --compare or --json
 
     items = {split: f"{SPLIT_WORDS[split]} pictures" for split in counts}
     whole = not root.is_dir() or all(len(list_split(root, split)) == SPLIT_COUNTS[split] for split in SPLIT_COUNTS)

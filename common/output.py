@@ -58,7 +58,7 @@ class Report:
         array: entry (i, j) as 'name[i,j]'. A pass over pictures (a dict, NEW_PASS's keys): kept whole, and its two
         numbers as '<name> seconds' and '<name> waiting seconds'. counts: {name: (right, of)}, the counts an accuracy
         in per cent came from, `right` of `of` pictures (right a list, one count a draw, for a mean over draws):
-        --json records them, and the verdicts' exact intervals are made from them (common/verdicts.py)."""
+        --json records them, and the verdicts' exact intervals are made from them (compare/verdicts.py)."""
         counts = counts or {}
         for name, value in numbers.items():
             if isinstance(value, dict):

@@ -1,6 +1,6 @@
 """Pretrained Hugging Face checkpoints: load by id or local directory, quietly, with one line when one cannot be had;
 their image processor; a fine-tuned one saved as from_pretrained loads it. Whether one is the article's:
-common/published_files.py."""
+compare/published_files.py."""
 import json
 import os
 import urllib.parse

@@ -91,8 +91,8 @@ def run_sections(script, args, sections, setup_differences=None, article_model=N
             report.cannot_run(section.__doc__.strip().splitlines()[0], problem)  # the docstring's first line: its title
     differences, rows, conclusions = {}, None, []
     if args.compare or args.json:  # the setup's differences, asked of the sections after them, decide the verdicts
-        from common.published_files import checkpoint_difference  # loaded only when asked for
-        from common.verdicts import comparison_lines, flag_differences, judge
+        from compare.published_files import checkpoint_difference  # loaded only when asked for
+        from compare.verdicts import comparison_lines, flag_differences, judge
 
         checkpoint = checkpoint_difference(args.model, article_model) if article_model else {}
         flags = flag_differences(args, article_flags) if article_flags else {}

@@ -10,7 +10,7 @@ import shlex
 from collections import Counter
 from pathlib import Path
 
-from common.verdicts import NUMBER_VERDICTS, counts_text, judge
+from compare.verdicts import NUMBER_VERDICTS, counts_text, judge
 from job.page import on_the_miniature, script_file
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -25,7 +25,7 @@ its own training and the scripts' draws (--seed); the seeds train side by side, 
 process of one thread (run_seeds).
 
 Against the articles' numbers the miniature is not comparable (its checkpoint and pictures are its own). On the
-miniature each conclusion is judged on its own numbers (common/verdicts.py, judge(..., own=True)): it holds when
+miniature each conclusion is judged on its own numbers (compare/verdicts.py, judge(..., own=True)): it holds when
 it holds on every seed, fails when it fails on every seed, and is undecided otherwise (docs/miniature.md).
 
 Each step is done once: a second call continues the job (the same command, reproduce.py's resume rule).
@@ -359,7 +359,7 @@ def foreign_files(root):
 
 def seed_verdicts(root, seed):
     """{script: [own=True conclusion rows]} of one seed's job (a script with no record: its conclusions not run)."""
-    from common.verdicts import judge
+    from compare.verdicts import judge
     from job.page import SCRIPTS, read_record
 
     rows = {}
@@ -382,7 +382,7 @@ def combined(root, seeds):
     """[{script, says, article, verdict, depends, seeds: {seed: {verdict, evidence}}}] of every conclusion: the
     miniature's verdict across the seeds (across_seeds), and whether it reads a number of the model or its
     pictures (depends), not arithmetic alone."""
-    from common.verdicts import load_reference
+    from compare.verdicts import load_reference
 
     each = {seed: seed_verdicts(root, seed) for seed in seeds}
     rows = []

@@ -38,7 +38,7 @@ from common.files import write_text
 from common.imagenette import DEFAULT_NAME as IMAGENETTE
 from common.run import RECORD_FORMAT
 from common.start_and_end import guarded
-from common.verdicts import LEGEND, article_values, counts_text, judge, split_notes, verdict_text
+from compare.verdicts import LEGEND, article_values, counts_text, judge, split_notes, verdict_text
 from figures import backbone, fewshot, finetune, posemb
 from job.time_estimate import clock
 

@@ -32,10 +32,10 @@ def checkpoint_key(command, out):
 
 
 def code_digest(script):
-    """One digest of the code a script's numbers and figures come from: the script, every module of common/ and
-    figures/, its reference numbers, the libraries' versions."""
+    """One digest of the code a script's numbers, verdicts and figures come from: the script, every module of
+    common/, compare/ and figures/, its reference numbers, the libraries' versions."""
     digest = hashlib.sha256()
-    code = [path for folder in ("common", "figures") for path in sorted((ROOT / folder).rglob("*.py"))]
+    code = [path for folder in ("common", "compare", "figures") for path in sorted((ROOT / folder).rglob("*.py"))]
     for path in [ROOT / script_file(script), *code,
                  ROOT / "data" / f"reference_{script}.json"]:
         digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")

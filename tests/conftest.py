@@ -300,8 +300,8 @@ def backbone_runs(beans_standins, tmp_path_factory):
 
 
 def compare(numbers, reference, differences=None):
-    """Each reference entry's row under the setup differences, as judge() makes them (common/verdicts.py), for a
+    """Each reference entry's row under the setup differences, as judge() makes them (compare/verdicts.py), for a
     reference a test holds or makes (a stand-in taken as the article)."""
-    from common.verdicts import number_row
+    from compare.verdicts import number_row
 
     return [number_row(name, entry, numbers.get(name), differences or {}) for name, entry in reference.items()]

@@ -14,15 +14,15 @@ from PIL import Image
 
 import figures.backbone
 import vit_backbone as backbone
-from common import published_files
 from common.environment import STANDIN_MARK, made_here
 from common.errors import UserError
 from common.output import Report
-from common.published_files import checkpoint_difference
 from common.run import start_run
 from common.start_and_end import guarded
 from common.trainer import check_classifier_files, dataset_loader
-from common.verdicts import flag_differences, load_reference
+from compare import published_files
+from compare.published_files import checkpoint_difference
+from compare.verdicts import flag_differences, load_reference
 
 
 def article_output(pattern):

@@ -227,7 +227,7 @@ def test_a_partial_copy_of_the_training_pictures_moves_the_pool(tmp_path):
 
     from common.environment import STANDIN_MARK
     from common.run import start_run
-    from common.verdicts import flag_differences, load_reference
+    from compare.verdicts import flag_differences, load_reference
 
     root = imagenette_folder(tmp_path / "imagenette2-160", per_class=6)
     (root / STANDIN_MARK).unlink()  # a user's partial copy, not a folder job/standins.py made

@@ -303,7 +303,7 @@ def test_checking_other_pictures_leaves_only_the_zero_heads_accuracy_comparable(
 
     from conftest import compare
 
-    from common.verdicts import load_reference
+    from compare.verdicts import load_reference
 
     per_class, cap = per_class if isinstance(per_class, tuple) else (per_class, None)
     differences = finetune.check_differences(Namespace(check_per_class=per_class, per_class=cap), {"classes": 10})

@@ -23,7 +23,7 @@ from common.finetune_checkpoint import read_checkpoint, save_checkpoint, set_rng
 from common.loader import NEW_PASS
 from common.output import Report
 from common.start_and_end import Terminated
-from common.verdicts import flag_differences, load_reference
+from compare.verdicts import flag_differences, load_reference
 from vit_part3_posemb import bilinear_table
 
 # The article's logged learning rates of the 300-step run (step: lr as printed).

@@ -273,7 +273,7 @@ def test_a_stop_while_a_training_starts_stops_every_process_started_and_says_how
 def test_the_seeds_verdicts_combine_on_every_seed_and_the_page_shows_each(tmp_path, monkeypatch):
     """Two seeds' records, one conclusion apart: it holds on one seed and fails on the other, so it is undecided; the
     others agree. The page and the record say so, with each seed's numbers."""
-    from common.verdicts import judge
+    from compare.verdicts import judge
 
     def seed_rows(root, seed):
         rows = {"finetune": judge("finetune", {}, own=True)[1]}
@@ -312,7 +312,7 @@ def trained_miniature(tmp_path_factory):
 
 def own_verdicts(script, root, out):
     """{conclusion: verdict} of one script run on the trained miniature, judged on its own numbers."""
-    from common.verdicts import judge
+    from compare.verdicts import judge
 
     out.mkdir(parents=True, exist_ok=True)
     main, argv = PIECES_RUN[script]
@@ -423,7 +423,7 @@ def test_the_docs_tables_are_two_runs_of_the_current_rules_and_the_second_seed_s
     (the aim); no conclusion that holds on one seed set fails on the other."""
     from conftest import ROOT
 
-    from common.verdicts import judge
+    from compare.verdicts import judge
     from job.page import SCRIPTS, cell, script_file
 
     runs = [json.loads((ROOT / "docs" / f"miniature-seeds-{seed}.json").read_text()) for seed in (0, 1000)]

@@ -9,7 +9,7 @@ from PIL import Image
 import figures
 import vit_part3_setup
 from common.errors import UserError
-from common.verdicts import load_reference, verdict_text
+from compare.verdicts import load_reference, verdict_text
 from job import page as page_maker
 
 
@@ -234,7 +234,7 @@ def test_the_few_shot_figure_on_the_page_names_the_runs_count_of_draws(monkeypat
 
 def test_each_conclusion_on_the_page_shows_the_numbers_it_read(four_runs):
     """The page's first table: each conclusion's verdict beside the numbers it read, as the terminal prints them."""
-    from common.verdicts import judge
+    from compare.verdicts import judge
 
     page = page_maker.build(four_runs, say=lambda text: None).read_text()
     assert "| script | conclusion | verdict | this run's numbers | the article |" in page

@@ -269,7 +269,7 @@ def test_another_resolution_makes_the_stretched_grids_numbers_not_comparable(tmp
     from argparse import Namespace
 
     from common.run import start_run
-    from common.verdicts import flag_differences, judge, load_reference
+    from compare.verdicts import flag_differences, judge, load_reference
 
     args = Namespace(model=posemb.DEFAULT_MODEL, resolution=512, precision="fp32", per_class=None,
                      data_dir=str(tmp_path / "missing"))

@@ -1,4 +1,4 @@
-"""common/published_files.py's checkpoint_difference: a checkpoint is the article's when its files' bytes (the cache's
+"""compare/published_files.py's checkpoint_difference: a checkpoint is the article's when its files' bytes (the cache's
 copy under the article's Hub id, or a folder's) are the files huggingface.co publishes for that id, as its file
 metadata said once online; the names of the cache's blobs vouch for nothing; anything else is a setup difference,
 named."""
@@ -12,9 +12,9 @@ import pytest
 from huggingface_hub import constants
 from huggingface_hub.hf_api import BlobLfsInfo, RepoSibling
 
-from common import published_files
 from common.environment import MINIATURE_MARK, STANDIN_MARK
-from common.published_files import checkpoint_difference
+from compare import published_files
+from compare.published_files import checkpoint_difference
 from job.standins import vit_classifier
 
 ARTICLE = "google/vit-base-patch16-224"

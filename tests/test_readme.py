@@ -332,7 +332,7 @@ def decided_line(script, rows):
 def test_the_quick_checks_conclusions_are_what_the_rules_decide_at_the_articles_numbers(script):
     """Each sampled accuracy counted on the quick check's pictures at the article's share (a mean: each draw so),
     a paused fine-tuning's later numbers left out, then the rules."""
-    from common.verdicts import judge, load_reference
+    from compare.verdicts import judge, load_reference
 
     differences, missing = QUICK_SETUPS[script]
     sample = differences.get("validation pictures", {}).get("n")
@@ -404,8 +404,8 @@ def test_a_script_carries_at_most_the_lines_docs_layout_states(script, most):
     files = loaded_at_import(ROOT / script)
     lines = sum(len(file.read_text().splitlines()) for file in files)
     assert lines <= most, (lines, sorted(str(file.relative_to(ROOT)) for file in files))
-    assert not {ROOT / "common" / name for name in ("verdicts.py", "published_files.py", "imagenette_archive.py")
-                } & files and ROOT / "figures" / "__init__.py" not in files
+    assert not {ROOT / "compare" / "verdicts.py", ROOT / "compare" / "published_files.py",
+                ROOT / "common" / "imagenette_archive.py"} & files and ROOT / "figures" / "__init__.py" not in files
     assert f"at most {most:,} of the project's lines" in " ".join((ROOT / "docs" / "layout.md").read_text().split())
 
 

@@ -8,7 +8,7 @@ import pytest
 from conftest import ARTICLE, BACKBONE_ARTICLE, script_output
 
 import vit_part3_setup
-from common.verdicts import load_reference
+from compare.verdicts import load_reference
 
 NUMBER = re.compile(r"[-+]?\d(?:[\d,]*\d)?(?:\.\d+)?(?:e[-+]\d+)?")
 # Numbers on the logged lines that name a thing rather than measure it: section numbers, model names, the
@@ -104,7 +104,7 @@ def test_on_the_stand_ins_no_conclusion_that_reads_a_number_of_the_weights_is_de
     """Random weights and generated pictures decide nothing the articles claim of the released checkpoints and
     data: every conclusion that reads a number of kind weights or chance is not comparable, naming --model or
     --data-dir."""
-    from common.verdicts import judge
+    from compare.verdicts import judge
 
     records = [(script, record) for script, both in weight_runs.items() for record in both]
     records += [("backbone", record) for record in backbone_runs["records"]]

@@ -17,9 +17,10 @@ from conftest import compare, library_pixels
 import vit_part3_fewshot as fewshot
 import vit_part3_finetune as finetune
 import vit_part3_posemb as posemb
-from common import environment, imagenette, published_files, verdicts
+from common import environment, imagenette
 from common.imagenette import CLASSES, list_split
-from common.verdicts import flag_differences, format_like, load_reference
+from compare import published_files, verdicts
+from compare.verdicts import flag_differences, format_like, load_reference
 from job.standins import imagenette_folder, vit_classifier
 
 PER_CLASS = 6  # pictures of each class in each split of the stand-in "release"

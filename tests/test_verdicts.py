@@ -1,4 +1,4 @@
-"""common/verdicts.py: the one verdict table and its function. The exact intervals cover what they claim (exact
+"""compare/verdicts.py: the one verdict table and its function. The exact intervals cover what they claim (exact
 enumeration, against SciPy's distributions); every rule holds on the article's own numbers and fails on numbers that
 contradict its claim (a table, a row or more a rule); the checks decide as worked out by hand; a number or conclusion
 that a setup difference moves is not comparable, naming the flag."""
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from scipy.stats import beta, binom, hypergeom
 
-from common import verdicts
-from common.verdicts import (
+from compare import verdicts
+from compare.verdicts import (
     accuracy_interval,
     decide,
     format_like,
