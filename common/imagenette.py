@@ -181,13 +181,8 @@ def ensure_imagenette(data_dir=None):
     if not root.exists():
         if not default:
             raise UserError(f"--data-dir {data_dir} does not exist")
-        from common.imagenette_archive import (  # to download
-            DownloadError,
-            archive_source,
-            download_and_extract,
-            without_secrets,
-        )
-        from common.pretrained import hub_offline, shown_url
+        from common.imagenette_archive import DownloadError, archive_source, download_and_extract  # to download
+        from common.pretrained import hub_offline, shown_url, without_secrets
 
         url, md5 = archive_source()
         fix = f"download {shown_url(url)} ({ARCHIVE_MB} MB) and extract it into {root.parent}, or pass --data-dir"

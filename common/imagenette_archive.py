@@ -5,10 +5,12 @@ import contextlib
 import gzip
 import hashlib
 import os
+import queue
 import shutil
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -26,7 +28,9 @@ from common.pretrained import shown_url
 DOWNLOAD_BYTES_MOST = 10 * ARCHIVE_BYTES  # a mirror's archive whose size its server does not say
 MEMBER_BYTES_MOST = 10 * 2**20  # one picture
 EXTRACTED_BYTES_MOST = 10 * ARCHIVE_BYTES  # the pictures are JPEGs: the release extracts to about its own size
-MEMBERS_MOST = 100_000
+MEMBERS_MOST = 50_000  # the release has 13,394 pictures and 23 folders
+HEADER_BYTES_MOST = 64 * 2**10  # the headers of one member (a long name, PAX records, a sparse map): a few hundred
+NAME_PARTS_MOST, NAME_CHARACTERS_MOST = 8, 1024  # imagenette2-160/<split>/<class>/<picture>: 4 parts, 60 characters
 SLOWEST_BYTES_PER_SECOND = 10_000  # a server slower than this for HF_HUB_DOWNLOAD_TIMEOUT seconds is given up on
 
 
@@ -48,20 +52,9 @@ def archive_source():
     except ValueError:  # a malformed host ("http://[::1")
         scheme = None
     if scheme not in ("http", "https", "file"):
-        raise UserError(f"{URL_VARIABLE}={shown_url(url)}: not an http, https or file URL (a file on disk: "
-                        f"file://{Path(url).expanduser().resolve()})")
+        hint = f" (a file on disk: file://{Path(url).expanduser().resolve()})" if scheme == "" else ""
+        raise UserError(f"{URL_VARIABLE}={shown_url(url)}: not an http, https or file URL{hint}")
     return url, md5 or MD5
-
-
-def without_secrets(text, url):
-    """text with url's user:password and query string replaced by ***, wherever a library's message repeats them."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return text
-    for secret in sorted({parts.netloc.rpartition("@")[0], parts.password, parts.query} - {"", None}, key=len)[::-1]:
-        text = text.replace(secret, "***")
-    return text
 
 
 def shown_host(url):
@@ -145,43 +138,49 @@ def fetch_rest(url, out, part, md5, progress):
     """What url has beyond the bytes out holds, appended to out (the whole file where the server ignores Range), and
     not a byte past the whole size: the release's when its MD5 is asked for, else the server's Content-Length or
     Content-Range, at most DOWNLOAD_BYTES_MOST. A failure of the network, or a server slower than
-    SLOWEST_BYTES_PER_SECOND for timeout_seconds(), is a DownloadError in the user's words, the bytes so far kept."""
+    SLOWEST_BYTES_PER_SECOND over timeout_seconds(), its headers too, is a DownloadError in the user's words, the
+    bytes so far kept. The HTTP client runs in a thread of its own (received()): a socket's time-out ends only
+    silence, and a server that trickles its headers or its chunks is never silent."""
     import http.client
 
     from tqdm import tqdm
 
-    host, have = shown_host(url), out.seek(0, os.SEEK_END)
+    host, have, seconds = shown_host(url), out.seek(0, os.SEEK_END), timeout_seconds()
     request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
+    answers, stop = queue.Queue(maxsize=4), threading.Event()
+    threading.Thread(target=received, args=(request, seconds, answers, stop), daemon=True).start()
+    slow = DownloadError(f"{host} did not answer within {seconds:g} s: try again later")
     try:
-        with urllib.request.urlopen(request, timeout=timeout_seconds()) as response:
-            if have and response.status != 206:  # the whole file again: start over
-                out.truncate(0)
-                have = out.seek(0)
-            whole = response.headers.get("Content-Range", "").rpartition("/")[2]
-            size = int(response.headers.get("Content-Length") or 0)
-            said = int(whole) if whole.isdigit() else have + size if size else None
-            total = ARCHIVE_BYTES if md5 == MD5 else said
-            if total is not None and total > DOWNLOAD_BYTES_MOST:
-                raise DownloadError(f"{host} sends {total:,} bytes, more than {DOWNLOAD_BYTES_MOST:,}, ten times the "
-                                    f"release's archive: check {URL_VARIABLE}")
-            end = total or DOWNLOAD_BYTES_MOST
-            with tqdm(total=total, initial=have, unit="B", unit_scale=True, desc=f"downloading {Path(part).stem}",
-                      disable=not progress, file=sys.stderr) as bar:
-                since, sent = time.monotonic(), 0  # the rate over the last timeout_seconds()
-                while out.tell() < end and (block := response.read1(min(1 << 20, end - out.tell()))):
-                    write_block(out, block, part)
-                    bar.update(len(block))
-                    sent += len(block)
-                    if (seconds := time.monotonic() - since) >= timeout_seconds():
-                        if sent < SLOWEST_BYTES_PER_SECOND * seconds:
-                            raise DownloadError(
-                                f"{host} sent {sent:,} bytes in {seconds:.0f} s, slower than "
-                                f"{SLOWEST_BYTES_PER_SECOND // 1000} kB/s: try again later to continue (the "
-                                f"{out.tell():,} bytes so far are kept), or set {URL_VARIABLE} to another mirror")
-                        since, sent = time.monotonic(), 0
-            if total and out.tell() < total:
-                raise DownloadError(f"the connection to {host} closed after {out.tell():,} of {total:,} bytes: run "
-                                    f"again to continue it")
+        response = next_answer(answers, seconds, slow)
+        if have and response.status != 206:  # the whole file again: start over
+            out.truncate(0)
+            have = out.seek(0)
+        whole = response.headers.get("Content-Range", "").rpartition("/")[2]
+        size = int(response.headers.get("Content-Length") or 0)
+        said = int(whole) if whole.isdigit() else have + size if size else None
+        total = ARCHIVE_BYTES if md5 == MD5 else said
+        if total is not None and total > DOWNLOAD_BYTES_MOST:
+            raise DownloadError(f"{host} sends {total:,} bytes, more than {DOWNLOAD_BYTES_MOST:,}, ten times the "
+                                f"release's archive: check {URL_VARIABLE}")
+        end = total or DOWNLOAD_BYTES_MOST
+        with tqdm(total=total, initial=have, unit="B", unit_scale=True, desc=f"downloading {Path(part).stem}",
+                  disable=not progress, file=sys.stderr) as bar:
+            since, sent = time.monotonic(), 0  # the rate over the last timeout_seconds()
+            while out.tell() < end and (block := next_answer(answers, seconds, slow)):
+                block = block[:end - out.tell()]
+                write_block(out, block, part)
+                bar.update(len(block))
+                sent += len(block)
+                if (elapsed := time.monotonic() - since) >= seconds:
+                    if sent < SLOWEST_BYTES_PER_SECOND * elapsed:
+                        raise DownloadError(
+                            f"{host} sent {sent:,} bytes in {elapsed:.0f} s, slower than "
+                            f"{SLOWEST_BYTES_PER_SECOND // 1000} kB/s: try again later to continue (the "
+                            f"{out.tell():,} bytes so far are kept), or set {URL_VARIABLE} to another mirror")
+                    since, sent = time.monotonic(), 0
+        if total and out.tell() < total:
+            raise DownloadError(f"the connection to {host} closed after {out.tell():,} of {total:,} bytes: run "
+                                f"again to continue it")
     except urllib.error.HTTPError as error:
         if error.code == 416 and have:  # nothing beyond what the part holds: its MD5 decides
             return
@@ -197,8 +196,34 @@ def fetch_rest(url, out, part, md5, progress):
                             f"{again}") from error
     except (OSError, EOFError, ValueError, http.client.HTTPException) as error:  # refused, silent, dropped mid-way
         if isinstance(error, TimeoutError) or isinstance(getattr(error, "reason", None), TimeoutError):
-            raise DownloadError(f"{host} did not answer within {timeout_seconds():g} s: try again later") from error
+            raise slow from error
         raise DownloadError(f"{host}: {reason(error)}") from error
+    finally:
+        stop.set()  # the thread ends at its next block, or with its socket's time-out
+
+
+def received(request, seconds, answers, stop):
+    """The HTTP client's thread: the response (its status and headers), then each block as it comes, then b"" at
+    the end, or the error that ended it, into the queue answers, until stop is set."""
+    try:
+        with urllib.request.urlopen(request, timeout=seconds) as response:
+            answers.put(response)
+            while not stop.is_set() and (block := response.read1(1 << 20)):
+                answers.put(block)
+        answers.put(b"")
+    except Exception as error:  # noqa: BLE001 - handed to fetch_rest, which says it in one line
+        answers.put(error)
+
+
+def next_answer(answers, seconds, slow):
+    """The next item the HTTP client's thread hands over; `slow` when none comes within seconds."""
+    try:
+        answer = answers.get(timeout=seconds)
+    except queue.Empty:
+        raise slow from None
+    if isinstance(answer, Exception):
+        raise answer
+    return answer
 
 
 def write_block(out, block, part):
@@ -221,14 +246,19 @@ class Refused(tarfile.TarError):
 
 
 class CappedReads:
-    """The archive's decompressed stream, each read at most MEMBER_BYTES_MOST bytes and the whole at most the caps
-    allow: tarfile reads a long name or a PAX header whole, at whatever size its header states."""
+    """The archive's decompressed stream, read within the caps: at most HEADER_BYTES_MOST of headers between two
+    members while the members are listed (tarfile reads a long name, a chain of PAX headers or a sparse map whole, and
+    recursively, before it hands the member over), each read at most MEMBER_BYTES_MOST, the whole at most `most`."""
 
     def __init__(self, stream):
         self.stream, self.most = stream, EXTRACTED_BYTES_MOST + 3 * tarfile.BLOCKSIZE * MEMBERS_MOST
+        self.headers_from = 0  # where the next member's headers start; None once the members are listed
 
     def read(self, size=-1):
-        if not 0 <= size <= MEMBER_BYTES_MOST or self.stream.tell() + size > self.most:
+        end = self.stream.tell() + size
+        if self.headers_from is not None and end - self.headers_from > HEADER_BYTES_MOST:
+            raise Refused(f"a member's headers are longer than {HEADER_BYTES_MOST:,} bytes")
+        if not 0 <= size <= MEMBER_BYTES_MOST or end > self.most:
             raise Refused(f"it asks to read {size:,} bytes at once, or more than {self.most:,} in all")
         return self.stream.read(size)
 
@@ -244,18 +274,25 @@ class CappedReads:
 
 def refusal(member, top):
     """Why member is not one the release holds, or None: the release holds plain files and folders under top/, each
-    file at most MEMBER_BYTES_MOST, and nothing else (no link, device, FIFO or sparse file)."""
+    file at most MEMBER_BYTES_MOST, its names short, its times those of a calendar, and nothing else (no link,
+    device, FIFO or sparse file)."""
     parts = member.name.split("/")
     if parts[0] != top or "\0" in member.name or "\\" in member.name or {"", ".", ".."} & set(parts):
-        return f"{member.name!r} lies outside {top}/"
+        return f"{member.name[:200]!r} lies outside {top}/"
+    if len(parts) > NAME_PARTS_MOST or len(member.name) > NAME_CHARACTERS_MOST:
+        return f"{member.name[:200]!r} is deeper than {NAME_PARTS_MOST} or longer than {NAME_CHARACTERS_MOST:,}"
     if member.issparse():
         return f"{member.name!r} is a sparse file"
     if not (member.isdir() or member.type in (tarfile.REGTYPE, tarfile.AREGTYPE)):
         return f"{member.name!r} is {KINDS.get(member.type, f'a member of type {member.type!r}')}"
     if member.name == top and not member.isdir():
         return f"{member.name!r} is a file where the folder goes"
-    if member.size > MEMBER_BYTES_MOST:
-        return f"{member.name!r} holds {member.size:,} bytes, more than {MEMBER_BYTES_MOST:,}"
+    if not 0 <= member.size <= MEMBER_BYTES_MOST:
+        return f"{member.name!r} holds {member.size:,} bytes, not 0 to {MEMBER_BYTES_MOST:,}"
+    if not 0 <= member.mtime < 2**34:  # nan too; os.utime would overflow on 1e400
+        return f"{member.name!r} has the time {member.mtime!r}"
+    if len(member.pax_headers) > 64:
+        return f"{member.name!r} has {len(member.pax_headers):,} PAX records"
     return None
 
 
@@ -263,7 +300,7 @@ def extract(archive, folder, top):
     """The archive's members into folder, each checked by refusal() before anything is written, and the count of its
     files. tarfile's "data" filter (Python 3.11.4 and later) is a second guard; without it (3.11.0 to 3.11.3) every
     file is the current user's, folders 0755 and files 0644."""
-    with gzip.open(archive) as stream, tarfile.open(fileobj=CappedReads(stream), mode="r:") as tar:
+    with gzip.open(archive) as stream, tarfile.open(fileobj=(capped := CappedReads(stream)), mode="r:") as tar:
         members, total = [], 0
         for member in tar:  # one header at a time: a refused member stops the reading before the next
             total += member.size
@@ -271,7 +308,10 @@ def extract(archive, folder, top):
                 raise Refused(why)
             if total > EXTRACTED_BYTES_MOST or len(members) >= MEMBERS_MOST:
                 raise Refused(f"it holds more than {EXTRACTED_BYTES_MOST:,} bytes or {MEMBERS_MOST:,} members")
+            member.pax_headers = {}  # applied already: not kept for each of thousands of members
             members.append(member)
+            capped.headers_from = tar.offset  # the next member's headers
+        capped.headers_from = None
         if DATA_FILTER:
             tar.extractall(folder, members, filter="data")
         else:
@@ -290,7 +330,10 @@ def remove_abandoned_scratch(target):
     """Folders left by an extraction that was killed: no process holds their lock (called under folder_lock, under
     which a run makes its scratch folder and locks it). Where no lock can be held (Windows), none is told abandoned."""
     for folder in Path(target).parent.glob(scratch_prefix(target) + "*") if os.name == "posix" else []:
-        handle = lock(folder, wait=False) if folder.is_dir() and not folder.is_symlink() else None
+        try:  # another user's folder, or one its run removed meanwhile, is left as it is
+            handle = lock(folder, wait=False) if folder.is_dir() and not folder.is_symlink() else None
+        except OSError:
+            continue
         if handle is not None:
             shutil.rmtree(folder, ignore_errors=True)
             os.close(handle)
@@ -328,15 +371,19 @@ def download_and_extract(url, md5, target, progress=True):
         except OSError:
             if not target.is_dir():
                 raise  # else another run put its own checked copy there first: this one is not needed
-    except (tarfile.TarError, EOFError, OSError, ValueError, MemoryError, zlib.error, UserError) as error:
+    except (tarfile.TarError, EOFError, OSError, ValueError, ArithmeticError, MemoryError, RecursionError, zlib.error,
+            UserError) as error:
         if target.is_dir():  # another run put its checked copy in place, and removed the archive, meanwhile
             return
-        with contextlib.suppress(OSError):
+        try:
             os.replace(archive, aside)  # not taken again by the next run, kept to be looked at
+            moved = f"moved it to {aside}"
+        except OSError as why:
+            moved = f"it could not be moved aside ({reason(why)}): delete {archive}"
         what = (f"its contents are not the release ({error})" if isinstance(error, (UserError, Refused)) else
                 f"could not extract it ({reason(error)})")
-        raise UserError(f"{source}: {what}; moved it to {aside}: run again to download it anew, or pass --data-dir "
-                        f"with a complete copy") from error
+        raise UserError(f"{source}: {what}; {moved}: run again to download it anew, or pass --data-dir with a "
+                        f"complete copy") from error
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         os.close(handle)

@@ -44,6 +44,17 @@ def shown_url(url):
                                     parts.fragment))
 
 
+def without_secrets(text, url):
+    """text with url's user:password and query string replaced by ***, wherever a library's message repeats them."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return text
+    for secret in sorted({parts.netloc.rpartition("@")[0], parts.password, parts.query} - {"", None}, key=len)[::-1]:
+        text = text.replace(secret, "***")
+    return text
+
+
 def ask_hub(name, repo_type="model"):
     """(its repo_info, None) when name can be downloaded now, else (None, why not): the project's one rule,
     HF_HUB_OFFLINE is not set and the Hub (or its mirror) answers about it within HF_HUB_ETAG_TIMEOUT seconds (10
@@ -235,12 +246,15 @@ def save_loadable(folder, model, names, processor, what="model"):
 
 def download_error(error):
     """The first line of the innermost error of a failed download (the network's own words, as "peer closed
-    connection"), not the library's guess at its cause ("does not appear to have a file named ...")."""
+    connection"), not the library's guess at its cause ("does not appear to have a file named ..."); HF_ENDPOINT's
+    user:password and query, which the HTTP client's words repeat, as ***."""
+    from huggingface_hub import constants
+
     for _ in range(20):  # a chain of causes is short; a loop in it ends here
         if not (error.__cause__ or error.__context__):
             break
         error = error.__cause__ or error.__context__
-    return (str(error).splitlines() or [type(error).__name__])[0][:200]
+    return without_secrets((str(error).splitlines() or [type(error).__name__])[0][:200], constants.ENDPOINT)
 
 
 # The weight files from_pretrained reads, in its order: safetensors first; some releases hold only the pickled

@@ -30,8 +30,8 @@ ARCHIVE_PATH = "/fast-ai-imageclas/imagenette2-160.tgz"
 
 class Faulty(ThreadingHTTPServer):
     """The tests' own server: files it holds, else olah's answers; faults: [{"path": part of the path, "kind":
-    "drop" | "status" | "stall" | "trickle" (a byte each TRICKLE_SECONDS) | "redirect" (to the same path), "code":
-    the status, "times": how many requests it hits}]."""
+    "drop" | "status" | "stall" | "trickle" (a byte each TRICKLE_SECONDS) | "slow headers" (so, the status line and
+    headers) | "redirect" (to the same path), "code": the status, "times": how many requests it hits}]."""
     daemon_threads = True
 
     def __init__(self, upstream=None):
@@ -79,6 +79,18 @@ class Handler(BaseHTTPRequestHandler):
         fault = server.fault_for(self.path)
         if fault and fault["kind"] == "stall":
             server.stop.wait(STALL_SECONDS)
+            self.close_connection = True
+            return
+        if fault and fault["kind"] == "slow headers":
+            headers = f"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n{'X-Padding: x' * 400}\r\n\r\n".encode()
+            for byte in headers[: int(STALL_SECONDS / TRICKLE_SECONDS)]:
+                if server.stop.wait(TRICKLE_SECONDS):
+                    break
+                try:
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                except OSError:  # the client gave up
+                    break
             self.close_connection = True
             return
         if fault and fault["kind"] == "redirect":

@@ -1,6 +1,7 @@
 """The Imagenette archive's download, against a real HTTP server on 127.0.0.1 (tests/local_servers.py): checked by its
 MD5, continued with a Range request after a dropped connection, and each fault of the network or the disk one line
 with nothing half-written kept. The Hub's downloads: tests/test_first_contact.py."""
+import gzip
 import hashlib
 import io
 import json
@@ -136,6 +137,16 @@ def test_a_release_cut_short_without_a_length_is_kept_to_continue(served, tmp_pa
     assert 0 < (tmp_path / "file.tgz.part").stat().st_size < len(CONTENT)
 
 
+def test_a_server_that_trickles_its_headers_ends_in_one_line(served, tmp_path):
+    """A byte of the status line and headers at a time, 20 a second: never silent for the time-out, never an answer."""
+    served.faults.append({"path": "/file.bin", "kind": "slow headers"})
+    started = time.monotonic()
+    with pytest.raises(DownloadError) as error:
+        download(f"{served.url}/file.bin", MD5, tmp_path / "file.tgz", progress=False)
+    assert time.monotonic() - started < STALL_SECONDS / 4  # else the server's own end, not the rule, stopped it
+    assert str(error.value) == f"127.0.0.1:{served.server_address[1]} did not answer within 2 s: try again later"
+
+
 def test_a_trickling_server_ends_in_one_line_within_twice_the_time_out(served, tmp_path):
     """A server that sends a byte at a time, 20 a second, is never silent for the time-out; the least rate, 10 kB/s
     over HF_HUB_DOWNLOAD_TIMEOUT (2 s here), ends it in one line naming the server, the bytes kept to continue."""
@@ -176,11 +187,15 @@ def test_a_full_disk_during_the_download_is_one_line_and_removes_the_part(served
     ("http://127.0.0.1:9/a.tgz#md5=123", "its '#' part must be md5= and the archive's 32 hex digits"),
     ("/srv/imagenette2-160.tgz", "not an http, https or file URL (a file on disk: file:///srv/imagenette2-160.tgz)"),
     ("ftp://127.0.0.1/a.tgz", "not an http, https or file URL"),
+    ("ftp://user:SECRET@127.0.0.1/a.tgz?X-Amz-Signature=SECRET", ("=ftp://***@127.0.0.1/a.tgz?***: not an http, "
+                                                                  "https or file URL")),
+    ("http://u:SECRET@[::1/a.tgz", "=(a URL that cannot be read): not an http, https or file URL"),
 ])
 def test_a_variable_that_is_no_url_of_an_archive_is_refused(monkeypatch, value, refusal):
     monkeypatch.setenv("VIT_PART3_IMAGENETTE_URL", value)
-    with pytest.raises(UserError, match=re.escape(refusal)):
+    with pytest.raises(UserError, match=re.escape(refusal)) as refused:
         archive_source()
+    assert "SECRET" not in str(refused.value)
 
 
 @pytest.mark.parametrize("url,shown", [
@@ -231,22 +246,42 @@ def entry(name, kind="file", link="", size=0, **pax):
     PAX headers."""
     info = tarfile.TarInfo(name)
     info.type = {"file": tarfile.REGTYPE, "folder": tarfile.DIRTYPE, "symlink": tarfile.SYMTYPE,
-                 "hardlink": tarfile.LNKTYPE, "fifo": tarfile.FIFOTYPE, "device": tarfile.CHRTYPE}[kind]
+                 "hardlink": tarfile.LNKTYPE, "fifo": tarfile.FIFOTYPE, "device": tarfile.CHRTYPE,
+                 "pax": tarfile.XHDTYPE, "global pax": tarfile.XGLTYPE}[kind]
     info.linkname, info.size, info.pax_headers, info.devmajor, info.devminor = link, size, pax, 1, 3
     return info
 
 
-def tgz(*members, content=b"overwritten"):
-    """A .tgz of the members (PAX format); each file holds its size of zeros, the last one `content`."""
+def tgz(*members, content=b"overwritten", negative=False):
+    """A .tgz of the members (PAX format); each file holds its size of zeros, the last one `content`, each PAX
+    header (kind "pax" or "global pax") its records; negative: the first member's size -1,024 (GNU's base-256)."""
     buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz", format=tarfile.PAX_FORMAT, compresslevel=1) as tar:
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for i, info in enumerate(members):
-            if info.isfile() and i == len(members) - 1:
+            if info.type in (tarfile.XHDTYPE, tarfile.XGLTYPE):
+                records = "".join(record(key, value) for key, value in info.pax_headers.items()).encode()
+                info.pax_headers, info.size = {}, len(records)
+                tar.addfile(info, io.BytesIO(records))
+            elif info.isfile() and i == len(members) - 1:
                 info.size = len(content)
                 tar.addfile(info, io.BytesIO(content))
             else:
                 tar.addfile(info, io.BytesIO(bytes(info.size)) if info.isfile() else None)
-    return buffer.getvalue()
+    data = bytearray(buffer.getvalue())
+    if negative:  # the size field at 124, in base 256 with 0xff first; the checksum at 148 counted anew
+        data[124:136] = b"\xff" + (256**11 - 1024).to_bytes(11, "big")
+        data[148:156] = b" " * 8
+        data[148:156] = b"%06o\0 " % sum(data[:512])
+    return gzip.compress(bytes(data), compresslevel=1)
+
+
+def record(key, value):
+    """One PAX record, "<its length> key=value\\n", the length counting itself."""
+    body = f" {key}={value}\n"
+    length = len(body) + 1
+    while len(str(length)) + len(body) != length:
+        length += 1
+    return f"{length}{body}"
 
 
 TOP = "imagenette2-160"
@@ -292,10 +327,21 @@ HOSTILE = [  # (what the archive holds, its members given the outside file's pat
         "GNU.sparse.name": f"{TOP}/train/a/2.JPEG"}), *LAYOUT[:1]], "is a sparse file"),
     ("a member of zeros past the cap", lambda outside: [*LAYOUT, entry(f"{TOP}/train/a/2.JPEG",
                                                                        size=MEMBER_BYTES_MOST + 1), *LAYOUT[:1]],
-     f"holds {MEMBER_BYTES_MOST + 1:,} bytes, more than {MEMBER_BYTES_MOST:,}"),
+     f"holds {MEMBER_BYTES_MOST + 1:,} bytes, not 0 to {MEMBER_BYTES_MOST:,}"),
     ("a PAX header of 11 MiB", lambda outside: [*LAYOUT, entry(f"{TOP}/train/a/2.JPEG", comment="x" * (11 << 20))],
-     "it asks to read"),
+     "a member's headers are longer than 65,536 bytes"),
     ("a file named twice", lambda outside: [*LAYOUT, *LAYOUT[:1]], "4 files were written of its 5"),
+    ("3,000 chained PAX headers", lambda outside: [*LAYOUT, *[entry(f"{TOP}/p", "pax", comment="x")] * 3000,
+                                                   *LAYOUT[:1]], "a member's headers are longer than 65,536 bytes"),
+    ("a time of 1e400", lambda outside: [*LAYOUT, entry(f"{TOP}/train/a/2.JPEG", mtime="1e400")],
+     "has the time inf"),
+    ("1,500 nested folders", lambda outside: [*LAYOUT, *[entry(f"{TOP}/" + "/".join("a" * (k + 1)), "folder")
+                                                         for k in range(1500)]], "is deeper than 8"),
+    ("a sparse map of 1.0 format", lambda outside: [*LAYOUT, entry(f"{TOP}/train/a/2.JPEG", **{
+        "GNU.sparse.major": "1", "GNU.sparse.minor": "0", "GNU.sparse.name": f"{TOP}/train/a/2.JPEG",
+        "GNU.sparse.realsize": str(64 << 30)})], "a member's headers are longer than 65,536 bytes"),
+    ("a global PAX header of 2,000 records", lambda outside: [entry("g", "global pax", **{
+        f"k{k}": "v" for k in range(2000)}), *LAYOUT], "has 2,000 PAX records"),
 ]
 DRIVER = """import sys
 from common.errors import UserError
@@ -357,7 +403,8 @@ def test_a_hostile_archive_writes_nothing_outside_the_data_folder(served, tmp_pa
     outside = tmp_path / "outside.txt"
     outside.write_text("original")
     before = tree(tmp_path, tmp_path / "data")
-    status, stderr = download_run(python, served, tgz(*members(str(outside))), tmp_path)
+    content = b"200000\n" + b"0\n1\n" * 200_000 if holds == "a sparse map of 1.0 format" else b"overwritten"
+    status, stderr = download_run(python, served, tgz(*members(str(outside)), content=content), tmp_path)
     lines = [line for line in stderr.replace("\r", "\n").splitlines() if line.strip() and
              not line.startswith(f"downloading {TOP}.tgz:")]  # the bar
     assert status == 1 and len(lines) == 1 and lines[0].startswith("error: ") and said in lines[0], stderr
@@ -404,12 +451,21 @@ def test_extraction_gives_the_archives_folders_and_files(tmp_path, monkeypatch, 
                 if path.name in ("b", "2.JPEG")} == {"mine/train/b": "0o755", "mine/train/b/2.JPEG": "0o644"}
 
 
+@pytest.mark.parametrize("python", PYTHONS)
+def test_a_negative_size_is_refused(served, tmp_path, python):
+    """GNU's base-256 size field says -1,024: tarfile would read earlier headers again, round and round."""
+    status, stderr = download_run(python, served, tgz(entry(f"{TOP}/train/a/0.JPEG", size=1), *LAYOUT,
+                                                      negative=True), tmp_path)
+    assert status == 1 and "holds -1,024 bytes, not 0 to" in stderr and "Traceback" not in stderr, stderr
+    assert os.listdir(tmp_path / "data") == [f"{TOP}.tgz.refused"]
+
+
 def test_more_than_the_caps_in_all_is_refused_before_it_is_written(tmp_path, monkeypatch):
     """Each member under its cap, all of them over the total's: refused, nothing written."""
     monkeypatch.setattr(imagenette_archive, "EXTRACTED_BYTES_MOST", 3)
     archive = tmp_path / "mine.tgz"
     archive.write_bytes(tgz(*[entry(f"mine/train/a/{i}.JPEG", size=1) for i in range(5)]))
-    with pytest.raises(imagenette_archive.Refused, match="it holds more than 3 bytes or 100,000 members"):
+    with pytest.raises(imagenette_archive.Refused, match="it holds more than 3 bytes or 50,000 members"):
         imagenette_archive.extract(archive, tmp_path / "out", "mine")
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*"))
 

@@ -118,3 +118,11 @@ def test_a_folder_whose_image_processor_crops_is_refused_as_the_model_flag(tmp_p
     (tmp_path / "crop" / "preprocessor_config.json").write_text(json.dumps({**HUB_PROCESSOR, "do_center_crop": True}))
     with pytest.raises(UserError, match="its image processor crops the picture"):
         check_model_flag(str(tmp_path / "crop"))
+
+
+def test_a_hub_download_error_shows_no_secret_of_hf_endpoint(monkeypatch):
+    """The HTTP client's words repeat the URL it asked, HF_ENDPOINT's user:password and query in it."""
+    monkeypatch.setattr(constants, "ENDPOINT", "http://user:SECRET@127.0.0.1:9/hub?token=SECRET")
+    error = RuntimeError("Client error '404 Not Found' for url 'http://user:SECRET@127.0.0.1:9/hub/a/b/config.json'")
+    assert pretrained.download_error(error) == ("Client error '404 Not Found' for url "
+                                                "'http://***@127.0.0.1:9/hub/a/b/config.json'")
