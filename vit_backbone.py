@@ -46,7 +46,7 @@ from common.loader import NEW_PASS, timed
 from common.output import pass_text, say
 from common.paths import FEATURE_CACHE_DIR
 from common.pretrained import load_pretrained, save_loadable
-from common.run import check_output, loaded, run_sections
+from common.run import begin, check_output, conclude, loaded, section
 
 # ---------------------------------------------------------------- the recipe, where the article states it
 MODEL = "google/vit-base-patch16-224"  # model_id: an ImageNet-1k classifier whose head is replaced by a 3-class one
@@ -378,6 +378,7 @@ def load_features(run, beans, processor):
 
 # ---------------------------------------------------------------- sections
 
+@section
 def section_feature_map(run, report):
     """1. patch tokens to a feature map"""
     report.print("\n== 1. patch tokens to a feature map: (B, N, D) -> (B, H_p, W_p, D) -> (B, D, H_p, W_p) ==")
@@ -401,6 +402,7 @@ def section_feature_map(run, report):
     report.print(f"  grid (4, 5) for 16 patch tokens: {refused}")
 
 
+@section
 def section_table(run, report):
     """2. the table of configurations"""
     report.print("\n== 2. the table of common ViT configurations, counted on torch's meta device (no download) ==")
@@ -427,6 +429,7 @@ def section_table(run, report):
                  "(3 P^2 D) make the counts differ by patch and resolution")
 
 
+@section
 def section_checkpoint(run, report):
     """3. the checkpoint as backbone + head"""
     args = run.args
@@ -504,6 +507,7 @@ FLOAT32 = {"torch defaults": "torch's defaults, as the article ran: convolutions
            "tf32": "TF32 in matrix multiplies and convolutions (--precision tf32)"}
 
 
+@section
 def section_finetune(run, report):
     """4. the article's fine-tuning"""
     args = run.args
@@ -564,6 +568,7 @@ def section_finetune(run, report):
         backbone.backbone_feature_maps(result["feature maps"], args.plots, say, origin)
 
 
+@section
 def section_three_ways(run, report):
     """5. three ways to adapt the same backbone"""
     args = run.args
@@ -612,7 +617,6 @@ def section_three_ways(run, report):
                  "time is its training with its evaluations, the probes' their fit on the features")
 
 
-SECTIONS = [section_feature_map, section_table, section_checkpoint, section_finetune, section_three_ways]
 
 
 def setup_differences(run, known):
@@ -708,8 +712,13 @@ def main(argv=None):
     args = parse_args(argv)
     if args.save_dir:
         check_output(args.save_dir, "--save-dir", folder=True)
-    return run_sections("backbone", args, SECTIONS, setup_differences, MODEL, ARTICLE_FLAGS,
-                        fp32_rule=ARTICLE_FP32_RULE)
+    run, report = begin("backbone", args, fp32_rule=ARTICLE_FP32_RULE)
+    section_feature_map(run, report)
+    section_table(run, report)
+    section_checkpoint(run, report)
+    section_finetune(run, report)
+    section_three_ways(run, report)
+    return conclude(run, report, setup_differences, MODEL, ARTICLE_FLAGS)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from common.output import listed, pass_text, say
 from common.paths import CHECKOUT, FEATURE_CACHE_DIR
 from common.pictures import ARTICLE_PIXELS
 from common.pretrained import checkpoint_pixels, load_pretrained
-from common.run import run_sections
+from common.run import begin, conclude, section
 
 DEFAULT_MODEL = "google/vit-base-patch16-224-in21k"
 REPRESENTATIONS = ("pre-logits", "class token")
@@ -152,6 +152,7 @@ def load_features(run):
 
 # ---------------------------------------------------------------- sections
 
+@section
 def section_by_hand(run, report):
     """1. the closed form by hand"""
     report.print("\n== 1. the closed form by hand: 4 pictures, 2 features, K = 2 classes, lambda = 1 ==")
@@ -177,6 +178,7 @@ def section_by_hand(run, report):
                    "training scores": training_scores})
 
 
+@section
 def section_frozen(run, report):
     """2. few-shot accuracy"""
     args, data = run.args, data_naming_all_missing(run)
@@ -225,6 +227,7 @@ def section_frozen(run, report):
                                  origin_of(args, DEFAULT_NAME))
 
 
+@section
 def section_one_solve(run, report):
     """2b. one solve in detail"""
     args, data = run.args, data_naming_all_missing(run)
@@ -254,7 +257,6 @@ def section_one_solve(run, report):
                    if accuracy is not None} | {f"first picture score {i}": s for i, s in enumerate(scores[0], 1)})
 
 
-SECTIONS = [section_by_hand, section_frozen, section_one_solve]
 ARTICLE_FLAGS = {"pool": ("pool", 50), "draws": ("draws", 5), "resolution": ("resolution", 224),
                  "precision": ("precision", "fp32")}
 ARTICLE_TABLE = {"shots": [1, 5, 10], "lambdas": [0.01, 1.0, 100.0]}
@@ -326,7 +328,11 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if max(args.shots) > args.pool:
         parser.error(f"--shots {max(args.shots)} is more than the pool of {args.pool} per class")
-    return run_sections("fewshot", args, SECTIONS, setup_differences, DEFAULT_MODEL, ARTICLE_FLAGS)
+    run, report = begin("fewshot", args)
+    section_by_hand(run, report)
+    section_frozen(run, report)
+    section_one_solve(run, report)
+    return conclude(run, report, setup_differences, DEFAULT_MODEL, ARTICLE_FLAGS)
 
 
 if __name__ == "__main__":

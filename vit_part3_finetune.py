@@ -54,7 +54,7 @@ from common.loader import NEW_PASS, started_pass
 from common.output import listed, pass_text, say
 from common.pictures import pixels_processor, to_pixels
 from common.pretrained import checkpoint_config, checkpoint_pixels, load_pretrained, save_loadable
-from common.run import check_output, loaded, run_sections
+from common.run import begin, check_output, conclude, loaded, section
 
 # ---------------------------------------------------------------- the recipe
 # The article's run ("Our fine-tuning run"), the pieces of the paper's Table 4 at a smaller scale.
@@ -268,6 +268,7 @@ def data_and_model(run):
 
 # ---------------------------------------------------------------- sections
 
+@section
 def section_data_and_model(run, report):
     """0. data and model"""
     data, model, pre_logits = data_and_model(run)
@@ -298,6 +299,7 @@ def section_data_and_model(run, report):
                      f"{n_old * n_old + 1} -> {n_new * n_new + 1} rows")
 
 
+@section
 def section_zero_head(run, report):
     """1. step 0 with the zero head"""
     data, model, _ = data_and_model(run)
@@ -363,6 +365,7 @@ def print_step(report, step, row):
                    f"{name} waiting seconds": row["waiting seconds"]}, counts={f"{name} accuracy": (right, of)})
 
 
+@section
 def section_finetune(run, report):
     """2. fine-tuning"""
     data, model, _ = data_and_model(run)
@@ -663,7 +666,6 @@ def finish(run, report, *, data, model, average, log, micro, last_step):
                                  origin_of(args, DEFAULT_NAME))
 
 
-SECTIONS = [section_data_and_model, section_zero_head, section_finetune]
 
 
 def setup_differences(run, known):
@@ -744,7 +746,11 @@ def parse_flags(argv, world):
 def main(argv=None):
     args = parse_flags(argv, int(os.environ.get("WORLD_SIZE", "1")))
     torch.manual_seed(args.seed)
-    return run_sections("finetune", args, SECTIONS, setup_differences, MODEL, ARTICLE_FLAGS, torchrun=True)
+    run, report = begin("finetune", args, torchrun=True)
+    section_data_and_model(run, report)
+    section_zero_head(run, report)
+    section_finetune(run, report)
+    return conclude(run, report, setup_differences, MODEL, ARTICLE_FLAGS)
 
 
 if __name__ == "__main__":

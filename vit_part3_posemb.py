@@ -36,7 +36,7 @@ from common.loader import workers_text
 from common.output import pass_text, say
 from common.pictures import load_all
 from common.pretrained import checkpoint_config, checkpoint_pixels, load_pretrained
-from common.run import loaded, run_sections
+from common.run import begin, conclude, loaded, section
 
 DEFAULT_MODEL = "google/vit-base-patch16-224"
 ARTICLE_PLACE = (3, 10)  # the position row of section 3, on the 14x14 grid
@@ -187,6 +187,7 @@ def load_pictures(run):
 
 # ---------------------------------------------------------------- sections
 
+@section
 def section_tiny_grid(run, report):
     """1. a 2x2 grid resized to 3x3"""
     report.print("\n== 1. resize a 2x2 grid to 3x3 the way the official code does (scipy.ndimage.zoom, order=1 = "
@@ -202,6 +203,7 @@ def section_tiny_grid(run, report):
                    "2x2 middle left": resized[1, 0], "2x2 centre": resized[1, 1]})
 
 
+@section
 def section_position_table(run, report):
     """2. the position table"""
     model = load_model(run)
@@ -248,6 +250,7 @@ def section_position_table(run, report):
     report.record(stats)
 
 
+@section
 def section_cosine(run, report):
     """3. cosine similarity"""
     model = load_model(run)
@@ -280,6 +283,7 @@ def section_cosine(run, report):
         posemb.cosine_maps(maps, run.args.plots, say, origin_of(run.args, DEFAULT_NAME))
 
 
+@section
 def section_accuracy(run, report):
     """4. accuracy at both resolutions"""
     model, (images, labels, imagenet_classes) = loaded(lambda: load_model(run), lambda: load_pictures(run))
@@ -329,12 +333,11 @@ def section_accuracy(run, report):
         posemb.accuracy_bars(report.values(), article_values("posemb"), args.plots, say, origin_of(args, DEFAULT_NAME))
 
 
-SECTIONS = [section_tiny_grid, section_position_table, section_cosine, section_accuracy]
 ARTICLE_FLAGS = {"resolution": ("resolution", 384), "precision": ("precision", "fp32")}
 
 
 def setup_differences(run, known):
-    """How this run's pictures differ from the article's (the checkpoint and the flags: run_sections)."""
+    """How this run's pictures differ from the article's (the checkpoint and the flags: conclude)."""
     try:
         count = len(load_pictures(run)[1])
     except UserError:  # said by section 4: the count is unknown
@@ -355,7 +358,12 @@ def main(argv=None):
     config = checkpoint_config(args.model)
     if config is not None:  # a checkpoint on disk: refuse a resolution it cannot serve before any work
         check_resolution(config, args.resolution)
-    return run_sections("posemb", args, SECTIONS, setup_differences, DEFAULT_MODEL, ARTICLE_FLAGS)
+    run, report = begin("posemb", args)
+    section_tiny_grid(run, report)
+    section_position_table(run, report)
+    section_cosine(run, report)
+    section_accuracy(run, report)
+    return conclude(run, report, setup_differences, DEFAULT_MODEL, ARTICLE_FLAGS)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from common.errors import UserError
 from common.output import listed
 from common.paths import IMAGENETTE_DIR
 from common.pretrained import cached_weight_file, hub_offline, load_pretrained
-from common.run import run_sections
+from common.run import begin, conclude, section
 
 # Table 1's parameter counts (millions), its rows, and the released checkpoints; ViT-L/16's is the ImageNet
 # fine-tuned one, without a pre-logits layer: the article's only cached file of ViT-L/16.
@@ -143,6 +143,7 @@ def checkpoint_shapes(name, size, patch, pre_logits):
     return meta_parameter_shapes(table1_config(size, patch), pre_logits), "meta device"
 
 
+@section
 def section_table1(run, report):
     """1. Table 1: sequence, attention pairs, forward compute and the released checkpoints' parameters"""
     layers, width, mlp, _ = VIT_SIZES["B"]
@@ -231,6 +232,7 @@ def released_parameters(report):
 
 # ---------------------------------------------------------------- 2. the hybrid
 
+@section
 def section_hybrid(run, report):
     """2. the hybrid's ResNet-50 stages"""
     report.print("\n== 2. the hybrid: which ResNet-50 stage feeds ViT ==")
@@ -309,6 +311,7 @@ def weight_standardize(weights, eps=0.0):
     return (weights - mean) / torch.sqrt(weights.var(dim=-1, unbiased=False, keepdim=True) + eps)
 
 
+@section
 def section_norms(run, report):
     """3. Batch Norm vs Group Norm"""
     report.print("\n== 3. Batch Norm vs Group Norm on a tiny batch (4 channels, 2 pixels per channel, 2 groups) ==")
@@ -435,6 +438,7 @@ def torch_clip(gradients, max_norm):
     return [p.grad.tolist() for p in params]
 
 
+@section
 def section_by_hand(run, report):
     """4. Adam, Table 3, SGD with momentum, Polyak averaging, clipping and Table 4 by hand"""
     report.print("\n== 4. pre-training and fine-tuning by hand: Adam, Table 3, SGD with momentum, Polyak averaging, "
@@ -522,13 +526,17 @@ def table4_in_steps(report):
     report.record({f"cosine LR at {step:,}": rate for step, rate in rates.items()})
 
 
-SECTIONS = [section_table1, section_hybrid, section_norms, section_by_hand]
 
 
 def main(argv=None):
     args = experiment_parser(__doc__, device=False).parse_args(argv)
     torch.set_num_threads(min(4, torch.get_num_threads()))
-    return run_sections("setup", args, SECTIONS)
+    run, report = begin("setup", args)
+    section_table1(run, report)
+    section_hybrid(run, report)
+    section_norms(run, report)
+    section_by_hand(run, report)
+    return conclude(run, report)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """One run of a script: its flags, device, resources and sections, --compare and --json, and how it ends
 (docs/layout.md; the signals: docs/faults.md)."""
 import contextlib
+import functools
 import importlib.util
 import json
 import os
@@ -60,45 +61,57 @@ CHECK_ONLY = "VIT_PART3_CHECK_ONLY"  # set to 1: a script checks its flags and p
 IN_JOB = "VIT_PART3_IN_JOB"  # set to 1 by reproduce.py for its scripts: the job's last lines say what to run next
 
 
-def run_sections(script, args, sections, setup_differences=None, article_model=None, article_flags=None, **run):
-    """Each section of one run (start_run(args, **run)), then --compare and --json; status 1 when a section could not
-    run or --json could not be written. The setup's differences from the article's: --model against article_model,
-    the flags against article_flags ({item: (dest, the article's value)}), then setup_differences(run, those)'s (the
-    data's, and any of those it amends), asked after the sections, when the data they loaded is known."""
+def begin(script, args, **run):
+    """start_run(args, **run) and the Report the sections print to; a --json or --plots path that cannot be written
+    refused before any work. Under reproduce.py's check (CHECK_ONLY) the process ends here, status 0."""
     run = start_run(args, **run)
     if args.json:  # a typo in the path must not cost the run
         check_output(args.json, "--json")
-    report = Report(script, quiet=run.rank != 0)
     if getattr(args, "plots", None):
         check_output(args.plots, "--plots", folder=True)
         if importlib.util.find_spec("matplotlib") is None:  # said now, not after the long work
             say(f"figures: {MATPLOTLIB_MISSING}; no figure saved")
     if os.environ.get(CHECK_ONLY) == "1":  # reproduce.py asks, before its job, whether this command would start
-        return 0
-    for section in sections:
-        try:
-            section(run, report)
-        except (UserError, NotImplementedError) as problem:
-            if isinstance(problem, NotImplementedError):
-                if run.device is None or run.device.type != "mps":
-                    raise
-                import torch
+        raise SystemExit(0)
+    return run, Report(script, quiet=run.rank != 0)
 
-                problem = UserError(
-                    f"an operation is missing from Apple's mps backend in torch {torch.__version__} "
-                    f"({str(problem).splitlines()[0][:120]}): run with PYTORCH_ENABLE_MPS_FALLBACK=1 to do it on the "
-                    f"CPU, or upgrade torch")
-            report.cannot_run(section.__doc__.strip().splitlines()[0], problem)  # the docstring's first line: its title
+
+def section(function):
+    """A script's section, which main() calls by name: a UserError it raises (what it needs is missing) is one line,
+    'cannot run section "<its docstring's first line>": why', and the run goes on with the next section."""
+    title = function.__doc__.strip().splitlines()[0]
+
+    @functools.wraps(function)
+    def run_section(run, report, *args, **kwargs):
+        try:
+            return function(run, report, *args, **kwargs)
+        except (UserError, NotImplementedError) as problem:
+            if not isinstance(problem, UserError) and (run.device is None or run.device.type != "mps"):
+                raise
+            report.cannot_run(title, problem if isinstance(problem, UserError) else UserError(
+                f"an operation is missing from Apple's mps backend in torch {sys.modules['torch'].__version__} "
+                f"({str(problem).splitlines()[0][:120]}): run with PYTORCH_ENABLE_MPS_FALLBACK=1 to do it on the "
+                f"CPU, or upgrade torch"))
+
+    return run_section
+
+
+def conclude(run, report, setup_differences=None, article_model=None, article_flags=None):
+    """After the sections: --compare and --json, the lines on what could not run; status 1 when a section could not
+    run or --json could not be written. The setup's differences from the article's: --model against article_model,
+    the flags against article_flags ({item: (dest, the article's value)}), then setup_differences(run, those)'s (the
+    data's, and any of those it amends), asked now, when the data the sections loaded is known."""
+    args = run.args
     differences, rows, conclusions = {}, None, []
     if args.compare or args.json:  # the setup's differences, asked of the sections after them, decide the verdicts
-        from compare.published_files import checkpoint_difference  # loaded only when asked for
+        from compare.published_files import checkpoint_difference  # the judging layer, only when asked for
         from compare.verdicts import comparison_lines, flag_differences, judge
 
         checkpoint = checkpoint_difference(args.model, article_model) if article_model else {}
         flags = flag_differences(args, article_flags) if article_flags else {}
         own = setup_differences(run, {**checkpoint, **flags}) if setup_differences else {}
         differences = {**checkpoint, **own, **{item: flags[item] for item in flags if item not in own}}
-        rows, conclusions = judge(script, report.numbers, differences)
+        rows, conclusions = judge(report.script, report.numbers, differences)
     if args.compare:
         report.print("\n".join(comparison_lines(rows, conclusions, differences)))
     status = 1 if report.could_not_run else 0

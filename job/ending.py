@@ -27,10 +27,10 @@ def job_command(argv):
 
 
 def section_count(script):
-    """len(SECTIONS) of the script, read from its source: the job imports no script (each runs in its own process)."""
+    """How many sections the script has (its functions section_*, each main() calls), read from its source: the job
+    imports no script (each runs in its own process)."""
     tree = ast.parse((ROOT / script_file(script)).read_text())
-    return next(len(node.value.elts) for node in tree.body if isinstance(node, ast.Assign)
-                and [getattr(target, "id", None) for target in node.targets] == ["SECTIONS"])
+    return sum(isinstance(node, ast.FunctionDef) and node.name.startswith("section_") for node in tree.body)
 
 
 def result_row(script, record):

@@ -17,7 +17,7 @@ import vit_part3_posemb
 from common.device import set_precision
 from common.errors import UserError
 from common.loader import one_pass, start_pass
-from common.run import run_sections
+from common.run import begin, conclude, section
 from job.standins import vit_classifier
 
 
@@ -104,11 +104,14 @@ def test_precisions_that_do_not_exist_are_refused(device, precision, refused):
 
 
 def test_an_operation_missing_on_mps_names_the_fallback(capsys):
+    @section
     def section_with_a_missing_operation(run, report):
         """2. a section"""
         raise NotImplementedError("The operator 'aten::upsample_bicubic2d.out' is not currently implemented for MPS")
 
     args = argparse.Namespace(compare=False, json=None, precision="fp32")
-    status = run_sections("posemb", args, [section_with_a_missing_operation], device=torch.device("mps"))
+    run, report = begin("posemb", args, device=torch.device("mps"))
+    section_with_a_missing_operation(run, report)
+    status = conclude(run, report)
     out = capsys.readouterr().out
     assert status == 1 and 'cannot run section "2. a section"' in out and "PYTORCH_ENABLE_MPS_FALLBACK=1" in out

@@ -6,6 +6,7 @@ Nothing here runs a script: each command shown is handed to its script's own arg
 tests/test_reproduce.py captures it (ScriptParser.parse_args patched to raise before any work).
 """
 import argparse
+import ast
 import importlib
 import json
 import re
@@ -424,3 +425,15 @@ def test_docs_layouts_claims_about_modules_hold():
         assert not wrong, (path.relative_to(ROOT), wrong)
     rest = layout[layout.index("## The rest"):]
     assert all(f"`{path.name}`" in rest for path in (ROOT / "job").glob("*.py") if path.name != "__init__.py")
+
+
+@pytest.mark.parametrize("script", sorted(path.name for path in ROOT.glob("vit_*.py")))
+def test_main_calls_each_section_by_name_in_the_order_they_are_written(script):
+    """docs/layout.md: main() is the script's story; no runner calls its sections back."""
+    tree = ast.parse((ROOT / script).read_text())
+    written = [node.name for node in tree.body
+               if isinstance(node, ast.FunctionDef) and node.name.startswith("section_")]
+    main = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "main")
+    called = [node.func.id for node in ast.walk(main) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id.startswith("section_")]
+    assert written and called == written
