@@ -45,10 +45,9 @@ from common.finetune_checkpoint import CHECKPOINT, CHECKPOINT_FORMAT, SAVED_AVER
 from common.output import say
 from common.pretrained import hub_offline
 from common.run import check_output
-from figures import backbone, fewshot, finetune, posemb
 from job import downloads, ending
 from job.child_process import StopRequests, first_refusal, only_job_on, run_logged
-from job.page import SCRIPTS, build, script_file
+from job.page import build
 from job.resuming import (
     checkpoint_key,
     code_digest,
@@ -59,7 +58,8 @@ from job.resuming import (
     readable_record,
     write_manifest,
 )
-from job.time_estimate import HOUR, MINUTE, clock, duration, estimate_seconds, how_estimated, measure_speed
+from job.scripts import PAGE_WRITES_MB, SCRIPTS, script_file
+from job.time_estimate import MINUTE, clock, duration, estimate_seconds, how_estimated, measure_speed
 
 ROOT = Path(__file__).resolve().parent
 FINETUNE_RUN = "finetune-run"  # fine-tuning's --save-dir in OUT
@@ -68,26 +68,14 @@ KEPT_ASIDE = {SAVED_AVERAGE: "model.previous", SAVED_LAST: "model-last.previous"
                                                     # last: a failed move leaves the reason to start afresh as it was)
 SET_BY_THE_JOB = ("--json", "--plots", "--compare", "--save-dir", "--resume")
 
-# --quick: the flags of the README's Quick check table (a test reads both); fine-tuning's --save-dir there
-# is OUT/finetune-run here. Fine-tuning pauses after the article's step-5 row, checking 50 of its 1,000 pictures,
-# and the backbone trains 2 epochs of 15 steps of 1 picture, so that each one's figure has more than one point.
-QUICK_FLAGS = {"setup": [], "posemb": ["--per-class", "5"], "fewshot": ["--per-class", "10"],
-               "finetune": ["--pause-at", "5", "--check-per-class", "5"],
-               "backbone": ["--per-class", "5", "--epochs", "2", "--batch-size", "1", "--probe-epochs", "10"]}
-# The README's times on a 2-core CPU (a test holds them equal) and that CPU's matrix-multiply speed; the quick
-# ones are one whole job's (benchmarks/quick_job.py), "job" its wall time, the scripts' processes and its own.
+# The README's machines, each script's times on them (job/scripts.py) and their matrix-multiply speeds; the quick
+# times are one whole job's (benchmarks/quick_job.py), "job" its wall time, the scripts' processes and its own.
 REFERENCE = {
-    "quick": {"machine": "the Quick check table's 2-core CPU", "gflops": 80, "job": 14.1 * MINUTE,
-              "seconds": {"setup": 13, "posemb": 4.0 * MINUTE, "fewshot": 3.3 * MINUTE, "finetune": 4.5 * MINUTE,
-                          "backbone": 1.7 * MINUTE}},
-    "full": {"machine": "the 2-core Xeon of \"How long will it take\"", "gflops": 300,
-             "seconds": {"setup": 5, "posemb": 2.3 * HOUR, "fewshot": 10 * MINUTE, "finetune": 1.9 * HOUR,
-                         "backbone": 2 * HOUR}},
+    "quick": {"machine": "the Quick check table's 2-core CPU", "gflops": 80, "job": 14.1 * MINUTE},
+    "full": {"machine": "the 2-core Xeon of \"How long will it take\"", "gflops": 300},
 }
-NEEDS, OPTIONAL = downloads.NEEDS, downloads.OPTIONAL  # a script's first piece is its checkpoint
-# MB each script writes into OUT at most besides fine-tuning's checkpoint: its JSON (the backbone's holds its
-# feature maps' pictures, 1.1 MB), figures and log; and the page
-WRITES_MB = {"setup": 1, "posemb": 3, "fewshot": 2, "finetune": 3, "backbone": 5, "page": 1}
+for kind, machine in REFERENCE.items():
+    machine["seconds"] = {script: row["seconds"][kind] for script, row in SCRIPTS.items()}
 
 
 # ---------------------------------------------------------------- the flags
@@ -147,9 +135,10 @@ def parse_flags(argv):
 def script_command(script, args, out, resume=False):
     """The script's command line: quick flags, local copies, device, precision, checkpoint, extras, outputs.
     Setup is arithmetic: it takes no model, data, device, precision or figures."""
-    command = [sys.executable, script_file(script)] + (QUICK_FLAGS[script] if args.quick else [])
-    if NEEDS[script] and args.models and (Path(args.models) / NEEDS[script][0]).is_dir():
-        command += ["--model", str(Path(args.models).resolve() / NEEDS[script][0])]
+    command = [sys.executable, script_file(script)] + (SCRIPTS[script]["quick"] if args.quick else [])
+    needs = SCRIPTS[script]["needs"]
+    if needs and args.models and (Path(args.models) / needs[0]).is_dir():
+        command += ["--model", str(Path(args.models).resolve() / needs[0])]
     data = args.beans if script == "backbone" else args.imagenette
     for flag, value in (("--data-dir", data and str(Path(data).resolve())), ("--device", args.device),
                         ("--precision", args.precision)):
@@ -174,12 +163,12 @@ def plan_pieces(to_run, here, can_download):
     cannot run; an optional piece (setup's ResNet-50) is downloaded when it can be, or done without."""
     fetch, cannot = [], {}
     for script in to_run:
-        missing = [piece for piece in NEEDS[script] if not here[piece]]
+        missing = [piece for piece in SCRIPTS[script]["needs"] if not here[piece]]
         lacking = [piece for piece in missing if not can_download[piece]]
         if lacking:
             cannot[script] = lacking
             continue
-        optional = [piece for piece in OPTIONAL.get(script, []) if not here[piece] and can_download[piece]]
+        optional = [piece for piece in SCRIPTS[script]["optional"] if not here[piece] and can_download[piece]]
         fetch += [piece for piece in missing + optional if piece not in fetch]
     return fetch, cannot
 
@@ -192,7 +181,7 @@ def room_needed(fetch, out, runs, args, resumes):
     over an earlier one kept aside (prepare()), whose room is freed."""
     need = downloads.room(fetch)
     if runs:
-        need[out] = sum(WRITES_MB[script] for script in [*runs, "page"])
+        need[out] = sum(SCRIPTS[script]["writes MB"] for script in runs) + PAGE_WRITES_MB
     if "finetune" in runs:
         checkpoint, kept = out / FINETUNE_RUN / CHECKPOINT, out / FINETUNE_RUN / KEPT_ASIDE[CHECKPOINT]
         freed = file_mb(checkpoint) if resumes else file_mb(kept) if checkpoint.is_file() else 0
@@ -224,7 +213,7 @@ def plan(args, out, manifest):
     keys = script_keys(args, out)
     done = [script for script in SCRIPTS if not args.force and is_complete(out, script, keys[script], manifest)]
     to_run = [script for script in SCRIPTS if script not in done]
-    pieces = {piece for script in to_run for piece in NEEDS[script] + OPTIONAL.get(script, [])}
+    pieces = {piece for script in to_run for piece in SCRIPTS[script]["needs"] + SCRIPTS[script]["optional"]}
     here = {piece: piece in pieces and downloads.piece_is_here(piece, args) for piece in downloads.PIECES}
     answers = downloads.answering({piece for piece in pieces if not here[piece]})
     fetch, lacking = plan_pieces(to_run, here, {piece: answers.get(piece, False) for piece in downloads.PIECES})
@@ -301,10 +290,6 @@ def move(source, target):
         raise UserError(f"cannot move {source} to {target} ({reason(error)}): make OUT writable") from error
 
 
-FIGURES = {"setup": (), "posemb": (posemb.COSINE_FILE, posemb.ACCURACY_FILE), "fewshot": (fewshot.FILE,),
-           "finetune": (finetune.FILE,), "backbone": (backbone.CURVES_FILE, backbone.MAPS_FILE)}
-
-
 def move_stale(out, script, manifest):
     """OUT keeps only the JSON of this job's commands, so the page never mixes two setups; the old one is kept aside,
     and the figures drawn from it in OUT/figures are removed (a run draws its own, and the page draws them again from
@@ -312,7 +297,7 @@ def move_stale(out, script, manifest):
     stale = out / f"{script}.json"
     if stale.is_file():
         move(stale, out / "logs" / f"{script}.previous.json")
-    for name in FIGURES[script]:
+    for name in SCRIPTS[script]["figures"]:
         try:
             (out / "figures" / name).unlink(missing_ok=True)
         except OSError as error:

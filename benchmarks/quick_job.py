@@ -23,9 +23,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the repository root, for common/ and reproduce
 
 from common.cli import script_parser
+from job.scripts import SCRIPTS
 
 TABLE_PICTURES_PER_S = 3.3  # the README's Quick check machine: ViT-B/16 at 224, fp32
-SCRIPTS = ("setup", "posemb", "fewshot", "finetune", "backbone")
 MODELS = {"vit-b16-1k": "vit-base-patch16-224", "vit-b16-in21k": "vit-base-patch16-224-in21k"}
 
 

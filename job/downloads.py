@@ -28,9 +28,6 @@ PIECES = {VIT: (346, 346, HUB), IN21K: (346, 346, HUB),
           IMAGENETTE: (ARCHIVE_MB, 2 * ARCHIVE_MB, shown_host(ARCHIVE_URL)),  # the archive and its extraction
           BEANS: (beans.MEGABYTES, 2 * beans.MEGABYTES, HUB),  # the parquet files and the library's Arrow copy
           RESNET: (100, 100, HUB)}
-NEEDS = {"setup": [], "posemb": [VIT, IMAGENETTE], "fewshot": [IN21K, IMAGENETTE],
-         "finetune": [IN21K, IMAGENETTE], "backbone": [VIT, BEANS]}
-OPTIONAL = {"setup": [RESNET]}  # setup uses the architecture with random weights without it
 
 
 def hf_home():

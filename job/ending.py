@@ -11,7 +11,8 @@ from collections import Counter
 from pathlib import Path
 
 from compare.verdicts import NUMBER_VERDICTS, counts_text, judge
-from job.page import on_the_miniature, script_file
+from job.page import on_the_miniature
+from job.scripts import script_file
 
 ROOT = Path(__file__).resolve().parent.parent
 STANDINS_COMMAND = "VIT_PART3_STANDINS_COMMAND"  # job/standins.py's command, which continues a job it started

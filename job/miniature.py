@@ -360,7 +360,8 @@ def foreign_files(root):
 def seed_verdicts(root, seed):
     """{script: [own=True conclusion rows]} of one seed's job (a script with no record: its conclusions not run)."""
     from compare.verdicts import judge
-    from job.page import SCRIPTS, read_record
+    from job.page import read_record
+    from job.scripts import SCRIPTS
 
     rows = {}
     for script in SCRIPTS:
@@ -412,7 +413,8 @@ def write_results(root, seeds, rows):
     """DIR/miniature.json (the combined verdicts, each seed's) and DIR/report.md (them as a page); their paths."""
     from common.environment import git_commit
     from common.files import write_text
-    from job.page import cell, script_file
+    from job.page import cell
+    from job.scripts import script_file
 
     record = {"seeds": list(seeds), "commit": git_commit(), "counts": counts_line(rows), "conclusions": rows}
     lines = ["# The articles' conclusions on the miniature", "",

@@ -40,11 +40,10 @@ from common.run import RECORD_FORMAT
 from common.start_and_end import guarded
 from compare.verdicts import LEGEND, article_values, counts_text, judge, split_notes, verdict_text
 from figures import backbone, fewshot, finetune, posemb
+from job.scripts import SCRIPTS, script_file
 from job.time_estimate import clock
 
-SCRIPTS = ("setup", "posemb", "fewshot", "finetune", "backbone")
 JOB_RECORD = "reproduce.json"  # what reproduce.py ran into the folder, and why a script did not run
-ARTICLES = {"backbone": "ViT as a backbone"}  # the others: "ViT, explained · Part 3"
 ARTICLE_SETUP = "the article's"  # the setup cell of a run whose setup is the article's
 TIME = "wall time of its process as reproduce.py measured it, model loading included"
 COLUMNS = ("Columns: setup, the article's or the flags that make this run another (docs/compare.md); verdicts, the "
@@ -98,10 +97,6 @@ def unlike_a_record(record):
                                       and 0 < difference["n"] <= difference["of"]):
             return f"the setup difference {item!r} is not a sample of its pictures"
     return None
-
-
-def script_file(script):
-    return "vit_backbone.py" if script == "backbone" else f"vit_part3_{script}.py"
 
 
 def command(script, folder):
@@ -214,7 +209,7 @@ def environment_lines(record, folder, seconds):
 
 def script_section(script, record, rows, drawn, folder, seconds):
     """The Markdown of one script: environment, verdict counts, figures, and every compared number."""
-    lines = [f"## {script_file(script)}", "", f"Article: \"{ARTICLES.get(script, 'ViT, explained · Part 3')}\"", ""]
+    lines = [f"## {script_file(script)}", "", f"Article: \"{SCRIPTS[script]['article']}\"", ""]
     if record.get("stand-ins"):
         given = ", ".join(inside(path, folder) for path in record["stand-ins"])
         lines += [f"Run on generated stand-ins ({given}): its numbers mean nothing.", ""]

@@ -10,7 +10,8 @@ from common.errors import UserError
 from common.files import write_text
 from common.output import say
 from common.run import RECORD_FORMAT
-from job.page import JOB_RECORD, read_record, script_file
+from job.page import JOB_RECORD, read_record
+from job.scripts import script_file
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -424,7 +424,8 @@ def test_the_docs_tables_are_two_runs_of_the_current_rules_and_the_second_seed_s
     from conftest import ROOT
 
     from compare.verdicts import judge
-    from job.page import SCRIPTS, cell, script_file
+    from job.page import cell
+    from job.scripts import SCRIPTS, script_file
 
     runs = [json.loads((ROOT / "docs" / f"miniature-seeds-{seed}.json").read_text()) for seed in (0, 1000)]
     rules = [(script, row["says"]) for script in SCRIPTS for row in judge(script, {})[1]]

@@ -18,6 +18,7 @@ from conftest import ROOT
 import reproduce
 from common.cli import ScriptParser
 from common.errors import UserError
+from job.scripts import SCRIPTS
 
 README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
@@ -236,7 +237,7 @@ def test_quick_flags_equal_the_readme_quick_check_table():
         if "--save-dir" in tokens:  # fine-tuning's checkpoint goes to OUT/finetune-run in the job
             at = tokens.index("--save-dir")
             del tokens[at:at + 2]
-        assert reproduce.QUICK_FLAGS[script] == tokens, script
+        assert SCRIPTS[script]["quick"] == tokens, script
 
 
 def test_the_estimates_start_from_the_readme_times():
@@ -267,7 +268,7 @@ def test_the_downloads_column_names_what_each_script_fetches_and_the_counts_are_
             downloads.BEANS: "beans", downloads.RESNET: "microsoft/resnet-50"}
     cells = table(README, "What it reproduces", 3)
     for script in NAMES:
-        fetched = downloads.NEEDS[script] + downloads.OPTIONAL.get(script, [])
+        fetched = SCRIPTS[script]["needs"] + SCRIPTS[script]["optional"]
         # the cell's names: its items between commas and semicolons, each up to " when", remarks in brackets left out
         named = {item.split(" when ")[0].strip() for item in re.split(r"[,;]", re.sub(r"\([^)]*\)", "", cells[script]))}
         assert {piece for piece, words in said.items() if words in named} == set(fetched), script

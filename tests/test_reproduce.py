@@ -35,6 +35,7 @@ from common.files import TEMP_PREFIX
 from common.finetune_checkpoint import save_checkpoint
 from common.start_and_end import Terminated, guarded
 from job import child_process, downloads, ending, resuming, standins
+from job.scripts import PAGE_WRITES_MB, SCRIPTS
 from job.time_estimate import estimate_seconds
 
 pytestmark = pytest.mark.xdist_group("reproduce")  # one worker runs the module and its shared job
@@ -219,7 +220,7 @@ def test_the_disk_estimate_counts_every_file_the_job_wrote(job):
     written = sum(path.stat().st_size for path in job["out"].rglob("*") if path.is_file())
     assert written / 1e6 <= int(said[1]) + 1  # the offline call's setup.json was written before it
     offline = re.search(r"^disk: about (\d+) MB needed in (\S+), ", err, re.MULTILINE)  # setup's files and the page
-    assert offline and int(offline[1]) == reproduce.WRITES_MB["setup"] + reproduce.WRITES_MB["page"]
+    assert offline and int(offline[1]) == SCRIPTS["setup"]["writes MB"] + PAGE_WRITES_MB
 
 
 def test_the_job_draws_the_figures_of_its_page(job):
@@ -781,7 +782,7 @@ def test_the_room_for_fine_tunings_checkpoint_counts_what_is_overwritten_and_wha
     for name, mb in files.items():
         (out / "finetune-run" / name).write_bytes(bytes(int(mb * 10**6)))
     need = reproduce.room_needed([], out, ["finetune"], namespace(models=str(models)), resumes)
-    assert need == {out: pytest.approx(needed_mb + reproduce.WRITES_MB["finetune"] + reproduce.WRITES_MB["page"])}
+    assert need == {out: pytest.approx(needed_mb + SCRIPTS["finetune"]["writes MB"] + PAGE_WRITES_MB)}
 
 
 @pytest.mark.parametrize("made_by_this_command,whole,why", [

@@ -8,7 +8,7 @@ from conftest import ROOT
 
 from common.errors import UserError
 from job import resuming
-from job.page import SCRIPTS, script_file
+from job.scripts import SCRIPTS, script_file
 
 NAMES = {script: script_file(script) for script in SCRIPTS}
 
