@@ -38,7 +38,6 @@ import torch.nn.functional as F
 
 from common import beans as beans_data
 from common import cli
-from common import trainer as plumbing
 from common.closed_form import closed_form
 from common.device import PRECISIONS, float32_arithmetic
 from common.errors import UserError
@@ -47,6 +46,7 @@ from common.output import pass_text, say
 from common.paths import FEATURE_CACHE_DIR
 from common.pretrained import load_pretrained, save_loadable
 from common.run import begin, check_output, conclude, loaded, section
+from common.trainer import check_classifier_files, dataset_loader, steps_text, timed_trainer
 
 # ---------------------------------------------------------------- the recipe, where the article states it
 MODEL = "google/vit-base-patch16-224"  # model_id: an ImageNet-1k classifier whose head is replaced by a 3-class one
@@ -281,7 +281,7 @@ def finetune(run):
               "save_strategy": "no", "eval_strategy": "steps", "remove_unused_columns": False, "seed": args.seed,
               "report_to": args.report_to}
     trainer_dir = Path(args.save_dir) / TRAINER_DIR if args.save_dir else None  # its logs (--report-to tensorboard)
-    with plumbing.timed_trainer(recipe, run.device, args.precision, trainer_dir, model=model,
+    with timed_trainer(recipe, run.device, args.precision, trainer_dir, model=model,
                                 processing_class=processor, train_dataset=train_ds.with_transform(transform),
                                 eval_dataset=val_items, data_collator=collate_fn,
                                 compute_metrics=accuracy_metrics) as (trainer, passes):
@@ -291,7 +291,7 @@ def finetune(run):
         after = trainer.evaluate()
     if not math.isfinite(after["eval_loss"]):  # a loss grown huge but finite can leave weights that give nan
         raise UserError(f"the evaluation loss after fine-tuning is {after['eval_loss']}, the training loss "
-                        f"{trained.training_loss:.4g} {plumbing.steps_text(1, trained.global_step)} "
+                        f"{trained.training_loss:.4g} {steps_text(1, trained.global_step)} "
                         f"(lr {args.lr:g}): the model diverged; lower --lr")
     model.eval()
     if args.save_dir:  # what from_pretrained and pipeline("image-classification") load
@@ -315,7 +315,7 @@ def preprocessed_once(dataset, device):
     """The dataset's items through its transform once, on the device (80 MB for beans' validation pictures): a loader
     started afresh for each evaluation keeps a GPU waiting."""
     return [{**item, "pixel_values": item["pixel_values"].to(device)}
-            for batch in plumbing.dataset_loader(dataset, list, device) for item in batch]
+            for batch in dataset_loader(dataset, list, device) for item in batch]
 
 
 def figure_maps(before, after, pixels, processor, grid, labels):
@@ -346,7 +346,7 @@ def load_features(run, beans, processor):
         nonlocal timing
         timing = dict(NEW_PASS)
         both = concatenate_datasets([beans[split] for split in splits])
-        loader = plumbing.dataset_loader(both.with_transform(functools.partial(article_transform, processor)),
+        loader = dataset_loader(both.with_transform(functools.partial(article_transform, processor)),
                                          collate_fn, run.device, pin_memory=run.device.type == "cuda")
         begun = time.perf_counter()
         batches = iter(loader)  # starts the workers
@@ -644,7 +644,7 @@ def setup_differences(run, known):
 def parse_args(argv):
     parser = cli.experiment_parser(__doc__)
     parser.add_argument("--model", default=MODEL,
-                        type=functools.partial(plumbing.check_classifier_files, example=MODEL),
+                        type=functools.partial(check_classifier_files, example=MODEL),
                         help="checkpoint id or local directory (an image classifier saved with its image processor)"
                              " (default: %(default)s)")
     parser.add_argument("--data-dir", type=beans_data.local_copy,

@@ -423,8 +423,8 @@ def train(run, report, *, data, model, average, optimizer, log, monitor, micro, 
     begun = time.perf_counter() - log["seconds"]  # the run's clock: a resumed run's seconds go on
     batches = step_batches(data["train"], start + 1, last_step, run, log)
     logged = report_steps(args.steps)  # the steps whose line the article prints, each checked on the validation subset
-    steps = tqdm(range(start + 1, last_step + 1), desc="fine-tuning", unit="step", file=sys.stderr, initial=start,
-                 total=args.steps)
+    progress = tqdm(range(start + 1, last_step + 1), desc="fine-tuning", unit="step", file=sys.stderr, initial=start,
+                    total=args.steps)
 
     def checkpoint(step):  # what --resume continues from
         log["seconds"] = time.perf_counter() - begun
@@ -432,11 +432,14 @@ def train(run, report, *, data, model, average, optimizer, log, monitor, micro, 
                 "step": step, "log": log, "settings": settings(run)}
 
     with stop_between_steps() as stop:
-        for step in steps:
+        for step in progress:
             step_begun = time.perf_counter()  # a step's seconds and wait for pictures, not its check's
             pixels, labels = next(batches)
             lr = lr_at(step - 1, args.lr, args.steps)  # warm-up, then cosine to 0
-            loss = gradients(trained, optimizer, pixels, labels, lr, run)  # at lr: zero_grad, loss.backward()
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            optimizer.zero_grad(set_to_none=True)
+            loss = forward_backward(trained, pixels, labels, run)  # the batch's mean loss; its gradient in .grad
             norm = torch.nn.utils.clip_grad_norm_(trained.parameters(), CLIP_NORM).item()  # global norm 1
             check_finite(loss, norm, step, lr, args)
             optimizer.step()
@@ -501,16 +504,13 @@ def write_checkpoint(args, checkpoint):
         return None, error
 
 
-def gradients(trained, optimizer, pixels, labels, lr, run):
-    """The gradient of the batch's mean loss, left in .grad, and that loss (a float, the mean over every process): this
-    process's share in --accum-steps micro-batches, DDP averaging the processes' gradients after the last one."""
+def forward_backward(trained, pixels, labels, run):
+    """The gradient of the batch's mean loss, added to .grad, and that loss (a float, the mean over every process):
+    this process's share in --accum-steps micro-batches, DDP averaging the processes' gradients after the last one."""
     trained.train()
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    optimizer.zero_grad(set_to_none=True)
-    loss, passes = 0.0, run.args.accum_steps
-    for k, (x, y, weight) in enumerate(micro_batches(pixels, labels, passes)):
-        syncing = run.world == 1 or k == passes - 1  # DDP averages the gradients after the last
+    loss, shares = 0.0, run.args.accum_steps
+    for k, (x, y, weight) in enumerate(micro_batches(pixels, labels, shares)):
+        syncing = run.world == 1 or k == shares - 1  # DDP averages the gradients after the last
         with (contextlib.nullcontext() if syncing else trained.no_sync()), run.autocast:
             logits = trained(pixel_values=x, interpolate_pos_encoding=True).logits.float()  # a float32 loss
             part = F.cross_entropy(logits, y) * weight  # this micro-batch's share of the batch's mean loss

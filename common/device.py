@@ -23,8 +23,7 @@ def keep_freed_memory():
 
 
 def pick_device(name="auto"):
-    """auto takes cuda, then mps, then cpu; a named device must exist. Large host blocks are kept."""
-    keep_freed_memory()
+    """auto takes cuda, then mps, then cpu; a named device must exist."""
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")

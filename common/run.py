@@ -25,8 +25,9 @@ def start_run(args, device=None, rank=0, world=1, fp32_rule="strict", torchrun=F
     TF32, the rule of the article's run; common/device.py), its processes (torchrun: those torchrun started, each on
     its device; common/distributed.py), and `kept`: what a section loaded, for the next sections and the setup's
     differences."""
-    from common.device import pick_device, set_precision
+    from common.device import keep_freed_memory, pick_device, set_precision
 
+    keep_freed_memory()  # large host blocks kept, not handed back and faulted in again at every batch
     if torchrun:
         from common.distributed import start
 

@@ -14,6 +14,7 @@ from PIL import Image
 
 import figures.backbone
 import vit_backbone as backbone
+from common import trainer
 from common.environment import STANDIN_MARK, made_here
 from common.errors import UserError
 from common.output import Report
@@ -161,7 +162,7 @@ def differences(argv, counts=None, names=backbone.BEANS_CLASSES, published=True)
                 "made here": made_here(data_dir) if data_dir else None, "folder": "beans"}  # as beans.load says
 
     with mock.patch.object(backbone.beans_data, "local_copy", str), \
-            mock.patch.object(backbone.plumbing, "check_classifier_files", lambda name, example: name):
+            mock.patch.object(backbone, "check_classifier_files", lambda name, example: name):
         args = backbone.parse_args(argv)  # folders that need not exist: their checks are the parser's (test_bad_inputs)
     with mock.patch.object(published_files, "cached_snapshot", lambda name: "cache"), \
             mock.patch.object(published_files, "unlike_the_hubs", lambda folder, repo, what: None):  # the Hub's bytes
@@ -259,7 +260,7 @@ def test_the_trainer_with_2_workers_gives_the_numbers_it_gives_with_none(beans_s
     alone = backbone_runs["records"][0]
     assert any("preprocessed by 0 worker processes" in line for line in alone["printed"])  # a CPU: none
     monkeypatch.setenv("TQDM_DISABLE", "1")
-    monkeypatch.setattr(backbone.plumbing, "loader_workers", lambda device: 2)
+    monkeypatch.setattr(trainer, "loader_workers", lambda device: 2)
     args = backbone.parse_args(["--model", str(beans_standins["models"][0]), "--data-dir", str(beans_standins["data"]),
                                 *BACKBONE_FLAGS])
     result = backbone.finetune(start_run(args, fp32_rule=backbone.ARTICLE_FP32_RULE))
