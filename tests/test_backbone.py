@@ -14,13 +14,11 @@ from PIL import Image
 
 import figures.backbone
 import vit_backbone as backbone
-from common import trainer
 from common.environment import STANDIN_MARK, made_here
 from common.errors import UserError
 from common.output import Report
 from common.run import start_run
 from common.start_and_end import guarded
-from common.trainer import check_classifier_files, dataset_loader
 from compare import published_files
 from compare.published_files import checkpoint_difference
 from compare.verdicts import flag_differences, load_reference
@@ -260,7 +258,7 @@ def test_the_trainer_with_2_workers_gives_the_numbers_it_gives_with_none(beans_s
     alone = backbone_runs["records"][0]
     assert any("preprocessed by 0 worker processes" in line for line in alone["printed"])  # a CPU: none
     monkeypatch.setenv("TQDM_DISABLE", "1")
-    monkeypatch.setattr(trainer, "loader_workers", lambda device: 2)
+    monkeypatch.setattr(backbone, "loader_workers", lambda device: 2)
     args = backbone.parse_args(["--model", str(beans_standins["models"][0]), "--data-dir", str(beans_standins["data"]),
                                 *BACKBONE_FLAGS])
     result = backbone.finetune(start_run(args, fp32_rule=backbone.ARTICLE_FP32_RULE))
@@ -291,7 +289,7 @@ def test_the_validation_pictures_preprocessed_once_are_what_the_processor_makes(
     processor = AutoImageProcessor.from_pretrained(beans_standins["models"][0])
     transformed = split.with_transform(functools.partial(backbone.article_transform, processor))
     # a GPU's device type, which loader_workers gives worker processes: the transform pickled into them (no GPU used)
-    loader = dataset_loader(transformed, list, torch.device("cuda"))
+    loader = backbone.dataset_loader(transformed, list, torch.device("cuda"))
     assert loader.num_workers >= 1
     items = [item for batch in loader for item in batch]
     assert len(items) == len(split) == 6
@@ -385,4 +383,4 @@ def test_a_model_directory_without_its_files_is_refused_however_it_is_written(tm
     for name in ("runs", "runs/mymodel", str(tmp_path / "runs")):
         with pytest.raises(UserError, match=f"^--model {name} has no config.json: pass a checkpoint saved with "
                                             f"save_pretrained$"):
-            check_classifier_files(name, "google/vit-base-patch16-224")
+            backbone.check_classifier_files(name, "google/vit-base-patch16-224")
