@@ -39,7 +39,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repositor
 from common.cli import positive_int, script_parser
 from common.compute import config_forward_flops
 from common.device import DEVICE_CHOICES, PRECISIONS
-from common.environment import device_name
 from common.files import write_text
 from common.inference import run_model
 from common.loader import PREFETCH, one_pass, start_pass
@@ -47,6 +46,7 @@ from common.output import Report
 from common.pictures import load_all, resized_rgb
 from common.run import check_output, start_run
 from common.start_and_end import guarded
+from compare.record import device_name
 from job.standins import smooth_pictures, vit_config
 
 ATTENTION = ("sdpa", "eager")

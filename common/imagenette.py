@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common.environment import made_here
 from common.errors import UserError
+from common.marks import made_here
 from common.output import say
 from common.paths import IMAGENETTE_DIR as DEFAULT_DIR
 

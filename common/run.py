@@ -57,7 +57,6 @@ def loaded(*loads, run=None):
     return values
 
 
-RECORD_FORMAT = 1  # the layout of --json's records: a reader of another layout refuses them in one line (job/page.py)
 CHECK_ONLY = "VIT_PART3_CHECK_ONLY"  # set to 1: a script checks its flags and paths, then stops before its sections
 IN_JOB = "VIT_PART3_IN_JOB"  # set to 1 by reproduce.py for its scripts: the job's last lines say what to run next
 
@@ -98,30 +97,21 @@ def section(function):
 
 
 def conclude(run, report, setup_differences=None, article_model=None, article_flags=None):
-    """After the sections: --compare and --json, the lines on what could not run; status 1 when a section could not
-    run or --json could not be written. The setup's differences from the article's: --model against article_model,
-    the flags against article_flags ({item: (dest, the article's value)}), then setup_differences(run, those)'s (the
-    data's, and any of those it amends), asked now, when the data the sections loaded is known."""
-    args = run.args
-    differences, rows, conclusions = {}, None, []
-    if args.compare or args.json:  # the setup's differences, asked of the sections after them, decide the verdicts
-        from compare.published_files import checkpoint_difference  # the judging layer, only when asked for
-        from compare.verdicts import comparison_lines, flag_differences, judge
+    """After the sections: --compare and --json (compare/record.py's judged(), which finds the setup's differences
+    from article_model, article_flags and setup_differences(run, known)), the lines on what could not run; status 1
+    when a section could not run or --json could not be written."""
+    args, status = run.args, 1 if report.could_not_run else 0
+    if args.compare or args.json:  # the judging layer, asked only then, with this run's record
+        from compare.record import judged
 
-        checkpoint = checkpoint_difference(args.model, article_model) if article_model else {}
-        flags = flag_differences(args, article_flags) if article_flags else {}
-        own = setup_differences(run, {**checkpoint, **flags}) if setup_differences else {}
-        differences = {**checkpoint, **own, **{item: flags[item] for item in flags if item not in own}}
-        rows, conclusions = judge(report.script, report.numbers, differences)
-    if args.compare:
-        report.print("\n".join(comparison_lines(rows, conclusions, differences)))
-    status = 1 if report.could_not_run else 0
+        comparison, record = judged(run, report, setup_differences, article_model, article_flags)
+        if args.compare:
+            report.print(comparison)
     if report.could_not_run:
         say("\n".join(closing_lines(report.could_not_run)))
     if args.json and run.rank == 0:
         try:  # the numbers are printed above whatever happens here
-            write_text(args.json, json.dumps(run_record(run, report, rows, differences, conclusions), indent=2,
-                                             default=str), what="--json file")
+            write_text(args.json, json.dumps(record, indent=2, default=str), what="--json file")
         except UserError as problem:
             say(f"error: {problem}; every number is printed above")
             status = 1
@@ -149,26 +139,6 @@ def same_command():
     if not Path(sys.argv[0]).name.startswith("vit_"):  # main() called from Python, not from the shell
         return "the same command"
     return shlex.join(["python", *sys.argv])
-
-
-def run_record(run, report, rows, differences, conclusions=()):
-    """What --json writes: the flags, the environment, the setup, every printed number, the comparison and the
-    conclusions' verdicts."""
-    from common.environment import STANDIN_MARK, environment  # asked only for --json
-
-    record = {"format": RECORD_FORMAT, "script": report.script, "flags": vars(run.args),
-              "setup differences": differences, "environment": environment(run), "printed": report.lines,
-              "numbers": report.numbers,
-              "series": report.series, "passes": report.passes,
-              "could_not_run": [{"section": title, "why": str(problem)} for title, problem in report.could_not_run]}
-    if rows is not None:
-        record["comparison"] = rows
-    record["conclusions"] = list(conclusions)
-    given = (getattr(run.args, "model", None), getattr(run.args, "data_dir", None))
-    standins = [str(path) for path in given if path and (Path(path) / STANDIN_MARK).is_file()]
-    if standins:  # job/standins.py made the checkpoint or the data: the numbers mean nothing
-        record["stand-ins"] = standins
-    return record
 
 
 def check_output(path, flag, folder=False):

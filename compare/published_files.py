@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from common.errors import UserError
+from common.marks import made_here
 from common.pretrained import HUB_ENDPOINT, WEIGHT_FILES, ask_hub, hub_name
 
 
@@ -16,8 +17,6 @@ def checkpoint_difference(name, article):
     cache's copy of the article's Hub id, or a local folder's: config.json, the weight file and the image processor's
     file when there is one) hash to what huggingface.co publishes for the article's id (published_hashes). Another
     id, a stand-in, the miniature's, files that differ, or files that cannot be checked are a difference, named."""
-    from common.environment import made_here
-
     flag, folder = f"--model {name}", os.path.expanduser(name)
     if not os.path.isdir(folder):
         if name != article:

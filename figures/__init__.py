@@ -25,7 +25,7 @@ def pyplot(say):
 def provenance(model, data, made=None):
     """The line each figure carries: the checkpoint and the data it shows, and, for a stand-in or the miniature (its
     mark, or made: what job/ made of them), that its numbers are not the article's."""
-    from common.environment import made_here
+    from common.marks import made_here
 
     folders = [path for path in (model, data) if path and Path(path).expanduser().is_dir()]
     made = made or next(filter(None, map(made_here, folders)), None)

@@ -53,8 +53,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from common.environment import MINIATURE_MARK
 from common.imagenette import CLASSES
+from common.marks import MINIATURE_MARK
 from job.standins import (
     BEANS_CARD,
     BEANS_CLASSES,
@@ -411,8 +411,8 @@ def counts_line(rows):
 
 def write_results(root, seeds, rows):
     """DIR/miniature.json (the combined verdicts, each seed's) and DIR/report.md (them as a page); their paths."""
-    from common.environment import git_commit
     from common.files import write_text
+    from compare.record import git_commit
     from job.page import cell
     from job.scripts import script_file
 

@@ -32,12 +32,12 @@ if __name__ == "__main__":
 import figures
 from common.beans import DATASET as BEANS
 from common.cli import script_parser
-from common.environment import LIBRARIES, MINIATURE_MARK, STANDIN_MADE
 from common.errors import UserError
 from common.files import write_text
 from common.imagenette import DEFAULT_NAME as IMAGENETTE
-from common.run import RECORD_FORMAT
+from common.marks import MINIATURE_MARK, STANDIN_MADE
 from common.start_and_end import guarded
+from compare.record import LIBRARIES, RECORD_FORMAT
 from compare.verdicts import LEGEND, article_values, counts_text, judge, split_notes, verdict_text
 from figures import backbone, fewshot, finetune, posemb
 from job.scripts import SCRIPTS, script_file

@@ -5,11 +5,10 @@ import hashlib
 import json
 from pathlib import Path
 
-from common.environment import library_versions
 from common.errors import UserError
 from common.files import write_text
 from common.output import say
-from common.run import RECORD_FORMAT
+from compare.record import RECORD_FORMAT, library_versions
 from job.page import JOB_RECORD, read_record
 from job.scripts import script_file
 

@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from common.environment import STANDIN_MARK
 from common.imagenette import CLASSES
+from common.marks import STANDIN_MARK
 from job.ending import STANDINS_COMMAND, job_command
 
 MARK = STANDIN_MARK

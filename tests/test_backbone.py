@@ -14,8 +14,8 @@ from PIL import Image
 
 import figures.backbone
 import vit_backbone as backbone
-from common.environment import STANDIN_MARK, made_here
 from common.errors import UserError
+from common.marks import STANDIN_MARK, made_here
 from common.output import Report
 from common.run import start_run
 from common.start_and_end import guarded

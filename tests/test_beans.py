@@ -3,8 +3,8 @@ copy."""
 import pytest
 
 from common import beans
-from common.environment import STANDIN_MARK
 from common.errors import UserError
+from common.marks import STANDIN_MARK
 
 
 @pytest.mark.parametrize("why", ["HF_HUB_OFFLINE=1 forbids downloads", "the Hugging Face Hub cannot be reached"])

@@ -225,7 +225,7 @@ def test_a_partial_copy_of_the_training_pictures_moves_the_pool(tmp_path):
 
     from conftest import compare
 
-    from common.environment import STANDIN_MARK
+    from common.marks import STANDIN_MARK
     from common.run import start_run
     from compare.verdicts import flag_differences, load_reference
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from common.environment import MINIATURE_MARK
 from common.imagenette import CLASSES, list_split
+from common.marks import MINIATURE_MARK
 from common.start_and_end import Terminated
 from job import miniature
 
