@@ -42,8 +42,10 @@ from torch.utils.data import DataLoader
 from common import beans as beans_data
 from common import cli
 from common.closed_form import closed_form
+from common.compute import table1_config
 from common.device import PRECISIONS, float32_arithmetic
 from common.errors import UserError
+from common.feature_cache import cache_key, cached
 from common.loader import NEW_PASS, PREFETCH, WORKER_START, loader_workers, timed, worker_setup
 from common.output import pass_text, say
 from common.paths import FEATURE_CACHE_DIR
@@ -118,8 +120,6 @@ def article_transform(processor, batch):
 
 def table_row_config(name):
     """The ViTConfig a model name stands for: vit-<size>-patch<P>-<resolution>, the size from Table 1."""
-    from common.compute import table1_config
-
     found = re.fullmatch(r"(?:.*/)?vit-(base|large|huge)-patch(\d+)-(\d+)", name)
     if found is None:
         raise ValueError(f"{name} is not a vit-<size>-patch<P>-<resolution> name")
@@ -466,8 +466,6 @@ def load_features(run, beans, processor):
     from datasets import concatenate_datasets
     from tqdm import tqdm
     from transformers import ViTModel
-
-    from common.feature_cache import cache_key, cached
 
     splits, timing = beans_data.SPLITS, None  # timing: the pass's, when the features are computed
 

@@ -7,7 +7,7 @@ import urllib.parse
 from pathlib import Path
 
 from common.errors import UserError
-from common.files import reason
+from common.files import reason, write_folder_atomic
 
 
 def hub_offline():
@@ -233,8 +233,6 @@ def save_loadable(folder, model, names, processor, what="model"):
     """A classifier as from_pretrained and pipeline("image-classification", model=folder) load it, written whole or
     not at all: its weights (safetensors) and config, the classes named (id2label), and the image processor that
     makes its pixels."""
-    from common.files import write_folder_atomic
-
     model.config.update({"id2label": dict(enumerate(names)), "label2id": {name: i for i, name in enumerate(names)}})
 
     def write(temporary):

@@ -11,6 +11,9 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from common.device import keep_freed_memory, pick_device, set_precision
+from common.distributed import finish_together, first_process_first
+from common.distributed import start as start_processes
 from common.errors import UserError
 from common.files import write_text
 from common.output import MATPLOTLIB_MISSING, Report, say
@@ -25,13 +28,9 @@ def start_run(args, device=None, rank=0, world=1, fp32_rule="strict", torchrun=F
     TF32, the rule of the article's run; common/device.py), its processes (torchrun: those torchrun started, each on
     its device; common/distributed.py), and `kept`: what a section loaded, for the next sections and the setup's
     differences."""
-    from common.device import keep_freed_memory, pick_device, set_precision
-
     keep_freed_memory()  # large host blocks kept, not handed back and faulted in again at every batch
     if torchrun:
-        from common.distributed import start
-
-        rank, world, device = start(args.device)
+        rank, world, device = start_processes(args.device)
     device = device or (pick_device(args.device) if "device" in args else None)
     autocast = set_precision(device, args.precision, fp32_rule) if "precision" in args else contextlib.nullcontext()
     return Run(args=args, device=device, fp32_rule=fp32_rule, autocast=autocast, rank=rank, world=world, kept={},
@@ -47,8 +46,6 @@ def loaded(*loads, run=None):
             if run is None:
                 values.append(load())
             else:
-                from common.distributed import first_process_first
-
                 values.append(first_process_first(run, load))
         except UserError as problem:
             problems += [reason for reason in problem.args if reason not in problems]
@@ -116,8 +113,6 @@ def conclude(run, report, setup_differences=None, article_model=None, article_fl
             say(f"error: {problem}; every number is printed above")
             status = 1
     if run.world > 1:  # a process that leaves while the first writes its JSON can abort gloo
-        from common.distributed import finish_together
-
         finish_together(run.world)
     return status
 

@@ -7,7 +7,9 @@ import os
 import time
 from pathlib import Path
 
+from common import paths
 from common.errors import UserError
+from common.files import write_text
 from common.marks import made_here
 from common.pretrained import HUB_ENDPOINT, WEIGHT_FILES, ask_hub, hub_name
 
@@ -69,10 +71,8 @@ def published_hashes(repo, files, repo_type="model"):
     read), else asked now and recorded. A mirror's answer is not taken: it cannot vouch for the article's files."""
     from huggingface_hub import HfApi, constants
 
-    from common.files import write_text
-    from common.paths import DATA_DIR
-
-    record_path, key = DATA_DIR / "published_hashes.json", repo if repo_type == "model" else f"{repo_type}s/{repo}"
+    record_path = paths.DATA_DIR / "published_hashes.json"
+    key = repo if repo_type == "model" else f"{repo_type}s/{repo}"
     record = read_json(record_path)
     known = record.get(key, {}).get("files", {})
     if all(file in known for file in files):
@@ -104,10 +104,7 @@ def file_hash(path, length):
     computed once: kept by the file's real path, size, modification and change times and inode in
     DATA_DIR/file_hashes.json (an edit with its size and modification time put back still changes the change time,
     which no user call sets)."""
-    from common.files import write_text
-    from common.paths import DATA_DIR
-
-    real, kept_path = os.path.realpath(path), DATA_DIR / "file_hashes.json"
+    real, kept_path = os.path.realpath(path), paths.DATA_DIR / "file_hashes.json"
     stat, kept = os.stat(real), read_json(kept_path)
     key = f"{real} {'sha256' if length == 64 else 'git blob sha1'}"
     when = [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino]
