@@ -82,16 +82,7 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         if fault and fault["kind"] == "slow headers":
-            headers = f"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n{'X-Padding: x' * 400}\r\n\r\n".encode()
-            for byte in headers[: int(STALL_SECONDS / TRICKLE_SECONDS)]:
-                if server.stop.wait(TRICKLE_SECONDS):
-                    break
-                try:
-                    self.wfile.write(bytes([byte]))
-                    self.wfile.flush()
-                except OSError:  # the client gave up
-                    break
-            self.close_connection = True
+            self.trickle(f"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n{'X-Padding: x' * 400}\r\n\r\n".encode())
             return
         if fault and fault["kind"] == "redirect":
             self.send_response(302)
@@ -119,15 +110,7 @@ class Handler(BaseHTTPRequestHandler):
         if not body:
             return
         if fault and fault["kind"] == "trickle":  # the whole length announced, then a byte at a time
-            for byte in content[: int(STALL_SECONDS / TRICKLE_SECONDS)]:
-                if server.stop.wait(TRICKLE_SECONDS):
-                    break
-                try:
-                    self.wfile.write(bytes([byte]))
-                    self.wfile.flush()
-                except OSError:  # the client gave up
-                    break
-            self.close_connection = True
+            self.trickle(content)
             return
         if fault and fault["kind"] == "drop":  # the whole length announced, half of it sent, then the line is cut
             self.wfile.write(content[: len(content) // 2])
@@ -136,6 +119,18 @@ class Handler(BaseHTTPRequestHandler):
             self.connection.shutdown(socket.SHUT_RDWR)
             return
         self.wfile.write(content)
+
+    def trickle(self, data):
+        """data a byte each TRICKLE_SECONDS, for STALL_SECONDS at most, then the connection closed."""
+        for byte in data[: int(STALL_SECONDS / TRICKLE_SECONDS)]:
+            if self.server.stop.wait(TRICKLE_SECONDS):
+                break
+            try:
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+            except OSError:  # the client gave up
+                break
+        self.close_connection = True
 
     def from_upstream(self, body):
         upstream = http.client.HTTPConnection(*self.server.upstream, timeout=60)
