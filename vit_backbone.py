@@ -744,8 +744,6 @@ def section_three_ways(run, report):
                  "time is its training with its evaluations, the probes' their fit on the features")
 
 
-
-
 def setup_differences(run, known):
     """How this run's setup differs from the article's: the checkpoint, the pictures, the flags. Not --probe-epochs
     or --lambdas (section 5 goes beyond the article)."""

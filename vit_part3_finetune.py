@@ -80,7 +80,6 @@ ARTICLE_FLAGS = {"steps": ("steps", STEPS), "batch": ("batch_size", BATCH), "lr"
 # --accum-steps and torchrun's processes keep the recipe's arithmetic, so they are not in ARTICLE_FLAGS.
 
 
-
 # ---------------------------------------------------------------- the recipe, as pure functions
 
 def scaled(article_step, total_steps):
@@ -664,8 +663,6 @@ def finish(run, report, *, data, model, average, log, micro, last_step):
 
         finetune.finetune_curves(report.series, report.values(), article_values("finetune"), args.plots, say,
                                  origin_of(args, DEFAULT_NAME))
-
-
 
 
 def setup_differences(run, known):

@@ -526,8 +526,6 @@ def table4_in_steps(report):
     report.record({f"cosine LR at {step:,}": rate for step, rate in rates.items()})
 
 
-
-
 def main(argv=None):
     args = experiment_parser(__doc__, device=False).parse_args(argv)
     torch.set_num_threads(min(4, torch.get_num_threads()))

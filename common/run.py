@@ -76,7 +76,7 @@ def begin(script, args, **run):
 def section(function):
     """A script's section, which main() calls by name: a UserError it raises (what it needs is missing) is one line,
     'cannot run section "<its docstring's first line>": why', and the run goes on with the next section."""
-    title = function.__doc__.strip().splitlines()[0]
+    title = (function.__doc__ or function.__name__).strip().splitlines()[0]  # python -OO drops docstrings
 
     @functools.wraps(function)
     def run_section(run, report, *args, **kwargs):

@@ -19,17 +19,17 @@ RECORD_FORMAT = 1  # the layout of --json's records: a reader of another layout 
 
 
 def judged(run, report, setup_differences=None, article_model=None, article_flags=None):
-    """(--compare's lines, --json's record) of a run whose sections are done. The setup's differences from the
-    article's: --model against article_model, the flags against article_flags ({item: (dest, the article's
-    value)}), then setup_differences(run, those)'s (the data's, and any of those it amends), asked now, when the data
-    the sections loaded is known."""
+    """(--compare's lines, --json's record: None where this process writes none) of a run whose sections are
+    done. The setup's differences from the article's: --model against article_model, the flags against article_flags
+    ({item: (dest, the article's value)}), then setup_differences(run, those)'s (the data's, and any of those it
+    amends), asked now, when the data the sections loaded is known."""
     checkpoint = checkpoint_difference(run.args.model, article_model) if article_model else {}
     flags = flag_differences(run.args, article_flags) if article_flags else {}
     own = setup_differences(run, {**checkpoint, **flags}) if setup_differences else {}
     differences = {**checkpoint, **own, **{item: flags[item] for item in flags if item not in own}}
     rows, conclusions = judge(report.script, report.numbers, differences)
-    return "\n".join(comparison_lines(rows, conclusions, differences)), run_record(run, report, rows, differences,
-                                                                                  conclusions)
+    record = run_record(run, report, rows, differences, conclusions) if run.args.json and run.rank == 0 else None
+    return "\n".join(comparison_lines(rows, conclusions, differences)), record
 
 
 def run_record(run, report, rows, differences, conclusions=()):

@@ -185,7 +185,7 @@ def check_in_turn():
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(written):
             try:
                 status = guarded(functools.partial(runpy.run_path(script)["main"], flags))
-            except SystemExit as ending:  # argparse's refusal, or a Python without the packages
+            except SystemExit as ending:  # argparse's refusal, a Python without the packages, or begin()'s end: 0
                 status = 0 if ending.code is None else ending.code
                 if not isinstance(status, int):  # a text: printed, status 1, as Python ends with it
                     print(status, file=sys.stderr)

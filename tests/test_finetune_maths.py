@@ -156,7 +156,7 @@ def test_each_process_takes_its_contiguous_share_of_the_steps_batch():
 
 
 def all_differences(run):
-    """The setup's differences as run_sections makes them: the flags', then the script's own."""
+    """The setup's differences as compare/record.py's judged() makes them: the flags', then the script's own."""
     known = flag_differences(run.args, finetune.ARTICLE_FLAGS)
     return {**known, **finetune.setup_differences(run, known)}
 

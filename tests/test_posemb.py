@@ -273,7 +273,7 @@ def test_another_resolution_makes_the_stretched_grids_numbers_not_comparable(tmp
 
     args = Namespace(model=posemb.DEFAULT_MODEL, resolution=512, precision="fp32", per_class=None,
                      data_dir=str(tmp_path / "missing"))
-    known = flag_differences(args, posemb.ARTICLE_FLAGS)  # as run_sections: the flags', then the script's own
+    known = flag_differences(args, posemb.ARTICLE_FLAGS)  # as judged(): the flags', then the script's own
     differences = {**known, **posemb.setup_differences(start_run(args, device=torch.device("cpu")), known)}
     assert list(differences) == ["resolution"]
     numbers = {name: {"value": float(entry["article"].replace(",", ""))} for name, entry

@@ -433,7 +433,8 @@ def test_main_calls_each_section_by_name_in_the_order_they_are_written(script):
     """docs/layout.md: main() is the script's story; no runner calls its sections back."""
     tree = ast.parse((ROOT / script).read_text())
     written = [node.name for node in tree.body
-               if isinstance(node, ast.FunctionDef) and node.name.startswith("section_")]
+               if isinstance(node, ast.FunctionDef) and node.name.startswith("section_")
+               and [getattr(decorator, "id", None) for decorator in node.decorator_list] == ["section"]]
     main = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "main")
     called = [node.func.id for node in ast.walk(main) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
               and node.func.id.startswith("section_")]
