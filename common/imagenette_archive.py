@@ -204,15 +204,27 @@ def fetch_rest(url, out, part, md5, progress):
 
 def received(request, seconds, answers, stop):
     """The HTTP client's thread: the response (its status and headers), then each block as it comes, then b"" at
-    the end, or the error that ended it, into the queue answers, until stop is set."""
+    the end, or the error that ended it, into the queue answers, until stop is set (then it closes the connection
+    and ends, never waiting on a queue nobody reads)."""
+    def handed(answer):
+        while not stop.is_set():
+            try:
+                answers.put(answer, timeout=1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     try:
         with urllib.request.urlopen(request, timeout=seconds) as response:
-            answers.put(response)
+            if not handed(response):
+                return
             while not stop.is_set() and (block := response.read1(1 << 20)):
-                answers.put(block)
-        answers.put(b"")
+                if not handed(block):
+                    return
+        handed(b"")
     except Exception as error:  # noqa: BLE001 - handed to fetch_rest, which says it in one line
-        answers.put(error)
+        handed(error)
 
 
 def next_answer(answers, seconds, slow):
