@@ -4,6 +4,7 @@ from pathlib import Path
 
 from common.errors import UserError
 from common.files import write_atomic
+from common.marks import made_here
 from common.output import MATPLOTLIB_MISSING as INSTALL_HINT
 
 ARTICLE_STYLE = {"marker": "x", "color": "black", "linestyle": "none", "markersize": 8, "label": "article"}
@@ -25,8 +26,6 @@ def pyplot(say):
 def provenance(model, data, made=None):
     """The line each figure carries: the checkpoint and the data it shows, and, for a stand-in or the miniature (its
     mark, or made: what job/ made of them), that its numbers are not the article's."""
-    from common.marks import made_here
-
     folders = [path for path in (model, data) if path and Path(path).expanduser().is_dir()]
     made = made or next(filter(None, map(made_here, folders)), None)
     line = f"model: {model}; data: {data}"
