@@ -22,7 +22,7 @@ Exit status: 0 when every script ran every section; 1 when one could not (--stri
 number differs from the article's); 2 for a bad flag or path (one line, before any work); 130 and
 143 after Ctrl-C and SIGTERM.
 """
-from common.start_and_end import Terminated, before_torch_loads, guarded, one_thread
+from common.start_and_end import Terminated, UserError, before_torch_loads, guarded, one_thread, say
 
 if __name__ == "__main__":  # before the libraries load: a Ctrl-C then is one line, as a later one
     before_torch_loads()
@@ -37,14 +37,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from common.cli import script_parser
-from common.device import DEVICE_CHOICES, PRECISIONS
-from common.errors import UserError
 from common.files import reason
 from common.finetune_checkpoint import CHECKPOINT, CHECKPOINT_FORMAT, SAVED_AVERAGE, SAVED_LAST, read_checkpoint
-from common.output import say
 from common.pretrained import hub_offline
-from common.run import check_output
+from common.run import DEVICE_CHOICES, PRECISIONS, check_output, script_parser
 from job import downloads, ending
 from job.child_process import StopRequests, first_refusal, only_job_on, run_logged
 from job.page import build
@@ -435,7 +431,7 @@ def finish(args, argv, out, ran, not_run):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_flags(argv)
-    from common.device import pick_device, set_precision
+    from common.run import pick_device, set_precision
 
     args.device_chosen = pick_device(args.device or "auto")  # a missing GPU is refused before the plan
     set_precision(args.device_chosen, args.precision or "fp32")  # and tf32 off an NVIDIA GPU

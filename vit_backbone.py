@@ -19,7 +19,7 @@ Reproduces the companion article "ViT as a backbone":
     python vit_backbone.py --per-class 20 --epochs 1    # a quick look: not the article's setup
     python vit_backbone.py --no-cache        # section 5's features neither read from nor kept in data/features/
 """
-from common.start_and_end import BACKBONE, before_torch_loads, guarded
+from common.start_and_end import BACKBONE, UserError, before_torch_loads, guarded, say
 
 if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as a later one
     before_torch_loads(BACKBONE)
@@ -40,17 +40,27 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from common import beans as beans_data
-from common import cli
-from common.closed_form import closed_form
-from common.compute import table1_config
-from common.device import PRECISIONS, float32_arithmetic
-from common.errors import UserError
-from common.feature_cache import cache_key, cached
-from common.loader import NEW_PASS, PREFETCH, WORKER_START, loader_workers, timed, worker_setup
-from common.output import pass_text, say
+from common.data import NEW_PASS, PREFETCH, WORKER_START, loader_workers, timed, worker_setup
+from common.features import cache_key, cached, closed_form
 from common.paths import FEATURE_CACHE_DIR
-from common.pretrained import checkpoint_config, load_pretrained, save_loadable
-from common.run import begin, check_output, conclude, loaded, section
+from common.pretrained import checkpoint_config, load_pretrained, save_loadable, table1_config
+from common.run import (
+    PRECISIONS,
+    begin,
+    check_output,
+    conclude,
+    experiment_parser,
+    float32_arithmetic,
+    loaded,
+    nonempty_path,
+    nonnegative_float,
+    pass_text,
+    positive_float,
+    positive_int,
+    section,
+    seed_number,
+)
+from compare.data_set import subset_differences
 
 # ---------------------------------------------------------------- the recipe, where the article states it
 MODEL = "google/vit-base-patch16-224"  # model_id: an ImageNet-1k classifier whose head is replaced by a 3-class one
@@ -346,7 +356,7 @@ def dataset_loader(dataset, collate_fn, device, pin_memory=False, batch_size=32)
 # ---------------------------------------------------------------- what the sections load
 
 def image_processor(name):
-    """The checkpoint's image processor, its PIL backend (PIL's resize, which common/pictures.py reproduces: left to
+    """The checkpoint's image processor, its PIL backend (PIL's resize, which common/data.py reproduces: left to
     itself, transformers picks its torchvision backend wherever torchvision is installed); one line when it was saved
     without one."""
     from transformers import AutoImageProcessor
@@ -747,8 +757,6 @@ def section_three_ways(run, report):
 def setup_differences(run, known):
     """How this run's setup differs from the article's: the checkpoint, the pictures, the flags. Not --probe-epochs
     or --lambdas (section 5 goes beyond the article)."""
-    from compare.verdicts import subset_differences  # asked only for --compare and --json
-
     try:  # the pictures the sections read, loaded already; or none, as they could not load
         beans = load_beans(run.args.data_dir, run.args.per_class)
     except UserError:
@@ -767,7 +775,7 @@ def setup_differences(run, known):
 
 
 def parse_args(argv):
-    parser = cli.experiment_parser(__doc__)
+    parser = experiment_parser(__doc__)
     parser.add_argument("--model", default=MODEL,
                         type=functools.partial(check_classifier_files, example=MODEL),
                         help="checkpoint id or local directory (an image classifier saved with its image processor)"
@@ -775,28 +783,28 @@ def parse_args(argv):
     parser.add_argument("--data-dir", type=beans_data.local_copy,
                         help=f"a local copy of {beans_data.DATASET}'s files (README.md, data/*.parquet); by default "
                              f"the dataset through the Hugging Face cache, downloaded once")
-    parser.add_argument("--per-class", type=cli.positive_int, help="keep the first N pictures of each class in each "
+    parser.add_argument("--per-class", type=positive_int, help="keep the first N pictures of each class in each "
                                                                    "split (default: all; not the article's setup)")
-    parser.add_argument("--epochs", type=cli.positive_int, default=EPOCHS,
+    parser.add_argument("--epochs", type=positive_int, default=EPOCHS,
                         help="fine-tuning epochs (default: %(default)s)")
-    parser.add_argument("--batch-size", type=cli.positive_int, default=BATCH,
+    parser.add_argument("--batch-size", type=positive_int, default=BATCH,
                         help="pictures per step (default: %(default)s)")
-    parser.add_argument("--lr", type=cli.positive_float, default=LR,
+    parser.add_argument("--lr", type=positive_float, default=LR,
                         help="fine-tuning learning rate (default: %(default)s)")
-    parser.add_argument("--seed", type=cli.seed, default=SEED,
+    parser.add_argument("--seed", type=seed_number, default=SEED,
                         help="every random draw (the article: 42) (default: %(default)s)")
-    parser.add_argument("--probe-epochs", type=cli.positive_int, default=PROBE_EPOCHS,
+    parser.add_argument("--probe-epochs", type=positive_int, default=PROBE_EPOCHS,
                         help="epochs of the linear probe (DINO: 100) (default: %(default)s)")
-    parser.add_argument("--lambdas", type=cli.nonnegative_float, nargs="+", action="distinct", default=LAMBDAS,
+    parser.add_argument("--lambdas", type=nonnegative_float, nargs="+", action="distinct", default=LAMBDAS,
                         help="ridge penalties of the closed-form probe, finite and >= 0 (default: %(default)s)")
     parser.add_argument("--no-cache", action="store_true", help="neither read nor write data/features/")
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS + ("fp32-strict",),
                         help="fp32 is torch's defaults, as the article ran (on NVIDIA GPUs since Ampere, convolutions "
                              "in TF32); fp32-strict allows no TF32; tf32 allows it in matrix multiplies too; bf16 is "
                              "faster on recent GPUs (default: %(default)s)")
-    parser.add_argument("--plots", type=cli.nonempty_path, metavar="DIR",
+    parser.add_argument("--plots", type=nonempty_path, metavar="DIR",
                         help="save the training curves and the feature maps as PNG (needs matplotlib)")
-    parser.add_argument("--save-dir", type=cli.nonempty_path, metavar="DIR",
+    parser.add_argument("--save-dir", type=nonempty_path, metavar="DIR",
                         help=f"save the fine-tuned model in DIR/{SAVED_MODEL}, as from_pretrained and pipeline() load "
                              f"it; the Trainer's own output (its logs) in DIR/{TRAINER_DIR}")
     parser.add_argument("--report-to", nargs="+", default="none", metavar="NAME",

@@ -13,7 +13,7 @@ Features are cached in data/features/, keyed by everything that decides them: th
 weight file, the resolution, the precision and each picture's name and contents. --no-cache neither
 reads nor writes the cache.
 """
-from common.start_and_end import ARTICLE, before_torch_loads, guarded
+from common.start_and_end import ARTICLE, UserError, before_torch_loads, guarded, say
 
 if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as a later one
     before_torch_loads(ARTICLE)
@@ -26,17 +26,25 @@ import sys
 import numpy as np
 import torch
 
-from common import cli
-from common.closed_form import closed_form
-from common.errors import UserError
-from common.feature_cache import cache_key, cached_passes
-from common.imagenette import DEFAULT_NAME, data_differences, load_splits
-from common.inference import run_model
-from common.output import listed, pass_text, say
+from common.data import DEFAULT_NAME, load_splits, run_model
+from common.features import cache_key, cached_passes, closed_form
 from common.paths import CHECKOUT, FEATURE_CACHE_DIR
-from common.pictures import ARTICLE_PIXELS
-from common.pretrained import checkpoint_pixels, load_pretrained
-from common.run import begin, conclude, section
+from common.pretrained import ARTICLE_PIXELS, checkpoint_pixels, load_pretrained
+from common.run import (
+    begin,
+    conclude,
+    experiment_parser,
+    listed,
+    nonempty_path,
+    nonnegative_float,
+    pass_text,
+    positive_int,
+    section,
+    seed_number,
+    side_pixels,
+)
+from compare.data_set import data_differences
+from job.imagenette_archive import download_imagenette
 
 DEFAULT_MODEL = "google/vit-base-patch16-224-in21k"
 REPRESENTATIONS = ("pre-logits", "class token")
@@ -81,7 +89,7 @@ def few_shot_accuracies(x_pool, pool_labels, x_val, val_labels, shots, lam, draw
 
 def extract_features(model, paths, resolution, device, batch_size, desc, autocast=None, pixels=ARTICLE_PIXELS):
     """({"pre-logits", "class token"}: (n, d) float32 each, both from one forward pass per batch; the timing of the
-    pass of its own, its workers' start-up in it: common/inference.py's run_model)."""
+    pass of its own, its workers' start-up in it: common/data.py's run_model)."""
     def both_representations(out):
         return (out.pooler_output.float(),             # tanh(dense(class token))
                 out.last_hidden_state[:, 0].float())   # after the final LayerNorm
@@ -106,7 +114,8 @@ def load_frozen_model(name, device):
 def load_data(run):
     """The data folder, the seeded pool of training pictures, the validation pictures and the class names."""
     args = run.args
-    data = load_splits(args.data_dir, {"train": None, "val": args.per_class}, drawn=True)  # val: a sample
+    data_dir = args.data_dir or download_imagenette()  # data/imagenette2-160, downloaded when missing
+    data = load_splits(data_dir, {"train": None, "val": args.per_class}, drawn=True)  # val: a sample
     pool = draw_pool(data["train"], args.pool, args.seed)  # the article's pool whatever --per-class
     smallest = min(np.bincount([label for _, label in pool]))
     if smallest < max(args.shots):
@@ -303,27 +312,27 @@ def setup_differences(run, known):
 
 
 def main(argv=None):
-    parser = cli.experiment_parser(
+    parser = experiment_parser(
         __doc__, model=DEFAULT_MODEL, model_help="with its pre-logits layer",
         per_class_help="keep N validation pictures a class on average, drawn at random from the whole split with a "
                        "fixed seed (default: all); the pool is drawn from every training picture, as in a full run",
         batch_help="pictures per batch of the passes that extract the frozen features (the pool's pictures and the "
                    "validation pictures)")
-    parser.add_argument("--shots", type=cli.positive_int, nargs="+", action="distinct", default=ARTICLE_TABLE["shots"],
+    parser.add_argument("--shots", type=positive_int, nargs="+", action="distinct", default=ARTICLE_TABLE["shots"],
                         help="pictures per class (default: %(default)s)")
-    parser.add_argument("--lambdas", type=cli.nonnegative_float, nargs="+", action="distinct",
+    parser.add_argument("--lambdas", type=nonnegative_float, nargs="+", action="distinct",
                         default=ARTICLE_TABLE["lambdas"],
                         help="ridge penalties, finite and >= 0 (0: plain least squares, the minimum-norm solution when "
                              "pictures are fewer than features) (default: %(default)s)")
-    parser.add_argument("--draws", type=cli.positive_int, default=ARTICLE_FLAGS["draws"][1],
+    parser.add_argument("--draws", type=positive_int, default=ARTICLE_FLAGS["draws"][1],
                         help="random draws of the training pictures per setting (default: %(default)s)")
-    parser.add_argument("--pool", type=cli.positive_int, default=ARTICLE_FLAGS["pool"][1],
+    parser.add_argument("--pool", type=positive_int, default=ARTICLE_FLAGS["pool"][1],
                         help="training pictures per class to draw from (default: %(default)s)")
-    parser.add_argument("--seed", type=cli.seed, default=0, help="the pool and the draws (default: %(default)s)")
-    parser.add_argument("--resolution", type=cli.side_pixels, default=ARTICLE_FLAGS["resolution"][1],
+    parser.add_argument("--seed", type=seed_number, default=0, help="the pool and the draws (default: %(default)s)")
+    parser.add_argument("--resolution", type=side_pixels, default=ARTICLE_FLAGS["resolution"][1],
                         help="pixels on a side (default: %(default)s)")
     parser.add_argument("--no-cache", action="store_true", help="neither read nor write data/features/")
-    parser.add_argument("--plots", type=cli.nonempty_path, metavar="DIR",
+    parser.add_argument("--plots", type=nonempty_path, metavar="DIR",
                         help="save accuracy against shots as PNG (needs matplotlib)")
     args = parser.parse_args(argv)
     if max(args.shots) > args.pool:

@@ -17,7 +17,7 @@ Reproduces the article's sections "Fine-tuning: a new head for a new task" and "
 --batch-size is the batch of one optimizer step; it is split over the torchrun processes, and each
 process's share over --accum-steps passes, so every setting follows the same mathematics.
 """
-from common.start_and_end import ARTICLE, Terminated, before_torch_loads, guarded, stop_between_steps
+from common.start_and_end import ARTICLE, Terminated, UserError, before_torch_loads, guarded, say, stop_between_steps
 
 if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as a later one
     before_torch_loads(ARTICLE)
@@ -37,8 +37,15 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from common import cli, distributed
-from common.errors import UserError
+from common.data import (
+    CLASSES,
+    DEFAULT_NAME,
+    NEW_PASS,
+    load_splits,
+    run_model,
+    started_pass,
+    to_pixels,
+)
 from common.finetune_checkpoint import (
     CHECKPOINT,
     CHECKPOINT_FORMAT,
@@ -48,13 +55,26 @@ from common.finetune_checkpoint import (
     save_checkpoint,
     set_rng_states,
 )
-from common.imagenette import CLASSES, DEFAULT_NAME, data_differences, load_splits
-from common.inference import run_model
-from common.loader import NEW_PASS, started_pass
-from common.output import listed, pass_text, say
-from common.pictures import pixels_processor, to_pixels
-from common.pretrained import checkpoint_config, checkpoint_pixels, load_pretrained, save_loadable
-from common.run import begin, check_output, conclude, loaded, section
+from common.pretrained import checkpoint_config, checkpoint_pixels, load_pretrained, pixels_processor, save_loadable
+from common.run import (
+    begin,
+    check_output,
+    conclude,
+    experiment_parser,
+    listed,
+    loaded,
+    nonempty_path,
+    pass_text,
+    positive_float,
+    positive_int,
+    section,
+    seed_number,
+    side_pixels,
+    step_count,
+    sum_over_processes,
+)
+from compare.data_set import data_differences
+from job.imagenette_archive import download_imagenette
 
 # ---------------------------------------------------------------- the recipe
 # The article's run ("Our fine-tuning run"), the pieces of the paper's Table 4 at a smaller scale.
@@ -254,8 +274,9 @@ def data_and_model(run):
 
     args = run.args
     if "data and model" not in run.kept:
+        splits = dict.fromkeys(["train", "val"], args.per_class)
         data, checkpoint, run.kept["pixels"] = loaded(  # the pixels its image processor makes
-            lambda: load_splits(args.data_dir, {"train": args.per_class, "val": args.per_class}),
+            lambda: load_splits(args.data_dir or download_imagenette(), splits),
             lambda: load_pretrained(ViTForImageClassification, args.model, output_loading_info=True),
             lambda: checkpoint_pixels(args.model), run=run)
         check_resolution(checkpoint[0].config, args.resolution)
@@ -477,13 +498,13 @@ def end_of_step(run, stop, step, last_step, checkpoint):
     args = run.args
     due = bool(args.save_dir) and (step % args.save_every == 0 or step == last_step)
     path, problem = write_checkpoint(args, checkpoint(step)) if due and run.rank == 0 else (None, None)
-    asked, failed = distributed.sum_over_processes((bool(stop["asked"]), problem is not None), run)
+    asked, failed = sum_over_processes((bool(stop["asked"]), problem is not None), run)
     stop_if_failed(failed, problem)
     if not asked:
         return
     if args.save_dir and not due:
         path, problem = write_checkpoint(args, checkpoint(step)) if run.rank == 0 else (None, None)
-        stop_if_failed(distributed.sum_over_processes(problem is not None, run), problem)
+        stop_if_failed(sum_over_processes(problem is not None, run), problem)
     saved = f"; saved {path}: add --resume to continue" if path else " (no --save-dir: nothing saved)"
     say(f"\nstopped after step {step}{' on ' + stop['asked'] if stop['asked'] else ''}{saved}")
     raise Terminated if stop["asked"] == "SIGTERM" else KeyboardInterrupt
@@ -515,7 +536,7 @@ def forward_backward(trained, pixels, labels, run):
             part = F.cross_entropy(logits, y) * weight  # this micro-batch's share of the batch's mean loss
             part.backward()
         loss += part.item()
-    return distributed.sum_over_processes(loss, run) / run.world  # DDP averaged the equal shares' gradients
+    return sum_over_processes(loss, run) / run.world  # DDP averaged the equal shares' gradients
 
 
 def settings(run):
@@ -567,7 +588,7 @@ def step_batches(items, first, last, run, log):
 
 
 def logged_pass(paths, batch_size, run, log, flips=None, indices=None, timing=None, count=len):
-    """A pass's batches of the pictures at paths, its loader started (common/loader.py's started_pass; timing, count:
+    """A pass's batches of the pictures at paths, its loader started (common/data.py's started_pass; timing, count:
     as there): its workers and their start-up in the log."""
     batches, log["loader workers"], seconds = started_pass(paths, run.args.resolution, batch_size, run.device, flips,
                                                            indices, timing=timing, count=count,
@@ -595,10 +616,10 @@ def accuracies(models, batches, labels, run, batch_size, desc, timing):
 
     predicted, _ = run_model(predictions, batches, run.args.resolution, run.device, batch_size, list, desc,
                              run.autocast, count=len(labels), timing=timing, pixels=run.kept["pixels"])
-    total, counts = distributed.sum_over_processes(len(labels), run), []
+    total, counts = sum_over_processes(len(labels), run), []
     for k in range(len(models)):
         correct = int((torch.cat([batch[k] for batch in predicted]) == torch.as_tensor(labels)).sum()) if labels else 0
-        counts.append((round(distributed.sum_over_processes(correct, run)), round(total)))
+        counts.append((round(sum_over_processes(correct, run)), round(total)))
     return counts
 
 
@@ -695,32 +716,32 @@ def check_differences(args, data):
 
 
 def parse_flags(argv, world):
-    parser = cli.experiment_parser(__doc__, model=MODEL, model_help="the body to fine-tune; its head is replaced",
+    parser = experiment_parser(__doc__, model=MODEL, model_help="the body to fine-tune; its head is replaced",
                                    batch_help="pictures per optimizer step, split over the torchrun processes and "
                                               "--accum-steps")
     parser.set_defaults(batch_size=BATCH)
-    parser.add_argument("--steps", type=cli.steps, default=STEPS,
+    parser.add_argument("--steps", type=step_count, default=STEPS,
                         help="optimizer steps; warm-up stays 10%% (default: %(default)s)")
-    parser.add_argument("--lr", type=cli.positive_float, default=LR,
+    parser.add_argument("--lr", type=positive_float, default=LR,
                         help="base learning rate, finite and > 0 (default: %(default)s)")
-    parser.add_argument("--seed", type=cli.seed, default=0,
+    parser.add_argument("--seed", type=seed_number, default=0,
                         help="the order and flips of the pictures, the random head (default: %(default)s)")
-    parser.add_argument("--resolution", type=cli.side_pixels, default=RESOLUTION,
+    parser.add_argument("--resolution", type=side_pixels, default=RESOLUTION,
                         help="fine-tuning resolution (384: the paper's) (default: %(default)s)")
-    parser.add_argument("--accum-steps", type=cli.positive_int, default=1,
+    parser.add_argument("--accum-steps", type=positive_int, default=1,
                         help="split each process's batch into N passes (default: %(default)s)")
-    parser.add_argument("--save-dir", type=cli.nonempty_path, metavar="DIR",
+    parser.add_argument("--save-dir", type=nonempty_path, metavar="DIR",
                         help=f"write DIR/{CHECKPOINT} every --save-every steps, at the end and on Ctrl-C or SIGTERM; "
                              f"at the last step, the weight average in DIR/{SAVED_AVERAGE} and the last weights in "
                              f"DIR/{SAVED_LAST}, as from_pretrained and pipeline() load them")
-    parser.add_argument("--save-every", type=cli.positive_int, default=50,
+    parser.add_argument("--save-every", type=positive_int, default=50,
                         help="steps between checkpoints (default: %(default)s)")
     parser.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.pt of --save-dir")
-    parser.add_argument("--check-per-class", type=cli.positive_int, metavar="N", help="validation pictures of each "
+    parser.add_argument("--check-per-class", type=positive_int, metavar="N", help="validation pictures of each "
                         f"class checked at the logged steps (default: the article's {MONITOR_PER_CLASS})")
-    parser.add_argument("--pause-at", type=cli.positive_int, metavar="STEP",
+    parser.add_argument("--pause-at", type=positive_int, metavar="STEP",
                         help="save and stop after STEP; --resume continues")
-    parser.add_argument("--plots", type=cli.nonempty_path, metavar="DIR",
+    parser.add_argument("--plots", type=nonempty_path, metavar="DIR",
                         help="save the loss, accuracy and LR curves as PNG (matplotlib)")
     args = parser.parse_args(argv)
     if (args.resume or args.pause_at) and not args.save_dir:

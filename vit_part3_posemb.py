@@ -13,7 +13,7 @@ Reproduces the article's section "Fine-tuning at a higher resolution":
 
 Section 1 needs nothing; sections 2-4 need the checkpoint, section 4 the pictures too.
 """
-from common.start_and_end import ARTICLE, before_torch_loads, guarded
+from common.start_and_end import ARTICLE, UserError, before_torch_loads, guarded, say
 
 if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as a later one
     before_torch_loads(ARTICLE)
@@ -28,15 +28,11 @@ import scipy.ndimage
 import torch
 import torch.nn.functional as F
 
-from common.cli import experiment_parser, nonempty_path, side_pixels
-from common.errors import UserError
-from common.imagenette import CLASSES, DEFAULT_NAME, data_differences, load_splits
-from common.inference import run_model
-from common.loader import workers_text
-from common.output import pass_text, say
-from common.pictures import load_all
+from common.data import CLASSES, DEFAULT_NAME, load_all, load_splits, run_model, workers_text
 from common.pretrained import checkpoint_config, checkpoint_pixels, load_pretrained
-from common.run import begin, conclude, loaded, section
+from common.run import begin, conclude, experiment_parser, loaded, nonempty_path, pass_text, section, side_pixels
+from compare.data_set import data_differences
+from job.imagenette_archive import download_imagenette
 
 DEFAULT_MODEL = "google/vit-base-patch16-224"
 ARTICLE_PLACE = (3, 10)  # the position row of section 3, on the 14x14 grid
@@ -180,7 +176,8 @@ def imagenet_indices(root, folders):
 @functools.lru_cache(maxsize=1)  # once per run: section 4 and setup_differences ask for them
 def load_pictures(run):
     """(decoded pictures, labels, the ImageNet index of each class) of the validation split."""
-    data = load_splits(run.args.data_dir, {"val": run.args.per_class}, drawn=True)  # a random sample of the split
+    # a random sample of the split; no --data-dir: data/imagenette2-160, downloaded when missing
+    data = load_splits(run.args.data_dir or download_imagenette(), {"val": run.args.per_class}, drawn=True)
     return (load_all([path for path, _ in data["val"]]), torch.tensor([label for _, label in data["val"]]),
             imagenet_indices(data["root"], data["folders"]))
 

@@ -14,7 +14,7 @@ Hub's safetensors header when it answers, otherwise from the Table 1 architectur
 device. The ResNet-50 is microsoft/resnet-50 when cached (or reachable), otherwise the library's
 architecture with random weights: the shapes and the layer count do not depend on the weights.
 """
-from common.start_and_end import ARTICLE, before_torch_loads, guarded
+from common.start_and_end import ARTICLE, UserError, before_torch_loads, guarded
 
 if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as a later one
     before_torch_loads(ARTICLE)
@@ -24,21 +24,20 @@ import sys
 
 import torch
 
-from common.cli import experiment_parser
-from common.compute import (
+from common.paths import IMAGENETTE_DIR
+from common.pretrained import (
     VIT_SIZES,
     attention_flops,
+    cached_weight_file,
     encoder_flops,
+    hub_offline,
+    load_pretrained,
     patch_embedding_flops,
     sequence_shape,
     table1_config,
     token_flops,
 )
-from common.errors import UserError
-from common.output import listed
-from common.paths import IMAGENETTE_DIR
-from common.pretrained import cached_weight_file, hub_offline, load_pretrained
-from common.run import begin, conclude, section
+from common.run import begin, conclude, experiment_parser, listed, section
 
 # Table 1's parameter counts (millions), its rows, and the released checkpoints; ViT-L/16's is the ImageNet
 # fine-tuned one, without a pre-logits layer: the article's only cached file of ViT-L/16.

@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root, for common/ and job/
 
-from common.cli import positive_int, script_parser, seed
+from common.run import positive_int, script_parser, seed_number
 
 AIM_SECONDS = 5 * 60  # the issue's aim on an idle 2-core CPU, training included
 MINIATURE = Path(__file__).resolve().parent.parent / "job" / "miniature.py"
@@ -22,7 +22,7 @@ MINIATURE = Path(__file__).resolve().parent.parent / "job" / "miniature.py"
 def main(argv=None):
     parser = script_parser(__doc__)
     parser.add_argument("directory", help="an empty or new folder: the miniature and its jobs' results go there")
-    parser.add_argument("--seed", type=seed, default=0, help="the first seed (default: %(default)s)")
+    parser.add_argument("--seed", type=seed_number, default=0, help="the first seed (default: %(default)s)")
     parser.add_argument("--seeds", type=positive_int, default=3, help="seeds (default: %(default)s)")
     args = parser.parse_args(argv)
     root = Path(args.directory)

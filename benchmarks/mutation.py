@@ -7,7 +7,7 @@ sum mean, any all, cos sin), or a call whose result is unused deleted. The fast 
 a mutant is killed when a test fails (or errors, or runs past the time limit), and survives when all pass.
 
     python benchmarks/mutation.py                          # every module below: the score and the survivors
-    python benchmarks/mutation.py common/compute.py        # one module (several may be named)
+    python benchmarks/mutation.py common/pretrained.py     # one module (several may be named)
     python benchmarks/mutation.py --function lr_at vit_part3_finetune.py
     python benchmarks/mutation.py --list                   # the mutants, without running them
 
@@ -31,7 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the repository root, for common/
-from common.cli import script_parser
+from common.run import script_parser
 
 # module: (the functions mutated, None for every top-level function; the test files whose fast tests guard them).
 # MATHS: the files of the maths tests, each named by the module it tests. A test of one module may hold another's
@@ -49,9 +49,9 @@ def guarded_by(*own):
 
 
 TARGETS = {
-    "common/closed_form.py": (None, guarded_by("tests/test_closed_form.py", "tests/test_fewshot.py",
+    "common/features.py": (["ridge", "closed_form"], guarded_by("tests/test_closed_form.py", "tests/test_fewshot.py",
                                                "tests/test_backbone.py")),
-    "common/compute.py": (["sequence_shape", "token_flops", "attention_flops", "encoder_flops",
+    "common/pretrained.py": (["sequence_shape", "token_flops", "attention_flops", "encoder_flops",
                            "patch_embedding_flops", "config_forward_flops"],
                           guarded_by("tests/test_compute.py")),
     "vit_part3_setup.py": (["batch_norm", "group_norm", "weight_standardize", "adam_by_hand", "sgd_momentum_by_hand",

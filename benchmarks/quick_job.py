@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the repository root, for common/ and reproduce
 
-from common.cli import script_parser
+from common.run import script_parser
 from job.scripts import SCRIPTS
 
 TABLE_PICTURES_PER_S = 3.3  # the README's Quick check machine: ViT-B/16 at 224, fp32

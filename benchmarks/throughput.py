@@ -36,15 +36,10 @@ from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root, for common/
 
-from common.cli import positive_int, script_parser
-from common.compute import config_forward_flops
-from common.device import DEVICE_CHOICES, PRECISIONS
+from common.data import PREFETCH, load_all, one_pass, resized_rgb, run_model, start_pass
 from common.files import write_text
-from common.inference import run_model
-from common.loader import PREFETCH, one_pass, start_pass
-from common.output import Report
-from common.pictures import load_all, resized_rgb
-from common.run import check_output, start_run
+from common.pretrained import config_forward_flops
+from common.run import DEVICE_CHOICES, PRECISIONS, Report, check_output, positive_int, script_parser, start_run
 from common.start_and_end import guarded
 from compare.record import device_name
 from job.standins import smooth_pictures, vit_config

@@ -15,8 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root, for common/
 
-from common.cli import positive_int, script_parser
-from common.imagenette import CLASSES
+from common.data import CLASSES
+from common.run import positive_int, script_parser
 from job.standins import BEANS_SIZE, beans_folder, imagenette_folder, vit_classifier, vit_in21k
 
 

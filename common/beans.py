@@ -4,10 +4,10 @@ from pathlib import Path
 
 import numpy as np
 
-from common.cli import nonempty_path
-from common.errors import UserError
-from common.marks import made_here
+from common.paths import made_here
 from common.pretrained import ask_hub, hub_download
+from common.run import nonempty_path
+from common.start_and_end import UserError
 
 DATASET = "AI-Lab-Makerere/beans"
 MEGABYTES = 180  # its parquet files, about: the size the job and the refusal below state
@@ -83,7 +83,7 @@ def first_per_class(split, per_class):
 
 def load(data_dir=None, per_class=None):
     """{"train", "validation": datasets.Dataset as stored (not shuffled), "names": the class names, "made here": what
-    job/standins.py or job/miniature.py made of --data-dir (common/marks.py's made_here), or None, "folder":
+    job/standins.py or job/miniature.py made of --data-dir (common/paths.py's made_here), or None, "folder":
     the copy's or the cache's snapshot of the Hub's files}."""
     folder = Path(data_dir).expanduser() if data_dir else from_hub(DATASET)
     dataset = from_folder(folder, f"--data-dir {data_dir}" if data_dir else DATASET)

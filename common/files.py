@@ -4,7 +4,7 @@ import os
 import secrets
 from pathlib import Path
 
-from common.errors import UserError
+from common.start_and_end import UserError
 
 TEMP_PREFIX = ".tmp-"  # every temporary file the writer makes starts so: tests look for leftovers by it
 

@@ -4,8 +4,8 @@ import hashlib
 
 import torch
 
-from common.errors import UserError
 from common.files import write_atomic
+from common.start_and_end import UserError
 
 CHECKPOINT = "checkpoint.pt"  # in fine-tuning's --save-dir (and the job's OUT/finetune-run)
 SAVED_AVERAGE, SAVED_LAST = "model", "model-last"  # its folders of the end's weights, save_pretrained's

@@ -1,13 +1,17 @@
-"""Pretrained Hugging Face checkpoints: load by id or local directory, quietly, with one line when one cannot be had;
-their image processor; a fine-tuned one saved as from_pretrained loads it. Whether one is the article's:
-compare/published_files.py."""
+"""Pretrained ViT checkpoints: Table 1's sizes and forward compute, loading by id or local directory, quietly, with one
+line when one cannot be had; their image processor and the pixels it makes; a fine-tuned one saved as
+from_pretrained loads it. Whether one is the article's: compare/published_files.py."""
 import json
 import os
+import reprlib
 import urllib.parse
 from pathlib import Path
 
-from common.errors import UserError
+import numpy as np
+from PIL import Image
+
 from common.files import reason, write_folder_atomic
+from common.start_and_end import UserError
 
 
 def hub_offline():
@@ -118,8 +122,6 @@ def check_model_flag(name):
     if not name.strip():
         raise UserError("--model is empty: pass a saved checkpoint directory or a Hub id")
     if os.path.isdir(os.path.expanduser(name)):
-        from common.pictures import processor_pixels
-
         processor_pixels(processor_config(name), name)  # an image processor the scripts cannot follow: refused now
         return name
     try:
@@ -182,7 +184,7 @@ def load_pretrained(model_class, name, fix=LOCAL_COPY, **kwargs):
 
 PROCESSOR_FILE = "preprocessor_config.json"
 # The articles' Part 3 checkpoints: their PROCESSOR_FILE is ViTImageProcessor's, bilinear, mean and std 0.5, the
-# article's pixels (common/pictures.py), so it is not fetched for them
+# article's pixels (common/data.py), so it is not fetched for them
 ARTICLE_PROCESSORS = ("google/vit-base-patch16-224", "google/vit-base-patch16-224-in21k")
 
 
@@ -222,10 +224,8 @@ def read_processor(path, name):
 
 
 def checkpoint_pixels(name):
-    """The pixels the checkpoint's image processor makes (common/pictures.py's processor_pixels of its
+    """The pixels the checkpoint's image processor makes (common/data.py's processor_pixels of its
     processor_config)."""
-    from common.pictures import processor_pixels
-
     return processor_pixels(processor_config(name), name)
 
 
@@ -273,3 +273,108 @@ def cached_weight_file(name):
         if isinstance(path, str) and os.path.isfile(path):
             return path
     return None
+
+
+# the article's checkpoints' image processor (ViTImageProcessor): bilinear, then (x/255 - 0.5) / 0.5
+ARTICLE_PIXELS = {"resample": Image.BILINEAR, "mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5)}
+
+
+RESAMPLES = {Image.NEAREST, Image.BILINEAR, Image.BICUBIC, Image.LANCZOS, Image.BOX, Image.HAMMING}  # PIL's filters
+
+
+def processor_pixels(config, name):
+    """The pixels the image processor of --model `name` makes (config: its preprocessor_config.json; None: it has
+    none, and the scripts make the article's), as the scripts follow it: {"resample", "mean", "std"}: resized to
+    R x R with its filter, then (x/255 - mean) / std. A processor that does otherwise (a crop, no resize, another
+    rescale) is refused in one line, not followed halfway."""
+    if config is None:
+        return ARTICLE_PIXELS
+    try:
+        return followed_pixels(config, name)
+    except (TypeError, ValueError) as error:  # a value of another type: null, a list where a number goes
+        raise UserError(f"--model {name}: its image processor has a value of the wrong type ({error}): pass a "
+                        f"checkpoint whose preprocessor_config.json is as transformers writes it") from None
+
+
+def followed_pixels(config, name):
+    """processor_pixels of a preprocessor_config.json."""
+    otherwise = [what for what, does in (
+        ("crops the picture (do_center_crop)", config.get("do_center_crop")),
+        ("does not resize it (do_resize false)", config.get("do_resize", True) is False),
+        ("does not rescale by 1/255", config.get("do_rescale", True) is False
+         or abs(config.get("rescale_factor", 1 / 255) - 1 / 255) > 1e-12),
+        (f"resamples with filter {reprlib.repr(config.get('resample'))}, not one of PIL's",
+         config.get("resample", Image.BILINEAR) not in RESAMPLES),
+    ) if does]
+    if otherwise:
+        raise UserError(f"--model {name}: its image processor {otherwise[0]}, which the scripts do not follow (they "
+                        f"resize the whole picture to R x R and scale it by 1/255): pass a checkpoint whose processor "
+                        f"does so")
+    if not config.get("do_normalize", True):
+        return {"resample": config.get("resample", Image.BILINEAR), "mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0)}
+    stats = {what: np.ravel(config.get(f"image_{what}", ARTICLE_PIXELS[what])) for what in ("mean", "std")}
+    if any(len(value) not in (1, 3) or not np.all(np.isfinite(value)) for value in stats.values()) \
+            or not np.all(stats["std"] > 0):
+        shown = {what: value.tolist() if len(value) <= 3 else f"of {len(value):,} values"
+                 for what, value in stats.items()}
+        raise UserError(f"--model {name}: its image processor's image_mean {shown['mean']} and image_std "
+                        f"{shown['std']} are not one finite value, or one a channel, with std above 0: "
+                        f"pass a checkpoint whose processor has them")
+    return {"resample": config.get("resample", Image.BILINEAR),
+            **{what: tuple(float(v) for v in np.broadcast_to(value, 3)) for what, value in stats.items()}}
+
+
+def pixels_processor(resolution, pixels=ARTICLE_PIXELS):
+    """The image processor that makes these pixels from a picture, as transformers saves and loads it (a model
+    saved for from_pretrained and pipeline() carries it)."""
+    from transformers import ViTImageProcessorPil
+
+    return ViTImageProcessorPil(size={"height": resolution, "width": resolution}, resample=pixels["resample"],
+                                image_mean=list(pixels["mean"]), image_std=list(pixels["std"]))
+
+
+# Table 1 of the paper: layers, hidden size D, MLP size, heads.
+VIT_SIZES = {"B": (12, 768, 3072, 12), "L": (24, 1024, 4096, 16), "H": (32, 1280, 5120, 16)}
+
+
+def sequence_shape(resolution, patch):
+    """grid side, N = (resolution/patch)^2 patches, sequence N+1, (N+1)^2 attention pairs per head."""
+    grid = resolution // patch
+    n = grid * grid
+    return grid, n, n + 1, (n + 1) ** 2
+
+
+def token_flops(layers, width, mlp, tokens):
+    """The per-token part, in FLOPs (a multiply-add is 2): q, k, v, output (4 s D^2) and the MLP (2 s D M) a layer."""
+    return 2 * layers * tokens * (4 * width**2 + 2 * width * mlp)
+
+
+def attention_flops(layers, width, tokens):
+    """The pairwise part: scores Q K^T and the weighted sum, 2 s^2 D multiply-adds a layer: 2 L 2 s^2 D FLOPs."""
+    return 2 * layers * 2 * tokens**2 * width
+
+
+def encoder_flops(layers, width, mlp, tokens):
+    """The article's estimate of a ViT encoder's forward compute: FLOPs = 2 L (4 s D^2 + 2 s D M + 2 s^2 D), without
+    the patch embedding (0.23 GFLOPs for every ViT-B at 224), norms, softmax and head."""
+    return token_flops(layers, width, mlp, tokens) + attention_flops(layers, width, tokens)
+
+
+def patch_embedding_flops(resolution, patch, width):
+    """E maps each of the N patches of 3 P^2 numbers to D numbers: 2 N 3 P^2 D FLOPs."""
+    return 2 * sequence_shape(resolution, patch)[1] * 3 * patch**2 * width
+
+
+def table1_config(size, patch, image_size=224, **fields):
+    """A transformers ViTConfig of a Table 1 size (fields: any other of its fields, num_labels=1000)."""
+    from transformers import ViTConfig
+
+    layers, width, mlp, heads = VIT_SIZES[size]
+    return ViTConfig(hidden_size=width, num_hidden_layers=layers, intermediate_size=mlp,
+                     num_attention_heads=heads, patch_size=patch, image_size=image_size, **fields)
+
+
+def config_forward_flops(config, resolution):
+    """encoder_flops of a ViTConfig at a resolution."""
+    tokens = sequence_shape(resolution, config.patch_size)[2]
+    return encoder_flops(config.num_hidden_layers, config.hidden_size, config.intermediate_size, tokens)

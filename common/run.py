@@ -1,22 +1,27 @@
-"""One run of a script: its flags, device, resources and sections, --compare and --json, and how it ends
-(docs/layout.md; the signals: docs/faults.md)."""
+"""One run of a script: its command line, device and arithmetic, torchrun's processes, the printed lines with their
+numbers recorded by name, its sections, --compare and --json, and how it ends (docs/layout.md; the signals:
+docs/faults.md)."""
+import argparse
 import contextlib
+import ctypes
 import functools
 import importlib.util
 import json
+import math
 import os
 import shlex
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
-from common.device import keep_freed_memory, pick_device, set_precision
-from common.distributed import finish_together, first_process_first
-from common.distributed import start as start_processes
-from common.errors import UserError
+import torch
+import torch.distributed as dist
+
 from common.files import write_text
-from common.output import MATPLOTLIB_MISSING, Report, say
+from common.pretrained import check_model_flag
+from common.start_and_end import UserError, say
 
 
 class Run(SimpleNamespace):
@@ -25,8 +30,8 @@ class Run(SimpleNamespace):
 
 def start_run(args, device=None, rank=0, world=1, fp32_rule="strict", torchrun=False):
     """One run: the parsed flags, the device and its arithmetic (fp32_rule: what --precision fp32 means on GPUs with
-    TF32, the rule of the article's run; common/device.py), its processes (torchrun: those torchrun started, each on
-    its device; common/distributed.py), and `kept`: what a section loaded, for the next sections and the setup's
+    TF32, the rule of the article's run; common/run.py), its processes (torchrun: those torchrun started, each on
+    its device; common/run.py), and `kept`: what a section loaded, for the next sections and the setup's
     differences."""
     keep_freed_memory()  # large host blocks kept, not handed back and faulted in again at every batch
     if torchrun:
@@ -153,3 +158,332 @@ def check_output(path, flag, folder=False):
     except OSError as error:
         raise UserError(f"{flag} {path} cannot be written ({error.strerror or error}): "
                         f"choose a place you can write to") from error
+
+
+class ScriptParser(argparse.ArgumentParser):
+    """A bad flag ends in one line that names it, not a usage block."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (--help lists every flag)\n")
+
+
+def script_parser(docstring):
+    """argparse with the script's docstring as its help text, as written; a flag's help names its default itself."""
+    return ScriptParser(description=docstring, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def whole_number(text, low, high, refusal):
+    """argparse type: a whole number from low to high, refused in one line otherwise."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = low - 1
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"{text!r} {refusal}")
+    return value
+
+
+positive_int = functools.partial(whole_number, low=1, high=math.inf, refusal="is not a whole number of at least 1")
+seed_number = functools.partial(whole_number, low=0, high=2**32 - 1,  # what numpy and torch both take
+                         refusal=f"is not a seed: a whole number from 0 to {2**32 - 1}")
+# 5 x the paper's longest; each step's pictures drawn first
+step_count = functools.partial(whole_number, low=1, high=100_000,
+                          refusal="is not a number of steps from 1 to 100,000")
+
+
+MOST_PIXELS = 1024  # 4,096 patches of 16; attention's memory grows with their square: 0.8 GB a picture and layer
+
+
+def side_pixels(text):
+    """argparse type: pixels on a side, from 32 (two patches of 16) to MOST_PIXELS."""
+    value = positive_int(text)
+    if value < 32:
+        raise argparse.ArgumentTypeError(f"{text!r} pixels is too small: a ViT needs at least 2 patches on a side")
+    if value > MOST_PIXELS:
+        raise argparse.ArgumentTypeError(f"{text!r} pixels is too large: at most {MOST_PIXELS} (the attention of "
+                                         f"one picture grows with the square of its patches)")
+    return value
+
+
+def nonempty_path(text):
+    """argparse type: a path, ~ expanded; an empty one is refused (it would quietly mean the default, or nothing)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path: give a file or folder name")
+    return os.path.expanduser(text)
+
+
+def finite_float(text, low, allow_low):
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < low or (value == low and not allow_low):
+        bound = f"at least {low:g}" if allow_low else f"above {low:g}"
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number {bound}")
+    return value
+
+
+positive_float = functools.partial(finite_float, low=0.0, allow_low=False)  # argparse type: a learning rate
+nonnegative_float = functools.partial(finite_float, low=0.0, allow_low=True)  # argparse type: a ridge penalty
+
+
+def experiment_parser(docstring, device=True, model=None, model_help="", batch_help="",
+                      per_class_help="keep the first N pictures of each class in each split used (default: all)"):
+    """A script's parser (as script_parser's), its action "distinct" for a flag of several values each given once:
+    --device (device=False: a script that runs on the CPU alone),
+    --compare and --json; with model (the article's checkpoint, model_help: what it must hold), first --model,
+    --data-dir, --per-class, --batch-size (batch_help: what a batch is in the script's own work) and --precision."""
+    parser = ScriptParser(description=docstring, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    class Distinct(argparse.Action):  # action="distinct": a value given twice (as printed, with :g) is refused
+        def __call__(self, parser, namespace, values, option_string=None):
+            printed = [f"{value:g}" if isinstance(value, float) else str(value) for value in values]
+            twice = sorted({text for text in printed if printed.count(text) > 1})
+            if twice:  # each names the numbers it prints
+                parser.error(f"{option_string}: {', '.join(twice)} given twice; give each value once")
+            setattr(namespace, self.dest, values)
+
+    parser.register("action", "distinct", Distinct)
+    if model:
+        parser.add_argument("--model", default=model, type=check_model_flag,
+                            help=f"checkpoint id or local directory ({model_help}) (default: %(default)s)")
+        parser.add_argument("--data-dir", type=nonempty_path,
+                            help="an imagenette2-160 folder; by default data/imagenette2-160, downloaded when missing")
+        parser.add_argument("--per-class", type=positive_int, help=per_class_help)
+        parser.add_argument("--batch-size", type=positive_int, default=32, help=f"{batch_help} (default: %(default)s)")
+        parser.add_argument("--precision", default="fp32", choices=PRECISIONS,
+                            help="fp32 gives the article's numbers; bf16 is faster on recent GPUs and Apple silicon; "
+                                 "tf32 exists on NVIDIA GPUs only (default: %(default)s)")
+    if device:
+        parser.add_argument("--device", default="auto", choices=DEVICE_CHOICES,
+                            help="auto picks cuda, then mps, then cpu (default: %(default)s)")
+    parser.add_argument("--compare", action="store_true",
+                        help="after the output, put this run's numbers beside the article's, with a verdict each")
+    parser.add_argument("--json", type=nonempty_path, metavar="PATH",
+                        help="also write this run's numbers, flags and environment to PATH")
+    return parser
+
+
+MATPLOTLIB_MISSING = "matplotlib is not installed (pip install matplotlib)"  # --plots and the page say so
+
+
+def short(x):
+    """A float as Python prints it after rounding to 4 places: 0.1875, -0.7, 1.0 (+ 0.0 turns -0.0 into 0.0)."""
+    return repr(round(float(x), 4) + 0.0)
+
+
+def listed(values, spec=None):
+    """A (nested) list, tuple or array as the article prints one, '[[7.0, 5.0], [5.0, 15.0]]' or '(197, 768)', each
+    entry in the format spec (default: short)."""
+    values = values.tolist() if hasattr(values, "tolist") else values
+    if not isinstance(values, (list, tuple)):
+        return short(values) if spec is None else format(values, spec)
+    brackets = "()" if isinstance(values, tuple) else "[]"
+    return brackets[0] + ", ".join(listed(value, spec) for value in values) + brackets[1]
+
+
+def pass_text(timing):
+    """A pass over pictures (NEW_PASS's keys) as its line prints it: '[12 s, 0.2 s waiting for pictures]'."""
+    return f"[{timing['seconds']:.0f} s, {timing['waiting seconds']:.1f} s waiting for pictures]"
+
+
+@dataclass
+class Report:
+    """The printed lines of one script's run and the numbers on them, by name."""
+
+    script: str
+    quiet: bool = False  # a process other than the first under torchrun prints nothing
+    numbers: dict = field(default_factory=dict)  # name -> {"value": float}, and an accuracy's counts
+    could_not_run: list = field(default_factory=list)  # (section title, the UserError: its reasons)
+    lines: list = field(default_factory=list)  # every printed line, in order
+    series: dict = field(default_factory=dict)  # plain lists a figure needs beyond the printed numbers (maps, curves)
+    passes: dict = field(default_factory=dict)  # name -> a pass over pictures: its seconds, waiting seconds, pictures
+
+    def print(self, text=""):
+        """Text as printed, framed as the article's lines are: "  " a logged line, "\n== ... ==" a section's title."""
+        self.lines += text.split("\n")
+        if not self.quiet:
+            print(text, flush=True)
+
+    def record(self, numbers, counts=None):
+        """Each number of {name: value} kept under its name, beside the line that prints it (or, for a number a
+        conclusion reads that no line prints, the evidence for a claim of the prose, on its own). A list, tuple or
+        array: entry (i, j) as 'name[i,j]'. A pass over pictures (a dict, NEW_PASS's keys): kept whole, and its two
+        numbers as '<name> seconds' and '<name> waiting seconds'. counts: {name: (right, of)}, the counts an accuracy
+        in per cent came from, `right` of `of` pictures (right a list, one count a draw, for a mean over draws):
+        --json records them, and the verdicts' exact intervals are made from them (compare/verdicts.py)."""
+        counts = counts or {}
+        for name, value in numbers.items():
+            if isinstance(value, dict):
+                self.passes[name] = dict(value)
+                self.record({f"{name} seconds": value["seconds"], f"{name} waiting seconds": value["waiting seconds"]})
+                continue
+            values = value.tolist() if getattr(value, "ndim", 0) > 0 else value
+            if isinstance(values, (list, tuple)):
+                self.record(dict(entries(name, values)))
+                continue
+            if name in self.numbers:
+                raise ValueError(f"{self.script}: the number {name!r} is recorded twice")
+            right, of = counts.get(name, (None, None))
+            self.numbers[name] = {"value": float(value)} | ({} if right is None else
+                                                            {"right": right, "of": of, "scale": 100})
+
+    def values(self):
+        """{name: value} of every number recorded so far."""
+        return {name: number["value"] for name, number in self.numbers.items()}
+
+    def cannot_run(self, title, problem):
+        self.print(f'  cannot run section "{title}": {problem}')
+        self.could_not_run.append((title, problem))
+
+
+def entries(name, values, index=()):
+    """(name[i,j], entry) of each entry of a nested list or tuple, i and j counted from 1."""
+    for i, value in enumerate(values, 1):
+        if isinstance(value, (list, tuple)):
+            yield from entries(name, value, (*index, i))
+        else:
+            yield f"{name}[{','.join(map(str, (*index, i)))}]", value
+
+
+DEVICE_CHOICES = ("auto", "cuda", "mps", "cpu")
+
+
+def keep_freed_memory():
+    """glibc keeps freed blocks over 32 MB for the next batch, not page-faulted in anew (docs/performance.md)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    m_trim_threshold, m_mmap_threshold, largest = -1, -3, ctypes.c_int(2**31 - 1)
+    return libc.mallopt(m_mmap_threshold, largest) == 1 and libc.mallopt(m_trim_threshold, largest) == 1
+
+
+def pick_device(name="auto"):
+    """auto takes cuda, then mps, then cpu; a named device must exist."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        return torch.device("mps") if torch.backends.mps.is_available() else torch.device("cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA GPU is visible to torch here; use --device auto or cpu")
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise UserError("--device mps: Apple's Metal backend is not available here; use --device auto or cpu")
+    if name not in DEVICE_CHOICES:
+        raise UserError(f"--device {name}: unknown device; choose one of {', '.join(DEVICE_CHOICES)}")
+    return torch.device(name)
+
+
+PRECISIONS = ("fp32", "tf32", "bf16")
+# each rule float32 can follow on NVIDIA GPUs that have TF32: (matrix multiplies, cuDNN convolutions) in TF32
+# (docs/layout.md)
+FP32_RULES = {"strict": (False, False), "torch defaults": (False, True), "tf32": (True, True)}
+
+
+def float32_rule(precision, fp32_rule):
+    """The rule float32 follows under --precision: tf32's own, strict for fp32-strict, else the article's."""
+    return "tf32" if precision == "tf32" else "strict" if precision == "fp32-strict" else fp32_rule
+
+
+def set_precision(device, precision="fp32", fp32_rule="strict"):
+    """The arithmetic of matrix multiplies and convolutions (docs/layout.md); returns the forward passes' context."""
+    if precision not in PRECISIONS + ("fp32-strict",):
+        raise UserError(f"--precision {precision}: choose one of {', '.join(PRECISIONS + ('fp32-strict',))}")
+    if precision == "tf32" and device.type != "cuda":
+        raise UserError(f"--precision tf32 exists on NVIDIA GPUs only, not on {device.type}: use fp32 or bf16")
+    if precision == "bf16" and device.type == "mps":
+        try:
+            torch.ones(1, dtype=torch.bfloat16, device=device)
+        except (RuntimeError, TypeError) as error:
+            raise UserError("--precision bf16: this Mac's Metal backend has no bfloat16 (it needs macOS 14 or "
+                            "later): use fp32") from error
+    rule = float32_rule(precision, fp32_rule)
+    # The flags whose defaults are the rule "torch defaults"; torch's newer fp32_precision API is left alone, since
+    # reading these after mixing the two raises. The Trainer's tf32=None leaves them as set here.
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = FP32_RULES[rule]
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def float32_arithmetic(device, precision, fp32_rule):
+    """What the run record says of float32: the rule, and whether TF32 was allowed and could act on this device."""
+    rule = float32_rule(precision, fp32_rule)
+    tf32_hardware = device is not None and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8
+    return {"rule": rule, "TF32 matrix multiplies": torch.backends.cuda.matmul.allow_tf32,
+            "TF32 cuDNN convolutions": torch.backends.cudnn.allow_tf32, "TF32 on this device": tf32_hardware}
+
+
+def to_device(array, device):
+    """A batch (numpy or torch) on the device; on a GPU through pinned memory, so that the copy does not block."""
+    tensor = torch.as_tensor(array)
+    if device.type == "cuda" and tensor.device.type == "cpu":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
+def start_processes(device_name):
+    """(rank, world size, device). Under torchrun (WORLD_SIZE > 1): gloo on the CPU, nccl on GPUs."""
+    device = pick_device(device_name)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 0, 1, device
+    if device.type == "mps":
+        raise UserError("torchrun with --device mps: torch.distributed does not support Apple's backend; "
+                        "use --device cpu, or one process")
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return dist.get_rank(), world, device
+
+
+def first_process_first(run, load):
+    """load() on process 0 first (it downloads), then on the others; an error there stops every process."""
+    result, problem = None, None
+    if run.rank == 0:
+        try:
+            result = load()
+        except UserError as error:
+            problem = str(error)
+    if run.world > 1:
+        message = [problem]
+        dist.broadcast_object_list(message, src=0)
+        problem = message[0]
+    if problem:
+        raise UserError(problem)
+    return result if run.rank == 0 else load()
+
+
+def sum_over_processes(values, run):
+    """The sum over every process of a number, or of each of a tuple of numbers: one all_reduce."""
+    many = isinstance(values, tuple)
+    if run.world == 1:
+        return tuple(map(float, values)) if many else float(values)
+    total = torch.tensor(values if many else [values], dtype=torch.float64, device=run.device)
+    dist.all_reduce(total)
+    return tuple(total.tolist()) if many else total.item()
+
+
+LEAVING = {"together": False}  # set once every process has finished its sections (finish_together)
+
+
+def finish_together(world):
+    """Every process waits here for the others; then each may leave at once (leave)."""
+    if world > 1:
+        dist.barrier()
+        LEAVING["together"] = True
+
+
+def leave(status):
+    """sys.exit(status), torchrun's process group ended first; once every torchrun process has finished, os._exit: a
+    finalizing interpreter can abort under a gloo thread (docs/performance.md, "Several processes")."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    if not LEAVING["together"]:
+        sys.exit(status)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

@@ -46,6 +46,12 @@ def speaks():
     return os.environ.get("RANK", "0") == "0" or int(os.environ.get("WORLD_SIZE", "1")) <= 1
 
 
+def say(text=""):
+    """The one way to tell the person at the terminal something: stderr (results go to stdout), once under torchrun."""
+    if speaks():
+        print(text, file=sys.stderr, flush=True)
+
+
 def before_torch_loads(packages=JOB):
     """Until guarded() runs main(), Ctrl-C (while torch loads) is one line and status 130, leaving at once; a Python
     without one of `packages` ({import name: pip name}) is one line with the pip command and status 2; a torchrun
@@ -77,6 +83,14 @@ def before_torch_loads(packages=JOB):
         sys.exit(2)
 
 
+class UserError(Exception):
+    """A problem the user can fix: its message is one line naming what is missing and how to get it. Several
+    problems, UserError(first, second), read as one line, "first; also second", each kept apart in .args."""
+
+    def __str__(self):
+        return "; also ".join(map(str, self.args))
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM (a scheduler's stop, `timeout`, `docker stop`), raised where the program is, as Ctrl-C is."""
 
@@ -100,9 +114,7 @@ def quiet_if_nobody_reads():
 
 def guarded(main):
     """main()'s status; a UserError, Ctrl-C or SIGTERM ends in one line (once under torchrun) and 2, 130 or 143.
-    Under torchrun, each process then leaves through common/distributed.py's leave."""
-    from common.errors import UserError
-
+    Under torchrun, each process then leaves through common/run.py's leave."""
     def terminate(signum, frame):
         quiet_if_nobody_reads()
         raise Terminated
@@ -123,9 +135,9 @@ def guarded(main):
         signal.signal(signal.SIGINT, previous_int)
     if message and speaks():
         print(message, file=sys.stderr)
-    dist = sys.modules.get("torch.distributed")  # loaded by then, if at all: started by common/distributed.py
+    dist = sys.modules.get("torch.distributed")  # loaded by then, if at all: started by common/run.py
     if dist is not None and dist.is_available() and dist.is_initialized():
-        from common.distributed import leave
+        from common.run import leave
 
         leave(status)  # torchrun's processes: the process group ended first; it never returns
     return status

@@ -8,10 +8,10 @@ import time
 from pathlib import Path
 
 from common import paths
-from common.errors import UserError
 from common.files import write_text
-from common.marks import made_here
+from common.paths import made_here
 from common.pretrained import HUB_ENDPOINT, WEIGHT_FILES, ask_hub, hub_name
+from common.start_and_end import UserError
 
 
 def checkpoint_difference(name, article):

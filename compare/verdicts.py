@@ -130,31 +130,6 @@ def flag_differences(args, article_flags):
     return differences
 
 
-def subset_differences(args, counts, released, drawn=False, whole=True):
-    """{item: difference} for each split ("validation pictures") of which this run used (counts; None: not loaded)
-    another number of pictures than the release (released). Only a draw the project made is a sample, with n and of
-    for the sampling interval: --per-class drawing at random (drawn) from the release or a whole copy (whole). The
-    first N of each class, a partial copy (the first files by name, say) and a folder with more than the release are
-    not comparable."""
-    differences = {}
-    for item, count in counts.items():
-        if args.per_class:
-            flag = f"--per-class {args.per_class}"
-            flag = flag if whole else f"--data-dir {args.data_dir} {flag}"
-            how = (f"{args.per_class} a class on average, drawn at random" if drawn
-                   else f"the first {args.per_class} of each class") + ("" if whole else " of a partial copy")
-        else:
-            flag = f"--data-dir {args.data_dir}"
-            how = "more than the release" if count and count > released[item] else "a partial copy, not a draw"
-        if args.per_class and count is None:
-            differences[item] = {"flag": flag, "why": f"{flag}: {how}"}
-        elif count is not None and count != released[item]:
-            sample = drawn and whole and count < released[item]
-            differences[item] = {"flag": flag, "why": f"{flag}: {count:,} of {released[item]:,} {item} ({how})",
-                                 **({"n": count, "of": released[item]} if sample else {})}
-    return differences
-
-
 def split_notes(differences):
     """(the differences that make this run another setup, the notes' reasons): a note ("note": True, moving nothing)
     says what was not checked of a setup that is the article's as far as the run can tell."""

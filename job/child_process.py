@@ -18,9 +18,8 @@ import time
 
 import psutil
 
-from common.errors import UserError
 from common.files import reason, write_atomic
-from common.start_and_end import JOB_PID, scripts_environment
+from common.start_and_end import JOB_PID, UserError, scripts_environment
 
 LOG_EVERY = 30  # seconds between snapshots of a running script's log
 LOCK = ".reproduce.lock"

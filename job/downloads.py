@@ -13,11 +13,11 @@ from pathlib import Path
 from huggingface_hub.constants import ENDPOINT as HF_ENDPOINT
 
 from common import beans
-from common.errors import UserError
-from common.imagenette import ARCHIVE_MB, URL_VARIABLE
-from common.imagenette import URL as IMAGENETTE_URL
-from common.imagenette_archive import shown_host
+from common.data import ARCHIVE_MB, URL_VARIABLE
+from common.data import URL as IMAGENETTE_URL
 from common.pretrained import HUB_ENDPOINT, cached_weight_file, hub_offline, hub_reachable, shown_url
+from common.start_and_end import UserError
+from job.imagenette_archive import shown_host
 
 VIT, IN21K, RESNET = "google/vit-base-patch16-224", "google/vit-base-patch16-224-in21k", "microsoft/resnet-50"
 IMAGENETTE, BEANS = "Imagenette", "AI-Lab-Makerere/beans"
@@ -42,7 +42,7 @@ def piece_is_here(piece, args):
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    from common.imagenette import DEFAULT_DIR
+    from common.data import DEFAULT_DIR
 
     if piece == IMAGENETTE:
         return bool(args.imagenette) or DEFAULT_DIR.is_dir()
@@ -81,7 +81,7 @@ def check_copies(args):
                         f"{{train,val}}/<class>/*.JPEG (e.g. imagenette2-160/)")
     if args.imagenette:
         try:
-            from common.imagenette import check_counts
+            from common.data import check_counts
 
             check_counts(args.imagenette, strict=False)  # the layout's refusals; a partial copy is the scripts' to say
         except UserError as problem:
@@ -102,7 +102,7 @@ def weights_mb(piece, models):
 
 def reachable(url):
     """Does the server of url answer, through the proxies the environment names? Any HTTP answer means it is there."""
-    from common.imagenette_archive import timeout_seconds
+    from job.imagenette_archive import timeout_seconds
 
     try:
         urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout_seconds()).close()

@@ -53,8 +53,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from common.imagenette import CLASSES
-from common.marks import MINIATURE_MARK
+from common.data import CLASSES
+from common.paths import MINIATURE_MARK
 from job.standins import (
     BEANS_CARD,
     BEANS_CLASSES,
@@ -65,7 +65,9 @@ from job.standins import (
     write_beans,
     write_imagenette,
 )
-from job.standins import vit_config as standin_config
+from job.standins import (
+    vit_config as standin_config,
+)
 
 # ---------------------------------------------------------------- the pictures
 PICTURE_SIDE = 160          # pixels on a side, Imagenette-160's short side; the scripts resize to their resolution
@@ -225,8 +227,8 @@ def sincos_rows(grid, width):
 
 def training_pictures(count, seed):
     """(uint8 (count, IMAGE_SIZE, IMAGE_SIZE, 3), Imagenette labels): drawn as the folders' pictures, resized as the
-    scripts resize them (common/pictures.py)."""
-    from common.pictures import resized_rgb
+    scripts resize them (common/data.py)."""
+    from common.data import resized_rgb
 
     rng = np.random.default_rng(seed)
     labels = rng.integers(0, len(CLASSES), size=count)
@@ -256,7 +258,7 @@ def train(pictures, labels, steps=STEPS, seed=0, say=print):
     from transformers import ViTForImageClassification
     from transformers.models.vit.modeling_vit import ViTPooler
 
-    from common.pictures import to_pixels
+    from common.data import to_pixels
 
     torch.manual_seed(seed)
     model = ViTForImageClassification(vit_config())
@@ -511,10 +513,8 @@ def run_seeds(root, seeds, say=print):
 
 
 def main(argv=None):
-    from common.cli import positive_int, script_parser
-    from common.cli import seed as seed_number
-    from common.errors import UserError
-    from common.output import say
+    from common.run import positive_int, script_parser, seed_number
+    from common.start_and_end import UserError, say
 
     parser = script_parser(__doc__)
     parser.add_argument("directory", help="where each seed's pictures, ViT and job go (DIR/seed-<s>), and the "

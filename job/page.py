@@ -31,12 +31,11 @@ if __name__ == "__main__":
 
 import figures
 from common.beans import DATASET as BEANS
-from common.cli import script_parser
-from common.errors import UserError
+from common.data import DEFAULT_NAME as IMAGENETTE
 from common.files import write_text
-from common.imagenette import DEFAULT_NAME as IMAGENETTE
-from common.marks import MINIATURE_MARK, STANDIN_MADE
-from common.start_and_end import guarded
+from common.paths import MINIATURE_MARK, STANDIN_MADE
+from common.run import script_parser
+from common.start_and_end import UserError, guarded
 from compare.record import LIBRARIES, RECORD_FORMAT
 from compare.verdicts import LEGEND, article_values, counts_text, judge, split_notes, verdict_text
 from figures import backbone, fewshot, finetune, posemb

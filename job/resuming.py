@@ -5,9 +5,8 @@ import hashlib
 import json
 from pathlib import Path
 
-from common.errors import UserError
 from common.files import write_text
-from common.output import say
+from common.start_and_end import UserError, say
 from compare.record import RECORD_FORMAT, library_versions
 from job.page import JOB_RECORD, read_record
 from job.scripts import script_file

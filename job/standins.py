@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from common.imagenette import CLASSES
-from common.marks import STANDIN_MARK
+from common.data import CLASSES
+from common.paths import STANDIN_MARK
 from job.ending import STANDINS_COMMAND, job_command
 
 MARK = STANDIN_MARK
@@ -64,7 +64,7 @@ def vit_config(size="tiny", num_labels=1000, **overrides):
     """A ViTConfig: "tiny" (2 layers of width 32) or a Table 1 size ("B", "L", "H") with patch 16."""
     from transformers import ViTConfig
 
-    from common.compute import table1_config
+    from common.pretrained import table1_config
 
     if size == "tiny":  # the overrides given to the constructor: a field it derives (pooler_output_size) follows them
         return ViTConfig(num_labels=num_labels, **{**TINY, **overrides})
@@ -270,7 +270,7 @@ def job_flags(inputs):
 
 
 def main(argv=None):
-    from common.cli import script_parser
+    from common.run import script_parser
 
     parser = script_parser(__doc__)
     parser.add_argument("directory", help="where the stand-ins are built (once) and the job writes DIR/results")

@@ -1,5 +1,5 @@
 """python tests/batch_counter.py SIZES.json SCRIPT [FLAGS...]: SCRIPT run as `python SCRIPT FLAGS` runs it, and
-the size of every batch that a pass of common.loader (start_pass()) hands over written to SIZES.json when it
+the size of every batch that a pass of common.data (start_pass()) hands over written to SIZES.json when it
 exits.
 
 SIZES.json holds one list per pass (a call of start_pass), in the order of the calls: [[16, 16, 8], ...].
@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root, for common/
 
-from common import loader
+from common import data as loader
 
 PASSES = []
 

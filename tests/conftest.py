@@ -157,7 +157,7 @@ def library_pixels(pictures, resolution):
     from PIL import Image
     from transformers import ViTImageProcessorPil
 
-    from common.pictures import load_rgb
+    from common.data import load_rgb
 
     images = [picture if isinstance(picture, Image.Image) else load_rgb(picture) for picture in pictures]
     processor = ViTImageProcessorPil(size={"height": resolution, "width": resolution})

@@ -165,7 +165,7 @@ def imagenette_archive():
     import numpy as np
     from PIL import Image
 
-    from common.imagenette import CLASSES, SPLIT_COUNTS
+    from common.data import CLASSES, SPLIT_COUNTS
 
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1) as tar:

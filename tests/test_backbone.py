@@ -14,11 +14,9 @@ from PIL import Image
 
 import figures.backbone
 import vit_backbone as backbone
-from common.errors import UserError
-from common.marks import STANDIN_MARK, made_here
-from common.output import Report
-from common.run import start_run
-from common.start_and_end import guarded
+from common.paths import STANDIN_MARK, made_here
+from common.run import Report, start_run
+from common.start_and_end import UserError, guarded
 from compare import published_files
 from compare.published_files import checkpoint_difference
 from compare.verdicts import flag_differences, load_reference

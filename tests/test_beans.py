@@ -3,8 +3,8 @@ copy."""
 import pytest
 
 from common import beans
-from common.errors import UserError
-from common.marks import STANDIN_MARK
+from common.paths import STANDIN_MARK
+from common.start_and_end import UserError
 
 
 @pytest.mark.parametrize("why", ["HF_HUB_OFFLINE=1 forbids downloads", "the Hugging Face Hub cannot be reached"])

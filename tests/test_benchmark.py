@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import ROOT
 
-from common.compute import config_forward_flops
+from common.pretrained import config_forward_flops
 from job.standins import smooth_pictures
 
 sys.path.insert(0, str(ROOT / "benchmarks"))

@@ -1,4 +1,4 @@
-"""common/cli.py: each script's --batch-size help speaks of its own work, and every flag's help names its default."""
+"""common/run.py: each script's --batch-size help speaks of its own work, and every flag's help names its default."""
 import pytest
 
 

@@ -1,10 +1,10 @@
-"""common/closed_form.py: the ridge regression of the few-shot metric, against numpy's and SciPy's solvers and
+"""common/features.py: the ridge regression of the few-shot metric, against numpy's and SciPy's solvers and
 values worked out by hand."""
 import numpy as np
 import pytest
 import scipy.linalg
 
-from common.closed_form import closed_form, ridge
+from common.features import closed_form, ridge
 
 
 def with_bias(features):

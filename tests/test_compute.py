@@ -1,9 +1,9 @@
-"""common/compute.py: ViT's sequence and forward compute, against the article's table (Table 1 sizes), the formula
+"""common/pretrained.py: ViT's sequence and forward compute, against the article's table (Table 1 sizes), the formula
 worked out by hand and torch's FLOP counter on a real forward pass."""
 import pytest
 import torch
 
-from common import compute
+from common import pretrained as compute
 
 
 def forward_gflops(size, patch, resolution):

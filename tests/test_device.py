@@ -1,4 +1,4 @@
-"""common/device.py: the device a flag names, a missing or unknown one as one line, the precision flags and the fp32
+"""common/run.py: the device a flag names, a missing or unknown one as one line, the precision flags and the fp32
 rule, freed memory kept on Linux."""
 import subprocess
 import sys
@@ -7,8 +7,8 @@ import pytest
 import torch
 from conftest import without_a_gpu
 
-from common.device import pick_device
-from common.errors import UserError
+from common.run import pick_device
+from common.start_and_end import UserError
 
 
 def test_auto_device_is_one_that_exists():
@@ -17,10 +17,10 @@ def test_auto_device_is_one_that_exists():
 
 
 def test_missing_gpu_is_a_one_line_error():
-    code = "import torch\nfrom common.device import pick_device\nprint(torch.cuda.is_available())\npick_device('cuda')"
+    code = "import torch\nfrom common.run import pick_device\nprint(torch.cuda.is_available())\npick_device('cuda')"
     run = without_a_gpu([sys.executable, "-c", code])
     assert run.stdout == "False\n" and run.returncode == 1, run.stderr[-2000:]
-    assert run.stderr.strip().splitlines()[-1].startswith("common.errors.UserError: --device cuda: ")
+    assert run.stderr.strip().splitlines()[-1].startswith("common.start_and_end.UserError: --device cuda: ")
 
 
 def test_unknown_device_is_a_one_line_error():
@@ -29,7 +29,7 @@ def test_unknown_device_is_a_one_line_error():
 
 
 def test_precision_flags():
-    from common.device import set_precision
+    from common.run import set_precision
 
     cpu = torch.device("cpu")
     with set_precision(cpu, "bf16"):
@@ -41,7 +41,7 @@ def test_precision_flags():
 
 
 def test_the_fp32_rule_torch_defaults_is_what_a_fresh_torch_has_and_strict_allows_no_tf32():
-    from common.device import FP32_RULES, set_precision
+    from common.run import FP32_RULES, set_precision
 
     read = "import torch; print(torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)"
     fresh = subprocess.run([sys.executable, "-c", read], capture_output=True, text=True, check=True)
@@ -63,6 +63,6 @@ def test_the_fp32_rule_torch_defaults_is_what_a_fresh_torch_has_and_strict_allow
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_freed_memory_is_kept_on_linux():
-    from common.device import keep_freed_memory
+    from common.run import keep_freed_memory
 
     assert keep_freed_memory()

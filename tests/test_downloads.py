@@ -18,10 +18,12 @@ import pytest
 from local_servers import STALL_SECONDS, Faulty
 from test_faults import ENOSPC, FullFile
 
-from common import imagenette, imagenette_archive
-from common.errors import UserError
-from common.imagenette_archive import MEMBER_BYTES_MOST, DownloadError, archive_source, download, download_and_extract
+from common import data as imagenette
 from common.pretrained import shown_url
+from common.start_and_end import UserError
+from compare import data_set
+from job import imagenette_archive
+from job.imagenette_archive import MEMBER_BYTES_MOST, DownloadError, archive_source, download, download_and_extract
 
 CONTENT = os.urandom(3 << 20)  # 3 MB: more than one block of the download's loop
 MD5 = hashlib.md5(CONTENT).hexdigest()
@@ -226,11 +228,11 @@ def test_no_secret_of_a_mirrors_url_leaves_the_run(served, tmp_path, monkeypatch
         monkeypatch.setattr(downloads, "ARCHIVE_URL", url.partition("#")[0])
         lines.append(downloads.mirror_line([downloads.IMAGENETTE]))
         try:
-            imagenette.ensure_imagenette()
+            imagenette_archive.download_imagenette()
         except UserError as problem:
             lines.append(str(problem))
     assert len(lines) == 5 and "?***" in lines[1] and "***@127.0.0.1:9" in lines[2]
-    manifest = (tmp_path / "data" / "imagenette2-160" / imagenette.MANIFEST).read_text()
+    manifest = (tmp_path / "data" / "imagenette2-160" / data_set.MANIFEST).read_text()
     assert "layout.tgz?***" in manifest and not [line for line in [*lines, manifest] if "SECRET" in line]
 
 
@@ -344,10 +346,10 @@ HOSTILE = [  # (what the archive holds, its members given the outside file's pat
         f"k{k}": "v" for k in range(2000)}), *LAYOUT], "has 2,000 PAX records"),
 ]
 DRIVER = """import sys
-from common.errors import UserError
-from common.imagenette import ensure_imagenette
+from common.start_and_end import UserError
+from job.imagenette_archive import download_imagenette
 try:
-    ensure_imagenette()
+    download_imagenette()
 except UserError as problem:
     sys.exit(f"error: {problem}")
 """
@@ -381,7 +383,7 @@ def tree(root, leave_out):
 
 
 def download_run(python, served, archive, home):
-    """ensure_imagenette() in a process of its own, as a script's section calls it, VIT_PART3_IMAGENETTE_URL naming
+    """download_imagenette() in a process of its own, as a script's section calls it, VIT_PART3_IMAGENETTE_URL naming
     the archive with its MD5 (a mirror the user trusts): its exit status and stderr."""
     from conftest import ROOT
 
@@ -483,7 +485,7 @@ def test_an_archive_found_in_place_counts_as_the_release_only_by_its_bytes(tmp_p
     monkeypatch.setattr(imagenette, "DEFAULT_DIR", data / TOP)
     monkeypatch.delenv("VIT_PART3_IMAGENETTE_URL", raising=False)
     with pytest.raises(UserError) as refused:
-        imagenette.ensure_imagenette()
+        imagenette_archive.download_imagenette()
     found = hashlib.md5(layout).hexdigest()
     assert str(refused.value) == (f"the archive {data / TOP}.tgz: its contents are not the release (its MD5 is "
                                   f"{found}, not {imagenette.MD5}); moved it to {data / TOP}.tgz.refused: run again "
@@ -491,8 +493,8 @@ def test_an_archive_found_in_place_counts_as_the_release_only_by_its_bytes(tmp_p
     assert os.listdir(data) == [f"{TOP}.tgz.refused"]
     (data / f"{TOP}.tgz").write_bytes(layout)
     monkeypatch.setenv("VIT_PART3_IMAGENETTE_URL", f"http://127.0.0.1:9/{TOP}.tgz#md5={found}")
-    imagenette.ensure_imagenette()
-    assert imagenette.extracted_from(data / TOP) == found != imagenette.MD5
+    imagenette_archive.download_imagenette()
+    assert data_set.extracted_from(data / TOP) == found != imagenette.MD5
 
 
 UNSHARE = ["unshare", "--pid", "--fork", "--kill-child"]
@@ -523,7 +525,7 @@ def test_a_run_in_another_pid_namespace_never_deletes_a_live_scratch_folder(tmp_
         folder.mkdir()
         (folder / "half.JPEG").write_bytes(b"half")
     handle = imagenette_archive.lock(live)
-    code = ("import sys; from common.imagenette_archive import download_and_extract; "
+    code = ("import sys; from job.imagenette_archive import download_and_extract; "
             "download_and_extract(sys.argv[1], sys.argv[2], sys.argv[3], progress=False)")
     try:
         done = subprocess.run([*UNSHARE, sys.executable, "-c", code, archive.as_uri(),
@@ -539,7 +541,7 @@ def test_two_processes_downloading_into_one_folder_take_turns(served, tmp_path):
     """Each waits for the other's download (a lock on the folder): both end with the archive whole, fetched once."""
     from conftest import ROOT
 
-    code = ("import sys; from pathlib import Path; from common.imagenette_archive import download; "
+    code = ("import sys; from pathlib import Path; from job.imagenette_archive import download; "
             "download(sys.argv[1], sys.argv[2], Path(sys.argv[3]), progress=False)")
     command = [sys.executable, "-c", code, f"{served.url}/file.bin", MD5, str(tmp_path / "file.tgz")]
     both = [subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True) for _ in range(2)]
@@ -575,17 +577,17 @@ CHANGES = [  # (what is done to one picture after extraction, what the line says
 def test_a_picture_changed_since_the_extraction_makes_the_folder_another_data_set(tmp_path, change, said):
     target = extracted_copy(tmp_path)
     args = type("Args", (), {"data_dir": str(target), "per_class": None})()
-    listed = json.loads((target / imagenette.MANIFEST).read_text())
+    listed = json.loads((target / data_set.MANIFEST).read_text())
     picture = target / "val" / "a" / "a_0000.JPEG"
     assert listed["pictures"]["val/a/a_0000.JPEG"][2] == hashlib.sha256(picture.read_bytes()).hexdigest()
-    assert imagenette.changed_pictures(target) is None
+    assert data_set.changed_pictures(target) is None
     if change == "rewrite":  # the same size, other bytes, another time
         picture.write_bytes(bytes(255 - byte for byte in picture.read_bytes()))
     elif change == "remove":
         picture.unlink()
     else:
         (target / "val" / "a" / "zz.JPEG").write_bytes(picture.read_bytes())
-    assert imagenette.data_differences(args, {})["data set"]["why"] == (
+    assert data_set.data_differences(args, {})["data set"]["why"] == (
         f"--data-dir {target}: the pictures the project downloaded, but {said}")
 
 
@@ -593,4 +595,4 @@ def test_a_picture_touched_but_unchanged_is_read_again_and_passes(tmp_path):
     target = extracted_copy(tmp_path)
     picture = target / "train" / "b" / "b_0001.JPEG"
     os.utime(picture, ns=(1, 1))  # another time, the same bytes: hashed again, still the one extracted
-    assert imagenette.changed_pictures(target) is None
+    assert data_set.changed_pictures(target) is None

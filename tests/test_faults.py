@@ -29,11 +29,10 @@ import vit_part3_fewshot as fewshot
 import vit_part3_finetune as finetune
 import vit_part3_setup as setup
 from common import files, finetune_checkpoint, start_and_end
-from common.errors import UserError
-from common.feature_cache import cached
-from common.imagenette import IMAGENETTE_WNIDS
-from common.imagenette_archive import download_and_extract, scratch_prefix
-from common.start_and_end import guarded
+from common.data import IMAGENETTE_WNIDS
+from common.features import cached
+from common.start_and_end import UserError, guarded
+from job.imagenette_archive import download_and_extract, scratch_prefix
 from job.standins import imagenette_folder
 
 ENOSPC = os.strerror(errno.ENOSPC)  # "No space left on device"
@@ -334,7 +333,7 @@ def test_an_archive_with_the_wrong_counts_is_moved_aside_and_a_killed_extraction
     target.parent.mkdir()
     abandoned = target.parent / f"{scratch_prefix(target)}x1y2"
     (abandoned / "imagenette2-160").mkdir(parents=True)
-    killed = subprocess.run([sys.executable, "-c", ("import os, sys; from common.imagenette_archive import lock; "
+    killed = subprocess.run([sys.executable, "-c", ("import os, sys; from job.imagenette_archive import lock; "
                              "lock(sys.argv[1]); os.kill(os.getpid(), 9)"), str(abandoned)], cwd=ROOT, check=False)
     assert killed.returncode == -9  # killed while it held the folder's lock, as a run killed mid-extraction
     with pytest.raises(UserError) as refused:

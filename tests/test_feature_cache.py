@@ -1,4 +1,4 @@
-"""common/feature_cache.py: the key of a cache file holds everything that decides the features, and a file made for
+"""common/features.py: the key of a cache file holds everything that decides the features, and a file made for
 anything else is never read."""
 import hashlib
 import json
@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from common.feature_cache import cache_key, cached
+from common.features import cache_key, cached
 
 
 def test_a_cache_key_holds_the_weight_file_and_what_decides_the_features(tmp_path):

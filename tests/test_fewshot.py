@@ -11,9 +11,9 @@ from PIL import Image
 
 import figures.fewshot
 import vit_part3_fewshot as fewshot
-from common.feature_cache import cache_key, cached
-from common.imagenette import list_split
-from common.output import Report
+from common.data import list_split
+from common.features import cache_key, cached
+from common.run import Report
 from job.standins import imagenette_folder
 
 
@@ -225,7 +225,7 @@ def test_a_partial_copy_of_the_training_pictures_moves_the_pool(tmp_path):
 
     from conftest import compare
 
-    from common.marks import STANDIN_MARK
+    from common.paths import STANDIN_MARK
     from common.run import start_run
     from compare.verdicts import flag_differences, load_reference
 
@@ -256,7 +256,7 @@ def test_script_with_a_missing_device_exits_2():
 def test_a_script_whose_worker_cannot_read_a_picture_says_so_in_one_line(tiny_in21k, tmp_path, monkeypatch, capsys):
     """As beside a GPU: few-shot's pictures are read by two worker processes, and one of them is broken."""
     import vit_part3_fewshot
-    from common import loader
+    from common import data as loader
     from job.standins import imagenette_folder
 
     monkeypatch.setattr(loader, "loader_workers", lambda device: 2)

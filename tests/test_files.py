@@ -41,8 +41,8 @@ FOLDER_FAULTS = [
 
 @pytest.mark.parametrize("fault,said", FOLDER_FAULTS, ids=["written", "a full disk", "a library's error"])
 def test_a_folder_is_written_whole_or_the_old_one_stays(tmp_path, fault, said):
-    from common.errors import UserError
     from common.files import TEMP_PREFIX, write_folder_atomic
+    from common.start_and_end import UserError
 
     target = tmp_path / "model"
     target.mkdir()

@@ -15,8 +15,9 @@ from conftest import ARTICLE, ROOT, article_block, library_pixels
 
 import figures.finetune
 import vit_part3_finetune as finetune
-from common import distributed, finetune_checkpoint
-from common.loader import NEW_PASS
+from common import finetune_checkpoint
+from common import run as distributed
+from common.data import NEW_PASS
 from common.pretrained import load_pretrained
 
 
@@ -104,8 +105,7 @@ def test_one_pass_gives_each_models_accuracy_and_the_checks_read_the_kept_batche
     twice with the same result, each check's timing added to the checks' total."""
     from types import SimpleNamespace
 
-    from common.imagenette import list_split
-    from common.loader import one_pass, start_pass
+    from common.data import list_split, one_pass, start_pass
 
     models = []
     for seed in (1, 2):
@@ -119,7 +119,7 @@ def test_one_pass_gives_each_models_accuracy_and_the_checks_read_the_kept_batche
     with torch.no_grad():
         by_hand = [100 * np.mean(m(pixel_values=pixels).logits.argmax(1).numpy() == labels) for m in models]
     assert by_hand[0] != by_hand[1]  # the two heads are told apart
-    from common.pictures import ARTICLE_PIXELS
+    from common.pretrained import ARTICLE_PIXELS
 
     run = SimpleNamespace(args=SimpleNamespace(resolution=224), device=torch.device("cpu"), autocast=None, world=1,
                           rank=0, kept={"pixels": ARTICLE_PIXELS})
@@ -419,7 +419,7 @@ def test_script_end_to_end_on_stand_ins(tiny_in21k, pictures, tmp_path):
     assert "(of 86 article numbers)" in run.stdout
     from transformers import ViTForImageClassification, pipeline
 
-    from common.imagenette import list_split
+    from common.data import list_split
 
     numbers, items = json.loads((tmp_path / "run.json").read_text())["numbers"], list_split(pictures, "val")
     for folder, counted in ((finetune.SAVED_AVERAGE, "average accuracy"), (finetune.SAVED_LAST, "last accuracy")):

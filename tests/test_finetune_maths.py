@@ -18,11 +18,10 @@ import torch.nn.functional as F
 from conftest import tiny_vit
 
 import vit_part3_finetune as finetune
-from common.errors import UserError
+from common.data import NEW_PASS
 from common.finetune_checkpoint import read_checkpoint, save_checkpoint, set_rng_states
-from common.loader import NEW_PASS
-from common.output import Report
-from common.start_and_end import Terminated
+from common.run import Report
+from common.start_and_end import Terminated, UserError
 from compare.verdicts import flag_differences, load_reference
 from vit_part3_posemb import bilinear_table
 
@@ -258,7 +257,7 @@ def test_a_steps_end_agrees_in_one_sum_and_a_stop_waits_for_the_write(rank, save
         return (float(asked), float(fails and wrote)) if isinstance(values, tuple) else float(fails)
 
     monkeypatch.setattr(finetune, "write_checkpoint", write_checkpoint)
-    monkeypatch.setattr(finetune.distributed, "sum_over_processes", sum_over_processes)
+    monkeypatch.setattr(finetune, "sum_over_processes", sum_over_processes)
     run = SimpleNamespace(rank=rank, world=2, args=SimpleNamespace(save_dir=save_dir, save_every=10))
     stop = {"asked": "Ctrl-C" if asked and rank == 0 else None}
     with pytest.raises(ends) if ends else contextlib.nullcontext():
@@ -476,7 +475,7 @@ def test_a_resumed_run_prints_its_logged_rows_again_then_continues(monkeypatch):
 def test_under_torchrun_the_gradients_are_averaged_once_after_the_last_pass(monkeypatch):
     """2 processes, 3 passes: passes 1 and 2 inside DDP's no_sync(), the last one not; the loss is the sum over the
     processes (here two with the same share) divided by 2."""
-    monkeypatch.setattr(finetune.distributed, "sum_over_processes", lambda values, run: (
+    monkeypatch.setattr(finetune, "sum_over_processes", lambda values, run: (
         tuple(2 * float(value) for value in values) if isinstance(values, tuple) else 2 * float(values)))
     model, (pixels, labels) = TinyClassifier(), step_batch()
     expected = F.cross_entropy(model.classifier(pixels), labels).item()

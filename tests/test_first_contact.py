@@ -170,7 +170,8 @@ def test_a_mirror_is_named_in_the_job_and_the_hub_never(jobs, servers):
 
 LOADS = """import sys
 from transformers import AutoModel, ViTImageProcessor
-from common import beans, imagenette
+from common import beans
+from common import data as imagenette
 from common.pretrained import load_pretrained
 for name in ("google/vit-base-patch16-224", "google/vit-base-patch16-224-in21k", "microsoft/resnet-50"):
     load_pretrained(AutoModel, name)
@@ -193,7 +194,7 @@ def test_offline_after_one_download_every_piece_is_read_from_the_caches(jobs):
 CLIENT = """import sys
 from transformers import AutoModel
 from common.pretrained import load_pretrained
-from common.errors import UserError
+from common.start_and_end import UserError
 for name in sys.stdin:
     try:
         load_pretrained(AutoModel, name.strip())

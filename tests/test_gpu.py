@@ -253,9 +253,7 @@ def test_posemb_stretches_the_table_on_cuda_as_the_library_does(script_runs):
 @GPU
 @pytest.mark.parametrize("decoded", [False, True], ids=["paths", "decoded"])  # decoded in the workers, or before
 def test_the_loaders_batches_on_cuda_are_pinned_and_equal_the_cpus(pictures, decoded):
-    from common.imagenette import list_split
-    from common.loader import one_pass, start_pass
-    from common.pictures import load_all, to_pixels
+    from common.data import list_split, load_all, one_pass, start_pass, to_pixels
 
     paths = [path for path, _ in list_split(pictures, "val")]  # 40 pictures, gray and CMYK among them
     pictures_in = load_all(paths) if decoded else paths
@@ -280,8 +278,7 @@ def test_fine_tunings_checks_keep_their_batches_on_the_gpu(pictures):
     checks' batch sizes, and equal to the CPU's."""
     from types import SimpleNamespace
 
-    from common.imagenette import list_split
-    from common.loader import NEW_PASS
+    from common.data import NEW_PASS, list_split
     from vit_part3_finetune import kept_batches
 
     items = list_split(pictures, "val")
@@ -396,6 +393,6 @@ def test_the_benchmarks_tiny_run_on_cuda(tmp_path, precision):
 
 @GPU
 def test_auto_and_cuda_pick_the_gpu():
-    from common.device import pick_device
+    from common.run import pick_device
 
     assert pick_device("auto") == pick_device("cuda") == CUDA

@@ -5,7 +5,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from common.pictures import resized_rgb, to_pixels
+from common.data import resized_rgb, to_pixels
 from job.standins import vit_classifier, vit_in21k
 from vit_backbone import image_processor
 

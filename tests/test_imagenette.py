@@ -1,4 +1,4 @@
-"""common/imagenette.py: finding, checking, downloading, decoding and preprocessing the pictures."""
+"""common/data.py: finding, checking, downloading, decoding and preprocessing the pictures."""
 import hashlib
 import io
 import re
@@ -10,11 +10,10 @@ import torch
 from conftest import library_pixels
 from PIL import Image
 
-from common import imagenette
-from common.errors import UserError
-from common.imagenette import URL, check_counts, ensure_imagenette, list_split
-from common.imagenette_archive import download_and_extract
-from common.pictures import load_rgb, resized_rgb, to_pixels
+from common import data as imagenette
+from common.data import URL, check_counts, list_split, load_rgb, resized_rgb, to_pixels
+from common.start_and_end import UserError
+from job.imagenette_archive import download_and_extract
 from job.standins import imagenette_folder
 
 
@@ -119,11 +118,13 @@ def test_incomplete_imagenette_is_refused_where_we_download_it_and_a_warning_els
 def test_imagenette_that_cannot_be_had_names_where_to_download_it(tmp_path, monkeypatch, offline, url, why):
     from huggingface_hub import constants
 
+    from job import imagenette_archive
+
     monkeypatch.setattr(imagenette, "DEFAULT_DIR", tmp_path / "imagenette2-160")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
     monkeypatch.setenv("VIT_PART3_IMAGENETTE_URL", url)
     with pytest.raises(UserError) as error:
-        ensure_imagenette()
+        imagenette_archive.download_imagenette()
     assert str(error.value).startswith(f"Imagenette is not in {tmp_path / 'imagenette2-160'} and {why}")
     # imagenette2-160.tgz is 99,003,388 bytes: 99 MB of 10^6 bytes (94 MiB)
     assert str(error.value).endswith(f": download {url} (99 MB) and extract it into {tmp_path}, or pass --data-dir")
@@ -190,7 +191,7 @@ def test_download_is_all_or_nothing(tmp_path):
 def test_two_runs_filling_the_same_data_folder_both_finish(tmp_path, monkeypatch):
     """Two runs download and extract Imagenette into one data/ at once: the second to rename its checked copy finds
     the first's in place and uses it, not blaming the archive (each run's copy passed the same check)."""
-    from common import imagenette_archive
+    from job import imagenette_archive
 
     source = imagenette_folder(tmp_path / "src" / "mine", per_class=1, classes=["a", "b"])
     target, archive = tmp_path / "data" / "mine", tmp_path / "mine.tgz"

@@ -1,4 +1,4 @@
-"""common/loader.py: a pass a loader, its batches in order and flipped as told, its worker processes the script's own
+"""common/data.py: a pass a loader, its batches in order and flipped as told, its worker processes the script's own
 children, ending with the pass; decoded pictures shared, not copied, with the workers."""
 import multiprocessing
 import subprocess
@@ -9,15 +9,13 @@ import pytest
 import torch
 from conftest import ROOT, expected_batch
 
-from common.errors import UserError
+from common.start_and_end import UserError
 
 
 @pytest.mark.parametrize("decoded", [False, True])  # paths decoded in the workers; pictures decoded once beforehand
 @pytest.mark.parametrize("workers", [0, 1, 2])  # inline; one worker process; two
 def test_a_pass_keeps_the_order_and_flips_what_it_is_told(pictures, workers, decoded):
-    from common.imagenette import list_split
-    from common.loader import one_pass, start_pass
-    from common.pictures import load_all, to_pixels
+    from common.data import list_split, load_all, one_pass, start_pass, to_pixels
 
     paths = [path for path, _ in list_split(pictures, "val", per_class=1)]  # 10 pictures, gray and CMYK among them
     flips = np.arange(10) % 3 == 0
@@ -31,9 +29,7 @@ def test_a_pass_keeps_the_order_and_flips_what_it_is_told(pictures, workers, dec
 def test_each_pass_reads_its_own_resolution_flips_and_pictures_and_its_workers_end_with_it(pictures):
     """posemb's rows (224, then 384), few-shot's sets: a loader a pass, which may take some of the pictures
     (indices); its worker processes end when the pass ends, or when it is dropped unfinished."""
-    from common.imagenette import list_split
-    from common.loader import one_pass, start_pass
-    from common.pictures import load_all, to_pixels
+    from common.data import list_split, load_all, one_pass, start_pass, to_pixels
 
     paths = [path for path, _ in list_split(pictures, "val", per_class=1)]
     decoded, cpu, before = load_all(paths), torch.device("cpu"), set(multiprocessing.active_children())
@@ -55,8 +51,7 @@ def test_each_pass_reads_its_own_resolution_flips_and_pictures_and_its_workers_e
 @pytest.mark.parametrize("workers,timing", [(0, None), (2, None), (0, {"waiting seconds": 0.0, "pictures": 0})])
 def test_a_picture_a_worker_cannot_read_is_one_line_naming_it(pictures, tmp_path, workers, timing):
     """Timed or not (a pass whose batches count their pictures): the batch that holds it is its UserError."""
-    from common.imagenette import list_split
-    from common.loader import one_pass, start_pass
+    from common.data import list_split, one_pass, start_pass
 
     bad = tmp_path / "broken.JPEG"
     bad.write_bytes(b"not a jpeg")
@@ -74,8 +69,7 @@ def test_workers_outlive_a_ctrl_c(pictures):
     import signal
     import time
 
-    from common.imagenette import list_split
-    from common.loader import one_pass, start_pass
+    from common.data import list_split, one_pass, start_pass
 
     paths = [path for path, _ in list_split(pictures, "val", per_class=1)]
     before = set(multiprocessing.active_children())
@@ -88,8 +82,7 @@ def test_workers_outlive_a_ctrl_c(pictures):
 
 def test_a_pass_leaves_the_global_random_state_as_it_was(pictures):
     """Fine-tuning saves torch's RNG state in its checkpoints: reading batches must not move it."""
-    from common.imagenette import list_split
-    from common.loader import one_pass, start_pass
+    from common.data import list_split, one_pass, start_pass
 
     paths = [path for path, _ in list_split(pictures, "val", per_class=1)]
     state = torch.get_rng_state()
@@ -100,8 +93,8 @@ def test_a_pass_leaves_the_global_random_state_as_it_was(pictures):
 
 ORPHAN = """
 import sys, time, torch
-from common.imagenette import list_split
-from common.loader import one_pass, start_pass
+from common.data import list_split
+from common.data import one_pass, start_pass
 paths = [path for path, _ in list_split(sys.argv[1], "val", per_class=1)]
 batches, _ = start_pass(one_pass(paths, 32, 4, torch.device("cpu"), workers=2))
 print("started", flush=True)
@@ -139,9 +132,7 @@ def test_decoded_pictures_reach_the_workers_as_one_tensor_in_shared_memory(pictu
 
     from PIL import Image
 
-    from common.imagenette import list_split
-    from common.loader import Pictures
-    from common.pictures import load_all
+    from common.data import Pictures, list_split, load_all
 
     paths = [path for path, _ in list_split(pictures, "val", per_class=1)]  # gray and CMYK among them: RGB once decoded
     decoded = load_all(paths)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from common.imagenette import CLASSES, list_split
-from common.marks import MINIATURE_MARK
+from common.data import CLASSES, list_split
+from common.paths import MINIATURE_MARK
 from common.start_and_end import Terminated
 from job import miniature
 
@@ -380,7 +380,7 @@ def lambda_dropped(monkeypatch):
 
 def no_class_token(monkeypatch):
     import vit_part3_setup
-    from common import compute
+    from common import pretrained as compute
 
     def without(resolution, patch):
         grid = resolution // patch

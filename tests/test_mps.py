@@ -14,10 +14,9 @@ from torch.utils._pytree import tree_leaves
 import vit_part3_fewshot
 import vit_part3_finetune
 import vit_part3_posemb
-from common.device import set_precision
-from common.errors import UserError
-from common.loader import one_pass, start_pass
-from common.run import begin, conclude, section
+from common.data import one_pass, start_pass
+from common.run import begin, conclude, section, set_precision
+from common.start_and_end import UserError
 from job.standins import vit_classifier
 
 
@@ -80,8 +79,7 @@ def test_spawned_workers_build_the_same_batches(pictures):
     """What macOS runs: the dataset, its collation and the workers' set-up must survive pickling into a new process."""
     import numpy as np
 
-    from common.imagenette import list_split
-    from common.pictures import load_all
+    from common.data import list_split, load_all
 
     paths = [path for path, _ in list_split(pictures, "val", per_class=1)]
     flips = np.arange(10) % 2 == 0

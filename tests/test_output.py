@@ -1,9 +1,9 @@
-"""common/output.py: the article's ways of printing a number, and the Report that records numbers by name."""
+"""common/run.py: the article's ways of printing a number, and the Report that records numbers by name."""
 import numpy as np
 import pytest
 
-from common.errors import UserError
-from common.output import Report, listed, pass_text, short
+from common.run import Report, listed, pass_text, short
+from common.start_and_end import UserError
 
 
 @pytest.mark.parametrize("text, printed", [

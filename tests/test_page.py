@@ -8,7 +8,7 @@ from PIL import Image
 
 import figures
 import vit_part3_setup
-from common.errors import UserError
+from common.start_and_end import UserError
 from compare.verdicts import load_reference, verdict_text
 from job import page as page_maker
 

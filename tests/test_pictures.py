@@ -1,12 +1,12 @@
-"""common/pictures.py: the pixels a checkpoint's image processor makes, followed or refused in one line; the followed
+"""common/data.py: the pixels a checkpoint's image processor makes, followed or refused in one line; the followed
 ones against transformers' own processor with the same settings."""
 import numpy as np
 import pytest
 import torch
 
-from common.errors import UserError
-from common.imagenette import list_split
-from common.pictures import ARTICLE_PIXELS, load_rgb, processor_pixels, resized_rgb, to_pixels
+from common.data import list_split, load_rgb, resized_rgb, to_pixels
+from common.pretrained import ARTICLE_PIXELS, processor_pixels
+from common.start_and_end import UserError
 from job.standins import HUB_PROCESSOR
 
 IMAGENET = {"image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}

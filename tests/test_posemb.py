@@ -16,12 +16,9 @@ from conftest import ARTICLE, ROOT, article_block, tiny_vit
 from transformers import ViTForImageClassification
 
 import vit_part3_posemb as posemb
-from common.device import set_precision
-from common.errors import UserError
-from common.imagenette import class_folders, list_split
-from common.inference import run_model
-from common.output import Report
-from common.pictures import load_all
+from common.data import class_folders, list_split, load_all, run_model
+from common.run import Report, set_precision
+from common.start_and_end import UserError
 from job.standins import vit_classifier
 
 

@@ -4,8 +4,8 @@ import pytest
 from huggingface_hub import constants
 
 from common import pretrained
-from common.errors import UserError
 from common.pretrained import check_model_flag, load_pretrained
+from common.start_and_end import UserError
 from job.standins import HUB_PROCESSOR
 
 

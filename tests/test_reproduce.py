@@ -30,9 +30,9 @@ import vit_part3_finetune
 import vit_part3_posemb
 import vit_part3_setup
 from common import start_and_end
-from common.cli import ScriptParser
 from common.files import TEMP_PREFIX
 from common.finetune_checkpoint import save_checkpoint
+from common.run import ScriptParser
 from common.start_and_end import Terminated, guarded
 from job import child_process, downloads, ending, resuming, standins
 from job.scripts import PAGE_WRITES_MB, SCRIPTS
@@ -887,9 +887,10 @@ def test_run_logged_closes_the_scripts_pipes(tmp_path, capfd):
 
 
 CHECKED_SCRIPTS = {  # a stand-in script's main(argv), as first_refusal's process runs it
-    "passes": "import os\nfrom common.errors import UserError\ndef main(argv):\n    if os.environ.get("
+    "passes": "import os\nfrom common.start_and_end import UserError\ndef main(argv):\n    if os.environ.get("
               "'VIT_PART3_CHECK_ONLY') != '1':\n        raise UserError('asked to run, not to check')\n",
-    "user error": "from common.errors import UserError\ndef main(argv):\n    raise UserError(f'--x {argv[0]}: no')\n",
+    "user error": "from common.start_and_end import UserError\ndef main(argv):\n"
+                  "    raise UserError(f'--x {argv[0]}: no')\n",
     "argparse": "import argparse\ndef main(argv):\n    argparse.ArgumentParser().parse_args(argv)\n",
     "text exit": "import sys\ndef main(argv):\n    sys.exit('error: --x 3: no')\n",
     "empty text exit": "import sys\ndef main(argv):\n    sys.exit('')\n",

@@ -6,7 +6,7 @@ import shutil
 import pytest
 from conftest import ROOT
 
-from common.errors import UserError
+from common.start_and_end import UserError
 from job import resuming
 from job.scripts import SCRIPTS, script_file
 
@@ -42,7 +42,7 @@ def test_a_script_is_skipped_only_when_its_json_is_complete_and_made_by_the_same
 
 @pytest.mark.parametrize("changed,runs_again", [
     ("vit_part3_posemb.py", {"posemb"}),
-    ("common/loader.py", set(NAMES)),                      # every module of common/ is every script's code
+    ("common/data.py", set(NAMES)),                      # every module of common/ is every script's code
     ("data/reference_fewshot.json", {"fewshot"}),
     ("common/nothing_imports_it.py", set(NAMES)),          # a module added
     ("figures/finetune.py", set(NAMES)),                   # a module of figures/: the scripts draw them

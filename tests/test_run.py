@@ -2,8 +2,8 @@
 on."""
 import pytest
 
-from common.errors import UserError
 from common.run import loaded
+from common.start_and_end import UserError
 
 
 def test_loaded_loads_each_in_turn_and_one_error_names_every_problem():

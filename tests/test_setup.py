@@ -10,8 +10,8 @@ import torch
 from conftest import ARTICLE, ROOT
 
 import vit_part3_setup as setup
-from common import compute
-from common.errors import UserError
+from common import pretrained as compute
+from common.start_and_end import UserError
 
 # ---------------------------------------------------------------- parameters
 

@@ -17,10 +17,12 @@ from conftest import compare, library_pixels
 import vit_part3_fewshot as fewshot
 import vit_part3_finetune as finetune
 import vit_part3_posemb as posemb
-from common import imagenette, marks
-from common.imagenette import CLASSES, list_split
-from compare import published_files, verdicts
+from common import data as imagenette
+from common import paths as marks
+from common.data import CLASSES, list_split
+from compare import data_set, published_files, verdicts
 from compare.verdicts import flag_differences, format_like, load_reference
+from job import imagenette_archive
 from job.standins import imagenette_folder, vit_classifier
 
 PER_CLASS = 6  # pictures of each class in each split of the stand-in "release"
@@ -114,7 +116,7 @@ def as_the_release(monkeypatch, release):
     checkpoints' files as the Hub's."""
     counts = {"train": 10 * PER_CLASS, "val": 10 * PER_CLASS}
     monkeypatch.setattr(imagenette, "SPLIT_COUNTS", counts)
-    for module in (published_files, imagenette):
+    for module in (published_files, data_set):
         monkeypatch.setattr(module, "made_here", lambda path: None)
     monkeypatch.setattr(published_files, "unlike_the_hubs", lambda folder, repo, what: None)
     monkeypatch.setenv("TQDM_DISABLE", "1")
@@ -272,13 +274,13 @@ def test_pictures_that_are_not_imagenettes_are_another_data_set(change, said, tm
         (other / marks.STANDIN_MARK).unlink()
     if change == "size":
         Image.new("RGB", (200, 100)).save(other / "train" / CLASSES[0][0] / "n01440764_0000.JPEG")
-    differences = imagenette.data_differences(type("Args", (), {"data_dir": str(other), "per_class": None})(),
+    differences = data_set.data_differences(type("Args", (), {"data_dir": str(other), "per_class": None})(),
                                               {"val": 4})
     assert list(differences) == ["data set"] and differences["data set"]["why"] == f"--data-dir {other}: {said}"
     (other / marks.STANDIN_MARK).unlink(missing_ok=True)
     if change == "size":  # the same folder with the release's sizes: a partial copy of Imagenette, no sample of it
         Image.new("RGB", (213, 160)).save(other / "train" / CLASSES[0][0] / "n01440764_0000.JPEG")
-        assert list(imagenette.data_differences(type("Args", (), {"data_dir": str(other), "per_class": None})(),
+        assert list(data_set.data_differences(type("Args", (), {"data_dir": str(other), "per_class": None})(),
                                                 {"val": 4})) == ["validation pictures"]
 
 
@@ -297,8 +299,8 @@ def test_a_whole_copy_stays_comparable_and_says_in_one_line_its_pictures_were_no
     copy = imagenette_folder(tmp_path / "nette", per_class=2)
     (copy / marks.STANDIN_MARK).unlink()
     if md5:
-        imagenette.write_manifest(copy, "https://mirror.example/imagenette2-160.tgz", md5)
-    differences = imagenette.data_differences(type("Args", (), {"data_dir": str(copy), "per_class": None})(),
+        imagenette_archive.write_manifest(copy, "https://mirror.example/imagenette2-160.tgz", md5)
+    differences = data_set.data_differences(type("Args", (), {"data_dir": str(copy), "per_class": None})(),
                                               {"val": 20})
     assert [item for item, difference in differences.items() if difference.get("moves", True)] == []
     rows, conclusions = verdicts.judge("posemb", {}, differences)

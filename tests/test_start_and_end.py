@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from common.errors import UserError
-from common.start_and_end import guarded
+from common.start_and_end import UserError, guarded
 
 ENTRY_POINTS = ["reproduce.py", "vit_part3_setup.py", "vit_part3_posemb.py", "vit_part3_fewshot.py",
                 "vit_part3_finetune.py", "vit_backbone.py", "job/standins.py"]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy.stats import beta, binom, hypergeom
 
-from compare import verdicts
+from compare import data_set, verdicts
 from compare.verdicts import (
     accuracy_interval,
     decide,
@@ -411,7 +411,7 @@ def test_only_a_draw_the_project_made_from_a_whole_copy_is_a_sample(per_class, d
     first N of each class, not a partial copy (the first files by name is the obvious way to make one, and a biased
     part), not a folder with more pictures than the release (judging it as one would be a count over its set)."""
     args = type("Args", (), {"per_class": per_class, "data_dir": "copy"})()
-    differences = verdicts.subset_differences(args, {"validation pictures": count}, {"validation pictures": 3925},
+    differences = data_set.subset_differences(args, {"validation pictures": count}, {"validation pictures": 3925},
                                               drawn, whole)
     assert ("n" in differences.get("validation pictures", {})) is sample
     assert differences.get("validation pictures", {}).get("why") == why
@@ -587,7 +587,7 @@ PROFILES = {"92.00% alike": [0.92] * 10, "52.64%, whole classes right or wrong":
 @pytest.mark.parametrize("profile", PROFILES.values(), ids=PROFILES.keys())
 def test_the_interval_of_a_per_class_draw_covers_the_whole_sets_accuracy_at_every_per_class(profile):
     """--per-class N draws N x 10 validation pictures from the whole split, a simple random sample whatever the classes'
-    accuracies (common/imagenette.py), so the count right is hypergeometric(3,925, K, n), K the whole set's count: the
+    accuracies (common/data.py), so the count right is hypergeometric(3,925, K, n), K the whole set's count: the
     arrangement over the classes does not enter. Its coverage, computed exactly for every N from 1 to the whole split,
     is at least 95%."""
     truth, total = round(sum(a * size for a, size in zip(profile, IMAGENETTE_VAL, strict=True))), sum(IMAGENETTE_VAL)

@@ -1,9 +1,10 @@
 """The release's archive of Imagenette (imagenette2-160.tgz): downloaded whole, resumed, known by its MD5, and
 extracted so that its folder appears whole or not at all, nothing written outside it (docs/data.md#imagenette);
-common/imagenette.py asks for it only when the folder is missing."""
+a script asks for it (download_imagenette) only when it runs without --data-dir."""
 import contextlib
 import gzip
 import hashlib
+import json
 import os
 import queue
 import shutil
@@ -18,10 +19,12 @@ import urllib.request
 import zlib
 from pathlib import Path
 
-from common.errors import UserError
+from common import data
+from common.data import ARCHIVE_BYTES, ARCHIVE_MB, MD5, URL, URL_VARIABLE, check_counts
 from common.files import reason
-from common.imagenette import ARCHIVE_BYTES, MD5, URL, URL_VARIABLE, check_counts, write_manifest
-from common.pretrained import shown_url
+from common.pretrained import hub_offline, shown_url, without_secrets
+from common.start_and_end import UserError
+from compare.data_set import MANIFEST, picture_files, sha256_of
 
 # The caps, generous multiples of the release's (99 MB, 13,394 pictures of 160 px, none near 1 MB): a mirror's
 # archive that passes them is refused, if at all, by its contents, never by the disk or the memory it fills
@@ -32,6 +35,34 @@ MEMBERS_MOST = 50_000  # the release has 13,394 pictures and 23 folders
 HEADER_BYTES_MOST = 64 * 2**10  # the headers of one member (a long name, PAX records, a sparse map): a few hundred
 NAME_PARTS_MOST, NAME_CHARACTERS_MOST = 8, 1024  # imagenette2-160/<split>/<class>/<picture>: 4 parts, 60 characters
 SLOWEST_BYTES_PER_SECOND = 10_000  # a server slower than this for HF_HUB_DOWNLOAD_TIMEOUT seconds is given up on
+
+
+def download_imagenette():
+    """The default data folder (common/data.py's DEFAULT_DIR), downloaded and extracted first (archive_source())
+    when it is missing."""
+    root = data.DEFAULT_DIR
+    if root.exists():
+        return root
+    url, md5 = archive_source()
+    fix = f"download {shown_url(url)} ({ARCHIVE_MB} MB) and extract it into {root.parent}, or pass --data-dir"
+    if hub_offline():
+        raise UserError(f"Imagenette is not in {root} and offline mode is on (HF_HUB_OFFLINE=1): {fix}")
+    try:
+        download_and_extract(url, md5, root)
+    except DownloadError as error:
+        raise UserError(without_secrets(f"Imagenette is not in {root} and could not be downloaded ({error}): "
+                                        f"{fix}", url)) from error
+    except UserError as error:  # a library's words may repeat the URL
+        raise UserError(without_secrets(str(error), url)) from error
+    return root
+
+def write_manifest(root, url, md5):
+    """The archive the folder came from (url, as shown: no secret in it), the MD5 computed of its bytes, and each
+    picture's size, time and sha256, so that the folder is told later for the one the project extracted, and a
+    picture changed, added or removed since is noticed (changed_pictures)."""
+    pictures = {name: [path.stat().st_size, path.stat().st_mtime_ns, sha256_of(path)]
+                for name, path in picture_files(root).items()}
+    (root / MANIFEST).write_text(json.dumps({"archive": url, "md5": md5, "pictures": pictures}))
 
 
 class DownloadError(Exception):

@@ -1,0 +1,392 @@
+"""The pictures the scripts run on: Imagenette's folders (imagenette2-160/{train,val}/<wnid>/*.JPEG, any folder in
+that layout; Imagenette's counts checked only for its ten WordNet ids), each picture decoded and resized, torch's
+DataLoader batching them (uint8 (B, R, R, 3), worker processes beside a GPU), and a model run over them, the wait
+for pictures timed (docs/data.md)."""
+import collections
+import contextlib
+import functools
+import math
+import multiprocessing
+import os
+import signal
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+
+from common.paths import IMAGENETTE_DIR as DEFAULT_DIR
+from common.pretrained import ARTICLE_PIXELS
+from common.run import to_device
+from common.start_and_end import UserError, say
+
+URL = "https://s3.amazonaws.com/fast-ai-imageclas/imagenette2-160.tgz"
+MD5 = "e793b78cc4c9e9a4ccc0c1155377a412"  # the release's, as torchvision's Imagenette publishes it for URL
+URL_VARIABLE = "VIT_PART3_IMAGENETTE_URL"  # a mirror of the archive (a test's server, a local copy)
+ARCHIVE_BYTES = 99_003_388  # the release's archive
+ARCHIVE_MB = 99  # MB are 10^6 bytes, as every size the project states (94 MiB)
+SPLIT_COUNTS = {"train": 9_469, "val": 3_925}
+PICTURE_SIDE = 160  # imagenette2-160: every picture is 160 px on its short side
+DEFAULT_NAME = "imagenette2-160 (the project's download)"  # the data a run without --data-dir reads
+SAMPLE_SEED = 0  # the draw of --per-class's validation pictures, where they are a sample: the same in every run
+# WordNet id, the article's short name, ImageNet-1k index (parachute is n03888257, not n03888605)
+CLASSES = [("n01440764", "tench", 0), ("n02102040", "springer", 217), ("n02979186", "cassette player", 482),
+           ("n03000684", "chain saw", 491), ("n03028079", "church", 497), ("n03394916", "French horn", 566),
+           ("n03417042", "garbage truck", 569), ("n03425413", "gas pump", 571), ("n03445777", "golf ball", 574),
+           ("n03888257", "parachute", 701)]
+IMAGENETTE_WNIDS = sorted(wnid for wnid, _, _ in CLASSES)  # as class_folders() lists them
+SPLIT_WORDS = {"train": "training", "val": "validation"}
+
+
+def class_folders(root, split):
+    folder = Path(root) / split
+    return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+
+
+def list_split(root, split, per_class=None, drawn=False):
+    """[(path, label)] sorted by class folder, then file name; per_class keeps N of each class: the first N by name
+    (in Imagenette's val/ its ILSVRC2012_val_* pictures, whose names sort first: docs/data.md), or, drawn, N times the
+    classes drawn at random with a fixed seed from the whole split, N a class on average: a simple random sample,
+    which --compare's exact intervals take them for."""
+    paths = [sorted(p for p in (Path(root) / split / wnid).iterdir() if p.suffix.lower() in (".jpeg", ".jpg", ".png"))
+             for wnid in class_folders(root, split)]
+    if not drawn:
+        return [(path, label) for label, each in enumerate(paths) for path in each[:per_class]]
+    items = [(path, label) for label, each in enumerate(paths) for path in each]
+    if per_class and per_class * len(paths) < len(items):
+        chosen = np.random.default_rng(SAMPLE_SEED).choice(len(items), per_class * len(paths), replace=False)
+        items = [items[i] for i in sorted(chosen)]
+    return items
+
+
+def check_counts(root, strict,
+                 fix=": delete the folder to download it again, or pass --data-dir with a complete copy"):
+    """The layout: both splits hold the same class folders, and every class folder holds pictures; then Imagenette's
+    counts: strict (UserError) for the copy we download, else the warning for a partial copy, or None."""
+    folders = {split: class_folders(root, split) for split in SPLIT_COUNTS}
+    for split, names in folders.items():
+        if not names:
+            raise UserError(f"no class folders in {Path(root) / split}: expected the layout {split}/<class>/*.JPEG")
+    only = sorted(set(folders["train"]) ^ set(folders["val"]))
+    if not only and len(folders["val"]) < 2:  # one class: every loss would be ln 1 = 0, every accuracy 100%
+        raise UserError(f"one class folder in {root} ({folders['val'][0]}): a classifier needs at least 2 classes")
+    if only:
+        where = "train" if only[0] in folders["train"] else "val"
+        raise UserError(f"class {only[0]} is in {Path(root) / where} but not in the other split: both splits need "
+                        f"the same class folders")
+    found = {}
+    for split in SPLIT_COUNTS:
+        labels = [label for _, label in list_split(root, split)]
+        per_class = np.bincount(labels, minlength=len(folders[split]))
+        if per_class.min() == 0:
+            raise UserError(f"no pictures in {Path(root) / split / folders[split][int(per_class.argmin())]}: every "
+                            f"class needs pictures (.JPEG, .jpg or .png) in both splits")
+        found[split] = len(labels)
+    if folders["val"] != IMAGENETTE_WNIDS or found == SPLIT_COUNTS:
+        return None  # another data set (its own counts), or Imagenette whole
+    counts = ", ".join(f"{found[split]:,} of {expected:,} {SPLIT_WORDS[split]}"
+                       for split, expected in SPLIT_COUNTS.items())
+    if strict:
+        raise UserError(f"found {counts} pictures in {root}{fix}")
+    return f"{root} holds {counts} pictures of Imagenette: a partial copy, so its numbers cannot match the article's"
+
+
+def checked_folder(data_dir=None):
+    """The data folder: --data-dir, else the default one (job/imagenette_archive.py's download_imagenette() fetches
+    it); the default must hold the whole release, a partial --data-dir copy runs after a warning naming its counts."""
+    root = Path(data_dir) if data_dir else DEFAULT_DIR
+    default = root.resolve() == DEFAULT_DIR
+    if not root.exists():
+        raise UserError(f"--data-dir {data_dir} does not exist" if not default else
+                        f"Imagenette is not in {root}: run without --data-dir to download it, or pass --data-dir")
+    if not root.is_dir():
+        raise UserError(f"--data-dir {data_dir} is a file, not a folder of {{train,val}}/<class>/ pictures")
+    warning = check_counts(root, strict=default)
+    if warning:
+        say(f"warning: {warning}")
+    return root
+
+
+def load_splits(data_dir, per_class, drawn=False):
+    """The data folder (checked_folder) and its pictures: {"root", "folders": its class folders (WordNet ids),
+    "names": their classes' names (Imagenette's short names, another set's folder names), "name": "Imagenette" or the
+    folder's own, and each split of per_class ({split: N or None}): list_split(root, split, N, drawn)}."""
+    root = checked_folder(data_dir)
+    folders = class_folders(root, "val")
+    imagenette = Path(root).name == DEFAULT_DIR.name and folders == IMAGENETTE_WNIDS  # a folder whose counts are known
+    short = {wnid: name for wnid, name, _ in CLASSES}
+    return {"root": root, "folders": folders, "names": [short.get(wnid, wnid) for wnid in folders],
+            "name": "Imagenette" if imagenette else Path(root).name,
+            **{split: list_split(root, split, n, drawn) for split, n in per_class.items()}}
+
+
+def load_rgb(path):
+    """The picture as RGB (Imagenette has grayscale and CMYK JPEGs); unreadable or too large, one line stops the run."""
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB")
+    except Image.DecompressionBombError as error:
+        raise UserError(f"cannot read picture {path}: it is too large to decode safely ({error}); remove it from "
+                        f"the data folder or shrink it") from error
+    except (OSError, ValueError) as error:
+        raise UserError(f"cannot read picture {path}: {error}") from error
+
+
+def resized_rgb(picture, resolution, flip=False, resample=Image.BILINEAR):
+    """The picture (a PIL image or a path) resized to R x R (PIL's filter `resample`): uint8 (R, R, 3), mirrored if
+    flip."""
+    image = picture if isinstance(picture, Image.Image) else load_rgb(picture)
+    array = np.asarray(image.resize((resolution, resolution), resample))
+    return array[:, ::-1] if flip else array
+
+
+def to_pixels(batch, device, pixels=ARTICLE_PIXELS):
+    """uint8 (B, R, R, 3) -> float32 (B, 3, R, R) on the device, (x/255 - mean) / std as the image processor: a quarter
+    of the bytes travel."""
+    x = to_device(batch, device).permute(0, 3, 1, 2).float().contiguous()
+    mean, std = channel_constants(tuple(pixels["mean"]), tuple(pixels["std"]), x.device)
+    return (x * (1 / 255) - mean) / std
+
+
+@functools.lru_cache(maxsize=8)
+def channel_constants(mean, std, device):
+    """(mean, std) as (1, 3, 1, 1) tensors on the device, made once: a copy to a GPU each batch would wait for it."""
+    return tuple(torch.tensor(values, device=device).view(1, 3, 1, 1) for values in (mean, std))
+
+
+def load_all(paths, desc="decoding"):
+    """Every picture decoded (RGB), in order; by threads (PIL decodes outside the GIL)."""
+    from tqdm import tqdm
+
+    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
+        return list(tqdm(pool.map(load_rgb, paths), total=len(paths), desc=desc, unit="picture", file=sys.stderr,
+                         leave=False))
+
+
+PREFETCH = 4  # batches each worker builds ahead
+NEW_PASS = {"seconds": 0.0, "waiting seconds": 0.0, "pictures": 0}  # a pass as timed() fills it; each takes a copy
+
+
+def loader_workers(device):
+    """Processes that build batches ahead: none on a CPU (its cores run the model), half the cores beside a GPU."""
+    return 0 if device.type == "cpu" else max(1, min(8, (os.cpu_count() or 2) // 2))
+
+
+# How a worker starts. spawn: each worker a new interpreter, the script's own child (torch ends it when the script
+# dies). Forking the model's process, whose libraries run threads, may deadlock the child (Python 3.12 on warns that it
+# may); forking after Metal's threads can crash; a fork server outlives a killed script with its workers.
+WORKER_START = "spawn"
+
+
+class Pictures(Dataset):
+    """The pictures (PIL images or paths) read by key (index, resolution, flip): one set of workers serves any pass.
+    Into a worker process, decoded (RGB) pictures travel as one uint8 tensor in shared memory, which each worker maps:
+    not a copy each."""
+
+    def __init__(self, pictures, ready=None, resample=Image.BILINEAR):
+        self.pictures, self.shared, self.resample = pictures, None, resample  # resample: PIL's filter of the resize
+        self.ready = ready  # a semaphore each worker releases once it runs (start_pass waits for them)
+
+    def __len__(self):
+        return len(self.pictures)
+
+    def __getitem__(self, key):
+        index, resolution, flip = key
+        picture = self.pictures[index]
+        if isinstance(picture, SharedPicture):
+            pixels = self.shared[0][picture.start:picture.end].numpy()
+            picture = Image.frombuffer("RGB", picture.size, pixels, "raw", "RGB", 0, 1)
+        try:
+            return resized_rgb(picture, resolution, flip, self.resample)
+        except UserError as error:
+            return error  # a value, not raised: raised in a worker it would reach the user as the worker's traceback
+
+    def __getstate__(self):
+        """Pickled for a worker: the RGB pictures' pixels moved into shared memory once, for every worker (torch's
+        pickler hands a tensor there over as a handle), each picture then named by its place in them."""
+        if self.shared is None:
+            self.shared = shared_pixels(self.pictures)
+        pixels, places = self.shared
+        return {"pictures": places, "shared": (pixels, places), "ready": self.ready, "resample": self.resample}
+
+
+# An RGB picture's size and where its pixels lie in the shared tensor of Pictures: [start, end).
+SharedPicture = collections.namedtuple("SharedPicture", ["size", "start", "end"])
+
+
+def shared_pixels(pictures):
+    """(one uint8 tensor in shared memory holding the RGB pictures' pixels, the pictures each of those replaced by its
+    SharedPicture); paths and other pictures stay as they are, and with no RGB picture so do those (no tensor)."""
+    places, end = [], 0
+    for picture in pictures:
+        if isinstance(picture, Image.Image) and picture.mode == "RGB":
+            places.append(SharedPicture(picture.size, end, end + 3 * picture.size[0] * picture.size[1]))
+            end = places[-1].end
+        else:
+            places.append(picture)
+    if not end:
+        return None, pictures
+    pixels = torch.empty(end, dtype=torch.uint8).share_memory_()
+    array = pixels.numpy()
+    for picture, place in zip(pictures, places, strict=True):
+        if isinstance(place, SharedPicture):
+            array[place.start:place.end] = np.asarray(picture).reshape(-1)
+    return pixels, places
+
+
+def stack_or_error(items):
+    """The batch as a uint8 tensor, or the first picture's UserError; stacked by numpy, in one thread (docs/data.md)."""
+    errors = [item for item in items if isinstance(item, UserError)]
+    return errors[0] if errors else torch.from_numpy(np.stack(items))
+
+
+def worker_setup(worker_id):
+    """In each worker: the main process alone decides what Ctrl-C does (fine-tuning finishes its step, saves, then
+    stops); on Linux the worker ends with that process, even one killed while its workers started (torch looks for
+    the parent it finds once it runs); then it says it runs (Pictures.ready)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1: PR_SET_PDEATHSIG
+        if os.getppid() != multiprocessing.parent_process().pid:  # it ended before the request was made
+            os._exit(0)
+    ready = getattr(torch.utils.data.get_worker_info().dataset, "ready", None)
+    if ready is not None:
+        ready.release()
+
+
+def one_pass(pictures, resolution, batch_size, device, flips=None, indices=None, workers=None,
+             resample=Image.BILINEAR):
+    """A DataLoader for one pass over the pictures (paths or PIL images; indices: which, in order; default all): uint8
+    batches (B, R, R, 3), resized with PIL's filter `resample`, flips[i] mirroring the i-th. Its workers, beside a
+    GPU, end with the pass (start_pass)."""
+    indices = range(len(pictures)) if indices is None else indices
+    flips = np.zeros(len(indices), dtype=bool) if flips is None else np.asarray(flips)
+    keys = [(int(i), resolution, bool(flip)) for i, flip in zip(indices, flips, strict=True)]  # the sampler's keys
+    workers = loader_workers(device) if workers is None else workers
+    context = multiprocessing.get_context(WORKER_START) if workers else None
+    ready = context.Semaphore(0) if context else None
+    return DataLoader(Pictures(pictures, ready, resample), batch_size=batch_size, sampler=keys,
+                      collate_fn=stack_or_error, num_workers=workers, pin_memory=device.type == "cuda",
+                      prefetch_factor=PREFETCH if workers else None,
+                      worker_init_fn=worker_setup, multiprocessing_context=context,
+                      generator=torch.Generator())  # each pass draws a seed from it: the global RNG stays as it was
+
+
+def start_pass(loader, timing=None, count=len):
+    """(the pass's batches, the seconds its workers took to start): each worker runs before the pass begins, so the
+    pass does not count their start as waiting for pictures. A picture that cannot be read raises its UserError; the
+    workers end with the pass, or when its batches are dropped unfinished. With timing, each batch's wait (the
+    host's) and pictures (count) are added to it (timed)."""
+    begun = time.perf_counter()
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if hasattr(signal, "pthread_sigmask") else None
+    try:  # Ctrl-C pending until the workers run: they inherit it held, until worker_setup (no traceback from them)
+        batches = iter(loader)
+        for _ in range(loader.num_workers):  # each new interpreter has imported what it needs and runs
+            loader.dataset.ready.acquire(timeout=300)  # a bound: a worker that died is the pass's error
+    finally:
+        if held is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    seconds = time.perf_counter() - begun
+
+    def checked(iterator):
+        timed_batches = iterator if timing is None else timed(  # a picture's error counts no pictures: raised below
+            iterator, timing, lambda batch: 0 if isinstance(batch, UserError) else count(batch))
+        try:
+            for batch in timed_batches:
+                if isinstance(batch, UserError):
+                    raise batch
+                yield batch
+        finally:  # the workers end now, a failed pass's too, not once its error (which holds this frame) is freed
+            del iterator, timed_batches
+
+    return checked(batches), seconds
+
+
+def started_pass(pictures, resolution, batch_size, device, flips=None, indices=None, workers=None, timing=None,
+                 count=len, resample=Image.BILINEAR):
+    """(the batches of one_pass(...), its workers, the seconds they took to start): start_pass's, timing and count
+    as there."""
+    loader = one_pass(pictures, resolution, batch_size, device, flips, indices, workers, resample)
+    batches, seconds = start_pass(loader, timing, count)
+    return batches, loader.num_workers, seconds
+
+
+def workers_text(workers, seconds):
+    """'8 worker processes (...) started in 0.4 s, before the passes': the same words on every device."""
+    return (f"{workers} worker processes (none on a CPU, whose cores the model uses), started in "
+            f"{seconds:.1f} s, before the passes")
+
+
+def timed(batches, timing, count=len, device=None):
+    """The batches, in order; each one's wait and pictures added to timing: the host's time in next(), on a CUDA GPU
+    the GPU's own idle time between two CUDA events (docs/data.md#the-wait-for-pictures)."""
+    on_cuda = device is not None and device.type == "cuda"
+    pairs = []
+    iterator = iter(batches)
+    try:
+        while True:
+            asked = record_event() if on_cuda else None
+            start = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            finally:
+                if on_cuda:
+                    pairs.append((asked, record_event()))
+                else:
+                    timing["waiting seconds"] += time.perf_counter() - start
+            timing["pictures"] += count(batch)
+            yield batch
+    finally:  # the pass ended, or its consumer stopped early: the GPU's idle times are known once it gets there
+        if pairs:
+            pairs[-1][1].synchronize()
+            timing["waiting seconds"] += sum(asked.elapsed_time(arrived) for asked, arrived in pairs) / 1000
+
+
+def record_event():
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+def run_model(model, pictures, resolution, device, batch_size, what_to_keep, desc="", autocast=None, count=None,
+              timing=None, pixels=ARTICLE_PIXELS):
+    """([what_to_keep(output) of each batch, in order, on the host], timing); pictures: PIL images or paths (a pass of
+    its own, its workers started before it: their start-up seconds and number in timing, "start-up seconds" and
+    "workers"), uint8 batches read before, or a started pass's batches (count: its pictures; common.data.started_pass)
+    (docs/data.md#one-batched-pass). timing: the pass's seconds, wait and pictures, added to the given dict (a running
+    total) or to a new one. pixels: what the checkpoint's image processor makes (common/data.py)."""
+    from tqdm import tqdm
+
+    def on_host(value):  # a tensor, or a tuple or list of them
+        if isinstance(value, torch.Tensor):
+            return value.cpu()
+        return type(value)(on_host(item) for item in value) if isinstance(value, (tuple, list)) else value
+
+    if timing is None:
+        timing = dict(NEW_PASS)  # timed() adds the wait and pictures
+    if isinstance(pictures, list) and all(isinstance(item, torch.Tensor) for item in pictures):  # batches read before
+        batches, count = pictures, sum(len(batch) for batch in pictures)
+    elif count is None:
+        loader = one_pass(pictures, resolution, batch_size, device, resample=pixels["resample"])
+        batches, timing["start-up seconds"] = start_pass(loader)
+        timing["workers"], count = loader.num_workers, len(pictures)
+    else:
+        batches = pictures
+    start = time.perf_counter()
+    outputs = []
+    with torch.inference_mode(), autocast or contextlib.nullcontext():
+        for batch in tqdm(timed(batches, timing, device=device), desc=desc, unit="batch", file=sys.stderr,
+                          leave=False, total=math.ceil(count / batch_size)):
+            output = model(pixel_values=to_pixels(batch, device, pixels), interpolate_pos_encoding=True)
+            outputs.append(what_to_keep(output))
+        outputs = on_host(outputs)
+    timing["seconds"] += time.perf_counter() - start
+    return outputs, timing
