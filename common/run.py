@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from common.files import write_text
 from common.pretrained import check_model_flag
-from common.start_and_end import UserError, say
+from common.start_and_end import LEAVING, UserError, say
 
 
 class Run(SimpleNamespace):
@@ -467,23 +467,8 @@ def sum_over_processes(values, run):
     return tuple(total.tolist()) if many else total.item()
 
 
-LEAVING = {"together": False}  # set once every process has finished its sections (finish_together)
-
-
 def finish_together(world):
     """Every process waits here for the others; then each may leave at once (leave)."""
     if world > 1:
         dist.barrier()
         LEAVING["together"] = True
-
-
-def leave(status):
-    """sys.exit(status), torchrun's process group ended first; once every torchrun process has finished, os._exit: a
-    finalizing interpreter can abort under a gloo thread (docs/performance.md, "Several processes")."""
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-    if not LEAVING["together"]:
-        sys.exit(status)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)

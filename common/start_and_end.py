@@ -135,12 +135,30 @@ def guarded(main):
         signal.signal(signal.SIGINT, previous_int)
     if message and speaks():
         print(message, file=sys.stderr)
-    dist = sys.modules.get("torch.distributed")  # loaded by then, if at all: started by common/run.py
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        from common.run import leave
-
+    if torchrun_started():
         leave(status)  # torchrun's processes: the process group ended first; it never returns
     return status
+
+
+LEAVING = {"together": False}  # set once every process has finished its sections (common/run.py's finish_together)
+
+
+def torchrun_started():
+    """Whether common/run.py started torchrun's process group (torch.distributed is loaded by then, if at all)."""
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and dist.is_available() and dist.is_initialized()
+
+
+def leave(status):
+    """sys.exit(status), torchrun's process group ended first; once every torchrun process has finished, os._exit: a
+    finalizing interpreter can abort under a gloo thread (docs/performance.md, "Several processes")."""
+    if torchrun_started():
+        sys.modules["torch.distributed"].destroy_process_group()
+    if not LEAVING["together"]:
+        sys.exit(status)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 REPEAT_SECONDS = 2.0  # a SIGTERM this soon after the first is the same stop delivered twice (systemd, SLURM)

@@ -15,8 +15,7 @@ from conftest import ARTICLE, ROOT, article_block, library_pixels
 
 import figures.finetune
 import vit_part3_finetune as finetune
-from common import finetune_checkpoint
-from common import run as distributed
+from common import finetune_checkpoint, start_and_end
 from common.data import NEW_PASS
 from common.pretrained import load_pretrained
 
@@ -177,12 +176,12 @@ def test_leave_skips_the_interpreters_finalization_only_once_all_processes_are_d
             raise Left
         return exit_with
 
-    monkeypatch.setattr(distributed.sys, "exit", leaving("sys.exit"))
-    monkeypatch.setattr(distributed.os, "_exit", leaving("os._exit"))
-    monkeypatch.setattr(distributed.sys.stdout, "flush", lambda: flushed.append("stdout"), raising=False)
-    monkeypatch.setitem(distributed.LEAVING, "together", together)
+    monkeypatch.setattr(start_and_end.sys, "exit", leaving("sys.exit"))
+    monkeypatch.setattr(start_and_end.os, "_exit", leaving("os._exit"))
+    monkeypatch.setattr(start_and_end.sys.stdout, "flush", lambda: flushed.append("stdout"), raising=False)
+    monkeypatch.setitem(start_and_end.LEAVING, "together", together)
     with pytest.raises(Left):
-        distributed.leave(status)
+        start_and_end.leave(status)
     assert calls == [(how, status)] and ("stdout" in flushed) is (how == "os._exit")
 
 
