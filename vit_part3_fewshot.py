@@ -44,6 +44,9 @@ from common.run import (
     side_pixels,
 )
 from compare.data_set import data_differences
+from compare.verdicts import article_values, load_reference
+from figures import origin_of
+from figures.fewshot import fewshot_accuracy
 from job.imagenette_archive import download_imagenette
 
 DEFAULT_MODEL = "google/vit-base-patch16-224-in21k"
@@ -229,10 +232,7 @@ def section_frozen(run, report):
     report.print(f"  chance is {100 / classes:.0f}%; 1-shot means {classes} training pictures in total, one per class")
     report.record({"chance (%)": 100 / classes, "1-shot pictures": classes})
     if args.plots:
-        from compare.verdicts import article_values  # loaded only for --plots
-        from figures import fewshot, origin_of
-
-        fewshot.fewshot_accuracy(report.values(), article_values("fewshot"), args.plots, say, args.draws,
+        fewshot_accuracy(report.values(), article_values("fewshot"), args.plots, say, args.draws,
                                  origin_of(args, DEFAULT_NAME))
 
 
@@ -290,8 +290,6 @@ def table_differences(args, names):
 def setup_differences(run, known):
     """How this run's setup differs from the article's: the checkpoint, the pictures (the pool is drawn from every
     training picture of the folder: a partial copy moves it), the pool, draws, the solve shown."""
-    from compare.verdicts import load_reference  # asked only for --compare and --json
-
     args = run.args
     try:
         data = load_data(run)

@@ -74,6 +74,9 @@ from common.run import (
     sum_over_processes,
 )
 from compare.data_set import data_differences
+from compare.verdicts import article_values
+from figures import origin_of
+from figures.finetune import finetune_curves
 from job.imagenette_archive import download_imagenette
 
 # ---------------------------------------------------------------- the recipe
@@ -679,10 +682,7 @@ def finish(run, report, *, data, model, average, log, micro, last_step):
                           "learning rate": [lr_at(step - 1, args.lr, args.steps) for step in range(1, last_step + 1)],
                           "clipping threshold": CLIP_NORM})
     if args.plots and run.rank == 0:
-        from compare.verdicts import article_values  # loaded only for --plots
-        from figures import finetune, origin_of
-
-        finetune.finetune_curves(report.series, report.values(), article_values("finetune"), args.plots, say,
+        finetune_curves(report.series, report.values(), article_values("finetune"), args.plots, say,
                                  origin_of(args, DEFAULT_NAME))
 
 

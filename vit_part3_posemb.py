@@ -32,6 +32,9 @@ from common.data import CLASSES, DEFAULT_NAME, load_all, load_splits, run_model,
 from common.pretrained import checkpoint_config, checkpoint_pixels, load_pretrained
 from common.run import begin, conclude, experiment_parser, loaded, nonempty_path, pass_text, section, side_pixels
 from compare.data_set import data_differences
+from compare.verdicts import article_values
+from figures import origin_of
+from figures.posemb import accuracy_bars, cosine_maps
 from job.imagenette_archive import download_imagenette
 
 DEFAULT_MODEL = "google/vit-base-patch16-224"
@@ -275,9 +278,7 @@ def section_cosine(run, report):
         maps[name] = similarity.tolist()
     report.series["cosine maps"] = maps  # for the figures and the page
     if run.args.plots:
-        from figures import origin_of, posemb  # loaded only for --plots
-
-        posemb.cosine_maps(maps, run.args.plots, say, origin_of(run.args, DEFAULT_NAME))
+        cosine_maps(maps, run.args.plots, say, origin_of(run.args, DEFAULT_NAME))
 
 
 @section
@@ -324,10 +325,7 @@ def section_accuracy(run, report):
                  "tables keep the [class] row as it is")
     report.record({"zeros rows": n_new * n_new + 1})
     if args.plots:
-        from compare.verdicts import article_values  # loaded only for --plots
-        from figures import origin_of, posemb
-
-        posemb.accuracy_bars(report.values(), article_values("posemb"), args.plots, say, origin_of(args, DEFAULT_NAME))
+        accuracy_bars(report.values(), article_values("posemb"), args.plots, say, origin_of(args, DEFAULT_NAME))
 
 
 ARTICLE_FLAGS = {"resolution": ("resolution", 384), "precision": ("precision", "fp32")}
