@@ -1,6 +1,8 @@
-"""Fine-tuning's checkpoint file: written whole or not at all, with torch's RNG states and a digest, and read back
-only when it is whole and of this version; the names of what fine-tuning saves beside it."""
-import hashlib
+"""Fine-tuning's checkpoint file: one dict with torch's RNG states, written whole or not at all, and read back only
+when it is whole and of this version; the names of what fine-tuning saves beside it."""
+import io
+import zipfile
+from pathlib import Path
 
 import torch
 
@@ -9,58 +11,36 @@ from common.start_and_end import UserError
 
 CHECKPOINT = "checkpoint.pt"  # in fine-tuning's --save-dir (and the job's OUT/finetune-run)
 SAVED_AVERAGE, SAVED_LAST = "model", "model-last"  # its folders of the end's weights, save_pretrained's
-CHECKPOINT_FORMAT = "vit_part3_finetune checkpoint, v5"  # v5: the log keeps each check's counts, right of checked
-
-
-def state_digest(state):
-    """blake2b over every value in a fixed order, tensors by dtype, shape and bytes (uint8, for bfloat16), the rest by
-    repr: the same after torch.load as before torch.save."""
-    digest = hashlib.blake2b(digest_size=16)
-
-    def feed(value):
-        if isinstance(value, dict):
-            for key in sorted(value, key=str):
-                digest.update(repr(key).encode())
-                feed(value[key])
-        elif isinstance(value, (list, tuple)):
-            digest.update(b"[")
-            for item in value:
-                feed(item)
-            digest.update(b"]")
-        elif isinstance(value, torch.Tensor):
-            flat = value.detach().cpu().contiguous().reshape(-1)
-            digest.update(f"{value.dtype}{tuple(value.shape)}".encode())
-            digest.update(flat.view(torch.uint8).numpy().tobytes())
-        else:
-            digest.update(repr(value).encode())
-
-    feed(state)
-    return digest.hexdigest()
+CHECKPOINT_FORMAT = "vit_part3_finetune checkpoint, v6"  # v6: one dict, its records' CRC-32 checked on reading
 
 
 def save_checkpoint(path, state, version):
-    """The state and torch's RNG states (the CPU's, each GPU's: a resumed run draws what the uninterrupted one drew),
-    its format `version` and its digest, written whole or not at all; returns the path."""
+    """The state, torch's RNG states (the CPU's, each GPU's: a resumed run draws what the uninterrupted one drew) and
+    its format `version`, one dict written whole or not at all; returns the path. torch.save's zip file keeps each
+    record's CRC-32, which read_checkpoint checks."""
     cuda = {"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {}
-    state = {**state, "rng": {"torch": torch.get_rng_state(), **cuda}}
-    checked = {"format": version, "digest": state_digest(state), "state": state}
-    return write_atomic(path, lambda f: torch.save(checked, f), what="checkpoint")
+    checkpoint = {**state, "rng": {"torch": torch.get_rng_state(), **cuda}, "format": version}
+    return write_atomic(path, lambda f: torch.save(checkpoint, f), what="checkpoint")
 
 
 def read_checkpoint(path, version, program):
-    """The state saved at path, refused in one line when it is not a `version` file of `program` or has changed."""
+    """The state saved at path (with its RNG states), its file read once; refused in one line when it is not a
+    `version` file of `program`, or a record's bytes no longer match their CRC-32."""
     try:
-        checked = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # torch raises several types for a truncated or foreign file
+        raw = Path(path).read_bytes()
+        changed = zipfile.ZipFile(io.BytesIO(raw)).testzip()  # the first record whose CRC-32 fails, or None
+        checkpoint = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+    except Exception as error:  # torch and zipfile raise several types for a truncated or foreign file
         raise UserError(f"--resume: {path} is truncated or not a checkpoint of this script ({type(error).__name__}); "
                         f"start again without --resume, or pass another --save-dir") from error
-    if not isinstance(checked, dict) or checked.get("format") != version:
+    if changed is not None:
+        raise UserError(f"--resume: {path} has changed since it was written (its record {changed} no longer matches "
+                        f"its CRC-32): the file is damaged; start again without --resume, or restore a copy of it")
+    if not isinstance(checkpoint, dict) or checkpoint.get("format") != version:
         raise UserError(f"--resume: {path} is a torch file but not a checkpoint of this version of {program}: start "
                         f"again without --resume, or pass another --save-dir")
-    if state_digest(checked["state"]) != checked["digest"]:
-        raise UserError(f"--resume: {path} has changed since it was written (its contents no longer match their "
-                        f"digest): the file is damaged; start again without --resume, or restore a copy of it")
-    return checked["state"]
+    del checkpoint["format"]
+    return checkpoint
 
 
 def set_rng_states(rng):
