@@ -39,11 +39,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from common import beans as beans_data
 from common.data import NEW_PASS, PREFETCH, WORKER_START, loader_workers, timed, worker_setup
 from common.features import cache_key, cached, closed_form
-from common.paths import FEATURE_CACHE_DIR
-from common.pretrained import checkpoint_config, load_pretrained, save_loadable, table1_config
+from common.paths import BEANS, BEANS_MB, BEANS_SPLITS, FEATURE_CACHE_DIR, made_here
+from common.pretrained import ask_hub, checkpoint_config, hub_download, load_pretrained, save_loadable, table1_config
 from common.run import (
     PRECISIONS,
     begin,
@@ -61,6 +60,9 @@ from common.run import (
     seed_number,
 )
 from compare.data_set import subset_differences
+from compare.published_files import unlike_the_published
+from figures import origin_of
+from figures.backbone import backbone_curves, backbone_feature_maps
 
 # ---------------------------------------------------------------- the recipe, where the article states it
 MODEL = "google/vit-base-patch16-224"  # model_id: an ImageNet-1k classifier whose head is replaced by a 3-class one
@@ -379,9 +381,105 @@ def image_classifier(name):
     return model
 
 
+# ---------------------------------------------------------------- the beans dataset
+
+def local_copy(path):
+    """A local copy must be a folder holding the parquet files of the train and validation splits: the path, ~ expanded
+    (argparse's type of --data-dir)."""
+    path = nonempty_path(path)
+    folder = Path(path)
+    if not folder.is_dir():
+        what = "is a file, not a folder" if folder.exists() else "does not exist"
+        raise UserError(f"--data-dir {path} {what}: pass a local copy of {BEANS}'s files "
+                        f"(README.md and data/train-*.parquet, data/validation-*.parquet)")
+    names = [file.name for file in folder.rglob("*.parquet")]
+    missing = [split for split in BEANS_SPLITS if not any(name.startswith(split) for name in names)]
+    if missing:
+        raise UserError(f"--data-dir {path} has no parquet file for the split(s) {', '.join(missing)}: pass a local "
+                        f"copy of {BEANS}'s files (data/train-*.parquet, data/validation-*.parquet)")
+    return path
+
+
+def from_hub(name):
+    """The folder of the dataset's files of the train and validation splits (and its card), downloaded from the Hub,
+    or the mirror HF_ENDPOINT names, into the Hugging Face cache, each with a bar; when it cannot be reached, the
+    cache's snapshot of them (snapshot_download(local_files_only=True)). Not cached, one line with the fixes."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    info, why = ask_hub(name, "dataset")
+    if info is not None:
+        for file in sorted(sibling.rfilename for sibling in info.siblings or []):
+            if file == "README.md" or (file.endswith(".parquet") and Path(file).name.startswith(BEANS_SPLITS)):
+                hub_download(name, file, "dataset")
+    try:
+        snapshot = Path(snapshot_download(name, repo_type="dataset", local_files_only=True))
+    except LocalEntryNotFoundError:
+        snapshot = None
+    if snapshot is None or not all(any(snapshot.rglob(f"{split}*.parquet")) for split in BEANS_SPLITS):
+        why = why or "the Hub's copy has no parquet file of the train or the validation split"
+        raise UserError(f"dataset {name} is not in the local Hugging Face cache and {why}: connect to the internet "
+                        f"once to download it (about {BEANS_MB} MB) into the Hugging Face cache, or pass --data-dir "
+                        f"with a local copy of its files")
+    return snapshot
+
+
+def split_files(folder):
+    """{split: [its parquet files]} in folder (a local copy, or the cache's snapshot)."""
+    return {split: sorted(str(path) for path in Path(folder).expanduser().rglob(f"{split}*.parquet"))
+            for split in BEANS_SPLITS}
+
+
+def from_folder(folder, where):
+    """The dataset's parquet files in folder (a local copy, or the cache's snapshot), read as its splits."""
+    from datasets import load_dataset
+    from datasets.exceptions import DatasetGenerationError
+
+    folder = Path(folder).expanduser()
+    files = split_files(folder)  # the files named, not the folder: the library keys its Arrow cache by them
+    try:
+        return load_dataset(str(folder), data_files=files)
+    except (OSError, ValueError, DatasetGenerationError) as error:
+        raise UserError(f"{where}: cannot read it as {BEANS} ({str(error).splitlines()[0][:160]})") from error
+
+
+def first_per_class(split, per_class):
+    """The first per_class pictures of each class, in the split's order."""
+    labels = np.array(split["labels"])
+    keep = np.sort(np.concatenate([np.flatnonzero(labels == c)[:per_class] for c in np.unique(labels)]))
+    return split.select(keep.tolist(), keep_in_memory=True)
+
+
+def read_beans(data_dir=None, per_class=None):
+    """{"train", "validation": datasets.Dataset as stored (not shuffled), "names": the class names, "folder": the
+    copy's or the cache's snapshot of the Hub's files}."""
+    folder = Path(data_dir).expanduser() if data_dir else from_hub(BEANS)
+    dataset = from_folder(folder, f"--data-dir {data_dir}" if data_dir else BEANS)
+    where = data_dir or BEANS
+    for split in BEANS_SPLITS:
+        if split not in dataset:
+            raise UserError(f"{where} has no {split} split: pass a complete copy of {BEANS}")
+        if not {"image", "labels"} <= set(dataset[split].column_names):
+            raise UserError(f"{where}: the {split} split lacks the columns image and labels of {BEANS}")
+    names = getattr(dataset["train"].features["labels"], "names", None)
+    if not names:
+        raise UserError(f"{where}: its labels column has no class names (a ClassLabel), unlike {BEANS}")
+    splits = {split: dataset[split] for split in BEANS_SPLITS}
+    if per_class:
+        splits = {split: first_per_class(data, per_class) for split, data in splits.items()}
+    return {**splits, "names": list(names), "folder": folder}
+
+
+def unlike_the_published_beans(folder, what):
+    """Why the folder's parquet files of the train and validation splits are not the ones huggingface.co publishes
+    for the dataset, by their bytes (compare/published_files.py), or None when they are."""
+    files = [str(Path(path).relative_to(folder)) for paths in split_files(folder).values() for path in paths]
+    return unlike_the_published(folder, BEANS, files, what, "dataset")
+
+
 # Each read once however many sections need it, keyed by its flag; a failure is not kept: it is raised again where
 # the next section needs the same thing, with the same words.
-load_beans = functools.cache(beans_data.load)  # (--data-dir, --per-class)
+load_beans = functools.cache(read_beans)  # (--data-dir, --per-class)
 load_processor = functools.cache(image_processor)  # (--model)
 
 
@@ -477,7 +575,7 @@ def load_features(run, beans, processor):
     from tqdm import tqdm
     from transformers import ViTModel
 
-    splits, timing = beans_data.SPLITS, None  # timing: the pass's, when the features are computed
+    splits, timing = BEANS_SPLITS, None  # timing: the pass's, when the features are computed
 
     def compute():
         nonlocal timing
@@ -698,11 +796,9 @@ def section_finetune(run, report):
     print_history(report, result["history"])
     report.series["feature maps"] = result["feature maps"]
     if args.plots:
-        from figures import backbone, origin_of  # loaded only for --plots
-
-        origin = origin_of(args, beans_data.DATASET)
-        backbone.backbone_curves(report.series, args.plots, say, origin)
-        backbone.backbone_feature_maps(result["feature maps"], args.plots, say, origin)
+        origin = origin_of(args, BEANS)
+        backbone_curves(report.series, args.plots, say, origin)
+        backbone_feature_maps(result["feature maps"], args.plots, say, origin)
 
 
 @section
@@ -763,12 +859,13 @@ def setup_differences(run, known):
         beans = None
     counts = {f"{word} pictures": len(beans[split]) if beans else None
               for split, word in (("train", "training"), ("validation", "validation"))}
-    unlike = beans and beans["made here"]  # beans as far as can be checked: not generated,
+    made = made_here(run.args.data_dir) if run.args.data_dir else None
+    unlike = beans and made  # beans as far as can be checked: not generated,
     if not unlike and beans and tuple(beans["names"]) != BEANS_CLASSES:  # its class names
         unlike = f"classes {', '.join(beans['names'])}, not those of beans ({', '.join(BEANS_CLASSES)})"
     if not unlike and beans:  # its files' bytes
-        unlike = beans_data.unlike_the_published(beans["folder"], "a copy" if run.args.data_dir else "the cache's copy")
-    flag = f"--data-dir {run.args.data_dir}" if run.args.data_dir else beans_data.DATASET
+        unlike = unlike_the_published_beans(beans["folder"], "a copy" if run.args.data_dir else "the cache's copy")
+    flag = f"--data-dir {run.args.data_dir}" if run.args.data_dir else BEANS
     data = ({"data set": {"flag": flag, "why": f"{flag}: {unlike}"}}
             if unlike else subset_differences(run.args, counts, RELEASED))  # another data set is no sample of beans
     return data
@@ -780,8 +877,8 @@ def parse_args(argv):
                         type=functools.partial(check_classifier_files, example=MODEL),
                         help="checkpoint id or local directory (an image classifier saved with its image processor)"
                              " (default: %(default)s)")
-    parser.add_argument("--data-dir", type=beans_data.local_copy,
-                        help=f"a local copy of {beans_data.DATASET}'s files (README.md, data/*.parquet); by default "
+    parser.add_argument("--data-dir", type=local_copy,
+                        help=f"a local copy of {BEANS}'s files (README.md, data/*.parquet); by default "
                              f"the dataset through the Hugging Face cache, downloaded once")
     parser.add_argument("--per-class", type=positive_int, help="keep the first N pictures of each class in each "
                                                                    "split (default: all; not the article's setup)")

@@ -12,21 +12,21 @@ from pathlib import Path
 
 from huggingface_hub.constants import ENDPOINT as HF_ENDPOINT
 
-from common import beans
 from common.data import ARCHIVE_MB, URL_VARIABLE
 from common.data import URL as IMAGENETTE_URL
+from common.paths import BEANS, BEANS_MB, BEANS_SPLITS
 from common.pretrained import HUB_ENDPOINT, cached_weight_file, hub_offline, hub_reachable, shown_url
 from common.start_and_end import UserError
 from job.imagenette_archive import shown_host
 
 VIT, IN21K, RESNET = "google/vit-base-patch16-224", "google/vit-base-patch16-224-in21k", "microsoft/resnet-50"
-IMAGENETTE, BEANS = "Imagenette", "AI-Lab-Makerere/beans"
+IMAGENETTE = "Imagenette"
 HUB = shown_host(HF_ENDPOINT)  # huggingface.co, or the mirror HF_ENDPOINT names
 ARCHIVE_URL = (os.environ.get(URL_VARIABLE) or IMAGENETTE_URL).partition("#")[0]  # the release's, or its mirror's
 # (size in MB of 10^6 bytes, MB on disk at most, where it comes from)
 PIECES = {VIT: (346, 346, HUB), IN21K: (346, 346, HUB),
           IMAGENETTE: (ARCHIVE_MB, 2 * ARCHIVE_MB, shown_host(ARCHIVE_URL)),  # the archive and its extraction
-          BEANS: (beans.MEGABYTES, 2 * beans.MEGABYTES, HUB),  # the parquet files and the library's Arrow copy
+          BEANS: (BEANS_MB, 2 * BEANS_MB, HUB),  # the parquet files and the library's Arrow copy
           RESNET: (100, 100, HUB)}
 
 
@@ -53,7 +53,7 @@ def piece_is_here(piece, args):
             snapshot = Path(snapshot_download(BEANS, repo_type="dataset", local_files_only=True))
         except LocalEntryNotFoundError:
             return False
-        return all(any(snapshot.rglob(f"{split}*.parquet")) for split in beans.SPLITS)
+        return all(any(snapshot.rglob(f"{split}*.parquet")) for split in BEANS_SPLITS)
     if args.models and (Path(args.models) / piece).is_dir():
         return True
     return cached_weight_file(piece) is not None

@@ -30,10 +30,9 @@ if __name__ == "__main__":
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 import figures
-from common.beans import DATASET as BEANS
 from common.data import DEFAULT_NAME as IMAGENETTE
 from common.files import write_text
-from common.paths import MINIATURE_MARK, STANDIN_MADE
+from common.paths import BEANS, MINIATURE_MARK, STANDIN_MADE
 from common.run import script_parser
 from common.start_and_end import UserError, guarded
 from compare.record import LIBRARIES, RECORD_FORMAT

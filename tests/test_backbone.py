@@ -14,7 +14,7 @@ from PIL import Image
 
 import figures.backbone
 import vit_backbone as backbone
-from common.paths import STANDIN_MARK, made_here
+from common.paths import STANDIN_MARK
 from common.run import Report, start_run
 from common.start_and_end import UserError, guarded
 from compare import published_files
@@ -155,9 +155,9 @@ def differences(argv, counts=None, names=backbone.BEANS_CLASSES, published=True)
         if counts is None:
             raise UserError("dataset AI-Lab-Makerere/beans is not here")
         return {"train": range(counts[0]), "validation": range(counts[1]), "names": list(names),
-                "made here": made_here(data_dir) if data_dir else None, "folder": "beans"}  # as beans.load says
+                "folder": "beans"}  # as read_beans says
 
-    with mock.patch.object(backbone.beans_data, "local_copy", str), \
+    with mock.patch.object(backbone, "local_copy", str), \
             mock.patch.object(backbone, "check_classifier_files", lambda name, example: name):
         args = backbone.parse_args(argv)  # folders that need not exist: their checks are the parser's (test_bad_inputs)
     with mock.patch.object(published_files, "cached_snapshot", lambda name: "cache"), \
@@ -167,7 +167,7 @@ def differences(argv, counts=None, names=backbone.BEANS_CLASSES, published=True)
     unlike = None if published else "a copy whose data/train-00000-of-00001.parquet is not the one huggingface.co " \
                                      "publishes for AI-Lab-Makerere/beans"
     with mock.patch.object(backbone, "load_beans", load_beans), \
-            mock.patch.object(backbone.beans_data, "unlike_the_published", lambda folder, what: unlike):
+            mock.patch.object(backbone, "unlike_the_published_beans", lambda folder, what: unlike):
         return {**known, **backbone.setup_differences(argparse.Namespace(args=args), known)}
 
 
@@ -301,9 +301,7 @@ def test_the_saved_model_loads_in_a_pipeline_that_predicts_as_the_run_counted(ba
     the pipeline right on as many validation pictures as the run's accuracy after fine-tuning."""
     from transformers import pipeline
 
-    from common import beans as beans_data
-
-    beans = beans_data.load(beans_standins["data"])
+    beans = backbone.read_beans(beans_standins["data"])
     classify = pipeline("image-classification", model=str(backbone_runs["saved"] / "model"), device="cpu")
     guesses = classify(list(beans["validation"]["image"]), top_k=1)
     right = sum(guess[0]["label"] == beans["names"][label]

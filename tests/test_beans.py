@@ -1,9 +1,9 @@
-"""common/beans.py: a dataset neither cached nor reachable is one line that says why and the fixes; what made a local
-copy."""
+"""vit_backbone.py's beans dataset: a dataset neither cached nor reachable is one line that says why and the fixes;
+what made a local copy."""
 import pytest
 
-from common import beans
-from common.paths import STANDIN_MARK
+import vit_backbone as beans
+from common.paths import STANDIN_MARK, made_here
 from common.start_and_end import UserError
 
 
@@ -25,14 +25,14 @@ def test_a_dataset_neither_cached_nor_reachable_says_why_and_the_fixes(monkeypat
 
 
 def test_a_local_copy_says_what_made_it(tmp_path):
-    """A folder job/standins.py made carries its mark: load() names it, the backbone's setup difference "data set";
-    without --data-dir (the Hub's copy) there is nothing to name."""
+    """A folder job/standins.py made carries its mark, which the backbone's setup difference "data set" names
+    (tests/test_backbone.py); it reads as beans all the same."""
     from job.standins import beans_folder
 
     folder = beans_folder(tmp_path / "beans", {"train": 1, "validation": 1})
-    assert "job/standins.py" in beans.load(str(folder))["made here"]
+    assert "job/standins.py" in made_here(str(folder)) and len(beans.read_beans(str(folder))["train"]) == 3
     (folder / STANDIN_MARK).unlink()
-    assert beans.load(str(folder))["made here"] is None
+    assert made_here(str(folder)) is None
 
 
 def test_a_copy_is_beans_only_when_its_files_bytes_are_the_published_ones(tmp_path, monkeypatch):
@@ -47,17 +47,17 @@ def test_a_copy_is_beans_only_when_its_files_bytes_are_the_published_ones(tmp_pa
     monkeypatch.setattr(paths, "DATA_DIR", tmp_path / "data")
     folder = beans_folder(tmp_path / "beans", {"train": 1, "validation": 1})
     files = {f"data/{split}-00000-of-00001.parquet": hashlib.sha256(
-        (folder / "data" / f"{split}-00000-of-00001.parquet").read_bytes()).hexdigest() for split in beans.SPLITS}
+        (folder / "data" / f"{split}-00000-of-00001.parquet").read_bytes()).hexdigest() for split in beans.BEANS_SPLITS}
     assert "whose files cannot be checked: their hashes were never read from huggingface.co" in \
-        beans.unlike_the_published(folder, "a copy")
+        beans.unlike_the_published_beans(folder, "a copy")
 
     def record(hashes):
         (tmp_path / "data").mkdir(exist_ok=True)
         (tmp_path / "data" / "published_hashes.json").write_text(json.dumps(
-            {f"datasets/{beans.DATASET}": {"files": hashes}}))
+            {f"datasets/{beans.BEANS}": {"files": hashes}}))
 
     record(files)
-    assert beans.unlike_the_published(folder, "a copy") is None
+    assert beans.unlike_the_published_beans(folder, "a copy") is None
     record({**files, "data/train-00000-of-00001.parquet": "0" * 64})
-    assert beans.unlike_the_published(folder, "a copy") == (
-        f"a copy whose data/train-00000-of-00001.parquet is not the one huggingface.co publishes for {beans.DATASET}")
+    assert beans.unlike_the_published_beans(folder, "a copy") == (
+        f"a copy whose data/train-00000-of-00001.parquet is not the one huggingface.co publishes for {beans.BEANS}")

@@ -418,12 +418,12 @@ def test_ctrl_c_while_a_script_loads_torch_is_one_line(moment):
 def test_a_second_beans_copy_is_read_as_itself_not_from_the_cache_of_the_first(tmp_path):
     """Two local copies of beans, both called beans, one after the other in one Hugging Face cache: each is read
     with its own pictures (the library keys a folder's Arrow cache by its name and layout, not its files)."""
-    from common import beans
+    import vit_backbone as beans
     from job.standins import beans_folder
 
     small = beans_folder(tmp_path / "one" / "beans", {"train": 2, "validation": 1})
     large = beans_folder(tmp_path / "two" / "beans", {"train": 3, "validation": 2})
-    assert len(beans.load(str(small))["train"]) == 6
-    loaded = beans.load(str(large))
+    assert len(beans.read_beans(str(small))["train"]) == 6
+    loaded = beans.read_beans(str(large))
     assert (len(loaded["train"]), len(loaded["validation"])) == (9, 6)
     assert loaded["names"] == ["angular_leaf_spot", "bean_rust", "healthy"]

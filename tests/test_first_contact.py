@@ -170,13 +170,13 @@ def test_a_mirror_is_named_in_the_job_and_the_hub_never(jobs, servers):
 
 LOADS = """import sys
 from transformers import AutoModel, ViTImageProcessor
-from common import beans
+import vit_backbone as beans
 from common import data as imagenette
 from common.pretrained import load_pretrained
 for name in ("google/vit-base-patch16-224", "google/vit-base-patch16-224-in21k", "microsoft/resnet-50"):
     load_pretrained(AutoModel, name)
 load_pretrained(ViTImageProcessor, "google/vit-base-patch16-224")
-splits = beans.load()
+splits = beans.read_beans()
 print("loaded", len(splits["train"]), len(splits["validation"]), len(imagenette.load_splits(None, {"val": 1})["val"]))
 """
 

@@ -62,13 +62,13 @@ def test_a_pictures_class_is_where_its_blob_is_and_a_flip_keeps_it():
 
 
 def test_the_folders_are_in_imagenettes_and_beans_layouts_and_their_pictures_keep_their_class(folders):
-    from common import beans
+    import vit_backbone as beans
 
     items = list_split(folders / "imagenette", "val")
     assert len(items) == 10 and {path.parent.name for path, _ in items} == {wnid for wnid, _, _ in CLASSES}
     for path, label in items:  # the loader's label is the folder's class; the JPEG's blob says the same
         assert path.suffix == ".JPEG" and imagenette_class(blob_at(Image.open(path).convert("RGB"))) == label
-    data = beans.load(str(folders / "beans"))
+    data = beans.read_beans(str(folders / "beans"))
     assert data["train"].features["labels"].names == list(miniature.BEANS_CLASSES)
     for row in data["validation"]:
         assert beans_class(blob_at(row["image"].convert("RGB"))) == row["labels"]
