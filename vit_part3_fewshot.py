@@ -22,12 +22,13 @@ import argparse
 import functools
 import re
 import sys
+import time
 
 import numpy as np
 import torch
 
-from common.data import DEFAULT_NAME, load_splits, run_model
-from common.features import cache_key, cached_passes, closed_form
+from common.data import DEFAULT_NAME, load_splits, run_model, workers_text
+from common.features import cache_key, cached, closed_form
 from common.paths import CHECKOUT, FEATURE_CACHE_DIR
 from common.pretrained import ARTICLE_PIXELS, checkpoint_pixels, load_pretrained
 from common.run import (
@@ -139,6 +140,26 @@ def data_naming_all_missing(run):
         except UserError as also_missing:
             raise UserError(*missing.args, *also_missing.args) from None
         raise
+
+
+def cached_passes(sets, one_pass, key_of, names, cache_dir=FEATURE_CACHE_DIR):
+    """{set: arrays, "seconds", "passes", "loader", "source"} of {set: paths}: each set read from the cache under
+    key_of(set, paths), else computed by one_pass(paths, set) -> ({name: rows}, timing, (workers, start-up seconds))
+    in a pass of its own."""
+    start, found, passes, sources, started = time.perf_counter(), {}, {}, set(), []
+
+    def compute(name, paths):
+        arrays, passes[name], workers = one_pass(paths, name)
+        started.append(workers)
+        return arrays
+
+    for name, set_paths in sets.items():
+        found[name], source = cached(functools.partial(compute, name, set_paths), key_of(name, set_paths),
+                                     dict.fromkeys(names, len(set_paths)), cache_dir)
+        sources.add(source)
+    loader = workers_text(started[0][0], sum(seconds for _, seconds in started)) if started else None
+    return {**found, "seconds": time.perf_counter() - start, "passes": passes, "loader": loader,
+            "source": "read from the cache" if sources == {"cache"} else "computed"}
 
 
 @functools.lru_cache(maxsize=1)  # once per run: sections 2 and 2b use them

@@ -55,7 +55,7 @@ from common.finetune_checkpoint import (
     save_checkpoint,
     set_rng_states,
 )
-from common.pretrained import checkpoint_config, checkpoint_pixels, load_pretrained, pixels_processor, save_loadable
+from common.pretrained import checkpoint_config, checkpoint_pixels, load_pretrained, save_loadable
 from common.run import (
     begin,
     check_output,
@@ -624,6 +624,15 @@ def accuracies(models, batches, labels, run, batch_size, desc, timing):
         correct = int((torch.cat([batch[k] for batch in predicted]) == torch.as_tensor(labels)).sum()) if labels else 0
         counts.append((round(sum_over_processes(correct, run)), round(total)))
     return counts
+
+
+def pixels_processor(resolution, pixels):
+    """The image processor that makes these pixels from a picture, as transformers saves and loads it (a model
+    saved for from_pretrained and pipeline() carries it)."""
+    from transformers import ViTImageProcessorPil
+
+    return ViTImageProcessorPil(size={"height": resolution, "width": resolution}, resample=pixels["resample"],
+                                image_mean=list(pixels["mean"]), image_std=list(pixels["std"]))
 
 
 def finish(run, report, *, data, model, average, log, micro, last_step):

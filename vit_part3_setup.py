@@ -25,18 +25,7 @@ import sys
 import torch
 
 from common.paths import IMAGENETTE_DIR
-from common.pretrained import (
-    VIT_SIZES,
-    attention_flops,
-    cached_weight_file,
-    encoder_flops,
-    hub_offline,
-    load_pretrained,
-    patch_embedding_flops,
-    sequence_shape,
-    table1_config,
-    token_flops,
-)
+from common.pretrained import VIT_SIZES, cached_weight_file, hub_offline, load_pretrained, table1_config
 from common.run import begin, conclude, experiment_parser, listed, section
 
 # Table 1's parameter counts (millions), its rows, and the released checkpoints; ViT-L/16's is the ImageNet
@@ -140,6 +129,42 @@ def checkpoint_shapes(name, size, patch, pre_logits):
         if shapes:
             return shapes, "header from the Hub"
     return meta_parameter_shapes(table1_config(size, patch), pre_logits), "meta device"
+
+
+# ViT's sequence and compute from its shapes: N = (R/P)^2, and forward FLOPs
+
+def sequence_shape(resolution, patch):
+    """grid side, N = (resolution/patch)^2 patches, sequence N+1, (N+1)^2 attention pairs per head."""
+    grid = resolution // patch
+    n = grid * grid
+    return grid, n, n + 1, (n + 1) ** 2
+
+
+def token_flops(layers, width, mlp, tokens):
+    """The per-token part, in FLOPs (a multiply-add is 2): q, k, v, output (4 s D^2) and the MLP (2 s D M) a layer."""
+    return 2 * layers * tokens * (4 * width**2 + 2 * width * mlp)
+
+
+def attention_flops(layers, width, tokens):
+    """The pairwise part: scores Q K^T and the weighted sum, 2 s^2 D multiply-adds a layer: 2 L 2 s^2 D FLOPs."""
+    return 2 * layers * 2 * tokens**2 * width
+
+
+def encoder_flops(layers, width, mlp, tokens):
+    """The article's estimate of a ViT encoder's forward compute: FLOPs = 2 L (4 s D^2 + 2 s D M + 2 s^2 D), without
+    the patch embedding (0.23 GFLOPs for every ViT-B at 224), norms, softmax and head."""
+    return token_flops(layers, width, mlp, tokens) + attention_flops(layers, width, tokens)
+
+
+def patch_embedding_flops(resolution, patch, width):
+    """E maps each of the N patches of 3 P^2 numbers to D numbers: 2 N 3 P^2 D FLOPs."""
+    return 2 * sequence_shape(resolution, patch)[1] * 3 * patch**2 * width
+
+
+def config_forward_flops(config, resolution):
+    """encoder_flops of a ViTConfig at a resolution."""
+    tokens = sequence_shape(resolution, config.patch_size)[2]
+    return encoder_flops(config.num_hidden_layers, config.hidden_size, config.intermediate_size, tokens)
 
 
 @section

@@ -7,7 +7,7 @@ sum mean, any all, cos sin), or a call whose result is unused deleted. The fast 
 a mutant is killed when a test fails (or errors, or runs past the time limit), and survives when all pass.
 
     python benchmarks/mutation.py                          # every module below: the score and the survivors
-    python benchmarks/mutation.py common/pretrained.py     # one module (several may be named)
+    python benchmarks/mutation.py common/features.py      # one module (several may be named)
     python benchmarks/mutation.py --function lr_at vit_part3_finetune.py
     python benchmarks/mutation.py --list                   # the mutants, without running them
 
@@ -51,12 +51,12 @@ def guarded_by(*own):
 TARGETS = {
     "common/features.py": (["ridge", "closed_form"], guarded_by("tests/test_closed_form.py", "tests/test_fewshot.py",
                                                "tests/test_backbone.py")),
-    "common/pretrained.py": (["sequence_shape", "token_flops", "attention_flops", "encoder_flops",
-                           "patch_embedding_flops", "config_forward_flops"],
-                          guarded_by("tests/test_compute.py")),
-    "vit_part3_setup.py": (["batch_norm", "group_norm", "weight_standardize", "adam_by_hand", "sgd_momentum_by_hand",
+    "vit_part3_setup.py": (["sequence_shape", "token_flops", "attention_flops", "encoder_flops",
+                            "patch_embedding_flops", "config_forward_flops", "batch_norm", "group_norm",
+                            "weight_standardize", "adam_by_hand", "sgd_momentum_by_hand",
                             "polyak_average", "clip_by_global_norm", "pretraining_steps", "warmup_linear_lr",
-                            "cosine_lr", "torch_optimizer_weight", "torch_clip"], guarded_by("tests/test_setup.py")),
+                            "cosine_lr", "torch_optimizer_weight", "torch_clip"],
+                           guarded_by("tests/test_setup.py", "tests/test_compute.py")),
     "vit_part3_finetune.py": (["scaled", "warmup_steps", "lr_at", "report_steps", "stretched_table",
                                "head_gradient_by_hand", "update_average", "run_statistics", "body_gradient_norm",
                                "zero_head", "random_head", "setup_differences", "train", "forward_backward",

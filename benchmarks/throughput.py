@@ -38,11 +38,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repositor
 
 from common.data import PREFETCH, load_all, one_pass, resized_rgb, run_model, start_pass
 from common.files import write_text
-from common.pretrained import config_forward_flops
 from common.run import DEVICE_CHOICES, PRECISIONS, Report, check_output, positive_int, script_parser, start_run
 from common.start_and_end import guarded
 from compare.record import device_name
 from job.standins import smooth_pictures, vit_config
+from vit_part3_setup import config_forward_flops
 
 ATTENTION = ("sdpa", "eager")
 PEER_BATCHES = 30  # the pipeline's pictures/s settles within this many batches; it is slower than our loop

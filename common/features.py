@@ -1,17 +1,14 @@
 """Frozen features and the linear heads fitted on them: a cache of arrays computed from a frozen model, used only
 when everything that decides them matches (a convenience: a file that cannot be read or written is one warning, and
 the run goes on; docs/data.md), and Part 3's closed-form probe W = (X^T X + lambda I)^-1 X^T Y, a ridge solve."""
-import functools
 import hashlib
 import json
 import os
-import time
 from pathlib import Path
 
 import numpy as np
 import scipy.linalg
 
-from common.data import workers_text
 from common.files import reason, write_atomic
 from common.paths import FEATURE_CACHE_DIR as CACHE_DIR
 from common.pretrained import cached_weight_file
@@ -82,26 +79,6 @@ def cached(compute, key, rows, cache_dir=CACHE_DIR, say=warn):
     except UserError as problem:
         say(f"{problem}; the run goes on without caching the features")
     return arrays, "computed"
-
-
-def cached_passes(sets, one_pass, key_of, names, cache_dir=CACHE_DIR):
-    """{set: arrays, "seconds", "passes", "loader", "source"} of {set: paths}: each set read from the cache under
-    key_of(set, paths), else computed by one_pass(paths, set) -> ({name: rows}, timing, (workers, start-up seconds))
-    in a pass of its own."""
-    start, found, passes, sources, started = time.perf_counter(), {}, {}, set(), []
-
-    def compute(name, paths):
-        arrays, passes[name], workers = one_pass(paths, name)
-        started.append(workers)
-        return arrays
-
-    for name, set_paths in sets.items():
-        found[name], source = cached(functools.partial(compute, name, set_paths), key_of(name, set_paths),
-                                     dict.fromkeys(names, len(set_paths)), cache_dir)
-        sources.add(source)
-    loader = workers_text(started[0][0], sum(seconds for _, seconds in started)) if started else None
-    return {**found, "seconds": time.perf_counter() - start, "passes": passes, "loader": loader,
-            "source": "read from the cache" if sources == {"cache"} else "computed"}
 
 
 # The solve loses about log10(1 / rcond) of float64's 16 digits: below this, fewer than 6 would be left, quietly.

@@ -1,4 +1,4 @@
-"""Pretrained ViT checkpoints: Table 1's sizes and forward compute, loading by id or local directory, quietly, with one
+"""Pretrained ViT checkpoints: Table 1's sizes as a config, loading by id or local directory, quietly, with one
 line when one cannot be had; their image processor and the pixels it makes; a fine-tuned one saved as
 from_pretrained loads it. Whether one is the article's: compare/published_files.py."""
 import json
@@ -89,15 +89,6 @@ def ask_hub(name, repo_type="model"):
         if "Timeout" in type(error).__name__:  # the HTTP client's (httpx's ReadTimeout, ConnectTimeout, ...)
             return None, f"{hub} did not answer within {seconds:g} s"
         return None, f"{hub} cannot be reached"
-
-
-def hub_reachable(name, repo_type="model"):
-    """Whether name can be downloaded now (ask_hub); a server in trouble counts as one that cannot be reached, so
-    that the job plans without it and a check of a folder's files says it could not check them."""
-    try:
-        return ask_hub(name, repo_type)[0] is not None
-    except HubTrouble:
-        return False
 
 
 def hub_download(name, file, repo_type="model"):
@@ -324,45 +315,8 @@ def followed_pixels(config, name):
             **{what: tuple(float(v) for v in np.broadcast_to(value, 3)) for what, value in stats.items()}}
 
 
-def pixels_processor(resolution, pixels=ARTICLE_PIXELS):
-    """The image processor that makes these pixels from a picture, as transformers saves and loads it (a model
-    saved for from_pretrained and pipeline() carries it)."""
-    from transformers import ViTImageProcessorPil
-
-    return ViTImageProcessorPil(size={"height": resolution, "width": resolution}, resample=pixels["resample"],
-                                image_mean=list(pixels["mean"]), image_std=list(pixels["std"]))
-
-
 # Table 1 of the paper: layers, hidden size D, MLP size, heads.
 VIT_SIZES = {"B": (12, 768, 3072, 12), "L": (24, 1024, 4096, 16), "H": (32, 1280, 5120, 16)}
-
-
-def sequence_shape(resolution, patch):
-    """grid side, N = (resolution/patch)^2 patches, sequence N+1, (N+1)^2 attention pairs per head."""
-    grid = resolution // patch
-    n = grid * grid
-    return grid, n, n + 1, (n + 1) ** 2
-
-
-def token_flops(layers, width, mlp, tokens):
-    """The per-token part, in FLOPs (a multiply-add is 2): q, k, v, output (4 s D^2) and the MLP (2 s D M) a layer."""
-    return 2 * layers * tokens * (4 * width**2 + 2 * width * mlp)
-
-
-def attention_flops(layers, width, tokens):
-    """The pairwise part: scores Q K^T and the weighted sum, 2 s^2 D multiply-adds a layer: 2 L 2 s^2 D FLOPs."""
-    return 2 * layers * 2 * tokens**2 * width
-
-
-def encoder_flops(layers, width, mlp, tokens):
-    """The article's estimate of a ViT encoder's forward compute: FLOPs = 2 L (4 s D^2 + 2 s D M + 2 s^2 D), without
-    the patch embedding (0.23 GFLOPs for every ViT-B at 224), norms, softmax and head."""
-    return token_flops(layers, width, mlp, tokens) + attention_flops(layers, width, tokens)
-
-
-def patch_embedding_flops(resolution, patch, width):
-    """E maps each of the N patches of 3 P^2 numbers to D numbers: 2 N 3 P^2 D FLOPs."""
-    return 2 * sequence_shape(resolution, patch)[1] * 3 * patch**2 * width
 
 
 def table1_config(size, patch, image_size=224, **fields):
@@ -372,9 +326,3 @@ def table1_config(size, patch, image_size=224, **fields):
     layers, width, mlp, heads = VIT_SIZES[size]
     return ViTConfig(hidden_size=width, num_hidden_layers=layers, intermediate_size=mlp,
                      num_attention_heads=heads, patch_size=patch, image_size=image_size, **fields)
-
-
-def config_forward_flops(config, resolution):
-    """encoder_flops of a ViTConfig at a resolution."""
-    tokens = sequence_shape(resolution, config.patch_size)[2]
-    return encoder_flops(config.num_hidden_layers, config.hidden_size, config.intermediate_size, tokens)

@@ -15,7 +15,7 @@ from huggingface_hub.constants import ENDPOINT as HF_ENDPOINT
 from common.data import ARCHIVE_MB, URL_VARIABLE
 from common.data import URL as IMAGENETTE_URL
 from common.paths import BEANS, BEANS_MB, BEANS_SPLITS
-from common.pretrained import HUB_ENDPOINT, cached_weight_file, hub_offline, hub_reachable, shown_url
+from common.pretrained import HUB_ENDPOINT, HubTrouble, ask_hub, cached_weight_file, hub_offline, shown_url
 from common.start_and_end import UserError
 from job.imagenette_archive import shown_host
 
@@ -111,6 +111,15 @@ def reachable(url):
     except (OSError, ValueError):
         return False
     return True
+
+
+def hub_reachable(name, repo_type="model"):
+    """Whether name can be downloaded now (ask_hub); a server in trouble counts as one that cannot be reached, so
+    that the job plans without it and a check of a folder's files says it could not check them."""
+    try:
+        return ask_hub(name, repo_type)[0] is not None
+    except HubTrouble:
+        return False
 
 
 def answering(pieces):

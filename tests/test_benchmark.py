@@ -11,8 +11,8 @@ import pytest
 import torch
 from conftest import ROOT
 
-from common.pretrained import config_forward_flops
 from job.standins import smooth_pictures
+from vit_part3_setup import config_forward_flops
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import throughput

@@ -3,7 +3,7 @@ worked out by hand and torch's FLOP counter on a real forward pass."""
 import pytest
 import torch
 
-from common import pretrained as compute
+import vit_part3_setup as compute
 
 
 def forward_gflops(size, patch, resolution):

@@ -380,14 +380,12 @@ def lambda_dropped(monkeypatch):
 
 def no_class_token(monkeypatch):
     import vit_part3_setup
-    from common import pretrained as compute
 
     def without(resolution, patch):
         grid = resolution // patch
         return grid, grid * grid, grid * grid, (grid * grid) ** 2
 
-    for module in (compute, vit_part3_setup):
-        monkeypatch.setattr(module, "sequence_shape", without)
+    monkeypatch.setattr(vit_part3_setup, "sequence_shape", without)
 
 
 # (the piece of the maths, how it is broken, the script that runs it, the conclusions whose verdict on the miniature

@@ -6,6 +6,7 @@ from huggingface_hub import constants
 from common import pretrained
 from common.pretrained import check_model_flag, load_pretrained
 from common.start_and_end import UserError
+from job import downloads
 from job.standins import HUB_PROCESSOR
 
 
@@ -76,7 +77,7 @@ def test_the_probe_says_what_the_hub_answered_naming_the_mirror(monkeypatch, fau
             trouble = fault["code"] in (429, 500, 503)
             assert isinstance(error.value, pretrained.HubTrouble) == trouble
             if trouble:
-                assert pretrained.hub_reachable("a/b") is False
+                assert downloads.hub_reachable("a/b") is False
     finally:
         server.close()
 
