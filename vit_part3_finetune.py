@@ -17,16 +17,28 @@ Reproduces the article's sections "Fine-tuning: a new head for a new task" and "
 --batch-size is the batch of one optimizer step; it is split over the torchrun processes, and each
 process's share over --accum-steps passes, so every setting follows the same mathematics.
 """
-from common.start_and_end import ARTICLE, Terminated, UserError, before_torch_loads, guarded, say, stop_between_steps
+from common.start_and_end import (
+    ARTICLE,
+    LEAVING,
+    Terminated,
+    UserError,
+    before_torch_loads,
+    guarded,
+    quiet_if_nobody_reads,
+    say,
+    speaks,
+)
 
 if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as a later one
     before_torch_loads(ARTICLE)
 
 import contextlib
 import copy
+import functools
 import itertools
 import math
 import os
+import signal
 import statistics
 import sys
 import time
@@ -34,6 +46,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
@@ -65,13 +78,13 @@ from common.run import (
     loaded,
     nonempty_path,
     pass_text,
+    pick_device,
     positive_float,
     positive_int,
     section,
     seed_number,
     side_pixels,
     step_count,
-    sum_over_processes,
 )
 from compare.data_set import data_differences
 from compare.verdicts import article_values
@@ -278,10 +291,11 @@ def data_and_model(run):
     args = run.args
     if "data and model" not in run.kept:
         splits = dict.fromkeys(["train", "val"], args.per_class)
-        data, checkpoint, run.kept["pixels"] = loaded(  # the pixels its image processor makes
-            lambda: load_splits(args.data_dir or download_imagenette(), splits),
-            lambda: load_pretrained(ViTForImageClassification, args.model, output_loading_info=True),
-            lambda: checkpoint_pixels(args.model), run=run)
+        loads = (lambda: load_splits(args.data_dir or download_imagenette(), splits),
+                 lambda: load_pretrained(ViTForImageClassification, args.model, output_loading_info=True),
+                 lambda: checkpoint_pixels(args.model))  # the pixels its image processor makes
+        data, checkpoint, run.kept["pixels"] = loaded(*(functools.partial(first_process_first, run, load)
+                                                        for load in loads))  # the first process downloads
         check_resolution(checkpoint[0].config, args.resolution)
         data["classes"] = len(data["folders"])
         model, pre_logits = build_classifier(checkpoint, data["classes"], args.resolution)
@@ -770,14 +784,96 @@ def parse_flags(argv, world):
     return args
 
 
+# ---------------------------------------------------------------- torchrun's processes, and the stop between steps
+
+def start_processes(device_name):
+    """(rank, world size, device). Under torchrun (WORLD_SIZE > 1): gloo on the CPU, nccl on GPUs."""
+    device = pick_device(device_name)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 0, 1, device
+    if device.type == "mps":
+        raise UserError("torchrun with --device mps: torch.distributed does not support Apple's backend; "
+                        "use --device cpu, or one process")
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return dist.get_rank(), world, device
+
+
+def first_process_first(run, load):
+    """load() on process 0 first (it downloads), then on the others; an error there stops every process."""
+    result, problem = None, None
+    if run.rank == 0:
+        try:
+            result = load()
+        except UserError as error:
+            problem = str(error)
+    if run.world > 1:
+        message = [problem]
+        dist.broadcast_object_list(message, src=0)
+        problem = message[0]
+    if problem:
+        raise UserError(problem)
+    return result if run.rank == 0 else load()
+
+
+def sum_over_processes(values, run):
+    """The sum over every process of a number, or of each of a tuple of numbers: one all_reduce."""
+    many = isinstance(values, tuple)
+    if run.world == 1:
+        return tuple(map(float, values)) if many else float(values)
+    total = torch.tensor(values if many else [values], dtype=torch.float64, device=run.device)
+    dist.all_reduce(total)
+    return tuple(total.tolist()) if many else total.item()
+
+
+def finish_together(world):
+    """Every process waits here for the others; then each may leave at once (leave)."""
+    if world > 1:
+        dist.barrier()
+        LEAVING["together"] = True
+
+
+REPEAT_SECONDS = 2.0  # a SIGTERM this soon after the first is the same stop delivered twice (systemd, SLURM)
+
+
+@contextlib.contextmanager
+def stop_between_steps():
+    """In the block, a first Ctrl-C or SIGTERM asks the loop to stop after its step: the dict yielded says which
+    ({"asked": "Ctrl-C"}); a second one stops at once (status 130 or 143), a repeated SIGTERM aside."""
+    stop = {"asked": None, "signal": None, "at": 0.0}
+
+    def ask(signum, frame):
+        quiet_if_nobody_reads()
+        if stop["asked"]:
+            if signum == signal.SIGTERM == stop["signal"] and time.monotonic() - stop["at"] < REPEAT_SECONDS:
+                return
+            raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+        stop.update(asked="SIGTERM" if signum == signal.SIGTERM else "Ctrl-C", signal=signum, at=time.monotonic())
+        if speaks():  # one process speaks for all
+            print(f"\n{stop['asked']}: stopping after this step (again: at once)", file=sys.stderr)
+
+    previous = {signum: signal.signal(signum, ask) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def main(argv=None):
     args = parse_flags(argv, int(os.environ.get("WORLD_SIZE", "1")))
     torch.manual_seed(args.seed)
-    run, report = begin("finetune", args, torchrun=True)
+    rank, world, device = start_processes(args.device)  # torchrun's, or this one alone
+    run, report = begin("finetune", args, device=device, rank=rank, world=world)
     section_data_and_model(run, report)
     section_zero_head(run, report)
     section_finetune(run, report)
-    return conclude(run, report, setup_differences, MODEL, ARTICLE_FLAGS)
+    status = conclude(run, report, setup_differences, MODEL, ARTICLE_FLAGS)
+    finish_together(world)  # a process that leaves while the first writes its JSON can abort gloo
+    return status
 
 
 if __name__ == "__main__":

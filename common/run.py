@@ -17,41 +17,35 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-import torch.distributed as dist
 
 from common.files import write_text
 from common.pretrained import check_model_flag
-from common.start_and_end import LEAVING, UserError, say
+from common.start_and_end import UserError, say
 
 
 class Run(SimpleNamespace):
     __hash__ = object.__hash__  # by identity: the scripts cache what a run loads (functools.cache)
 
 
-def start_run(args, device=None, rank=0, world=1, fp32_rule="strict", torchrun=False):
+def start_run(args, device=None, rank=0, world=1, fp32_rule="strict"):
     """One run: the parsed flags, the device and its arithmetic (fp32_rule: what --precision fp32 means on GPUs with
     TF32, the rule of the article's run; common/run.py), its processes (torchrun: those torchrun started, each on
     its device; common/run.py), and `kept`: what a section loaded, for the next sections and the setup's
     differences."""
     keep_freed_memory()  # large host blocks kept, not handed back and faulted in again at every batch
-    if torchrun:
-        rank, world, device = start_processes(args.device)
     device = device or (pick_device(args.device) if "device" in args else None)
     autocast = set_precision(device, args.precision, fp32_rule) if "precision" in args else contextlib.nullcontext()
     return Run(args=args, device=device, fp32_rule=fp32_rule, autocast=autocast, rank=rank, world=world, kept={},
                started=time.time())
 
 
-def loaded(*loads, run=None):
+def loaded(*loads):
     """Each load() in turn, their values; when any raises a UserError, one that names every problem of them all, so
-    that one line says all that an offline run lacks. With the run: each by its first process first (it downloads)."""
+    that one line says all that an offline run lacks."""
     values, problems = [], []
     for load in loads:
         try:
-            if run is None:
-                values.append(load())
-            else:
-                values.append(first_process_first(run, load))
+            values.append(load())
         except UserError as problem:
             problems += [reason for reason in problem.args if reason not in problems]
     if problems:
@@ -117,8 +111,6 @@ def conclude(run, report, setup_differences=None, article_model=None, article_fl
         except UserError as problem:
             say(f"error: {problem}; every number is printed above")
             status = 1
-    if run.world > 1:  # a process that leaves while the first writes its JSON can abort gloo
-        finish_together(run.world)
     return status
 
 
@@ -424,51 +416,3 @@ def to_device(array, device):
     return tensor.to(device)
 
 
-def start_processes(device_name):
-    """(rank, world size, device). Under torchrun (WORLD_SIZE > 1): gloo on the CPU, nccl on GPUs."""
-    device = pick_device(device_name)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1:
-        return 0, 1, device
-    if device.type == "mps":
-        raise UserError("torchrun with --device mps: torch.distributed does not support Apple's backend; "
-                        "use --device cpu, or one process")
-    if device.type == "cuda":
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return dist.get_rank(), world, device
-
-
-def first_process_first(run, load):
-    """load() on process 0 first (it downloads), then on the others; an error there stops every process."""
-    result, problem = None, None
-    if run.rank == 0:
-        try:
-            result = load()
-        except UserError as error:
-            problem = str(error)
-    if run.world > 1:
-        message = [problem]
-        dist.broadcast_object_list(message, src=0)
-        problem = message[0]
-    if problem:
-        raise UserError(problem)
-    return result if run.rank == 0 else load()
-
-
-def sum_over_processes(values, run):
-    """The sum over every process of a number, or of each of a tuple of numbers: one all_reduce."""
-    many = isinstance(values, tuple)
-    if run.world == 1:
-        return tuple(map(float, values)) if many else float(values)
-    total = torch.tensor(values if many else [values], dtype=torch.float64, device=run.device)
-    dist.all_reduce(total)
-    return tuple(total.tolist()) if many else total.item()
-
-
-def finish_together(world):
-    """Every process waits here for the others; then each may leave at once (leave)."""
-    if world > 1:
-        dist.barrier()
-        LEAVING["together"] = True

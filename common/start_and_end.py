@@ -1,14 +1,12 @@
 """Signals and a script's ending, in one place: a script's first line, before anything slow loads (Ctrl-C is one
 line from here on, and a Python without the project's packages is told so in one line); guarded(main), where a
-user's error, Ctrl-C, SIGTERM or a lost reader ends in one line; the stop between two training steps
-(docs/faults.md); and the job's start in one thread, which its scripts do not inherit (one_thread). At its import
-it loads only os, signal, sys, time and contextlib, modules the interpreter has loaded already, so that a Ctrl-C is
-handled a few milliseconds after the interpreter's own start (docs/reproduce.md, Stopping)."""
-import contextlib
+user's error, Ctrl-C, SIGTERM or a lost reader ends in one line (docs/faults.md); and the job's start in one thread,
+which its scripts do not inherit (one_thread). At its import it loads only os, signal and sys, modules the
+interpreter has loaded already, so that a Ctrl-C is handled a few milliseconds after the interpreter's own start
+(docs/reproduce.md, Stopping)."""
 import os
 import signal
 import sys
-import time
 
 # {import name: pip name} of what each kind of entry point needs. The article's "Run it yourself" block installs
 # only ARTICLE's (torch transformers safetensors scipy pillow, with numpy and tqdm, which they bring); the backbone
@@ -140,7 +138,7 @@ def guarded(main):
     return status
 
 
-LEAVING = {"together": False}  # set once every process has finished its sections (common/run.py's finish_together)
+LEAVING = {"together": False}  # set once every process has finished its sections (fine-tuning's finish_together)
 
 
 def torchrun_started():
@@ -161,28 +159,3 @@ def leave(status):
     os._exit(status)
 
 
-REPEAT_SECONDS = 2.0  # a SIGTERM this soon after the first is the same stop delivered twice (systemd, SLURM)
-
-
-@contextlib.contextmanager
-def stop_between_steps():
-    """In the block, a first Ctrl-C or SIGTERM asks the loop to stop after its step: the dict yielded says which
-    ({"asked": "Ctrl-C"}); a second one stops at once (status 130 or 143), a repeated SIGTERM aside."""
-    stop = {"asked": None, "signal": None, "at": 0.0}
-
-    def ask(signum, frame):
-        quiet_if_nobody_reads()
-        if stop["asked"]:
-            if signum == signal.SIGTERM == stop["signal"] and time.monotonic() - stop["at"] < REPEAT_SECONDS:
-                return
-            raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
-        stop.update(asked="SIGTERM" if signum == signal.SIGTERM else "Ctrl-C", signal=signum, at=time.monotonic())
-        if speaks():  # one process speaks for all
-            print(f"\n{stop['asked']}: stopping after this step (again: at once)", file=sys.stderr)
-
-    previous = {signum: signal.signal(signum, ask) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield stop
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)

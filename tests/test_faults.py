@@ -28,7 +28,7 @@ from PIL import Image
 import vit_part3_fewshot as fewshot
 import vit_part3_finetune as finetune
 import vit_part3_setup as setup
-from common import files, finetune_checkpoint, start_and_end
+from common import files, finetune_checkpoint
 from common.data import IMAGENETTE_WNIDS
 from common.features import cached
 from common.start_and_end import UserError, guarded
@@ -259,8 +259,8 @@ def test_a_decompression_bomb_is_named(tiny_in21k, tmp_path, capsys, monkeypatch
 def test_a_second_signal_stops_at_once_unless_it_repeats_the_first_sigterm(first, second, seconds_between,
                                                                            stops_at_once, monkeypatch):
     clock = [100.0]
-    monkeypatch.setattr(start_and_end.time, "monotonic", lambda: clock[0])
-    with start_and_end.stop_between_steps() as stop:
+    monkeypatch.setattr(finetune.time, "monotonic", lambda: clock[0])
+    with finetune.stop_between_steps() as stop:
         signal.raise_signal(first)
         clock[0] += seconds_between
         if stops_at_once:

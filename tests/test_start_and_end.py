@@ -25,10 +25,9 @@ def new_modules(code):
 
 
 def test_the_first_line_loads_nothing_but_what_signal_needs():
-    """What stands between the interpreter's start and the Ctrl-C handler: `signal` and `contextlib` and what they
-    import, no more."""
+    """What stands between the interpreter's start and the Ctrl-C handler: `signal` and what it imports, no more."""
     assert new_modules("import common.start_and_end") - new_modules("import signal") == {
-        "common", "common.start_and_end", "contextlib"}
+        "common", "common.start_and_end"}
 
 
 def imports_before_the_first_line(tree):
