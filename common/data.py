@@ -24,11 +24,7 @@ from common.pretrained import ARTICLE_PIXELS
 from common.run import to_device
 from common.start_and_end import UserError, say
 
-URL = "https://s3.amazonaws.com/fast-ai-imageclas/imagenette2-160.tgz"
-MD5 = "e793b78cc4c9e9a4ccc0c1155377a412"  # the release's, as torchvision's Imagenette publishes it for URL
-URL_VARIABLE = "VIT_PART3_IMAGENETTE_URL"  # a mirror of the archive (a test's server, a local copy)
-ARCHIVE_BYTES = 99_003_388  # the release's archive
-ARCHIVE_MB = 99  # MB are 10^6 bytes, as every size the project states (94 MiB)
+MD5 = "e793b78cc4c9e9a4ccc0c1155377a412"  # the release's archive's, as torchvision's Imagenette publishes it
 SPLIT_COUNTS = {"train": 9_469, "val": 3_925}
 PICTURE_SIDE = 160  # imagenette2-160: every picture is 160 px on its short side
 DEFAULT_NAME = "imagenette2-160 (the project's download)"  # the data a run without --data-dir reads

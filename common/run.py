@@ -28,10 +28,8 @@ class Run(SimpleNamespace):
 
 
 def start_run(args, device=None, rank=0, world=1, fp32_rule="strict"):
-    """One run: the parsed flags, the device and its arithmetic (fp32_rule: what --precision fp32 means on GPUs with
-    TF32, the rule of the article's run; common/run.py), its processes (torchrun: those torchrun started, each on
-    its device; common/run.py), and `kept`: what a section loaded, for the next sections and the setup's
-    differences."""
+    """One run: the parsed flags, the device and its arithmetic (fp32_rule: the article's rule for --precision fp32),
+    its processes (rank and world: torchrun's), and `kept`: what a section loaded, for the next sections."""
     keep_freed_memory()  # large host blocks kept, not handed back and faulted in again at every batch
     device = device or (pick_device(args.device) if "device" in args else None)
     autocast = set_precision(device, args.precision, fp32_rule) if "precision" in args else contextlib.nullcontext()
@@ -177,10 +175,9 @@ def whole_number(text, low, high, refusal):
 
 positive_int = functools.partial(whole_number, low=1, high=math.inf, refusal="is not a whole number of at least 1")
 seed_number = functools.partial(whole_number, low=0, high=2**32 - 1,  # what numpy and torch both take
-                         refusal=f"is not a seed: a whole number from 0 to {2**32 - 1}")
-# 5 x the paper's longest; each step's pictures drawn first
-step_count = functools.partial(whole_number, low=1, high=100_000,
-                          refusal="is not a number of steps from 1 to 100,000")
+                                refusal=f"is not a seed: a whole number from 0 to {2**32 - 1}")
+step_count = functools.partial(whole_number, low=1, high=100_000,  # 5 x the paper's longest
+                               refusal="is not a number of steps from 1 to 100,000")
 
 
 MOST_PIXELS = 1024  # 4,096 patches of 16; attention's memory grows with their square: 0.8 GB a picture and layer
@@ -221,11 +218,10 @@ nonnegative_float = functools.partial(finite_float, low=0.0, allow_low=True)  # 
 
 def experiment_parser(docstring, device=True, model=None, model_help="", batch_help="",
                       per_class_help="keep the first N pictures of each class in each split used (default: all)"):
-    """A script's parser (as script_parser's), its action "distinct" for a flag of several values each given once:
-    --device (device=False: a script that runs on the CPU alone),
-    --compare and --json; with model (the article's checkpoint, model_help: what it must hold), first --model,
-    --data-dir, --per-class, --batch-size (batch_help: what a batch is in the script's own work) and --precision."""
-    parser = ScriptParser(description=docstring, formatter_class=argparse.RawDescriptionHelpFormatter)
+    """script_parser's, with the action "distinct" (each value of a flag given once) and the shared flags: with model
+    (the article's checkpoint), --model, --data-dir, --per-class, --batch-size and --precision; --device unless
+    device=False; --compare and --json."""
+    parser = script_parser(docstring)
 
     class Distinct(argparse.Action):  # action="distinct": a value given twice (as printed, with :g) is refused
         def __call__(self, parser, namespace, values, option_string=None):
@@ -298,12 +294,8 @@ class Report:
             print(text, flush=True)
 
     def record(self, numbers, counts=None):
-        """Each number of {name: value} kept under its name, beside the line that prints it (or, for a number a
-        conclusion reads that no line prints, the evidence for a claim of the prose, on its own). A list, tuple or
-        array: entry (i, j) as 'name[i,j]'. A pass over pictures (a dict, NEW_PASS's keys): kept whole, and its two
-        numbers as '<name> seconds' and '<name> waiting seconds'. counts: {name: (right, of)}, the counts an accuracy
-        in per cent came from, `right` of `of` pictures (right a list, one count a draw, for a mean over draws):
-        --json records them, and the verdicts' exact intervals are made from them (compare/verdicts.py)."""
+        """Each number of {name: value} kept under its name, beside the line that prints it; counts: {name: (right,
+        of)}, an accuracy's counts, for the verdicts' exact intervals (the layout: docs/layout.md)."""
         counts = counts or {}
         for name, value in numbers.items():
             if isinstance(value, dict):

@@ -12,12 +12,11 @@ from pathlib import Path
 
 from huggingface_hub.constants import ENDPOINT as HF_ENDPOINT
 
-from common.data import ARCHIVE_MB, URL_VARIABLE
-from common.data import URL as IMAGENETTE_URL
 from common.paths import BEANS, BEANS_MB, BEANS_SPLITS
 from common.pretrained import HUB_ENDPOINT, HubTrouble, ask_hub, cached_weight_file, hub_offline, shown_url
 from common.start_and_end import UserError
-from job.imagenette_archive import shown_host
+from job.imagenette_archive import ARCHIVE_MB, URL_VARIABLE, shown_host
+from job.imagenette_archive import URL as IMAGENETTE_URL
 
 VIT, IN21K, RESNET = "google/vit-base-patch16-224", "google/vit-base-patch16-224-in21k", "microsoft/resnet-50"
 IMAGENETTE = "Imagenette"

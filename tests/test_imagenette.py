@@ -11,9 +11,9 @@ from conftest import library_pixels
 from PIL import Image
 
 from common import data as imagenette
-from common.data import URL, check_counts, list_split, load_rgb, resized_rgb, to_pixels
+from common.data import check_counts, list_split, load_rgb, resized_rgb, to_pixels
 from common.start_and_end import UserError
-from job.imagenette_archive import download_and_extract
+from job.imagenette_archive import URL, download_and_extract
 from job.standins import imagenette_folder
 
 
