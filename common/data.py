@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
+from tqdm import tqdm
 
 from common.paths import IMAGENETTE_DIR as DEFAULT_DIR
 from common.pretrained import ARTICLE_PIXELS
@@ -156,8 +157,6 @@ def channel_constants(mean, std, device):
 
 def load_all(paths, desc="decoding"):
     """Every picture decoded (RGB), in order; by threads (PIL decodes outside the GIL)."""
-    from tqdm import tqdm
-
     with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
         return list(tqdm(pool.map(load_rgb, paths), total=len(paths), desc=desc, unit="picture", file=sys.stderr,
                          leave=False))
@@ -359,8 +358,6 @@ def run_model(model, pictures, resolution, device, batch_size, what_to_keep, des
     "workers"), uint8 batches read before, or a started pass's batches (count: its pictures; common.data.started_pass)
     (docs/data.md#one-batched-pass). timing: the pass's seconds, wait and pictures, added to the given dict (a running
     total) or to a new one. pixels: what the checkpoint's image processor makes (common/data.py)."""
-    from tqdm import tqdm
-
     def on_host(value):  # a tensor, or a tuple or list of them
         if isinstance(value, torch.Tensor):
             return value.cpu()

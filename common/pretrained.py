@@ -8,7 +8,11 @@ import urllib.parse
 from pathlib import Path
 
 import numpy as np
+from huggingface_hub import HfApi, constants, hf_hub_download, is_offline_mode, try_to_load_from_cache
+from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+from huggingface_hub.utils import HFValidationError, validate_repo_id
 from PIL import Image
+from tqdm import tqdm
 
 from common.files import reason, write_folder_atomic
 from common.start_and_end import UserError
@@ -16,8 +20,6 @@ from common.start_and_end import UserError
 
 def hub_offline():
     """huggingface_hub's own offline check (HF_HUB_OFFLINE=1), which every download of the scripts obeys."""
-    from huggingface_hub import is_offline_mode
-
     return is_offline_mode()
 
 
@@ -30,8 +32,6 @@ class HubTrouble(UserError):
 
 def hub_name():
     """The Hugging Face Hub, or the mirror HF_ENDPOINT names: every line about a download names the server it asks."""
-    from huggingface_hub import constants
-
     endpoint = constants.ENDPOINT
     return "the Hugging Face Hub" if endpoint == HUB_ENDPOINT else f"the Hub mirror {shown_url(endpoint)}"
 
@@ -64,9 +64,6 @@ def ask_hub(name, repo_type="model"):
     HF_HUB_OFFLINE is not set and the Hub (or its mirror) answers about it within HF_HUB_ETAG_TIMEOUT seconds (10
     unless set), with no retries. A name it does not know, or an error status (a server's trouble, 429 too many
     requests), is a UserError naming it."""
-    from huggingface_hub import HfApi, constants
-    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
-
     if hub_offline():
         return None, "HF_HUB_OFFLINE=1 forbids downloads"
     what = "dataset" if repo_type == "dataset" else "checkpoint"
@@ -95,9 +92,6 @@ def hub_download(name, file, repo_type="model"):
     """file of name into the Hugging Face cache, its path; with tqdm's own bar, which shows in a pipe too (the job
     relays its scripts' bars), where the library's hides. A failure once the library's retries are spent (a line
     that drops, an error status, silence) is one line; the library never takes a part for the file."""
-    from huggingface_hub import hf_hub_download
-    from tqdm import tqdm
-
     try:
         return hf_hub_download(name, file, repo_type=repo_type, tqdm_class=tqdm)
     except Exception as error:  # the library's and its HTTP client's errors alike, said in one line
@@ -108,8 +102,6 @@ def hub_download(name, file, repo_type="model"):
 def check_model_flag(name):
     """--model must be a checkpoint directory (with an image processor the scripts can follow, if any), or else a
     name the Hub's own rule takes as a repository id: the name (argparse's type of --model)."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
     if not name.strip():
         raise UserError("--model is empty: pass a saved checkpoint directory or a Hub id")
     if os.path.isdir(os.path.expanduser(name)):
@@ -183,8 +175,6 @@ def processor_config(name):
     """The checkpoint's image processor (its PROCESSOR_FILE) as a dict, or None when it has none or it is one of
     ARTICLE_PROCESSORS: from its folder, the Hugging Face cache, or the Hub (once, then cached). A Hub id whose file
     cannot be had is one line: its pixels would be guessed."""
-    from huggingface_hub import try_to_load_from_cache
-
     folder = Path(os.path.expanduser(name))
     if folder.is_dir():
         return read_processor(folder / PROCESSOR_FILE, name) if (folder / PROCESSOR_FILE).is_file() else None
@@ -237,8 +227,6 @@ def download_error(error):
     """The first line of the innermost error of a failed download (the network's own words, as "peer closed
     connection"), not the library's guess at its cause ("does not appear to have a file named ..."); HF_ENDPOINT's
     user:password and query, which the HTTP client's words repeat, as ***."""
-    from huggingface_hub import constants
-
     for _ in range(20):  # a chain of causes is short; a loop in it ends here
         if not (error.__cause__ or error.__context__):
             break
@@ -254,8 +242,6 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 def cached_weight_file(name):
     """Path of the checkpoint's weight file (model.safetensors, else pytorch_model.bin) in a local directory or the
     HF cache, else None."""
-    from huggingface_hub import try_to_load_from_cache
-
     for file in WEIGHT_FILES:
         if os.path.isdir(name):
             path = os.path.join(name, file)
