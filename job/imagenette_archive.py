@@ -22,7 +22,7 @@ from pathlib import Path
 from common import data
 from common.data import MD5, check_counts
 from common.files import reason
-from common.pretrained import hub_offline, shown_url, without_secrets
+from common.pretrained import DownloadError, hub_offline, shown_url, without_secrets
 from common.start_and_end import UserError
 from compare.data_set import MANIFEST, picture_files, sha256_of
 
@@ -67,10 +67,6 @@ def write_manifest(root, url, md5):
     pictures = {name: [path.stat().st_size, path.stat().st_mtime_ns, sha256_of(path)]
                 for name, path in picture_files(root).items()}
     (root / MANIFEST).write_text(json.dumps({"archive": url, "md5": md5, "pictures": pictures}))
-
-
-class DownloadError(Exception):
-    """The network failed while the archive was being fetched (not the disk): why, in the user's words."""
 
 
 def archive_source():
@@ -288,35 +284,34 @@ KINDS = {tarfile.SYMTYPE: "a symbolic link", tarfile.LNKTYPE: "a hard link", tar
          tarfile.BLKTYPE: "a device", tarfile.FIFOTYPE: "a FIFO"}
 
 
-class Refused(tarfile.TarError):
-    """A member the release could not hold: a reason in the user's words."""
-
-
-class CappedReads:
+def capped_reads(stream):
     """The archive's decompressed stream, read within the caps: at most HEADER_BYTES_MOST of headers between two
     members while the members are listed (tarfile reads a long name, a chain of PAX headers or a sparse map whole, and
     recursively, before it hands the member over), each read at most MEMBER_BYTES_MOST, the whole at most `most`."""
 
-    def __init__(self, stream):
-        self.stream, self.most = stream, EXTRACTED_BYTES_MOST + 3 * tarfile.BLOCKSIZE * MEMBERS_MOST
-        self.headers_from = 0  # where the next member's headers start; None once the members are listed
+    class CappedReads:
+        def __init__(self):
+            self.stream, self.most = stream, EXTRACTED_BYTES_MOST + 3 * tarfile.BLOCKSIZE * MEMBERS_MOST
+            self.headers_from = 0  # where the next member's headers start; None once the members are listed
 
-    def read(self, size=-1):
-        end = self.stream.tell() + size
-        if self.headers_from is not None and end - self.headers_from > HEADER_BYTES_MOST:
-            raise Refused(f"a member's headers are longer than {HEADER_BYTES_MOST:,} bytes")
-        if not 0 <= size <= MEMBER_BYTES_MOST or end > self.most:
-            raise Refused(f"it asks to read {size:,} bytes at once, or more than {self.most:,} in all")
-        return self.stream.read(size)
+        def read(self, size=-1):
+            end = self.stream.tell() + size
+            if self.headers_from is not None and end - self.headers_from > HEADER_BYTES_MOST:
+                raise UserError(f"a member's headers are longer than {HEADER_BYTES_MOST:,} bytes")
+            if not 0 <= size <= MEMBER_BYTES_MOST or end > self.most:
+                raise UserError(f"it asks to read {size:,} bytes at once, or more than {self.most:,} in all")
+            return self.stream.read(size)
 
-    def seek(self, *where):
-        found = self.stream.seek(*where)
-        if found > self.most:
-            raise Refused(f"it is longer than {self.most:,} bytes once decompressed")
-        return found
+        def seek(self, *where):
+            found = self.stream.seek(*where)
+            if found > self.most:
+                raise UserError(f"it is longer than {self.most:,} bytes once decompressed")
+            return found
 
-    def __getattr__(self, name):
-        return getattr(self.stream, name)
+        def __getattr__(self, name):
+            return getattr(self.stream, name)
+
+    return CappedReads()
 
 
 def refusal(member, top):
@@ -347,14 +342,14 @@ def extract(archive, folder, top):
     """The archive's members into folder, each checked by refusal() before anything is written, and the count of its
     files. tarfile's "data" filter (Python 3.11.4 and later) is a second guard; without it (3.11.0 to 3.11.3) every
     file is the current user's, folders 0755 and files 0644."""
-    with gzip.open(archive) as stream, tarfile.open(fileobj=(capped := CappedReads(stream)), mode="r:") as tar:
+    with gzip.open(archive) as stream, tarfile.open(fileobj=(capped := capped_reads(stream)), mode="r:") as tar:
         members, total = [], 0
         for member in tar:  # one header at a time: a refused member stops the reading before the next
             total += member.size
             if why := refusal(member, top):
-                raise Refused(why)
+                raise UserError(why)
             if total > EXTRACTED_BYTES_MOST or len(members) >= MEMBERS_MOST:
-                raise Refused(f"it holds more than {EXTRACTED_BYTES_MOST:,} bytes or {MEMBERS_MOST:,} members")
+                raise UserError(f"it holds more than {EXTRACTED_BYTES_MOST:,} bytes or {MEMBERS_MOST:,} members")
             member.pax_headers = {}  # applied already: not kept for each of thousands of members
             members.append(member)
             capped.headers_from = tar.offset  # the next member's headers
@@ -427,7 +422,7 @@ def download_and_extract(url, md5, target, progress=True):
             moved = f"moved it to {aside}"
         except OSError as why:
             moved = f"it could not be moved aside ({reason(why)}): delete {archive}"
-        what = (f"its contents are not the release ({error})" if isinstance(error, (UserError, Refused)) else
+        what = (f"its contents are not the release ({error})" if isinstance(error, UserError) else
                 f"could not extract it ({reason(error)})")
         raise UserError(f"{source}: {what}; {moved}: run again to download it anew, or pass --data-dir with a "
                         f"complete copy") from error

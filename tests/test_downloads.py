@@ -19,11 +19,11 @@ from local_servers import STALL_SECONDS, Faulty
 from test_faults import ENOSPC, FullFile
 
 from common import data as imagenette
-from common.pretrained import shown_url
+from common.pretrained import DownloadError, shown_url
 from common.start_and_end import UserError
 from compare import data_set
 from job import imagenette_archive
-from job.imagenette_archive import MEMBER_BYTES_MOST, DownloadError, archive_source, download, download_and_extract
+from job.imagenette_archive import MEMBER_BYTES_MOST, archive_source, download, download_and_extract
 
 CONTENT = os.urandom(3 << 20)  # 3 MB: more than one block of the download's loop
 MD5 = hashlib.md5(CONTENT).hexdigest()
@@ -467,7 +467,7 @@ def test_more_than_the_caps_in_all_is_refused_before_it_is_written(tmp_path, mon
     monkeypatch.setattr(imagenette_archive, "EXTRACTED_BYTES_MOST", 3)
     archive = tmp_path / "mine.tgz"
     archive.write_bytes(tgz(*[entry(f"mine/train/a/{i}.JPEG", size=1) for i in range(5)]))
-    with pytest.raises(imagenette_archive.Refused, match="it holds more than 3 bytes or 50,000 members"):
+    with pytest.raises(UserError, match="it holds more than 3 bytes or 50,000 members"):
         imagenette_archive.extract(archive, tmp_path / "out", "mine")
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*"))
 
