@@ -37,8 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common.files import reason
-from common.finetune_checkpoint import CHECKPOINT, CHECKPOINT_FORMAT, SAVED_AVERAGE, SAVED_LAST, read_checkpoint
+from common.files import CHECKPOINT, CHECKPOINT_FORMAT, SAVED_AVERAGE, SAVED_LAST, read_checkpoint, reason
 from common.pretrained import hub_offline
 from common.run import DEVICE_CHOICES, PRECISIONS, check_output, script_parser
 from job import downloads, ending

@@ -59,7 +59,7 @@ from common.data import (
     started_pass,
     to_pixels,
 )
-from common.finetune_checkpoint import (
+from common.files import (
     CHECKPOINT,
     CHECKPOINT_FORMAT,
     SAVED_AVERAGE,

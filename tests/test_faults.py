@@ -28,7 +28,7 @@ from PIL import Image
 import vit_part3_fewshot as fewshot
 import vit_part3_finetune as finetune
 import vit_part3_setup as setup
-from common import files, finetune_checkpoint
+from common import files
 from common.data import IMAGENETTE_WNIDS
 from common.features import cached
 from common.start_and_end import UserError, guarded
@@ -85,7 +85,7 @@ def run(main, argv, capsys, monkeypatch):
 
 
 def read_checkpoint(path):
-    return finetune_checkpoint.read_checkpoint(path, finetune.CHECKPOINT_FORMAT, "vit_part3_finetune.py")
+    return files.read_checkpoint(path, finetune.CHECKPOINT_FORMAT, "vit_part3_finetune.py")
 
 
 def tune_flags(model, data, save_dir, steps=6):

@@ -15,7 +15,7 @@ from conftest import ARTICLE, ROOT, article_block, library_pixels
 
 import figures.finetune
 import vit_part3_finetune as finetune
-from common import finetune_checkpoint, start_and_end
+from common import files, start_and_end
 from common.data import NEW_PASS
 from common.pretrained import load_pretrained
 
@@ -193,7 +193,7 @@ def test_resolution_384_stretches_the_table_with_the_official_rule(tiny_in21k):
 
 
 def read_checkpoint(path):
-    return finetune_checkpoint.read_checkpoint(path, finetune.CHECKPOINT_FORMAT, "vit_part3_finetune.py")
+    return files.read_checkpoint(path, finetune.CHECKPOINT_FORMAT, "vit_part3_finetune.py")
 
 
 def run_main(argv, capsys):

@@ -19,7 +19,7 @@ from conftest import tiny_vit
 
 import vit_part3_finetune as finetune
 from common.data import NEW_PASS
-from common.finetune_checkpoint import read_checkpoint, save_checkpoint, set_rng_states
+from common.files import read_checkpoint, save_checkpoint, set_rng_states
 from common.run import Report
 from common.start_and_end import Terminated, UserError
 from compare.verdicts import flag_differences, load_reference

@@ -316,7 +316,7 @@ def tuned(tmp, runs, python=(sys.executable,)):
 def final_state(tmp, name):
     """(weights, average, the numbers it printed but its timings) at the end of run `name`."""
     import vit_part3_finetune as finetune
-    from common.finetune_checkpoint import read_checkpoint
+    from common.files import read_checkpoint
 
     state = read_checkpoint(tmp / name / finetune.CHECKPOINT, finetune.CHECKPOINT_FORMAT, "vit_part3_finetune.py")
     numbers = json.loads((tmp / f"{name}.json").read_text())["numbers"]

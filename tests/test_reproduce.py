@@ -30,8 +30,7 @@ import vit_part3_finetune
 import vit_part3_posemb
 import vit_part3_setup
 from common import start_and_end
-from common.files import TEMP_PREFIX
-from common.finetune_checkpoint import save_checkpoint
+from common.files import TEMP_PREFIX, save_checkpoint
 from common.run import ScriptParser
 from common.start_and_end import Terminated, guarded
 from job import child_process, downloads, ending, resuming, standins
