@@ -41,7 +41,7 @@ from torch.utils.data import DataLoader
 
 from common.data import NEW_PASS, PREFETCH, WORKER_START, loader_workers, timed, worker_setup
 from common.features import cache_key, cached, closed_form
-from common.paths import BEANS, BEANS_MB, BEANS_SPLITS, FEATURE_CACHE_DIR, made_here
+from common.paths import BEANS, BEANS_MB, BEANS_SPLITS, FEATURE_CACHE_DIR
 from common.pretrained import ask_hub, checkpoint_config, hub_download, load_pretrained, save_loadable, table1_config
 from common.run import (
     PRECISIONS,
@@ -60,6 +60,7 @@ from common.run import (
     seed_number,
 )
 from compare.data_set import subset_differences
+from compare.marks import made_here
 from compare.published_files import unlike_the_published
 from figures import origin_of
 from figures.backbone import backbone_curves, backbone_feature_maps

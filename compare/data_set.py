@@ -7,7 +7,7 @@ from pathlib import Path
 from PIL import Image
 
 from common import data
-from common.paths import made_here
+from compare.marks import made_here
 
 
 def data_differences(args, counts, drawn=False):

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from common import paths
 from common.files import write_text
-from common.paths import made_here
 from common.pretrained import HUB_ENDPOINT, WEIGHT_FILES, ask_hub, hub_name
 from common.start_and_end import UserError
+from compare.marks import made_here
 
 
 def checkpoint_difference(name, article):

@@ -10,8 +10,8 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from common.paths import STANDIN_MARK
 from common.run import float32_arithmetic
+from compare.marks import STANDIN_MARK
 from compare.published_files import checkpoint_difference
 from compare.verdicts import comparison_lines, flag_differences, judge
 

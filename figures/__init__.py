@@ -3,9 +3,9 @@ job/page.py draws the same one; without matplotlib, one line says so."""
 from pathlib import Path
 
 from common.files import write_atomic
-from common.paths import made_here
 from common.run import MATPLOTLIB_MISSING as INSTALL_HINT
 from common.start_and_end import UserError
+from compare.marks import made_here
 
 ARTICLE_STYLE = {"marker": "x", "color": "black", "linestyle": "none", "markersize": 8, "label": "article"}
 

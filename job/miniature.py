@@ -54,7 +54,7 @@ import numpy as np
 from PIL import Image
 
 from common.data import CLASSES
-from common.paths import MINIATURE_MARK
+from compare.marks import MINIATURE_MARK
 from job.standins import (
     BEANS_CARD,
     BEANS_CLASSES,

@@ -32,9 +32,10 @@ if __name__ == "__main__":
 import figures
 from common.data import DEFAULT_NAME as IMAGENETTE
 from common.files import write_text
-from common.paths import BEANS, MINIATURE_MARK, STANDIN_MADE
+from common.paths import BEANS
 from common.run import script_parser
 from common.start_and_end import UserError, guarded
+from compare.marks import MINIATURE_MARK, STANDIN_MADE
 from compare.record import LIBRARIES, RECORD_FORMAT
 from compare.verdicts import LEGEND, article_values, counts_text, judge, split_notes, verdict_text
 from figures import backbone, fewshot, finetune, posemb

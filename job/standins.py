@@ -26,7 +26,7 @@ import numpy as np
 from PIL import Image
 
 from common.data import CLASSES
-from common.paths import STANDIN_MARK
+from compare.marks import STANDIN_MARK
 from job.ending import STANDINS_COMMAND, job_command
 
 MARK = STANDIN_MARK

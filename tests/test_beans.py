@@ -3,8 +3,8 @@ what made a local copy."""
 import pytest
 
 import vit_backbone as beans
-from common.paths import STANDIN_MARK, made_here
 from common.start_and_end import UserError
+from compare.marks import STANDIN_MARK, made_here
 
 
 @pytest.mark.parametrize("why", ["HF_HUB_OFFLINE=1 forbids downloads", "the Hugging Face Hub cannot be reached"])

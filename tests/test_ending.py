@@ -63,7 +63,7 @@ def test_the_jobs_last_lines_count_the_articles_conclusions_of_every_script():
 
 
 def test_a_job_on_the_miniature_says_under_its_table_that_its_numbers_are_its_own(tmp_path):
-    from common.paths import MINIATURE_MARK
+    from compare.marks import MINIATURE_MARK
 
     (tmp_path / MINIATURE_MARK).write_text("made by job/miniature.py")
     records = {"setup": {"numbers": {}, "flags": {}}, "posemb": {"numbers": {}, "flags": {"model": str(tmp_path)}}}

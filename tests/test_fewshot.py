@@ -225,8 +225,8 @@ def test_a_partial_copy_of_the_training_pictures_moves_the_pool(tmp_path):
 
     from conftest import compare
 
-    from common.paths import STANDIN_MARK
     from common.run import start_run
+    from compare.marks import STANDIN_MARK
     from compare.verdicts import flag_differences, load_reference
 
     root = imagenette_folder(tmp_path / "imagenette2-160", per_class=6)

@@ -11,8 +11,8 @@ import pytest
 from PIL import Image
 
 from common.data import CLASSES, list_split
-from common.paths import MINIATURE_MARK
 from common.start_and_end import Terminated
+from compare.marks import MINIATURE_MARK
 from job import miniature
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # conftest sets it too: nothing here may reach the Hub

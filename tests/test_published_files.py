@@ -12,8 +12,8 @@ import pytest
 from huggingface_hub import constants
 from huggingface_hub.hf_api import BlobLfsInfo, RepoSibling
 
-from common.paths import MINIATURE_MARK, STANDIN_MARK
 from compare import published_files
+from compare.marks import MINIATURE_MARK, STANDIN_MARK
 from compare.published_files import checkpoint_difference
 from job.standins import vit_classifier
 

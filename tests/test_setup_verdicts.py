@@ -18,9 +18,8 @@ import vit_part3_fewshot as fewshot
 import vit_part3_finetune as finetune
 import vit_part3_posemb as posemb
 from common import data as imagenette
-from common import paths as marks
 from common.data import CLASSES, list_split
-from compare import data_set, published_files, verdicts
+from compare import data_set, marks, published_files, verdicts
 from compare.verdicts import flag_differences, format_like, load_reference
 from job import imagenette_archive
 from job.standins import imagenette_folder, vit_classifier
