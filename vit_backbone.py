@@ -26,6 +26,7 @@ if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as 
 
 import contextlib
 import functools
+import hashlib
 import math
 import os
 import re
@@ -478,6 +479,20 @@ def unlike_the_published_beans(folder, what):
     return unlike_the_published(folder, BEANS, files, what, "dataset")
 
 
+
+def data_digests(splits):
+    """{split: a digest of its pictures' bytes and labels, in order}: what decides its features in the cache's key."""
+    from datasets import Image
+
+    digests = {}
+    for split, dataset in splits.items():
+        digest = hashlib.blake2b(digest_size=16)
+        for row in dataset.cast_column("image", Image(decode=False)):
+            digest.update(row["image"]["bytes"] or Path(row["image"]["path"]).read_bytes())
+            digest.update(str(row["labels"]).encode())
+        digests[split] = digest.hexdigest()
+    return digests
+
 # Each read once however many sections need it, keyed by its flag; a failure is not kept: it is raised again where
 # the next section needs the same thing, with the same words.
 load_beans = functools.cache(read_beans)  # (--data-dir, --per-class)
@@ -605,7 +620,7 @@ def load_features(run, beans, processor):
     rule = float32_arithmetic(run.device, precision, run.fp32_rule)["rule"]
     key = None if run.args.no_cache else cache_key(
         "backbone", run.args.model, precision=precision, float32=rule,
-        features="class token + mean of the patch tokens", datasets={split: beans[split] for split in splits})
+        features="class token + mean of the patch tokens", data=data_digests({split: beans[split] for split in splits}))
     features, source = cached(compute, key, {split: len(beans[split]) for split in splits}, FEATURE_CACHE_DIR)
     return {"features": features, "labels": {split: np.array(beans[split]["labels"]) for split in splits},
             "source": "read from the cache" if source == "cache" else source, "seconds": time.perf_counter() - begun,

@@ -1,1 +1,1 @@
-"""Shared helpers of the vit-part3 scripts: one small module per concern."""
+"""What the vit-part3 scripts run on (docs/layout.md)."""

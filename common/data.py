@@ -1,7 +1,5 @@
-"""The pictures the scripts run on: Imagenette's folders (imagenette2-160/{train,val}/<wnid>/*.JPEG, any folder in
-that layout; Imagenette's counts checked only for its ten WordNet ids), each picture decoded and resized, torch's
-DataLoader batching them (uint8 (B, R, R, 3), worker processes beside a GPU), and a model run over them, the wait
-for pictures timed (docs/data.md)."""
+"""The pictures the scripts run on: Imagenette's folders ({train,val}/<wnid>/*.JPEG) checked and listed, decoded,
+resized, batched by torch's DataLoader (workers beside a GPU), and a model run over them (docs/data.md)."""
 import collections
 import contextlib
 import functools
@@ -45,10 +43,8 @@ def class_folders(root, split):
 
 
 def list_split(root, split, per_class=None, drawn=False):
-    """[(path, label)] sorted by class folder, then file name; per_class keeps N of each class: the first N by name
-    (in Imagenette's val/ its ILSVRC2012_val_* pictures, whose names sort first: docs/data.md), or, drawn, N times the
-    classes drawn at random with a fixed seed from the whole split, N a class on average: a simple random sample,
-    which --compare's exact intervals take them for."""
+    """[(path, label)] sorted by class folder, then file name; per_class keeps the first N of each class by name, or,
+    drawn, N times the classes drawn with a fixed seed from the whole split: a simple random sample (docs/data.md)."""
     paths = [sorted(p for p in (Path(root) / split / wnid).iterdir() if p.suffix.lower() in (".jpeg", ".jpg", ".png"))
              for wnid in class_folders(root, split)]
     if not drawn:
@@ -109,9 +105,8 @@ def checked_folder(data_dir=None):
 
 
 def load_splits(data_dir, per_class, drawn=False):
-    """The data folder (checked_folder) and its pictures: {"root", "folders": its class folders (WordNet ids),
-    "names": their classes' names (Imagenette's short names, another set's folder names), "name": "Imagenette" or the
-    folder's own, and each split of per_class ({split: N or None}): list_split(root, split, N, drawn)}."""
+    """{"root", "folders" (WordNet ids), "names" (the classes' short names), "name" ("Imagenette" or the folder's),
+    and each split of per_class ({split: N or None}): list_split(root, split, N, drawn)} of checked_folder()."""
     root = checked_folder(data_dir)
     folders = class_folders(root, "val")
     imagenette = Path(root).name == DEFAULT_DIR.name and folders == IMAGENETTE_WNIDS  # a folder whose counts are known
@@ -178,9 +173,8 @@ WORKER_START = "spawn"
 
 
 class Pictures(Dataset):
-    """The pictures (PIL images or paths) read by key (index, resolution, flip): one set of workers serves any pass.
-    Into a worker process, decoded (RGB) pictures travel as one uint8 tensor in shared memory, which each worker maps:
-    not a copy each."""
+    """The pictures (PIL images or paths) read by key (index, resolution, flip); decoded ones travel to the workers as
+    one uint8 tensor in shared memory, which each worker maps: not a copy each."""
 
     def __init__(self, pictures, ready=None, resample=Image.BILINEAR):
         self.pictures, self.shared, self.resample = pictures, None, resample  # resample: PIL's filter of the resize
@@ -240,9 +234,8 @@ def stack_or_error(items):
 
 
 def worker_setup(worker_id):
-    """In each worker: the main process alone decides what Ctrl-C does (fine-tuning finishes its step, saves, then
-    stops); on Linux the worker ends with that process, even one killed while its workers started (torch looks for
-    the parent it finds once it runs); then it says it runs (Pictures.ready)."""
+    """In each worker: Ctrl-C left to the main process; on Linux, the worker ends with it, even one killed while its
+    workers started; then it says it runs (Pictures.ready)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if sys.platform.startswith("linux"):
         import ctypes
@@ -257,9 +250,8 @@ def worker_setup(worker_id):
 
 def one_pass(pictures, resolution, batch_size, device, flips=None, indices=None, workers=None,
              resample=Image.BILINEAR):
-    """A DataLoader for one pass over the pictures (paths or PIL images; indices: which, in order; default all): uint8
-    batches (B, R, R, 3), resized with PIL's filter `resample`, flips[i] mirroring the i-th. Its workers, beside a
-    GPU, end with the pass (start_pass)."""
+    """A DataLoader for one pass over the pictures (indices: which, in order): uint8 batches (B, R, R, 3), resized
+    with PIL's filter `resample`, flips[i] mirroring the i-th; its workers, beside a GPU, end with the pass."""
     indices = range(len(pictures)) if indices is None else indices
     flips = np.zeros(len(indices), dtype=bool) if flips is None else np.asarray(flips)
     keys = [(int(i), resolution, bool(flip)) for i, flip in zip(indices, flips, strict=True)]  # the sampler's keys
@@ -274,10 +266,8 @@ def one_pass(pictures, resolution, batch_size, device, flips=None, indices=None,
 
 
 def start_pass(loader, timing=None, count=len):
-    """(the pass's batches, the seconds its workers took to start): each worker runs before the pass begins, so the
-    pass does not count their start as waiting for pictures. A picture that cannot be read raises its UserError; the
-    workers end with the pass, or when its batches are dropped unfinished. With timing, each batch's wait (the
-    host's) and pictures (count) are added to it (timed)."""
+    """(the pass's batches, the seconds its workers took to start, before the pass: not counted as waiting); a picture
+    that cannot be read raises its UserError; the workers end with the pass; with timing, each batch is timed()."""
     begun = time.perf_counter()
     held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if hasattr(signal, "pthread_sigmask") else None
     try:  # Ctrl-C pending until the workers run: they inherit it held, until worker_setup (no traceback from them)
@@ -353,11 +343,9 @@ def record_event():
 
 def run_model(model, pictures, resolution, device, batch_size, what_to_keep, desc="", autocast=None, count=None,
               timing=None, pixels=ARTICLE_PIXELS):
-    """([what_to_keep(output) of each batch, in order, on the host], timing); pictures: PIL images or paths (a pass of
-    its own, its workers started before it: their start-up seconds and number in timing, "start-up seconds" and
-    "workers"), uint8 batches read before, or a started pass's batches (count: its pictures; common.data.started_pass)
-    (docs/data.md#one-batched-pass). timing: the pass's seconds, wait and pictures, added to the given dict (a running
-    total) or to a new one. pixels: what the checkpoint's image processor makes (common/data.py)."""
+    """([what_to_keep(output) of each batch, in order, on the host], timing): pictures are PIL images or paths (a
+    pass of its own), uint8 batches, or a started pass's batches (count: its pictures); timing adds up the pass's
+    seconds, wait and pictures (docs/data.md#one-batched-pass)."""
     def on_host(value):  # a tensor, or a tuple or list of them
         if isinstance(value, torch.Tensor):
             return value.cpu()

@@ -1,6 +1,5 @@
-"""Frozen features and the linear heads fitted on them: a cache of arrays computed from a frozen model, used only
-when everything that decides them matches (a convenience: a file that cannot be read or written is one warning, and
-the run goes on; docs/data.md), and Part 3's closed-form probe W = (X^T X + lambda I)^-1 X^T Y, a ridge solve."""
+"""Frozen features, cached only when everything that decides them matches (a file that cannot be read or written is
+one warning; docs/data.md), and Part 3's closed-form probe W = (X^T X + lambda I)^-1 X^T Y."""
 import hashlib
 import json
 import os
@@ -15,11 +14,9 @@ from common.pretrained import cached_weight_file
 from common.start_and_end import UserError, say
 
 
-def cache_key(name, model, paths=None, root=None, datasets=None, **decides):
-    """(file name, description) of the features of `model` and `decides` (in order), then of the pictures at `paths`
-    (under the data folder root; "pictures", each named by its path there and a digest of its bytes) or of
-    `datasets` ({split: a Hugging Face dataset}, each named by a digest of its pictures and labels, as "data"), or
-    None when the checkpoint's weight file (named by its path, size and modification time) is not on disk."""
+def cache_key(name, model, paths=None, root=None, **decides):
+    """(file name, description) of the features of `model` (its weight file's path, size and time), `decides` and the
+    pictures at `paths` (each path under root, and a digest of its bytes); None when no weight file is on disk."""
     weights = cached_weight_file(os.path.expanduser(model))
     if weights is None:
         return None
@@ -27,16 +24,6 @@ def cache_key(name, model, paths=None, root=None, datasets=None, **decides):
         decides["pictures"] = [[str(Path(path).relative_to(root)),
                                 hashlib.blake2b(Path(path).read_bytes(), digest_size=12).hexdigest()]
                                for path in paths]
-    if datasets is not None:
-        from datasets import Image
-
-        decides["data"] = {}
-        for split, dataset in datasets.items():  # its pictures' bytes and labels, in order
-            digest = hashlib.blake2b(digest_size=16)
-            for row in dataset.cast_column("image", Image(decode=False)):
-                digest.update(row["image"]["bytes"] or Path(row["image"]["path"]).read_bytes())
-                digest.update(str(row["labels"]).encode())
-            decides["data"][split] = digest.hexdigest()
     stat = Path(weights).stat()
     text = json.dumps({"model": model, "weights": [str(Path(weights).resolve()), stat.st_size, stat.st_mtime_ns],
                        **decides})

@@ -1,6 +1,5 @@
-"""The scripts' files: written whole or not at all (docs/faults.md), a failure said in one line; and fine-tuning's
-checkpoint file, one dict with torch's RNG states, which reproduce.py reads too: read back only when whole and of
-this version; the names of what fine-tuning saves beside it."""
+"""The scripts' files, written whole or not at all, a failure said in one line (docs/faults.md); and fine-tuning's
+checkpoint file, which reproduce.py reads too, and the names of what fine-tuning saves beside it."""
 import contextlib
 import io
 import os
@@ -68,9 +67,8 @@ def write_text(path, content, what="file"):
 
 
 def write_folder_atomic(path, write, what="folder"):
-    """write(folder) into a temporary folder beside path, then put it in path's place: the folder there before is
-    moved aside first and removed only once the new one stands, so that a failure (a full disk) leaves the old one
-    whole; an OSError is a UserError naming the folder as `what`."""
+    """write(folder) into a temporary folder beside path, then put in its place; the old one is removed only once the
+    new one stands, so that a failure leaves it whole; an OSError is a UserError naming the folder as `what`."""
     import shutil
 
     target, token = Path(path), secrets.token_hex(8)
@@ -110,9 +108,8 @@ CHECKPOINT_FORMAT = "vit_part3_finetune checkpoint, v6"  # v6: one dict, its rec
 
 
 def save_checkpoint(path, state, version):
-    """The state, torch's RNG states (the CPU's, each GPU's: a resumed run draws what the uninterrupted one drew) and
-    its format `version`, one dict written whole or not at all; returns the path. torch.save's zip file keeps each
-    record's CRC-32, which read_checkpoint checks."""
+    """The state, torch's RNG states (a resumed run draws what the uninterrupted one drew) and its format `version`,
+    one dict written whole or not at all; torch.save's zip file keeps each record's CRC-32, for read_checkpoint."""
     cuda = {"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {}
     checkpoint = {**state, "rng": {"torch": torch.get_rng_state(), **cuda}, "format": version}
     return write_atomic(path, lambda f: torch.save(checkpoint, f), what="checkpoint")

@@ -1,6 +1,5 @@
-"""Pretrained ViT checkpoints: Table 1's sizes as a config, loading by id or local directory, quietly, with one
-line when one cannot be had; their image processor and the pixels it makes; a fine-tuned one saved as
-from_pretrained loads it. Whether one is the article's: compare/published_files.py."""
+"""Pretrained ViT checkpoints: Table 1's sizes as a config; loading by id or folder, quietly, one line when one
+cannot be had; their image processor and its pixels; a fine-tuned one saved as from_pretrained loads it."""
 import json
 import os
 import reprlib
@@ -64,10 +63,9 @@ def without_secrets(text, url):
 
 
 def ask_hub(name, repo_type="model"):
-    """(its repo_info, None) when name can be downloaded now, else (None, why not): the project's one rule,
-    HF_HUB_OFFLINE is not set and the Hub (or its mirror) answers about it within HF_HUB_ETAG_TIMEOUT seconds (10
-    unless set), with no retries. A name it does not know, or an error status (a server's trouble, 429 too many
-    requests), is a UserError naming it."""
+    """(its repo_info, None) when name can be downloaded now, else (None, why not): HF_HUB_OFFLINE is not set and the
+    Hub (or its mirror) answers within HF_HUB_ETAG_TIMEOUT s, no retries; an unknown name or an error status is a
+    UserError naming it."""
     if hub_offline():
         return None, "HF_HUB_OFFLINE=1 forbids downloads"
     what = "dataset" if repo_type == "dataset" else "checkpoint"
@@ -93,9 +91,8 @@ def ask_hub(name, repo_type="model"):
 
 
 def hub_download(name, file, repo_type="model"):
-    """file of name into the Hugging Face cache, its path; with tqdm's own bar, which shows in a pipe too (the job
-    relays its scripts' bars), where the library's hides. A failure once the library's retries are spent (a line
-    that drops, an error status, silence) is one line; the library never takes a part for the file."""
+    """file of name into the Hugging Face cache, its path, with tqdm's bar (the library's hides in a pipe); a failure
+    once the library's retries are spent is one line."""
     try:
         return hf_hub_download(name, file, repo_type=repo_type, tqdm_class=tqdm)
     except Exception as error:  # the library's and its HTTP client's errors alike, said in one line
@@ -135,9 +132,8 @@ LOCAL_COPY = "connect to the internet once to download it, or pass --model with 
 
 
 def load_pretrained(model_class, name, fix=LOCAL_COPY, **kwargs):
-    """model_class.from_pretrained(name) from a local directory, the cache (so offline after one download), or the
-    Hub; the library's notes on loading silenced (the scripts say them in their words). fix: what the line on a
-    checkpoint neither cached nor to be downloaded tells the user to do."""
+    """model_class.from_pretrained(name) from a folder, the cache or the Hub, the library's notes silenced; fix: what
+    the line on a checkpoint neither cached nor to be downloaded tells the user to do."""
     from transformers.utils import logging
 
     check_model_flag(name)
@@ -176,9 +172,8 @@ ARTICLE_PROCESSORS = ("google/vit-base-patch16-224", "google/vit-base-patch16-22
 
 
 def processor_config(name):
-    """The checkpoint's image processor (its PROCESSOR_FILE) as a dict, or None when it has none or it is one of
-    ARTICLE_PROCESSORS: from its folder, the Hugging Face cache, or the Hub (once, then cached). A Hub id whose file
-    cannot be had is one line: its pixels would be guessed."""
+    """The checkpoint's PROCESSOR_FILE as a dict from its folder, the cache or the Hub, or None (it has none, or is one
+    of ARTICLE_PROCESSORS); a Hub id whose file cannot be had is one line: its pixels would be guessed."""
     folder = Path(os.path.expanduser(name))
     if folder.is_dir():
         return read_processor(folder / PROCESSOR_FILE, name) if (folder / PROCESSOR_FILE).is_file() else None
@@ -209,15 +204,13 @@ def read_processor(path, name):
 
 
 def checkpoint_pixels(name):
-    """The pixels the checkpoint's image processor makes (common/data.py's processor_pixels of its
-    processor_config)."""
+    """The pixels the checkpoint's image processor makes: processor_pixels of its processor_config."""
     return processor_pixels(processor_config(name), name)
 
 
 def save_loadable(folder, model, names, processor, what="model"):
-    """A classifier as from_pretrained and pipeline("image-classification", model=folder) load it, written whole or
-    not at all: its weights (safetensors) and config, the classes named (id2label), and the image processor that
-    makes its pixels."""
+    """A classifier as from_pretrained and pipeline("image-classification") load it, written whole or not at all: its
+    weights, config with the classes named (id2label), and the image processor that makes its pixels."""
     model.config.update({"id2label": dict(enumerate(names)), "label2id": {name: i for i, name in enumerate(names)}})
 
     def write(temporary):
@@ -228,9 +221,8 @@ def save_loadable(folder, model, names, processor, what="model"):
 
 
 def download_error(error):
-    """The first line of the innermost error of a failed download (the network's own words, as "peer closed
-    connection"), not the library's guess at its cause ("does not appear to have a file named ..."); HF_ENDPOINT's
-    user:password and query, which the HTTP client's words repeat, as ***."""
+    """The first line of the innermost error of a failed download (the network's own words, not the library's guess
+    at its cause), HF_ENDPOINT's user:password and query as ***."""
     for _ in range(20):  # a chain of causes is short; a loop in it ends here
         if not (error.__cause__ or error.__context__):
             break
@@ -244,8 +236,7 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
 def cached_weight_file(name):
-    """Path of the checkpoint's weight file (model.safetensors, else pytorch_model.bin) in a local directory or the
-    HF cache, else None."""
+    """Path of the checkpoint's weight file (WEIGHT_FILES' first) in a local directory or the HF cache, else None."""
     for file in WEIGHT_FILES:
         if os.path.isdir(name):
             path = os.path.join(name, file)
@@ -258,16 +249,13 @@ def cached_weight_file(name):
 
 # the article's checkpoints' image processor (ViTImageProcessor): bilinear, then (x/255 - 0.5) / 0.5
 ARTICLE_PIXELS = {"resample": Image.BILINEAR, "mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5)}
-
-
 RESAMPLES = {Image.NEAREST, Image.BILINEAR, Image.BICUBIC, Image.LANCZOS, Image.BOX, Image.HAMMING}  # PIL's filters
 
 
 def processor_pixels(config, name):
-    """The pixels the image processor of --model `name` makes (config: its preprocessor_config.json; None: it has
-    none, and the scripts make the article's), as the scripts follow it: {"resample", "mean", "std"}: resized to
-    R x R with its filter, then (x/255 - mean) / std. A processor that does otherwise (a crop, no resize, another
-    rescale) is refused in one line, not followed halfway."""
+    """{"resample", "mean", "std"} of the pixels --model `name`'s image processor makes (config: its
+    preprocessor_config.json, or None: the article's); one that crops, does not resize or rescales otherwise is
+    refused in one line, not followed halfway."""
     if config is None:
         return ARTICLE_PIXELS
     try:

@@ -1,6 +1,5 @@
-"""One run of a script: its command line, device and arithmetic, torchrun's processes, the printed lines with their
-numbers recorded by name, its sections, --compare and --json, and how it ends (docs/layout.md; the signals:
-docs/faults.md)."""
+"""One run of a script: its command line, device and arithmetic, the printed lines with their numbers recorded by
+name, its sections, --compare and --json, and its exit status (docs/layout.md)."""
 import argparse
 import contextlib
 import ctypes
@@ -91,9 +90,8 @@ def section(function):
 
 
 def conclude(run, report, setup_differences=None, article_model=None, article_flags=None):
-    """After the sections: --compare and --json (compare/record.py's judged(), which finds the setup's differences
-    from article_model, article_flags and setup_differences(run, known)), the lines on what could not run; status 1
-    when a section could not run or --json could not be written."""
+    """After the sections: --compare and --json (compare/record.py's judged()), the lines on what could not run;
+    status 1 when a section could not run or --json could not be written."""
     args, status = run.args, 1 if report.could_not_run else 0
     if args.compare or args.json:  # the judging layer, asked only then, with this run's record
         from compare.record import judged

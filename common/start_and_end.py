@@ -1,9 +1,6 @@
-"""Signals and a script's ending, in one place: a script's first line, before anything slow loads (Ctrl-C is one
-line from here on, and a Python without the project's packages is told so in one line); guarded(main), where a
-user's error, Ctrl-C, SIGTERM or a lost reader ends in one line (docs/faults.md); and the job's start in one thread,
-which its scripts do not inherit (one_thread). At its import it loads only os, signal and sys, modules the
-interpreter has loaded already, so that a Ctrl-C is handled a few milliseconds after the interpreter's own start
-(docs/reproduce.md, Stopping)."""
+"""A script's start and end, and its signals: its first line (before_torch_loads), guarded(main), the job's start in
+one thread (one_thread). It loads only os, signal and sys, which the interpreter has loaded already, so that Ctrl-C
+is handled milliseconds after the start (docs/faults.md; docs/reproduce.md, Stopping)."""
 import os
 import signal
 import sys
@@ -51,9 +48,8 @@ def say(text=""):
 
 
 def before_torch_loads(packages=JOB):
-    """Until guarded() runs main(), Ctrl-C (while torch loads) is one line and status 130, leaving at once; a Python
-    without one of `packages` ({import name: pip name}) is one line with the pip command and status 2; a torchrun
-    process but the first draws no progress bars (tqdm reads TQDM_DISABLE once, as torch imports it)."""
+    """Until guarded() runs main(), Ctrl-C is one line and status 130; a Python without one of `packages` ({import
+    name: pip name}) is one line with the pip command, status 2; torchrun's other processes draw no bars."""
     if not speaks():
         os.environ["TQDM_DISABLE"] = "1"
 
