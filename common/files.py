@@ -1,7 +1,6 @@
 """The scripts' files, written whole or not at all, a failure said in one line (docs/faults.md); and fine-tuning's
 checkpoint file, which reproduce.py reads too, and the names of what fine-tuning saves beside it."""
 import contextlib
-import io
 import os
 import secrets
 import zipfile
@@ -116,12 +115,14 @@ def save_checkpoint(path, state, version):
 
 
 def read_checkpoint(path, version, program):
-    """The state saved at path (with its RNG states), its file read once; refused in one line when it is not a
-    `version` file of `program`, or a record's bytes no longer match their CRC-32."""
+    """The state saved at path (with its RNG states), refused in one line when a record's bytes no longer match their
+    CRC-32 or it is not a `version` file of `program`; its records checked, then loaded (the page cache's bytes)."""
     try:
-        raw = Path(path).read_bytes()
-        changed = zipfile.ZipFile(io.BytesIO(raw)).testzip()  # the first record whose CRC-32 fails, or None
-        checkpoint = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+        with open(path, "rb") as file:
+            with zipfile.ZipFile(file) as records:
+                changed = records.testzip()  # the first record whose CRC-32 fails, or None
+            file.seek(0)
+            checkpoint = None if changed else torch.load(file, map_location="cpu", weights_only=True)
     except Exception as error:  # torch and zipfile raise several types for a truncated or foreign file
         raise UserError(f"--resume: {path} is truncated or not a checkpoint of this script ({type(error).__name__}); "
                         f"start again without --resume, or pass another --save-dir") from error

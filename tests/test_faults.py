@@ -289,10 +289,11 @@ def test_a_checks_picture_damaged_before_a_resume_stops_it_before_any_step(tiny_
 
 # ---------------------------------------------------------------- 7., 8. foreign and damaged checkpoints
 
-def flip_a_bit_in_the_largest_tensor(path):
-    """One bit in the middle of the largest stored tensor (the zip entry's data, past its local header)."""
+def flip_a_bit_in_the_largest_tensor(path, record=None):
+    """One bit in the middle of the largest stored tensor, or of the record named (the zip entry's data, past its
+    local header)."""
     with zipfile.ZipFile(path) as archive:
-        entry = max(archive.infolist(), key=lambda info: info.file_size)
+        entry = max(archive.infolist(), key=lambda info: (info.filename.endswith(record or "\0"), info.file_size))
     data = bytearray(path.read_bytes())
     name_length, extra_length = np.frombuffer(data[entry.header_offset + 26:entry.header_offset + 30], "<u2")
     start = entry.header_offset + 30 + int(name_length) + int(extra_length)
@@ -303,8 +304,9 @@ def flip_a_bit_in_the_largest_tensor(path):
 @pytest.mark.parametrize("damage,expected", [
     (lambda path: torch.save({"weights": torch.ones(3)}, path), "is a torch file but not a checkpoint of this"),
     (flip_a_bit_in_the_largest_tensor, "has changed since it was written"),
+    (lambda path: flip_a_bit_in_the_largest_tensor(path, "/data.pkl"), "has changed since it was written"),
     (lambda path: path.write_bytes(path.read_bytes()[:1000]), "is truncated or not a checkpoint of this script"),
-], ids=["foreign torch file", "one flipped bit", "truncated"])
+], ids=["foreign torch file", "one flipped bit", "one flipped bit of the pickle", "truncated"])
 def test_resume_refuses_a_foreign_or_damaged_checkpoint(damage, expected, tiny_in21k, pictures, tmp_path, capsys,
                                                         monkeypatch):
     flags = tune_flags(tiny_in21k, pictures, tmp_path, steps=2)
