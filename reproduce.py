@@ -12,8 +12,9 @@ script's sections run and verdict counts. Before any work: the downloads with th
 them and for every file the job writes, and (offline) what each script that cannot run lacks.
 
 Resumable: a script whose JSON in OUT is complete and made by the same command and code (the script,
-common/, its reference numbers, the library versions; OUT/reproduce.json) is skipped, --force runs it
-again; fine-tuning continues from its checkpoint in OUT/finetune-run/ made so, --pause-at aside.
+common/, compare/ and figures/, its reference numbers, the library versions; OUT/reproduce.json) is
+skipped, --force runs it again; fine-tuning continues from its checkpoint in OUT/finetune-run/ made
+so, --pause-at aside.
 Ctrl-C or SIGTERM reach the running script, which stops as it would alone; the job then says what it
 kept and that the same command continues it. A script ends with its job however the job ends, and one
 job at a time writes to an OUT (job/child_process.py).

@@ -479,7 +479,6 @@ def unlike_the_published_beans(folder, what):
     return unlike_the_published(folder, BEANS, files, what, "dataset")
 
 
-
 def data_digests(splits):
     """{split: a digest of its pictures' bytes and labels, in order}: what decides its features in the cache's key."""
     from datasets import Image
@@ -492,6 +491,7 @@ def data_digests(splits):
             digest.update(str(row["labels"]).encode())
         digests[split] = digest.hexdigest()
     return digests
+
 
 # Each read once however many sections need it, keyed by its flag; a failure is not kept: it is raised again where
 # the next section needs the same thing, with the same words.
@@ -535,9 +535,9 @@ def finetune(run):
               "report_to": args.report_to}
     trainer_dir = Path(args.save_dir) / TRAINER_DIR if args.save_dir else None  # its logs (--report-to tensorboard)
     with timed_trainer(recipe, run.device, args.precision, trainer_dir, model=model,
-                                processing_class=processor, train_dataset=train_ds.with_transform(transform),
-                                eval_dataset=val_items, data_collator=collate_fn,
-                                compute_metrics=accuracy_metrics) as (trainer, passes):
+                       processing_class=processor, train_dataset=train_ds.with_transform(transform),
+                       eval_dataset=val_items, data_collator=collate_fn,
+                       compute_metrics=accuracy_metrics) as (trainer, passes):
         before = trainer.evaluate()  # the article's: evaluate, train, evaluate
         tokens_before = patch_tokens()
         trained = trainer.train()
@@ -598,7 +598,7 @@ def load_features(run, beans, processor):
         timing = dict(NEW_PASS)
         both = concatenate_datasets([beans[split] for split in splits])
         loader = dataset_loader(both.with_transform(functools.partial(article_transform, processor)),
-                                         collate_fn, run.device, pin_memory=run.device.type == "cuda")
+                                collate_fn, run.device, pin_memory=run.device.type == "cuda")
         begun = time.perf_counter()
         batches = iter(loader)  # starts the workers
         timing["start-up seconds"] = time.perf_counter() - begun
@@ -897,7 +897,7 @@ def parse_args(argv):
                         help=f"a local copy of {BEANS}'s files (README.md, data/*.parquet); by default "
                              f"the dataset through the Hugging Face cache, downloaded once")
     parser.add_argument("--per-class", type=positive_int, help="keep the first N pictures of each class in each "
-                                                                   "split (default: all; not the article's setup)")
+                                                              "split (default: all; not the article's setup)")
     parser.add_argument("--epochs", type=positive_int, default=EPOCHS,
                         help="fine-tuning epochs (default: %(default)s)")
     parser.add_argument("--batch-size", type=positive_int, default=BATCH,

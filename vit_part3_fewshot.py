@@ -254,7 +254,7 @@ def section_frozen(run, report):
     report.record({"chance (%)": 100 / classes, "1-shot pictures": classes})
     if args.plots:
         fewshot_accuracy(report.values(), article_values("fewshot"), args.plots, say, args.draws,
-                                 origin_of(args, DEFAULT_NAME))
+                         origin_of(args, DEFAULT_NAME))
 
 
 @section

@@ -706,7 +706,7 @@ def finish(run, report, *, data, model, average, log, micro, last_step):
                           "clipping threshold": CLIP_NORM})
     if args.plots and run.rank == 0:
         finetune_curves(report.series, report.values(), article_values("finetune"), args.plots, say,
-                                 origin_of(args, DEFAULT_NAME))
+                        origin_of(args, DEFAULT_NAME))
 
 
 def setup_differences(run, known):
@@ -740,8 +740,8 @@ def check_differences(args, data):
 
 def parse_flags(argv, world):
     parser = experiment_parser(__doc__, model=MODEL, model_help="the body to fine-tune; its head is replaced",
-                                   batch_help="pictures per optimizer step, split over the torchrun processes and "
-                                              "--accum-steps")
+                               batch_help="pictures per optimizer step, split over the torchrun processes and "
+                                          "--accum-steps")
     parser.set_defaults(batch_size=BATCH)
     parser.add_argument("--steps", type=step_count, default=STEPS,
                         help="optimizer steps; warm-up stays 10%% (default: %(default)s)")

@@ -50,7 +50,7 @@ def guarded_by(*own):
 
 TARGETS = {
     "common/features.py": (["ridge", "closed_form"], guarded_by("tests/test_closed_form.py", "tests/test_fewshot.py",
-                                               "tests/test_backbone.py")),
+                                                                "tests/test_backbone.py")),
     "vit_part3_setup.py": (["sequence_shape", "token_flops", "attention_flops", "encoder_flops",
                             "patch_embedding_flops", "config_forward_flops", "batch_norm", "group_norm",
                             "weight_standardize", "adam_by_hand", "sgd_momentum_by_hand",
@@ -262,7 +262,7 @@ def run_tests(copy_root, tests, keep, log, timeout, record=None):
                 os.dup2(out.fileno(), 2)
             import pytest
 
-            for name, module in list(sys.modules.items()):  # the parent's own imports (common.cli): the copy's instead
+            for name, module in list(sys.modules.items()):  # the parent's own imports (common.run): the copy's instead
                 where = str(getattr(module, "__file__", None) or "")  # not a virtual environment's inside the checkout
                 if where.startswith(str(ROOT) + os.sep) and not where.startswith(sys.prefix + os.sep):
                     del sys.modules[name]
@@ -461,6 +461,7 @@ def main(argv=None):
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return print_score(rows, time.monotonic() - started)
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -167,7 +167,7 @@ def load_pretrained(model_class, name, fix=LOCAL_COPY, **kwargs):
 
 PROCESSOR_FILE = "preprocessor_config.json"
 # The articles' Part 3 checkpoints: their PROCESSOR_FILE is ViTImageProcessor's, bilinear, mean and std 0.5, the
-# article's pixels (common/data.py), so it is not fetched for them
+# article's pixels (ARTICLE_PIXELS), so it is not fetched for them
 ARTICLE_PROCESSORS = ("google/vit-base-patch16-224", "google/vit-base-patch16-224-in21k")
 
 

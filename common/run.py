@@ -19,7 +19,7 @@ import torch
 
 from common.files import write_text
 from common.pretrained import check_model_flag
-from common.start_and_end import UserError, say
+from common.start_and_end import MATPLOTLIB_MISSING, UserError, say
 
 
 class Run(SimpleNamespace):
@@ -82,7 +82,7 @@ def section(function):
             if not isinstance(problem, UserError) and (run.device is None or run.device.type != "mps"):
                 raise
             report.cannot_run(title, problem if isinstance(problem, UserError) else UserError(
-                f"an operation is missing from Apple's mps backend in torch {sys.modules['torch'].__version__} "
+                f"an operation is missing from Apple's mps backend in torch {torch.__version__} "
                 f"({str(problem).splitlines()[0][:120]}): run with PYTORCH_ENABLE_MPS_FALLBACK=1 to do it on the "
                 f"CPU, or upgrade torch"))
 
@@ -250,9 +250,6 @@ def experiment_parser(docstring, device=True, model=None, model_help="", batch_h
     return parser
 
 
-MATPLOTLIB_MISSING = "matplotlib is not installed (pip install matplotlib)"  # --plots and the page say so
-
-
 def short(x):
     """A float as Python prints it after rounding to 4 places: 0.1875, -0.7, 1.0 (+ 0.0 turns -0.0 into 0.0)."""
     return repr(round(float(x), 4) + 0.0)
@@ -404,5 +401,3 @@ def to_device(array, device):
     if device.type == "cuda" and tensor.device.type == "cpu":
         return tensor.pin_memory().to(device, non_blocking=True)
     return tensor.to(device)
-
-

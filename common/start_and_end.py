@@ -13,6 +13,7 @@ ARTICLE = {"torch": "torch", "transformers": "transformers", "safetensors": "saf
            "PIL": "pillow", "numpy": "numpy", "tqdm": "tqdm", "huggingface_hub": "huggingface_hub"}
 BACKBONE = {**ARTICLE, "datasets": "datasets", "accelerate": "accelerate"}
 JOB = {**BACKBONE, "psutil": "psutil"}
+MATPLOTLIB_MISSING = "matplotlib is not installed (pip install matplotlib)"  # --plots and the page say so
 JOB_PID = "VIT_PART3_JOB_PID"  # set by the job for a script it starts (job/child_process.py): the job's pid
 SET_UP = ("activate the project's environment (. .venv/bin/activate, which `make quick` or `make test` makes) or "
           "install requirements.lock into yours (docs/setup.md)")
@@ -108,7 +109,7 @@ def quiet_if_nobody_reads():
 
 def guarded(main):
     """main()'s status; a UserError, Ctrl-C or SIGTERM ends in one line (once under torchrun) and 2, 130 or 143.
-    Under torchrun, each process then leaves through common/run.py's leave."""
+    Under torchrun, each process then leaves through leave()."""
     def terminate(signum, frame):
         quiet_if_nobody_reads()
         raise Terminated
@@ -138,7 +139,7 @@ LEAVING = {"together": False}  # set once every process has finished its section
 
 
 def torchrun_started():
-    """Whether common/run.py started torchrun's process group (torch.distributed is loaded by then, if at all)."""
+    """Whether fine-tuning started torchrun's process group (torch.distributed is loaded by then, if at all)."""
     dist = sys.modules.get("torch.distributed")
     return dist is not None and dist.is_available() and dist.is_initialized()
 
@@ -153,5 +154,3 @@ def leave(status):
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
-
-

@@ -339,4 +339,3 @@ def comparison_lines(rows, conclusions, differences):
             lines.append("  [a to b]: a sampled number's exact interval; those of one conclusion hold together with "
                          "95% (docs/compare.md)")
     return lines
-

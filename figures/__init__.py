@@ -3,7 +3,7 @@ job/page.py draws the same one; without matplotlib, one line says so."""
 from pathlib import Path
 
 from common.files import write_atomic
-from common.run import MATPLOTLIB_MISSING as INSTALL_HINT
+from common.start_and_end import MATPLOTLIB_MISSING as INSTALL_HINT
 from common.start_and_end import UserError
 from compare.marks import made_here
 

@@ -60,6 +60,7 @@ def download_imagenette():
         raise UserError(without_secrets(str(error), url)) from error
     return root
 
+
 def write_manifest(root, url, md5):
     """The archive the folder came from (url, as shown: no secret in it), the MD5 computed of its bytes, and each
     picture's size, time and sha256, so that the folder is told later for the one the project extracted, and a

@@ -44,6 +44,7 @@ def marked(folder):
                                      "Numbers computed on it mean nothing.\n")
     return Path(folder)
 
+
 # The Hub's config.json of google/vit-base-patch16-224-in21k, every field: a ViTModel, and no id2label or label2id,
 # so that the library reads num_labels 2 (its default), not the 21,843 classes of the head that was not released.
 IN21K_CONFIG = {"architectures": ["ViTModel"], "attention_probs_dropout_prob": 0.0, "hidden_act": "gelu",

@@ -119,6 +119,8 @@ def pytest_sessionfinish(session, exitstatus):
         session.config.pluginmanager.get_plugin("terminalreporter").write_line(
             f"FAILED: the tests wrote into the checkout: {', '.join(touched[:10])}", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 ARTICLE = ROOT.parent / "shared" / "article" / "vit-explained-part3.txt"
 
 

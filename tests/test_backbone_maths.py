@@ -42,8 +42,6 @@ def test_one_per_class_takes_the_first_of_each_class_then_the_second():
     assert backbone.one_per_class([1, 1, 0, 2, 0, 1], 10) == [0, 2, 3, 1, 4, 5]
 
 
-
-
 def test_linear_probe_three_epochs_of_three_batches_by_hand():
     """SGD with momentum 0.9 on the mean cross-entropy, written out in numpy: batches of 4, 4 and 2 pictures in each
     epoch's order, the learning rate 0.001 x 4/256 times (1 + cos(pi e / 3)) / 2 in epoch e (cosine to 0)."""

@@ -55,6 +55,7 @@ PROBES = [  # (the server's fault, what ask_hub answers: (None, why) or the User
     ({"kind": "stall"}, (None, "did not answer within 1 s")),
 ]
 
+
 @pytest.mark.parametrize("fault,answer", PROBES, ids=["401", "403", "500", "503", "429", "silence"])
 def test_the_probe_says_what_the_hub_answered_naming_the_mirror(monkeypatch, fault, answer):
     """A token refused is the user's to fix; 429 and 5xx are the server's trouble (hub_reachable: not reachable, so

@@ -15,6 +15,7 @@ from common.start_and_end import UserError
 
 # ---------------------------------------------------------------- parameters
 
+
 def test_meta_count_equals_a_saved_checkpoint_header(tmp_path):
     from transformers import ViTConfig, ViTModel
 
