@@ -40,7 +40,7 @@ from pathlib import Path
 
 from common.files import CHECKPOINT, CHECKPOINT_FORMAT, SAVED_AVERAGE, SAVED_LAST, read_checkpoint, reason
 from common.pretrained import hub_offline
-from common.run import DEVICE_CHOICES, PRECISIONS, check_output, script_parser
+from common.run import DEVICE_CHOICES, PRECISIONS, check_output, pick_device, script_parser, set_precision
 from job import downloads, ending
 from job.child_process import StopRequests, first_refusal, only_job_on, run_logged
 from job.page import build
@@ -431,8 +431,6 @@ def finish(args, argv, out, ran, not_run):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_flags(argv)
-    from common.run import pick_device, set_precision
-
     args.device_chosen = pick_device(args.device or "auto")  # a missing GPU is refused before the plan
     set_precision(args.device_chosen, args.precision or "fp32")  # and tf32 off an NVIDIA GPU
     out = Path(args.out).resolve()

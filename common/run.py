@@ -19,7 +19,7 @@ import torch
 
 from common.files import write_text
 from common.pretrained import check_model_flag
-from common.start_and_end import MATPLOTLIB_MISSING, UserError, say
+from common.start_and_end import CHECK_ONLY, IN_JOB, MATPLOTLIB_MISSING, UserError, say
 
 
 class Run(SimpleNamespace):
@@ -48,10 +48,6 @@ def loaded(*loads):
     if problems:
         raise UserError(*problems)
     return values
-
-
-CHECK_ONLY = "VIT_PART3_CHECK_ONLY"  # set to 1: a script checks its flags and paths, then stops before its sections
-IN_JOB = "VIT_PART3_IN_JOB"  # set to 1 by reproduce.py for its scripts: the job's last lines say what to run next
 
 
 def begin(script, args, **run):

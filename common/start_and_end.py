@@ -15,6 +15,8 @@ BACKBONE = {**ARTICLE, "datasets": "datasets", "accelerate": "accelerate"}
 JOB = {**BACKBONE, "psutil": "psutil"}
 MATPLOTLIB_MISSING = "matplotlib is not installed (pip install matplotlib)"  # --plots and the page say so
 JOB_PID = "VIT_PART3_JOB_PID"  # set by the job for a script it starts (job/child_process.py): the job's pid
+CHECK_ONLY = "VIT_PART3_CHECK_ONLY"  # set to 1: a script checks its flags and paths, then stops before its sections
+IN_JOB = "VIT_PART3_IN_JOB"  # set to 1 by reproduce.py for its scripts: the job's last lines say what to run next
 SET_UP = ("activate the project's environment (. .venv/bin/activate, which `make quick` or `make test` makes) or "
           "install requirements.lock into yours (docs/setup.md)")
 

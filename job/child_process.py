@@ -19,7 +19,7 @@ import time
 import psutil
 
 from common.files import reason, write_atomic
-from common.start_and_end import JOB_PID, UserError, scripts_environment
+from common.start_and_end import CHECK_ONLY, IN_JOB, JOB_PID, UserError, guarded, scripts_environment
 
 LOG_EVERY = 30  # seconds between snapshots of a running script's log
 LOCK = ".reproduce.lock"
@@ -92,8 +92,6 @@ def save_log(path, log, warned, say):
 def run_logged(command, cwd, log_path, stop, lock, say):
     """Run one script, its stdout and stderr passed through to ours as they come and kept in log_path (rewritten
     whole every LOG_EVERY seconds and at the end); it inherits the job's lock. Returns (exit status, seconds)."""
-    from common.run import IN_JOB
-
     started = time.perf_counter()
     env = {**scripts_environment(), "PYTHONUNBUFFERED": "1", IN_JOB: "1"}
     if sys.stderr.isatty():  # progress bars as wide as the terminal, which the script's pipe cannot tell it
@@ -135,8 +133,6 @@ def first_refusal(commands, cwd):
     values and paths, then stops before its sections): (name, its last line) of the first that refuses, or None. They
     run in one new process (check_in_turn), which loads torch and transformers once for them all. That line's
     pointer to the script's --help is left out: the command that failed is the job's."""
-    from common.run import CHECK_ONLY
-
     with subprocess.Popen([sys.executable, "-c", "from job.child_process import check_in_turn; check_in_turn()"],
                           cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           errors="replace", env={**scripts_environment(), CHECK_ONLY: "1"}) as check:  # closed after
@@ -173,8 +169,6 @@ def check_in_turn():
     import io
     import runpy
     import traceback
-
-    from common.start_and_end import guarded
 
     environment = dict(os.environ)
     for name, (_, script, *flags) in json.load(sys.stdin).items():

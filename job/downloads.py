@@ -10,12 +10,15 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from huggingface_hub import constants, snapshot_download
 from huggingface_hub.constants import ENDPOINT as HF_ENDPOINT
+from huggingface_hub.errors import LocalEntryNotFoundError
 
+from common import data, paths
 from common.paths import BEANS, BEANS_MB, BEANS_SPLITS
 from common.pretrained import HUB_ENDPOINT, HubTrouble, ask_hub, cached_weight_file, hub_offline, shown_url
 from common.start_and_end import UserError
-from job.imagenette_archive import ARCHIVE_MB, URL_VARIABLE, shown_host
+from job.imagenette_archive import ARCHIVE_MB, URL_VARIABLE, shown_host, timeout_seconds
 from job.imagenette_archive import URL as IMAGENETTE_URL
 
 VIT, IN21K, RESNET = "google/vit-base-patch16-224", "google/vit-base-patch16-224-in21k", "microsoft/resnet-50"
@@ -30,21 +33,14 @@ PIECES = {VIT: (346, 346, HUB), IN21K: (346, 346, HUB),
 
 
 def hf_home():
-    from huggingface_hub import constants
-
     return Path(constants.HF_HOME)
 
 
 def piece_is_here(piece, args):
     """A checkpoint or dataset in a local copy the job was given (--models, --imagenette, --beans), or in the caches
     the scripts read (for beans, the cache's snapshot of its files, which the script reads when offline)."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
-
-    from common.data import DEFAULT_DIR
-
     if piece == IMAGENETTE:
-        return bool(args.imagenette) or DEFAULT_DIR.is_dir()
+        return bool(args.imagenette) or data.DEFAULT_DIR.is_dir()
     if piece == BEANS:
         if args.beans:
             return True
@@ -80,9 +76,7 @@ def check_copies(args):
                         f"{{train,val}}/<class>/*.JPEG (e.g. imagenette2-160/)")
     if args.imagenette:
         try:
-            from common.data import check_counts
-
-            check_counts(args.imagenette, strict=False)  # the layout's refusals; a partial copy is the scripts' to say
+            data.check_counts(args.imagenette, strict=False)  # the layout: a partial copy is the scripts' to say
         except UserError as problem:
             raise UserError(f"--imagenette {args.imagenette}: {problem}") from problem
     if args.beans:
@@ -101,8 +95,6 @@ def weights_mb(piece, models):
 
 def reachable(url):
     """Does the server of url answer, through the proxies the environment names? Any HTTP answer means it is there."""
-    from job.imagenette_archive import timeout_seconds
-
     try:
         urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout_seconds()).close()
     except urllib.error.HTTPError:
@@ -165,11 +157,9 @@ def lacks_text(pieces, offline):
 def room(pieces):
     """{folder: MB} the pieces take once downloaded: Imagenette in the data folder (common/paths.py), the rest in the
     caches."""
-    from common.paths import DATA_DIR
-
     need = {}
     for piece in pieces:
-        folder = DATA_DIR if piece == IMAGENETTE else hf_home()
+        folder = paths.DATA_DIR if piece == IMAGENETTE else hf_home()
         need[folder] = need.get(folder, 0) + PIECES[piece][1]
     return need
 

@@ -53,8 +53,16 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from common.data import CLASSES
+from common.data import CLASSES, resized_rgb, to_pixels
+from common.files import write_text
+from common.run import positive_int, script_parser, seed_number
+from common.start_and_end import Terminated, UserError, guarded, say
 from compare.marks import MINIATURE_MARK
+from compare.record import git_commit
+from compare.verdicts import judge, load_reference
+from job.child_process import StopRequests, start_script
+from job.page import cell, read_record
+from job.scripts import SCRIPTS, script_file
 from job.standins import (
     BEANS_CARD,
     BEANS_CLASSES,
@@ -228,8 +236,6 @@ def sincos_rows(grid, width):
 def training_pictures(count, seed):
     """(uint8 (count, IMAGE_SIZE, IMAGE_SIZE, 3), Imagenette labels): drawn as the folders' pictures, resized as the
     scripts resize them (common/data.py)."""
-    from common.data import resized_rgb
-
     rng = np.random.default_rng(seed)
     labels = rng.integers(0, len(CLASSES), size=count)
     pictures = np.stack([resized_rgb(Image.fromarray(imagenette_picture(rng, label)[0]), IMAGE_SIZE)
@@ -257,8 +263,6 @@ def train(pictures, labels, steps=STEPS, seed=0, say=print):
     import torch.nn.functional as F
     from transformers import ViTForImageClassification
     from transformers.models.vit.modeling_vit import ViTPooler
-
-    from common.data import to_pixels
 
     torch.manual_seed(seed)
     model = ViTForImageClassification(vit_config())
@@ -361,10 +365,6 @@ def foreign_files(root):
 
 def seed_verdicts(root, seed):
     """{script: [own=True conclusion rows]} of one seed's job (a script with no record: its conclusions not run)."""
-    from compare.verdicts import judge
-    from job.page import read_record
-    from job.scripts import SCRIPTS
-
     rows = {}
     for script in SCRIPTS:
         record = read_record(seed_folder(root, seed) / "results" / f"{script}.json")
@@ -385,8 +385,6 @@ def combined(root, seeds):
     """[{script, says, article, verdict, depends, seeds: {seed: {verdict, evidence}}}] of every conclusion: the
     miniature's verdict across the seeds (across_seeds), and whether it reads a number of the model or its
     pictures (depends), not arithmetic alone."""
-    from compare.verdicts import load_reference
-
     each = {seed: seed_verdicts(root, seed) for seed in seeds}
     rows = []
     for script, first in each[seeds[0]].items():
@@ -413,11 +411,6 @@ def counts_line(rows):
 
 def write_results(root, seeds, rows):
     """DIR/miniature.json (the combined verdicts, each seed's) and DIR/report.md (them as a page); their paths."""
-    from common.files import write_text
-    from compare.record import git_commit
-    from job.page import cell
-    from job.scripts import script_file
-
     record = {"seeds": list(seeds), "commit": git_commit(), "counts": counts_line(rows), "conclusions": rows}
     lines = ["# The articles' conclusions on the miniature", "",
              (f"A ViT trained here on generated pictures whose class is where a blob is (job/miniature.py), on seeds "
@@ -450,8 +443,6 @@ def prepare(root, seed, say=print):
 def started(root, seed, its_job, env, say):
     """(process, its log or None, when it started): the seed's job (reproduce.py, its lines in DIR/seed-<s>/job.log),
     or its pictures and training (this script again, --prepare)."""
-    from job.child_process import start_script
-
     if not its_job:
         command = [sys.executable, str(MINIATURE), str(root), "--seed", str(seed), "--prepare"]
         return start_script(command, env), None, time.perf_counter()
@@ -468,8 +459,6 @@ def run_seeds(root, seeds, say=print):
     its own and of one thread, at most PROCESSES at once, a job before the next training; the jobs' statuses (a seed
     whose training failed: its status). Ctrl-C and SIGTERM are noted (StopRequests) and acted on between polls, so
     that no process started goes unseen: each one still running is sent SIGTERM and waited for."""
-    from job.child_process import StopRequests
-
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     untrained, trained, running, statuses = list(seeds), [], {}, {}  # running: {seed: (process, job log, start)}
     with StopRequests() as stops:
@@ -504,8 +493,6 @@ def run_seeds(root, seeds, say=print):
                 if log is not None:
                     log.close()
     if stops.asked:
-        from common.start_and_end import Terminated
-
         say(f"stopped: each seed's pictures, trained ViT and finished scripts are kept; the same command continues: "
             f"{shlex.join(['python', sys.argv[0], *sys.argv[1:]])}")
         raise KeyboardInterrupt if stops.asked[0] == signal.SIGINT else Terminated
@@ -513,9 +500,6 @@ def run_seeds(root, seeds, say=print):
 
 
 def main(argv=None):
-    from common.run import positive_int, script_parser, seed_number
-    from common.start_and_end import UserError, say
-
     parser = script_parser(__doc__)
     parser.add_argument("directory", help="where each seed's pictures, ViT and job go (DIR/seed-<s>), and the "
                                           "miniature's page, DIR/report.md")
@@ -564,6 +548,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from common.start_and_end import guarded
-
     sys.exit(guarded(main))

@@ -26,6 +26,8 @@ import numpy as np
 from PIL import Image
 
 from common.data import CLASSES
+from common.pretrained import table1_config
+from common.run import script_parser
 from compare.marks import STANDIN_MARK
 from job.ending import STANDINS_COMMAND, job_command
 
@@ -64,8 +66,6 @@ TINY = {"hidden_size": 32, "num_hidden_layers": 2, "intermediate_size": 64, "num
 def vit_config(size="tiny", num_labels=1000, **overrides):
     """A ViTConfig: "tiny" (2 layers of width 32) or a Table 1 size ("B", "L", "H") with patch 16."""
     from transformers import ViTConfig
-
-    from common.pretrained import table1_config
 
     if size == "tiny":  # the overrides given to the constructor: a field it derives (pooler_output_size) follows them
         return ViTConfig(num_labels=num_labels, **{**TINY, **overrides})
@@ -271,8 +271,6 @@ def job_flags(inputs):
 
 
 def main(argv=None):
-    from common.run import script_parser
-
     parser = script_parser(__doc__)
     parser.add_argument("directory", help="where the stand-ins are built (once) and the job writes DIR/results")
     root = Path(parser.parse_args(argv).directory)

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from common.start_and_end import scripts_environment
+
 MINUTE, HOUR = 60, 3600
 
 
@@ -49,8 +51,6 @@ def probe_gflops(device_name):
 def measure_speed(device):
     """This machine's GFLOP/s on the scripts' device, or None; measured in a process of its own, with the scripts'
     environment, so that the job holds no GPU memory and starts no thread pool of its own."""
-    from common.start_and_end import scripts_environment
-
     probe = "import sys; from job.time_estimate import probe_gflops; print(probe_gflops(sys.argv[1]))"
     try:
         done = subprocess.run([sys.executable, "-c", probe, str(device)], cwd=Path(__file__).resolve().parent.parent,

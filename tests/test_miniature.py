@@ -216,7 +216,6 @@ def test_the_seeds_train_side_by_side_then_their_jobs_run_and_a_failed_training_
     """run_seeds with PROCESSES 3 on 4 seeds, each process ending at its own poll: seeds 0 to 2 train at once; a
     trained seed's job starts before the next seed's training; seed 1's training fails, so it gets no job and its
     status is that training's; never more than 3 processes at once."""
-    import job.child_process
 
     polls = {("train", 0): 2, ("train", 1): 3, ("train", 2): 6, ("train", 3): 2}  # a job ends at its 4th poll
     started, alive = [], []
@@ -229,7 +228,7 @@ def test_the_seeds_train_side_by_side_then_their_jobs_run_and_a_failed_training_
         alive.append(Ending(polls.get((what, seed), 4), 1 if (what, seed) == ("train", 1) else 0))
         return alive[-1]
 
-    monkeypatch.setattr(job.child_process, "start_script", start)
+    monkeypatch.setattr(miniature, "start_script", start)
     monkeypatch.setattr(miniature, "PROCESSES", 3)
     monkeypatch.setattr(miniature, "POLL_SECONDS", 0)
     for seed in range(4):
@@ -248,7 +247,6 @@ def test_a_stop_while_a_training_starts_stops_every_process_started_and_says_how
     """Ctrl-C or SIGTERM arriving as the second training starts (start_script lets it in as it returns): both
     trainings started are sent SIGTERM and waited for, no job starts, and the last line says the same command
     continues; then Ctrl-C is KeyboardInterrupt (status 130) and SIGTERM Terminated (143), as guarded() reads them."""
-    import job.child_process
 
     started = []
 
@@ -258,7 +256,7 @@ def test_a_stop_while_a_training_starts_stops_every_process_started_and_says_how
             os.kill(os.getpid(), signum)
         return started[-1]
 
-    monkeypatch.setattr(job.child_process, "start_script", start)
+    monkeypatch.setattr(miniature, "start_script", start)
     monkeypatch.setattr(miniature, "PROCESSES", 3)
     monkeypatch.setattr(miniature, "POLL_SECONDS", 0)
     said = []

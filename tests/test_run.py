@@ -33,7 +33,8 @@ def test_loaded_loads_each_in_turn_and_one_error_names_every_problem():
 
 def test_inside_the_job_a_script_leaves_the_command_to_run_next_to_the_job(monkeypatch):
     """Each reason once, in order; the next command only outside reproduce.py, whose own last line gives the job's."""
-    from common.run import IN_JOB, closing_lines
+    from common.run import closing_lines
+    from common.start_and_end import IN_JOB
 
     could_not_run = [("2. a", UserError("no checkpoint", "no pictures")), ("3. b", UserError("no checkpoint"))]
     reasons = ["\n2 section(s) could not run (2. a, 3. b):", "  no checkpoint", "  no pictures"]
