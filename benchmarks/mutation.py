@@ -37,7 +37,7 @@ from common.run import script_parser
 # MATHS: the files of the maths tests, each named by the module it tests. A test of one module may hold another's
 # formula (fine-tuning's stretch is held to posemb's loop, few-shot's accuracy the closed form's), so each module's
 # mutants run its own files first, then the rest of MATHS.
-MATHS = ["tests/test_closed_form.py", "tests/test_compute.py", "tests/test_setup.py",
+MATHS = ["tests/test_closed_form.py", "tests/test_setup.py",
          "tests/test_finetune_maths.py", "tests/test_backbone_maths.py", "tests/test_fewshot.py",
          "tests/test_posemb.py",
          "tests/test_verdicts.py"]
@@ -56,7 +56,7 @@ TARGETS = {
                             "weight_standardize", "adam_by_hand", "sgd_momentum_by_hand",
                             "polyak_average", "clip_by_global_norm", "pretraining_steps", "warmup_linear_lr",
                             "cosine_lr", "torch_optimizer_weight", "torch_clip"],
-                           guarded_by("tests/test_setup.py", "tests/test_compute.py")),
+                           guarded_by("tests/test_setup.py")),
     "vit_part3_finetune.py": (["scaled", "warmup_steps", "lr_at", "report_steps", "stretched_table",
                                "head_gradient_by_hand", "update_average", "run_statistics", "body_gradient_norm",
                                "zero_head", "random_head", "setup_differences", "train", "forward_backward",

@@ -10,7 +10,6 @@ import torch
 from conftest import ARTICLE, ROOT
 
 import vit_part3_setup as setup
-from common import pretrained as compute
 from common.start_and_end import UserError
 
 # ---------------------------------------------------------------- parameters
@@ -86,8 +85,8 @@ def test_head_is_counted_in_neither_part():
 
 
 def test_released_counts_from_the_architecture():
-    b16 = setup.split_parameter_count(setup.meta_parameter_shapes(compute.table1_config("B", 16), True))
-    l16 = setup.split_parameter_count(setup.meta_parameter_shapes(compute.table1_config("L", 16), False))
+    b16 = setup.split_parameter_count(setup.meta_parameter_shapes(setup.table1_config("B", 16), True))
+    l16 = setup.split_parameter_count(setup.meta_parameter_shapes(setup.table1_config("L", 16), False))
     assert b16 == (85_798_656, 590_592)
     assert l16 == (303_301_632, 0)
 
@@ -245,3 +244,51 @@ def test_script_prints_every_article_line_offline():
     counts = (r"(\d+) same, 0 close, 0 differs, 0 undecided, 0 varies, 0 not comparable, 0 not run "
               r"\(of \1 article numbers\)")
     assert re.search(counts, run.stdout)
+
+
+# ---------------------------------------------------------------- Table 1's sequence and forward compute
+# against the article's table (Table 1 sizes), the formula worked out by hand and torch's FLOP counter on a real
+# forward pass
+
+def forward_gflops(size, patch, resolution):
+    """A Table 1 model's forward compute at a resolution, as the setup script prints it."""
+    return setup.encoder_flops(*setup.VIT_SIZES[size][:3], setup.sequence_shape(resolution, patch)[2]) / 1e9
+
+
+def test_sequence_shapes_of_the_article():
+    assert setup.sequence_shape(224, 16) == (14, 196, 197, 38_809)
+    assert setup.sequence_shape(384, 16) == (24, 576, 577, 332_929)
+    assert setup.sequence_shape(518, 14)[:3] == (37, 1369, 1370)
+
+
+def test_forward_compute_matches_the_article():
+    article = {("B", 32, 224): 8.6, ("B", 16, 224): 34.9, ("B", 16, 384): 110.3, ("L", 16, 384): 381.2,
+               ("H", 14, 224): 334.2, ("H", 14, 384): 1005.9}
+    for (size, patch, resolution), gflops in article.items():
+        assert round(forward_gflops(size, patch, resolution), 1) == gflops
+    ratio = forward_gflops("B", 16, 224) / forward_gflops("B", 32, 224)
+    assert round(ratio, 2) == 4.06
+
+
+def test_forward_compute_of_vit_b16_by_hand():
+    """2 L (4 s D^2 + 2 s D M + 2 s^2 D), L 12, D 768, M 3072: s = 197 gives 24 x 1,453,954,560 FLOPs at 224; s = 577
+    gives 110,287,687,680 at 384."""
+    assert forward_gflops("B", 16, 224) == pytest.approx(34.89490944, rel=1e-13)
+    config = setup.table1_config("B", 16)
+    assert setup.config_forward_flops(config, 224) == 34_894_909_440
+    assert setup.config_forward_flops(config, 384) == 110_287_687_680
+
+
+def test_flop_formula_equals_torch_flop_counter():
+    """torch counts every matmul of a real forward pass; ours leaves out only the patch embedding."""
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import ViTConfig, ViTModel
+
+    config = ViTConfig(hidden_size=32, num_hidden_layers=2, intermediate_size=80, num_attention_heads=4,
+                       patch_size=16, image_size=64, attn_implementation="eager")
+    model = ViTModel(config, add_pooling_layer=False).eval()
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(pixel_values=torch.zeros(1, 3, 64, 64))
+    patches = (64 // 16) ** 2
+    total = setup.encoder_flops(2, 32, 80, patches + 1) + setup.patch_embedding_flops(64, 16, 32)
+    assert counter.get_total_flops() == total  # torch counts the patch embedding's convolution too
