@@ -642,9 +642,9 @@ def section_feature_map(run, report):
     report.print(f"  Patch tokens shape: {patch_tokens.shape}")
     report.print(f"  Feature map shape: {feature_map.shape}")
     report.print(f"  feature_map[b, :, i, j] == patch_tokens[b, i * W_p + j, :] at {agree} of {2 * grid_h * grid_w} "
-                 "(b, i, j): each patch token lands at its own place in the grid")
-    report.record({"patch tokens shape": list(patch_tokens.shape), "feature map shape": list(feature_map.shape),
-                   "positions that agree": agree})
+                 "(b, i, j): each patch token lands at its own place in the grid",
+                 {"patch tokens shape": list(patch_tokens.shape), "feature map shape": list(feature_map.shape),
+                  "positions that agree": agree})
     try:
         patch_tokens_to_feature_map(patch_tokens, (4, 5))
         refused = "accepted (wrong)"
@@ -667,10 +667,10 @@ def section_table(run, report):
         columns = {what: getattr(config, key) for what, key in TABLE_COLUMNS.items()}
         report.print(f"  {name:<30} {' '.join(f'{value:{widths[what]}}' for what, value in columns.items())}  "
                      f"{table_millions:>4}M  {whole:,} = {whole / 1e6:.0f}M ({backbone:,} = {backbone / 1e6:.0f}M)  "
-                     f"{'same' if f'{whole / 1e6:.0f}' == str(table_millions) else 'differs'}")
-        report.record({**{f"{name} {what}": value for what, value in columns.items()}, f"{name} parameters": whole,
-                       f"{name} parameters (M)": whole / 1e6, f"{name} backbone parameters": backbone,
-                       f"{name} backbone parameters (M)": backbone / 1e6})
+                     f"{'same' if f'{whole / 1e6:.0f}' == str(table_millions) else 'differs'}",
+                     {**{f"{name} {what}": value for what, value in columns.items()}, f"{name} parameters": whole,
+                      f"{name} parameters (M)": whole / 1e6, f"{name} backbone parameters": backbone,
+                      f"{name} backbone parameters (M)": backbone / 1e6})
     report.print("  same / differs: the table's Parameters column read as the whole classifier its row names (with its "
                  "1000-class head), the number --compare compares. A row is the architecture its name stands for "
                  "(vit-<size>-patch<P>-<resolution>), counted, not a released checkpoint: the Hub need not hold one "
@@ -696,16 +696,15 @@ def section_checkpoint(run, report):
     report.print(f"\n== 3. {args.model}: backbone + head ==")
     config = {label: getattr(model.config, key) for label, key in CONFIG_LINES.items()}
     for label, value in config.items():
-        report.print(f"  {label}: {value}")
-    report.record(config)
+        report.print(f"  {label}: {value}", {label: value})
     backbone = sum(p.numel() for p in model.vit.parameters())
     head = sum(p.numel() for p in model.classifier.parameters())
     in_features, out_features = model.classifier.in_features, model.classifier.out_features
     share = 100 * backbone / (backbone + head)
     report.print("  parameters: backbone (patch embedding, class token, position embedding, encoder, final LayerNorm) "
-                 f"{backbone:,}; head Linear({in_features}, {out_features}) {head:,} ({share:.2f}% in the backbone)")
-    report.record({"backbone parameters": backbone, "head in features": in_features, "head out features": out_features,
-                   "head parameters": head, "backbone share (%)": share})
+                 f"{backbone:,}; head Linear({in_features}, {out_features}) {head:,} ({share:.2f}% in the backbone)",
+                 {"backbone parameters": backbone, "head in features": in_features, "head out features": out_features,
+                  "head parameters": head, "backbone share (%)": share})
     beans = load_beans(args.data_dir, args.per_class)
     picture = beans["validation"][0]
     pixels = article_transform(processor, beans["validation"][:1])["pixel_values"]
@@ -721,12 +720,12 @@ def section_checkpoint(run, report):
                  f"{picture['image'].size[1]} px) -> pixel_values {pixels.shape} -> Z_L {tokens.shape}")
     report.print(f"  class token Z_L[:, 0, :] {class_token.shape}; patch tokens Z_L[:, 1:, :] {patch_tokens.shape} "
                  f"-> feature map {feature_map.shape}")
-    report.print(f"  the head on the class token, h_cls W + b, gives the model's logits within {difference:.1e}")
-    report.record({"pixel values shape": list(pixels.shape), "Z_L shape": list(tokens.shape),
-                   "class token shape": list(class_token.shape),
-                   "patch tokens shape (picture)": list(patch_tokens.shape),
-                   "feature map shape (picture)": list(feature_map.shape),
-                   "head on the class token vs logits": difference})
+    report.print(f"  the head on the class token, h_cls W + b, gives the model's logits within {difference:.1e}",
+                 {"pixel values shape": list(pixels.shape), "Z_L shape": list(tokens.shape),
+                  "class token shape": list(class_token.shape),
+                  "patch tokens shape (picture)": list(patch_tokens.shape),
+                  "feature map shape (picture)": list(feature_map.shape),
+                  "head on the class token vs logits": difference})
 
 
 def print_history(report, history):
@@ -736,16 +735,16 @@ def print_history(report, history):
         if "loss" in entry or "eval_loss" in entry:
             rows.setdefault(entry["step"], {}).update(entry)
     for step, row in sorted(rows.items()):  # a step's training loss, its evaluation, or both
+        numbers = {f"step {step} {name}": row[key] for name, key in (
+            ("training loss", "loss"), ("eval_loss", "eval_loss"), ("eval_accuracy", "eval_accuracy")) if key in row}
         if "loss" in row and "eval_loss" in row:
             report.print(f"  step {step:>3}  training loss {row['loss']:.4f}  eval_loss {row['eval_loss']:.4f}  "
-                         f"eval_accuracy {row['eval_accuracy']:.4f}")
+                         f"eval_accuracy {row['eval_accuracy']:.4f}", numbers)
         elif "loss" in row:
-            report.print(f"  step {step:>3}  training loss {row['loss']:.4f}")
+            report.print(f"  step {step:>3}  training loss {row['loss']:.4f}", numbers)
         else:
             report.print(f"  step {step:>3}  eval_loss {row['eval_loss']:.4f}  eval_accuracy "
-                         f"{row['eval_accuracy']:.4f}")
-        report.record({f"step {step} {name}": row[key] for name, key in (
-            ("training loss", "loss"), ("eval_loss", "eval_loss"), ("eval_accuracy", "eval_accuracy")) if key in row})
+                         f"{row['eval_accuracy']:.4f}", numbers)
     report.series.update({  # for the figures and the page
         "training loss": [[step, row["loss"]] for step, row in sorted(rows.items()) if "loss" in row],
         "evaluation accuracy": [[step, row["eval_accuracy"]] for step, row in sorted(rows.items())
@@ -775,8 +774,8 @@ def section_finetune(run, report):
                  f"{'yes' if arithmetic['TF32 on this device'] else 'no (all IEEE float32)'}")
     names, train_count, val_count = beans["names"], len(beans["train"]), len(beans["validation"])
     report.print(f"  beans: {train_count:,} training and {val_count} validation pictures, {len(names)} classes "
-                 f"({', '.join(names)})")
-    report.record({"training pictures": train_count, "validation pictures": val_count, "classes": len(names)})
+                 f"({', '.join(names)})",
+                 {"training pictures": train_count, "validation pictures": val_count, "classes": len(names)})
     report.print(f"  seed {args.seed}: random, numpy and torch, as dnnlpy.set_seed does in its releases 2026.6.11 and "
                  "2026.7.21 (2026.8.24 and later seed torch alone; the article's release is unknown). The shuffles "
                  "draw from numpy: if the article's numpy was not seeded, its training order, and so its after "
@@ -784,13 +783,13 @@ def section_finetune(run, report):
     result = finetune(run)
     steps_per_epoch = math.ceil(train_count / args.batch_size)
     report.print(f"  new head Linear({result['hidden size']}, {len(names)}), random; {result['steps']} steps "
-                 f"({steps_per_epoch} per epoch)")
-    report.record({"training steps": result["steps"], "steps per epoch": steps_per_epoch})
+                 f"({steps_per_epoch} per epoch)",
+                 {"training steps": result["steps"], "steps per epoch": steps_per_epoch})
     for what in ("before", "after"):  # the article's dicts of loss and accuracy, an empty line between
         report.print(f"  {what.capitalize()} fine-tuning:")
         loss, accuracy = result[what]["eval_loss"], result[what]["eval_accuracy"]
-        report.print(f"  {{'eval_loss': {loss!r}, 'eval_accuracy': {accuracy!r}}}")
-        report.record({f"{what} eval_loss": loss, f"{what} eval_accuracy": accuracy})
+        report.print(f"  {{'eval_loss': {loss!r}, 'eval_accuracy': {accuracy!r}}}",
+                     {f"{what} eval_loss": loss, f"{what} eval_accuracy": accuracy})
         if what == "before":
             report.print("  ")
     passes = result["passes"]
@@ -804,11 +803,11 @@ def section_finetune(run, report):
                  f"{pass_text(passes['evaluations'])}, their {val_count} pictures preprocessed once, before the "
                  f"Trainer, in {result['preprocessing seconds']:.1f} s. The Trainer's loop hides its wait, so every "
                  "next() of its data loaders is timed from outside (on a CUDA GPU, the GPU's idle time, with CUDA "
-                 "events)")
-    report.record({"before right": right["before"], "after right": right["after"],
-                   "training seconds": result["seconds"], "training steps": passes["training"],
-                   "evaluations": passes["evaluations"],
-                   "validation preprocessing seconds": result["preprocessing seconds"]})
+                 "events)",
+                 {"before right": right["before"], "after right": right["after"],
+                  "training seconds": result["seconds"], "training steps": passes["training"],
+                  "evaluations": passes["evaluations"],
+                  "validation preprocessing seconds": result["preprocessing seconds"]})
     print_history(report, result["history"])
     report.series["feature maps"] = result["feature maps"]
     if args.plots:
@@ -832,9 +831,9 @@ def section_three_ways(run, report):
     width = frozen["features"]["train"].shape[1]
     report.print(f"  frozen features: the last layer's class token beside the mean of its patch tokens, {width:,} "
                  f"numbers per picture, {frozen['source']} in {frozen['seconds']:.1f} s (--no-cache recomputes)"
-                 f"{pass_words}")
-    report.record(({"frozen features": timing} if timing else {})  # no pass when read from the cache
-                  | {"feature width": width, "features seconds": frozen["seconds"]})
+                 f"{pass_words}",
+                 ({"frozen features": timing} if timing else {})  # no pass when read from the cache
+                 | {"feature width": width, "features seconds": frozen["seconds"]})
     size = getattr(processor, "size", None) or {}  # the processor's resize and normalisation, in words
     side = f"{size['height']}x{size['width']}" if "height" in size else str(size.get("shortest_edge", "?"))
     mean, std = (", ".join(f"{v:g}" for v in dict.fromkeys(values)) for values in (processor.image_mean,
@@ -857,10 +856,10 @@ def section_three_ways(run, report):
     report.print("  way                                      accuracy     loss  trained parameters  time (s)")
     for way, accuracy, loss, parameters, seconds in rows:
         percent = 100 * accuracy
-        report.print(f"  {way:<40} {percent:7.2f}%  {'-' if loss is None else f'{loss:7.4f}':>7}  "
-                     f"{parameters:18,}  {'-' if seconds is None else f'{seconds:8.2f}':>8}")
         numbers = {"accuracy (%)": percent, "loss": loss, "trained parameters": parameters, "seconds": seconds}
-        report.record({f"{way}: {what}": value for what, value in numbers.items() if value is not None})  # not a '-'
+        report.print(f"  {way:<40} {percent:7.2f}%  {'-' if loss is None else f'{loss:7.4f}':>7}  "
+                     f"{parameters:18,}  {'-' if seconds is None else f'{seconds:8.2f}':>8}",
+                     {f"{way}: {what}": value for what, value in numbers.items() if value is not None})  # not a '-'
     report.print("  accuracy and loss (cross-entropy) on the validation pictures; the closed form fits squared error "
                  "to targets in {-1, +1} and gives no probabilities, so it has no cross-entropy; fine-tuning's "
                  "time is its training with its evaluations, the probes' their fit on the features")

@@ -142,14 +142,14 @@ def data_naming_all_missing(run):
         raise
 
 
-def cached_passes(sets, one_pass, key_of, names, cache_dir=FEATURE_CACHE_DIR):
+def cached_passes(sets, features_pass, key_of, names, cache_dir=FEATURE_CACHE_DIR):
     """{set: arrays, "seconds", "passes", "loader", "source"} of {set: paths}: each set read from the cache under
-    key_of(set, paths), else computed by one_pass(paths, set) -> ({name: rows}, timing, (workers, start-up seconds))
-    in a pass of its own."""
+    key_of(set, paths), else computed by features_pass(paths, set) -> ({name: rows}, timing, (workers, start-up
+    seconds)) in a pass of its own."""
     start, found, passes, sources, started = time.perf_counter(), {}, {}, set(), []
 
     def compute(name, paths):
-        arrays, passes[name], workers = one_pass(paths, name)
+        arrays, passes[name], workers = features_pass(paths, name)
         started.append(workers)
         return arrays
 
@@ -205,10 +205,10 @@ def section_by_hand(run, report):
     report.print(f"  new picture x = {listed(HAND_NEW)}: scores x W = {listed(new_scores)} -> class "
                  f"{'AB'[int(new_scores.argmax())]}")
     report.print(f"  training scores X W = {listed(training_scores)} ("
-                 f"{'all on the right side of 0' if right_side else 'not all on the right side of 0'})")
-    report.record({"X": x, "Y": y, "X^T X": gram, "X^T X + I": regularised, "det": det, "inverse": inverse,
-                   "X^T Y": x_t_y, "W": w, "new picture": HAND_NEW, "new picture scores": new_scores,
-                   "training scores": training_scores})
+                 f"{'all on the right side of 0' if right_side else 'not all on the right side of 0'})",
+                 {"X": x, "Y": y, "X^T X": gram, "X^T X + I": regularised, "det": det, "inverse": inverse,
+                  "X^T Y": x_t_y, "W": w, "new picture": HAND_NEW, "new picture scores": new_scores,
+                  "training scores": training_scores})
 
 
 @section
@@ -217,8 +217,8 @@ def section_frozen(run, report):
     args, data = run.args, data_naming_all_missing(run)
     report.print(f"\n== 2. frozen {'ViT-B/16 (ImageNet-21k weights)' if args.model == DEFAULT_MODEL else args.model}, "
                  f"device {run.device.type}: features of {len(data['pool'])} training pictures (a pool of {args.pool} "
-                 f"per class) and {len(data['val'])} validation pictures ==")
-    report.record({"pool pictures": len(data["pool"]), "validation pictures": len(data["val"])})
+                 f"per class) and {len(data['val'])} validation pictures ==",
+                 {"pool pictures": len(data["pool"]), "validation pictures": len(data["val"])})
     features = load_features(run)
     accuracies = {(name, lam, shots): few_shot_accuracies(features["pool"][name], features["pool labels"],
                                                           features["val"][name], features["val labels"], shots, lam,
@@ -234,24 +234,25 @@ def section_frozen(run, report):
     report.print(f"  representation \"pre-logits\": the tanh layer on the [class] token, {width} numbers;  \"class "
                  "token\": the final LayerNorm output (Eq. 4)")
     report.print(f"  accuracy on the {len(data['val']):,} validation pictures, mean +- std over {args.draws} random "
-                 "draws of the training pictures")
-    report.record({f"{desc} features": timing for desc, timing in features["passes"].items()}
-                  | {"features seconds": features["seconds"], "feature width": width,
-                     "validation pictures (table)": len(data["val"])})
+                 "draws of the training pictures",
+                 {f"{desc} features": timing for desc, timing in features["passes"].items()}
+                 | {"features seconds": features["seconds"], "feature width": width,
+                    "validation pictures (table)": len(data["val"])})
     for representation in REPRESENTATIONS:
         for lam in args.lambdas:
-            cells = []
+            cells, numbers, counts = [], {}, {}
             for shots in args.shots:
                 rights, of = accuracies[representation, lam, shots], len(features["val labels"])
                 cell = [100 * (right / of) for right in rights]  # per cent right, each draw
                 name = f"{representation} lambda {lam:g} {shots}-shot"  # the mean over the draws, each draw's count
                 mean, std = np.mean(cell), np.std(cell)  # std: ddof=0
                 cells.append(f"{shots}-shot {mean:5.1f} +- {std:4.1f}%")
-                report.record({f"{name} mean": mean, f"{name} std": std}, counts={f"{name} mean": (rights, of)})
-            report.print(f"  {representation:<11} lambda {lam:>6g}:  {'   '.join(cells)}")
+                numbers |= {f"{name} mean": mean, f"{name} std": std}
+                counts[f"{name} mean"] = rights, of
+            report.print(f"  {representation:<11} lambda {lam:>6g}:  {'   '.join(cells)}", numbers, counts)
     classes = len(data["names"])
-    report.print(f"  chance is {100 / classes:.0f}%; 1-shot means {classes} training pictures in total, one per class")
-    report.record({"chance (%)": 100 / classes, "1-shot pictures": classes})
+    report.print(f"  chance is {100 / classes:.0f}%; 1-shot means {classes} training pictures in total, one per class",
+                 {"chance (%)": 100 / classes, "1-shot pictures": classes})
     if args.plots:
         fewshot_accuracy(report.values(), article_values("fewshot"), args.plots, say, args.draws,
                          origin_of(args, DEFAULT_NAME))
@@ -275,16 +276,16 @@ def section_one_solve(run, report):
     x_shape, y_shape = (len(x), x.shape[1] + 1), (len(x), len(names))  # X with the bias column
     report.print(f"  {shots}-shot, draw 0, pre-logits, lambda {lam:g}: X is {x_shape} ({len(x)} pictures x "
                  f"{x.shape[1]} features + bias), Y is {y_shape}, W is {w.shape}; one solve of a {w.shape[0]}x"
-                 f"{w.shape[0]} system")
-    report.record({"X shape": x_shape, "solve pictures": len(x), "solve features": x.shape[1], "Y shape": y_shape,
-                   "W shape": w.shape, "system size": w.shape[0]})
+                 f"{w.shape[0]} system",
+                 {"X shape": x_shape, "solve pictures": len(x), "solve features": x.shape[1], "Y shape": y_shape,
+                  "W shape": w.shape, "system size": w.shape[0]})
     classes = ", ".join(f"{name} {accuracy:.0f}%" if accuracy is not None else f"{name} none drawn"
                         for name, accuracy in zip(names, per_class, strict=True))
     report.print(f"  per-class accuracy ({shots}-shot, draw 0): {classes}")
     report.print(f"  scores of the first validation picture (a {names[val_labels[0]]}): "
-                 f"{' '.join(f'{s:+.2f}' for s in scores[0])}  -> class {names[predicted[0]]}")
-    report.record({f"per-class {name}": accuracy for name, accuracy in zip(names, per_class, strict=True)
-                   if accuracy is not None} | {f"first picture score {i}": s for i, s in enumerate(scores[0], 1)})
+                 f"{' '.join(f'{s:+.2f}' for s in scores[0])}  -> class {names[predicted[0]]}",
+                 {f"per-class {name}": accuracy for name, accuracy in zip(names, per_class, strict=True)
+                  if accuracy is not None} | {f"first picture score {i}": s for i, s in enumerate(scores[0], 1)})
 
 
 ARTICLE_FLAGS = {"pool": ("pool", 50), "draws": ("draws", 5), "resolution": ("resolution", 224),

@@ -54,9 +54,9 @@ from common.data import (
     CLASSES,
     DEFAULT_NAME,
     NEW_PASS,
+    batches_of,
     load_splits,
     run_model,
-    started_pass,
     to_pixels,
 )
 from common.files import (
@@ -109,7 +109,7 @@ REPORT_STEPS = (0, 5, 10, 25, 50, 100, 150, 200, 250, 300)  # the logged steps; 
 STEP_NUMBERS = ("lr", "loss", "norm", "accuracy", "seconds")  # the article's numbers on a logged step's line
 NORM_WINDOW = 50        # the first and last steps whose median gradient norm is printed (scaled as the steps)
 LOSS_WINDOW = 10        # the first and last steps whose mean loss is printed (scaled as the steps)
-MONITOR_PER_CLASS = 100  # the validation subset watched during the run, 1,000 pictures (--check-per-class)
+CHECK_PER_CLASS = 100  # the validation subset watched during the run, 1,000 pictures (--check-per-class)
 RANDOM_HEAD_STD = 0.02   # the random head shown for comparison
 ARTICLE_FLAGS = {"steps": ("steps", STEPS), "batch": ("batch_size", BATCH), "lr": ("lr", LR),
                  "resolution": ("resolution", RESOLUTION), "precision": ("precision", PRECISION)}
@@ -162,10 +162,10 @@ def process_share(items, rank, world):
     return tuple(part[rank * share:(rank + 1) * share] for part in items)
 
 
-def micro_batches(pixels, labels, passes):
-    """(pictures, labels, weight) of each of `passes` parts of a batch; weight: the part's share, so that the weighted
+def micro_batches(pixels, labels, count):
+    """(pictures, labels, weight) of each of `count` parts of a batch; weight: the part's share, so that the weighted
     mean losses add up to the batch's."""
-    for x, y in zip(pixels.chunk(passes), labels.chunk(passes), strict=True):
+    for x, y in zip(pixels.chunk(count), labels.chunk(count), strict=True):
         yield x, y, len(y) / len(labels)
 
 
@@ -209,15 +209,15 @@ def body_gradient_norm(model):
     return math.sqrt(squares)
 
 
-def head_step(model, pixels, labels, passes=1):
-    """One forward and backward pass on a batch, in `passes` micro-batches as training's: what the head and the body
+def head_step(model, pixels, labels, micro_batch_count=1):
+    """One forward and backward pass on a batch, in micro_batch_count parts as training's: what the head and the body
     receive. Leaves .grad set."""
     captured, logits, loss = [], [], 0.0
     hook = model.classifier.register_forward_hook(
         lambda module, inputs, output: captured.append(inputs[0].detach().float()))
     model.zero_grad(set_to_none=True)
     try:
-        for x, y, weight in micro_batches(pixels, labels, passes):
+        for x, y, weight in micro_batches(pixels, labels, micro_batch_count):
             part = model(pixel_values=x, interpolate_pos_encoding=True).logits.float()  # the loss in float32, bf16 too
             share = F.cross_entropy(part, y) * weight
             share.backward()
@@ -311,20 +311,20 @@ def section_data_and_model(run, report):
     data, model, pre_logits = data_and_model(run)
     args = run.args
     report.print(f"\n== 0. data: {data['name']}, {len(data['train'])} training and {len(data['val'])} validation "
-                 f"pictures, {data['classes']} classes; device {run.device.type} ==")
-    report.record({"training pictures": len(data["train"]), "validation pictures": len(data["val"]),
-                   "classes": data["classes"]})
+                 f"pictures, {data['classes']} classes; device {run.device.type} ==",
+                 {"training pictures": len(data["train"]), "validation pictures": len(data["val"]),
+                  "classes": data["classes"]})
     report.print(f"  loaded {args.model} into a {data['classes']}-class classifier")
     if pre_logits:
         rows, columns = pre_logits
         report.print(f"  the pre-logits layer ({rows} x {columns} + tanh) is dropped: model.vit.pooler is "
-                     f"{model.vit.pooler}")
-        report.record({"pre-logits rows": rows, "pre-logits columns": columns})
+                     f"{model.vit.pooler}",
+                     {"pre-logits rows": rows, "pre-logits columns": columns})
     else:
         report.print(f"  the checkpoint has no pre-logits layer: model.vit.pooler is {model.vit.pooler}")
     head_numbers = model.classifier.weight.numel() + model.classifier.bias.numel()
-    report.print(f"  new head: {model.classifier} with every weight and bias set to 0 ({head_numbers:,} numbers)")
-    report.record({"head numbers": head_numbers})
+    report.print(f"  new head: {model.classifier} with every weight and bias set to 0 ({head_numbers:,} numbers)",
+                 {"head numbers": head_numbers})
     patch = model.config.patch_size
     n_old, n_new = model.config.image_size // patch, args.resolution // patch
     if args.resolution % patch:
@@ -345,26 +345,26 @@ def section_zero_head(run, report):
     classes = data["classes"]
     report.print("\n== 1. step 0 with the zero head ==")
     indices, flips = step_pictures(1, run.args.batch_size, len(data["train"]), run.args.seed)  # step 1's whole batch
-    batches, _, _ = started_pass([data["train"][i][0] for i in indices], run.args.resolution, run.args.batch_size,
+    batches, _, _ = batches_of([data["train"][i][0] for i in indices], run.args.resolution, run.args.batch_size,
                                  run.device, flips, workers=0, resample=run.kept["pixels"]["resample"])  # one batch
     pixels = to_pixels(next(batches), run.device, run.kept["pixels"])
     labels = torch.tensor([data["train"][i][1] for i in indices], device=run.device)
-    passes = run.world * run.args.accum_steps  # the micro-batch of a training step, so the peak is training's
+    micro_batch_count = run.world * run.args.accum_steps  # a training step's, so the peak is training's
     with run.autocast:
-        zero = head_step(model, pixels, labels, passes)
+        zero = head_step(model, pixels, labels, micro_batch_count)
     first = zero["logits"][0]
     probabilities = torch.softmax(first.float(), 0)
     by_hand, autograd = zero["head by hand"], zero["head autograd"]
     if torch.all(first == first[0]):
         probability = round(probabilities[0].item(), 6)
         report.print(f"  logits of the first picture: {listed(first)}  -> softmax gives {probability:g} to each of the "
-                     f"{classes} classes")
-        report.record({"zero head logits": first, "zero head probability": probability})
+                     f"{classes} classes",
+                     {"zero head logits": first, "zero head probability": probability})
     else:
         lowest, highest = probabilities.min(), probabilities.max()
-        report.print(f"  logits of the first picture: {listed(first)}  -> softmax gives {lowest:.3f} to {highest:.3f}")
-        report.record({"zero head logits": first, "zero head probability min": lowest,
-                       "zero head probability max": highest})
+        report.print(f"  logits of the first picture: {listed(first)}  -> softmax gives {lowest:.3f} to {highest:.3f}",
+                     {"zero head logits": first, "zero head probability min": lowest,
+                      "zero head probability max": highest})
     ln = math.log(classes)
     report.print(f"  loss = -ln({1 / classes:g}) = ln {classes} = {ln:.6f};  measured {zero['loss']:.6f}")
     hand_norm, autograd_norm, difference = by_hand.norm(), autograd.norm(), (by_hand - autograd).abs().max()
@@ -372,22 +372,22 @@ def section_zero_head(run, report):
                  f"{hand_norm:.4f}; autograd: {autograd_norm:.4f}; max |difference| {difference:.1e}")
     body_millions = sum(p.numel() for name, p in model.named_parameters() if not name.startswith("classifier.")) / 1e6
     report.print(f"  gradient reaching the body (all {millions(body_millions)} other numbers): norm "
-                 f"{zero_or_3g(zero['body norm'])}  (W_head^T (softmax - one_hot) = 0 because W_head = 0)")
-    report.record({"ln 10": ln, "zero head loss": zero["loss"], "head gradient norm by hand": hand_norm,
-                   "head gradient norm autograd": autograd_norm, "head gradient max diff": difference,
-                   "body numbers (M)": body_millions, "zero head body gradient norm": zero["body norm"]})
+                 f"{zero_or_3g(zero['body norm'])}  (W_head^T (softmax - one_hot) = 0 because W_head = 0)",
+                 {"ln 10": ln, "zero head loss": zero["loss"], "head gradient norm by hand": hand_norm,
+                  "head gradient norm autograd": autograd_norm, "head gradient max diff": difference,
+                  "body numbers (M)": body_millions, "zero head body gradient norm": zero["body norm"]})
     random_head(model, run.args.seed)  # for comparison: the loss and the body's gradient of a random head
     with run.autocast:
-        noisy = head_step(model, pixels, labels, passes)
+        noisy = head_step(model, pixels, labels, micro_batch_count)
     zero_head(model)
     model.zero_grad(set_to_none=True)
     logits = noisy["logits"][0]
     lowest, highest = logits.min(), logits.max()
     report.print(f"  for comparison, a random head (normal, std {RANDOM_HEAD_STD}): loss {noisy['loss']:.4f}, gradient "
                  f"reaching the body: norm {zero_or_3g(noisy['body norm'])}, logits of picture 1 range {lowest:.2f} to "
-                 f"{highest:.2f}")
-    report.record({"random head loss": noisy["loss"], "random head body gradient norm": noisy["body norm"],
-                   "random head logit min": lowest, "random head logit max": highest})
+                 f"{highest:.2f}",
+                 {"random head loss": noisy["loss"], "random head body gradient norm": noisy["body norm"],
+                  "random head logit min": lowest, "random head logit max": highest})
 
 
 def print_step(report, step, row):
@@ -395,11 +395,11 @@ def print_step(report, step, row):
     name, (right, of) = f"step {step}", row["accuracy"]
     accuracy = 100 * right / of
     report.print(f"  step {step:3d}: lr {row['lr']:.5f}  loss {row['loss']:.4f}  gradient norm before clipping "
-                 f"{row['norm']:7.3f}  validation {accuracy:5.1f}%   {pass_text(row)}")
+                 f"{row['norm']:7.3f}  validation {accuracy:5.1f}%   {pass_text(row)}",
+                 {f"{name} lr": row["lr"], f"{name} loss": row["loss"], f"{name} norm": row["norm"],
+                  f"{name} accuracy": accuracy, f"{name} seconds": row["seconds"],
+                  f"{name} waiting seconds": row["waiting seconds"]}, counts={f"{name} accuracy": (right, of)})
     # the run's clock and its waits so far, printed as a pass's are, recorded as two plain numbers: no pass of its own
-    report.record({f"{name} lr": row["lr"], f"{name} loss": row["loss"], f"{name} norm": row["norm"],
-                   f"{name} accuracy": accuracy, f"{name} seconds": row["seconds"],
-                   f"{name} waiting seconds": row["waiting seconds"]}, counts={f"{name} accuracy": (right, of)})
 
 
 @section
@@ -411,8 +411,8 @@ def section_finetune(run, report):
     report.print(f"\n== 2. fine-tuning: {args.steps} steps, batch {args.batch_size}, SGD momentum {MOMENTUM}, no "
                  f"weight decay, base LR {args.lr:g}, linear warm-up {warmup} step{'s' * (warmup != 1)}, cosine "
                  f"decay to 0, clip at global norm {CLIP_NORM}, weight average factor {AVERAGE_FACTOR}, random "
-                 "horizontal flips ==")
-    report.record({"warm-up steps": warmup})
+                 "horizontal flips ==",
+                 {"warm-up steps": warmup})
     if run.world > 1 or args.accum_steps > 1 or args.resolution != RESOLUTION:
         report.print(f"  {args.resolution} pixels; batch {args.batch_size} = {run.world} process(es) x "
                      f"{args.accum_steps} accumulation step(s) x {micro} pictures")
@@ -425,22 +425,22 @@ def section_finetune(run, report):
     if args.resume:
         start, log = resume(run, model, average, optimizer)
         report.print(f"  resumed from {Path(args.save_dir) / CHECKPOINT} at step {start}")
-    n = checked_per_class(args)  # the first n of each class: validation pictures are listed by class, then name
+    n = check_pictures_per_class(args)  # the first n of each class: validation pictures are listed by class, then name
     items = [item for _, group in itertools.groupby(data["val"], key=lambda item: item[1]) for item in list(group)[:n]]
     # read once, kept on the device: an unreadable picture stops the run here; the reading counts as the checks' wait
-    monitor = kept_batches(items, run, micro, log)
+    check_batches = kept_batches(items, run, micro, log)
     if start == 0:
-        right, of = accuracies([model.eval()], *monitor, run, micro, "step 0", log["passes"]["checks"])[0]
+        right, of = accuracies([model.eval()], *check_batches, run, micro, "step 0", log["passes"]["checks"])[0]
         log["step 0"] = 100 * right / of  # no sample: the zero head's tie is 100 / classes on a balanced check
         ties = not model.classifier.weight.any() and not model.classifier.bias.any()
         log["tie note"] = "  (zero head: every class ties, the first wins)" if ties else ""
     per_class = len(items) // data["classes"]
     report.print(f"  step   0: validation accuracy ({len(items):,} pictures, {per_class} per class) "
-                 f"{log['step 0']:.1f}%{log['tie note']}")
-    report.record({"monitor pictures": len(items), "monitor per class": per_class, "step 0 validation": log["step 0"]})
+                 f"{log['step 0']:.1f}%{log['tie note']}",
+                 {"monitor pictures": len(items), "monitor per class": per_class, "step 0 validation": log["step 0"]})
     last_step = min(args.pause_at or args.steps, args.steps)
-    train(run, report, data=data, model=model, average=average, optimizer=optimizer, log=log, monitor=monitor,
-          micro=micro, steps=(start, last_step))
+    train(run, report, data=data, model=model, average=average, optimizer=optimizer, log=log,
+          check_batches=check_batches, micro=micro, steps=(start, last_step))
     try:
         finish(run, report, data=data, model=model, average=average, log=log, micro=micro, last_step=last_step)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM in the last passes: the last step is saved, only they are left
@@ -449,11 +449,11 @@ def section_finetune(run, report):
         raise
 
 
-def train(run, report, *, data, model, average, optimizer, log, monitor, micro, steps):
+def train(run, report, *, data, model, average, optimizer, log, check_batches, micro, steps):
     """Steps (start, last_step): start+1 .. last_step, the article's loop, its logged steps, and a checkpoint every
     --save-every steps, at the last one and on Ctrl-C or SIGTERM (then the run stops, every process at the same step).
-    micro: the pictures of one forward pass; monitor: the checks' batches and labels."""
-    (start, last_step), args, passes = steps, run.args, log["passes"]
+    micro: the pictures of one forward pass; check_batches: the checks' batches and labels."""
+    (start, last_step), args, timings = steps, run.args, log["passes"]
     trained = torch.nn.parallel.DistributedDataParallel(model) if run.world > 1 else model  # on the model's device
     for row in log["rows"]:  # a resumed run's logged steps, printed again
         print_step(report, row["step"], row)
@@ -483,12 +483,12 @@ def train(run, report, *, data, model, average, optimizer, log, monitor, micro, 
             update_average(average, model)  # Polyak average
             log["losses"].append(loss)
             log["norms"].append(norm)
-            passes["training"]["seconds"] += time.perf_counter() - step_begun
+            timings["training"]["seconds"] += time.perf_counter() - step_begun
             if step in logged:
-                checked = accuracies([model.eval()], *monitor, run, micro, f"step {step}", passes["checks"])[0]
+                checked = accuracies([model.eval()], *check_batches, run, micro, f"step {step}", timings["checks"])[0]
                 log["seconds"] = time.perf_counter() - begun
                 row = {"lr": lr, "loss": loss, "norm": norm, "accuracy": checked, "seconds": log["seconds"],
-                       "waiting seconds": sum(timing["waiting seconds"] for timing in passes.values())}
+                       "waiting seconds": sum(timing["waiting seconds"] for timing in timings.values())}
                 log["rows"].append({"step": step, **row})
                 print_step(report, step, row)
             end_of_step(run, stop, step, last_step, checkpoint)
@@ -562,7 +562,7 @@ def settings(run):
     return {"model": args.model, "steps": args.steps, "batch size": args.batch_size, "lr": args.lr, "seed": args.seed,
             "resolution": args.resolution, "per class": args.per_class, "precision": args.precision,
             "processes": run.world,
-            "checked per class": None if args.check_per_class == MONITOR_PER_CLASS else args.check_per_class}
+            "checked per class": None if args.check_per_class == CHECK_PER_CLASS else args.check_per_class}
 
 
 def resume(run, model, average, optimizer):
@@ -605,9 +605,9 @@ def step_batches(items, first, last, run, log):
 
 
 def logged_pass(paths, batch_size, run, log, flips=None, indices=None, timing=None, count=len):
-    """A pass's batches of the pictures at paths, its loader started (common/data.py's started_pass; timing, count:
+    """A pass's batches of the pictures at paths, its loader started (common/data.py's batches_of; timing, count:
     as there): its workers and their start-up in the log."""
-    batches, log["loader workers"], seconds = started_pass(paths, run.args.resolution, batch_size, run.device, flips,
+    batches, log["loader workers"], seconds = batches_of(paths, run.args.resolution, batch_size, run.device, flips,
                                                            indices, timing=timing, count=count,
                                                            resample=run.kept["pixels"]["resample"])
     log["loader start-up seconds"] += seconds
@@ -653,7 +653,7 @@ def finish(run, report, *, data, model, average, log, micro, last_step):
     """At the end: how often clipping acted, the losses at both ends, both sets of weights on every validation
     picture. Then, a paused run's too: the passes over pictures and the curves (kept for the page, drawn with
     --plots)."""
-    args, passes, final = run.args, log["passes"], {}
+    args, final = run.args, {}
     if last_step == args.steps:
         norm_window, loss_window = scaled(NORM_WINDOW, args.steps), scaled(LOSS_WINDOW, args.steps)
         clipped, norm_first, norm_last, loss_first, loss_last = run_statistics(
@@ -664,10 +664,10 @@ def finish(run, report, *, data, model, average, log, micro, last_step):
                      f"{norm_window} steps {norm_first:.3f}, last {norm_window} steps {norm_last:.3f}")
         report.print(f"  mean training loss: steps 1 to {loss_window} {loss_first:.3f}, steps "
                      f"{args.steps - loss_window + 1} to {args.steps} {loss_last:.3f}; pictures seen {seen:,} = "
-                     f"{epochs:.2f} passes over the training set")
-        report.record({"clipped steps": clipped, "median norm first": norm_first, "median norm last": norm_last,
-                       "mean loss first": loss_first, "mean loss last": loss_last, "pictures seen": seen,
-                       "passes": epochs})
+                     f"{epochs:.2f} passes over the training set",
+                     {"clipped steps": clipped, "median norm first": norm_first, "median norm last": norm_last,
+                      "mean loss first": loss_first, "mean loss last": loss_last, "pictures seen": seen,
+                      "passes": epochs})
         share = data["val"][run.rank::run.world]
         batches = logged_pass([path for path, _ in share], micro, run, log)
         final["both weights on all validation pictures"] = dict(NEW_PASS)
@@ -676,9 +676,9 @@ def finish(run, report, *, data, model, average, log, micro, last_step):
                                                final["both weights on all validation pictures"])
         average_accuracy, last_accuracy = 100 * averaged / of, 100 * last / of
         report.print(f"  on all {len(data['val']):,} validation pictures: the weight average (factor {AVERAGE_FACTOR}) "
-                     f"{average_accuracy:.2f}%, the last weights {last_accuracy:.2f}%")
-        report.record({"average accuracy": average_accuracy, "last accuracy": last_accuracy},
-                      counts={"average accuracy": (averaged, of), "last accuracy": (last, of)})
+                     f"{average_accuracy:.2f}%, the last weights {last_accuracy:.2f}%",
+                     {"average accuracy": average_accuracy, "last accuracy": last_accuracy},
+                     counts={"average accuracy": (averaged, of), "last accuracy": (last, of)})
         if args.save_dir and run.rank == 0:  # what from_pretrained and pipeline("image-classification") load
             try:  # a model that cannot be written costs the saved copy, not the run's numbers
                 for folder, weights in ((SAVED_AVERAGE, average), (SAVED_LAST, model)):
@@ -690,14 +690,14 @@ def finish(run, report, *, data, model, average, log, micro, last_step):
                     "load either")
             except UserError as problem:
                 say(f"warning: {problem}; the run's numbers are printed as usual")
-    timings = {**passes, **final}
+    timings = {**log["passes"], **final}
     texts = {what: pass_text(timing) for what, timing in timings.items()}
     report.print(f"  passes over pictures (this process's): training, {last_step} steps {texts['training']}; the "
-                 f"checks of the validation subset, {passes['checks']['pictures']:,} pictures in all {texts['checks']}"
+                 f"checks of the validation subset, {timings['checks']['pictures']:,} pictures in all {texts['checks']}"
                  f"{''.join(f'; {what} {texts[what]}' for what in final)}; the loaders' {log['loader workers']} "
                  "worker processes each (none on a CPU, whose cores the model uses) started in "
-                 f"{log['loader start-up seconds']:.1f} s, outside the passes")
-    report.record(timings)
+                 f"{log['loader start-up seconds']:.1f} s, outside the passes",
+                 timings)
     if last_step < args.steps:
         report.print(f"  paused after step {last_step} of {args.steps}; saved {Path(args.save_dir) / CHECKPOINT}: add "
                      "--resume to continue")
@@ -722,19 +722,19 @@ def setup_differences(run, known):
     return differences
 
 
-def checked_per_class(args):
+def check_pictures_per_class(args):
     """The validation pictures of each class checked at the logged steps: --check-per-class, at most --per-class."""
-    return min(args.check_per_class or MONITOR_PER_CLASS, args.per_class or math.inf)
+    return min(args.check_per_class or CHECK_PER_CLASS, args.per_class or math.inf)
 
 
 def check_differences(args, data):
     """--check-per-class other than the article's 100: the logged steps check other pictures than its 1,000."""
-    if args.check_per_class in (None, MONITOR_PER_CLASS):
+    if args.check_per_class in (None, CHECK_PER_CLASS):
         return {}
-    per_class, flag = checked_per_class(args), f"--check-per-class {args.check_per_class}"
+    per_class, flag = check_pictures_per_class(args), f"--check-per-class {args.check_per_class}"
     checked = f"{per_class * data['classes']:,} pictures checked" if data else "pictures checked"  # data: not loaded
     why = (f"{flag}: {checked} (the first {per_class} of each class), the article's "
-           f"{len(CLASSES) * MONITOR_PER_CLASS:,}")
+           f"{len(CLASSES) * CHECK_PER_CLASS:,}")
     return {"checked pictures": {"flag": flag, "why": why}}
 
 
@@ -761,7 +761,7 @@ def parse_flags(argv, world):
                         help="steps between checkpoints (default: %(default)s)")
     parser.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.pt of --save-dir")
     parser.add_argument("--check-per-class", type=positive_int, metavar="N", help="validation pictures of each "
-                        f"class checked at the logged steps (default: the article's {MONITOR_PER_CLASS})")
+                        f"class checked at the logged steps (default: the article's {CHECK_PER_CLASS})")
     parser.add_argument("--pause-at", type=positive_int, metavar="STEP",
                         help="save and stop after STEP; --resume continues")
     parser.add_argument("--plots", type=nonempty_path, metavar="DIR",

@@ -198,9 +198,9 @@ def section_tiny_grid(run, report):
     for row in resized:
         report.print(f"    {'  '.join(f'{v:.2f}' for v in row)}")
     report.print(f"  corners stay, the new middle row and column are averages of their neighbours: (0+1)/2 = "
-                 f"{resized[0, 1]:g}, (0+2)/2 = {resized[1, 0]:g}, (0+1+2+3)/4 = {resized[1, 1]:g}")
-    report.record({"2x2 grid": grid, "3x3 grid": resized, "2x2 top middle": resized[0, 1],
-                   "2x2 middle left": resized[1, 0], "2x2 centre": resized[1, 1]})
+                 f"{resized[0, 1]:g}, (0+2)/2 = {resized[1, 0]:g}, (0+1+2+3)/4 = {resized[1, 1]:g}",
+                 {"2x2 grid": grid, "3x3 grid": resized, "2x2 top middle": resized[0, 1],
+                  "2x2 middle left": resized[1, 0], "2x2 centre": resized[1, 1]})
 
 
 @section
@@ -225,13 +225,13 @@ def section_position_table(run, report):
     report.print(f"  our bilinear {n_old}x{n_old} -> {n_new}x{n_new}: {ours.shape}; max |difference| vs "
                  f"scipy.ndimage.zoom(order=1): {scipy_difference:.1e}")
     report.print(f"  new row {row} sits at old position {row} x {n_old - 1}/{n_new - 1} = {lower + delta:.4f}: "
-                 f"{1 - delta:.4f} of old row {lower} + {delta:.4f} of old row {lower + 1}")
-    report.record({"E_pos shape": table.shape, "grid rows": n_old * n_old, "old grid side": n_old,
-                   "row width": table.shape[1], "patch size": config.patch_size, "new grid side": n_new,
-                   "new N": n_new * n_new, "rows needed": rows_needed, "rows missing": rows_needed - len(table),
-                   "bilinear shape": ours.shape, "bilinear vs scipy max diff": scipy_difference,
-                   f"new row {row} position": lower + delta, f"new row {row} weight of the lower row": 1 - delta,
-                   f"new row {row} weight of the upper row": delta})
+                 f"{1 - delta:.4f} of old row {lower} + {delta:.4f} of old row {lower + 1}",
+                 {"E_pos shape": table.shape, "grid rows": n_old * n_old, "old grid side": n_old,
+                  "row width": table.shape[1], "patch size": config.patch_size, "new grid side": n_new,
+                  "new N": n_new * n_new, "rows needed": rows_needed, "rows missing": rows_needed - len(table),
+                  "bilinear shape": ours.shape, "bilinear vs scipy max diff": scipy_difference,
+                  f"new row {row} position": lower + delta, f"new row {row} weight of the lower row": 1 - delta,
+                  f"new row {row} weight of the upper row": delta})
     # the library's stretched grid, from interpolate_pos_encoding, computed on the host as our bicubic call is: the
     # line compares the two formulas, and a GPU's bicubic kernel rounds otherwise than the CPU's (8.9e-08 apart, H200)
     embeddings = copy.deepcopy(model.vit.embeddings).cpu()
@@ -246,8 +246,7 @@ def section_position_table(run, report):
                  f"|difference| {library_difference:.1e}")
     report.print("  bilinear (official) vs bicubic (library) position rows: mean |difference| "
                  f"{stats['bilinear vs bicubic mean diff']:.4f}, mean |value| {stats['mean |value|']:.4f}")
-    report.print(f"  corner row (0,0) kept by bilinear: max |difference| {stats['corner max diff']:.1e}")
-    report.record(stats)
+    report.print(f"  corner row (0,0) kept by bilinear: max |difference| {stats['corner max diff']:.1e}", stats)
 
 
 @section
@@ -270,11 +269,11 @@ def section_cosine(run, report):
                                               similarity[r, c + 1])
         report.print(f"  {name} grid, row ({r}, {c}): neighbours up {up:.2f}, down {down:.2f}, left {left:.2f}, "
                      f"right {right:.2f} ({min(neighbours):.2f} to {max(neighbours):.2f}); far corner {corner}: "
-                     f"{similarity[corner]:.2f}")
-        report.record({f"{prefix}neighbour up": up, f"{prefix}neighbour down": down,
-                       f"{prefix}neighbour left": left, f"{prefix}neighbour right": right,
-                       f"{prefix}neighbours min": min(neighbours), f"{prefix}neighbours max": max(neighbours),
-                       f"{prefix}far corner": similarity[corner]})
+                     f"{similarity[corner]:.2f}",
+                     {f"{prefix}neighbour up": up, f"{prefix}neighbour down": down,
+                      f"{prefix}neighbour left": left, f"{prefix}neighbour right": right,
+                      f"{prefix}neighbours min": min(neighbours), f"{prefix}neighbours max": max(neighbours),
+                      f"{prefix}far corner": similarity[corner]})
         maps[name] = similarity.tolist()
     report.series["cosine maps"] = maps  # for the figures and the page
     if run.args.plots:
@@ -288,8 +287,8 @@ def section_accuracy(run, report):
     args = run.args
     pixels = checkpoint_pixels(args.model)  # what its image processor makes
     report.print(f"\n== 4. accuracy on the Imagenette validation set: {len(images)} pictures (160 px on the short "
-                 f"side), device {run.device.type} ==")
-    report.record({"validation pictures": len(images)})
+                 f"side), device {run.device.type} ==",
+                 {"validation pictures": len(images)})
     report.print("  the ImageNet head of the checkpoint is read at the 10 Imagenette classes; no training; \"of 1000\" "
                  "= the top class of all 1000 must be right")
     embeddings = model.vit.embeddings
@@ -316,14 +315,14 @@ def section_accuracy(run, report):
             of_10, of_1000 = accuracy_counts(torch.cat(logits), labels, imagenet_classes)
             n = len(images)
             report.print(f"  {label:<46} accuracy {100 * of_10 / n:.2f}% (of 10)   {100 * of_1000 / n:.2f}% "
-                         f"(of 1000)   {pass_text(timing)}")
-            report.record({f"{key} of 10": 100 * of_10 / n, f"{key} of 1000": 100 * of_1000 / n, key: timing},
-                          counts={f"{key} of 10": (of_10, n), f"{key} of 1000": (of_1000, n)})
+                         f"(of 1000)   {pass_text(timing)}",
+                         {f"{key} of 10": 100 * of_10 / n, f"{key} of 1000": 100 * of_1000 / n, key: timing},
+                         counts={f"{key} of 10": (of_10, n), f"{key} of 1000": (of_1000, n)})
     finally:
         embeddings.position_embeddings.data = original
     report.print(f"  zeros: all {n_new * n_new + 1} rows of E_pos set to 0, the [class] row included; 1D and 2D "
-                 "tables keep the [class] row as it is")
-    report.record({"zeros rows": n_new * n_new + 1})
+                 "tables keep the [class] row as it is",
+                 {"zeros rows": n_new * n_new + 1})
     if args.plots:
         accuracy_bars(report.values(), article_values("posemb"), args.plots, say, origin_of(args, DEFAULT_NAME))
 

@@ -190,9 +190,9 @@ def section_table1(run, report):
             grid, patches, seq, pairs = sequence_shape(resolution, patch)
             key, gflops = f"ViT-{size}/{patch} at {resolution}", encoder_flops(*VIT_SIZES[size][:3], seq) / 1e9
             report.print(f"  {key}: grid {grid:>2}x{grid:<2} N = {patches:>4}  sequence {seq:>4}  pairs per head "
-                         f"{pairs:>9,}  forward compute about {gflops:6.1f} GFLOPs")
-            report.record({f"{key}: grid": grid, f"{key}: N": patches, f"{key}: sequence": seq, f"{key}: pairs": pairs,
-                           f"{key}: GFLOPs": gflops})
+                         f"{pairs:>9,}  forward compute about {gflops:6.1f} GFLOPs",
+                         {f"{key}: grid": grid, f"{key}: N": patches, f"{key}: sequence": seq, f"{key}: pairs": pairs,
+                          f"{key}: GFLOPs": gflops})
     report.print(f"  ViT-B/16 vs ViT-B/32 at 224: {n16} vs {n32} patches = x{patch_ratio} (patch side halved, so "
                  f"(1/2)^-2 = 4); compute x{compute224:.2f}")
     report.print(f"  ViT-B/16 from 224 to 384: sequence {s16} -> {s384} = x{s384 / s16:.1f}, pairs per head x"
@@ -201,20 +201,20 @@ def section_table1(run, report):
                  f"({s16}/{s32} tokens; the [class] token keeps it under 4), attention's pairs x{attention_ratio:.2f}; "
                  f"attention is {attention32:.1f}% of ViT-B/32's compute, {attention16:.1f}% of ViT-B/16's")
     report.print(f"  the patch embedding, left out above, costs both {embedding / 1e9:.2f} GFLOPs "
-                 f"({100 * embedding / total32:.1f}% of ViT-B/32); with it the ratio is x{with_embedding:.2f}")
-    report.record({"B/16 patches at 224": n16, "B/32 patches at 224": n32, "B/16 over B/32 patches": patch_ratio,
-                   "B/16 over B/32 compute at 224": compute224, "sequence 384 over 224": s384 / s16,
-                   "pairs 384 over 224": p384 / p224, "compute 384 over 224": compute_ratio,
-                   "B/16 over B/32 compute above 4": compute224 - 4, "per-token compute ratio": per_token_ratio,
-                   "attention compute ratio": attention_ratio, "attention share of B/32 (%)": attention32,
-                   "attention share of B/16 (%)": attention16, "patch embedding GFLOPs": embedding / 1e9,
-                   "patch embedding share of B/32 (%)": 100 * embedding / total32,
-                   "B/16 over B/32 compute with the embedding": with_embedding})
+                 f"({100 * embedding / total32:.1f}% of ViT-B/32); with it the ratio is x{with_embedding:.2f}",
+                 {"B/16 patches at 224": n16, "B/32 patches at 224": n32, "B/16 over B/32 patches": patch_ratio,
+                  "B/16 over B/32 compute at 224": compute224, "sequence 384 over 224": s384 / s16,
+                  "pairs 384 over 224": p384 / p224, "compute 384 over 224": compute_ratio,
+                  "B/16 over B/32 compute above 4": compute224 - 4, "per-token compute ratio": per_token_ratio,
+                  "attention compute ratio": attention_ratio, "attention share of B/32 (%)": attention32,
+                  "attention share of B/16 (%)": attention16, "patch embedding GFLOPs": embedding / 1e9,
+                  "patch embedding share of B/32 (%)": 100 * embedding / total32,
+                  "B/16 over B/32 compute with the embedding": with_embedding})
     for size, patch, resolution in (("L", 16, 512), ("H", 14, 518)):
         grid, patches, seq, _ = sequence_shape(resolution, patch)
         key = f"ViT-{size}/{patch} at {resolution}"
-        report.print(f"  Table 2 fine-tuning resolution: {key}: grid {grid}x{grid}, N = {patches}, sequence {seq}")
-        report.record({f"{key}: grid": grid, f"{key}: N": patches, f"{key}: sequence": seq})
+        report.print(f"  Table 2 fine-tuning resolution: {key}: grid {grid}x{grid}, N = {patches}, sequence {seq}",
+                     {f"{key}: grid": grid, f"{key}: N": patches, f"{key}: sequence": seq})
 
     released_parameters(report)
 
@@ -239,19 +239,19 @@ def released_parameters(report):
         backbone, pre_logits = counts[size, patch]
         key = f"ViT-{size}/{patch}"
         report.print(f"  {key} ({name.split('/')[-1]}, {sources[size, patch]}): backbone {backbone:>11,}  = "
-                     f"{backbone / 1e6:6.1f}M   pre-logits layer {pre_logits:>9,}   Table 1: {TABLE1_MILLIONS[size]}M")
-        report.record({f"{key} backbone": backbone, f"{key} backbone (M)": backbone / 1e6,
-                       f"{key} pre-logits": pre_logits})
+                     f"{backbone / 1e6:6.1f}M   pre-logits layer {pre_logits:>9,}   Table 1: {TABLE1_MILLIONS[size]}M",
+                     {f"{key} backbone": backbone, f"{key} backbone (M)": backbone / 1e6,
+                      f"{key} pre-logits": pre_logits})
     e16, e32, l32, l16 = 16 * 16 * 3, 32 * 32 * 3, sum(counts["L", 32]) / 1e6, counts["L", 16][0] / 1e6
     report.print(f"  ViT-B/32 minus ViT-B/16: {b32 - b16:,} parameters ({100 * (b32 - b16) / b16:.1f}% more), because "
                  f"E grows from {e16}x{width} to {e32}x{width} (+{(e32 - e16) * width:,}) and the position table "
                  f"shrinks from {rows16} to {rows32} rows (-{(rows16 - rows32) * width:,})")
-    report.print(f"  ViT-L/32 with its pre-logits layer: {l32:.1f}M; ViT-L/16 has {l16:.1f}M without one")
-    report.record({"B/32 minus B/16": b32 - b16, "B/32 over B/16 percent": 100 * (b32 - b16) / b16,
-                   "E rows at /16": e16, "E rows at /32": e32, "E growth": (e32 - e16) * width,
-                   "position rows at /16": rows16, "position rows at /32": rows32,
-                   "position table shrink": (rows16 - rows32) * width, "ViT-L/32 with pre-logits (M)": l32,
-                   "ViT-L/16 without (M)": l16})
+    report.print(f"  ViT-L/32 with its pre-logits layer: {l32:.1f}M; ViT-L/16 has {l16:.1f}M without one",
+                 {"B/32 minus B/16": b32 - b16, "B/32 over B/16 percent": 100 * (b32 - b16) / b16,
+                  "E rows at /16": e16, "E rows at /32": e32, "E growth": (e32 - e16) * width,
+                  "position rows at /16": rows16, "position rows at /32": rows32,
+                  "position table shrink": (rows16 - rows32) * width, "ViT-L/32 with pre-logits (M)": l32,
+                  "ViT-L/16 without (M)": l16})
 
 
 # ---------------------------------------------------------------- 2. the hybrid
@@ -288,16 +288,16 @@ def section_hybrid(run, report):
     tokens4, tokens3 = shapes[3][1] * shapes[3][2], shapes[2][1] * shapes[2][2]
     for stage, (channels, height, width) in enumerate(shapes, 1):
         report.print(f"  stage {stage} output: {channels:>4} channels x {height:>2} x {width:<2} -> as 1x1 patches: "
-                     f"{height * width:>5} tokens of {channels} numbers")
-        report.record({f"stage {stage} channels": channels, f"stage {stage} height": height,
-                       f"stage {stage} width": width, f"stage {stage} tokens": height * width})
+                     f"{height * width:>5} tokens of {channels} numbers",
+                     {f"stage {stage} channels": channels, f"stage {stage} height": height,
+                      f"stage {stage} width": width, f"stage {stage} tokens": height * width})
     batch_norms = sum(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
     report.print(f"  option (i), stage 4: {tokens4} tokens; option (ii), extended stage 3: {tokens3} tokens = "
                  f"x{tokens3 // tokens4} (the \"4x longer sequence\")")
     report.print(f"  {model_name} is a standard ResNet: it has {batch_norms} BatchNorm2d layers (BiT replaces each "
-                 "with Group Norm)")
-    report.record({"option (i) tokens": tokens4, "option (ii) tokens": tokens3,
-                   "stage 3 over stage 4 tokens": tokens3 // tokens4, "BatchNorm2d layers": batch_norms})
+                 "with Group Norm)",
+                 {"option (i) tokens": tokens4, "option (ii) tokens": tokens3,
+                  "stage 3 over stage 4 tokens": tokens3 // tokens4, "BatchNorm2d layers": batch_norms})
     report.print(f"  (picture: {picture}, resized to 224x224)")
 
 
@@ -366,16 +366,16 @@ def section_norms(run, report):
                  f"{torch_agrees}")
     report.print(f"  Weight Standardization: filter 2 = {listed(filters[1])}: mean {filter_mean:.2f}, std "
                  f"{filter_std:.4f} -> {listed(standardized[1], '6.3f')}")
-    report.print(f"  filter 1 = {listed(filters[0])} -> {listed(standardized[0], '6.3f')}   (every filter now has mean "
-                 "0 and std 1 before the convolution uses it)")
-    report.record({"picture A channel 1": a[0], "BN partner 1": bn[0], "BN partner 2": bn[1], "GN group 1": group,
-                   "GN group 1 mean": group_mean, "GN group 1 std": group_std, "GN": gn[0],
-                   "filter 2": filters[1], "WS filter 2 mean": filter_mean, "WS filter 2 std": filter_std,
-                   "WS filter 2": standardized[1], "filter 1": filters[0], "WS filter 1": standardized[0]})
-    # the prose's "with any partner" and "every filter now has mean 0 and std 1", for the conclusions to read
+    # the prose's "with any partner" and "every filter now has mean 0 and std 1", recorded for the conclusions
     means, stds = standardized.mean(dim=-1), standardized.std(dim=-1, unbiased=False)
-    report.record({"GN partner 2": gn[1], "WS filters largest mean": means.abs().max(),
-                   "WS filters smallest std": stds.min(), "WS filters largest std": stds.max()})
+    report.print(f"  filter 1 = {listed(filters[0])} -> {listed(standardized[0], '6.3f')}   (every filter now has mean "
+                 "0 and std 1 before the convolution uses it)",
+                 {"picture A channel 1": a[0], "BN partner 1": bn[0], "BN partner 2": bn[1], "GN group 1": group,
+                  "GN group 1 mean": group_mean, "GN group 1 std": group_std, "GN": gn[0],
+                  "filter 2": filters[1], "WS filter 2 mean": filter_mean, "WS filter 2 std": filter_std,
+                  "WS filter 2": standardized[1], "filter 1": filters[0], "WS filter 1": standardized[0],
+                  "GN partner 2": gn[1], "WS filters largest mean": means.abs().max(),
+                  "WS filters smallest std": stds.min(), "WS filters largest std": stds.max()})
 
 
 # ---------------------------------------------------------------- 4. optimizers and schedules
@@ -471,13 +471,12 @@ def section_by_hand(run, report):
     rows, by_torch = adam_by_hand(GRADIENTS), torch_optimizer_weight(torch.optim.Adam, GRADIENTS, lr=1e-3)
     for t, g, m, v, m_hat, v_hat, step, w in rows:
         report.print(f"  Adam t={t}: g={g:5.2f}  m={m:.4f}  v={v:.6f}  m_hat={m_hat:.4f}  v_hat={v_hat:.4f}  step = "
-                     f"lr*m_hat/sqrt(v_hat) = {step:.6f}  w={w:.6f}")
-        report.record({f"Adam t={t} m": m, f"Adam t={t} v": v, f"Adam t={t} m_hat": m_hat, f"Adam t={t} v_hat": v_hat,
-                       f"Adam t={t} step": step, f"Adam t={t} w": w})
-    report.print(f"  torch.optim.Adam after the same three gradients: w={by_torch:.6f}  (ours {rows[-1][-1]:.6f})")
-    report.record({"torch Adam w": by_torch})
-    # the prose's "whatever the size of the gradient"
-    report.record({f"Adam t=1 step at g={g:g}": adam_by_hand([g])[0][6] for g in (0.001, 1000)})
+                     f"lr*m_hat/sqrt(v_hat) = {step:.6f}  w={w:.6f}",
+                     {f"Adam t={t} m": m, f"Adam t={t} v": v, f"Adam t={t} m_hat": m_hat, f"Adam t={t} v_hat": v_hat,
+                      f"Adam t={t} step": step, f"Adam t={t} w": w})
+    report.print(f"  torch.optim.Adam after the same three gradients: w={by_torch:.6f}  (ours {rows[-1][-1]:.6f})",
+                 {"torch Adam w": by_torch,  # and the prose's "whatever the size of the gradient"
+                  **{f"Adam t=1 step at g={g:g}": adam_by_hand([g])[0][6] for g in (0.001, 1000)}})
 
     table3_in_steps(report)
 
@@ -487,17 +486,17 @@ def section_by_hand(run, report):
     weights = [1.0, 1.2, 0.9, 1.1, 1.05]
     for t, g, velocity, w in rows:
         report.print(f"  SGD momentum 0.9, lr 0.01, t={t}: g={g:5.2f}  velocity = 0.9*velocity + g = {velocity:.4f}  "
-                     f"w = w - lr*velocity = {w:.5f}")
-        report.record({f"SGD t={t} velocity": velocity, f"SGD t={t} w": w})
+                     f"w = w - lr*velocity = {w:.5f}",
+                     {f"SGD t={t} velocity": velocity, f"SGD t={t} w": w})
     by_torch = torch_optimizer_weight(torch.optim.SGD, GRADIENTS, lr=0.01, momentum=0.9)
     averages = polyak_average(weights, 0.9)
     report.print(f"  torch.optim.SGD(momentum=0.9) after the same gradients: w={by_torch:.5f}  (ours "
                  f"{rows[-1][-1]:.5f})")
     report.print(f"  Polyak (exponential) averaging, factor 0.9: weights {listed(weights)} -> averages "
                  f"{listed(averages)}")
-    report.print(f"  a factor of 0.9999 averages over roughly the last 1/(1 - 0.9999) = {1 / (1 - 0.9999):,.0f} steps")
-    report.record({"torch SGD w": by_torch, "Polyak weights": weights, "Polyak average": averages,
-                   "Polyak 0.9999 memory": 1 / (1 - 0.9999)})
+    report.print(f"  a factor of 0.9999 averages over roughly the last 1/(1 - 0.9999) = {1 / (1 - 0.9999):,.0f} steps",
+                 {"torch SGD w": by_torch, "Polyak weights": weights, "Polyak average": averages,
+                  "Polyak 0.9999 memory": 1 / (1 - 0.9999)})
 
     # clipping at global norm 1
     report.print()
@@ -507,13 +506,13 @@ def section_by_hand(run, report):
     report.print("  clipping at global norm 1: gradients of two tensors [3, 0] and [4]; global norm sqrt(9 + 0 + 16) = "
                  f"{norm:.1f} > 1, so every gradient is multiplied by 1/{norm:g}: {listed(clipped[0])} and "
                  f"{listed(clipped[1])}; direction kept, length 1")
-    report.print(f"  torch.nn.utils.clip_grad_norm_: {listed(by_torch[0])} and {listed(by_torch[1])}")
-    report.record({"clip global norm": norm, "clipped [3, 0]": clipped[0], "clipped [4]": clipped[1],
-                   "torch clipped [3, 0]": by_torch[0], "torch clipped [4]": by_torch[1]})
+    # the line's "length 1" and "direction kept", recorded for the conclusions
     flat, before = [g for tensor in clipped for g in tensor], [g for tensor in gradients for g in tensor]
     cosine = sum(a * b for a, b in zip(flat, before, strict=True)) / norm
-    # the line's "length 1" and "direction kept"
-    report.record({"clipped length": math.sqrt(sum(g * g for g in flat)), "clipped cosine with the gradient": cosine})
+    report.print(f"  torch.nn.utils.clip_grad_norm_: {listed(by_torch[0])} and {listed(by_torch[1])}",
+                 {"clip global norm": norm, "clipped [3, 0]": clipped[0], "clipped [4]": clipped[1],
+                  "torch clipped [3, 0]": by_torch[0], "torch clipped [4]": by_torch[1],
+                  "clipped length": math.sqrt(sum(g * g for g in flat)), "clipped cosine with the gradient": cosine})
 
     table4_in_steps(report)
 
@@ -526,14 +525,14 @@ def table3_in_steps(report):
         warmup_share = 100 * PRETRAIN_WARMUP / steps
         report.print(f"  {label:<39}: {epochs:>3} epochs x {pictures / 1e6:6.2f}M images / batch {PRETRAIN_BATCH} = "
                      f"{steps:>9,} steps; warm-up {PRETRAIN_WARMUP:,} = {warmup_share:4.1f}% of them; base LR "
-                     f"{base_lr:g}, {decay} decay")
-        report.record({f"{label}: steps": steps, f"{label}: warm-up %": warmup_share})
+                     f"{base_lr:g}, {decay} decay",
+                     {f"{label}: steps": steps, f"{label}: warm-up %": warmup_share})
     total = pretraining_steps(7, 303e6)
     at_5000, at_10000, at_middle = (warmup_linear_lr(step, 8e-4, total, PRETRAIN_WARMUP) for step in
                                     (5_000, 10_000, PRETRAIN_WARMUP + (total - PRETRAIN_WARMUP) // 2))
     report.print(f"  ViT-B/16 on JFT: LR at step 5,000 = {at_5000:.1e} (half way up the warm-up), at 10,000 = "
-                 f"{at_10000:.1e}, at the middle of the decay = {at_middle:.1e}")
-    report.record({"JFT LR at 5,000": at_5000, "JFT LR at 10,000": at_10000, "JFT LR at mid-decay": at_middle})
+                 f"{at_10000:.1e}, at the middle of the decay = {at_middle:.1e}",
+                 {"JFT LR at 5,000": at_5000, "JFT LR at 10,000": at_10000, "JFT LR at mid-decay": at_middle})
 
 
 def table4_in_steps(report):
@@ -542,12 +541,12 @@ def table4_in_steps(report):
     for task, steps, pictures in TABLE4:
         seen = steps * FINETUNE_BATCH
         report.print(f"  {f'fine-tuning {task}':<31}: {steps:>6,} steps x batch {FINETUNE_BATCH} = {seen / 1e6:6.2f}M "
-                     f"pictures seen = {seen / pictures:7.1f} passes over {pictures:,} training pictures")
-        report.record({f"{task}: pictures seen (M)": seen / 1e6, f"{task}: passes": seen / pictures})
+                     f"pictures seen = {seen / pictures:7.1f} passes over {pictures:,} training pictures",
+                     {f"{task}: pictures seen (M)": seen / 1e6, f"{task}: passes": seen / pictures})
     rates = {step: cosine_lr(step, 0.03, 20_000) for step in (0, 10_000, 15_000, 20_000)}
     report.print("  ImageNet fine-tuning at base LR 0.03, cosine: "
-                 f"{', '.join(f'step {step:,} -> {rate:.2g}' for step, rate in rates.items())}")
-    report.record({f"cosine LR at {step:,}": rate for step, rate in rates.items()})
+                 f"{', '.join(f'step {step:,} -> {rate:.2g}' for step, rate in rates.items())}",
+                 {f"cosine LR at {step:,}": rate for step, rate in rates.items()})
 
 
 def main(argv=None):

@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root, for common/
 
-from common.data import PREFETCH, load_all, one_pass, resized_rgb, run_model, start_pass
+from common.data import PREFETCH, batches_of, load_all, picture_loader, resized_rgb, run_model, start_loader
 from common.files import write_text
 from common.run import DEVICE_CHOICES, PRECISIONS, Report, check_output, positive_int, script_parser, start_run
 from common.start_and_end import guarded
@@ -158,8 +158,8 @@ def end_to_end(model, paths, resolution, batch_size, device, autocast, rounds=3)
     alone, whole, waiting, startup = [], [], [], []
     for _ in range(rounds):
         alone.append(median_seconds(model_alone, device, repeats=1, warmup=0))
-        loader = one_pass(paths, resolution, batch_size, device)
-        started, seconds = start_pass(loader)
+        loader = picture_loader(paths, resolution, batch_size, device)
+        started, seconds = start_loader(loader)
         startup.append(seconds)
         _, timing = run_model(model, started, resolution, device, batch_size, lambda out: out.logits.argmax(1),
                               "end-to-end", autocast, count=len(paths))
@@ -234,13 +234,13 @@ def loader_alone(pictures, resolution, batch_size, workers, rounds=3):
     cpu = torch.device("cpu")
     plain = DataLoader(Resized(pictures, resolution), batch_size=batch_size, num_workers=workers,
                        persistent_workers=True, prefetch_factor=PREFETCH)
-    passes = {"inline": lambda: start_pass(one_pass(pictures, resolution, batch_size, cpu, workers=0))[0],
-              "workers": lambda: start_pass(one_pass(pictures, resolution, batch_size, cpu, workers=workers))[0],
+    passes = {"inline": lambda: batches_of(pictures, resolution, batch_size, cpu, workers=0)[0],
+              "workers": lambda: batches_of(pictures, resolution, batch_size, cpu, workers=workers)[0],
               "DataLoader": lambda: iter(plain)}
     best = dict.fromkeys(passes, 0.0)
     for _ in range(rounds):
-        for name, started_pass in passes.items():
-            batches = started_pass()
+        for name, started in passes.items():
+            batches = started()
             start = time.perf_counter()
             count = sum(len(batch) for batch in batches)
             best[name] = max(best[name], count / (time.perf_counter() - start))

@@ -178,7 +178,7 @@ class Pictures(Dataset):
 
     def __init__(self, pictures, ready=None, resample=Image.BILINEAR):
         self.pictures, self.shared, self.resample = pictures, None, resample  # resample: PIL's filter of the resize
-        self.ready = ready  # a semaphore each worker releases once it runs (start_pass waits for them)
+        self.ready = ready  # a semaphore each worker releases once it runs (start_loader waits for them)
 
     def __len__(self):
         return len(self.pictures)
@@ -248,7 +248,7 @@ def worker_setup(worker_id):
         ready.release()
 
 
-def one_pass(pictures, resolution, batch_size, device, flips=None, indices=None, workers=None,
+def picture_loader(pictures, resolution, batch_size, device, flips=None, indices=None, workers=None,
              resample=Image.BILINEAR):
     """A DataLoader for one pass over the pictures (indices: which, in order): uint8 batches (B, R, R, 3), resized
     with PIL's filter `resample`, flips[i] mirroring the i-th; its workers, beside a GPU, end with the pass."""
@@ -265,7 +265,7 @@ def one_pass(pictures, resolution, batch_size, device, flips=None, indices=None,
                       generator=torch.Generator())  # each pass draws a seed from it: the global RNG stays as it was
 
 
-def start_pass(loader, timing=None, count=len):
+def start_loader(loader, timing=None, count=len):
     """(the pass's batches, the seconds its workers took to start, before the pass: not counted as waiting); a picture
     that cannot be read raises its UserError; the workers end with the pass; with timing, each batch is timed()."""
     begun = time.perf_counter()
@@ -293,12 +293,12 @@ def start_pass(loader, timing=None, count=len):
     return checked(batches), seconds
 
 
-def started_pass(pictures, resolution, batch_size, device, flips=None, indices=None, workers=None, timing=None,
-                 count=len, resample=Image.BILINEAR):
-    """(the batches of one_pass(...), its workers, the seconds they took to start): start_pass's, timing and count
-    as there."""
-    loader = one_pass(pictures, resolution, batch_size, device, flips, indices, workers, resample)
-    batches, seconds = start_pass(loader, timing, count)
+def batches_of(pictures, resolution, batch_size, device, flips=None, indices=None, workers=None, timing=None,
+               count=len, resample=Image.BILINEAR):
+    """(the batches of picture_loader(...), its workers, the seconds they took to start): start_loader's, timing and
+    count as there."""
+    loader = picture_loader(pictures, resolution, batch_size, device, flips, indices, workers, resample)
+    batches, seconds = start_loader(loader, timing, count)
     return batches, loader.num_workers, seconds
 
 
@@ -356,8 +356,8 @@ def run_model(model, pictures, resolution, device, batch_size, what_to_keep, des
     if isinstance(pictures, list) and all(isinstance(item, torch.Tensor) for item in pictures):  # batches read before
         batches, count = pictures, sum(len(batch) for batch in pictures)
     elif count is None:
-        loader = one_pass(pictures, resolution, batch_size, device, resample=pixels["resample"])
-        batches, timing["start-up seconds"] = start_pass(loader)
+        loader = picture_loader(pictures, resolution, batch_size, device, resample=pixels["resample"])
+        batches, timing["start-up seconds"] = start_loader(loader)
         timing["workers"], count = loader.num_workers, len(pictures)
     else:
         batches = pictures

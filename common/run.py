@@ -278,11 +278,14 @@ class Report:
     series: dict = field(default_factory=dict)  # plain lists a figure needs beyond the printed numbers (maps, curves)
     passes: dict = field(default_factory=dict)  # name -> a pass over pictures: its seconds, waiting seconds, pictures
 
-    def print(self, text=""):
-        """Text as printed, framed as the article's lines are: "  " a logged line, "\n== ... ==" a section's title."""
+    def print(self, text="", numbers=None, counts=None):
+        """Text as printed, framed as the article's lines are: "  " a logged line, "\n== ... ==" a section's title;
+        then the numbers on it, {name: value}, recorded by name (record(numbers, counts))."""
         self.lines += text.split("\n")
         if not self.quiet:
             print(text, flush=True)
+        if numbers:
+            self.record(numbers, counts)
 
     def record(self, numbers, counts=None):
         """Each number of {name: value} kept under its name, beside the line that prints it; counts: {name: (right,

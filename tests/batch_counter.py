@@ -1,8 +1,8 @@
 """python tests/batch_counter.py SIZES.json SCRIPT [FLAGS...]: SCRIPT run as `python SCRIPT FLAGS` runs it, and
-the size of every batch that a pass of common.data (start_pass()) hands over written to SIZES.json when it
+the size of every batch that a pass of common.data (start_loader()) hands over written to SIZES.json when it
 exits.
 
-SIZES.json holds one list per pass (a call of start_pass), in the order of the calls: [[16, 16, 8], ...].
+SIZES.json holds one list per pass (a call of start_loader), in the order of the calls: [[16, 16, 8], ...].
 Only the main process counts: the loader's worker processes build the batches, the main process receives them.
 """
 import atexit
@@ -33,13 +33,13 @@ def counted(batches):
 
 def main():
     sizes_file, script, *flags = sys.argv[1:]
-    start_pass = loader.start_pass
+    start_loader = loader.start_loader
 
     def counted_pass(pass_loader, *timing):
-        batches, seconds = start_pass(pass_loader, *timing)
+        batches, seconds = start_loader(pass_loader, *timing)
         return counted(batches), seconds
 
-    loader.start_pass = counted_pass  # before the script imports it by name
+    loader.start_loader = counted_pass  # before the script imports it by name
     atexit.register(lambda: Path(sizes_file).write_text(json.dumps(PASSES)))
     sys.argv = [script, *flags]
     runpy.run_path(script, run_name="__main__")

@@ -104,7 +104,7 @@ def test_one_pass_gives_each_models_accuracy_and_the_checks_read_the_kept_batche
     twice with the same result, each check's timing added to the checks' total."""
     from types import SimpleNamespace
 
-    from common.data import list_split, one_pass, start_pass
+    from common.data import list_split, picture_loader, start_loader
 
     models = []
     for seed in (1, 2):
@@ -122,7 +122,7 @@ def test_one_pass_gives_each_models_accuracy_and_the_checks_read_the_kept_batche
 
     run = SimpleNamespace(args=SimpleNamespace(resolution=224), device=torch.device("cpu"), autocast=None, world=1,
                           rank=0, kept={"pixels": ARTICLE_PIXELS})
-    batches, _ = start_pass(one_pass([path for path, _ in items], 224, 16, run.device))
+    batches, _ = start_loader(picture_loader([path for path, _ in items], 224, 16, run.device))
     timing = dict(NEW_PASS)
     counts = finetune.accuracies(models, batches, list(labels), run, 16, "both", timing)
     assert [100 * right / of for right, of in counts] == pytest.approx(by_hand, abs=1e-9)

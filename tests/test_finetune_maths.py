@@ -318,7 +318,7 @@ def train(monkeypatch, model, optimizer, batches, labels, steps, accum_steps=1, 
     report = Report("finetune", quiet=True)
     try:
         finetune.train(run, report, data={"train": [(None, int(label)) for label in labels]}, model=model,
-                       average=average, optimizer=optimizer, log=log, monitor=([], []),
+                       average=average, optimizer=optimizer, log=log, check_batches=([], []),
                        micro=len(labels) // (world * accum_steps), steps=(start, steps))
     finally:
         assert wrapped == ([model] if world > 1 else [])  # DDP under torchrun, the model itself alone

@@ -15,12 +15,12 @@ from common.start_and_end import UserError
 @pytest.mark.parametrize("decoded", [False, True])  # paths decoded in the workers; pictures decoded once beforehand
 @pytest.mark.parametrize("workers", [0, 1, 2])  # inline; one worker process; two
 def test_a_pass_keeps_the_order_and_flips_what_it_is_told(pictures, workers, decoded):
-    from common.data import list_split, load_all, one_pass, start_pass, to_pixels
+    from common.data import list_split, load_all, picture_loader, start_loader, to_pixels
 
     paths = [path for path, _ in list_split(pictures, "val", per_class=1)]  # 10 pictures, gray and CMYK among them
     flips = np.arange(10) % 3 == 0
-    loader = one_pass(load_all(paths) if decoded else paths, 32, 4, torch.device("cpu"), flips, workers=workers)
-    batches = list(start_pass(loader)[0])
+    loader = picture_loader(load_all(paths) if decoded else paths, 32, 4, torch.device("cpu"), flips, workers=workers)
+    batches = list(start_loader(loader)[0])
     assert [len(b) for b in batches] == [4, 4, 2] and batches[0].dtype == torch.uint8
     batches = [to_pixels(batch, torch.device("cpu")).numpy() for batch in batches]
     assert np.abs(np.concatenate(batches) - expected_batch(paths, 32, flips)).max() < 1e-6
@@ -29,20 +29,20 @@ def test_a_pass_keeps_the_order_and_flips_what_it_is_told(pictures, workers, dec
 def test_each_pass_reads_its_own_resolution_flips_and_pictures_and_its_workers_end_with_it(pictures):
     """posemb's rows (224, then 384), few-shot's sets: a loader a pass, which may take some of the pictures
     (indices); its worker processes end when the pass ends, or when it is dropped unfinished."""
-    from common.data import list_split, load_all, one_pass, start_pass, to_pixels
+    from common.data import list_split, load_all, picture_loader, start_loader, to_pixels
 
     paths = [path for path, _ in list_split(pictures, "val", per_class=1)]
     decoded, cpu, before = load_all(paths), torch.device("cpu"), set(multiprocessing.active_children())
     rng = np.random.default_rng(0)
     for resolution, batch_size, indices in ((32, 4, range(10)), (48, 3, [9, 0, 4]), (32, 10, range(10))):
         flips = rng.random(len(indices)) < 0.5
-        batches, _ = start_pass(one_pass(decoded, resolution, batch_size, cpu, flips, indices, workers=2))
+        batches, _ = start_loader(picture_loader(decoded, resolution, batch_size, cpu, flips, indices, workers=2))
         assert len(set(multiprocessing.active_children()) - before) == 2  # the pass's own workers, started
         read = np.concatenate([to_pixels(b, cpu).numpy() for b in batches])
         expected = expected_batch([paths[i] for i in indices], resolution, flips)
         assert np.abs(read - expected).max() < 1e-6
         assert set(multiprocessing.active_children()) <= before  # ended with the pass
-    batches, _ = start_pass(one_pass(decoded, 32, 4, cpu, workers=2))
+    batches, _ = start_loader(picture_loader(decoded, 32, 4, cpu, workers=2))
     next(batches)  # a pass left unfinished, as a run that stops early leaves it
     del batches
     assert set(multiprocessing.active_children()) <= before
@@ -51,14 +51,14 @@ def test_each_pass_reads_its_own_resolution_flips_and_pictures_and_its_workers_e
 @pytest.mark.parametrize("workers,timing", [(0, None), (2, None), (0, {"waiting seconds": 0.0, "pictures": 0})])
 def test_a_picture_a_worker_cannot_read_is_one_line_naming_it(pictures, tmp_path, workers, timing):
     """Timed or not (a pass whose batches count their pictures): the batch that holds it is its UserError."""
-    from common.data import list_split, one_pass, start_pass
+    from common.data import list_split, picture_loader, start_loader
 
     bad = tmp_path / "broken.JPEG"
     bad.write_bytes(b"not a jpeg")
     paths = [path for path, _ in list_split(pictures, "val", per_class=1)][:5] + [bad]
     before = set(multiprocessing.active_children())
     with pytest.raises(UserError) as problem:
-        list(start_pass(one_pass(paths, 32, 2, torch.device("cpu"), workers=workers), timing)[0])
+        list(start_loader(picture_loader(paths, 32, 2, torch.device("cpu"), workers=workers), timing)[0])
     assert set(multiprocessing.active_children()) <= before  # the failed pass's workers ended with it
     assert str(problem.value).startswith(f"cannot read picture {bad}: ") and "\n" not in str(problem.value)
 
@@ -69,11 +69,11 @@ def test_workers_outlive_a_ctrl_c(pictures):
     import signal
     import time
 
-    from common.data import list_split, one_pass, start_pass
+    from common.data import list_split, picture_loader, start_loader
 
     paths = [path for path, _ in list_split(pictures, "val", per_class=1)]
     before = set(multiprocessing.active_children())
-    batches, _ = start_pass(one_pass(paths, 32, 1, torch.device("cpu"), workers=2))  # each worker runs
+    batches, _ = start_loader(picture_loader(paths, 32, 1, torch.device("cpu"), workers=2))  # each worker runs
     for worker in set(multiprocessing.active_children()) - before:
         os.kill(worker.pid, signal.SIGINT)
     time.sleep(0.5)
@@ -82,21 +82,21 @@ def test_workers_outlive_a_ctrl_c(pictures):
 
 def test_a_pass_leaves_the_global_random_state_as_it_was(pictures):
     """Fine-tuning saves torch's RNG state in its checkpoints: reading batches must not move it."""
-    from common.data import list_split, one_pass, start_pass
+    from common.data import list_split, picture_loader, start_loader
 
     paths = [path for path, _ in list_split(pictures, "val", per_class=1)]
     state = torch.get_rng_state()
     for workers in (0, 2):
-        list(start_pass(one_pass(paths, 32, 4, torch.device("cpu"), workers=workers))[0])
+        list(start_loader(picture_loader(paths, 32, 4, torch.device("cpu"), workers=workers))[0])
     assert torch.equal(torch.get_rng_state(), state)
 
 
 ORPHAN = """
 import sys, time, torch
 from common.data import list_split
-from common.data import one_pass, start_pass
+from common.data import picture_loader, start_loader
 paths = [path for path, _ in list_split(sys.argv[1], "val", per_class=1)]
-batches, _ = start_pass(one_pass(paths, 32, 4, torch.device("cpu"), workers=2))
+batches, _ = start_loader(picture_loader(paths, 32, 4, torch.device("cpu"), workers=2))
 print("started", flush=True)
 time.sleep(600)
 """

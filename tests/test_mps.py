@@ -14,7 +14,7 @@ from torch.utils._pytree import tree_leaves
 import vit_part3_fewshot
 import vit_part3_finetune
 import vit_part3_posemb
-from common.data import one_pass, start_pass
+from common.data import picture_loader, start_loader
 from common.run import begin, conclude, section, set_precision
 from common.start_and_end import UserError
 from job.standins import vit_classifier
@@ -71,7 +71,7 @@ def test_the_weight_dependent_scripts_use_no_float64_tensor(script, classifier, 
 @pytest.mark.parametrize("platform", ["darwin", "linux", "win32"])
 def test_the_loader_never_forks(platform, monkeypatch):
     monkeypatch.setattr(sys, "platform", platform)
-    loader = one_pass([], 32, 4, torch.device("cpu"), workers=2)
+    loader = picture_loader([], 32, 4, torch.device("cpu"), workers=2)
     assert loader.multiprocessing_context.get_start_method() == "spawn"
 
 
@@ -83,11 +83,11 @@ def test_spawned_workers_build_the_same_batches(pictures):
 
     paths = [path for path, _ in list_split(pictures, "val", per_class=1)]
     flips = np.arange(10) % 2 == 0
-    inline = list(start_pass(one_pass(load_all(paths), 32, 4, torch.device("cpu"), flips, workers=0))[0])
+    inline = list(start_loader(picture_loader(load_all(paths), 32, 4, torch.device("cpu"), flips, workers=0))[0])
     strategy = torch.multiprocessing.get_sharing_strategy()
     torch.multiprocessing.set_sharing_strategy("file_system")  # macOS's: shared pictures travel by file name there
     try:
-        spawned = list(start_pass(one_pass(load_all(paths), 32, 4, torch.device("cpu"), flips, workers=1))[0])
+        spawned = list(start_loader(picture_loader(load_all(paths), 32, 4, torch.device("cpu"), flips, workers=1))[0])
     finally:
         torch.multiprocessing.set_sharing_strategy(strategy)
     assert all(torch.equal(a, b) for a, b in zip(inline, spawned, strict=True))
