@@ -38,8 +38,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from huggingface_hub import is_offline_mode
+
 from common.files import CHECKPOINT, CHECKPOINT_FORMAT, SAVED_AVERAGE, SAVED_LAST, read_checkpoint, reason
-from common.pretrained import hub_offline
 from common.run import DEVICE_CHOICES, PRECISIONS, check_output, pick_device, script_parser, set_precision
 from job import downloads, ending
 from job.child_process import StopRequests, first_refusal, only_job_on, run_logged
@@ -214,7 +215,7 @@ def plan(args, out, manifest):
     answers = downloads.answering({piece for piece in pieces if not here[piece]})
     fetch, lacking = plan_pieces(to_run, here, {piece: answers.get(piece, False) for piece in downloads.PIECES})
     runnable = [script for script in to_run if script not in lacking]
-    cannot = {script: downloads.lacks_text(missing, hub_offline()) for script, missing in lacking.items()}
+    cannot = {script: downloads.lacks_text(missing, is_offline_mode()) for script, missing in lacking.items()}
     resumes = "finetune" in runnable and not why_afresh(args, out, keys["finetune"], manifest)  # reads the checkpoint
     what = "the quick checks" if args.quick else "the full setup"
     lines = [f"reproduce.py: {what} of the five scripts into {out}: {len(done)} done already, {len(runnable)} to run"]
@@ -420,7 +421,7 @@ def finish(args, argv, out, ran, not_run):
         except UserError as error:  # a full or read-only OUT: the table above holds the counts
             problem = error
     status = ending.exit_status(rows, args.strict)
-    next_line = ending.next_line(rows, status, argv, hub_offline() and bool(cannot))
+    next_line = ending.next_line(rows, status, argv, is_offline_mode() and bool(cannot))
     if problem:  # the same command also builds the page again, once the scripts' next line is done
         status, next_line = 1, next_line or f"next: once {out} can be written, python -m job.page {out} writes the page"
     print("\n".join([f"page: {page}" if problem is None else f"page: not written: {problem}", *footnotes,

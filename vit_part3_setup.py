@@ -23,9 +23,10 @@ import math
 import sys
 
 import torch
+from huggingface_hub import get_safetensors_metadata, is_offline_mode
 
 from common.paths import IMAGENETTE_DIR
-from common.pretrained import VIT_SIZES, cached_weight_file, hub_offline, load_pretrained, table1_config
+from common.pretrained import VIT_SIZES, cached_weight_file, load_pretrained, table1_config
 from common.run import begin, conclude, experiment_parser, listed, section
 
 # Table 1's parameter counts (millions), its rows, and the released checkpoints; ViT-L/16's is the ImageNet
@@ -118,9 +119,7 @@ def checkpoint_shapes(name, size, patch, pre_logits):
     path = cached_weight_file(name)
     if path:
         return read_weight_shapes(path), "weight file"
-    if not hub_offline():  # the Hub's safetensors header, a few kB over HTTP
-        from huggingface_hub import get_safetensors_metadata
-
+    if not is_offline_mode():  # the Hub's safetensors header, a few kB over HTTP
         try:
             files = get_safetensors_metadata(name).files_metadata.values()
         except Exception:  # noqa: BLE001 - no network, no safetensors file: the architecture below
@@ -269,7 +268,7 @@ def section_hybrid(run, report):
         model_name = "microsoft/resnet-50"
     except UserError as problem:
         torch.manual_seed(0)  # ResNetConfig's defaults are ResNet-50: bottleneck blocks, depths 3-4-6-3
-        why = "microsoft/resnet-50 is not cached" if hub_offline() else problem
+        why = "microsoft/resnet-50 is not cached" if is_offline_mode() else problem
         model = ResNetModel(ResNetConfig()).eval()
         model_name = f"the library's ResNet-50 architecture (random weights; {why})"
     # the first Imagenette validation picture on disk, else a generated one: the shapes depend only on its size

@@ -16,12 +16,6 @@ from tqdm import tqdm
 from common.files import reason, write_folder_atomic
 from common.start_and_end import UserError
 
-
-def hub_offline():
-    """huggingface_hub's own offline check (HF_HUB_OFFLINE=1), which every download of the scripts obeys."""
-    return is_offline_mode()
-
-
 HUB_ENDPOINT = "https://huggingface.co"
 
 
@@ -66,7 +60,7 @@ def ask_hub(name, repo_type="model"):
     """(its repo_info, None) when name can be downloaded now, else (None, why not): HF_HUB_OFFLINE is not set and the
     Hub (or its mirror) answers within HF_HUB_ETAG_TIMEOUT s, no retries; an unknown name or an error status is a
     UserError naming it."""
-    if hub_offline():
+    if is_offline_mode():
         return None, "HF_HUB_OFFLINE=1 forbids downloads"
     what = "dataset" if repo_type == "dataset" else "checkpoint"
     hub, seconds = hub_name(), constants.HF_HUB_ETAG_TIMEOUT

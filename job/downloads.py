@@ -10,13 +10,13 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from huggingface_hub import constants, snapshot_download
+from huggingface_hub import constants, is_offline_mode, snapshot_download
 from huggingface_hub.constants import ENDPOINT as HF_ENDPOINT
 from huggingface_hub.errors import LocalEntryNotFoundError
 
 from common import data, paths
 from common.paths import BEANS, BEANS_MB, BEANS_SPLITS
-from common.pretrained import HUB_ENDPOINT, HubTrouble, ask_hub, cached_weight_file, hub_offline, shown_url
+from common.pretrained import HUB_ENDPOINT, HubTrouble, ask_hub, cached_weight_file, shown_url
 from common.start_and_end import UserError
 from job.imagenette_archive import ARCHIVE_MB, URL_VARIABLE, shown_host, timeout_seconds
 from job.imagenette_archive import URL as IMAGENETTE_URL
@@ -121,7 +121,7 @@ def answering(pieces):
     if hub:
         answers = dict.fromkeys(hub, hub_reachable(hub[0], "dataset" if hub[0] == BEANS else "model"))
     if IMAGENETTE in pieces:
-        answers[IMAGENETTE] = not hub_offline() and reachable(ARCHIVE_URL)
+        answers[IMAGENETTE] = not is_offline_mode() and reachable(ARCHIVE_URL)
     return answers
 
 

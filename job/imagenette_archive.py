@@ -19,10 +19,12 @@ import urllib.request
 import zlib
 from pathlib import Path
 
+from huggingface_hub import is_offline_mode
+
 from common import data
 from common.data import MD5, check_counts
 from common.files import reason
-from common.pretrained import DownloadError, hub_offline, shown_url, without_secrets
+from common.pretrained import DownloadError, shown_url, without_secrets
 from common.start_and_end import UserError
 from compare.data_set import MANIFEST, picture_files, sha256_of
 
@@ -49,7 +51,7 @@ def download_imagenette():
         return root
     url, md5 = archive_source()
     fix = f"download {shown_url(url)} ({ARCHIVE_MB} MB) and extract it into {root.parent}, or pass --data-dir"
-    if hub_offline():
+    if is_offline_mode():
         raise UserError(f"Imagenette is not in {root} and offline mode is on (HF_HUB_OFFLINE=1): {fix}")
     try:
         download_and_extract(url, md5, root)

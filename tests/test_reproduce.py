@@ -444,7 +444,7 @@ def test_offline_a_script_lacking_a_piece_is_named_and_online_each_download_is_l
 
 
 def test_online_the_plan_lists_the_downloads_with_their_sizes_and_the_room(tmp_path, monkeypatch):
-    monkeypatch.setattr(downloads, "hub_offline", lambda: False)
+    monkeypatch.setattr(downloads, "is_offline_mode", lambda: False)
     monkeypatch.setattr(downloads, "hub_reachable", lambda name, repo_type: True)
     monkeypatch.setattr(downloads, "reachable", lambda host: True)
     monkeypatch.setattr(downloads, "piece_is_here", lambda piece, args: False)
