@@ -24,7 +24,6 @@ from common.start_and_end import BACKBONE, UserError, before_torch_loads, guarde
 if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as a later one
     before_torch_loads(BACKBONE)
 
-import contextlib
 import functools
 import hashlib
 import math
@@ -40,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from common.data import NEW_PASS, PREFETCH, WORKER_START, loader_workers, timed, worker_setup
+from common.data import NEW_PASS, PREFETCH, WORKER_START, loader_workers, record_event, timed, worker_setup
 from common.features import cache_key, cached, closed_form
 from common.paths import BEANS, BEANS_MB, BEANS_SPLITS, FEATURE_CACHE_DIR
 from common.pretrained import ask_hub, checkpoint_config, hub_download, load_pretrained, save_loadable, table1_config
@@ -246,38 +245,64 @@ def check_classifier_files(name, example):
     return name
 
 
-@contextlib.contextmanager
-def timed_trainer(recipe, device, precision, output_dir=None, **parts):
-    """Yields (a Trainer of `parts` and TrainingArguments(**recipe; report_to "none" unless it says), writing to
-    output_dir (a temporary folder without one), its progress on stderr; its passes {"training", "evaluations": pass
-    timings, "train() seconds", "workers"}, filled as it runs), its training pictures prepared by
-    loader_workers(device) processes (docs/performance.md). The passes are timed through the Trainer's own
-    overrides: its training steps' next() in get_batch_samples, its evaluations' in their loader, evaluate() whole.
-    A non-finite training loss stops the training at the step it is logged, and train() raises a UserError."""
-    from transformers import ProgressCallback, TrainingArguments
-
-    workers = loader_workers(device)
-    passes = {**{what: dict(NEW_PASS) for what in ("training", "evaluations")}, "workers": workers}
-    progress, divergence = callbacks()
-    kept = contextlib.nullcontext(output_dir) if output_dir else tempfile.TemporaryDirectory(prefix="vit-trainer-")
-    with kept as folder:
-        # no logging_nan_inf_filter: it hides a nan loss (a step's as the others' mean, an evaluation's dropped)
-        args = TrainingArguments(**{"report_to": "none", **recipe}, output_dir=str(folder),
-                                 use_cpu=device.type == "cpu",
-                                 logging_nan_inf_filter=False,
-                                 bf16=precision == "bf16", dataloader_num_workers=workers,
-                                 dataloader_persistent_workers=workers > 0, dataloader_pin_memory=device.type == "cuda",
-                                 dataloader_multiprocessing_context=(  # on macOS the library's own choice
-                                     WORKER_START if workers and sys.platform.startswith("linux") else None))
-        trainer = timed_trainer_class(passes, divergence)(args=args, callbacks=[progress, divergence], **parts)
-        trainer.remove_callback(ProgressCallback)
-        yield trainer, passes
-
-
-def callbacks():
-    """(a progress bar on stderr, the watch for a training loss that is not finite: its `found`)."""
+def callbacks(model, device):
+    """The Trainer's callbacks: (the timing of its passes, a progress bar on stderr, the watch for a training loss
+    that is not finite: its `found`)."""
     from tqdm import tqdm
     from transformers import TrainerCallback
+
+    class PassTimes(TrainerCallback):
+        """The Trainer's passes over pictures, timed from its events (docs/data.md#the-wait-for-pictures): a batch's
+        wait for pictures runs from the event before it (an epoch's start, a step's end, a log, an evaluation's step)
+        to the model's forward pass on it (a forward pre-hook); on a CUDA GPU, the GPU's idle time between two CUDA
+        events. An evaluation runs from the event before its first batch to its end; the training pass is train()
+        less the evaluations it ran. `passes`: {"training", "evaluations": NEW_PASS's keys}."""
+
+        def __init__(self):
+            self.passes = {"training": dict(NEW_PASS), "evaluations": dict(NEW_PASS)}
+            self.waits = {"training": [], "evaluations": []}  # (asked, arrived) CUDA events, summed at a pass's end
+            self.training_began = self.evaluation_began = None
+            self.event()
+            model.register_forward_pre_hook(self.forward_begins, with_kwargs=True)
+
+        def event(self, *args, **kwargs):  # an event that a loader's next() may follow
+            self.since, self.asked = time.perf_counter(), record_event() if device.type == "cuda" else None
+
+        on_init_end = on_epoch_begin = on_step_end = on_log = on_prediction_step = event
+
+        def forward_begins(self, module, args, kwargs):
+            what = "training" if module.training else "evaluations"
+            if what == "evaluations" and self.evaluation_began is None:
+                self.evaluation_began = self.since
+            if self.asked is not None:
+                self.waits[what].append((self.asked, record_event()))
+            else:
+                self.passes[what]["waiting seconds"] += time.perf_counter() - self.since
+            self.passes[what]["pictures"] += len(kwargs["pixel_values"])
+
+        def add_waits(self, what):  # the GPU's idle times are known once it gets to the last event
+            if self.waits[what]:
+                self.waits[what][-1][1].synchronize()
+                self.passes[what]["waiting seconds"] += sum(a.elapsed_time(b) for a, b in self.waits[what]) / 1000
+                self.waits[what].clear()
+
+        def on_evaluate(self, args, state, control, **kwargs):
+            if self.evaluation_began is not None:  # None: an evaluation of no pictures
+                self.passes["evaluations"]["seconds"] += time.perf_counter() - self.evaluation_began
+            self.evaluation_began = None
+            self.add_waits("evaluations")
+            self.event()
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.training_began = time.perf_counter(), self.passes["evaluations"]["seconds"]
+            self.event()
+
+        def on_train_end(self, args, state, control, **kwargs):
+            began, evaluating = self.training_began
+            evaluations = self.passes["evaluations"]["seconds"] - evaluating
+            self.passes["training"]["seconds"] += time.perf_counter() - began - evaluations
+            self.add_waits("training")
+            self.event()
 
     class Progress(TrainerCallback):  # a bar on stderr: the Trainer's own writes its log lines on stdout
         def on_train_begin(self, args, state, control, **kwargs):
@@ -299,49 +324,7 @@ def callbacks():
                 self.found, control.should_training_stop = (loss, self.logged + 1, state.global_step), True
             self.logged = state.global_step if loss is not None else self.logged
 
-    return Progress(), Divergence()
-
-
-def timed_trainer_class(passes, divergence):
-    """A Trainer that times its passes into `passes` through its own overrides, and raises a UserError at the end of
-    a training whose loss `divergence` found not finite."""
-    from transformers import Trainer
-
-    def labels_in(batch):
-        return len(batch["labels"])
-
-    class TimedTrainer(Trainer):
-        def get_batch_samples(self, epoch_iterator, num_batches, device):
-            with contextlib.closing(timed(epoch_iterator, passes["training"], labels_in, device)) as batches:
-                return super().get_batch_samples(batches, num_batches, device)
-
-        def get_eval_dataloader(self, eval_dataset=None):  # no workers, no pinning: its pictures are on the device
-            # prepared as the Trainer's own, so that its last batch's loss counts for its pictures alone
-            dataset = self.eval_dataset if eval_dataset is None else eval_dataset
-            loader = self.accelerator.prepare(DataLoader(dataset, self.args.eval_batch_size,
-                                                         collate_fn=self.data_collator))
-            return timed(loader, passes["evaluations"], labels_in, self.args.device)
-
-        def evaluate(self, *args, **kwargs):
-            begun = time.perf_counter()
-            metrics = super().evaluate(*args, **kwargs)
-            passes["evaluations"]["seconds"] += time.perf_counter() - begun
-            return metrics
-
-        def train(self, *args, **kwargs):  # the training pass: train() less the evaluations it ran
-            evaluating = passes["evaluations"]["seconds"]
-            begun = time.perf_counter()
-            output = super().train(*args, **kwargs)
-            passes["train() seconds"] = time.perf_counter() - begun
-            passes["training"]["seconds"] = passes["train() seconds"] - (passes["evaluations"]["seconds"] - evaluating)
-            loss, first, last = divergence.found or (output.training_loss, 1, output.global_step)
-            if not math.isfinite(loss):  # the mean of steps first to last: the model it trained diverged
-                raise UserError(f"the training loss is {loss} {steps_text(first, last)} (lr "
-                                f"{self.args.learning_rate:g}): the model diverged, fine-tuning stopped there; "
-                                "lower --lr")
-            return output
-
-    return TimedTrainer
+    return PassTimes(), Progress(), Divergence()
 
 
 def steps_text(first, last):
@@ -504,7 +487,14 @@ def finetune(run):
     """The article's run in the article's order of random draws: seed, shuffle train, shuffle validation, the new
     head, then evaluate, train, evaluate; and its figure, the patch tokens of a few validation pictures before and
     after as RGB maps. Run once by section 4, which prints it; section 5 sets the same run beside the probes."""
-    from transformers import AutoModelForImageClassification, ViTModel, set_seed
+    from transformers import (
+        AutoModelForImageClassification,
+        ProgressCallback,
+        Trainer,
+        TrainingArguments,
+        ViTModel,
+        set_seed,
+    )
 
     args = run.args
     beans, processor = load_beans(args.data_dir, args.per_class), load_processor(args.model)
@@ -529,18 +519,50 @@ def finetune(run):
     begun = time.perf_counter()
     val_items = preprocessed_once(val_ds.with_transform(transform), run.device)
     preprocessing = time.perf_counter() - begun
-    recipe = {"per_device_train_batch_size": args.batch_size, "per_device_eval_batch_size": args.batch_size,
-              "num_train_epochs": args.epochs, "learning_rate": args.lr, "logging_steps": LOGGING_STEPS,
-              "save_strategy": "no", "eval_strategy": "steps", "remove_unused_columns": False, "seed": args.seed,
-              "report_to": args.report_to}
-    trainer_dir = Path(args.save_dir) / TRAINER_DIR if args.save_dir else None  # its logs (--report-to tensorboard)
-    with timed_trainer(recipe, run.device, args.precision, trainer_dir, model=model,
-                       processing_class=processor, train_dataset=train_ds.with_transform(transform),
-                       eval_dataset=val_items, data_collator=collate_fn,
-                       compute_metrics=accuracy_metrics) as (trainer, passes):
+    workers = loader_workers(run.device)  # decoding and preprocessing the training pictures (docs/performance.md)
+    timer, progress, divergence = callbacks(model, run.device)
+    with tempfile.TemporaryDirectory(prefix="vit-trainer-") as scratch:
+        training_args = TrainingArguments(
+            output_dir=str(Path(args.save_dir) / TRAINER_DIR) if args.save_dir else scratch,  # its logs, if any
+            per_device_train_batch_size=args.batch_size,
+            per_device_eval_batch_size=args.batch_size,
+            num_train_epochs=args.epochs,
+            learning_rate=args.lr,
+            logging_steps=LOGGING_STEPS,
+            save_strategy="no",
+            eval_strategy="steps",
+            remove_unused_columns=False,
+            seed=args.seed,
+            report_to=args.report_to,
+            # beyond the article's: the device, the arithmetic, the loader's workers, every loss as it is
+            use_cpu=run.device.type == "cpu",
+            bf16=args.precision == "bf16",
+            logging_nan_inf_filter=False,  # it hides a nan loss (a step's as the others' mean, an evaluation's dropped)
+            dataloader_num_workers=workers,
+            dataloader_persistent_workers=workers > 0,
+            dataloader_pin_memory=run.device.type == "cuda",
+            dataloader_multiprocessing_context=WORKER_START if workers and sys.platform.startswith("linux") else None,
+        )
+        trainer = Trainer(
+            model=model,
+            args=training_args,
+            train_dataset=train_ds.with_transform(transform),
+            eval_dataset=val_items,
+            data_collator=collate_fn,
+            compute_metrics=accuracy_metrics,
+            processing_class=processor,
+            callbacks=[timer, progress, divergence],
+        )
+        trainer.remove_callback(ProgressCallback)  # the bar above instead, on stderr
         before = trainer.evaluate()  # the article's: evaluate, train, evaluate
         tokens_before = patch_tokens()
+        begun = time.perf_counter()
         trained = trainer.train()
+        seconds = time.perf_counter() - begun
+        loss, first, last = divergence.found or (trained.training_loss, 1, trained.global_step)
+        if not math.isfinite(loss):  # the mean of steps first to last: the model it trained diverged
+            raise UserError(f"the training loss is {loss} {steps_text(first, last)} (lr {args.lr:g}): the model "
+                            "diverged, fine-tuning stopped there; lower --lr")
         after = trainer.evaluate()
     if not math.isfinite(after["eval_loss"]):  # a loss grown huge but finite can leave weights that give nan
         raise UserError(f"the evaluation loss after fine-tuning is {after['eval_loss']}, the training loss "
@@ -558,17 +580,16 @@ def finetune(run):
     grid = (model.config.image_size // model.config.patch_size,) * 2  # patches on a side
     feature_maps = figure_maps(tokens_before, patch_tokens(), map_pixels, processor, grid,
                                [beans["names"][beans["validation"][i]["labels"]] for i in map_indices])
-    return {"before": before, "after": after, "seconds": passes["train() seconds"], "passes": passes,
-            "history": trainer.state.log_history, "workers": passes["workers"], "preprocessing seconds": preprocessing,
+    return {"before": before, "after": after, "seconds": seconds, "passes": timer.passes,
+            "history": trainer.state.log_history, "workers": workers, "preprocessing seconds": preprocessing,
             "steps": trainer.state.max_steps, "hidden size": model.config.hidden_size, "feature maps": feature_maps,
             "trained parameters": sum(p.numel() for p in model.parameters() if p.requires_grad)}
 
 
 def preprocessed_once(dataset, device):
-    """The dataset's items through its transform once, on the device (80 MB for beans' validation pictures): a loader
-    started afresh for each evaluation keeps a GPU waiting."""
-    return [{**item, "pixel_values": item["pixel_values"].to(device)}
-            for batch in dataset_loader(dataset, list, device) for item in batch]
+    """The dataset's items through its transform once, kept in memory (80 MB for beans' validation pictures), for
+    every evaluation to read; its loader's workers beside a GPU."""
+    return [item for batch in dataset_loader(dataset, list, device) for item in batch]
 
 
 def figure_maps(before, after, pixels, processor, grid, labels):
