@@ -46,7 +46,6 @@ from common.pretrained import ask_hub, checkpoint_config, hub_download, load_pre
 from common.run import (
     PRECISIONS,
     begin,
-    check_output,
     conclude,
     experiment_parser,
     float32_arithmetic,
@@ -976,8 +975,6 @@ def reporting_problem(names, save_dir):
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.save_dir:
-        check_output(args.save_dir, "--save-dir", folder=True)
     run, report = begin("backbone", args, fp32_rule=ARTICLE_FP32_RULE)
     section_feature_map(run, report)
     section_table(run, report)

@@ -71,7 +71,6 @@ from common.files import (
 from common.pretrained import checkpoint_config, checkpoint_pixels, load_pretrained, save_loadable
 from common.run import (
     begin,
-    check_output,
     conclude,
     experiment_parser,
     listed,
@@ -776,11 +775,10 @@ def parse_flags(argv, world):
     config = checkpoint_config(args.model)  # refuses a --model path that does not exist
     if config is not None:
         check_resolution(config, args.resolution)
-    if args.save_dir:
-        check_output(args.save_dir, "--save-dir", folder=True)
-        if (Path(args.save_dir) / CHECKPOINT).is_dir():  # found at the first save, after --save-every steps
-            raise UserError(f"--save-dir {args.save_dir}: its {CHECKPOINT} is a folder; remove it, or pass another "
-                            f"--save-dir")
+    # else found at the first save; begin() checks that the folder itself can be written
+    if args.save_dir and (Path(args.save_dir) / CHECKPOINT).is_dir():
+        raise UserError(f"--save-dir {args.save_dir}: its {CHECKPOINT} is a folder; remove it, or pass another "
+                        f"--save-dir")
     return args
 
 

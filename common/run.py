@@ -51,10 +51,12 @@ def loaded(*loads):
 
 
 def begin(script, args, **run):
-    """start_run(args, **run) and the Report the sections print to; a --json or --plots path that cannot be written
-    refused before any work. Under reproduce.py's check (CHECK_ONLY) the process ends here, status 0."""
+    """start_run(args, **run) and the Report the sections print to; a --json, --plots or --save-dir path that cannot
+    be written refused before any work. Under reproduce.py's check (CHECK_ONLY) the process ends here, status 0."""
     run = start_run(args, **run)
-    if args.json:  # a typo in the path must not cost the run
+    if getattr(args, "save_dir", None):  # a typo in a path must not cost the run
+        check_output(args.save_dir, "--save-dir", folder=True)
+    if args.json:
         check_output(args.json, "--json")
     if getattr(args, "plots", None):
         check_output(args.plots, "--plots", folder=True)
