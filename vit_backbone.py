@@ -650,11 +650,11 @@ def load_features(run, beans, processor):
 # ---------------------------------------------------------------- sections
 
 @section
-def section_feature_map(run, report):
+def section_feature_map(report, seed):
     """1. patch tokens to a feature map"""
     report.print("\n== 1. patch tokens to a feature map: (B, N, D) -> (B, H_p, W_p, D) -> (B, D, H_p, W_p) ==")
     embed_dim, (grid_h, grid_w) = 64, (4, 4)
-    generator = torch.Generator().manual_seed(run.args.seed)
+    generator = torch.Generator().manual_seed(seed)
     patch_tokens = torch.randn(2, grid_h * grid_w, embed_dim, generator=generator)
     feature_map = patch_tokens_to_feature_map(patch_tokens, (grid_h, grid_w))
     agree = sum(bool(torch.equal(feature_map[b, :, i, j], patch_tokens[b, i * grid_w + j]))  # place by place
@@ -674,7 +674,7 @@ def section_feature_map(run, report):
 
 
 @section
-def section_table(run, report):
+def section_table(report):
     """2. the table of configurations"""
     report.print("\n== 2. the table of common ViT configurations, counted on torch's meta device (no download) ==")
     report.print("  model name                     patch input   dim layers heads  table  counted: with its 1000-class "
@@ -701,7 +701,7 @@ def section_table(run, report):
 
 
 @section
-def section_checkpoint(run, report):
+def section_checkpoint(report, run):
     """3. the checkpoint as backbone + head"""
     args = run.args
     try:  # the configuration and the counts need no data; the one picture does
@@ -778,7 +778,7 @@ FLOAT32 = {"torch defaults": "torch's defaults, as the article ran: convolutions
 
 
 @section
-def section_finetune(run, report):
+def section_finetune(report, run):
     """4. the article's fine-tuning"""
     args = run.args
     # both now, so that one line names what is missing before any is printed; fine-tuning reads them again
@@ -837,7 +837,7 @@ def section_finetune(run, report):
 
 
 @section
-def section_three_ways(run, report):
+def section_three_ways(report, run):
     """5. three ways to adapt the same backbone"""
     args = run.args
     beans, processor = loaded(lambda: load_beans(args.data_dir, args.per_class), lambda: load_processor(args.model))
@@ -976,11 +976,11 @@ def reporting_problem(names, save_dir):
 def main(argv=None):
     args = parse_args(argv)
     run, report = begin("backbone", args, fp32_rule=ARTICLE_FP32_RULE)
-    section_feature_map(run, report)
-    section_table(run, report)
-    section_checkpoint(run, report)
-    section_finetune(run, report)
-    section_three_ways(run, report)
+    section_feature_map(report, args.seed)
+    section_table(report)
+    section_checkpoint(report, run)
+    section_finetune(report, run)
+    section_three_ways(report, run)
     return conclude(run, report, setup_differences, MODEL, ARTICLE_FLAGS)
 
 

@@ -43,6 +43,7 @@ from common.run import (
     section,
     seed_number,
     side_pixels,
+    tried,
 )
 from compare.data_set import data_differences
 from compare.verdicts import article_values, load_reference
@@ -114,10 +115,8 @@ def load_frozen_model(name, device):
     return model.to(device).eval()
 
 
-@functools.lru_cache(maxsize=1)  # once per run: sections 2, 2b and setup_differences ask for it
-def load_data(run):
+def load_data(args):
     """The data folder, the seeded pool of training pictures, the validation pictures and the class names."""
-    args = run.args
     data_dir = args.data_dir or download_imagenette()  # data/imagenette2-160, downloaded when missing
     data = load_splits(data_dir, {"train": None, "val": args.per_class}, drawn=True)  # val: a sample
     pool = draw_pool(data["train"], args.pool, args.seed)  # the article's pool whatever --per-class
@@ -129,14 +128,14 @@ def load_data(run):
             "names": data["names"]}
 
 
-def data_naming_all_missing(run):
+def data_naming_all_missing(args, device):
     """The data; without it, one UserError that names the checkpoint too when it is missing (loaded otherwise only for
     features not cached), so that one line says all an offline run lacks."""
     try:
-        return load_data(run)
+        return load_data(args)
     except UserError as missing:
         try:
-            load_frozen_model(run.args.model, run.device)
+            load_frozen_model(args.model, device)
         except UserError as also_missing:
             raise UserError(*missing.args, *also_missing.args) from None
         raise
@@ -162,10 +161,8 @@ def cached_passes(sets, features_pass, key_of, names, cache_dir=FEATURE_CACHE_DI
             "source": "read from the cache" if sources == {"cache"} else "computed"}
 
 
-@functools.lru_cache(maxsize=1)  # once per run: sections 2 and 2b use them
-def load_features(run):
+def load_features(data, args, run):
     """The features of the pool and of the validation pictures, each read from the cache or computed in one pass."""
-    args, data = run.args, load_data(run)
     model = functools.cache(lambda: load_frozen_model(args.model, run.device))  # loaded by the first pass, if any
     pixels = checkpoint_pixels(args.model)  # what its image processor makes
 
@@ -186,7 +183,7 @@ def load_features(run):
 # ---------------------------------------------------------------- sections
 
 @section
-def section_by_hand(run, report):
+def section_by_hand(report):
     """1. the closed form by hand"""
     report.print("\n== 1. the closed form by hand: 4 pictures, 2 features, K = 2 classes, lambda = 1 ==")
     x, y = np.array(HAND_X), 2 * np.eye(2)[HAND_LABELS] - 1  # +1 in the column of the picture's class, -1 elsewhere
@@ -212,14 +209,13 @@ def section_by_hand(run, report):
 
 
 @section
-def section_frozen(run, report):
+def section_frozen(report, data, args, run):
     """2. few-shot accuracy"""
-    args, data = run.args, data_naming_all_missing(run)
     report.print(f"\n== 2. frozen {'ViT-B/16 (ImageNet-21k weights)' if args.model == DEFAULT_MODEL else args.model}, "
                  f"device {run.device.type}: features of {len(data['pool'])} training pictures (a pool of {args.pool} "
                  f"per class) and {len(data['val'])} validation pictures ==",
                  {"pool pictures": len(data["pool"]), "validation pictures": len(data["val"])})
-    features = load_features(run)
+    features = load_features(data, args, run)
     accuracies = {(name, lam, shots): few_shot_accuracies(features["pool"][name], features["pool labels"],
                                                           features["val"][name], features["val labels"], shots, lam,
                                                           args.draws, args.seed)
@@ -256,13 +252,13 @@ def section_frozen(run, report):
     if args.plots:
         fewshot_accuracy(report.values(), article_values("fewshot"), args.plots, say, args.draws,
                          origin_of(args, DEFAULT_NAME))
+    return features
 
 
 @section
-def section_one_solve(run, report):
+def section_one_solve(report, data, features, args):
     """2b. one solve in detail"""
-    args, data = run.args, data_naming_all_missing(run)
-    features, names = load_features(run), data["names"]
+    names = data["names"]
     shots = 5 if 5 in args.shots else args.shots[0]
     lam = 1.0 if 1.0 in args.lambdas else args.lambdas[0]
     pool_labels, val_labels = features["pool labels"], features["val labels"]
@@ -309,14 +305,12 @@ def table_differences(args, names):
     return differences
 
 
-def setup_differences(run, known):
-    """How this run's setup differs from the article's: the checkpoint, the pictures (the pool is drawn from every
-    training picture of the folder: a partial copy moves it), the pool, draws, the solve shown."""
+def setup_differences(data, run, known):
+    """How this run's setup differs from the article's: the checkpoint, the pictures (data: a UserError when none could
+    be loaded; the pool is drawn from every training picture of the folder: a partial copy moves it), the pool, draws,
+    the solve shown."""
     args = run.args
-    try:
-        data = load_data(run)
-    except UserError:  # said by sections 2 and 2b: the count is unknown
-        data = None
+    data = None if isinstance(data, UserError) else data  # said by sections 2 and 2b: the counts are unknown
     pool_source = argparse.Namespace(data_dir=args.data_dir, per_class=None)  # all training pictures: no --per-class
     differences = {**data_differences(args, {"val": len(data["val"]) if data else None}, drawn=True),
                    **data_differences(pool_source, {"train": data["training"] if data else None}),
@@ -358,10 +352,11 @@ def main(argv=None):
     if max(args.shots) > args.pool:
         parser.error(f"--shots {max(args.shots)} is more than the pool of {args.pool} per class")
     run, report = begin("fewshot", args)
-    section_by_hand(run, report)
-    section_frozen(run, report)
-    section_one_solve(run, report)
-    return conclude(run, report, setup_differences, DEFAULT_MODEL, ARTICLE_FLAGS)
+    section_by_hand(report)
+    data = tried(data_naming_all_missing, args, run.device)
+    features = section_frozen(report, data, args, run)
+    section_one_solve(report, data, features, args)
+    return conclude(run, report, functools.partial(setup_differences, data), DEFAULT_MODEL, ARTICLE_FLAGS)
 
 
 if __name__ == "__main__":

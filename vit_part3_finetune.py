@@ -305,7 +305,7 @@ def data_and_model(run):
 # ---------------------------------------------------------------- sections
 
 @section
-def section_data_and_model(run, report):
+def section_data_and_model(report, run):
     """0. data and model"""
     data, model, pre_logits = data_and_model(run)
     args = run.args
@@ -336,7 +336,7 @@ def section_data_and_model(run, report):
 
 
 @section
-def section_zero_head(run, report):
+def section_zero_head(report, run):
     """1. step 0 with the zero head"""
     data, model, _ = data_and_model(run)
     if run.rank != 0:
@@ -402,7 +402,7 @@ def print_step(report, step, row):
 
 
 @section
-def section_finetune(run, report):
+def section_finetune(report, run):
     """2. fine-tuning"""
     data, model, _ = data_and_model(run)
     args = run.args
@@ -866,9 +866,9 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     rank, world, device = start_processes(args.device)  # torchrun's, or this one alone
     run, report = begin("finetune", args, device=device, rank=rank, world=world)
-    section_data_and_model(run, report)
-    section_zero_head(run, report)
-    section_finetune(run, report)
+    section_data_and_model(report, run)
+    section_zero_head(report, run)
+    section_finetune(report, run)
     status = conclude(run, report, setup_differences, MODEL, ARTICLE_FLAGS)
     finish_together(world)  # a process that leaves while the first writes its JSON can abort gloo
     return status

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from common.data import CLASSES, DEFAULT_NAME, load_all, load_splits, run_model, workers_text
 from common.pretrained import checkpoint_config, checkpoint_pixels, load_pretrained
-from common.run import begin, conclude, experiment_parser, loaded, nonempty_path, pass_text, section, side_pixels
+from common.run import begin, conclude, experiment_parser, nonempty_path, pass_text, section, side_pixels, tried
 from compare.data_set import data_differences
 from compare.verdicts import article_values
 from figures import origin_of
@@ -154,16 +154,15 @@ def cosine_similarities(grid, place):
 
 # ---------------------------------------------------------------- resources
 
-@functools.lru_cache(maxsize=1)  # once per run: sections 2-4 ask for it
-def load_model(run):
+def load_model(name, resolution, device):
     from transformers import ViTForImageClassification
 
-    model = load_pretrained(ViTForImageClassification, run.args.model)
+    model = load_pretrained(ViTForImageClassification, name)
     if model.config.num_labels != 1000:
-        raise UserError(f"{run.args.model} has {model.config.num_labels} labels, not the 1,000 of "
-                        f"ImageNet: pass an ImageNet-1k fine-tuned checkpoint")
-    check_resolution(model.config, run.args.resolution)
-    return model.to(run.device).eval()
+        raise UserError(f"{name} has {model.config.num_labels} labels, not the 1,000 of ImageNet: pass an "
+                        f"ImageNet-1k fine-tuned checkpoint")
+    check_resolution(model.config, resolution)
+    return model.to(device).eval()
 
 
 def imagenet_indices(root, folders):
@@ -176,11 +175,10 @@ def imagenet_indices(root, folders):
     return [index[wnid] for wnid in folders]
 
 
-@functools.lru_cache(maxsize=1)  # once per run: section 4 and setup_differences ask for them
-def load_pictures(run):
+def load_pictures(data_dir, per_class):
     """(decoded pictures, labels, the ImageNet index of each class) of the validation split."""
     # a random sample of the split; no --data-dir: data/imagenette2-160, downloaded when missing
-    data = load_splits(run.args.data_dir or download_imagenette(), {"val": run.args.per_class}, drawn=True)
+    data = load_splits(data_dir or download_imagenette(), {"val": per_class}, drawn=True)
     return (load_all([path for path, _ in data["val"]]), torch.tensor([label for _, label in data["val"]]),
             imagenet_indices(data["root"], data["folders"]))
 
@@ -188,7 +186,7 @@ def load_pictures(run):
 # ---------------------------------------------------------------- sections
 
 @section
-def section_tiny_grid(run, report):
+def section_tiny_grid(report):
     """1. a 2x2 grid resized to 3x3"""
     report.print("\n== 1. resize a 2x2 grid to 3x3 the way the official code does (scipy.ndimage.zoom, order=1 = "
                  "linear) ==")
@@ -204,10 +202,9 @@ def section_tiny_grid(run, report):
 
 
 @section
-def section_position_table(run, report):
+def section_position_table(report, model, args):
     """2. the position table"""
-    model = load_model(run)
-    config, resolution = model.config, run.args.resolution
+    config, resolution = model.config, args.resolution
     table = model_table(model)
     n_old, n_new = grids(config, resolution)
     _, grid = split_table(table)
@@ -217,7 +214,7 @@ def section_position_table(run, report):
     lower, delta = stretch_positions(n_old, n_new)[row]
     rows_needed = n_new * n_new + 1
     scipy_difference = np.abs(ours - scipy_resize(grid, n_new)).max()
-    report.print(f"\n== 2. the position table of {run.args.model} ==")
+    report.print(f"\n== 2. the position table of {args.model} ==")
     report.print(f"  E_pos {table.shape} = 1 row for [class] + {n_old * n_old} rows = a {n_old}x{n_old} grid of "
                  f"{table.shape[1]} numbers")
     report.print(f"  at {resolution} pixels: {resolution}/{config.patch_size} = {n_new} patches per side, N = "
@@ -250,10 +247,9 @@ def section_position_table(run, report):
 
 
 @section
-def section_cosine(run, report):
+def section_cosine(report, model, args):
     """3. cosine similarity"""
-    model = load_model(run)
-    n_old, n_new = grids(model.config, run.args.resolution)
+    n_old, n_new = grids(model.config, args.resolution)
     _, grid = split_table(model_table(model))
     old_place, new_place = example_places(n_old, n_new)
     report.print(f"\n== 3. cosine similarity of position row {old_place} with its four neighbours and the far "
@@ -276,15 +272,14 @@ def section_cosine(run, report):
                       f"{prefix}far corner": similarity[corner]})
         maps[name] = similarity.tolist()
     report.series["cosine maps"] = maps  # for the figures and the page
-    if run.args.plots:
-        cosine_maps(maps, run.args.plots, say, origin_of(run.args, DEFAULT_NAME))
+    if args.plots:
+        cosine_maps(maps, args.plots, say, origin_of(args, DEFAULT_NAME))
 
 
 @section
-def section_accuracy(run, report):
+def section_accuracy(report, model, pictures, args, run):
     """4. accuracy at both resolutions"""
-    model, (images, labels, imagenet_classes) = loaded(lambda: load_model(run), lambda: load_pictures(run))
-    args = run.args
+    images, labels, imagenet_classes = pictures
     pixels = checkpoint_pixels(args.model)  # what its image processor makes
     report.print(f"\n== 4. accuracy on the Imagenette validation set: {len(images)} pictures (160 px on the short "
                  f"side), device {run.device.type} ==",
@@ -330,12 +325,10 @@ def section_accuracy(run, report):
 ARTICLE_FLAGS = {"resolution": ("resolution", 384), "precision": ("precision", "fp32")}
 
 
-def setup_differences(run, known):
-    """How this run's pictures differ from the article's (the checkpoint and the flags: conclude)."""
-    try:
-        count = len(load_pictures(run)[1])
-    except UserError:  # said by section 4: the count is unknown
-        count = None
+def setup_differences(pictures, run, known):
+    """How this run's pictures (a UserError: none could be loaded) differ from the article's (the checkpoint and the
+    flags: conclude)."""
+    count = None if isinstance(pictures, UserError) else len(pictures[1])
     return data_differences(run.args, {"val": count}, True)
 
 
@@ -353,11 +346,13 @@ def main(argv=None):
     if config is not None:  # a checkpoint on disk: refuse a resolution it cannot serve before any work
         check_resolution(config, args.resolution)
     run, report = begin("posemb", args)
-    section_tiny_grid(run, report)
-    section_position_table(run, report)
-    section_cosine(run, report)
-    section_accuracy(run, report)
-    return conclude(run, report, setup_differences, DEFAULT_MODEL, ARTICLE_FLAGS)
+    section_tiny_grid(report)
+    model = tried(load_model, args.model, args.resolution, run.device)
+    section_position_table(report, model, args)
+    section_cosine(report, model, args)
+    pictures = tried(load_pictures, args.data_dir, args.per_class)
+    section_accuracy(report, model, pictures, args, run)
+    return conclude(run, report, functools.partial(setup_differences, pictures), DEFAULT_MODEL, ARTICLE_FLAGS)
 
 
 if __name__ == "__main__":

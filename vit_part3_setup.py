@@ -167,7 +167,7 @@ def config_forward_flops(config, resolution):
 
 
 @section
-def section_table1(run, report):
+def section_table1(report):
     """1. Table 1: sequence, attention pairs, forward compute and the released checkpoints' parameters"""
     layers, width, mlp, _ = VIT_SIZES["B"]
     (_, n16, s16, _), (_, n32, s32, _) = sequence_shape(224, 16), sequence_shape(224, 32)
@@ -256,7 +256,7 @@ def released_parameters(report):
 # ---------------------------------------------------------------- 2. the hybrid
 
 @section
-def section_hybrid(run, report):
+def section_hybrid(report):
     """2. the hybrid's ResNet-50 stages"""
     report.print("\n== 2. the hybrid: which ResNet-50 stage feeds ViT ==")
     import numpy as np
@@ -335,7 +335,7 @@ def weight_standardize(weights, eps=0.0):
 
 
 @section
-def section_norms(run, report):
+def section_norms(report):
     """3. Batch Norm vs Group Norm"""
     report.print("\n== 3. Batch Norm vs Group Norm on a tiny batch (4 channels, 2 pixels per channel, 2 groups) ==")
     a = torch.tensor(PICTURE_A, dtype=torch.float64)
@@ -462,7 +462,7 @@ def torch_clip(gradients, max_norm):
 
 
 @section
-def section_by_hand(run, report):
+def section_by_hand(report):
     """4. Adam, Table 3, SGD with momentum, Polyak averaging, clipping and Table 4 by hand"""
     report.print("\n== 4. pre-training and fine-tuning by hand: Adam, Table 3, SGD with momentum, Polyak averaging, "
                  "clipping, Table 4 ==")
@@ -552,10 +552,10 @@ def main(argv=None):
     args = experiment_parser(__doc__, device=False).parse_args(argv)
     torch.set_num_threads(min(4, torch.get_num_threads()))
     run, report = begin("setup", args)
-    section_table1(run, report)
-    section_hybrid(run, report)
-    section_norms(run, report)
-    section_by_hand(run, report)
+    section_table1(report)
+    section_hybrid(report)
+    section_norms(report)
+    section_by_hand(report)
     return conclude(run, report)
 
 

@@ -68,23 +68,37 @@ def begin(script, args, **run):
 
 
 def section(function):
-    """A script's section, which main() calls by name: a UserError it raises (what it needs is missing) is one line,
-    'cannot run section "<its docstring's first line>": why', and the run goes on with the next section."""
+    """A script's section, which main() calls by name with the report first: a UserError it raises, or is given in
+    place of what it needs (tried()), is one line, 'cannot run section "<its docstring's first line>": why', and the
+    run goes on with the next section, given that UserError in place of what this one returns."""
     title = (function.__doc__ or function.__name__).strip().splitlines()[0]  # python -OO drops docstrings
 
     @functools.wraps(function)
-    def run_section(run, report, *args, **kwargs):
+    def run_section(report, *args, **kwargs):
+        missing = [value for value in (*args, *kwargs.values()) if isinstance(value, UserError)]
         try:
-            return function(run, report, *args, **kwargs)
+            if missing:  # each reason once, in the order of the arguments
+                raise UserError(*dict.fromkeys(reason for problem in missing for reason in problem.args))
+            return function(report, *args, **kwargs)
         except (UserError, NotImplementedError) as problem:
-            if not isinstance(problem, UserError) and (run.device is None or run.device.type != "mps"):
+            if not isinstance(problem, UserError) and "MPS" not in str(problem):  # torch's words for an mps gap
                 raise
-            report.cannot_run(title, problem if isinstance(problem, UserError) else UserError(
-                f"an operation is missing from Apple's mps backend in torch {torch.__version__} "
-                f"({str(problem).splitlines()[0][:120]}): run with PYTORCH_ENABLE_MPS_FALLBACK=1 to do it on the "
-                f"CPU, or upgrade torch"))
+            if not isinstance(problem, UserError):
+                problem = UserError(f"an operation is missing from Apple's mps backend in torch {torch.__version__} "
+                                    f"({str(problem).splitlines()[0][:120]}): run with PYTORCH_ENABLE_MPS_FALLBACK=1 "
+                                    f"to do it on the CPU, or upgrade torch")
+            report.cannot_run(title, problem)
+            return problem
 
     return run_section
+
+
+def tried(load, *args):
+    """load(*args), or the UserError that says why it cannot be had: the sections given it say so, the others run."""
+    try:
+        return load(*args)
+    except UserError as problem:
+        return problem
 
 
 def conclude(run, report, setup_differences=None, article_model=None, article_flags=None):

@@ -45,7 +45,7 @@ def test_a_grid_that_does_not_match_is_refused():
 @pytest.mark.skipif(not BACKBONE_ARTICLE.exists(), reason="the article is not beside the checkout")
 def test_section_1_prints_the_article_lines(capsys):
     report = Report("backbone")
-    backbone.section_feature_map(start_run(argparse.Namespace(seed=42)), report)
+    backbone.section_feature_map(report, seed=42)
     printed = [text.strip() for text in capsys.readouterr().out.splitlines()]
     logged = article_output(r"(?:Patch tokens|Feature map) shape: torch\.Size\(\[[\d, ]+\]\)")
     assert len(logged) == 2 and all(text in printed for text in logged)
@@ -85,7 +85,7 @@ def test_the_tables_printed_word_and_the_comparisons_verdict_are_one_rule(capsys
     """Each row's word is --compare's verdict for its count, and both are the whole classifier's count by hand,
     rounded to millions, against the article's column: 87 against 86 differs, 307 against 307 is the same."""
     report = Report("backbone")
-    backbone.section_table(start_run(argparse.Namespace(seed=42)), report)
+    backbone.section_table(report)
     printed = capsys.readouterr().out.splitlines()
     verdicts = {row["name"]: row["verdict"] for row in compare(report.numbers, load_reference("backbone"))}
     for name, table_millions in backbone.TABLE:

@@ -131,7 +131,7 @@ def test_sigterm_saves_the_step_and_resume_ends_like_an_uninterrupted_run(tiny_i
 
 
 def test_sigterm_outside_training_is_one_line(capsys, monkeypatch):
-    monkeypatch.setattr(setup, "section_table1", lambda run, report: os.kill(os.getpid(), signal.SIGTERM))
+    monkeypatch.setattr(setup, "section_table1", lambda report: os.kill(os.getpid(), signal.SIGTERM))
     status, _, err = run(setup.main, [], capsys, monkeypatch)
     assert status == 143 and err.strip() == "stopped by SIGTERM"
 

@@ -19,7 +19,7 @@ from job.standins import imagenette_folder
 
 def by_hand_numbers():
     report = Report("fewshot")
-    fewshot.section_by_hand(None, report)
+    fewshot.section_by_hand(report)
     return {name: number["value"] for name, number in report.numbers.items()}
 
 
@@ -234,7 +234,8 @@ def test_a_partial_copy_of_the_training_pictures_moves_the_pool(tmp_path):
     args = Namespace(model=fewshot.DEFAULT_MODEL, data_dir=str(root), per_class=3, pool=5, seed=0, shots=[1, 5],
                      lambdas=[1.0], draws=5, resolution=224, precision="fp32")
     known = flag_differences(args, fewshot.ARTICLE_FLAGS)  # as judged(): the flags', then the script's own
-    differences = {**known, **fewshot.setup_differences(start_run(args, device=torch.device("cpu")), known)}
+    data = fewshot.load_data(args)
+    differences = {**known, **fewshot.setup_differences(data, start_run(args, device=torch.device("cpu")), known)}
     assert differences["training pictures"]["flag"] == f"--data-dir {root}"
     assert differences["training pictures"]["why"] == (f"--data-dir {root}: 60 of 9,469 training pictures "
                                                        "(a partial copy, not a draw)")

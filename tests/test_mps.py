@@ -103,13 +103,13 @@ def test_precisions_that_do_not_exist_are_refused(device, precision, refused):
 
 def test_an_operation_missing_on_mps_names_the_fallback(capsys):
     @section
-    def section_with_a_missing_operation(run, report):
+    def section_with_a_missing_operation(report):
         """2. a section"""
         raise NotImplementedError("The operator 'aten::upsample_bicubic2d.out' is not currently implemented for MPS")
 
     args = argparse.Namespace(compare=False, json=None, precision="fp32")
     run, report = begin("posemb", args, device=torch.device("mps"))
-    section_with_a_missing_operation(run, report)
+    section_with_a_missing_operation(report)
     status = conclude(run, report)
     out = capsys.readouterr().out
     assert status == 1 and 'cannot run section "2. a section"' in out and "PYTORCH_ENABLE_MPS_FALLBACK=1" in out

@@ -145,7 +145,7 @@ def test_cosine_map_is_torchs_cosine_similarity_with_table_row_1_plus_r_n_plus_c
 
 def test_tiny_grid_of_the_article():
     report = Report("posemb")
-    posemb.section_tiny_grid(None, report)
+    posemb.section_tiny_grid(report)
     numbers = {name: number["value"] for name, number in report.numbers.items()}
     assert (numbers["2x2 top middle"], numbers["2x2 middle left"], numbers["2x2 centre"]) == (0.5, 1.0, 1.5)
     assert [numbers[f"3x3 grid[2,{j}]"] for j in (1, 2, 3)] == [1.0, 1.5, 2.0]  # (0+2)/2, the centre, (1+3)/2
@@ -271,7 +271,8 @@ def test_another_resolution_makes_the_stretched_grids_numbers_not_comparable(tmp
     args = Namespace(model=posemb.DEFAULT_MODEL, resolution=512, precision="fp32", per_class=None,
                      data_dir=str(tmp_path / "missing"))
     known = flag_differences(args, posemb.ARTICLE_FLAGS)  # as judged(): the flags', then the script's own
-    differences = {**known, **posemb.setup_differences(start_run(args, device=torch.device("cpu")), known)}
+    pictures = UserError(f"{args.data_dir} does not exist")  # as tried(load_pictures, ...) gives it
+    differences = {**known, **posemb.setup_differences(pictures, start_run(args, device=torch.device("cpu")), known)}
     assert list(differences) == ["resolution"]
     numbers = {name: {"value": float(entry["article"].replace(",", ""))} for name, entry
                in load_reference("posemb").items()}

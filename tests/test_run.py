@@ -2,7 +2,7 @@
 on."""
 import pytest
 
-from common.run import loaded
+from common.run import Report, loaded, section, tried
 from common.start_and_end import UserError
 
 
@@ -29,6 +29,44 @@ def test_loaded_loads_each_in_turn_and_one_error_names_every_problem():
     assert str(problem.value) == ("no data here; pass --data-dir; also no checkpoint here; pass --model; also no "
                                   "processor either")
     assert calls == ["model", "data", "checkpoint", "model"]  # each tried, in turn, even after a failure
+
+
+@section
+def section_two(report, model, pictures):
+    """2. a section"""
+    report.print(f"  {model} on {pictures}")
+    return "done"
+
+
+def missing(what):
+    raise UserError(f"no {what}; pass --{what}")
+
+
+@pytest.mark.parametrize("model,pictures,printed", [
+    ("the model", "pictures", "  the model on pictures"),
+    (tried(missing, "model"), "pictures", '  cannot run section "2. a section": no model; pass --model'),
+    (tried(missing, "model"), tried(missing, "data"),  # each reason once, the arguments' order
+     '  cannot run section "2. a section": no model; pass --model; also no data; pass --data'),
+    (tried(missing, "model"), tried(missing, "model"), '  cannot run section "2. a section": no model; pass --model'),
+])
+def test_a_section_given_what_could_not_be_loaded_says_why_in_one_line_and_the_run_goes_on(model, pictures, printed):
+    report = Report("posemb")
+    returned = section_two(report, model, pictures)
+    assert report.lines == [printed]
+    if model == "the model":
+        assert returned == "done" and not report.could_not_run
+    else:  # for the sections that need what this one returns
+        assert report.could_not_run == [("2. a section", returned)] and isinstance(returned, UserError)
+
+
+def test_an_operation_missing_elsewhere_than_on_mps_is_not_taken_for_a_missing_load():
+    @section
+    def section_three(report):
+        """3. a section"""
+        raise NotImplementedError("a method left to a subclass")
+
+    with pytest.raises(NotImplementedError):
+        section_three(Report("posemb"))
 
 
 def test_inside_the_job_a_script_leaves_the_command_to_run_next_to_the_job(monkeypatch):
