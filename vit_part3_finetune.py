@@ -282,24 +282,21 @@ def check_resolution(config, resolution):
 
 
 def data_and_model(run):
-    """(the pictures, the classifier on the device, its dropped pre-logits shape): the first section loads them, each
-    by the first process first (it downloads), the next sections find them in run.kept; one line names all that an
-    offline run lacks, the pictures and the checkpoint."""
+    """(the pictures, the classifier on the device, its dropped pre-logits shape, the pixels its image processor
+    makes), each loaded by the first process first (it downloads); one line names all that an offline run lacks, the
+    pictures and the checkpoint."""
     from transformers import ViTForImageClassification
 
     args = run.args
-    if "data and model" not in run.kept:
-        splits = dict.fromkeys(["train", "val"], args.per_class)
-        loads = (lambda: load_splits(args.data_dir or download_imagenette(), splits),
-                 lambda: load_pretrained(ViTForImageClassification, args.model, output_loading_info=True),
-                 lambda: checkpoint_pixels(args.model))  # the pixels its image processor makes
-        data, checkpoint, run.kept["pixels"] = loaded(*(functools.partial(first_process_first, run, load)
-                                                        for load in loads))  # the first process downloads
-        check_resolution(checkpoint[0].config, args.resolution)
-        data["classes"] = len(data["folders"])
-        model, pre_logits = build_classifier(checkpoint, data["classes"], args.resolution)
-        run.kept["data and model"] = data, model.to(run.device), pre_logits
-    return run.kept["data and model"]
+    splits = dict.fromkeys(["train", "val"], args.per_class)
+    loads = (lambda: load_splits(args.data_dir or download_imagenette(), splits),
+             lambda: load_pretrained(ViTForImageClassification, args.model, output_loading_info=True),
+             lambda: checkpoint_pixels(args.model))
+    data, checkpoint, pixels = loaded(*(functools.partial(first_process_first, run, load) for load in loads))
+    check_resolution(checkpoint[0].config, args.resolution)
+    data["classes"] = len(data["folders"])
+    model, pre_logits = build_classifier(checkpoint, data["classes"], args.resolution)
+    return data, model.to(run.device), pre_logits, pixels
 
 
 # ---------------------------------------------------------------- sections
@@ -307,7 +304,7 @@ def data_and_model(run):
 @section
 def section_data_and_model(report, run):
     """0. data and model"""
-    data, model, pre_logits = data_and_model(run)
+    data, model, pre_logits, pixels = data_and_model(run)
     args = run.args
     report.print(f"\n== 0. data: {data['name']}, {len(data['train'])} training and {len(data['val'])} validation "
                  f"pictures, {data['classes']} classes; device {run.device.type} ==",
@@ -333,20 +330,21 @@ def section_data_and_model(report, run):
         report.print(f"  position table {'stretched' if n_new > n_old else 'shrunk'} {n_old}x{n_old} -> "
                      f"{n_new}x{n_new} by the official 2D bilinear rule (scipy.ndimage.zoom, order=1): "
                      f"{n_old * n_old + 1} -> {n_new * n_new + 1} rows")
+    return data, model, pixels
 
 
 @section
-def section_zero_head(report, run):
+def section_zero_head(report, run, prepared):
     """1. step 0 with the zero head"""
-    data, model, _ = data_and_model(run)
+    data, model, pixels_made = prepared  # section 0's
     if run.rank != 0:
         return
     classes = data["classes"]
     report.print("\n== 1. step 0 with the zero head ==")
     indices, flips = step_pictures(1, run.args.batch_size, len(data["train"]), run.args.seed)  # step 1's whole batch
     batches, _, _ = batches_of([data["train"][i][0] for i in indices], run.args.resolution, run.args.batch_size,
-                                 run.device, flips, workers=0, resample=run.kept["pixels"]["resample"])  # one batch
-    pixels = to_pixels(next(batches), run.device, run.kept["pixels"])
+                                 run.device, flips, workers=0, resample=pixels_made["resample"])  # one batch
+    pixels = to_pixels(next(batches), run.device, pixels_made)
     labels = torch.tensor([data["train"][i][1] for i in indices], device=run.device)
     micro_batch_count = run.world * run.args.accum_steps  # a training step's, so the peak is training's
     with run.autocast:
@@ -402,9 +400,9 @@ def print_step(report, step, row):
 
 
 @section
-def section_finetune(report, run):
+def section_finetune(report, run, prepared):
     """2. fine-tuning"""
-    data, model, _ = data_and_model(run)
+    data, model, pixels = prepared  # section 0's
     args = run.args
     warmup, micro = warmup_steps(args.steps), args.batch_size // (run.world * args.accum_steps)
     report.print(f"\n== 2. fine-tuning: {args.steps} steps, batch {args.batch_size}, SGD momentum {MOMENTUM}, no "
@@ -427,9 +425,10 @@ def section_finetune(report, run):
     n = check_pictures_per_class(args)  # the first n of each class: validation pictures are listed by class, then name
     items = [item for _, group in itertools.groupby(data["val"], key=lambda item: item[1]) for item in list(group)[:n]]
     # read once, kept on the device: an unreadable picture stops the run here; the reading counts as the checks' wait
-    check_batches = kept_batches(items, run, micro, log)
+    check_batches = kept_batches(items, run, micro, log, pixels)
     if start == 0:
-        right, of = accuracies([model.eval()], *check_batches, run, micro, "step 0", log["passes"]["checks"])[0]
+        right, of = accuracies([model.eval()], *check_batches, run, micro, "step 0", log["passes"]["checks"],
+                               pixels)[0]
         log["step 0"] = 100 * right / of  # no sample: the zero head's tie is 100 / classes on a balanced check
         ties = not model.classifier.weight.any() and not model.classifier.bias.any()
         log["tie note"] = "  (zero head: every class ties, the first wins)" if ties else ""
@@ -439,25 +438,27 @@ def section_finetune(report, run):
                  {"monitor pictures": len(items), "monitor per class": per_class, "step 0 validation": log["step 0"]})
     last_step = min(args.pause_at or args.steps, args.steps)
     train(run, report, data=data, model=model, average=average, optimizer=optimizer, log=log,
-          check_batches=check_batches, micro=micro, steps=(start, last_step))
+          check_batches=check_batches, micro=micro, steps=(start, last_step), pixels=pixels)
     try:
-        finish(run, report, data=data, model=model, average=average, log=log, micro=micro, last_step=last_step)
+        finish(run, report, data=data, model=model, average=average, log=log, micro=micro, last_step=last_step,
+               pixels=pixels)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM in the last passes: the last step is saved, only they are left
         if args.save_dir:
             say(f"\nsaved {Path(args.save_dir) / CHECKPOINT} at step {last_step}: add --resume to finish")
         raise
 
 
-def train(run, report, *, data, model, average, optimizer, log, check_batches, micro, steps):
+def train(run, report, *, data, model, average, optimizer, log, check_batches, micro, steps, pixels):
     """Steps (start, last_step): start+1 .. last_step, the article's loop, its logged steps, and a checkpoint every
     --save-every steps, at the last one and on Ctrl-C or SIGTERM (then the run stops, every process at the same step).
-    micro: the pictures of one forward pass; check_batches: the checks' batches and labels."""
+    micro: the pictures of one forward pass; check_batches: the checks' batches and labels; pixels: how a picture is
+    made into the model's pixels."""
     (start, last_step), args, timings = steps, run.args, log["passes"]
     trained = torch.nn.parallel.DistributedDataParallel(model) if run.world > 1 else model  # on the model's device
     for row in log["rows"]:  # a resumed run's logged steps, printed again
         print_step(report, row["step"], row)
     begun = time.perf_counter() - log["seconds"]  # the run's clock: a resumed run's seconds go on
-    batches = step_batches(data["train"], start + 1, last_step, run, log)
+    batches = step_batches(data["train"], start + 1, last_step, run, log, pixels)
     logged = report_steps(args.steps)  # the steps whose line the article prints, each checked on the validation subset
     progress = tqdm(range(start + 1, last_step + 1), desc="fine-tuning", unit="step", file=sys.stderr, initial=start,
                     total=args.steps)
@@ -470,12 +471,12 @@ def train(run, report, *, data, model, average, optimizer, log, check_batches, m
     with stop_between_steps() as stop:
         for step in progress:
             step_begun = time.perf_counter()  # a step's seconds and wait for pictures, not its check's
-            pixels, labels = next(batches)
+            inputs, labels = next(batches)  # this process's share of the step's batch, on the device
             lr = lr_at(step - 1, args.lr, args.steps)  # warm-up, then cosine to 0
             for group in optimizer.param_groups:
                 group["lr"] = lr
             optimizer.zero_grad(set_to_none=True)
-            loss = forward_backward(trained, pixels, labels, run)  # the batch's mean loss; its gradient in .grad
+            loss = forward_backward(trained, inputs, labels, run)  # the batch's mean loss; its gradient in .grad
             norm = torch.nn.utils.clip_grad_norm_(trained.parameters(), CLIP_NORM).item()  # global norm 1
             check_finite(loss, norm, step, lr, args)
             optimizer.step()
@@ -484,7 +485,8 @@ def train(run, report, *, data, model, average, optimizer, log, check_batches, m
             log["norms"].append(norm)
             timings["training"]["seconds"] += time.perf_counter() - step_begun
             if step in logged:
-                checked = accuracies([model.eval()], *check_batches, run, micro, f"step {step}", timings["checks"])[0]
+                checked = accuracies([model.eval()], *check_batches, run, micro, f"step {step}", timings["checks"],
+                                     pixels)[0]
                 log["seconds"] = time.perf_counter() - begun
                 row = {"lr": lr, "loss": loss, "norm": norm, "accuracy": checked, "seconds": log["seconds"],
                        "waiting seconds": sum(timing["waiting seconds"] for timing in timings.values())}
@@ -587,7 +589,7 @@ def resume(run, model, average, optimizer):
     return checkpoint["step"], checkpoint["log"]
 
 
-def step_batches(items, first, last, run, log):
+def step_batches(items, first, last, run, log, pixels):
     """(pixels, labels) on the device: this process's share of each step's batch, steps first .. last, in the recipe's
     order (step_pictures), built ahead by one pass's loader, its wait timed into the training pass."""
     args = run.args
@@ -596,42 +598,43 @@ def step_batches(items, first, last, run, log):
     if not chosen:
         return
     indices, flips = np.concatenate([i for i, _ in chosen]), np.concatenate([f for _, f in chosen])
-    batches = logged_pass([path for path, _ in items], args.batch_size // run.world, run, log, flips, indices,
-                          log["passes"]["training"])
+    batches = logged_pass([path for path, _ in items], args.batch_size // run.world, run, log, pixels, flips,
+                          indices, log["passes"]["training"])
     for (indices, _), batch in zip(chosen, batches, strict=True):
-        yield (to_pixels(batch, run.device, run.kept["pixels"]),
+        yield (to_pixels(batch, run.device, pixels),
                torch.tensor([items[i][1] for i in indices], device=run.device))
 
 
-def logged_pass(paths, batch_size, run, log, flips=None, indices=None, timing=None, count=len):
+def logged_pass(paths, batch_size, run, log, pixels, flips=None, indices=None, timing=None, count=len):
     """A pass's batches of the pictures at paths, its loader started (common/data.py's batches_of; timing, count:
     as there): its workers and their start-up in the log."""
     batches, log["loader workers"], seconds = batches_of(paths, run.args.resolution, batch_size, run.device, flips,
                                                            indices, timing=timing, count=count,
-                                                           resample=run.kept["pixels"]["resample"])
+                                                           resample=pixels["resample"])
     log["loader start-up seconds"] += seconds
     return batches
 
 
-def kept_batches(items, run, batch_size, log):
+def kept_batches(items, run, batch_size, log, pixels):
     """(this process's share of the (path, label) items, read once as uint8 batches kept on the device (the checks,
     read ten times), their labels): the reading's seconds and wait added to the checks' pass (no pictures counted)."""
     share = items[run.rank::run.world]
     checks, begun = log["passes"]["checks"], time.perf_counter()
-    batches = logged_pass([path for path, _ in share], batch_size, run, log, timing=checks, count=lambda batch: 0)
+    batches = logged_pass([path for path, _ in share], batch_size, run, log, pixels, timing=checks,
+                          count=lambda batch: 0)
     kept = [pixels.to(run.device, non_blocking=True) for pixels in batches]  # pinned by the loader beside a CUDA GPU
     checks["seconds"] += time.perf_counter() - begun
     return kept, [label for _, label in share]
 
 
-def accuracies(models, batches, labels, run, batch_size, desc, timing):
+def accuracies(models, batches, labels, run, batch_size, desc, timing, pixels):
     """[(right, of) of each model: the pictures it gets right, of all, over all processes]: one pass, each batch
     through every model, its seconds and wait added to timing; batches as run_model's, labels this process's share."""
     def predictions(**inputs):
         return [model(**inputs).logits.argmax(1) for model in models]
 
     predicted, _ = run_model(predictions, batches, run.args.resolution, run.device, batch_size, list, desc,
-                             run.autocast, count=len(labels), timing=timing, pixels=run.kept["pixels"])
+                             run.autocast, count=len(labels), timing=timing, pixels=pixels)
     total, counts = sum_over_processes(len(labels), run), []
     for k in range(len(models)):
         correct = int((torch.cat([batch[k] for batch in predicted]) == torch.as_tensor(labels)).sum()) if labels else 0
@@ -648,7 +651,7 @@ def pixels_processor(resolution, pixels):
                                 image_mean=list(pixels["mean"]), image_std=list(pixels["std"]))
 
 
-def finish(run, report, *, data, model, average, log, micro, last_step):
+def finish(run, report, *, data, model, average, log, micro, last_step, pixels):
     """At the end: how often clipping acted, the losses at both ends, both sets of weights on every validation
     picture. Then, a paused run's too: the passes over pictures and the curves (kept for the page, drawn with
     --plots)."""
@@ -668,11 +671,11 @@ def finish(run, report, *, data, model, average, log, micro, last_step):
                       "mean loss first": loss_first, "mean loss last": loss_last, "pictures seen": seen,
                       "passes": epochs})
         share = data["val"][run.rank::run.world]
-        batches = logged_pass([path for path, _ in share], micro, run, log)
+        batches = logged_pass([path for path, _ in share], micro, run, log, pixels)
         final["both weights on all validation pictures"] = dict(NEW_PASS)
         (last, of), (averaged, _) = accuracies([model.eval(), average.eval()], batches, [label for _, label in share],
                                                run, micro, "both weights",
-                                               final["both weights on all validation pictures"])
+                                               final["both weights on all validation pictures"], pixels)
         average_accuracy, last_accuracy = 100 * averaged / of, 100 * last / of
         report.print(f"  on all {len(data['val']):,} validation pictures: the weight average (factor {AVERAGE_FACTOR}) "
                      f"{average_accuracy:.2f}%, the last weights {last_accuracy:.2f}%",
@@ -683,7 +686,7 @@ def finish(run, report, *, data, model, average, log, micro, last_step):
                 for folder, weights in ((SAVED_AVERAGE, average), (SAVED_LAST, model)):
                     weights.config.image_size = args.resolution  # its position table's, stretched by build_classifier
                     save_loadable(Path(args.save_dir) / folder, weights, data["names"],
-                                  pixels_processor(args.resolution, run.kept["pixels"]), what="fine-tuned model")
+                                  pixels_processor(args.resolution, pixels), what="fine-tuned model")
                 say(f"saved the weight average in {Path(args.save_dir) / SAVED_AVERAGE} and the last weights in "
                     f"{Path(args.save_dir) / SAVED_LAST}: from_pretrained and pipeline(\"image-classification\") "
                     "load either")
@@ -708,10 +711,11 @@ def finish(run, report, *, data, model, average, log, micro, last_step):
                         origin_of(args, DEFAULT_NAME))
 
 
-def setup_differences(run, known):
-    """How this run's setup differs from the article's: the checkpoint, the pictures and the recipe. Another --steps
-    also removes the article's rows of the steps this run never logs: not comparable, not "not run"."""
-    args, data = run.args, run.kept.get("data and model", (None,))[0]  # None: the sections could not load it
+def setup_differences(prepared, run, known):
+    """How this run's setup differs from the article's: the checkpoint, the pictures (prepared: section 0's, a UserError
+    when they could not be loaded) and the recipe. Another --steps also removes the article's rows of the steps this
+    run never logs: not comparable, not "not run"."""
+    args, data = run.args, None if isinstance(prepared, UserError) else prepared[0]
     counts = {split: len(data[split]) if data else None for split in ("train", "val")}
     differences = {**data_differences(args, counts), **check_differences(args, data)}
     if "steps" in known:  # --steps: the article's step rows this run never logs
@@ -866,10 +870,10 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     rank, world, device = start_processes(args.device)  # torchrun's, or this one alone
     run, report = begin("finetune", args, device=device, rank=rank, world=world)
-    section_data_and_model(report, run)
-    section_zero_head(report, run)
-    section_finetune(report, run)
-    status = conclude(run, report, setup_differences, MODEL, ARTICLE_FLAGS)
+    prepared = section_data_and_model(report, run)  # (data, model, pixels), or why they could not be loaded
+    section_zero_head(report, run, prepared)
+    section_finetune(report, run, prepared)
+    status = conclude(run, report, functools.partial(setup_differences, prepared), MODEL, ARTICLE_FLAGS)
     finish_together(world)  # a process that leaves while the first writes its JSON can abort gloo
     return status
 

@@ -28,11 +28,11 @@ class Run(SimpleNamespace):
 
 def start_run(args, device=None, rank=0, world=1, fp32_rule="strict"):
     """One run: the parsed flags, the device and its arithmetic (fp32_rule: the article's rule for --precision fp32),
-    its processes (rank and world: torchrun's), and `kept`: what a section loaded, for the next sections."""
+    its processes (rank and world: torchrun's)."""
     keep_freed_memory()  # large host blocks kept, not handed back and faulted in again at every batch
     device = device or (pick_device(args.device) if "device" in args else None)
     autocast = set_precision(device, args.precision, fp32_rule) if "precision" in args else contextlib.nullcontext()
-    return Run(args=args, device=device, fp32_rule=fp32_rule, autocast=autocast, rank=rank, world=world, kept={},
+    return Run(args=args, device=device, fp32_rule=fp32_rule, autocast=autocast, rank=rank, world=world,
                started=time.time())
 
 

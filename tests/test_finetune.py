@@ -121,20 +121,20 @@ def test_one_pass_gives_each_models_accuracy_and_the_checks_read_the_kept_batche
     from common.pretrained import ARTICLE_PIXELS
 
     run = SimpleNamespace(args=SimpleNamespace(resolution=224), device=torch.device("cpu"), autocast=None, world=1,
-                          rank=0, kept={"pixels": ARTICLE_PIXELS})
+                          rank=0)
     batches, _ = start_loader(picture_loader([path for path, _ in items], 224, 16, run.device))
     timing = dict(NEW_PASS)
-    counts = finetune.accuracies(models, batches, list(labels), run, 16, "both", timing)
+    counts = finetune.accuracies(models, batches, list(labels), run, 16, "both", timing, ARTICLE_PIXELS)
     assert [100 * right / of for right, of in counts] == pytest.approx(by_hand, abs=1e-9)
     assert timing["pictures"] == len(items)
 
     log = {"loader start-up seconds": 0.0, "passes": {"checks": dict(NEW_PASS)}}
-    kept, shared = finetune.kept_batches(items, run, 16, log)
+    kept, shared = finetune.kept_batches(items, run, 16, log, ARTICLE_PIXELS)
     checks = log["passes"]["checks"]
     assert [len(batch) for batch in kept] == [16, 16, 8] and checks["pictures"] == 0
     assert shared == list(labels)
     for k in (1, 2):
-        right, of = finetune.accuracies([models[0]], kept, shared, run, 16, "check", checks)[0]
+        right, of = finetune.accuracies([models[0]], kept, shared, run, 16, "check", checks, ARTICLE_PIXELS)[0]
         assert 100 * right / of == pytest.approx(by_hand[0], abs=1e-9)  # the running total, checks, added to
         assert checks["pictures"] == k * len(items)
 
@@ -143,8 +143,8 @@ def test_reading_the_checks_pictures_counts_as_the_checks_wait(tiny_in21k, pictu
     """The checks' pictures are read before the first step; that time is the checks' (seconds and wait)."""
     real_read = finetune.kept_batches
 
-    def slow_read(items, run, batch_size, log):
-        kept = real_read(items, run, batch_size, log)
+    def slow_read(items, run, batch_size, log, pixels):
+        kept = real_read(items, run, batch_size, log, pixels)
         log["passes"]["checks"]["seconds"] += 1000
         log["passes"]["checks"]["waiting seconds"] += 1000
         return kept

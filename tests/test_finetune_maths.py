@@ -20,6 +20,7 @@ from conftest import tiny_vit
 import vit_part3_finetune as finetune
 from common.data import NEW_PASS
 from common.files import read_checkpoint, save_checkpoint, set_rng_states
+from common.pretrained import ARTICLE_PIXELS
 from common.run import Report
 from common.start_and_end import Terminated, UserError
 from compare.verdicts import flag_differences, load_reference
@@ -154,17 +155,21 @@ def test_each_process_takes_its_contiguous_share_of_the_steps_batch():
     assert [flips.tolist() for _, flips in shares] == [[True, False], [False, True], [False, False], [True, False]]
 
 
-def all_differences(run):
-    """The setup's differences as compare/record.py's judged() makes them: the flags', then the script's own."""
+NOT_LOADED = UserError("no pictures")  # as tried() gives section 0's load that failed
+
+
+def all_differences(run, prepared=NOT_LOADED):
+    """The setup's differences as compare/record.py's judged() makes them: the flags', then the script's own;
+    prepared: section 0's (data, model, pixels), or a UserError when they could not be loaded."""
     known = flag_differences(run.args, finetune.ARTICLE_FLAGS)
-    return {**known, **finetune.setup_differences(run, known)}
+    return {**known, **finetune.setup_differences(prepared, run, known)}
 
 
 def test_a_shorter_run_removes_the_article_steps_it_never_logs():
     """30 steps log 0, 1, 2, 5, 10, 15, 20, 25, 30: the article's rows of its other steps are not comparable."""
     run = SimpleNamespace(args=SimpleNamespace(steps=30, batch_size=32, lr=0.003, resolution=224, precision="fp32",
                                                per_class=None, data_dir=None, check_per_class=None,
-                                               model=finetune.MODEL), kept={})
+                                               model=finetune.MODEL))
     differences = all_differences(run)
     removed = differences["steps"]["removes"]
     assert "step 250 loss" in removed and "step 300 norm" in removed and "step 0 validation" not in removed
@@ -181,8 +186,7 @@ def test_the_pictures_the_sections_loaded_are_the_setups_difference_and_no_sampl
     args = SimpleNamespace(steps=300, batch_size=32, lr=0.003, resolution=224, precision="fp32", per_class=8,
                            data_dir=None, check_per_class=None, model=finetune.MODEL)
     data = {"train": [("a picture", 0)] * 80, "val": [("a picture", 0)] * 80, "classes": 10}
-    run = SimpleNamespace(args=args, kept={"data and model": (data, "the model", (768, 768))})
-    differences = all_differences(run)
+    differences = all_differences(SimpleNamespace(args=args), (data, "the model", ARTICLE_PIXELS))
     assert differences["training pictures"] == {"flag": "--per-class 8", "why": "--per-class 8: 80 of 9,469 training "
                                                                                "pictures (the first 8 of each class)"}
     assert differences["validation pictures"]["why"].startswith("--per-class 8: 80 of 3,925 validation pictures")
@@ -195,8 +199,7 @@ def test_fine_tuning_on_another_data_set_is_not_the_articles_setup(tmp_path):
         (tmp_path / "flowers" / split / "rose").mkdir(parents=True)
     args = SimpleNamespace(steps=300, batch_size=32, lr=0.003, resolution=224, precision="fp32", per_class=None,
                            data_dir=str(tmp_path / "flowers"), check_per_class=None, model=finetune.MODEL)
-    run = SimpleNamespace(args=args, kept={})
-    assert all_differences(run)["data set"]["flag"] == f"--data-dir {tmp_path / 'flowers'}"
+    assert all_differences(SimpleNamespace(args=args))["data set"]["flag"] == f"--data-dir {tmp_path / 'flowers'}"
 
 
 # ---------------------------------------------------------------- the training loop, on a tiny classifier
@@ -289,14 +292,14 @@ def train(monkeypatch, model, optimizer, batches, labels, steps, accum_steps=1, 
     come. Returns its log (the loss and gradient norm of each step), its report, and the average. Each check must see
     the model in eval mode, in batches of the pictures of one forward pass; the batches are asked for steps start + 1
     .. steps; the model is wrapped in DDP under torchrun only."""
-    def step_batches(items, first, last, run, log):
+    def step_batches(items, first, last, run, log, made):
         assert (first, last) == (start + 1, steps)
         for step, pixels in enumerate(batches, first):
             if signal_at and step == signal_at[0]:
                 signal.raise_signal(signal_at[1])
             yield pixels, labels
 
-    def accuracies(models, pictures, labels_, run, batch_size, desc, timing):
+    def accuracies(models, pictures, labels_, run, batch_size, desc, timing, pixels):
         assert not any(model.training for model in models)  # a check is an evaluation: no dropout
         assert batch_size == len(labels) // (world * accum_steps)
         return [(1, 10)]  # 10.0%, its counts kept
@@ -319,7 +322,7 @@ def train(monkeypatch, model, optimizer, batches, labels, steps, accum_steps=1, 
     try:
         finetune.train(run, report, data={"train": [(None, int(label)) for label in labels]}, model=model,
                        average=average, optimizer=optimizer, log=log, check_batches=([], []),
-                       micro=len(labels) // (world * accum_steps), steps=(start, steps))
+                       micro=len(labels) // (world * accum_steps), steps=(start, steps), pixels=ARTICLE_PIXELS)
     finally:
         assert wrapped == ([model] if world > 1 else [])  # DDP under torchrun, the model itself alone
     return log, report, average

@@ -279,6 +279,7 @@ def test_fine_tunings_checks_keep_their_batches_on_the_gpu(pictures):
     from types import SimpleNamespace
 
     from common.data import NEW_PASS, list_split
+    from common.pretrained import ARTICLE_PIXELS
     from vit_part3_finetune import kept_batches
 
     items = list_split(pictures, "val")
@@ -286,7 +287,7 @@ def test_fine_tunings_checks_keep_their_batches_on_the_gpu(pictures):
     for device in (torch.device("cpu"), CUDA):
         run = SimpleNamespace(device=device, world=1, rank=0, args=SimpleNamespace(resolution=32))
         log = {"loader start-up seconds": 0.0, "passes": {"checks": dict(NEW_PASS)}}
-        kept[device.type], labels = kept_batches(items, run, 16, log)
+        kept[device.type], labels = kept_batches(items, run, 16, log, ARTICLE_PIXELS)
         assert labels == [label for _, label in items] and log["passes"]["checks"]["pictures"] == 0
         assert (log["loader workers"] > 0) is (device.type == "cuda")
     assert all(batch.device.type == "cuda" for batch in kept["cuda"])
