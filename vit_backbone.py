@@ -49,7 +49,6 @@ from common.run import (
     conclude,
     experiment_parser,
     float32_arithmetic,
-    loaded,
     nonempty_path,
     nonnegative_float,
     pass_text,
@@ -57,6 +56,7 @@ from common.run import (
     positive_int,
     section,
     seed_number,
+    tried,
 )
 from compare.data_set import subset_differences
 from compare.marks import made_here
@@ -475,17 +475,10 @@ def data_digests(splits):
     return digests
 
 
-# Each read once however many sections need it, keyed by its flag; a failure is not kept: it is raised again where
-# the next section needs the same thing, with the same words.
-load_beans = functools.cache(read_beans)  # (--data-dir, --per-class)
-load_processor = functools.cache(image_processor)  # (--model)
-
-
-@functools.lru_cache(maxsize=1)
-def finetune(run):
+def finetune(beans, processor, run):
     """The article's run in the article's order of random draws: seed, shuffle train, shuffle validation, the new
     head, then evaluate, train, evaluate; and its figure, the patch tokens of a few validation pictures before and
-    after as RGB maps. Run once by section 4, which prints it; section 5 sets the same run beside the probes."""
+    after as RGB maps. Run by section 4, which prints it; section 5 sets the same run beside the probes."""
     from transformers import (
         AutoModelForImageClassification,
         ProgressCallback,
@@ -496,7 +489,6 @@ def finetune(run):
     )
 
     args = run.args
-    beans, processor = load_beans(args.data_dir, args.per_class), load_processor(args.model)
     set_seed(args.seed)  # dnnlpy.set_seed(42): random, numpy and torch
     # The article's CPU draws before its shuffles: the (2, 16, 64) test, the pooler from_pretrained adds at random.
     torch.randn(2, 16, 64)
@@ -701,18 +693,9 @@ def section_table(report):
 
 
 @section
-def section_checkpoint(report, run):
+def section_checkpoint(report, beans, processor, classifier, args, run):
     """3. the checkpoint as backbone + head"""
-    args = run.args
-    try:  # the configuration and the counts need no data; the one picture does
-        processor, model = loaded(lambda: load_processor(args.model),
-                                  lambda: image_classifier(args.model).to(run.device).eval())
-    except UserError as missing:
-        try:
-            load_beans(args.data_dir, args.per_class)
-        except UserError as also:  # one line that names the data too, when it is missing as well
-            raise UserError(*also.args, *missing.args) from None
-        raise
+    model = classifier.to(run.device).eval()
     report.print(f"\n== 3. {args.model}: backbone + head ==")
     config = {label: getattr(model.config, key) for label, key in CONFIG_LINES.items()}
     for label, value in config.items():
@@ -725,7 +708,6 @@ def section_checkpoint(report, run):
                  f"{backbone:,}; head Linear({in_features}, {out_features}) {head:,} ({share:.2f}% in the backbone)",
                  {"backbone parameters": backbone, "head in features": in_features, "head out features": out_features,
                   "head parameters": head, "backbone share (%)": share})
-    beans = load_beans(args.data_dir, args.per_class)
     picture = beans["validation"][0]
     pixels = article_transform(processor, beans["validation"][:1])["pixel_values"]
     with torch.inference_mode(), run.autocast:
@@ -778,11 +760,8 @@ FLOAT32 = {"torch defaults": "torch's defaults, as the article ran: convolutions
 
 
 @section
-def section_finetune(report, run):
+def section_finetune(report, beans, processor, args, run):
     """4. the article's fine-tuning"""
-    args = run.args
-    # both now, so that one line names what is missing before any is printed; fine-tuning reads them again
-    beans = loaded(lambda: load_beans(args.data_dir, args.per_class), lambda: load_processor(args.model))[0]
     recipe = any(getattr(args, dest) != ARTICLE_FLAGS[dest][1] for dest in ("batch_size", "epochs", "lr"))
     report.print(f"\n== 4. fine-tuning on beans with transformers.Trainer, {'not ' * recipe}as the article: "
                  f"batch {args.batch_size}, {args.epochs} epoch{'s' * (args.epochs != 1)}, learning rate {args.lr:g}, "
@@ -800,7 +779,7 @@ def section_finetune(report, run):
                  "2026.7.21 (2026.8.24 and later seed torch alone; the article's release is unknown). The shuffles "
                  "draw from numpy: if the article's numpy was not seeded, its training order, and so its after "
                  "numbers, cannot be reproduced by anyone")
-    result = finetune(run)
+    result = finetune(beans, processor, run)
     steps_per_epoch = math.ceil(train_count / args.batch_size)
     report.print(f"  new head Linear({result['hidden size']}, {len(names)}), random; {result['steps']} steps "
                  f"({steps_per_epoch} per epoch)",
@@ -834,16 +813,15 @@ def section_finetune(report, run):
         origin = origin_of(args, BEANS)
         backbone_curves(report.series, args.plots, say, origin)
         backbone_feature_maps(result["feature maps"], args.plots, say, origin)
+    return result
 
 
 @section
-def section_three_ways(report, run):
+def section_three_ways(report, beans, processor, result, args, run):
     """5. three ways to adapt the same backbone"""
-    args = run.args
-    beans, processor = loaded(lambda: load_beans(args.data_dir, args.per_class), lambda: load_processor(args.model))
     report.print(f"\n== 5. beyond the article: three ways to adapt the same backbone, on the same "
                  f"{len(beans['train']):,} training and {len(beans['validation'])} validation pictures ==")
-    frozen, result = loaded(lambda: load_features(run, beans, processor), lambda: finetune(run))  # section 4's run
+    frozen = load_features(run, beans, processor)
     timing = frozen["pass"]  # None when read from the cache
     pass_words = "" if not timing else (f" {pass_text(timing)}, the loader's {timing['workers']} worker processes "
                                         f"(none on a CPU) started in {timing['start-up seconds']:.1f} s, outside the "
@@ -885,13 +863,10 @@ def section_three_ways(report, run):
                  "time is its training with its evaluations, the probes' their fit on the features")
 
 
-def setup_differences(run, known):
-    """How this run's setup differs from the article's: the checkpoint, the pictures, the flags. Not --probe-epochs
-    or --lambdas (section 5 goes beyond the article)."""
-    try:  # the pictures the sections read, loaded already; or none, as they could not load
-        beans = load_beans(run.args.data_dir, run.args.per_class)
-    except UserError:
-        beans = None
+def setup_differences(beans, run, known):
+    """How this run's setup differs from the article's: the checkpoint, the pictures (beans: a UserError when they
+    could not be loaded), the flags. Not --probe-epochs or --lambdas (section 5 goes beyond the article)."""
+    beans = None if isinstance(beans, UserError) else beans
     counts = {f"{word} pictures": len(beans[split]) if beans else None
               for split, word in (("train", "training"), ("validation", "validation"))}
     made = made_here(run.args.data_dir) if run.args.data_dir else None
@@ -978,10 +953,11 @@ def main(argv=None):
     run, report = begin("backbone", args, fp32_rule=ARTICLE_FP32_RULE)
     section_feature_map(report, args.seed)
     section_table(report)
-    section_checkpoint(report, run)
-    section_finetune(report, run)
-    section_three_ways(report, run)
-    return conclude(run, report, setup_differences, MODEL, ARTICLE_FLAGS)
+    beans, processor = tried(read_beans, args.data_dir, args.per_class), tried(image_processor, args.model)
+    section_checkpoint(report, beans, processor, tried(image_classifier, args.model), args, run)  # freed after it
+    result = section_finetune(report, beans, processor, args, run)
+    section_three_ways(report, beans, processor, result, args, run)  # section 4's run beside the probes
+    return conclude(run, report, functools.partial(setup_differences, beans), MODEL, ARTICLE_FLAGS)
 
 
 if __name__ == "__main__":

@@ -74,7 +74,6 @@ from common.run import (
     conclude,
     experiment_parser,
     listed,
-    loaded,
     nonempty_path,
     pass_text,
     pick_device,
@@ -802,6 +801,20 @@ def start_processes(device_name):
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return dist.get_rank(), world, device
+
+
+def loaded(*loads):
+    """Each load() in turn, their values; when any raises a UserError, one that names every problem of them all, so
+    that one line says all that an offline run lacks."""
+    values, problems = [], []
+    for load in loads:
+        try:
+            values.append(load())
+        except UserError as problem:
+            problems += [reason for reason in problem.args if reason not in problems]
+    if problems:
+        raise UserError(*problems)
+    return values
 
 
 def first_process_first(run, load):

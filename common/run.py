@@ -22,32 +22,14 @@ from common.pretrained import check_model_flag
 from common.start_and_end import CHECK_ONLY, IN_JOB, MATPLOTLIB_MISSING, UserError, say
 
 
-class Run(SimpleNamespace):
-    __hash__ = object.__hash__  # by identity: the scripts cache what a run loads (functools.cache)
-
-
 def start_run(args, device=None, rank=0, world=1, fp32_rule="strict"):
     """One run: the parsed flags, the device and its arithmetic (fp32_rule: the article's rule for --precision fp32),
     its processes (rank and world: torchrun's)."""
     keep_freed_memory()  # large host blocks kept, not handed back and faulted in again at every batch
     device = device or (pick_device(args.device) if "device" in args else None)
     autocast = set_precision(device, args.precision, fp32_rule) if "precision" in args else contextlib.nullcontext()
-    return Run(args=args, device=device, fp32_rule=fp32_rule, autocast=autocast, rank=rank, world=world,
-               started=time.time())
-
-
-def loaded(*loads):
-    """Each load() in turn, their values; when any raises a UserError, one that names every problem of them all, so
-    that one line says all that an offline run lacks."""
-    values, problems = [], []
-    for load in loads:
-        try:
-            values.append(load())
-        except UserError as problem:
-            problems += [reason for reason in problem.args if reason not in problems]
-    if problems:
-        raise UserError(*problems)
-    return values
+    return SimpleNamespace(args=args, device=device, fp32_rule=fp32_rule, autocast=autocast, rank=rank, world=world,
+                           started=time.time())
 
 
 def begin(script, args, **run):

@@ -14,7 +14,7 @@ from PIL import Image
 
 import figures.backbone
 import vit_backbone as backbone
-from common.run import Report, start_run
+from common.run import Report, start_run, tried
 from common.start_and_end import UserError, guarded
 from compare import published_files
 from compare.marks import STANDIN_MARK
@@ -166,9 +166,9 @@ def differences(argv, counts=None, names=backbone.BEANS_CLASSES, published=True)
     known = {**checkpoint, **flag_differences(args, backbone.ARTICLE_FLAGS)}
     unlike = None if published else "a copy whose data/train-00000-of-00001.parquet is not the one huggingface.co " \
                                      "publishes for AI-Lab-Makerere/beans"
-    with mock.patch.object(backbone, "load_beans", load_beans), \
-            mock.patch.object(backbone, "unlike_the_published_beans", lambda folder, what: unlike):
-        return {**known, **backbone.setup_differences(argparse.Namespace(args=args), known)}
+    beans = tried(load_beans, args.data_dir, args.per_class)  # as main() loads them
+    with mock.patch.object(backbone, "unlike_the_published_beans", lambda folder, what: unlike):
+        return {**known, **backbone.setup_differences(beans, argparse.Namespace(args=args), known)}
 
 
 def test_setup_differences_name_the_flags():
@@ -259,7 +259,8 @@ def test_the_trainer_with_2_workers_gives_the_numbers_it_gives_with_none(beans_s
     monkeypatch.setattr(backbone, "loader_workers", lambda device: 2)
     args = backbone.parse_args(["--model", str(beans_standins["models"][0]), "--data-dir", str(beans_standins["data"]),
                                 *BACKBONE_FLAGS])
-    result = backbone.finetune(start_run(args, fp32_rule=backbone.ARTICLE_FP32_RULE))
+    beans, processor = backbone.read_beans(args.data_dir, args.per_class), backbone.image_processor(args.model)
+    result = backbone.finetune(beans, processor, start_run(args, fp32_rule=backbone.ARTICLE_FP32_RULE))
     assert result["workers"] == 2 and result["passes"]["training"]["pictures"] == 15 * 4  # 15 steps of 4
     assert result["passes"]["evaluations"]["pictures"] == 4 * 6  # before, at steps 10 and 15, after: 6 pictures
     # the training loader's persistent workers ended with the Trainer: none is left to hold the process at its exit

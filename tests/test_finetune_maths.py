@@ -512,3 +512,28 @@ def test_a_checkpoint_keeps_torchs_rng_and_resume_sets_it_back(tmp_path):
     set_rng_states(state["rng"])
     assert sorted(state) == ["model", "rng", "settings"]
     assert torch.equal(state["model"]["weight"], saved.weight) and torch.equal(torch.rand(3), drawn_next)
+
+
+def test_loaded_loads_each_in_turn_and_one_error_names_every_problem():
+    calls = []
+
+    def model():
+        calls.append("model")
+        return "the model"
+
+    def data():
+        calls.append("data")
+        raise UserError("no data here; pass --data-dir")
+
+    def checkpoint():
+        calls.append("checkpoint")
+        raise UserError("no checkpoint here; pass --model", "no processor either")
+
+    assert finetune.loaded(model) == ["the model"]
+    with pytest.raises(UserError) as problem:
+        finetune.loaded(data, checkpoint, model)
+    assert problem.value.args == ("no data here; pass --data-dir", "no checkpoint here; pass --model",
+                                  "no processor either")
+    assert str(problem.value) == ("no data here; pass --data-dir; also no checkpoint here; pass --model; also no "
+                                  "processor either")
+    assert calls == ["model", "data", "checkpoint", "model"]  # each tried, in turn, even after a failure

@@ -1,34 +1,9 @@
-"""common/run.py: the loads a section needs, each tried in turn, and the lines a run that could not run a section ends
+"""common/run.py: a section given what could not be loaded, and the lines a run that could not run a section ends
 on."""
 import pytest
 
-from common.run import Report, loaded, section, tried
+from common.run import Report, section, tried
 from common.start_and_end import UserError
-
-
-def test_loaded_loads_each_in_turn_and_one_error_names_every_problem():
-    calls = []
-
-    def model():
-        calls.append("model")
-        return "the model"
-
-    def data():
-        calls.append("data")
-        raise UserError("no data here; pass --data-dir")
-
-    def checkpoint():
-        calls.append("checkpoint")
-        raise UserError("no checkpoint here; pass --model", "no processor either")
-
-    assert loaded(model) == ["the model"]
-    with pytest.raises(UserError) as problem:
-        loaded(data, checkpoint, model)
-    assert problem.value.args == ("no data here; pass --data-dir", "no checkpoint here; pass --model",
-                                  "no processor either")
-    assert str(problem.value) == ("no data here; pass --data-dir; also no checkpoint here; pass --model; also no "
-                                  "processor either")
-    assert calls == ["model", "data", "checkpoint", "model"]  # each tried, in turn, even after a failure
 
 
 @section
