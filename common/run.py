@@ -50,29 +50,34 @@ def begin(script, args, **run):
 
 
 def section(function):
-    """A script's section, which main() calls by name with the report first: a UserError it raises, or is given in
-    place of what it needs (tried()), is one line, 'cannot run section "<its docstring's first line>": why', and the
-    run goes on with the next section, given that UserError in place of what this one returns."""
+    """A script's section, which main() calls by name with the report first. A UserError it raises, or is given in
+    place of what it needs (tried()), is one line, 'cannot run section "<its docstring's first line>": why'; the run
+    goes on, the next sections given that UserError in place of what this one returns."""
     title = (function.__doc__ or function.__name__).strip().splitlines()[0]  # python -OO drops docstrings
 
     @functools.wraps(function)
-    def run_section(report, *args, **kwargs):
-        missing = [value for value in (*args, *kwargs.values()) if isinstance(value, UserError)]
+    def run_section(report, *args):
         try:
+            missing = [value for value in args if isinstance(value, UserError)]
             if missing:  # each reason once, in the order of the arguments
                 raise UserError(*dict.fromkeys(reason for problem in missing for reason in problem.args))
-            return function(report, *args, **kwargs)
-        except (UserError, NotImplementedError) as problem:
-            if not isinstance(problem, UserError) and "MPS" not in str(problem):  # torch's words for an mps gap
-                raise
-            if not isinstance(problem, UserError):
-                problem = UserError(f"an operation is missing from Apple's mps backend in torch {torch.__version__} "
-                                    f"({str(problem).splitlines()[0][:120]}): run with PYTORCH_ENABLE_MPS_FALLBACK=1 "
-                                    f"to do it on the CPU, or upgrade torch")
-            report.cannot_run(title, problem)
-            return problem
+            return function(report, *args)
+        except UserError as problem:
+            return report.cannot_run(title, problem)
+        except NotImplementedError as gap:
+            return report.cannot_run(title, mps_gap(gap))
 
     return run_section
+
+
+def mps_gap(gap):
+    """The UserError for torch's NotImplementedError of an operation missing from Apple's mps backend; any other
+    NotImplementedError is raised again."""
+    if "MPS" not in str(gap):  # torch's words for an mps gap
+        raise gap
+    return UserError(f"an operation is missing from Apple's mps backend in torch {torch.__version__} "
+                     f"({str(gap).splitlines()[0][:120]}): run with PYTORCH_ENABLE_MPS_FALLBACK=1 to do it on the "
+                     f"CPU, or upgrade torch")
 
 
 def tried(load, *args):
@@ -210,20 +215,9 @@ nonnegative_float = functools.partial(finite_float, low=0.0, allow_low=True)  # 
 
 def experiment_parser(docstring, device=True, model=None, model_help="", batch_help="",
                       per_class_help="keep the first N pictures of each class in each split used (default: all)"):
-    """script_parser's, with the action "distinct" (each value of a flag given once) and the shared flags: with model
-    (the article's checkpoint), --model, --data-dir, --per-class, --batch-size and --precision; --device unless
-    device=False; --compare and --json."""
+    """script_parser's, with the shared flags: with model (the article's checkpoint), --model, --data-dir,
+    --per-class, --batch-size and --precision; --device unless device=False; --compare and --json."""
     parser = script_parser(docstring)
-
-    class Distinct(argparse.Action):  # action="distinct": a value given twice (as printed, with :g) is refused
-        def __call__(self, parser, namespace, values, option_string=None):
-            printed = [f"{value:g}" if isinstance(value, float) else str(value) for value in values]
-            twice = sorted({text for text in printed if printed.count(text) > 1})
-            if twice:  # each names the numbers it prints
-                parser.error(f"{option_string}: {', '.join(twice)} given twice; give each value once")
-            setattr(namespace, self.dest, values)
-
-    parser.register("action", "distinct", Distinct)
     if model:
         parser.add_argument("--model", default=model, type=check_model_flag,
                             help=f"checkpoint id or local directory ({model_help}) (default: %(default)s)")
@@ -242,6 +236,16 @@ def experiment_parser(docstring, device=True, model=None, model_help="", batch_h
     parser.add_argument("--json", type=nonempty_path, metavar="PATH",
                         help="also write this run's numbers, flags and environment to PATH")
     return parser
+
+
+def given_once(parser, args, *flags):
+    """Refuse a value given twice to one of flags (as printed, with :g: each names the numbers it prints)."""
+    for flag in flags:
+        values = getattr(args, flag[2:].replace("-", "_"))
+        printed = [f"{value:g}" if isinstance(value, float) else str(value) for value in values]
+        twice = sorted({text for text in printed if printed.count(text) > 1})
+        if twice:
+            parser.error(f"{flag}: {', '.join(twice)} given twice; give each value once")
 
 
 def short(x):
@@ -309,8 +313,10 @@ class Report:
         return {name: number["value"] for name, number in self.numbers.items()}
 
     def cannot_run(self, title, problem):
+        """A section's one line on why it cannot run, kept for the last lines; returns problem, its UserError."""
         self.print(f'  cannot run section "{title}": {problem}')
         self.could_not_run.append((title, problem))
+        return problem
 
 
 def entries(name, values, index=()):

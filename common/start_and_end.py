@@ -63,11 +63,7 @@ def before_torch_loads(packages=JOB):
     signal.signal(signal.SIGINT, leave)
     job = os.environ.pop(JOB_PID, None)  # started by a job: end with it (the script's own children do not)
     if job and sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG: SIGTERM as the job ends
-        if os.getppid() != int(job):  # it ended before the request was made
-            os.kill(os.getpid(), signal.SIGTERM)
+        end_with_the_job(int(job))
     if hasattr(signal, "pthread_sigmask"):  # reproduce.py starts a script with Ctrl-C held back until here
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     from importlib.util import find_spec  # not loaded at the interpreter's start: imported once Ctrl-C is handled
@@ -78,6 +74,15 @@ def before_torch_loads(packages=JOB):
         if speaks():  # once under torchrun
             print(f"error: this Python ({sys.executable}) has no {', '.join(missing)}: {fix}", file=sys.stderr)
         sys.exit(2)
+
+
+def end_with_the_job(job):
+    """SIGTERM to this process when the job (its pid) ends, as when it has ended already."""
+    import ctypes  # a script the job starts alone
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG: SIGTERM as the job ends
+    if os.getppid() != job:  # it ended before the request was made
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 class UserError(Exception):
