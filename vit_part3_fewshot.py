@@ -26,6 +26,7 @@ import time
 
 import numpy as np
 import torch
+from transformers import ViTModel
 
 from common.data import DEFAULT_NAME, load_splits, run_model, workers_text
 from common.features import cache_key, cached, closed_form
@@ -107,8 +108,6 @@ def extract_features(model, paths, resolution, device, batch_size, desc, autocas
 
 
 def load_frozen_model(name, device):
-    from transformers import ViTModel
-
     model, info = load_pretrained(ViTModel, name, add_pooling_layer=True, output_loading_info=True)
     if any("pooler" in key for key in info.get("missing_keys", [])):
         raise UserError(f"{name} has no pre-logits layer (pooler): pass an ImageNet-21k checkpoint such as "

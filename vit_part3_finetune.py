@@ -45,10 +45,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+import scipy.ndimage
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
+from transformers import ViTForImageClassification, ViTImageProcessorPil
 
 from common.data import (
     CLASSES,
@@ -248,7 +250,6 @@ def random_head(model, seed):
 def stretched_table(table, n_new):
     """The paper's stretch of a (1 + n^2, d) position table to a bigger grid: the [class] row kept, the n x n grid
     resized by the official code's call, scipy.ndimage.zoom(order=1): bilinear, corners onto corners."""
-    import scipy.ndimage  # here, not at the top: 0.4 s of every start, for a run at another resolution
     n = math.isqrt(len(table) - 1)
     grid = scipy.ndimage.zoom(table[1:].reshape(n, n, -1), (n_new / n, n_new / n, 1), order=1)
     return np.concatenate([table[:1], grid.reshape(n_new * n_new, -1)])
@@ -284,8 +285,6 @@ def data_and_model(run):
     """(the pictures, the classifier on the device, its dropped pre-logits shape, the pixels its image processor
     makes), each loaded by the first process first (it downloads); one line names all that an offline run lacks, the
     pictures and the checkpoint."""
-    from transformers import ViTForImageClassification
-
     args = run.args
     splits = dict.fromkeys(["train", "val"], args.per_class)
     loads = (lambda: load_splits(args.data_dir or download_imagenette(), splits),
@@ -644,8 +643,6 @@ def accuracies(models, batches, labels, run, batch_size, desc, timing, pixels):
 def pixels_processor(resolution, pixels):
     """The image processor that makes these pixels from a picture, as transformers saves and loads it (a model
     saved for from_pretrained and pipeline() carries it)."""
-    from transformers import ViTImageProcessorPil
-
     return ViTImageProcessorPil(size={"height": resolution, "width": resolution}, resample=pixels["resample"],
                                 image_mean=list(pixels["mean"]), image_std=list(pixels["std"]))
 
@@ -680,17 +677,8 @@ def finish(run, report, *, data, model, average, log, micro, last_step, pixels):
                      f"{average_accuracy:.2f}%, the last weights {last_accuracy:.2f}%",
                      {"average accuracy": average_accuracy, "last accuracy": last_accuracy},
                      counts={"average accuracy": (averaged, of), "last accuracy": (last, of)})
-        if args.save_dir and run.rank == 0:  # what from_pretrained and pipeline("image-classification") load
-            try:  # a model that cannot be written costs the saved copy, not the run's numbers
-                for folder, weights in ((SAVED_AVERAGE, average), (SAVED_LAST, model)):
-                    weights.config.image_size = args.resolution  # its position table's, stretched by build_classifier
-                    save_loadable(Path(args.save_dir) / folder, weights, data["names"],
-                                  pixels_processor(args.resolution, pixels), what="fine-tuned model")
-                say(f"saved the weight average in {Path(args.save_dir) / SAVED_AVERAGE} and the last weights in "
-                    f"{Path(args.save_dir) / SAVED_LAST}: from_pretrained and pipeline(\"image-classification\") "
-                    "load either")
-            except UserError as problem:
-                say(f"warning: {problem}; the run's numbers are printed as usual")
+        if args.save_dir and run.rank == 0:
+            save_models(args, {SAVED_AVERAGE: average, SAVED_LAST: model}, data["names"], pixels)
     timings = {**log["passes"], **final}
     texts = {what: pass_text(timing) for what, timing in timings.items()}
     report.print(f"  passes over pictures (this process's): training, {last_step} steps {texts['training']}; the "
@@ -708,6 +696,20 @@ def finish(run, report, *, data, model, average, log, micro, last_step, pixels):
     if args.plots and run.rank == 0:
         finetune_curves(report.series, report.values(), article_values("finetune"), args.plots, say,
                         origin_of(args, DEFAULT_NAME))
+
+
+def save_models(args, models, names, pixels):
+    """Each of {folder: model} saved in --save-dir as from_pretrained and pipeline("image-classification") load it;
+    one that cannot be written costs the saved copy, not the run's numbers."""
+    try:
+        for folder, model in models.items():
+            model.config.image_size = args.resolution  # its position table's, stretched by build_classifier
+            save_loadable(Path(args.save_dir) / folder, model, names, pixels_processor(args.resolution, pixels),
+                          what="fine-tuned model")
+        say(f"saved the weight average in {Path(args.save_dir) / SAVED_AVERAGE} and the last weights in "
+            f"{Path(args.save_dir) / SAVED_LAST}: from_pretrained and pipeline(\"image-classification\") load either")
+    except UserError as problem:
+        say(f"warning: {problem}; the run's numbers are printed as usual")
 
 
 def setup_differences(prepared, run, known):

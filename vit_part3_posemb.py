@@ -27,6 +27,7 @@ import numpy as np
 import scipy.ndimage
 import torch
 import torch.nn.functional as F
+from transformers import ViTForImageClassification
 
 from common.data import CLASSES, DEFAULT_NAME, load_all, load_splits, run_model, workers_text
 from common.pretrained import checkpoint_config, checkpoint_pixels, load_pretrained
@@ -155,8 +156,6 @@ def cosine_similarities(grid, place):
 # ---------------------------------------------------------------- resources
 
 def load_model(name, resolution, device):
-    from transformers import ViTForImageClassification
-
     model = load_pretrained(ViTForImageClassification, name)
     if model.config.num_labels != 1000:
         raise UserError(f"{name} has {model.config.num_labels} labels, not the 1,000 of ImageNet: pass an "

@@ -20,10 +20,16 @@ if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as 
     before_torch_loads(ARTICLE)
 
 import math
+import pickle
 import sys
+import zipfile
 
+import numpy as np
 import torch
 from huggingface_hub import get_safetensors_metadata, is_offline_mode
+from PIL import Image
+from safetensors import SafetensorError, safe_open
+from transformers import ResNetConfig, ResNetModel, ViTModel
 
 from common.paths import IMAGENETTE_DIR
 from common.pretrained import VIT_SIZES, cached_weight_file, load_pretrained, table1_config
@@ -58,8 +64,6 @@ def read_safetensors_header(path):
     The safetensors library checks the header (its length, JSON, dtypes and byte ranges against the
     file's size) before it answers; the weights are never read.
     """
-    from safetensors import SafetensorError, safe_open
-
     try:
         with safe_open(path, framework="numpy") as f:
             return {name: list(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118 - safe_open is no dict
@@ -72,9 +76,6 @@ def read_pytorch_shapes(path):
     """{tensor name: shape} from a pytorch_model.bin (torch.load, weights_only: tensors and plain containers only,
     memory-mapped when it is a zip archive, so the weights are not read into memory); a damaged file is one
     UserError."""
-    import pickle
-    import zipfile
-
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
     except (pickle.UnpicklingError, RuntimeError, OSError, ValueError, EOFError) as error:
@@ -106,8 +107,6 @@ def split_parameter_count(shapes):
 
 def meta_parameter_shapes(config, pre_logits):
     """{name: shape} of a ViT built on the meta device (no memory, no weights), pooler if pre_logits."""
-    from transformers import ViTModel
-
     with torch.device("meta"):
         model = ViTModel(config, add_pooling_layer=pre_logits)
     return {name: list(p.shape) for name, p in model.named_parameters()}
@@ -259,10 +258,6 @@ def released_parameters(report):
 def section_hybrid(report):
     """2. the hybrid's ResNet-50 stages"""
     report.print("\n== 2. the hybrid: which ResNet-50 stage feeds ViT ==")
-    import numpy as np
-    from PIL import Image
-    from transformers import ResNetConfig, ResNetModel
-
     try:  # microsoft/resnet-50 if cached or reachable, else random weights: the stage shapes do not depend on them
         model = load_pretrained(ResNetModel, "microsoft/resnet-50", fix="run once online to download it").eval()
         model_name = "microsoft/resnet-50"

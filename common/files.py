@@ -3,6 +3,7 @@ checkpoint file, which reproduce.py reads too, and the names of what fine-tuning
 import contextlib
 import os
 import secrets
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -68,8 +69,6 @@ def write_text(path, content, what="file"):
 def write_folder_atomic(path, write, what="folder"):
     """write(folder) into a temporary folder beside path, then put in its place; the old one is removed only once the
     new one stands, so that a failure leaves it whole; an OSError is a UserError naming the folder as `what`."""
-    import shutil
-
     target, token = Path(path), secrets.token_hex(8)
     temporary, old = target.parent / f"{TEMP_PREFIX}{target.name}-{token}", target.parent / f"{TEMP_PREFIX}old-{token}"
     try:

@@ -56,12 +56,12 @@ def section(function):
     title = (function.__doc__ or function.__name__).strip().splitlines()[0]  # python -OO drops docstrings
 
     @functools.wraps(function)
-    def run_section(report, *args):
+    def run_section(report, *args, **kwargs):
         try:
-            missing = [value for value in args if isinstance(value, UserError)]
+            missing = [value for value in (*args, *kwargs.values()) if isinstance(value, UserError)]
             if missing:  # each reason once, in the order of the arguments
                 raise UserError(*dict.fromkeys(reason for problem in missing for reason in problem.args))
-            return function(report, *args)
+            return function(report, *args, **kwargs)
         except UserError as problem:
             return report.cannot_run(title, problem)
         except NotImplementedError as gap:
@@ -270,46 +270,41 @@ def pass_text(timing):
 
 @dataclass
 class Report:
-    """The printed lines of one script's run and the numbers on them, by name."""
+    """A script's printed lines and the numbers on them, by name (their layout: docs/layout.md)."""
 
     script: str
-    quiet: bool = False  # a process other than the first under torchrun prints nothing
-    numbers: dict = field(default_factory=dict)  # name -> {"value": float}, and an accuracy's counts
-    could_not_run: list = field(default_factory=list)  # (section title, the UserError: its reasons)
+    quiet: bool = False  # torchrun's other processes print nothing
+    numbers: dict = field(default_factory=dict)  # name -> {"value": float}, an accuracy's with its counts
+    could_not_run: list = field(default_factory=list)  # (section title, its UserError)
     lines: list = field(default_factory=list)  # every printed line, in order
-    series: dict = field(default_factory=dict)  # plain lists a figure needs beyond the printed numbers (maps, curves)
-    passes: dict = field(default_factory=dict)  # name -> a pass over pictures: its seconds, waiting seconds, pictures
+    series: dict = field(default_factory=dict)  # what a figure needs beyond the printed numbers (maps, curves)
+    passes: dict = field(default_factory=dict)  # name -> a pass over pictures: its seconds, wait and pictures
 
     def print(self, text="", numbers=None, counts=None):
-        """Text as printed, framed as the article's lines are: "  " a logged line, "\n== ... ==" a section's title;
-        then the numbers on it, {name: value}, recorded by name (record(numbers, counts))."""
+        """The text printed ("  " a logged line, "\n== ... ==" a section's title), then the numbers on it recorded."""
         self.lines += text.split("\n")
         if not self.quiet:
             print(text, flush=True)
-        if numbers:
-            self.record(numbers, counts)
+        self.record(numbers or {}, counts or {})
 
     def record(self, numbers, counts=None):
-        """Each number of {name: value} kept under its name, beside the line that prints it; counts: {name: (right,
-        of)}, an accuracy's counts, for the verdicts' exact intervals (the layout: docs/layout.md)."""
-        counts = counts or {}
+        """{name: value} kept by name: a pass (a dict) as two numbers, a list or array entry by entry, name[i,j];
+        counts: {name: (right, of)} of an accuracy, for the verdicts' exact intervals."""
         for name, value in numbers.items():
-            if isinstance(value, dict):
+            if isinstance(value, dict):  # a pass over pictures
                 self.passes[name] = dict(value)
-                self.record({f"{name} seconds": value["seconds"], f"{name} waiting seconds": value["waiting seconds"]})
-                continue
-            values = value.tolist() if getattr(value, "ndim", 0) > 0 else value
-            if isinstance(values, (list, tuple)):
-                self.record(dict(entries(name, values)))
-                continue
-            if name in self.numbers:
-                raise ValueError(f"{self.script}: the number {name!r} is recorded twice")
-            right, of = counts.get(name, (None, None))
-            self.numbers[name] = {"value": float(value)} | ({} if right is None else
-                                                            {"right": right, "of": of, "scale": 100})
+                pairs = [(f"{name} seconds", value["seconds"]), (f"{name} waiting seconds", value["waiting seconds"])]
+            else:
+                value = value.tolist() if hasattr(value, "tolist") else value
+                pairs = list(entries(name, value)) if isinstance(value, (list, tuple)) else [(name, value)]
+            for one, number in pairs:
+                if one in self.numbers:
+                    raise ValueError(f"{self.script}: the number {one!r} is recorded twice")
+                right, of = (counts or {}).get(one, (None, None))
+                self.numbers[one] = {"value": float(number)} | ({} if right is None else
+                                                                {"right": right, "of": of, "scale": 100})
 
     def values(self):
-        """{name: value} of every number recorded so far."""
         return {name: number["value"] for name, number in self.numbers.items()}
 
     def cannot_run(self, title, problem):
