@@ -25,7 +25,8 @@ from common.start_and_end import CHECK_ONLY, IN_JOB, MATPLOTLIB_MISSING, UserErr
 def start_run(args, device=None, rank=0, world=1, fp32_rule="strict"):
     """One run: the parsed flags, the device and its arithmetic (fp32_rule: the article's rule for --precision fp32),
     its processes (rank and world: torchrun's)."""
-    keep_freed_memory()  # large host blocks kept, not handed back and faulted in again at every batch
+    if "device" in args:  # a script that runs a model on batches of pictures (setup runs none)
+        keep_freed_memory()  # large host blocks kept, not handed back and faulted in again at every batch
     device = device or (pick_device(args.device) if "device" in args else None)
     autocast = set_precision(device, args.precision, fp32_rule) if "precision" in args else contextlib.nullcontext()
     return SimpleNamespace(args=args, device=device, fp32_rule=fp32_rule, autocast=autocast, rank=rank, world=world,
@@ -213,21 +214,12 @@ positive_float = functools.partial(finite_float, low=0.0, allow_low=False)  # ar
 nonnegative_float = functools.partial(finite_float, low=0.0, allow_low=True)  # argparse type: a ridge penalty
 
 
-def experiment_parser(docstring, device=True, model=None, model_help="", batch_help="",
-                      per_class_help="keep the first N pictures of each class in each split used (default: all)"):
-    """script_parser's, with the shared flags: with model (the article's checkpoint), --model, --data-dir,
-    --per-class, --batch-size and --precision; --device unless device=False; --compare and --json."""
+def experiment_parser(docstring, device=True, model=None, **helps):
+    """script_parser's, with the flags the scripts share: with model (the article's checkpoint), model_flags(); then
+    --device unless device=False; --compare and --json."""
     parser = script_parser(docstring)
     if model:
-        parser.add_argument("--model", default=model, type=check_model_flag,
-                            help=f"checkpoint id or local directory ({model_help}) (default: %(default)s)")
-        parser.add_argument("--data-dir", type=nonempty_path,
-                            help="an imagenette2-160 folder; by default data/imagenette2-160, downloaded when missing")
-        parser.add_argument("--per-class", type=positive_int, help=per_class_help)
-        parser.add_argument("--batch-size", type=positive_int, default=32, help=f"{batch_help} (default: %(default)s)")
-        parser.add_argument("--precision", default="fp32", choices=PRECISIONS,
-                            help="fp32 gives the article's numbers; bf16 is faster on recent GPUs and Apple silicon; "
-                                 "tf32 exists on NVIDIA GPUs only (default: %(default)s)")
+        model_flags(parser, model, **helps)
     if device:
         parser.add_argument("--device", default="auto", choices=DEVICE_CHOICES,
                             help="auto picks cuda, then mps, then cpu (default: %(default)s)")
@@ -236,6 +228,20 @@ def experiment_parser(docstring, device=True, model=None, model_help="", batch_h
     parser.add_argument("--json", type=nonempty_path, metavar="PATH",
                         help="also write this run's numbers, flags and environment to PATH")
     return parser
+
+
+def model_flags(parser, model, model_help="", batch_help="",
+                per_class_help="keep the first N pictures of each class in each split used (default: all)"):
+    """--model (default: model), --data-dir, --per-class, --batch-size and --precision."""
+    parser.add_argument("--model", default=model, type=check_model_flag,
+                        help=f"checkpoint id or local directory ({model_help}) (default: %(default)s)")
+    parser.add_argument("--data-dir", type=nonempty_path,
+                        help="an imagenette2-160 folder; by default data/imagenette2-160, downloaded when missing")
+    parser.add_argument("--per-class", type=positive_int, help=per_class_help)
+    parser.add_argument("--batch-size", type=positive_int, default=32, help=f"{batch_help} (default: %(default)s)")
+    parser.add_argument("--precision", default="fp32", choices=PRECISIONS,
+                        help="fp32 gives the article's numbers; bf16 is faster on recent GPUs and Apple silicon; "
+                             "tf32 exists on NVIDIA GPUs only (default: %(default)s)")
 
 
 def given_once(parser, args, *flags):
