@@ -7,6 +7,7 @@ import io
 import json
 import os
 import re
+import select
 import subprocess
 import sys
 import sysconfig
@@ -345,14 +346,66 @@ HOSTILE = [  # (what the archive holds, its members given the outside file's pat
     ("a global PAX header of 2,000 records", lambda outside: [entry("g", "global pax", **{
         f"k{k}": "v" for k in range(2000)}), *LAYOUT], "has 2,000 PAX records"),
 ]
-DRIVER = """import sys
-from common.start_and_end import UserError
-from job.imagenette_archive import download_imagenette
-try:
-    download_imagenette()
-except UserError as problem:
-    sys.exit(f"error: {problem}")
+# One process per Python loads the libraries the archive's code imports, once; each download_run() is a child forked
+# from it, which then imports the project (its folders read from the environment the test gives) and downloads, as a
+# script's section does: its status and stderr as `python -c` would give them (sys.exit(text): text, status 1).
+WARM = """import json, os, sys, traceback
+import numpy, PIL.Image, torch, transformers, huggingface_hub
+for line in sys.stdin:
+    case = json.loads(line)
+    child = os.fork()
+    if child == 0:
+        status = 1
+        try:
+            os.chdir(case["cwd"])
+            os.environ.clear()
+            os.environ.update(case["environment"])
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+            os.dup2(os.open(case["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
+            from common.start_and_end import UserError
+            from job.imagenette_archive import download_imagenette
+            try:
+                download_imagenette()
+            except UserError as problem:
+                sys.exit(f"error: {problem}")
+            status = 0
+        except SystemExit as ended:
+            status = ended.code if isinstance(ended.code, int) else 1
+            if isinstance(ended.code, str):
+                print(ended.code, file=sys.stderr)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stderr.flush()
+            os._exit(status)
+    print(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]), flush=True)
 """
+
+
+@pytest.fixture(scope="module")
+def warm_pythons():
+    """{python: its WARM process}, each started at its first use and ended with the module."""
+    from conftest import ROOT
+
+    started = {}
+
+    def warm(python):
+        if python not in started:
+            site = os.pathsep.join(dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]))
+            environment = {name: value for name, value in os.environ.items() if name != "HF_HUB_OFFLINE"}
+            environment["PYTHONPATH"] = f"{ROOT}{os.pathsep}{site}"
+            started[python] = subprocess.Popen([python, "-c", WARM], cwd=ROOT, text=True, stdin=subprocess.PIPE,
+                                               stdout=subprocess.PIPE, env=environment)
+        return started[python]
+
+    yield warm
+    for process in started.values():
+        process.stdin.close()  # its loop ends
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # a child that never ended: the failed test has said so
+            process.kill()
+            process.wait()
 
 
 def system_python():
@@ -382,31 +435,34 @@ def tree(root, leave_out):
     return found
 
 
-def download_run(python, served, archive, home):
-    """download_imagenette() in a process of its own, as a script's section calls it, VIT_PART3_IMAGENETTE_URL naming
-    the archive with its MD5 (a mirror the user trusts): its exit status and stderr."""
-    from conftest import ROOT
-
+def download_run(python, served, archive, home, warm_pythons):
+    """download_imagenette() in a process of its own (forked from python's WARM process), as a script's section calls
+    it, VIT_PART3_IMAGENETTE_URL naming the archive with its MD5 (a mirror the user trusts): its exit status and
+    stderr."""
     served.files[f"/hostile/{home.name}.tgz"] = archive
     environment = {name: value for name, value in os.environ.items() if name != "HF_HUB_OFFLINE"}
-    site = os.pathsep.join(dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]))
-    environment.update(PYTHONPATH=f"{ROOT}{os.pathsep}{site}", VIT_PART3_DATA=str(home / "data"),
+    environment.update(VIT_PART3_DATA=str(home / "data"),
                        VIT_PART3_IMAGENETTE_URL=f"{served.url}/hostile/{home.name}.tgz#md5={hashlib.md5(archive).hexdigest()}")
-    done = subprocess.run([python, "-c", DRIVER], cwd=home, env=environment, capture_output=True, text=True,
-                          timeout=300, check=False)
-    return done.returncode, done.stderr
+    process, stderr = warm_pythons(python), home.parent / f"{home.name}.stderr"
+    process.stdin.write(json.dumps({"cwd": str(home), "environment": environment, "stderr": str(stderr)}) + "\n")
+    process.stdin.flush()
+    ready, _, _ = select.select([process.stdout], [], [], 300)
+    assert ready, "the download did not end within 300 s"
+    return int(process.stdout.readline()), stderr.read_text()
 
 
 @pytest.mark.parametrize("python", PYTHONS)
 @pytest.mark.parametrize("holds,members,said", HOSTILE, ids=[case[0] for case in HOSTILE])
-def test_a_hostile_archive_writes_nothing_outside_the_data_folder(served, tmp_path, python, holds, members, said):
+def test_a_hostile_archive_writes_nothing_outside_the_data_folder(served, tmp_path, python, holds, members, said,
+                                                                    warm_pythons):
     """Through the download path, on each Python: one line naming what the archive holds, exit status 1, no
     traceback, nothing outside data/ changed, no link or folder where the pictures go, the archive moved aside."""
     outside = tmp_path / "outside.txt"
     outside.write_text("original")
     before = tree(tmp_path, tmp_path / "data")
     content = b"200000\n" + b"0\n1\n" * 200_000 if holds == "a sparse map of 1.0 format" else b"overwritten"
-    status, stderr = download_run(python, served, tgz(*members(str(outside)), content=content), tmp_path)
+    status, stderr = download_run(python, served, tgz(*members(str(outside)), content=content), tmp_path,
+                                  warm_pythons)
     lines = [line for line in stderr.replace("\r", "\n").splitlines() if line.strip() and
              not line.startswith(f"downloading {TOP}.tgz:")]  # the bar
     assert status == 1 and len(lines) == 1 and lines[0].startswith("error: ") and said in lines[0], stderr
@@ -417,9 +473,9 @@ def test_a_hostile_archive_writes_nothing_outside_the_data_folder(served, tmp_pa
 
 
 @pytest.mark.parametrize("python", PYTHONS)
-def test_the_archives_folders_and_files_are_extracted_on_each_python(served, tmp_path, python):
+def test_the_archives_folders_and_files_are_extracted_on_each_python(served, tmp_path, python, warm_pythons):
     """The control of the table above: the layout alone extracts, its folder in place, on each Python."""
-    status, stderr = download_run(python, served, tgz(*LAYOUT, content=b""), tmp_path)
+    status, stderr = download_run(python, served, tgz(*LAYOUT, content=b""), tmp_path, warm_pythons)
     assert status == 0, stderr
     found = sorted(str(path.relative_to(tmp_path / "data")) for path in (tmp_path / "data").rglob("*.JPEG"))
     assert found == sorted(info.name for info in LAYOUT) and os.listdir(tmp_path / "data") == [TOP]
@@ -454,10 +510,10 @@ def test_extraction_gives_the_archives_folders_and_files(tmp_path, monkeypatch, 
 
 
 @pytest.mark.parametrize("python", PYTHONS)
-def test_a_negative_size_is_refused(served, tmp_path, python):
+def test_a_negative_size_is_refused(served, tmp_path, python, warm_pythons):
     """GNU's base-256 size field says -1,024: tarfile would read earlier headers again, round and round."""
     status, stderr = download_run(python, served, tgz(entry(f"{TOP}/train/a/0.JPEG", size=1), *LAYOUT,
-                                                      negative=True), tmp_path)
+                                                      negative=True), tmp_path, warm_pythons)
     assert status == 1 and "holds -1,024 bytes, not 0 to" in stderr and "Traceback" not in stderr, stderr
     assert os.listdir(tmp_path / "data") == [f"{TOP}.tgz.refused"]
 
