@@ -473,8 +473,17 @@ def train(run, report, *, data, model, average, optimizer, log, check_batches, m
             lr = lr_at(step - 1, args.lr, args.steps)  # warm-up, then cosine to 0
             for group in optimizer.param_groups:
                 group["lr"] = lr
+            trained.train()  # dropout on, as the checks of the logged steps left it off
             optimizer.zero_grad(set_to_none=True)
-            loss = forward_backward(trained, inputs, labels, run)  # the batch's mean loss; its gradient in .grad
+            loss = 0.0  # the batch's mean loss: this process's share in --accum-steps micro-batches
+            for k, (x, y, weight) in enumerate(micro_batches(inputs, labels, args.accum_steps)):
+                syncing = run.world == 1 or k == args.accum_steps - 1  # DDP averages the gradients after the last
+                with (contextlib.nullcontext() if syncing else trained.no_sync()), run.autocast:
+                    logits = trained(pixel_values=x, interpolate_pos_encoding=True).logits.float()  # a float32 loss
+                    part = F.cross_entropy(logits, y) * weight  # this micro-batch's share of the batch's mean loss
+                    part.backward()
+                loss += part.item()
+            loss = sum_over_processes(loss, run) / run.world  # the processes' equal shares, as DDP averages them
             norm = torch.nn.utils.clip_grad_norm_(trained.parameters(), CLIP_NORM).item()  # global norm 1
             check_finite(loss, norm, step, lr, args)
             optimizer.step()
@@ -538,21 +547,6 @@ def write_checkpoint(args, checkpoint):
         return save_checkpoint(Path(args.save_dir) / CHECKPOINT, checkpoint, CHECKPOINT_FORMAT), None
     except UserError as error:
         return None, error
-
-
-def forward_backward(trained, pixels, labels, run):
-    """The gradient of the batch's mean loss, added to .grad, and that loss (a float, the mean over every process):
-    this process's share in --accum-steps micro-batches, DDP averaging the processes' gradients after the last one."""
-    trained.train()
-    loss, shares = 0.0, run.args.accum_steps
-    for k, (x, y, weight) in enumerate(micro_batches(pixels, labels, shares)):
-        syncing = run.world == 1 or k == shares - 1  # DDP averages the gradients after the last
-        with (contextlib.nullcontext() if syncing else trained.no_sync()), run.autocast:
-            logits = trained(pixel_values=x, interpolate_pos_encoding=True).logits.float()  # a float32 loss
-            part = F.cross_entropy(logits, y) * weight  # this micro-batch's share of the batch's mean loss
-            part.backward()
-        loss += part.item()
-    return sum_over_processes(loss, run) / run.world  # DDP averaged the equal shares' gradients
 
 
 def settings(run):

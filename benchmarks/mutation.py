@@ -59,7 +59,7 @@ TARGETS = {
                            guarded_by("tests/test_setup.py")),
     "vit_part3_finetune.py": (["scaled", "warmup_steps", "lr_at", "report_steps", "stretched_table",
                                "head_gradient_by_hand", "update_average", "run_statistics", "body_gradient_norm",
-                               "zero_head", "random_head", "setup_differences", "train", "forward_backward",
+                               "zero_head", "random_head", "setup_differences", "train",
                                "micro_batches", "step_pictures", "process_share"],
                               guarded_by("tests/test_finetune_maths.py", "tests/test_finetune.py")),
     "compare/verdicts.py": (["accuracy_interval", "first_k", "number_interval", "scaled", "number_row", "verdict",
