@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repositor
 
 from common.data import PREFETCH, batches_of, load_all, picture_loader, resized_rgb, run_model, start_loader
 from common.files import write_text
+from common.pretrained import ARTICLE_PIXELS
 from common.run import DEVICE_CHOICES, PRECISIONS, Report, check_output, positive_int, script_parser, start_run
 from common.start_and_end import guarded
 from compare.record import device_name
@@ -154,7 +155,8 @@ def end_to_end(model, paths, resolution, batch_size, device, autocast, rounds=3)
             for _ in range(batches):
                 model(pixel_values=pixels, interpolate_pos_encoding=True)
 
-    run_model(model, paths[:batch_size], resolution, device, batch_size, lambda out: None, "warm-up", autocast)
+    run_model(model, paths[:batch_size], resolution, device, batch_size, lambda out: None, "warm-up", autocast,
+              pixels=ARTICLE_PIXELS)
     alone, whole, waiting, startup = [], [], [], []
     for _ in range(rounds):
         alone.append(median_seconds(model_alone, device, repeats=1, warmup=0))
@@ -162,7 +164,7 @@ def end_to_end(model, paths, resolution, batch_size, device, autocast, rounds=3)
         started, seconds = start_loader(loader)
         startup.append(seconds)
         _, timing = run_model(model, started, resolution, device, batch_size, lambda out: out.logits.argmax(1),
-                              "end-to-end", autocast, count=len(paths))
+                              "end-to-end", autocast, count=len(paths), pixels=ARTICLE_PIXELS)
         whole.append(timing["seconds"])
         waiting.append(timing["waiting seconds"])
     return {"pictures/s": len(paths) / statistics.median(whole),

@@ -19,8 +19,6 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from common.paths import IMAGENETTE_DIR as DEFAULT_DIR
-from common.pretrained import ARTICLE_PIXELS
-from common.run import to_device
 from common.start_and_end import UserError, say
 
 MD5 = "e793b78cc4c9e9a4ccc0c1155377a412"  # the release's archive's, as torchvision's Imagenette publishes it
@@ -136,9 +134,17 @@ def resized_rgb(picture, resolution, flip=False, resample=Image.BILINEAR):
     return array[:, ::-1] if flip else array
 
 
-def to_pixels(batch, device, pixels=ARTICLE_PIXELS):
-    """uint8 (B, R, R, 3) -> float32 (B, 3, R, R) on the device, (x/255 - mean) / std as the image processor: a quarter
-    of the bytes travel."""
+def to_device(array, device):
+    """A batch (numpy or torch) on the device; on a GPU through pinned memory, so that the copy does not block."""
+    tensor = torch.as_tensor(array)
+    if device.type == "cuda" and tensor.device.type == "cpu":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
+def to_pixels(batch, device, pixels):
+    """uint8 (B, R, R, 3) -> float32 (B, 3, R, R) on the device, (x/255 - mean) / std as the image processor whose
+    pixels ({"resample", "mean", "std"}: common/pretrained.py) they are: a quarter of the bytes travel."""
     x = to_device(batch, device).permute(0, 3, 1, 2).float().contiguous()
     mean, std = channel_constants(tuple(pixels["mean"]), tuple(pixels["std"]), x.device)
     return (x * (1 / 255) - mean) / std
@@ -342,7 +348,7 @@ def record_event():
 
 
 def run_model(model, pictures, resolution, device, batch_size, what_to_keep, desc="", autocast=None, count=None,
-              timing=None, pixels=ARTICLE_PIXELS):
+              timing=None, *, pixels):
     """([what_to_keep(output) of each batch, in order, on the host], timing): pictures are PIL images or paths (a
     pass of its own), uint8 batches, or a started pass's batches (count: its pictures); timing adds up the pass's
     seconds, wait and pictures (docs/data.md#one-batched-pass)."""

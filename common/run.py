@@ -397,11 +397,3 @@ def float32_arithmetic(device, precision, fp32_rule):
     tf32_hardware = device is not None and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8
     return {"rule": rule, "TF32 matrix multiplies": torch.backends.cuda.matmul.allow_tf32,
             "TF32 cuDNN convolutions": torch.backends.cudnn.allow_tf32, "TF32 on this device": tf32_hardware}
-
-
-def to_device(array, device):
-    """A batch (numpy or torch) on the device; on a GPU through pinned memory, so that the copy does not block."""
-    tensor = torch.as_tensor(array)
-    if device.type == "cuda" and tensor.device.type == "cpu":
-        return tensor.pin_memory().to(device, non_blocking=True)
-    return tensor.to(device)

@@ -55,6 +55,7 @@ from PIL import Image
 
 from common.data import CLASSES, resized_rgb, to_pixels
 from common.files import write_text
+from common.pretrained import ARTICLE_PIXELS
 from common.run import positive_int, script_parser, seed_number
 from common.start_and_end import Terminated, UserError, guarded, say
 from compare.marks import MINIATURE_MARK
@@ -282,7 +283,8 @@ def train(pictures, labels, steps=STEPS, seed=0, say=print):
     with one_thread():  # small matrices: one thread works, two mostly wait on each other
         for step in range(steps):
             batch = torch.from_numpy(generator.choice(len(labels), min(TRAIN_BATCH, len(labels)), replace=False))
-            hidden = model.vit(pixel_values=to_pixels(pictures[batch], torch.device("cpu"))).last_hidden_state
+            pixels = to_pixels(pictures[batch], torch.device("cpu"), ARTICLE_PIXELS)
+            hidden = model.vit(pixel_values=pixels).last_hidden_state
             logits = model.classifier(hidden[:, 0])
             loss = F.cross_entropy(logits, imagenet_index[labels[batch]]) + F.cross_entropy(
                 pre_logits_head(pre_logits(hidden)), labels[batch])

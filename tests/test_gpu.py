@@ -254,6 +254,7 @@ def test_posemb_stretches_the_table_on_cuda_as_the_library_does(script_runs):
 @pytest.mark.parametrize("decoded", [False, True], ids=["paths", "decoded"])  # decoded in the workers, or before
 def test_the_loaders_batches_on_cuda_are_pinned_and_equal_the_cpus(pictures, decoded):
     from common.data import batches_of, list_split, load_all, picture_loader, start_loader, to_pixels
+    from common.pretrained import ARTICLE_PIXELS
 
     paths = [path for path, _ in list_split(pictures, "val")]  # 40 pictures, gray and CMYK among them
     pictures_in = load_all(paths) if decoded else paths
@@ -266,8 +267,8 @@ def test_the_loaders_batches_on_cuda_are_pinned_and_equal_the_cpus(pictures, dec
         handed = list(start_loader(on_cuda)[0])
         assert [len(b) for b in handed] == sizes(len(paths), batch) and all(b.is_pinned() for b in handed)
         assert all(torch.equal(a, b) for a, b in zip(expected, handed, strict=True))
-        on_device = np.concatenate([to_pixels(b, CUDA).cpu().numpy() for b in handed])
-        on_host = np.concatenate([to_pixels(b, torch.device("cpu")).numpy() for b in expected])
+        on_device = np.concatenate([to_pixels(b, CUDA, ARTICLE_PIXELS).cpu().numpy() for b in handed])
+        on_host = np.concatenate([to_pixels(b, torch.device("cpu"), ARTICLE_PIXELS).numpy() for b in expected])
         assert np.array_equal(on_device, on_host)  # the GPU's arithmetic is the host's, bit for bit
         assert np.allclose(on_device, expected_batch(paths, resolution, flips), rtol=0, atol=1e-6)  # the library's
 

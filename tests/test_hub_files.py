@@ -6,6 +6,7 @@ import torch
 from PIL import Image
 
 from common.data import resized_rgb, to_pixels
+from common.pretrained import ARTICLE_PIXELS
 from job.standins import vit_classifier, vit_in21k
 from vit_backbone import image_processor
 
@@ -43,7 +44,8 @@ def test_the_loaded_processor_makes_the_pixels_of_the_batched_path(tmp_path):
     rng = np.random.default_rng(0)
     images = [Image.fromarray(rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)) for h, w in ((40, 60), (70, 45))]
     library = processor(images, return_tensors="np")["pixel_values"]
-    ours = to_pixels(torch.from_numpy(np.stack([resized_rgb(image, 32) for image in images])), torch.device("cpu"))
+    ours = to_pixels(torch.from_numpy(np.stack([resized_rgb(image, 32) for image in images])), torch.device("cpu"),
+                     ARTICLE_PIXELS)
     assert library.shape == (2, 3, 32, 32) and np.abs(ours.numpy() - library).max() < 1e-6
 
 

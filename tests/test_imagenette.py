@@ -12,6 +12,7 @@ from PIL import Image
 
 from common import data as imagenette
 from common.data import check_counts, list_split, load_rgb, resized_rgb, to_pixels
+from common.pretrained import ARTICLE_PIXELS
 from common.start_and_end import UserError
 from job.imagenette_archive import URL, download_and_extract
 from job.standins import imagenette_folder
@@ -22,7 +23,7 @@ def test_the_batched_path_equals_the_library_processor(pictures):
     paths = [path for path, _ in list_split(pictures, "val")[:3]]
     for resolution in (224, 384):
         batch = torch.from_numpy(np.stack([resized_rgb(load_rgb(path), resolution) for path in paths]))
-        pixels = to_pixels(batch, torch.device("cpu")).numpy()
+        pixels = to_pixels(batch, torch.device("cpu"), ARTICLE_PIXELS).numpy()
         assert pixels.dtype == np.float32 and np.abs(pixels - library_pixels(paths, resolution)).max() < 1e-6
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import ROOT, expected_batch
 
+from common.pretrained import ARTICLE_PIXELS
 from common.start_and_end import UserError
 
 
@@ -22,7 +23,7 @@ def test_a_pass_keeps_the_order_and_flips_what_it_is_told(pictures, workers, dec
     loader = picture_loader(load_all(paths) if decoded else paths, 32, 4, torch.device("cpu"), flips, workers=workers)
     batches = list(start_loader(loader)[0])
     assert [len(b) for b in batches] == [4, 4, 2] and batches[0].dtype == torch.uint8
-    batches = [to_pixels(batch, torch.device("cpu")).numpy() for batch in batches]
+    batches = [to_pixels(batch, torch.device("cpu"), ARTICLE_PIXELS).numpy() for batch in batches]
     assert np.abs(np.concatenate(batches) - expected_batch(paths, 32, flips)).max() < 1e-6
 
 
@@ -38,7 +39,7 @@ def test_each_pass_reads_its_own_resolution_flips_and_pictures_and_its_workers_e
         flips = rng.random(len(indices)) < 0.5
         batches, _ = start_loader(picture_loader(decoded, resolution, batch_size, cpu, flips, indices, workers=2))
         assert len(set(multiprocessing.active_children()) - before) == 2  # the pass's own workers, started
-        read = np.concatenate([to_pixels(b, cpu).numpy() for b in batches])
+        read = np.concatenate([to_pixels(b, cpu, ARTICLE_PIXELS).numpy() for b in batches])
         expected = expected_batch([paths[i] for i in indices], resolution, flips)
         assert np.abs(read - expected).max() < 1e-6
         assert set(multiprocessing.active_children()) <= before  # ended with the pass

@@ -17,6 +17,7 @@ from transformers import ViTForImageClassification
 
 import vit_part3_posemb as posemb
 from common.data import class_folders, list_split, load_all, run_model
+from common.pretrained import ARTICLE_PIXELS
 from common.run import Report, set_precision
 from common.start_and_end import UserError
 from job.standins import vit_classifier
@@ -239,7 +240,7 @@ def test_bf16_changes_the_accuracies_by_at_most_a_tenth_of_a_point(tiny_classifi
 
     def counts(resolution, precision):  # section 4's pass: (right of 10, right of 1000)
         logits, _ = run_model(model, images, resolution, cpu, 8, lambda out: out.logits.float(), "",
-                              set_precision(cpu, precision))
+                              set_precision(cpu, precision), pixels=ARTICLE_PIXELS)
         return posemb.accuracy_counts(torch.cat(logits), labels, classes)
 
     for resolution in (224, 384):
