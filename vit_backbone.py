@@ -37,27 +37,10 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from datasets import Image as ImageFeature
-from datasets import concatenate_datasets, load_dataset
-from datasets.exceptions import DatasetGenerationError
-from huggingface_hub import snapshot_download
-from huggingface_hub.errors import LocalEntryNotFoundError
 from torch.utils.data import DataLoader
-from tqdm import tqdm
-from transformers import (
-    AutoImageProcessor,
-    AutoModelForImageClassification,
-    ProgressCallback,
-    Trainer,
-    TrainerCallback,
-    TrainingArguments,
-    ViTForImageClassification,
-    ViTModel,
-    set_seed,
-)
-from transformers.integrations import get_available_reporting_integrations
-from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
 
+# transformers (and datasets) is imported in the functions that use it: a DataLoader worker (spawn) runs this file's top
+# lines again, where it would add about 3 s to every worker's start (docs/performance.md; tests/test_loader.py)
 from common.data import NEW_PASS, PREFETCH, WORKER_START, loader_workers, record_event, timed, worker_setup
 from common.features import cache_key, cached, closed_form
 from common.paths import BEANS, BEANS_MB, BEANS_SPLITS, FEATURE_CACHE_DIR
@@ -161,6 +144,8 @@ def table_row_config(name):
 
 def counted_parameters(config):
     """(the whole classifier, its backbone) parameters of a ViTForImageClassification built on the meta device."""
+    from transformers import ViTForImageClassification
+
     with torch.device("meta"):
         model = ViTForImageClassification(config)
     return sum(p.numel() for p in model.parameters()), sum(p.numel() for p in model.vit.parameters())
@@ -265,6 +250,9 @@ def check_classifier_files(name, example):
 def callbacks(model, device):
     """The Trainer's callbacks: (the timing of its passes, a progress bar on stderr, the watch for a training loss
     that is not finite: its `found`)."""
+    from tqdm import tqdm
+    from transformers import TrainerCallback
+
     class PassTimes(TrainerCallback):
         """The Trainer's passes over pictures, timed from its events (docs/data.md#the-wait-for-pictures): a batch's
         wait for pictures runs from the event before it (an epoch's start, a step's end, a log, an evaluation's step)
@@ -360,6 +348,8 @@ def image_processor(name):
     """The checkpoint's image processor, its PIL backend (PIL's resize, which common/data.py reproduces: left to
     itself, transformers picks its torchvision backend wherever torchvision is installed); one line when it was saved
     without one."""
+    from transformers import AutoImageProcessor
+
     try:
         return load_pretrained(AutoImageProcessor, name, backend="pil")
     except (ValueError, KeyError) as error:
@@ -369,6 +359,8 @@ def image_processor(name):
 
 def image_classifier(name):
     """AutoModelForImageClassification with the checkpoint's own head; one line when it has none."""
+    from transformers import AutoModelForImageClassification
+
     model, info = load_pretrained(AutoModelForImageClassification, name, output_loading_info=True)
     if any(key.startswith("classifier.") for key in info.get("missing_keys", ())):
         raise UserError(f"{name} has no classification head (the library would draw one at random): "
@@ -399,6 +391,9 @@ def from_hub(name):
     """The folder of the dataset's files of the train and validation splits (and its card), downloaded from the Hub,
     or the mirror HF_ENDPOINT names, into the Hugging Face cache, each with a bar; when it cannot be reached, the
     cache's snapshot of them (snapshot_download(local_files_only=True)). Not cached, one line with the fixes."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
     info, why = ask_hub(name, "dataset")
     if info is not None:
         for file in sorted(sibling.rfilename for sibling in info.siblings or []):
@@ -424,6 +419,9 @@ def split_files(folder):
 
 def from_folder(folder, where):
     """The dataset's parquet files in folder (a local copy, or the cache's snapshot), read as its splits."""
+    from datasets import load_dataset
+    from datasets.exceptions import DatasetGenerationError
+
     folder = Path(folder).expanduser()
     files = split_files(folder)  # the files named, not the folder: the library keys its Arrow cache by them
     try:
@@ -468,10 +466,12 @@ def unlike_the_published_beans(folder, what):
 
 def data_digests(splits):
     """{split: a digest of its pictures' bytes and labels, in order}: what decides its features in the cache's key."""
+    from datasets import Image
+
     digests = {}
     for split, dataset in splits.items():
         digest = hashlib.blake2b(digest_size=16)
-        for row in dataset.cast_column("image", ImageFeature(decode=False)):
+        for row in dataset.cast_column("image", Image(decode=False)):
             digest.update(row["image"]["bytes"] or Path(row["image"]["path"]).read_bytes())
             digest.update(str(row["labels"]).encode())
         digests[split] = digest.hexdigest()
@@ -482,6 +482,15 @@ def finetune(beans, processor, run):
     """The article's run in the article's order of random draws: seed, shuffle train, shuffle validation, the new
     head, then evaluate, train, evaluate; and its figure, the patch tokens of a few validation pictures before and
     after as RGB maps. Run by section 4, which prints it; section 5 sets the same run beside the probes."""
+    from transformers import (
+        AutoModelForImageClassification,
+        ProgressCallback,
+        Trainer,
+        TrainingArguments,
+        ViTModel,
+        set_seed,
+    )
+
     args = run.args
     set_seed(args.seed)  # dnnlpy.set_seed(42): random, numpy and torch
     # The article's CPU draws before its shuffles: the (2, 16, 64) test, the pooler from_pretrained adds at random.
@@ -597,6 +606,10 @@ def load_features(run, beans, processor):
     pictures, from data/features/ when they match exactly (the weight file, the arithmetic, the pictures' bytes),
     else computed in one pass, the loader's workers started first and timed apart, building batches while the
     backbone loads."""
+    from datasets import concatenate_datasets
+    from tqdm import tqdm
+    from transformers import ViTModel
+
     splits, timing = BEANS_SPLITS, None  # timing: the pass's, when the features are computed
 
     def compute():
@@ -922,6 +935,9 @@ def parse_args(argv):
 
 def reporting_problem(names, save_dir):
     """Why the Trainer could not report to `names` (its report_to), in a line, or None; said before any work."""
+    from transformers.integrations import get_available_reporting_integrations
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
     if names == ["none"]:
         return None
     if len(names) > 1 and {"none", "all"} & set(names):

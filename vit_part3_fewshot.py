@@ -26,8 +26,9 @@ import time
 
 import numpy as np
 import torch
-from transformers import ViTModel
 
+# transformers is imported in the functions that use it: a DataLoader worker (spawn) runs this file's top
+# lines again, where it would add about 3 s to every worker's start (docs/performance.md; tests/test_loader.py)
 from common.data import DEFAULT_NAME, load_splits, run_model, workers_text
 from common.features import cache_key, cached, closed_form
 from common.paths import CHECKOUT, FEATURE_CACHE_DIR
@@ -108,6 +109,8 @@ def extract_features(model, paths, resolution, device, batch_size, desc, autocas
 
 
 def load_frozen_model(name, device):
+    from transformers import ViTModel
+
     model, info = load_pretrained(ViTModel, name, add_pooling_layer=True, output_loading_info=True)
     if any("pooler" in key for key in info.get("missing_keys", [])):
         raise UserError(f"{name} has no pre-logits layer (pooler): pass an ImageNet-21k checkpoint such as "

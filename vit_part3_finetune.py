@@ -50,8 +50,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
-from transformers import ViTForImageClassification, ViTImageProcessorPil
 
+# transformers is imported in the functions that use it: a DataLoader worker (spawn) runs this file's top
+# lines again, where it would add about 3 s to every worker's start (docs/performance.md; tests/test_loader.py)
 from common.data import (
     CLASSES,
     DEFAULT_NAME,
@@ -285,6 +286,8 @@ def data_and_model(run):
     """(the pictures, the classifier on the device, its dropped pre-logits shape, the pixels its image processor
     makes), each loaded by the first process first (it downloads); one line names all that an offline run lacks, the
     pictures and the checkpoint."""
+    from transformers import ViTForImageClassification
+
     args = run.args
     splits = dict.fromkeys(["train", "val"], args.per_class)
     loads = (lambda: load_splits(args.data_dir or download_imagenette(), splits),
@@ -637,6 +640,8 @@ def accuracies(models, batches, labels, run, batch_size, desc, timing, pixels):
 def pixels_processor(resolution, pixels):
     """The image processor that makes these pixels from a picture, as transformers saves and loads it (a model
     saved for from_pretrained and pipeline() carries it)."""
+    from transformers import ViTImageProcessorPil
+
     return ViTImageProcessorPil(size={"height": resolution, "width": resolution}, resample=pixels["resample"],
                                 image_mean=list(pixels["mean"]), image_std=list(pixels["std"]))
 

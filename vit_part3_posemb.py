@@ -27,8 +27,9 @@ import numpy as np
 import scipy.ndimage
 import torch
 import torch.nn.functional as F
-from transformers import ViTForImageClassification
 
+# transformers is imported in the functions that use it: a DataLoader worker (spawn) runs this file's top
+# lines again, where it would add about 3 s to every worker's start (docs/performance.md; tests/test_loader.py)
 from common.data import CLASSES, DEFAULT_NAME, load_all, load_splits, run_model, workers_text
 from common.pretrained import checkpoint_config, checkpoint_pixels, load_pretrained
 from common.run import begin, conclude, experiment_parser, nonempty_path, pass_text, section, side_pixels, tried
@@ -156,6 +157,8 @@ def cosine_similarities(grid, place):
 # ---------------------------------------------------------------- resources
 
 def load_model(name, resolution, device):
+    from transformers import ViTForImageClassification
+
     model = load_pretrained(ViTForImageClassification, name)
     if model.config.num_labels != 1000:
         raise UserError(f"{name} has {model.config.num_labels} labels, not the 1,000 of ImageNet: pass an "

@@ -12,9 +12,9 @@ from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNot
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 from PIL import Image
 from tqdm import tqdm
-from transformers import AutoConfig, ViTConfig
-from transformers.utils import logging
 
+# transformers is imported in the functions that use it: every script imports this module at its top, which a
+# DataLoader worker (spawn) runs again, where it would add about 3 s to every worker's start
 from common.files import reason, write_folder_atomic
 from common.start_and_end import UserError
 
@@ -115,6 +115,8 @@ def check_model_flag(name):
 
 def checkpoint_config(name):
     """The checkpoint's config when it is on disk (a directory or the local cache), else None. Reads no weights."""
+    from transformers import AutoConfig
+
     check_model_flag(name)
     try:
         return AutoConfig.from_pretrained(os.path.expanduser(name), local_files_only=True)
@@ -128,6 +130,8 @@ LOCAL_COPY = "connect to the internet once to download it, or pass --model with 
 def load_pretrained(model_class, name, fix=LOCAL_COPY, **kwargs):
     """model_class.from_pretrained(name) from a folder, the cache or the Hub, the library's notes silenced; fix: what
     the line on a checkpoint neither cached nor to be downloaded tells the user to do."""
+    from transformers.utils import logging
+
     check_model_flag(name)
     name, level = os.path.expanduser(name), logging.get_verbosity()
     logging.set_verbosity_error()
@@ -291,6 +295,8 @@ VIT_SIZES = {"B": (12, 768, 3072, 12), "L": (24, 1024, 4096, 16), "H": (32, 1280
 
 def table1_config(size, patch, image_size=224, **fields):
     """A transformers ViTConfig of a Table 1 size (fields: any other of its fields, num_labels=1000)."""
+    from transformers import ViTConfig
+
     layers, width, mlp, heads = VIT_SIZES[size]
     return ViTConfig(hidden_size=width, num_hidden_layers=layers, intermediate_size=mlp,
                      num_attention_heads=heads, patch_size=patch, image_size=image_size, **fields)

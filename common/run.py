@@ -299,16 +299,17 @@ class Report:
         for name, value in numbers.items():
             if isinstance(value, dict):  # a pass over pictures
                 self.passes[name] = dict(value)
-                pairs = [(f"{name} seconds", value["seconds"]), (f"{name} waiting seconds", value["waiting seconds"])]
-            else:
-                value = value.tolist() if hasattr(value, "tolist") else value
-                pairs = list(entries(name, value)) if isinstance(value, (list, tuple)) else [(name, value)]
-            for one, number in pairs:
-                if one in self.numbers:
-                    raise ValueError(f"{self.script}: the number {one!r} is recorded twice")
-                right, of = (counts or {}).get(one, (None, None))
-                self.numbers[one] = {"value": float(number)} | ({} if right is None else
-                                                                {"right": right, "of": of, "scale": 100})
+                self.record({f"{name} seconds": value["seconds"], f"{name} waiting seconds": value["waiting seconds"]})
+                continue
+            values = value.tolist() if getattr(value, "ndim", 0) > 0 else value
+            if isinstance(values, (list, tuple)):
+                self.record(dict(entries(name, values)))
+                continue
+            if name in self.numbers:
+                raise ValueError(f"{self.script}: the number {name!r} is recorded twice")
+            right, of = (counts or {}).get(name, (None, None))
+            self.numbers[name] = {"value": float(value)} | ({} if right is None else
+                                                            {"right": right, "of": of, "scale": 100})
 
     def values(self):
         return {name: number["value"] for name, number in self.numbers.items()}

@@ -319,7 +319,10 @@ def test_the_saved_model_loads_in_a_pipeline_that_predicts_as_the_run_counted(ba
     (["all"], "runs", None), (["none", "wandb"], None, "none and all each stand alone"),
 ])
 def test_report_to_is_refused_before_any_work_where_the_trainer_could_not_report(names, save_dir, said, monkeypatch):
-    monkeypatch.setattr(backbone, "get_available_reporting_integrations", lambda: ["tensorboard", "wandb"])
+    import transformers.integrations
+
+    monkeypatch.setattr(transformers.integrations, "get_available_reporting_integrations",
+                        lambda: ["tensorboard", "wandb"])
     monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
     why = backbone.reporting_problem(names, save_dir)
     assert why == said if said is None else why.startswith(said), why

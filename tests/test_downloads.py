@@ -8,6 +8,7 @@ import json
 import os
 import re
 import select
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -349,14 +350,17 @@ HOSTILE = [  # (what the archive holds, its members given the outside file's pat
 # One process per Python loads the libraries the archive's code imports, once; each download_run() is a child forked
 # from it, which then imports the project (its folders read from the environment the test gives) and downloads, as a
 # script's section does: its status and stderr as `python -c` would give them (sys.exit(text): text, status 1).
-WARM = """import json, os, sys, traceback
+WARM = """import json, os, sys, traceback, warnings
 import numpy, PIL.Image, torch, transformers, huggingface_hub
+kept = warnings.filters[:]  # the child's: Python 3.12 on warns here of a fork beside torch's thread, not there
+warnings.filterwarnings("ignore", "This process", DeprecationWarning)
 for line in sys.stdin:
     case = json.loads(line)
     child = os.fork()
     if child == 0:
         status = 1
         try:
+            warnings.filters[:] = kept
             os.chdir(case["cwd"])
             os.environ.clear()
             os.environ.update(case["environment"])
@@ -370,7 +374,7 @@ for line in sys.stdin:
                 sys.exit(f"error: {problem}")
             status = 0
         except SystemExit as ended:
-            status = ended.code if isinstance(ended.code, int) else 1
+            status = 0 if ended.code is None else ended.code if isinstance(ended.code, int) else 1
             if isinstance(ended.code, str):
                 print(ended.code, file=sys.stderr)
         except BaseException:
@@ -384,28 +388,22 @@ for line in sys.stdin:
 
 @pytest.fixture(scope="module")
 def warm_pythons():
-    """{python: its WARM process}, each started at its first use and ended with the module."""
-    from conftest import ROOT
-
+    """{python: its WARM process}, each started by download_run() at its first use, in a process group of its own,
+    and ended with the module."""
     started = {}
-
-    def warm(python):
-        if python not in started:
-            site = os.pathsep.join(dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]))
-            environment = {name: value for name, value in os.environ.items() if name != "HF_HUB_OFFLINE"}
-            environment["PYTHONPATH"] = f"{ROOT}{os.pathsep}{site}"
-            started[python] = subprocess.Popen([python, "-c", WARM], cwd=ROOT, text=True, stdin=subprocess.PIPE,
-                                               stdout=subprocess.PIPE, env=environment)
-        return started[python]
-
-    yield warm
+    yield started
     for process in started.values():
         process.stdin.close()  # its loop ends
         try:
             process.wait(timeout=60)
-        except subprocess.TimeoutExpired:  # a child that never ended: the failed test has said so
-            process.kill()
-            process.wait()
+        except subprocess.TimeoutExpired:
+            end_group(process)
+
+
+def end_group(process):
+    """A WARM process killed with the child it forked, which may still run."""
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
 
 
 def system_python():
@@ -439,15 +437,24 @@ def download_run(python, served, archive, home, warm_pythons):
     """download_imagenette() in a process of its own (forked from python's WARM process), as a script's section calls
     it, VIT_PART3_IMAGENETTE_URL naming the archive with its MD5 (a mirror the user trusts): its exit status and
     stderr."""
+    from conftest import ROOT
+
     served.files[f"/hostile/{home.name}.tgz"] = archive
     environment = {name: value for name, value in os.environ.items() if name != "HF_HUB_OFFLINE"}
     environment.update(VIT_PART3_DATA=str(home / "data"),
                        VIT_PART3_IMAGENETTE_URL=f"{served.url}/hostile/{home.name}.tgz#md5={hashlib.md5(archive).hexdigest()}")
-    process, stderr = warm_pythons(python), home.parent / f"{home.name}.stderr"
+    if python not in warm_pythons:
+        site = os.pathsep.join(dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]))
+        warm_pythons[python] = subprocess.Popen([python, "-c", WARM], cwd=ROOT, text=True, stdin=subprocess.PIPE,
+                                                stdout=subprocess.PIPE, start_new_session=True,
+                                                env={**environment, "PYTHONPATH": f"{ROOT}{os.pathsep}{site}"})
+    process, stderr = warm_pythons[python], home.parent / f"{home.name}.stderr"
     process.stdin.write(json.dumps({"cwd": str(home), "environment": environment, "stderr": str(stderr)}) + "\n")
     process.stdin.flush()
     ready, _, _ = select.select([process.stdout], [], [], 300)
-    assert ready, "the download did not end within 300 s"
+    if not ready:  # the next test on this Python starts a new WARM process
+        end_group(warm_pythons.pop(python))
+        pytest.fail("the download did not end within 300 s")
     return int(process.stdout.readline()), stderr.read_text()
 
 

@@ -148,3 +148,16 @@ def test_decoded_pictures_reach_the_workers_as_one_tensor_in_shared_memory(pictu
     for index in range(len(dataset)):
         for key in ((index, 32, False), (index, 48, True)):
             assert np.array_equal(worker[key], Pictures([*decoded, paths[0]])[key])
+
+
+def test_a_worker_runs_the_scripts_top_lines_without_transformers():
+    """A DataLoader worker (spawn) runs the script's top lines again, as __mp_main__: they load neither transformers
+    nor datasets, which would add seconds to every worker's start. Setup runs no loader."""
+    scripts = ["vit_part3_posemb.py", "vit_part3_fewshot.py", "vit_part3_finetune.py", "vit_backbone.py"]
+    code = ("import runpy, sys\n"
+            "for script in sys.argv[1:]:\n"
+            "    runpy.run_path(script, run_name='__mp_main__')\n"
+            "print(sorted(name for name in ('transformers', 'datasets') if name in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code, *scripts], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", (done.stdout, done.stderr[-2000:])
