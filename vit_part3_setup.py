@@ -159,12 +159,6 @@ def patch_embedding_flops(resolution, patch, width):
     return 2 * sequence_shape(resolution, patch)[1] * 3 * patch**2 * width
 
 
-def config_forward_flops(config, resolution):
-    """encoder_flops of a ViTConfig at a resolution."""
-    tokens = sequence_shape(resolution, config.patch_size)[2]
-    return encoder_flops(config.num_hidden_layers, config.hidden_size, config.intermediate_size, tokens)
-
-
 @section
 def section_table1(report):
     """1. Table 1: sequence, attention pairs, forward compute and the released checkpoints' parameters"""

@@ -52,7 +52,7 @@ TARGETS = {
     "common/features.py": (["ridge", "closed_form"], guarded_by("tests/test_closed_form.py", "tests/test_fewshot.py",
                                                                 "tests/test_backbone.py")),
     "vit_part3_setup.py": (["sequence_shape", "token_flops", "attention_flops", "encoder_flops",
-                            "patch_embedding_flops", "config_forward_flops", "batch_norm", "group_norm",
+                            "patch_embedding_flops", "batch_norm", "group_norm",
                             "weight_standardize", "adam_by_hand", "sgd_momentum_by_hand",
                             "polyak_average", "clip_by_global_norm", "pretraining_steps", "warmup_linear_lr",
                             "cosine_lr", "torch_optimizer_weight", "torch_clip"],

@@ -4,7 +4,7 @@ The scripts spend almost all their time in ViT-B/16 forward and backward passes.
 measures, with a randomly initialised ViT-B/16 (the compute of the released weights, nothing
 downloaded) and a generated folder of 160-px JPEGs:
   1. the matrix-multiply roofline (fp32; bf16 too where the device has fast bf16 units), GFLOP/s;
-  2. model-only forward at 224 and 384: pictures/s, GFLOP/s by the setup script's formula, and the
+  2. model-only forward at 224 and 384: pictures/s, GFLOP/s by torch's count of the forward pass, and the
      fraction of the roofline, with eager and SDPA attention;
   3. end-to-end evaluation with the project's loader (decode, resize, normalise, batch, forward);
   4. the transformers pipeline("image-classification") on the same pictures, as a peer;
@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
+from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root, for common/
 
@@ -43,7 +44,6 @@ from common.run import DEVICE_CHOICES, PRECISIONS, Report, check_output, positiv
 from common.start_and_end import guarded
 from compare.record import device_name
 from job.standins import smooth_pictures, vit_config
-from vit_part3_setup import config_forward_flops
 
 ATTENTION = ("sdpa", "eager")
 PEER_BATCHES = 30  # the pipeline's pictures/s settles within this many batches; it is slower than our loop
@@ -125,6 +125,18 @@ def random_vit(config, attention, device):
 
     torch.manual_seed(0)
     return AutoModelForImageClassification.from_config(config, attn_implementation=attention).to(device).eval()
+
+
+def forward_flops(config, resolution):
+    """FLOPs of one picture's forward pass through the encoder, as torch's FlopCounterMode counts them on the meta
+    device (shapes, no compute): the setup script's formula plus the patch embedding (tests/test_setup.py)."""
+    from transformers import AutoModel
+
+    with torch.device("meta"):
+        model = AutoModel.from_config(config, attn_implementation="eager", add_pooling_layer=False)
+    with FlopCounterMode(display=False) as counter:
+        model(pixel_values=torch.zeros(1, 3, resolution, resolution, device="meta"), interpolate_pos_encoding=True)
+    return counter.get_total_flops()
 
 
 def model_only(model, resolution, batch_size, device, autocast, repeats):
@@ -278,7 +290,7 @@ def section_model_only(run, figures, report):
     models = {attention: random_vit(config, attention, run.device) for attention in ATTENTION}
     forward = {}
     for resolution in (224, 384):
-        flops = config_forward_flops(config, resolution)
+        flops = forward_flops(config, resolution)
         repeats = run.repeats if resolution == 224 else max(1, run.repeats // 2)
         for attention, model in models.items():
             speed = model_only(model, resolution, args.batch_size, run.device, run.autocast, repeats)
@@ -331,7 +343,7 @@ def section_scaling(run, figures, report):
     forward, faster = figures["model-only"], figures["faster attention"]
     time_ratio = forward[f"224 {faster}"]["pictures/s"] / forward[f"384 {faster}"]["pictures/s"]
     config = benchmark_model(run.args.size)
-    compute_ratio = config_forward_flops(config, 384) / config_forward_flops(config, 224)
+    compute_ratio = forward_flops(config, 384) / forward_flops(config, 224)
     report.print(f"  time ratio 384/224 {time_ratio:.2f}; compute ratio {compute_ratio:.2f}")
     figures.update({"time ratio 384/224": time_ratio, "compute ratio 384/224": compute_ratio})
 

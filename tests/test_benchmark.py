@@ -12,7 +12,6 @@ import torch
 from conftest import ROOT
 
 from job.standins import smooth_pictures
-from vit_part3_setup import config_forward_flops
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import throughput
@@ -20,10 +19,12 @@ import throughput
 CPU = torch.device("cpu")
 
 
-def test_forward_flops_of_the_benchmark_model_are_the_articles():
+def test_forward_flops_of_the_benchmark_model_are_the_articles_and_the_patch_embedding():
+    """The article's 34.9 and 110.3 GFLOPs (34,894,909,440 and 110,287,687,680, tests/test_setup.py), plus the patch
+    embedding's 2 N 3 P^2 D: N = 196 and 576 patches of 16 x 16 x 3 mapped to 768 numbers."""
     config = throughput.benchmark_model("B")
-    assert round(config_forward_flops(config, 224) / 1e9, 1) == 34.9   # the article's 34.9 and 110.3 GFLOPs
-    assert round(config_forward_flops(config, 384) / 1e9, 1) == 110.3
+    assert throughput.forward_flops(config, 224) == 34_894_909_440 + 2 * 196 * 3 * 16 * 16 * 768
+    assert throughput.forward_flops(config, 384) == 110_287_687_680 + 2 * 576 * 3 * 16 * 16 * 768
 
 
 def test_median_seconds_times_the_calls():

@@ -274,9 +274,8 @@ def test_forward_compute_of_vit_b16_by_hand():
     """2 L (4 s D^2 + 2 s D M + 2 s^2 D), L 12, D 768, M 3072: s = 197 gives 24 x 1,453,954,560 FLOPs at 224; s = 577
     gives 110,287,687,680 at 384."""
     assert forward_gflops("B", 16, 224) == pytest.approx(34.89490944, rel=1e-13)
-    config = setup.table1_config("B", 16)
-    assert setup.config_forward_flops(config, 224) == 34_894_909_440
-    assert setup.config_forward_flops(config, 384) == 110_287_687_680
+    assert setup.encoder_flops(12, 768, 3072, 197) == 34_894_909_440
+    assert setup.encoder_flops(12, 768, 3072, 577) == 110_287_687_680
 
 
 def test_flop_formula_equals_torch_flop_counter():
