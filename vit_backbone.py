@@ -39,8 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-# transformers (and datasets) is imported in the functions that use it: a DataLoader worker (spawn) runs this file's top
-# lines again, where it would add about 3 s to every worker's start (docs/performance.md; tests/test_loader.py)
+# transformers and datasets are imported in the functions that use them: a DataLoader worker (spawn) runs this file's
+# top lines again, where they would add about 3 s to every worker's start (docs/performance.md; tests/test_loader.py)
 from common.data import NEW_PASS, PREFETCH, WORKER_START, loader_workers, record_event, timed, worker_setup
 from common.features import cache_key, cached, closed_form
 from common.paths import BEANS, BEANS_MB, BEANS_SPLITS, FEATURE_CACHE_DIR

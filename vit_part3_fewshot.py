@@ -337,8 +337,7 @@ def main(argv=None):
                    "validation pictures)")
     parser.add_argument("--shots", type=positive_int, nargs="+", default=ARTICLE_TABLE["shots"],
                         help="pictures per class (default: %(default)s)")
-    parser.add_argument("--lambdas", type=nonnegative_float, nargs="+",
-                        default=ARTICLE_TABLE["lambdas"],
+    parser.add_argument("--lambdas", type=nonnegative_float, nargs="+", default=ARTICLE_TABLE["lambdas"],
                         help="ridge penalties, finite and >= 0 (0: plain least squares, the minimum-norm solution when "
                              "pictures are fewer than features) (default: %(default)s)")
     parser.add_argument("--draws", type=positive_int, default=ARTICLE_FLAGS["draws"][1],
