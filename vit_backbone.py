@@ -935,11 +935,11 @@ def parse_args(argv):
 
 def reporting_problem(names, save_dir):
     """Why the Trainer could not report to `names` (its report_to), in a line, or None; said before any work."""
+    if names == ["none"]:  # before the integrations load: the job's flag check then loads none of them
+        return None
     from transformers.integrations import get_available_reporting_integrations
     from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
 
-    if names == ["none"]:
-        return None
     if len(names) > 1 and {"none", "all"} & set(names):
         return "none and all each stand alone: give one of them, or the names of integrations"
     available = get_available_reporting_integrations()

@@ -26,10 +26,10 @@ import zipfile
 
 import numpy as np
 import torch
+import transformers  # its model classes load at their first use (its lazy module): the job's flag check loads none
 from huggingface_hub import get_safetensors_metadata, is_offline_mode
 from PIL import Image
 from safetensors import SafetensorError, safe_open
-from transformers import ResNetConfig, ResNetModel, ViTModel
 
 from common.paths import IMAGENETTE_DIR
 from common.pretrained import VIT_SIZES, cached_weight_file, load_pretrained, table1_config
@@ -108,7 +108,7 @@ def split_parameter_count(shapes):
 def meta_parameter_shapes(config, pre_logits):
     """{name: shape} of a ViT built on the meta device (no memory, no weights), pooler if pre_logits."""
     with torch.device("meta"):
-        model = ViTModel(config, add_pooling_layer=pre_logits)
+        model = transformers.ViTModel(config, add_pooling_layer=pre_logits)
     return {name: list(p.shape) for name, p in model.named_parameters()}
 
 
@@ -253,12 +253,13 @@ def section_hybrid(report):
     """2. the hybrid's ResNet-50 stages"""
     report.print("\n== 2. the hybrid: which ResNet-50 stage feeds ViT ==")
     try:  # microsoft/resnet-50 if cached or reachable, else random weights: the stage shapes do not depend on them
-        model = load_pretrained(ResNetModel, "microsoft/resnet-50", fix="run once online to download it").eval()
+        model = load_pretrained(transformers.ResNetModel, "microsoft/resnet-50",
+                                fix="run once online to download it").eval()
         model_name = "microsoft/resnet-50"
     except UserError as problem:
         torch.manual_seed(0)  # ResNetConfig's defaults are ResNet-50: bottleneck blocks, depths 3-4-6-3
         why = "microsoft/resnet-50 is not cached" if is_offline_mode() else problem
-        model = ResNetModel(ResNetConfig()).eval()
+        model = transformers.ResNetModel(transformers.ResNetConfig()).eval()
         model_name = f"the library's ResNet-50 architecture (random weights; {why})"
     # the first Imagenette validation picture on disk, else a generated one: the shapes depend only on its size
     paths = sorted(IMAGENETTE_DIR.glob("val/*/*.JPEG"))

@@ -65,7 +65,8 @@ if XDIST_WORKERS:
 # Fixtures that run the scripts on stand-ins, once per process: the tests that use one share an xdist worker.
 SHARED_RUNS = {"standins": "standins", "weight_runs": "standins", "beans_standins": "standins",
                "backbone_runs": "standins", "four_runs": "standins", "script_runs": "gpu-runs",
-               "trained_miniature": "miniature", "servers": "hub", "jobs": "hub"}
+               "trained_miniature": "miniature", "servers": "hub", "jobs": "hub", "job_standins": "reproduce",
+               "job": "reproduce"}
 
 
 def cuda_available():

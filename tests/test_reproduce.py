@@ -37,8 +37,6 @@ from job import child_process, downloads, ending, resuming, standins
 from job.scripts import PAGE_WRITES_MB, SCRIPTS
 from job.time_estimate import estimate_seconds
 
-pytestmark = pytest.mark.xdist_group("reproduce")  # one worker runs the module and its shared job
-
 MODULES = {"setup": vit_part3_setup, "posemb": vit_part3_posemb, "fewshot": vit_part3_fewshot,
            "finetune": vit_part3_finetune, "backbone": vit_backbone}
 NAMES = {"setup": "vit_part3_setup.py", "posemb": "vit_part3_posemb.py", "fewshot": "vit_part3_fewshot.py",
@@ -131,9 +129,10 @@ def no_temporary_files(folder):
     return not [path for path in Path(folder).rglob(f"{TEMP_PREFIX}*")]
 
 
-def test_under_dist_loadgroup_the_module_is_one_group(request):
-    """Its tests share one job only on one worker: xdist marks each test's id with its group. pytest 9.2 with
-    pytest-xdist 3.8 lost the mark (pytest-xdist#1386), and each worker built the job (the suite took 400 s)."""
+def test_under_dist_loadgroup_the_tests_of_the_job_are_one_group(request, job_standins):
+    """The tests of the job share it only on one worker: xdist marks each test's id with its group (conftest's
+    SHARED_RUNS). pytest 9.2 with pytest-xdist 3.8 lost the mark (pytest-xdist#1386), and each worker built the job
+    (the suite took 400 s)."""
     if not getattr(request.config.option, "loadgroup", False):
         pytest.skip("not run by `pytest -n N --dist loadgroup`")
     assert request.node.nodeid.endswith("@reproduce")
@@ -930,6 +929,19 @@ def test_the_checks_run_in_turn_in_one_process_and_the_first_refusal_is_the_answ
     the checker's pipes closed however it ends."""
     commands = checked(tmp_path, scripts)
     assert no_resource_warning(lambda: child_process.first_refusal(commands, ROOT)) == refused
+
+
+def test_the_jobs_check_of_the_five_scripts_loads_no_model_class_of_transformers(job_standins, tmp_path):
+    """The check imports every script in one process before each job: a model class of transformers (seconds to load)
+    loads where a section uses it, not where a script's top lines or its flags are read."""
+    args = reproduce.parse_flags([str(tmp_path / "out"), *job_flags(job_standins)])
+    commands = {script: reproduce.script_command(script, args, tmp_path / "out") for script in SCRIPTS}
+    code = ("import sys\nfrom job.child_process import check_in_turn\ncheck_in_turn()\n"
+            "print(sorted(name for name in sys.modules if name in ('transformers.modeling_utils', "
+            "'transformers.integrations.integration_utils')))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, input=json.dumps(commands), capture_output=True,
+                          text=True, timeout=300, check=False, env={**os.environ, start_and_end.CHECK_ONLY: "1"})
+    assert done.returncode == 0 and done.stdout.strip().endswith("null\n[]"), (done.stdout, done.stderr[-2000:])
 
 
 def test_a_checker_that_cannot_start_is_its_own_last_line(tmp_path):
