@@ -292,7 +292,8 @@ def section_accuracy(report, model, pictures, args, run):
     original = embeddings.position_embeddings.data.clone()
     n_old, n_new = grids(model.config, args.resolution)
     tables = position_tables(model_table(model), n_new)
-    rows = [("224", f"224, the training resolution ({n_old * n_old} patches)"),
+    # each key names the article's row; the first row runs at the checkpoint's own resolution, the article's 224
+    rows = [("224", f"{model.config.image_size}, the training resolution ({n_old * n_old} patches)"),
             ("2D bilinear", f"{args.resolution}, 2D bilinear (the official code)"),
             ("2D bicubic", f"{args.resolution}, 2D bicubic (the library)"),
             ("1D", f"{args.resolution}, 1D: the {n_old * n_old} rows stretched as one list"),
