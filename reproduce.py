@@ -41,7 +41,15 @@ from pathlib import Path
 from huggingface_hub import is_offline_mode
 
 from common.files import CHECKPOINT, CHECKPOINT_FORMAT, SAVED_AVERAGE, SAVED_LAST, read_checkpoint, reason
-from common.run import DEVICE_CHOICES, PRECISIONS, check_output, pick_device, script_parser, set_precision
+from common.run import (
+    DEVICE_CHOICES,
+    PRECISIONS,
+    check_output,
+    nonempty_path,
+    pick_device,
+    script_parser,
+    set_precision,
+)
 from job import downloads, ending
 from job.child_process import StopRequests, first_refusal, only_job_on, run_logged
 from job.page import build
@@ -100,7 +108,7 @@ def extra_flags(texts):
 
 def parse_flags(argv):
     parser = script_parser(__doc__)
-    parser.add_argument("out", nargs="?", default=str(ROOT / "results"), metavar="OUT",
+    parser.add_argument("out", nargs="?", default=str(ROOT / "results"), metavar="OUT", type=nonempty_path,
                         help="the folder for the JSON files, figures, logs, fine-tuning's checkpoint and report.md "
                              "(default: %(default)s, results/ in the checkout wherever the job is started)")
     parser.add_argument("--quick", action="store_true",
@@ -109,12 +117,13 @@ def parse_flags(argv):
                         help="passed to every script that has it (default: each script's own, auto)")
     parser.add_argument("--precision", choices=PRECISIONS,
                         help="passed to every script that has it (default: fp32, the articles')")
-    parser.add_argument("--models", metavar="DIR", help=f"local copies of the checkpoints laid out by Hub id: DIR/"
+    parser.add_argument("--models", metavar="DIR", type=nonempty_path,
+                        help=f"local copies of the checkpoints laid out by Hub id: DIR/"
                         f"{downloads.VIT}/, DIR/{downloads.IN21K}/; a script gets --model DIR/<its id> where it exists")
-    parser.add_argument("--imagenette", metavar="DIR", help="a local copy of imagenette2-160 (the Part 3 scripts' "
-                                                            "--data-dir)")
-    parser.add_argument("--beans", metavar="DIR", help=f"a local copy of {downloads.BEANS}'s files (vit_backbone.py's "
-                                                       "--data-dir)")
+    parser.add_argument("--imagenette", metavar="DIR", type=nonempty_path,
+                        help="a local copy of imagenette2-160 (the Part 3 scripts' --data-dir)")
+    parser.add_argument("--beans", metavar="DIR", type=nonempty_path,
+                        help=f"a local copy of {downloads.BEANS}'s files (vit_backbone.py's --data-dir)")
     parser.add_argument("--force", action="store_true", help="run every script again, fine-tuning from step 0")
     parser.add_argument("--strict", action="store_true", help="exit status 1 also when a number differs from the "
                                                               "article's (for CI)")

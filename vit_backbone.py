@@ -26,6 +26,7 @@ if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as 
 
 import functools
 import hashlib
+import io
 import math
 import os
 import re
@@ -37,16 +38,19 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from PIL import Image
 from torch.utils.data import DataLoader
+
+from common.data import NEW_PASS, PREFETCH, WORKER_START, loader_workers, record_event, timed, worker_setup
+from common.features import cache_key, cached, closed_form
 
 # transformers and datasets are imported in the functions that use them: a DataLoader worker (spawn) runs this file's
 # top lines again, where they would add about 3 s to every worker's start (docs/performance.md; tests/test_loader.py)
-from common.data import NEW_PASS, PREFETCH, WORKER_START, loader_workers, record_event, timed, worker_setup
-from common.features import cache_key, cached, closed_form
 from common.paths import BEANS, BEANS_MB, BEANS_SPLITS, FEATURE_CACHE_DIR
 from common.pretrained import ask_hub, checkpoint_config, hub_download, load_pretrained, save_loadable, table1_config
 from common.run import (
     PRECISIONS,
+    batch_pictures,
     begin,
     conclude,
     experiment_parser,
@@ -454,7 +458,27 @@ def read_beans(data_dir=None, per_class=None):
     splits = {split: dataset[split] for split in BEANS_SPLITS}
     if per_class:
         splits = {split: first_per_class(data, per_class) for split, data in splits.items()}
+    for split, data in splits.items():  # found now, not as a traceback in the Trainer's loop
+        problem = unreadable_row(data, len(names))
+        if problem:
+            raise UserError(f"{where}: row {problem[0]} of its {split} split {problem[1]}: pass a complete copy of "
+                            f"{BEANS}")
     return {**splits, "names": list(names), "folder": folder}
+
+
+def unreadable_row(data, classes):
+    """(row, why) of the first row whose label is not one of the classes or whose bytes no picture format claims (its
+    header read, not its pixels), else None."""
+    from datasets import Image as ImageColumn
+
+    for row, item in enumerate(data.cast_column("image", ImageColumn(decode=False))):
+        if not 0 <= item["labels"] < classes:
+            return row, f"has the label {item['labels']}, not one of its {classes} classes"
+        try:
+            Image.open(io.BytesIO(item["image"]["bytes"]) if item["image"]["bytes"] else item["image"]["path"])
+        except (OSError, ValueError):  # PIL's UnidentifiedImageError is an OSError
+            return row, "holds bytes that are not a picture"
+    return None
 
 
 def unlike_the_published_beans(folder, what):
@@ -901,7 +925,7 @@ def parse_args(argv):
                                                               "split (default: all; not the article's setup)")
     parser.add_argument("--epochs", type=positive_int, default=EPOCHS,
                         help="fine-tuning epochs (default: %(default)s)")
-    parser.add_argument("--batch-size", type=positive_int, default=BATCH,
+    parser.add_argument("--batch-size", type=batch_pictures, default=BATCH,
                         help="pictures per step (default: %(default)s)")
     parser.add_argument("--lr", type=positive_float, default=LR,
                         help="fine-tuning learning rate (default: %(default)s)")
@@ -930,6 +954,10 @@ def parse_args(argv):
     why = reporting_problem(args.report_to, args.save_dir)
     if why:
         parser.error(f"--report-to {' '.join(args.report_to)}: {why}")
+    for folder in (SAVED_MODEL, TRAINER_DIR) if args.save_dir else ():  # the Trainer would stop on a file there
+        if (Path(args.save_dir) / folder).exists() and not (Path(args.save_dir) / folder).is_dir():
+            parser.error(f"--save-dir {args.save_dir}: its {folder} is a file, not a folder; remove it, or pass "
+                         f"another --save-dir")
     return args
 
 

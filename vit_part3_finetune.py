@@ -568,6 +568,11 @@ def resume(run, model, average, optimizer):
     if not path.is_file():
         raise UserError(f"--resume: no {CHECKPOINT} in {run.args.save_dir}; start without --resume")
     checkpoint = read_checkpoint(path, CHECKPOINT_FORMAT, "vit_part3_finetune.py")
+    missing = [key for key in ("model", "average", "optimizer", "step", "log", "settings", "rng")
+               if key not in checkpoint]
+    if missing:  # a file of this format that this script did not write whole
+        raise UserError(f"--resume: {path} lacks its {', '.join(missing)}: start again without --resume, or pass "
+                        f"another --save-dir")
     now = settings(run)
     changed = [f"{key} {checkpoint['settings'].get(key)} -> {value}" for key, value in now.items()
                if key != "processes" and checkpoint["settings"].get(key) != value]
@@ -783,6 +788,9 @@ def parse_flags(argv, world):
     if args.save_dir and (Path(args.save_dir) / CHECKPOINT).is_dir():
         raise UserError(f"--save-dir {args.save_dir}: its {CHECKPOINT} is a folder; remove it, or pass another "
                         f"--save-dir")
+    written = [Path(args.save_dir) / name for name in (CHECKPOINT, SAVED_AVERAGE, SAVED_LAST)] if args.save_dir else []
+    if args.json and any(Path(args.json).resolve() in (path.resolve(), *path.resolve().parents) for path in written):
+        raise UserError(f"--json {args.json} is where --save-dir {args.save_dir} keeps the run: give another file")
     return args
 
 

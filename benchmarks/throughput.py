@@ -40,7 +40,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repositor
 from common.data import PREFETCH, batches_of, load_all, picture_loader, resized_rgb, run_model, start_loader
 from common.files import write_text
 from common.pretrained import ARTICLE_PIXELS
-from common.run import DEVICE_CHOICES, PRECISIONS, Report, check_output, positive_int, script_parser, start_run
+from common.run import (
+    DEVICE_CHOICES,
+    PRECISIONS,
+    Report,
+    batch_pictures,
+    check_output,
+    positive_int,
+    script_parser,
+    start_run,
+)
 from common.start_and_end import guarded
 from compare.record import device_name
 from job.standins import smooth_pictures, vit_config
@@ -386,7 +395,8 @@ def main(argv=None):
                         help="of the model's passes (default: %(default)s)")
     parser.add_argument("--size", default="B", choices=tuple(SIZES),
                         help="B: ViT-B/16; tiny: a smoke test (default: %(default)s)")
-    parser.add_argument("--batch-size", type=positive_int, default=32, help="pictures per pass (default: %(default)s)")
+    parser.add_argument("--batch-size", type=batch_pictures, default=32,
+                        help="pictures per pass (default: %(default)s)")
     parser.add_argument("--repeats", type=positive_int,
                         help="timed batches per figure (default: 2 on a CPU, 10 on a GPU)")
     parser.add_argument("--pictures", type=positive_int,

@@ -2,6 +2,7 @@
 cannot be had; their image processor and its pixels; a fine-tuned one saved as from_pretrained loads it."""
 import json
 import os
+import pickle
 import reprlib
 import urllib.parse
 from pathlib import Path
@@ -11,6 +12,7 @@ from huggingface_hub import HfApi, constants, hf_hub_download, is_offline_mode, 
 from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 from PIL import Image
+from safetensors import SafetensorError
 from tqdm import tqdm
 
 # transformers is imported in the functions that use it: every script imports this module at its top, which a
@@ -125,6 +127,13 @@ def checkpoint_config(name):
 
 
 LOCAL_COPY = "connect to the internet once to download it, or pass --model with a local directory"
+DAMAGED = (SafetensorError, pickle.UnpicklingError, EOFError)  # a weight file not whole: safetensors', torch.load's
+
+
+def damage(error):
+    """A damaged weight file's error in a few words: safetensors' own, else its type (torch's words would advise
+    weights_only=False, which runs the file's code)."""
+    return reason(error) if isinstance(error, SafetensorError) else type(error).__name__
 
 
 def load_pretrained(model_class, name, fix=LOCAL_COPY, **kwargs):
@@ -137,14 +146,22 @@ def load_pretrained(model_class, name, fix=LOCAL_COPY, **kwargs):
     logging.set_verbosity_error()
     try:
         if os.path.isdir(name):
+            if not os.path.isfile(os.path.join(name, "config.json")):  # the library's own words would mislead
+                raise UserError(f"{name} is not a saved checkpoint directory: it has no config.json")
             try:
                 return model_class.from_pretrained(name, **kwargs)
-            except (OSError, ValueError, RuntimeError, RecursionError) as error:  # RuntimeError: sizes that do not fit
+            except DAMAGED as error:
+                raise UserError(f"{name} is not a saved checkpoint directory: its weight file cannot be read "
+                                f"({damage(error)})") from error
+            except (OSError, ValueError, RuntimeError, RecursionError) as error:  # RuntimeError: sizes that misfit
                 raise UserError(f"{name} is not a saved checkpoint directory: {reason(error)}") from error
         try:
             return model_class.from_pretrained(name, local_files_only=True, **kwargs)
         except OSError:
             pass
+        except DAMAGED as error:  # a weight file cut short or overwritten in the cache
+            raise UserError(f"checkpoint {name} in the Hugging Face cache cannot be read ({damage(error)}): delete "
+                            f"it (hf cache delete) to download it again") from error
         info, why = ask_hub(name)
         if info is None:
             raise UserError(f"checkpoint {name} is not in the local Hugging Face cache and {why}: {fix}")
@@ -154,6 +171,9 @@ def load_pretrained(model_class, name, fix=LOCAL_COPY, **kwargs):
             hub_download(name, weights)
         try:
             return model_class.from_pretrained(name, **kwargs)
+        except DAMAGED as error:
+            raise UserError(f"checkpoint {name} from {hub_name()} cannot be read ({damage(error)}): delete it (hf "
+                            f"cache delete) to download it again") from error
         except OSError as error:  # the library's own retries spent: a dropped line, an error status, silence
             raise UserError(f"checkpoint {name}: the download from {hub_name()} failed ({download_error(error)}): "
                             f"run again") from error

@@ -3,11 +3,13 @@ name, its sections, --compare and --json, and its exit status (docs/layout.md)."
 import argparse
 import contextlib
 import ctypes
+import errno
 import functools
 import importlib.util
 import json
 import math
 import os
+import reprlib
 import shlex
 import sys
 import time
@@ -133,12 +135,17 @@ def check_output(path, flag, folder=False):
     """Refuse, before any work, an output file (folder=True: a folder) that cannot be written: make the folder it
     needs and write a probe file there, the one sure test whatever the permissions say."""
     target = Path(path)
-    if folder and target.exists() and not target.is_dir():
-        raise UserError(f"{flag} {path} is a file, not a folder: pass a folder, which is created if needed")
-    if not folder and target.is_dir():
-        raise UserError(f"{flag} {path} is a folder: give a file name, such as {target / 'results.json'}")
-    where = target if folder else target.parent
     try:
+        if folder and target.exists() and not target.is_dir():
+            raise UserError(f"{flag} {path} is a file, not a folder: pass a folder, which is created if needed")
+        if not folder and target.is_dir():
+            raise UserError(f"{flag} {path} is a folder: give a file name, such as {target / 'results.json'}")
+        if not folder and target.exists() and not target.is_file():  # a device or a pipe: the write replaces it
+            raise UserError(f"{flag} {path} is not a regular file (a device or a pipe): give a file name")
+        above = next((parent for parent in target.parents if parent.is_file()), None)
+        if above:
+            raise UserError(f"{flag} {path}: {above} is a file, not a folder: choose a place in a folder")
+        where = target if folder else target.parent
         where.mkdir(parents=True, exist_ok=True)
         probe = where / f".probe-{os.getpid()}"
         probe.write_text("")
@@ -176,6 +183,9 @@ seed_number = functools.partial(whole_number, low=0, high=2**32 - 1,  # what num
                                 refusal=f"is not a seed: a whole number from 0 to {2**32 - 1}")
 step_count = functools.partial(whole_number, low=1, high=100_000,  # 5 x the paper's longest
                                refusal="is not a number of steps from 1 to 100,000")
+MOST_PICTURES = 65_536  # a batch larger than any device holds, refused before its memory is asked for
+batch_pictures = functools.partial(whole_number, low=1, high=MOST_PICTURES,
+                               refusal=f"is not a number of pictures a batch from 1 to {MOST_PICTURES:,}")
 
 
 MOST_PIXELS = 1024  # 4,096 patches of 16; attention's memory grows with their square: 0.8 GB a picture and layer
@@ -193,10 +203,23 @@ def side_pixels(text):
 
 
 def nonempty_path(text):
-    """argparse type: a path, ~ expanded; an empty one is refused (it would quietly mean the default, or nothing)."""
+    """argparse type: a path, ~ expanded; an empty one is refused (it would quietly mean the default, or nothing), and
+    one the file system cannot name (a part longer than it allows)."""
     if not text.strip():
         raise argparse.ArgumentTypeError("an empty path: give a file or folder name")
-    return os.path.expanduser(text)
+    path = os.path.expanduser(text)
+    try:
+        os.stat(path)
+    except OSError as error:
+        if error.errno == errno.ENAMETOOLONG:
+            raise argparse.ArgumentTypeError(f"{reprlib.repr(text)}: a name longer than the file system "
+                                             f"allows") from None
+    except ValueError:  # an embedded NUL byte
+        raise argparse.ArgumentTypeError(f"{reprlib.repr(text)}: a path cannot hold a NUL byte") from None
+    return path
+
+
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)  # the training's arithmetic overflows above it
 
 
 def finite_float(text, low, allow_low):
@@ -204,9 +227,10 @@ def finite_float(text, low, allow_low):
         value = float(text)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or value < low or (value == low and not allow_low):
+    if not math.isfinite(value) or value < low or (value == low and not allow_low) or value > FLOAT32_MAX:
         bound = f"at least {low:g}" if allow_low else f"above {low:g}"
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number {bound}")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number {bound} and at most {FLOAT32_MAX:.3g} "
+                                         f"(float32's largest)")
     return value
 
 
@@ -238,7 +262,7 @@ def model_flags(parser, model, model_help="", batch_help="",
     parser.add_argument("--data-dir", type=nonempty_path,
                         help="an imagenette2-160 folder; by default data/imagenette2-160, downloaded when missing")
     parser.add_argument("--per-class", type=positive_int, help=per_class_help)
-    parser.add_argument("--batch-size", type=positive_int, default=32, help=f"{batch_help} (default: %(default)s)")
+    parser.add_argument("--batch-size", type=batch_pictures, default=32, help=f"{batch_help} (default: %(default)s)")
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS,
                         help="fp32 gives the article's numbers; bf16 is faster on recent GPUs and Apple silicon; "
                              "tf32 exists on NVIDIA GPUs only (default: %(default)s)")

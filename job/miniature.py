@@ -56,7 +56,7 @@ from PIL import Image
 from common.data import CLASSES, resized_rgb, to_pixels
 from common.files import write_text
 from common.pretrained import ARTICLE_PIXELS
-from common.run import positive_int, script_parser, seed_number
+from common.run import check_output, nonempty_path, positive_int, script_parser, seed_number
 from common.start_and_end import Terminated, UserError, guarded, say
 from compare.marks import MINIATURE_MARK
 from compare.record import git_commit
@@ -503,8 +503,8 @@ def run_seeds(root, seeds, say=print):
 
 def main(argv=None):
     parser = script_parser(__doc__)
-    parser.add_argument("directory", help="where each seed's pictures, ViT and job go (DIR/seed-<s>), and the "
-                                          "miniature's page, DIR/report.md")
+    parser.add_argument("directory", type=nonempty_path, help="where each seed's pictures, ViT and job go "
+                                                              "(DIR/seed-<s>), and the miniature's page, DIR/report.md")
     parser.add_argument("--seed", type=seed_number, default=0, help="the first seed (default: %(default)s)")
     parser.add_argument("--seeds", type=positive_int, default=SEEDS,
                         help="seeds, from --seed on, each a whole miniature (default: %(default)s)")
@@ -523,6 +523,7 @@ def main(argv=None):
     if made_otherwise:
         raise UserError(f"{made_otherwise[0]} was made by another version of job/miniature.py (its {MINIATURE_MARK} "
                         f"names another recipe): give a new or empty folder, which this one fills from nothing")
+    check_output(root, "DIRECTORY", folder=True)
     if args.prepare:
         return prepare(root, args.seed, say)
     from transformers.utils import logging

@@ -27,7 +27,8 @@ from PIL import Image
 
 from common.data import CLASSES
 from common.pretrained import table1_config
-from common.run import script_parser
+from common.run import check_output, nonempty_path, script_parser
+from common.start_and_end import guarded
 from compare.marks import STANDIN_MARK
 from job.ending import STANDINS_COMMAND, job_command
 
@@ -272,8 +273,10 @@ def job_flags(inputs):
 
 def main(argv=None):
     parser = script_parser(__doc__)
-    parser.add_argument("directory", help="where the stand-ins are built (once) and the job writes DIR/results")
+    parser.add_argument("directory", type=nonempty_path,
+                        help="where the stand-ins are built (once) and the job writes DIR/results")
     root = Path(parser.parse_args(argv).directory)
+    check_output(root, "DIRECTORY", folder=True)
     inputs = {"models": root / "models", "imagenette": root / "imagenette", "beans": root / "beans"}
     if not (inputs["beans"] / MARK).is_file():  # the last one built: a later call continues the job
         print(f"building stand-ins in {root}: ViT checkpoints of random weights in {inputs['models']}, generated "
@@ -293,4 +296,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(guarded(main))

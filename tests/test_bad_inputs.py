@@ -6,9 +6,9 @@ when only a section is refused), no traceback, and no output file left behind.
 """
 import itertools
 import json
+import os
 import shutil
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +21,7 @@ import vit_part3_finetune
 import vit_part3_posemb
 import vit_part3_setup
 from common.start_and_end import guarded
+from job import miniature, standins
 from job.standins import beans_folder, imagenette_folder, vit_classifier, vit_in21k
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -28,7 +29,7 @@ import throughput
 
 SCRIPTS = {"setup": vit_part3_setup.main, "posemb": vit_part3_posemb.main, "fewshot": vit_part3_fewshot.main,
            "finetune": vit_part3_finetune.main, "benchmark": throughput.main, "backbone": vit_backbone.main,
-           "reproduce": reproduce.main}
+           "reproduce": reproduce.main, "standins": standins.main, "miniature": miniature.main}
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,17 @@ def places(tmp_path_factory, tiny_in21k):
     bad_beans.mkdir(parents=True)
     for split in ("train", "validation"):
         (bad_beans / f"{split}-00000-of-00001.parquet").write_bytes(b"not parquet")
+    (root / "trainer-file" / "trainer").parent.mkdir()
+    (root / "trainer-file" / "trainer").write_text("where the Trainer's folder goes")
+    os.mkfifo(root / "fifo")
     return {"{classifier}": str(vit_classifier(root / "classifier")),
+            "{truncated}": str(cut_short(vit_classifier(root / "truncated"))),
+            "{garbage bin}": str(garbage_weights(vit_classifier(root / "garbage"))),
+            "{no config}": str(without_config(vit_classifier(root / "no-config"))),
+            "{beans bad picture}": str(beans_row(beans_folder(root / "beans-bad-picture"), image=b"not a picture")),
+            "{beans bad label}": str(beans_row(beans_folder(root / "beans-bad-label"), labels=7)),
+            "{trainer file}": str(root / "trainer-file"), "{fifo}": str(root / "fifo"),
+            "{long}": str(root / ("x" * 300)),
             "{small}": str(vit_classifier(root / "small", image_size=32)),
             "{in21k}": str(tiny_in21k), "{data}": str(good), "{empty class}": str(empty_class),
             "{one split}": str(one_split), "{file}": str(root / "a-file"), "{out}": str(root / "out"),
@@ -63,6 +74,39 @@ def places(tmp_path_factory, tiny_in21k):
                                        json.dumps({"image_mean": [0.5] * 10**6}))),
             "{misfit}": str(hostile(vit_classifier(root / "misfit"), "config.json", lambda config: json.dumps(
                 {**json.loads(config), "intermediate_size": 2 * json.loads(config)["intermediate_size"]})))}
+
+
+def cut_short(directory):
+    """A checkpoint whose weight file lost all but its first 3,000 bytes."""
+    weights = directory / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:3000])
+    return directory
+
+
+def garbage_weights(directory):
+    """A checkpoint whose only weight file is a pytorch_model.bin that is no pickle."""
+    (directory / "model.safetensors").unlink()
+    (directory / "pytorch_model.bin").write_bytes(b"not a weight file")
+    return directory
+
+
+def without_config(directory):
+    (directory / "config.json").unlink()
+    return directory
+
+
+def beans_row(folder, **changes):
+    """A beans copy whose first training row has changes: image (its bytes) or labels."""
+    import pyarrow.parquet as pq
+
+    path = folder / "data" / "train-00000-of-00001.parquet"
+    rows = pq.read_table(path).to_pylist()
+    if "image" in changes:
+        rows[0]["image"] = {**rows[0]["image"], "bytes": changes["image"]}
+    rows[0]["labels"] = changes.get("labels", rows[0]["labels"])
+    table = pq.read_table(path)
+    pq.write_table(table.from_pylist(rows, schema=table.schema), path)
+    return folder
 
 
 def hostile(directory, file, content):
@@ -209,6 +253,33 @@ CASES = [
     ("reproduce", ["{out}/job", "--extra", "finetune=--data-dir ''"], 2, "--data-dir: an empty path"),
     ("reproduce", ["{out}/job", "--device", "cuda"], 2, "cuda"),  # where torch sees no CUDA GPU
     ("reproduce", ["{out}/job", "--imagenette", "{file}"], 2, "is a file, not a folder"),
+    # found by an independent hunt: each was a traceback, a file replaced or a run in the wrong place
+    ("setup", ["--json", "{fifo}"], 2, "is not a regular file (a device or a pipe)"),  # /dev/null was replaced
+    ("setup", ["--json", "{long}.json"], 2, "--json: "),
+    ("posemb", ["--data-dir", "{long}"], 2, "a name longer than the file system allows"),
+    ("finetune", ["--save-dir", "{long}"], 2, "--save-dir"),
+    ("reproduce", ["{long}"], 2, "a name longer than the file system allows"),
+    ("reproduce", [""], 2, "OUT: an empty path"),  # the job ran into the current folder
+    ("reproduce", ["{out}/job", "--imagenette", ""], 2, "--imagenette: an empty path"),
+    ("posemb", ["--model", "{truncated}", "--data-dir", "{data}"], 1,
+     "its weight file cannot be read (Error while deserializing header"),
+    ("posemb", ["--model", "{garbage bin}", "--data-dir", "{data}"], 1, "its weight file cannot be read (Unpickling"),
+    ("posemb", ["--model", "{no config}", "--data-dir", "{data}"], 1, "it has no config.json"),
+    ("posemb", ["--batch-size", "1000000000000000000000000000000"], 2, "--batch-size"),
+    ("finetune", ["--batch-size", "9223372036854775807"], 2, "from 1 to 65,536"),
+    ("backbone", ["--batch-size", "100000"], 2, "--batch-size"),
+    ("finetune", ["--lr", "1e39"], 2, "at most 3.4e+38 (float32's largest)"),
+    ("backbone", ["--lr", "1e308"], 2, "--lr"),
+    ("finetune", ["--save-dir", "{out}/ft", "--json", "{out}/ft/checkpoint.pt"], 2, "is where --save-dir"),
+    ("backbone", ["--save-dir", "{trainer file}"], 2, "its trainer is a file, not a folder"),
+    ("backbone", ["--model", "{classifier+processor}", "--data-dir", "{beans bad picture}", "--epochs", "1"], 1,
+     "row 0 of its train split holds bytes that are not a picture"),
+    ("backbone", ["--model", "{classifier+processor}", "--data-dir", "{beans bad label}", "--epochs", "1"], 1,
+     "row 0 of its train split has the label 7, not one of its 3 classes"),
+    ("standins", ["{file}"], 2, "is a file, not a folder"),  # a traceback
+    ("standins", [""], 2, "an empty path"),  # built in the current folder
+    ("miniature", ["{long}"], 2, "a name longer than the file system allows"),
+    ("miniature", ["{file}/mini"], 2, "is a file, not a folder"),
 ]
 
 
@@ -241,7 +312,7 @@ def test_a_bad_input_is_one_line_and_a_non_zero_exit(script, flags, status, name
         assert refused and all(names in text for text in refused), out
     for flag, value in itertools.pairwise(argv):
         if flag == "--json" and status and value.endswith(".json"):
-            assert not Path(value).exists(), value  # a refused run leaves no output file behind
+            assert not os.path.exists(value), value  # a refused run leaves no output file behind
 
 
 def test_there_are_at_least_thirty_cases_over_every_script():

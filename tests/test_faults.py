@@ -301,12 +301,20 @@ def flip_a_bit_in_the_largest_tensor(path, record=None):
     path.write_bytes(bytes(data))
 
 
+def without_key(path, key):
+    """The checkpoint written again, in its format, without key: a file this script did not write whole."""
+    checkpoint = torch.load(path, weights_only=True)
+    del checkpoint[key]
+    torch.save(checkpoint, path)
+
+
 @pytest.mark.parametrize("damage,expected", [
     (lambda path: torch.save({"weights": torch.ones(3)}, path), "is a torch file but not a checkpoint of this"),
     (flip_a_bit_in_the_largest_tensor, "has changed since it was written"),
     (lambda path: flip_a_bit_in_the_largest_tensor(path, "/data.pkl"), "has changed since it was written"),
     (lambda path: path.write_bytes(path.read_bytes()[:1000]), "is truncated or not a checkpoint of this script"),
-], ids=["foreign torch file", "one flipped bit", "one flipped bit of the pickle", "truncated"])
+    (lambda path: without_key(path, "rng"), "lacks its rng"),
+], ids=["foreign torch file", "one flipped bit", "one flipped bit of the pickle", "truncated", "a key removed"])
 def test_resume_refuses_a_foreign_or_damaged_checkpoint(damage, expected, tiny_in21k, pictures, tmp_path, capsys,
                                                         monkeypatch):
     flags = tune_flags(tiny_in21k, pictures, tmp_path, steps=2)
