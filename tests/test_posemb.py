@@ -231,6 +231,16 @@ def test_script_end_to_end_on_stand_ins(tiny_classifier, pictures, tmp_path):
     assert "Traceback" not in run.stderr
 
 
+def test_the_first_row_names_the_checkpoints_own_resolution(pictures, tmp_path, capsys):
+    """A 48-px checkpoint (the job's stand-in's size) is read at 48 in the first row, which says so."""
+    from conftest import script_output
+
+    model = vit_classifier(tmp_path / "vit-48", image_size=48)
+    status, out, _ = script_output(posemb.main, ["--model", str(model), "--data-dir", str(pictures), "--per-class",
+                                                 "1", "--device", "cpu"], capsys)
+    assert status == 0 and "\n  48, the training resolution (9 patches)   " in out
+
+
 def test_bf16_changes_the_accuracies_by_at_most_a_tenth_of_a_point(tiny_classifier, pictures):
     model = ViTForImageClassification.from_pretrained(tiny_classifier).eval()
     items = list_split(pictures, "val", per_class=4)
