@@ -23,7 +23,8 @@ Exit status: 0 when every script ran every section; 1 when one could not (--stri
 number differs from the article's); 2 for a bad flag or path (one line, before any work); 130 and
 143 after Ctrl-C and SIGTERM.
 """
-from common.start_and_end import Terminated, UserError, before_torch_loads, guarded, one_thread, say
+from common.start_and_end import Terminated, UserError, before_torch_loads, guarded, say
+from job.environment import one_thread
 
 if __name__ == "__main__":  # before the libraries load: a Ctrl-C then is one line, as a later one
     before_torch_loads()

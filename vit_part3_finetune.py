@@ -68,8 +68,7 @@ from common.files import (
     SAVED_AVERAGE,
     SAVED_LAST,
     read_checkpoint,
-    save_checkpoint,
-    set_rng_states,
+    write_atomic,
 )
 from common.pretrained import checkpoint_config, checkpoint_pixels, load_pretrained, save_loadable
 from common.run import (
@@ -559,6 +558,21 @@ def settings(run):
             "resolution": args.resolution, "per class": args.per_class, "precision": args.precision,
             "processes": run.world,
             "checked per class": None if args.check_per_class == CHECK_PER_CLASS else args.check_per_class}
+
+
+def save_checkpoint(path, state, version):
+    """The state, torch's RNG states (a resumed run draws what the uninterrupted one drew) and its format `version`,
+    one dict written whole or not at all; torch.save's zip file keeps each record's CRC-32, for read_checkpoint."""
+    cuda = {"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {}
+    checkpoint = {**state, "rng": {"torch": torch.get_rng_state(), **cuda}, "format": version}
+    return write_atomic(path, lambda f: torch.save(checkpoint, f), what="checkpoint")
+
+
+def set_rng_states(rng):
+    """torch's RNG states as a checkpoint saved them: a resumed run draws what the uninterrupted one drew next."""
+    torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
 
 
 def resume(run, model, average, optimizer):

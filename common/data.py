@@ -21,9 +21,7 @@ from tqdm import tqdm
 from common.paths import IMAGENETTE_DIR as DEFAULT_DIR
 from common.start_and_end import UserError, say
 
-MD5 = "e793b78cc4c9e9a4ccc0c1155377a412"  # the release's archive's, as torchvision's Imagenette publishes it
 SPLIT_COUNTS = {"train": 9_469, "val": 3_925}
-PICTURE_SIDE = 160  # imagenette2-160: every picture is 160 px on its short side
 DEFAULT_NAME = "imagenette2-160 (the project's download)"  # the data a run without --data-dir reads
 SAMPLE_SEED = 0  # the draw of --per-class's validation pictures, where they are a sample: the same in every run
 # WordNet id, the article's short name, ImageNet-1k index (parachute is n03888257, not n03888605)

@@ -105,14 +105,6 @@ SAVED_AVERAGE, SAVED_LAST = "model", "model-last"  # its folders of the end's we
 CHECKPOINT_FORMAT = "vit_part3_finetune checkpoint, v6"  # v6: one dict, its records' CRC-32 checked on reading
 
 
-def save_checkpoint(path, state, version):
-    """The state, torch's RNG states (a resumed run draws what the uninterrupted one drew) and its format `version`,
-    one dict written whole or not at all; torch.save's zip file keeps each record's CRC-32, for read_checkpoint."""
-    cuda = {"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {}
-    checkpoint = {**state, "rng": {"torch": torch.get_rng_state(), **cuda}, "format": version}
-    return write_atomic(path, lambda f: torch.save(checkpoint, f), what="checkpoint")
-
-
 def read_checkpoint(path, version, program):
     """The state saved at path (with its RNG states), refused in one line when a record's bytes no longer match their
     CRC-32 or it is not a `version` file of `program`; its records checked, then loaded (the page cache's bytes)."""
@@ -133,10 +125,3 @@ def read_checkpoint(path, version, program):
                         f"again without --resume, or pass another --save-dir")
     del checkpoint["format"]
     return checkpoint
-
-
-def set_rng_states(rng):
-    """torch's RNG states as a checkpoint saved them: a resumed run draws what the uninterrupted one drew next."""
-    torch.set_rng_state(rng["torch"])
-    if "cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])

@@ -4,7 +4,6 @@ import os
 from pathlib import Path
 
 CHECKOUT = Path(__file__).resolve().parent.parent
-REFERENCE_DIR = CHECKOUT / "data"  # the articles' numbers, data/reference_<script>.json, committed
 DATA_DIR = Path(os.environ.get("VIT_PART3_DATA") or CHECKOUT / "data").expanduser().resolve()  # the job's
 # scripts run in the checkout: a relative path means the folder it names from where the job started
 IMAGENETTE_DIR = DATA_DIR / "imagenette2-160"  # the release's archive extracts to this folder

@@ -214,8 +214,6 @@ def nonempty_path(text):
         if error.errno == errno.ENAMETOOLONG:
             raise argparse.ArgumentTypeError(f"{reprlib.repr(text)}: a name longer than the file system "
                                              f"allows") from None
-    except ValueError:  # an embedded NUL byte
-        raise argparse.ArgumentTypeError(f"{reprlib.repr(text)}: a path cannot hold a NUL byte") from None
     return path
 
 

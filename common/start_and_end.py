@@ -1,6 +1,6 @@
-"""A script's start and end, and its signals: its first line (before_torch_loads), guarded(main), the job's start in
-one thread (one_thread). It loads only os, signal and sys, which the interpreter has loaded already, so that Ctrl-C
-is handled milliseconds after the start (docs/faults.md; docs/reproduce.md, Stopping)."""
+"""A script's start and end, and its signals: its first line (before_torch_loads), guarded(main). It loads only
+os, signal and sys, which the interpreter has loaded already, so that Ctrl-C is handled milliseconds after the start
+(docs/faults.md; docs/reproduce.md, Stopping)."""
 import os
 import signal
 import sys
@@ -19,24 +19,6 @@ CHECK_ONLY = "VIT_PART3_CHECK_ONLY"  # set to 1: a script checks its flags and p
 IN_JOB = "VIT_PART3_IN_JOB"  # set to 1 by reproduce.py for its scripts: the job's last lines say what to run next
 SET_UP = ("activate the project's environment (. .venv/bin/activate, which `make quick` or `make test` makes) or "
           "install requirements.lock into yours (docs/setup.md)")
-
-
-# for the job's own process alone (reproduce.py): numpy's OpenBLAS then starts no thread pool, and the job forks its
-# scripts from a process of one thread; the scripts get the environment the user gave (scripts_environment)
-ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1"}
-SET_FOR_THE_JOB = "VIT_PART3_SET_FOR_THE_JOB"  # the names one_thread() set, which the scripts do not inherit
-
-
-def one_thread():
-    """Before numpy loads in the job: ONE_THREAD's settings the user has not made, set for this process alone."""
-    set_here = [name for name in ONE_THREAD if name not in os.environ]
-    os.environ.update({name: ONE_THREAD[name] for name in set_here}, **{SET_FOR_THE_JOB: " ".join(set_here)})
-
-
-def scripts_environment():
-    """The environment as the user gave it, for the processes the job starts: without what one_thread() set."""
-    set_here = os.environ.get(SET_FOR_THE_JOB, "").split()
-    return {name: value for name, value in os.environ.items() if name not in (*set_here, SET_FOR_THE_JOB)}
 
 
 def speaks():

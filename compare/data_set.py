@@ -9,6 +9,9 @@ from PIL import Image
 from common import data
 from compare.marks import made_here
 
+MD5 = "e793b78cc4c9e9a4ccc0c1155377a412"  # the release's archive's, as torchvision's Imagenette publishes it
+PICTURE_SIDE = 160  # imagenette2-160: every picture is 160 px on its short side
+
 
 def data_differences(args, counts, drawn=False):
     """{item: difference} of this run's pictures ({split: count used, or None when not loaded}) against Imagenette's;
@@ -31,9 +34,9 @@ def data_differences(args, counts, drawn=False):
                     size = picture.size
             except (OSError, Image.DecompressionBombError):  # unreadable: the section that read it said so
                 continue
-            if min(size) != data.PICTURE_SIDE:
+            if min(size) != PICTURE_SIDE:
                 unlike = (f"pictures of another size than Imagenette-160's ({path.name} is {size[0]}x{size[1]}, the "
-                          f"release's are {data.PICTURE_SIDE} px on the short side)")
+                          f"release's are {PICTURE_SIDE} px on the short side)")
                 break
     flag = f"--data-dir {args.data_dir}" if args.data_dir else str(root)
     if unlike:
@@ -43,7 +46,7 @@ def data_differences(args, counts, drawn=False):
                                      for split, count in data.SPLIT_COUNTS.items())
     differences = subset_differences(args, {items[split]: count for split, count in counts.items()},
                                      {items[split]: data.SPLIT_COUNTS[split] for split in counts}, drawn, whole)
-    if whole and root.is_dir() and extracted_from(root) != data.MD5:  # a copy of the release's layout and counts
+    if whole and root.is_dir() and extracted_from(root) != MD5:  # a copy of the release's layout and counts
         differences["pictures unchecked"] = {
             "flag": flag, "moves": False, "note": True,
             "why": f"{flag}: the release's layout and counts, its pictures not checked against the release (the "

@@ -21,7 +21,9 @@ from collections import Counter
 
 import numpy as np
 
-from common.paths import REFERENCE_DIR
+from common.paths import CHECKOUT
+
+REFERENCE_DIR = CHECKOUT / "data"  # the articles' numbers, data/reference_<script>.json, committed
 
 NUMBER_VERDICTS = ("same", "close", "differs", "undecided", "varies", "not comparable", "not run")
 LEVEL = 0.95  # the confidence of every interval, and of a conclusion's intervals together

@@ -19,7 +19,8 @@ import time
 import psutil
 
 from common.files import reason, write_atomic
-from common.start_and_end import CHECK_ONLY, IN_JOB, JOB_PID, UserError, guarded, scripts_environment
+from common.start_and_end import CHECK_ONLY, IN_JOB, JOB_PID, UserError, guarded
+from job.environment import scripts_environment
 
 LOG_EVERY = 30  # seconds between snapshots of a running script's log
 LOCK = ".reproduce.lock"

@@ -22,13 +22,18 @@ from pathlib import Path
 from huggingface_hub import is_offline_mode
 
 from common import data
-from common.data import MD5, check_counts
+from common.data import check_counts
 from common.files import reason
-from common.pretrained import DownloadError, shown_url, without_secrets
+from common.pretrained import shown_url, without_secrets
 from common.start_and_end import UserError
-from compare.data_set import MANIFEST, picture_files, sha256_of
+from compare.data_set import MANIFEST, MD5, picture_files, sha256_of
 
-URL = "https://s3.amazonaws.com/fast-ai-imageclas/imagenette2-160.tgz"  # the release, whose MD5 is common/data.py's
+
+class DownloadError(Exception):
+    """The network failed while a file was being fetched (not the disk): why, in the user's words."""
+
+
+URL = "https://s3.amazonaws.com/fast-ai-imageclas/imagenette2-160.tgz"  # the release; its MD5: compare/data_set.py
 URL_VARIABLE = "VIT_PART3_IMAGENETTE_URL"  # a mirror of the archive (a test's server, a local copy)
 ARCHIVE_BYTES = 99_003_388  # the release's archive
 ARCHIVE_MB = 99  # MB are 10^6 bytes, as every size the project states (94 MiB)

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from common.start_and_end import scripts_environment
+from job.environment import scripts_environment
 
 MINUTE, HOUR = 60, 3600
 

@@ -21,11 +21,11 @@ from local_servers import STALL_SECONDS, Faulty
 from test_faults import ENOSPC, FullFile
 
 from common import data as imagenette
-from common.pretrained import DownloadError, shown_url
+from common.pretrained import shown_url
 from common.start_and_end import UserError
 from compare import data_set
 from job import imagenette_archive
-from job.imagenette_archive import MEMBER_BYTES_MOST, archive_source, download, download_and_extract
+from job.imagenette_archive import MEMBER_BYTES_MOST, DownloadError, archive_source, download, download_and_extract
 
 CONTENT = os.urandom(3 << 20)  # 3 MB: more than one block of the download's loop
 MD5 = hashlib.md5(CONTENT).hexdigest()
@@ -551,13 +551,13 @@ def test_an_archive_found_in_place_counts_as_the_release_only_by_its_bytes(tmp_p
         imagenette_archive.download_imagenette()
     found = hashlib.md5(layout).hexdigest()
     assert str(refused.value) == (f"the archive {data / TOP}.tgz: its contents are not the release (its MD5 is "
-                                  f"{found}, not {imagenette.MD5}); moved it to {data / TOP}.tgz.refused: run again "
+                                  f"{found}, not {data_set.MD5}); moved it to {data / TOP}.tgz.refused: run again "
                                   f"to download it anew, or pass --data-dir with a complete copy")
     assert os.listdir(data) == [f"{TOP}.tgz.refused"]
     (data / f"{TOP}.tgz").write_bytes(layout)
     monkeypatch.setenv("VIT_PART3_IMAGENETTE_URL", f"http://127.0.0.1:9/{TOP}.tgz#md5={found}")
     imagenette_archive.download_imagenette()
-    assert data_set.extracted_from(data / TOP) == found != imagenette.MD5
+    assert data_set.extracted_from(data / TOP) == found != data_set.MD5
 
 
 UNSHARE = ["unshare", "--pid", "--fork", "--kill-child"]

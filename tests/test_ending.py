@@ -49,8 +49,7 @@ def test_a_job_on_stand_ins_says_under_its_table_that_its_numbers_mean_nothing(r
 def test_the_jobs_last_lines_count_the_articles_conclusions_of_every_script():
     """setup's record holds the article's own numbers: its 18 conclusions hold; a script with no record has its
     conclusions not run, the others' too."""
-    from common.paths import REFERENCE_DIR
-    from compare.verdicts import load_reference
+    from compare.verdicts import REFERENCE_DIR, load_reference
 
     numbers = {name: {"value": float(entry["article"].replace(",", ""))}
                for name, entry in load_reference("setup").items()}

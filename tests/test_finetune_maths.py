@@ -19,7 +19,7 @@ from conftest import tiny_vit
 
 import vit_part3_finetune as finetune
 from common.data import NEW_PASS
-from common.files import read_checkpoint, save_checkpoint, set_rng_states
+from common.files import read_checkpoint
 from common.pretrained import ARTICLE_PIXELS
 from common.run import Report
 from common.start_and_end import Terminated, UserError
@@ -505,11 +505,11 @@ def test_a_checkpoint_keeps_torchs_rng_and_resume_sets_it_back(tmp_path):
     run draws what the uninterrupted one drew next."""
     saved = torch.nn.Linear(2, 3)
     torch.manual_seed(7)
-    save_checkpoint(tmp_path / "c.pt", {"model": saved.state_dict(), "settings": {"lr": 1.0}}, "v1")
+    finetune.save_checkpoint(tmp_path / "c.pt", {"model": saved.state_dict(), "settings": {"lr": 1.0}}, "v1")
     drawn_next = torch.rand(3)
     torch.manual_seed(99)  # the interrupted run drew on
     state = read_checkpoint(tmp_path / "c.pt", "v1", "a test")
-    set_rng_states(state["rng"])
+    finetune.set_rng_states(state["rng"])
     assert sorted(state) == ["model", "rng", "settings"]
     assert torch.equal(state["model"]["weight"], saved.weight) and torch.equal(torch.rand(3), drawn_next)
 

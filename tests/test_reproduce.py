@@ -30,10 +30,10 @@ import vit_part3_finetune
 import vit_part3_posemb
 import vit_part3_setup
 from common import start_and_end
-from common.files import TEMP_PREFIX, save_checkpoint
+from common.files import TEMP_PREFIX
 from common.run import ScriptParser
 from common.start_and_end import Terminated, guarded
-from job import child_process, downloads, ending, resuming, standins
+from job import child_process, downloads, ending, environment, resuming, standins
 from job.scripts import PAGE_WRITES_MB, SCRIPTS
 from job.time_estimate import estimate_seconds
 
@@ -597,15 +597,15 @@ def test_a_new_job_waits_for_a_script_its_ended_job_left_running(tmp_path, capsy
 @pytest.mark.parametrize("users,job_has,scripts_get", [(None, "1", None), ("4", "4", "4")],
                          ids=["not set: one thread in the job alone", "the user's: kept for both"])
 def test_the_jobs_single_thread_setting_is_its_own(users, job_has, scripts_get, monkeypatch):
-    for name in (start_and_end.SET_FOR_THE_JOB, "OPENBLAS_NUM_THREADS"):  # recorded, so that both are undone
+    for name in (environment.SET_FOR_THE_JOB, "OPENBLAS_NUM_THREADS"):  # recorded, so that both are undone
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
     if users is not None:
         monkeypatch.setenv("OPENBLAS_NUM_THREADS", users)
-    start_and_end.one_thread()
+    environment.one_thread()
     assert os.environ["OPENBLAS_NUM_THREADS"] == job_has
-    environment = start_and_end.scripts_environment()
-    assert environment.get("OPENBLAS_NUM_THREADS") == scripts_get and start_and_end.SET_FOR_THE_JOB not in environment
+    given = environment.scripts_environment()
+    assert given.get("OPENBLAS_NUM_THREADS") == scripts_get and environment.SET_FOR_THE_JOB not in given
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux's")
@@ -798,7 +798,7 @@ def test_a_checkpoint_of_another_command_or_damaged_is_kept_aside_not_deleted(tm
     out = tmp_path / "out"
     (out / "logs").mkdir(parents=True)
     checkpoint = out / "finetune-run" / "checkpoint.pt"
-    save_checkpoint(checkpoint, {"step": 5}, vit_part3_finetune.CHECKPOINT_FORMAT)  # what the script writes
+    vit_part3_finetune.save_checkpoint(checkpoint, {"step": 5}, vit_part3_finetune.CHECKPOINT_FORMAT)  # as the script
     for folder in ("model", "model-last", "model.previous"):
         (out / "finetune-run" / folder).mkdir()
         (out / "finetune-run" / folder / "config.json").write_text(folder)

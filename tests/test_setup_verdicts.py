@@ -284,7 +284,7 @@ def test_pictures_that_are_not_imagenettes_are_another_data_set(change, said, tm
 
 
 # (the archive the manifest names, or None for no manifest; whether --compare notes the pictures as unchecked)
-WHOLE_COPIES = [(None, True), ("0" * 32, True), (imagenette.MD5, False)]
+WHOLE_COPIES = [(None, True), ("0" * 32, True), (data_set.MD5, False)]
 
 
 @pytest.mark.parametrize("md5,noted", WHOLE_COPIES, ids=["a copy", "another archive extracted", "the release"])

@@ -28,6 +28,7 @@ def test_the_first_line_loads_nothing_but_what_signal_needs():
     """What stands between the interpreter's start and the Ctrl-C handler: `signal` and what it imports, no more."""
     assert new_modules("import common.start_and_end") - new_modules("import signal") == {
         "common", "common.start_and_end"}
+    assert new_modules("import job.environment") - new_modules("import os") == {"job", "job.environment"}  # the job's
 
 
 def imports_before_the_first_line(tree):
@@ -47,8 +48,9 @@ def imports_before_the_first_line(tree):
 @pytest.mark.parametrize("script", ENTRY_POINTS)
 def test_each_script_handles_ctrl_c_before_any_other_import(script):
     """Before `before_torch_loads()` runs, a script imports common.start_and_end alone (job/standins.py: also os and
-    sys, which the interpreter's start has loaded, to find the checkout)."""
-    allowed = {"common.start_and_end"} | ({"os", "sys"} if script == "job/standins.py" else set())
+    sys, which the interpreter's start has loaded, to find the checkout; reproduce.py: job.environment, os alone)."""
+    allowed = ({"common.start_and_end"} | ({"os", "sys"} if script == "job/standins.py" else set())
+               | ({"job.environment"} if script == "reproduce.py" else set()))
     imported = imports_before_the_first_line(ast.parse((ROOT / script).read_text()))
     assert imported is not None and set(imported) <= allowed, imported
 

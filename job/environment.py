@@ -1,0 +1,20 @@
+"""The job's own environment: its process keeps to one thread, the scripts it starts get the user's. It loads only
+os, which the interpreter has loaded already: reproduce.py calls one_thread() before numpy loads."""
+import os
+
+# for the job's own process alone (reproduce.py): numpy's OpenBLAS then starts no thread pool, and the job forks its
+# scripts from a process of one thread; the scripts get the environment the user gave (scripts_environment)
+ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1"}
+SET_FOR_THE_JOB = "VIT_PART3_SET_FOR_THE_JOB"  # the names one_thread() set, which the scripts do not inherit
+
+
+def one_thread():
+    """Before numpy loads in the job: ONE_THREAD's settings the user has not made, set for this process alone."""
+    set_here = [name for name in ONE_THREAD if name not in os.environ]
+    os.environ.update({name: ONE_THREAD[name] for name in set_here}, **{SET_FOR_THE_JOB: " ".join(set_here)})
+
+
+def scripts_environment():
+    """The environment as the user gave it, for the processes the job starts: without what one_thread() set."""
+    set_here = os.environ.get(SET_FOR_THE_JOB, "").split()
+    return {name: value for name, value in os.environ.items() if name not in (*set_here, SET_FOR_THE_JOB)}
