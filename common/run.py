@@ -217,22 +217,20 @@ def nonempty_path(text):
     return path
 
 
-FLOAT32_MAX = float(torch.finfo(torch.float32).max)  # the training's arithmetic overflows above it
-
-
-def finite_float(text, low, allow_low):
+def finite_float(text, low, allow_low, high=math.inf, why=""):
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or value < low or (value == low and not allow_low) or value > FLOAT32_MAX:
-        bound = f"at least {low:g}" if allow_low else f"above {low:g}"
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number {bound} and at most {FLOAT32_MAX:.3g} "
-                                         f"(float32's largest)")
+    if not math.isfinite(value) or value < low or (value == low and not allow_low) or value > high:
+        bound = (f"at least {low:g}" if allow_low else f"above {low:g}") + (f" and at most {high:.3g}{why}"
+                                                                          if high < math.inf else "")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number {bound}")
     return value
 
 
-positive_float = functools.partial(finite_float, low=0.0, allow_low=False)  # argparse type: a learning rate
+positive_float = functools.partial(finite_float, low=0.0, allow_low=False,  # argparse type: a learning rate
+                                   high=float(torch.finfo(torch.float32).max), why=" (float32's largest)")
 nonnegative_float = functools.partial(finite_float, low=0.0, allow_low=True)  # argparse type: a ridge penalty
 
 
