@@ -135,6 +135,9 @@ def check_output(path, flag, folder=False):
     """Refuse, before any work, an output file (folder=True: a folder) that cannot be written: make the folder it
     needs and write a probe file there, the one sure test whatever the permissions say."""
     target = Path(path)
+    if not folder and str(path) == "-":  # the shell's "standard output", where the printed lines go already
+        raise UserError(f"{flag} -: the lines print on stdout already, and --json writes a file: give a file name, "
+                        f"such as results.json")
     try:
         if folder and target.exists() and not target.is_dir():
             raise UserError(f"{flag} {path} is a file, not a folder: pass a folder, which is created if needed")
