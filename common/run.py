@@ -136,8 +136,7 @@ def check_output(path, flag, folder=False):
     needs and write a probe file there, the one sure test whatever the permissions say."""
     target = Path(path)
     if not folder and str(path) == "-":  # the shell's "standard output", where the printed lines go already
-        raise UserError(f"{flag} -: the lines print on stdout already, and --json writes a file: give a file name, "
-                        f"such as results.json")
+        raise UserError(f"{flag} -: the lines print on stdout already, and --json writes a file: give a file name")
     try:
         if folder and target.exists() and not target.is_dir():
             raise UserError(f"{flag} {path} is a file, not a folder: pass a folder, which is created if needed")
