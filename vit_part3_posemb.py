@@ -283,7 +283,9 @@ def section_accuracy(report, model, pictures, args, run):
     """4. accuracy at both resolutions"""
     images, labels, imagenet_classes = pictures
     pixels = checkpoint_pixels(args.model)  # what its image processor makes
-    report.print(f"\n== 4. accuracy on the Imagenette validation set: {len(images)} pictures (160 px on the short "
+    sides = sorted({min(image.size) for image in images})  # imagenette2-160's: 160 px each
+    side = f"{sides[0]}" if len(sides) == 1 else f"{sides[0]} to {sides[-1]}"
+    report.print(f"\n== 4. accuracy on the Imagenette validation set: {len(images)} pictures ({side} px on the short "
                  f"side), device {run.device.type} ==",
                  {"validation pictures": len(images)})
     report.print("  the ImageNet head of the checkpoint is read at the 10 Imagenette classes; no training; \"of 1000\" "

@@ -3,6 +3,7 @@ table's layout, its stretches to a bigger grid and the cosine map, against value
 torch and the library's interpolate_pos_encoding."""
 import math
 import os
+import shutil
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -12,7 +13,8 @@ import pytest
 import scipy.ndimage
 import torch
 import torch.nn.functional as F
-from conftest import ARTICLE, ROOT, article_block, tiny_vit
+from conftest import ARTICLE, ROOT, article_block, script_output, tiny_vit
+from PIL import Image
 from transformers import ViTForImageClassification
 
 import vit_part3_posemb as posemb
@@ -231,14 +233,18 @@ def test_script_end_to_end_on_stand_ins(tiny_classifier, pictures, tmp_path):
     assert "Traceback" not in run.stderr
 
 
-def test_the_first_row_names_the_checkpoints_own_resolution(pictures, tmp_path, capsys):
-    """A 48-px checkpoint (the job's stand-in's size) is read at 48 in the first row, which says so."""
-    from conftest import script_output
-
+def test_the_first_row_names_the_checkpoints_own_resolution_and_section_4_the_pictures_sides(pictures, tmp_path,
+                                                                                             capsys):
+    """A 48-px checkpoint (the job's stand-in's size) is read at 48 in the first row, which says so; section 4's title
+    gives the pictures' short sides as they are (one class's 120x90 here, the others' 160), not imagenette2-160's."""
     model = vit_classifier(tmp_path / "vit-48", image_size=48)
-    status, out, _ = script_output(posemb.main, ["--model", str(model), "--data-dir", str(pictures), "--per-class",
+    data = shutil.copytree(pictures, tmp_path / "nette")
+    for path in (data / "val" / "n01440764").iterdir():
+        Image.new("RGB", (120, 90), "olive").save(path, "JPEG")
+    status, out, _ = script_output(posemb.main, ["--model", str(model), "--data-dir", str(data), "--per-class",
                                                  "1", "--device", "cpu"], capsys)
     assert status == 0 and "\n  48, the training resolution (9 patches)   " in out
+    assert "== 4. accuracy on the Imagenette validation set: 10 pictures (90 to 160 px on the short side), " in out
 
 
 def test_bf16_changes_the_accuracies_by_at_most_a_tenth_of_a_point(tiny_classifier, pictures):
