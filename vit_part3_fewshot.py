@@ -10,7 +10,7 @@ Reproduces the article's section "Metrics: fine-tuning accuracy and few-shot acc
     python vit_part3_fewshot.py --per-class 20 --compare     # 200 validation pictures, the article's pool
 
 Features are cached in data/features/, keyed by everything that decides them: the checkpoint's
-weight file, the resolution, the precision and each picture's name and contents. --no-cache neither
+weight file and config files, the resolution, the precision and each picture's name and contents. --no-cache neither
 reads nor writes the cache.
 """
 from common.start_and_end import ARTICLE, UserError, before_torch_loads, guarded, say

@@ -15,8 +15,9 @@ from common.start_and_end import UserError, say
 
 
 def cache_key(name, model, paths=None, root=None, **decides):
-    """(file name, description) of the features of `model` (its weight file's path, size and time), `decides` and the
-    pictures at `paths` (each path under root, and a digest of its bytes); None when no weight file is on disk."""
+    """(file name, description) of the features of `model` (its weight file's path, size and time, and the bytes of its
+    config and image processor files), `decides` and the pictures at `paths` (each path under root, and a digest of its
+    bytes); None when no weight file is on disk."""
     weights = cached_weight_file(os.path.expanduser(model))
     if weights is None:
         return None
@@ -24,17 +25,15 @@ def cache_key(name, model, paths=None, root=None, **decides):
         decides["pictures"] = [[str(Path(path).relative_to(root)),
                                 hashlib.blake2b(Path(path).read_bytes(), digest_size=12).hexdigest()]
                                for path in paths]
-    stat = Path(weights).stat()
+    stat, folder = Path(weights).stat(), Path(weights).parent
+    configs = {file: hashlib.blake2b((folder / file).read_bytes(), digest_size=12).hexdigest()
+               for file in ("config.json", "preprocessor_config.json") if (folder / file).is_file()}
     text = json.dumps({"model": model, "weights": [str(Path(weights).resolve()), stat.st_size, stat.st_mtime_ns],
-                       **decides})
+                       "configs": configs, **decides})
     return f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:20]}.npz", text
 
 
-def warn(text):
-    say(f"warning: {text}")
-
-
-def cached(compute, key, rows, cache_dir=CACHE_DIR, say=warn):
+def cached(compute, key, rows, cache_dir=CACHE_DIR, warn=lambda text: say(f"warning: {text}")):
     """(arrays, "cache" or "computed"): read from cache_dir when they match a cache_key exactly ({name: rows}), else
     compute()d and stored; with no key (--no-cache, or no weight file on disk) compute()d, neither read nor written."""
     if key is None:
@@ -50,10 +49,10 @@ def cached(compute, key, rows, cache_dir=CACHE_DIR, say=warn):
                     return None  # made for other pictures or weights: a hash collision of the short name
                 arrays = {name: npz[name] for name in rows}
         except OSError as error:
-            say(f"cannot read the cached features {path} ({reason(error)}): computing them")
+            warn(f"cannot read the cached features {path} ({reason(error)}): computing them")
             return None
         except Exception:  # noqa: BLE001 - a truncated or foreign file is recomputed, never used
-            say(f"the cached features {path} are damaged: computing them again")
+            warn(f"the cached features {path} are damaged: computing them again")
             return None
         return None if any(len(array) != rows[name] for name, array in arrays.items()) else arrays
 
@@ -64,7 +63,7 @@ def cached(compute, key, rows, cache_dir=CACHE_DIR, say=warn):
     try:
         write_atomic(path, lambda f: np.savez(f, key=description, **arrays), what="feature cache")
     except UserError as problem:
-        say(f"{problem}; the run goes on without caching the features")
+        warn(f"{problem}; the run goes on without caching the features")
     return arrays, "computed"
 
 

@@ -15,8 +15,12 @@ def test_a_cache_key_holds_the_weight_file_and_what_decides_the_features(tmp_pat
     stat = (tmp_path / "model.safetensors").stat()
     name, text = cache_key("val", str(tmp_path), resolution=224, precision="fp32")
     weights = str((tmp_path / "model.safetensors").resolve())
-    assert json.loads(text) == {"model": str(tmp_path), "weights": [weights, 5, stat.st_mtime_ns],
+    assert json.loads(text) == {"model": str(tmp_path), "weights": [weights, 5, stat.st_mtime_ns], "configs": {},
                                 "resolution": 224, "precision": "fp32"}
+    (tmp_path / "config.json").write_text('{"hidden_act": "gelu"}')  # beside the weights: its bytes decide them too
+    configs = json.loads(cache_key("val", str(tmp_path), resolution=224, precision="fp32")[1])["configs"]
+    assert configs == {"config.json": hashlib.blake2b(b'{"hidden_act": "gelu"}', digest_size=12).hexdigest()}
+    (tmp_path / "config.json").unlink()
     assert name == f"val-{hashlib.sha256(text.encode()).hexdigest()[:20]}.npz"
     assert cache_key("val", str(tmp_path), resolution=384, precision="fp32")[0] != name
     (tmp_path / "model.safetensors").write_bytes(b"123456")  # the same path, other weights
@@ -48,11 +52,14 @@ DECIDES = {"resolution": 224, "precision": "fp32", "pictures": [["val/a/1.JPEG",
            "data": {"train": "cc33", "validation": "dd44"}}
 
 
-def checkpoint(folder, contents=b"12345", mtime_ns=T):
-    """A checkpoint folder whose model.safetensors holds contents, modified at mtime_ns: its path as a string."""
+def checkpoint(folder, contents=b"12345", mtime_ns=T, config="{}", processor="{}"):
+    """A checkpoint folder whose model.safetensors holds contents, modified at mtime_ns, beside its config and image
+    processor files: its path as a string."""
     folder.mkdir(exist_ok=True)
     (folder / "model.safetensors").write_bytes(contents)
     os.utime(folder / "model.safetensors", ns=(mtime_ns, mtime_ns))
+    (folder / "config.json").write_text(config)
+    (folder / "preprocessor_config.json").write_text(processor)
     return str(folder)
 
 
@@ -67,6 +74,8 @@ CHANGES = [
     ("the checkpoint: another folder with the same bytes, same time", {"folder": "other"}, {}),
     ("the weights: same folder, same time, another size", {"contents": b"123456"}, {}),
     ("the weights: same folder, same size, another time", {"mtime_ns": T + 1}, {}),
+    ("the config: another activation", {"config": '{"hidden_act": "relu"}'}, {}),  # the weights untouched
+    ("the image processor: another mean", {"processor": '{"image_mean": [0.1, 0.1, 0.1]}'}, {}),
     ("the resolution", {}, {"resolution": 384}),
     ("the precision", {}, {"precision": "bf16"}),
     ("a picture's bytes", {}, {"pictures": other_pictures(lambda p: p[1].__setitem__(1, "bb23"))}),
