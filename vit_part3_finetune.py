@@ -62,6 +62,7 @@ from common.data import (
     run_model,
     to_pixels,
 )
+from common.features import cache_key
 from common.files import (
     CHECKPOINT,
     CHECKPOINT_FORMAT,
@@ -418,9 +419,10 @@ def section_finetune(report, run, prepared):
     # what the run logs, kept whole in its checkpoint: a resumed run goes on with it
     log = {"losses": [], "norms": [], "rows": [], "seconds": 0.0, "loader workers": 0, "loader start-up seconds": 0.0,
            "passes": {"training": dict(NEW_PASS), "checks": dict(NEW_PASS)}}
+    run_inputs = read_inputs(args, data) if args.save_dir else None  # what a checkpoint's run read, for --resume
     start = 0
     if args.resume:
-        start, log = resume(run, model, average, optimizer)
+        start, log = resume(run, model, average, optimizer, run_inputs)
         report.print(f"  resumed from {Path(args.save_dir) / CHECKPOINT} at step {start}")
     n = check_pictures_per_class(args)  # the first n of each class: validation pictures are listed by class, then name
     items = [item for _, group in itertools.groupby(data["val"], key=lambda item: item[1]) for item in list(group)[:n]]
@@ -438,7 +440,7 @@ def section_finetune(report, run, prepared):
                  {"monitor pictures": len(items), "monitor per class": per_class, "step 0 validation": log["step 0"]})
     last_step = min(args.pause_at or args.steps, args.steps)
     train(run, report, data=data, model=model, average=average, optimizer=optimizer, log=log,
-          check_batches=check_batches, micro=micro, steps=(start, last_step), pixels=pixels)
+          check_batches=check_batches, micro=micro, steps=(start, last_step), pixels=pixels, run_inputs=run_inputs)
     try:
         finish(run, report, data=data, model=model, average=average, log=log, micro=micro, last_step=last_step,
                pixels=pixels)
@@ -448,11 +450,11 @@ def section_finetune(report, run, prepared):
         raise
 
 
-def train(run, report, *, data, model, average, optimizer, log, check_batches, micro, steps, pixels):
+def train(run, report, *, data, model, average, optimizer, log, check_batches, micro, steps, pixels, run_inputs):
     """Steps (start, last_step): start+1 .. last_step, the article's loop, its logged steps, and a checkpoint every
     --save-every steps, at the last one and on Ctrl-C or SIGTERM (then the run stops, every process at the same step).
     micro: the pictures of one forward pass; check_batches: the checks' batches and labels; pixels: how a picture is
-    made into the model's pixels."""
+    made into the model's pixels; run_inputs: what the run reads (read_inputs), kept in each checkpoint."""
     (start, last_step), args, timings = steps, run.args, log["passes"]
     trained = torch.nn.parallel.DistributedDataParallel(model) if run.world > 1 else model  # on the model's device
     for row in log["rows"]:  # a resumed run's logged steps, printed again
@@ -466,7 +468,7 @@ def train(run, report, *, data, model, average, optimizer, log, check_batches, m
     def checkpoint(step):  # what --resume continues from
         log["seconds"] = time.perf_counter() - begun
         return {"model": model.state_dict(), "average": average.state_dict(), "optimizer": optimizer.state_dict(),
-                "step": step, "log": log, "settings": settings(run)}
+                "step": step, "log": log, "settings": settings(run, run_inputs)}
 
     with stop_between_steps() as stop:
         for step in progress:
@@ -551,13 +553,22 @@ def write_checkpoint(args, checkpoint):
         return None, error
 
 
-def settings(run):
-    """The flags a checkpoint was made with: all but the processes must be the same on --resume."""
+def settings(run, run_inputs):
+    """The flags a checkpoint was made with and what it read (run_inputs): all but the processes must be the same on
+    --resume."""
     args = run.args
     return {"model": args.model, "steps": args.steps, "batch size": args.batch_size, "lr": args.lr, "seed": args.seed,
             "resolution": args.resolution, "per class": args.per_class, "precision": args.precision,
             "processes": run.world,
-            "checked per class": None if args.check_per_class == CHECK_PER_CLASS else args.check_per_class}
+            "checked per class": None if args.check_per_class == CHECK_PER_CLASS else args.check_per_class,
+            "inputs": run_inputs}
+
+
+def read_inputs(args, data):
+    """The pictures a run reads (each one's path and bytes) and its checkpoint's files (the weights by path, size and
+    time, the config files by their bytes), described as the feature cache describes them (common/features.py)."""
+    key = cache_key("inputs", args.model, [path for split in ("train", "val") for path, _ in data[split]], data["root"])
+    return key and key[1]
 
 
 def save_checkpoint(path, state, version):
@@ -575,7 +586,7 @@ def set_rng_states(rng):
         torch.cuda.set_rng_state_all(rng["cuda"])
 
 
-def resume(run, model, average, optimizer):
+def resume(run, model, average, optimizer, run_inputs):
     """(the step, the log) of --save-dir's checkpoint, its weights, average and momentum loaded, torch's RNG set back;
     refused when it is missing, foreign, changed or made with other flags."""
     path = Path(run.args.save_dir) / CHECKPOINT
@@ -587,9 +598,10 @@ def resume(run, model, average, optimizer):
     if missing:  # a file of this format that this script did not write whole
         raise UserError(f"--resume: {path} lacks its {', '.join(missing)}: start again without --resume, or pass "
                         f"another --save-dir")
-    now = settings(run)
-    changed = [f"{key} {checkpoint['settings'].get(key)} -> {value}" for key, value in now.items()
-               if key != "processes" and checkpoint["settings"].get(key) != value]
+    now, made = settings(run, run_inputs), checkpoint["settings"]
+    changed = [f"{key} {made.get(key)} -> {value}" if key != "inputs" else
+               "the pictures or the checkpoint's files are not those it read" for key, value in now.items()
+               if key != "processes" and made.get(key) != value]
     if changed:
         raise UserError(f"--resume: {path} was made with other settings ({'; '.join(changed)}); "
                         f"pass the same flags, or a new --save-dir")

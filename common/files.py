@@ -102,7 +102,7 @@ def write_folder_atomic(path, write, what="folder"):
 
 CHECKPOINT = "checkpoint.pt"  # in fine-tuning's --save-dir (and the job's OUT/finetune-run)
 SAVED_AVERAGE, SAVED_LAST = "model", "model-last"  # its folders of the end's weights, save_pretrained's
-CHECKPOINT_FORMAT = "vit_part3_finetune checkpoint, v6"  # v6: one dict, its records' CRC-32 checked on reading
+CHECKPOINT_FORMAT = "vit_part3_finetune checkpoint, v7"  # v7: its settings hold what the run read (its inputs)
 
 
 def read_checkpoint(path, version, program):

@@ -5,6 +5,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import ARTICLE, ROOT, article_block, library_pixels
+from PIL import Image
 
 import figures.finetune
 import vit_part3_finetune as finetune
@@ -243,6 +245,32 @@ def test_resumed_run_ends_like_an_uninterrupted_one(tiny_in21k, pictures, tmp_pa
     timeless = [key for key in first if "seconds" not in key]
     assert len(timeless) > 30
     assert {k: first[k]["value"] for k in timeless} == {k: second[k]["value"] for k in timeless}
+
+
+def touched(path):
+    """The file's modification time a nanosecond later, its bytes as they were."""
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
+
+
+CHANGED_INPUTS = {  # what changes under the same paths between a pause and --resume: each was continued, two runs spliced
+    "a training picture's bytes": lambda data, model: Image.new("RGB", (160, 160), "olive").save(
+        next((data / "train" / "n01440764").iterdir()), "JPEG"),
+    "the weight file's time": lambda data, model: touched(model / "model.safetensors"),
+    "the config": lambda data, model: (model / "config.json").write_text(json.dumps(
+        {**json.loads((model / "config.json").read_text()), "layer_norm_eps": 1e-6})),
+}
+
+
+@pytest.mark.parametrize("change", CHANGED_INPUTS)
+def test_resume_refuses_other_pictures_or_checkpoint_files(change, tiny_in21k, pictures, tmp_path, capsys):
+    data, model = shutil.copytree(pictures, tmp_path / "nette"), shutil.copytree(tiny_in21k, tmp_path / "model")
+    flags = common_flags(model, data, tmp_path / "run", steps=3)
+    assert run_main(flags + ["--pause-at", "1"], capsys)[0] == 0
+    CHANGED_INPUTS[change](data, model)
+    status, out = run_main(flags + ["--resume"], capsys)
+    assert status == 1 and ("was made with other settings (the pictures or the checkpoint's files are not those it "
+                            "read); pass the same flags, or a new --save-dir") in out
 
 
 def test_a_stop_after_the_last_step_says_to_resume(tiny_in21k, pictures, tmp_path, capsys, monkeypatch):
