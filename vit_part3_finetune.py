@@ -365,7 +365,9 @@ def section_zero_head(report, run, prepared):
                       "zero head probability max": highest})
     ln = math.log(classes)
     report.print(f"  loss = -ln({1 / classes:g}) = ln {classes} = {ln:.6f};  measured {zero['loss']:.6f}")
-    hand_norm, autograd_norm, difference = by_hand.norm(), autograd.norm(), (by_hand - autograd).abs().max()
+    # in float32: a bf16 run's gradient by hand is a bf16 tensor, whose own norm is rounded to bf16's 8 bits
+    hand_norm, autograd_norm = by_hand.float().norm(), autograd.float().norm()
+    difference = (by_hand.float() - autograd.float()).abs().max()
     report.print("  gradient of the head weight by hand, (softmax - one_hot)^T y / batch: norm "
                  f"{hand_norm:.4f}; autograd: {autograd_norm:.4f}; max |difference| {difference:.1e}")
     body_millions = sum(p.numel() for name, p in model.named_parameters() if not name.startswith("classifier.")) / 1e6

@@ -247,6 +247,16 @@ def test_resumed_run_ends_like_an_uninterrupted_one(tiny_in21k, pictures, tmp_pa
     assert {k: first[k]["value"] for k in timeless} == {k: second[k]["value"] for k in timeless}
 
 
+def test_under_bf16_the_head_gradients_norms_agree_when_their_difference_is_0(tiny_in21k, pictures, capsys):
+    """--precision bf16: the gradient by hand is a bf16 tensor; its norm, taken in bf16, said 1.8125 beside autograd's
+    1.8149 with a max |difference| of 0."""
+    status, out = run_main(["--model", str(tiny_in21k), "--data-dir", str(pictures), "--steps", "1", "--batch-size",
+                            "8", "--device", "cpu", "--precision", "bf16"], capsys)
+    norms = re.search(r"norm ([\d.]+); autograd: ([\d.]+); max \|difference\| ([\d.e+-]+)", out)
+    assert status == 0 and norms, out
+    assert float(norms[3]) > 0 or norms[1] == norms[2], norms[0]
+
+
 def touched(path):
     """The file's modification time a nanosecond later, its bytes as they were."""
     stat = path.stat()
