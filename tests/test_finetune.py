@@ -263,7 +263,7 @@ def touched(path):
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
 
 
-CHANGED_INPUTS = {  # what changes under the same paths between a pause and --resume: each was continued, two runs spliced
+CHANGED_INPUTS = {  # changed under the same paths between a pause and --resume: each was continued, two runs spliced
     "a training picture's bytes": lambda data, model: Image.new("RGB", (160, 160), "olive").save(
         next((data / "train" / "n01440764").iterdir()), "JPEG"),
     "the weight file's time": lambda data, model: touched(model / "model.safetensors"),
