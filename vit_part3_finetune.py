@@ -36,6 +36,7 @@ import contextlib
 import copy
 import functools
 import itertools
+import json
 import math
 import os
 import signal
@@ -588,6 +589,16 @@ def set_rng_states(rng):
         torch.cuda.set_rng_state_all(rng["cuda"])
 
 
+def changed_input(made, now):
+    """Which of a checkpoint's inputs differs now (two read_inputs() descriptions): the first picture that changed,
+    came or went, else the checkpoint's files."""
+    made, now = (json.loads(text or "{}") for text in (made, now))
+    pictures = set(map(tuple, made.get("pictures", []))) ^ set(map(tuple, now.get("pictures", [])))  # (path, digest)
+    if pictures:
+        return f"its picture {min(pictures)[0]} under --data-dir is not the one it read"
+    return f"the files of --model {now.get('model', made.get('model'))} are not those it read"
+
+
 def resume(run, model, average, optimizer, run_inputs):
     """(the step, the log) of --save-dir's checkpoint, its weights, average and momentum loaded, torch's RNG set back;
     refused when it is missing, foreign, changed or made with other flags."""
@@ -601,9 +612,8 @@ def resume(run, model, average, optimizer, run_inputs):
         raise UserError(f"--resume: {path} lacks its {', '.join(missing)}: start again without --resume, or pass "
                         f"another --save-dir")
     now, made = settings(run, run_inputs), checkpoint["settings"]
-    changed = [f"{key} {made.get(key)} -> {value}" if key != "inputs" else
-               "the pictures or the checkpoint's files are not those it read" for key, value in now.items()
-               if key != "processes" and made.get(key) != value]
+    changed = [f"{key} {made.get(key)} -> {value}" if key != "inputs" else changed_input(made.get(key), value)
+               for key, value in now.items() if key != "processes" and made.get(key) != value]
     if changed:
         raise UserError(f"--resume: {path} was made with other settings ({'; '.join(changed)}); "
                         f"pass the same flags, or a new --save-dir")

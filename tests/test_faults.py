@@ -273,7 +273,7 @@ def test_a_second_signal_stops_at_once_unless_it_repeats_the_first_sigterm(first
 
 def test_a_checks_picture_damaged_before_a_resume_stops_it_before_any_step(tiny_in21k, tmp_path, capsys,
                                                                             monkeypatch):
-    """The checks' pictures are read before the first step, resumed or not: a damaged one costs no step's work."""
+    """A check picture damaged between a pause and --resume is named before any step: --resume finds it changed."""
     data = imagenette_folder(tmp_path / "nette", per_class=2)
     flags = tune_flags(tiny_in21k, data, tmp_path / "run", steps=4)
     status, _, _ = run(finetune.main, flags + ["--pause-at", "2"], capsys, monkeypatch)
@@ -283,7 +283,8 @@ def test_a_checks_picture_damaged_before_a_resume_stops_it_before_any_step(tiny_
     steps, real_lr = [], finetune.lr_at
     monkeypatch.setattr(finetune, "lr_at", lambda *args: steps.append(1) or real_lr(*args))
     status, out, err = run(finetune.main, flags + ["--resume"], capsys, monkeypatch)
-    assert status == 1 and f"cannot read picture {damaged}" in out and "Traceback" not in err
+    named = f"its picture {damaged.relative_to(data)} under --data-dir is not the one it read"
+    assert status == 1 and named in out and "Traceback" not in err
     assert steps == [] and read_checkpoint(tmp_path / "run" / finetune.CHECKPOINT)["step"] == 2
 
 

@@ -279,8 +279,10 @@ def test_resume_refuses_other_pictures_or_checkpoint_files(change, tiny_in21k, p
     assert run_main(flags + ["--pause-at", "1"], capsys)[0] == 0
     CHANGED_INPUTS[change](data, model)
     status, out = run_main(flags + ["--resume"], capsys)
-    assert status == 1 and ("was made with other settings (the pictures or the checkpoint's files are not those it "
-                            "read); pass the same flags, or a new --save-dir") in out
+    picture = min((data / "train" / "n01440764").iterdir()).relative_to(data)
+    said = (f"its picture {picture} under --data-dir is not the one it read" if change.startswith("a training picture")
+            else f"the files of --model {model} are not those it read")
+    assert status == 1 and f"was made with other settings ({said}); pass the same flags, or a new --save-dir" in out
 
 
 def test_a_stop_after_the_last_step_says_to_resume(tiny_in21k, pictures, tmp_path, capsys, monkeypatch):

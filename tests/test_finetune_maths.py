@@ -322,7 +322,8 @@ def train(monkeypatch, model, optimizer, batches, labels, steps, accum_steps=1, 
     try:
         finetune.train(run, report, data={"train": [(None, int(label)) for label in labels]}, model=model,
                        average=average, optimizer=optimizer, log=log, check_batches=([], []),
-                       micro=len(labels) // (world * accum_steps), steps=(start, steps), pixels=ARTICLE_PIXELS)
+                       micro=len(labels) // (world * accum_steps), steps=(start, steps), pixels=ARTICLE_PIXELS,
+                       run_inputs=None)
     finally:
         assert wrapped == ([model] if world > 1 else [])  # DDP under torchrun, the model itself alone
     return log, report, average
