@@ -53,7 +53,7 @@ from common.run import (
 )
 from job import downloads, ending
 from job.child_process import StopRequests, first_refusal, only_job_on, run_logged
-from job.page import build
+from job.page import JOB_RECORD, build
 from job.resuming import (
     checkpoint_key,
     code_digest,
@@ -451,7 +451,9 @@ def main(argv=None):
     try:
         lock = only_job_on(out, say)  # held while the job runs, and by each script it starts
         in_the_way = [out / name for name in ("logs", FINETUNE_RUN, "figures") if (out / name).is_file()]
-        in_the_way += [path for path in [out / FINETUNE_RUN / CHECKPOINT] if path.is_dir()]
+        in_the_way += [path for path in (out / FINETUNE_RUN / CHECKPOINT, out / JOB_RECORD, out / "report.md",
+                                         *(out / f"{script}.json" for script in SCRIPTS))
+                       if path.exists() and not path.is_file()]  # a folder, or a pipe, whose reading waits for ever
         if in_the_way:  # found now, not when the script that writes there starts, hours into the job
             raise UserError(f"{in_the_way[0]} stands where the job writes its own: move it away, or give this job "
                             f"another OUT")

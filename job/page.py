@@ -55,8 +55,9 @@ KINDS = ("kind: what the article's number depends on: nothing (arithmetic, the b
 
 
 def read_record(path):
-    """The JSON a script wrote with --json, or None when there is none."""
-    if not path.exists():
+    """The JSON a script wrote with --json, or None when there is none (or a folder or a pipe, which reproduce.py
+    refuses: a pipe's reading would wait for ever)."""
+    if not path.is_file():
         return None
     try:
         record = json.loads(path.read_text())

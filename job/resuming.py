@@ -51,7 +51,7 @@ def read_manifest(out, force=False):
     one that cannot be read is refused (it alone says which of OUT's results are this command's), --force aside."""
     path = out / JOB_RECORD
     try:
-        manifest = json.loads(path.read_text()) if path.exists() else {}
+        manifest = json.loads(path.read_text()) if path.is_file() else {}  # a pipe's reading would wait (in_the_way)
     except (OSError, ValueError) as error:
         if force:
             return {}

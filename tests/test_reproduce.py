@@ -477,6 +477,12 @@ def places(tmp_path):
     (tmp_path / "cluttered").mkdir()
     (tmp_path / "cluttered" / "finetune-run").write_text("where fine-tuning's --save-dir goes")
     (tmp_path / "cluttered-run" / "finetune-run" / "checkpoint.pt").mkdir(parents=True)
+    (tmp_path / "json-folder" / "posemb.json").mkdir(parents=True)
+    (tmp_path / "page-folder" / "report.md").mkdir(parents=True)
+    (tmp_path / "json-pipe").mkdir()
+    os.mkfifo(tmp_path / "json-pipe" / "backbone.json")
+    (tmp_path / "record-pipe").mkdir()
+    os.mkfifo(tmp_path / "record-pipe" / "reproduce.json")
     (tmp_path / "damaged").mkdir()
     (tmp_path / "damaged" / "reproduce.json").write_text('{"setup": {"seconds": 13')  # cut short
     return {"{empty}": str(tmp_path / "empty"), "{no config}": str(tmp_path / "no-config"),
@@ -484,7 +490,9 @@ def places(tmp_path):
             "{half nette}": str(tmp_path / "nette"), "{empty nette}": str(tmp_path / "empty-nette"),
             "{out}": str(tmp_path / "out"), "{locked out}": str(tmp_path / "locked"),
             "{cluttered out}": str(tmp_path / "cluttered"), "{cluttered run}": str(tmp_path / "cluttered-run"),
-            "{damaged out}": str(tmp_path / "damaged")}
+            "{damaged out}": str(tmp_path / "damaged"),
+            **{f"{{{name}}}": str(tmp_path / name)
+               for name in ("json-folder", "page-folder", "json-pipe", "record-pipe")}}
 
 
 BAD = [
@@ -518,6 +526,10 @@ BAD = [
                         "give this job another OUT")),
     (["{cluttered out}"], "{cluttered out}/finetune-run stands where the job writes its own: move it away"),
     (["{cluttered run}"], "{cluttered run}/finetune-run/checkpoint.pt stands where the job writes its own"),
+    (["{json-folder}"], "{json-folder}/posemb.json stands where the job writes its own"),  # found at the script
+    (["{page-folder}"], "{page-folder}/report.md stands where the job writes its own"),  # found at the end
+    (["{json-pipe}"], "{json-pipe}/backbone.json stands where the job writes its own"),  # its reading never ended
+    (["{record-pipe}"], "{record-pipe}/reproduce.json stands where the job writes its own"),
     # the record alone says which results are this command's: unreadable, it is not taken for "nothing done"
     (["{damaged out}"], "{damaged out}/reproduce.json cannot be read (Expecting"),
 ]
