@@ -18,13 +18,15 @@ ROOT = Path(__file__).resolve().parent.parent
 STANDINS_COMMAND = "VIT_PART3_STANDINS_COMMAND"  # job/standins.py's command, which continues a job it started
 
 
-def job_command(argv):
-    """The command that runs this job again, from the folder it was started in: job/standins.py's own when that
-    started it (it builds what is missing, then runs this job)."""
+def job_command(argv, dropped=("--force",)):
+    """The command that continues this job, from the folder it was started in, less the flags `dropped`, as typed or
+    abbreviated (--force has set the old results aside once: again, it would start the job over); job/standins.py's
+    own when that started it (it builds what is missing, then runs this job)."""
     if os.environ.get(STANDINS_COMMAND):
         return os.environ[STANDINS_COMMAND]
     script = os.path.relpath(ROOT / "reproduce.py")
-    return shlex.join(["python", str(ROOT / "reproduce.py") if script.startswith("..") else script, *argv])
+    kept = [token for token in argv if not (len(token) > 2 and any(flag.startswith(token) for flag in dropped))]
+    return shlex.join(["python", str(ROOT / "reproduce.py") if script.startswith("..") else script, *kept])
 
 
 def section_count(script):
@@ -120,7 +122,7 @@ def next_line(rows, status, argv, offline):
         return ""
     if not any(row["sections"][0] < row["sections"][1] for row in rows.values()):  # --strict and a number differs
         return (f"status 1: --strict and a number differs from the article's (the page's differs rows); without "
-                f"--strict the same job ends 0: {command}")
+                f"--strict the same job ends 0: {job_command(argv, ('--force', '--strict'))}")
     where = ("with HF_HUB_OFFLINE unset and the Hub reachable, or with the local copies named above"
              if offline else "once what is named above is here")
     miniature = (f"offline meanwhile: {shlex.join(['python', os.path.relpath(ROOT / 'job' / 'miniature.py'), 'DIR'])} "

@@ -24,6 +24,24 @@ def test_the_command_that_continues_the_job_runs_where_it_was_started(folder, sh
         ROOT / "reproduce.py"
 
 
+@pytest.mark.parametrize("argv,continued", [  # what continues a job started with argv
+    (["out", "--force"], ["out"]),  # it would set the results just made aside again, and start over
+    (["--forc", "out", "--quick"], ["out", "--quick"]),  # argparse takes the abbreviation
+    (["out", "--strict"], ["out", "--strict"]),  # kept, but where the next line says to drop it
+])
+def test_the_command_that_continues_a_job_drops_force(argv, continued, monkeypatch):
+    monkeypatch.delenv(ending.STANDINS_COMMAND, raising=False)
+    assert shlex.split(ending.job_command(argv))[2:] == continued
+    assert shlex.split(reproduce.stopped_line(15, argv).split(": ", 1)[1])[2:] == continued
+
+
+def test_the_line_on_strict_shows_the_command_without_it(monkeypatch):
+    monkeypatch.delenv(ending.STANDINS_COMMAND, raising=False)
+    line = ending.next_line({"setup": {"sections": (4, 4)}}, 1, ["out", "--strict", "--force"], offline=False)
+    assert line.startswith("status 1: --strict and a number differs")
+    assert shlex.split(line.split("without --strict the same job ends 0: ")[1])[2:] == ["out"]
+
+
 def test_a_job_that_job_standins_started_is_continued_by_its_command(monkeypatch):
     monkeypatch.setenv(ending.STANDINS_COMMAND, "python job/standins.py /tmp/demo")
     assert ending.job_command(["/tmp/demo/results", "--models", "/tmp/demo/models"]) == \
