@@ -33,16 +33,17 @@ def say(text=""):
 
 
 def before_torch_loads(packages=JOB):
-    """Until guarded() runs main(), Ctrl-C is one line and status 130; a Python without one of `packages` ({import
-    name: pip name}) is one line with the pip command, status 2; torchrun's other processes draw no bars."""
+    """Until guarded() runs main(), Ctrl-C is one line and status 130, SIGTERM one line and 143; a Python without one
+    of `packages` ({import name: pip name}) is one line with the pip command, 2; torchrun's others draw no bars."""
     if not speaks():
         os.environ["TQDM_DISABLE"] = "1"
 
     def leave(signum, frame):
-        print("interrupted", file=sys.stderr, flush=True)
-        os._exit(130)
+        print("interrupted" if signum == signal.SIGINT else "stopped by SIGTERM", file=sys.stderr, flush=True)
+        os._exit(128 + signum)
 
     signal.signal(signal.SIGINT, leave)
+    signal.signal(signal.SIGTERM, leave)
     job = os.environ.pop(JOB_PID, None)  # started by a job: end with it (the script's own children do not)
     if job and sys.platform.startswith("linux"):
         end_with_the_job(int(job))

@@ -406,12 +406,15 @@ def test_sigterm_after_the_reader_of_its_output_is_gone_still_saves_the_step(tin
 
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads which libraries a process loaded in /proc")
-@pytest.mark.parametrize("moment", ["at its first line", "while torch loads"])
-def test_ctrl_c_while_a_script_loads_torch_is_one_line(moment):
+@pytest.mark.parametrize("moment,signum,said", [("at its first line", signal.SIGINT, "interrupted"),
+                                                ("while torch loads", signal.SIGINT, "interrupted"),
+                                                ("while torch loads", signal.SIGTERM, "stopped by SIGTERM")])
+def test_ctrl_c_or_sigterm_while_a_script_loads_torch_is_one_line(moment, signum, said):
     """A Ctrl-C from a script's first line on (torch, transformers loading) ends as a later one: one line, status 130.
     The moment is set by what the script has done, not by a time: the script starts with SIGINT blocked, so that the
     first one is delivered exactly when its first line unblocks it, or the Ctrl-C waits for torch's library to be
-    mapped (a timed one was lost on a loaded machine, the script's first line not yet run)."""
+    mapped (a timed one was lost on a loaded machine, the script's first line not yet run). A scheduler's SIGTERM
+    then is one line and 143 too (it ended the process silently)."""
     held = {signal.SIGINT} if moment == "at its first line" else set()
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, held)  # the script inherits it
     try:
@@ -421,9 +424,9 @@ def test_ctrl_c_while_a_script_loads_torch_is_one_line(moment):
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     if moment == "while torch loads":
         wait_until(lambda: libraries_mapped(run.pid, "libtorch"), run)
-    run.send_signal(signal.SIGINT)
+    run.send_signal(signum)
     _, err = run.communicate(timeout=120)
-    assert run.returncode == 130 and err.strip().splitlines()[-1:] == ["interrupted"] and "Traceback" not in err, err
+    assert run.returncode == 128 + signum and err.strip().splitlines()[-1:] == [said] and "Traceback" not in err, err
 
 
 def test_a_second_beans_copy_is_read_as_itself_not_from_the_cache_of_the_first(tmp_path):
