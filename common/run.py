@@ -48,6 +48,8 @@ def begin(script, args, **run):
         if importlib.util.find_spec("matplotlib") is None:  # said now, not after the long work
             say(f"figures: {MATPLOTLIB_MISSING}; no figure saved")
     if os.environ.get(CHECK_ONLY) == "1":  # reproduce.py asks, before its job, whether this command would start
+        if getattr(args, "data_dir", None) and not os.path.exists(args.data_dir):  # each section would refuse it
+            raise UserError(f"--data-dir {args.data_dir} does not exist")
         raise SystemExit(0)
     return run, Report(script, quiet=run.rank != 0)
 
@@ -135,15 +137,13 @@ def check_output(path, flag, folder=False):
     """Refuse, before any work, an output file (folder=True: a folder) that cannot be written: make the folder it
     needs and write a probe file there, the one sure test whatever the permissions say."""
     target = Path(path)
-    if not folder and str(path) == "-":  # the shell's "standard output", where the printed lines go already
-        raise UserError(f"{flag} -: the lines print on stdout already, and --json writes a file: give a file name")
     try:
         if folder and target.exists() and not target.is_dir():
             raise UserError(f"{flag} {path} is a file, not a folder: pass a folder, which is created if needed")
         if not folder and target.is_dir():
             raise UserError(f"{flag} {path} is a folder: give a file name, such as {target / 'results.json'}")
-        if not folder and target.exists() and not target.is_file():  # a device or a pipe: the write replaces it
-            raise UserError(f"{flag} {path} is not a regular file (a device or a pipe): give a file name")
+        if not folder and (target.exists() and not target.is_file() or path == "-"):  # the write replaces a device
+            raise UserError(f"{flag} {path} is not a regular file (a device, a pipe or stdout): give a file name")
         above = next((parent for parent in target.parents if parent.is_file()), None)
         if above:
             raise UserError(f"{flag} {path}: {above} is a file, not a folder: choose a place in a folder")

@@ -254,8 +254,8 @@ CASES = [
     ("reproduce", ["{out}/job", "--device", "cuda"], 2, "cuda"),  # where torch sees no CUDA GPU
     ("reproduce", ["{out}/job", "--imagenette", "{file}"], 2, "is a file, not a folder"),
     # found by an independent hunt: each was a traceback, a file replaced or a run in the wrong place
-    ("setup", ["--json", "{fifo}"], 2, "is not a regular file (a device or a pipe)"),  # /dev/null was replaced
-    ("posemb", ["--json", "-"], 2, "--json -: the lines print on stdout already"),  # wrote a file named "-"
+    ("setup", ["--json", "{fifo}"], 2, "is not a regular file (a device, a pipe or stdout)"),  # /dev/null replaced
+    ("posemb", ["--json", "-"], 2, "--json - is not a regular file (a device, a pipe or stdout)"),  # wrote "-"
     ("setup", ["--json", "{long}.json"], 2, "--json: "),
     ("posemb", ["--data-dir", "{long}"], 2, "a name longer than the file system allows"),
     ("finetune", ["--save-dir", "{long}"], 2, "--save-dir"),

@@ -554,6 +554,7 @@ def test_a_bad_flag_or_path_is_one_line_before_any_work(places, tmp_path, capsys
 
 @pytest.mark.parametrize("extra,says", [  # argparse's own refusals of --extra: test_bad_inputs ('--steps -5')
     ("posemb=--resolution 40", "--extra for vit_part3_posemb.py: --resolution 40"),  # the checkpoint's patch grid
+    ("fewshot=--data-dir /no/such/dir", "--extra for vit_part3_fewshot.py: --data-dir /no/such/dir does not exist"),
 ])
 def test_a_bad_extra_value_is_one_line_before_any_script_runs(job_standins, tmp_path, capsys, extra, says):
     """The values of --extra, and what each script checks of its whole command, are checked before the job: a typo
