@@ -9,7 +9,7 @@ from common.files import write_text
 from common.start_and_end import UserError, say
 from compare.record import RECORD_FORMAT, library_versions
 from job.page import JOB_RECORD, read_record
-from job.scripts import script_file
+from job.scripts import SCRIPTS, script_file
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,11 +32,12 @@ def checkpoint_key(command, out):
 
 def code_digest(script):
     """One digest of the code a script's numbers, verdicts and figures come from: the script, every module of
-    common/, compare/ and figures/, its reference numbers, the libraries' versions."""
+    common/, compare/ and figures/, its reference numbers and the articles' conclusions it decides, the libraries'
+    versions."""
     digest = hashlib.sha256()
     code = [path for folder in ("common", "compare", "figures") for path in sorted((ROOT / folder).rglob("*.py"))]
     for path in [ROOT / script_file(script), *code,
-                 ROOT / "data" / f"reference_{script}.json"]:
+                 ROOT / "data" / f"reference_{script}.json", ROOT / "data" / f"conclusions_{script}.json"]:
         digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
     digest.update(json.dumps(library_versions(), sort_keys=True).encode())
     return digest.hexdigest()
@@ -52,13 +53,25 @@ def read_manifest(out, force=False):
     path = out / JOB_RECORD
     try:
         manifest = json.loads(path.read_text()) if path.is_file() else {}  # a pipe's reading would wait (in_the_way)
+        odd = written_by_no_job(manifest)
+        if odd:
+            raise ValueError(f"{odd} is not what the job writes")
     except (OSError, ValueError) as error:
         if force:
             return {}
         raise UserError(f"{path} cannot be read ({error}): restore it, or add --force to run every script again "
                         f"(their results and fine-tuning's checkpoint are kept aside)") from error
     # another version's record (another format) tells nothing of what this version made: every script runs again
-    return manifest if isinstance(manifest, dict) and manifest.get("format") == RECORD_FORMAT else {}
+    return manifest if manifest.get("format") == RECORD_FORMAT else {}
+
+
+def written_by_no_job(manifest):
+    """What no job's record holds, of any version (a record edited by hand), or None: a record that is not an
+    object, or a script's entry that is not one or whose seconds are not a number."""
+    if not isinstance(manifest, dict):
+        return "the record"
+    return next((script for script in SCRIPTS if script in manifest and not (
+        isinstance(manifest[script], dict) and isinstance(manifest[script].get("seconds", 0), (int, float)))), None)
 
 
 def write_manifest(out, manifest):

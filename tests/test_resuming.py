@@ -44,6 +44,7 @@ def test_a_script_is_skipped_only_when_its_json_is_complete_and_made_by_the_same
     ("vit_part3_posemb.py", {"posemb"}),
     ("common/data.py", set(NAMES)),                      # every module of common/ is every script's code
     ("data/reference_fewshot.json", {"fewshot"}),
+    ("data/conclusions_setup.json", {"setup"}),            # the page's and the job's conclusions: they were stale
     ("common/nothing_imports_it.py", set(NAMES)),          # a module added
     ("figures/finetune.py", set(NAMES)),                   # a module of figures/: the scripts draw them
 ])
@@ -51,7 +52,7 @@ def test_the_code_of_a_script_is_it_all_of_common_and_figures_and_its_reference(
                                                                                  runs_again):
     code = [p.relative_to(ROOT).as_posix() for folder in ("common", "figures") for p in (ROOT / folder).rglob("*.py")]
     for path in [*NAMES.values(), *code,
-                 *(f"data/reference_{script}.json" for script in NAMES)]:
+                 *(f"data/{kind}_{script}.json" for script in NAMES for kind in ("reference", "conclusions"))]:
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / path, tmp_path / path)
     monkeypatch.setattr(resuming, "ROOT", tmp_path)
@@ -59,6 +60,18 @@ def test_the_code_of_a_script_is_it_all_of_common_and_figures_and_its_reference(
     with open(tmp_path / changed, "a") as f:
         f.write("\n")
     assert {script for script in NAMES if resuming.code_digest(script) != before[script]} == runs_again
+
+
+@pytest.mark.parametrize("record,named", [
+    ([1, 2], "the record"),  # was taken for another version's: every result set aside
+    ({"format": 1, "posemb": {"key": {}, "seconds": "abc"}}, "posemb"),  # a traceback when its time was shown
+    ({"format": 1, "setup": "done"}, "setup"),
+])
+def test_a_record_edited_into_what_no_job_writes_is_refused(tmp_path, record, named):
+    (tmp_path / "reproduce.json").write_text(json.dumps(record))
+    with pytest.raises(UserError, match=rf"cannot be read \({named} is not what the job writes\)"):
+        resuming.read_manifest(tmp_path)
+    assert resuming.read_manifest(tmp_path, force=True) == {}
 
 
 def test_force_starts_afresh_from_a_record_that_cannot_be_read(tmp_path):
