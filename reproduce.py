@@ -300,10 +300,13 @@ def move(source, target):
 def move_stale(out, script, manifest):
     """OUT keeps only the JSON of this job's commands, so the page never mixes two setups; the old one is kept aside,
     and the figures drawn from it in OUT/figures are removed (a run draws its own, and the page draws them again from
-    its JSON): a reused OUT/figures holds no figure of an earlier run."""
-    stale = out / f"{script}.json"
+    its JSON): a reused OUT/figures holds no figure of an earlier run. The page, which reports that JSON, goes beside it
+    until the job writes its own (a job stopped now would leave it showing what was set aside)."""
+    stale, page = out / f"{script}.json", out / "report.md"
     if stale.is_file():
         move(stale, out / "logs" / f"{script}.previous.json")
+        if page.is_file():
+            move(page, out / "logs" / "report.previous.md")
     for name in SCRIPTS[script]["figures"]:
         try:
             (out / "figures" / name).unlink(missing_ok=True)

@@ -1050,7 +1050,8 @@ def test_a_job_that_opened_the_lock_file_its_ending_holder_removes_takes_the_new
 
 def test_a_script_run_again_leaves_no_figure_of_its_earlier_run(job, tmp_path):
     """Before a script runs again (or is found unable to run), its JSON goes to logs/ and its figures in OUT/figures
-    go: the page then links only the figures drawn from the JSON it reports."""
+    go, and the page that reported them goes to logs/ too (a job stopped then left it showing them): the page built
+    next links only the figures drawn from the JSON it reports."""
     pytest.importorskip("matplotlib")
     from job.page import build
 
@@ -1060,6 +1061,7 @@ def test_a_script_run_again_leaves_no_figure_of_its_earlier_run(job, tmp_path):
     reproduce.move_stale(out, "posemb", resuming.read_manifest(out))
     left = {path.name for path in (out / "figures").iterdir()}
     assert not posemb & left and "fewshot_accuracy.png" in left and (out / "logs" / "posemb.previous.json").is_file()
+    assert not (out / "report.md").exists() and (out / "logs" / "report.previous.md").is_file()
     build(out, say=lambda text: None)
     linked = set(re.findall(r"\]\(figures/([^)]+\.png)\)", (out / "report.md").read_text()))
     assert {"fewshot_accuracy.png", "finetune_curves.png", "backbone_curves.png",
