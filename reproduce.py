@@ -30,6 +30,7 @@ if __name__ == "__main__":  # before the libraries load: a Ctrl-C then is one li
     before_torch_loads()
     one_thread()  # before numpy loads: the job forks its scripts from a process of one thread
 
+import itertools
 import os
 import shlex
 import shutil
@@ -262,17 +263,28 @@ def checkpoint_maker(args, out, key):
 
 def why_afresh(args, out, key, manifest):
     """Why fine-tuning cannot continue from OUT's checkpoint, "" when it can: it is there, was made by the same
-    command and code, and reads back whole, as the script's --resume will read it."""
+    command and code, reads back whole, as the script's --resume will read it, and is not past the command's
+    --pause-at (which --resume refuses on every call)."""
     checkpoint = out / FINETUNE_RUN / CHECKPOINT
     if not checkpoint.is_file():
         return "there is no checkpoint"
     if args.force or manifest.get("finetune checkpoint") != checkpoint_maker(args, out, key):
         return "its checkpoint was made by another command or code (or --force)"
     try:
-        read_checkpoint(checkpoint, CHECKPOINT_FORMAT, script_file("finetune"))
+        step = read_checkpoint(checkpoint, CHECKPOINT_FORMAT, script_file("finetune"))["step"]
     except UserError:  # --resume would refuse it on every run of this command
         return "its checkpoint is damaged (truncated, unreadable, or changed since it was written)"
-    return ""
+    pause = pause_step(script_command("finetune", args, out))
+    return f"its checkpoint is at step {step}, past --pause-at {pause}" if pause and pause < step else ""
+
+
+def pause_step(command):
+    """The step a fine-tuning command pauses after (its last --pause-at, as argparse takes it), or None."""
+    step = None
+    for flag, value in itertools.pairwise([*command, ""]):
+        if flag == "--pause-at" or flag.startswith("--pause-at="):
+            step = int(value if flag == "--pause-at" else flag.partition("=")[2])
+    return step
 
 
 def keep_aside(path):

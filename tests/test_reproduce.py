@@ -838,6 +838,21 @@ def test_a_checkpoint_of_another_command_or_damaged_is_kept_aside_not_deleted(tm
     assert said == ([] if why is None else [afresh])
 
 
+@pytest.mark.parametrize("extra,why", [
+    ([], ""),  # the quick check's --pause-at 5: the checkpoint at step 5 is resumed
+    (["--pause-at", "3"], "its checkpoint is at step 5, past --pause-at 3"),  # --resume refused it on every call
+    (["--pause-at=7"], ""),
+])
+def test_a_checkpoint_past_the_commands_pause_at_starts_fine_tuning_afresh(tmp_path, extra, why):
+    out = tmp_path / "out"
+    args = namespace(quick=True, extra={**{script: [] for script in NAMES}, "finetune": extra})
+    checkpoint = out / "finetune-run" / "checkpoint.pt"
+    vit_part3_finetune.save_checkpoint(checkpoint, {"step": 5}, vit_part3_finetune.CHECKPOINT_FORMAT)
+    keys = {"finetune": {"code": "code digest"}}
+    manifest = {"finetune checkpoint": reproduce.checkpoint_maker(args, out, keys["finetune"])}
+    assert reproduce.why_afresh(args, out, keys["finetune"], manifest) == why
+
+
 def test_models_of_an_earlier_run_without_its_checkpoint_are_kept_aside_as_fine_tuning_starts_afresh(tmp_path, capsys):
     """No checkpoint in OUT/finetune-run (removed by hand), but the models of an earlier run: moved aside, so that a
     fresh run that pauses leaves no earlier model beside its checkpoint."""
