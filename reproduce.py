@@ -88,7 +88,9 @@ REFERENCE = {
 # ---------------------------------------------------------------- the flags
 
 def extra_flags(texts):
-    """{script: [flags]} from --extra SCRIPT=FLAGS; the script checks them itself (first_refusal in run_job)."""
+    """{script: [flags]} from --extra SCRIPT=FLAGS; the script checks them itself (first_refusal in run_job). The
+    value of a --model or --data-dir that names a place from where the job was started is that place's whole path, as
+    OUT's and --models' are: the scripts run in the checkout."""
     extra = {script: [] for script in SCRIPTS}
     for text in texts or []:
         script, equals, flags = text.partition("=")
@@ -104,7 +106,8 @@ def extra_flags(texts):
                 raise UserError(f"--extra {text!r}: the job shows no script's help: python {script_file(script)} -h")
             if len(flag) > 2 and any(name.startswith(flag) for name in SET_BY_THE_JOB):  # an abbreviation too
                 raise UserError(f"--extra {text!r}: {flag} is set by reproduce.py itself")
-        extra[script] += tokens
+        extra[script] += [str(Path(value).resolve()) if flag in ("--model", "--data-dir") and Path(value).exists()
+                          else value for flag, value in itertools.pairwise(["", *tokens])]
     return extra
 
 

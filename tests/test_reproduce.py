@@ -378,6 +378,19 @@ def namespace(**flags):
     return Namespace(**{**base, **flags})
 
 
+def test_a_place_in_extra_is_read_from_where_the_job_was_started(tmp_path, monkeypatch):
+    """--extra 'fewshot=--data-dir nette' names the folder beside the user, as OUT and --models do (the scripts run in
+    the checkout, where it named nothing); a Hub id, or a place not there, is passed on as written."""
+    (tmp_path / "nette").mkdir()
+    (tmp_path / "models" / "mine").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    extra = reproduce.extra_flags(["fewshot=--data-dir nette --shots 1", "posemb=--model models/mine",
+                                   "backbone=--model google/vit-base-patch16-224 --data-dir elsewhere"])
+    assert extra["fewshot"] == ["--data-dir", str(tmp_path / "nette"), "--shots", "1"]
+    assert extra["posemb"] == ["--model", str(tmp_path / "models" / "mine")]
+    assert extra["backbone"] == ["--model", "google/vit-base-patch16-224", "--data-dir", "elsewhere"]
+
+
 def test_each_script_gets_its_flags(tmp_path):
     models = tmp_path / "models"
     (models / IN21K).mkdir(parents=True)  # no copy of google/vit-base-patch16-224: posemb and backbone keep their own
