@@ -381,7 +381,7 @@ def run_job(args, argv, out, lock):
     keys, done, cannot, runnable, lines = plan(args, out, manifest)
     for line in lines:
         say(line)
-    manifest.update({"command": shlex.join(["python", "reproduce.py", *argv]),
+    manifest.update({"command": ending.job_command(argv),  # as the terminal's: runnable from where the job started
                      "not run": {**dict.fromkeys(runnable, "the job ended before it ran"), **cannot}})
     reference = REFERENCE["quick" if args.quick else "full"]
     estimable = [script for script in runnable if not args.extra[script]]  # --extra changes what a script does
