@@ -106,8 +106,8 @@ def extra_flags(texts):
                 raise UserError(f"--extra {text!r}: the job shows no script's help: python {script_file(script)} -h")
             if len(flag) > 2 and any(name.startswith(flag) for name in SET_BY_THE_JOB):  # an abbreviation too
                 raise UserError(f"--extra {text!r}: {flag} is set by reproduce.py itself")
-        extra[script] += [str(Path(value).resolve()) if flag in ("--model", "--data-dir") and Path(value).exists()
-                          else value for flag, value in itertools.pairwise(["", *tokens])]
+        extra[script] += [str(Path(value).resolve()) if flag in ("--model", "--data-dir") and value.strip()
+                          and Path(value).exists() else value for flag, value in itertools.pairwise(["", *tokens])]
     return extra
 
 

@@ -385,10 +385,12 @@ def test_a_place_in_extra_is_read_from_where_the_job_was_started(tmp_path, monke
     (tmp_path / "models" / "mine").mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
     extra = reproduce.extra_flags(["fewshot=--data-dir nette --shots 1", "posemb=--model models/mine",
-                                   "backbone=--model google/vit-base-patch16-224 --data-dir elsewhere"])
+                                   "backbone=--model google/vit-base-patch16-224 --data-dir elsewhere",
+                                   "finetune=--data-dir ''"])  # refused by the script's check: not the folder here
     assert extra["fewshot"] == ["--data-dir", str(tmp_path / "nette"), "--shots", "1"]
     assert extra["posemb"] == ["--model", str(tmp_path / "models" / "mine")]
     assert extra["backbone"] == ["--model", "google/vit-base-patch16-224", "--data-dir", "elsewhere"]
+    assert extra["finetune"] == ["--data-dir", ""]
 
 
 def test_each_script_gets_its_flags(tmp_path):
