@@ -902,6 +902,32 @@ def test_a_ctrl_c_forwarded_as_a_script_starts_is_one_line_not_a_traceback(tmp_p
     assert status == 130 and err.strip() == "interrupted", err
 
 
+def read_only_mounts():
+    """Whether a process here can mount a folder read-only in a mount namespace of its own (root, or user
+    namespaces): the one read-only OUT/figures that root, who writes through any file mode, cannot write to."""
+    try:
+        return subprocess.run(["unshare", "--mount", "--map-root-user", "true"], capture_output=True, timeout=60,
+                              check=False).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+@pytest.mark.skipif(not read_only_mounts(), reason="unshare cannot make a mount namespace here")
+def test_a_read_only_out_figures_is_refused_before_any_script_runs(tmp_path):
+    """A figure of an earlier run is removed before its script runs again (move_stale): found then, a read-only
+    OUT/figures ended the job after setup had run, with no table."""
+    out = tmp_path / "out"
+    (out / "figures").mkdir(parents=True)
+    read_only = 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"'
+    done = subprocess.run(["unshare", "--mount", "--map-root-user", "sh", "-c", read_only, "sh", str(out / "figures"),
+                           sys.executable, "reproduce.py", str(out), "--device", "cpu"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 2 and "[1/5]" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (f"error: OUT {out / 'figures'} cannot be written (Read-only file "
+                                                     f"system): choose a place you can write to")
+    assert not (out / "setup.json").exists()
+
+
 # ---------------------------------------------------------------- the lock's file, its handles, OUT/figures (issue 45)
 
 def no_resource_warning(action):
