@@ -61,6 +61,7 @@ from job.resuming import (
     command_key,
     file_digest,
     is_complete,
+    pause_step,
     read_manifest,
     readable_record,
     write_manifest,
@@ -279,15 +280,6 @@ def why_afresh(args, out, key, manifest):
         return "its checkpoint is damaged (truncated, unreadable, or changed since it was written)"
     pause = pause_step(script_command("finetune", args, out))
     return f"its checkpoint is at step {step}, past --pause-at {pause}" if pause and pause < step else ""
-
-
-def pause_step(command):
-    """The step a fine-tuning command pauses after (its last --pause-at, as argparse takes it), or None."""
-    step = None
-    for flag, value in itertools.pairwise([*command, ""]):
-        if flag == "--pause-at" or flag.startswith("--pause-at="):
-            step = int(value if flag == "--pause-at" else flag.partition("=")[2])
-    return step
 
 
 def keep_aside(path):

@@ -2,6 +2,7 @@
 (its command and its code) and of fine-tuning's checkpoint, and OUT/reproduce.json, the job's record of them
 (docs/reproduce.md, Resuming)."""
 import hashlib
+import itertools
 import json
 from pathlib import Path
 
@@ -19,15 +20,31 @@ def command_key(command, out):
     return ["python"] + [token.replace(str(out), "OUT") for token in command[1:] if token != "--resume"]
 
 
+def pause_flag(token):
+    """Whether a token is fine-tuning's --pause-at as argparse reads it: in full or abbreviated (--pause), alone or
+    with its value after '=' (an ambiguous one, --p, is refused by the script's check before the job)."""
+    flag = token.partition("=")[0]
+    return len(flag) > 2 and "--pause-at".startswith(flag)
+
+
 def checkpoint_key(command, out):
     """What fine-tuning's checkpoint must have been made by to be continued: the command, --pause-at aside."""
     key, kept = command_key(command, out), []
     for token in key:
-        if kept and kept[-1] == "--pause-at":  # its value
+        if kept and pause_flag(kept[-1]) and "=" not in kept[-1]:  # its value
             kept.pop()
-        elif not token.startswith("--pause-at="):
+        elif not (pause_flag(token) and "=" in token):
             kept.append(token)
     return kept
+
+
+def pause_step(command):
+    """The step a fine-tuning command pauses after (its last --pause-at, as argparse takes it), or None."""
+    step = None
+    for flag, value in itertools.pairwise([*command, ""]):
+        if pause_flag(flag):
+            step = int(flag.partition("=")[2] if "=" in flag else value)
+    return step
 
 
 def code_digest(script):

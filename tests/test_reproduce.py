@@ -425,7 +425,7 @@ def test_fine_tuning_continues_a_run_paused_with_the_same_flags_but_not_the_quic
     assert resuming.checkpoint_key(quick, out) != resuming.checkpoint_key(full, out) == [
         "python", "vit_part3_finetune.py", "--save-dir", "OUT/finetune-run", "--json", "OUT/finetune.json",
         "--plots", "OUT/figures", "--compare"]
-    for paused in (["--pause-at=2"], ["--pause-at", "7"]):  # both spellings, through --extra
+    for paused in (["--pause-at=2"], ["--pause-at", "7"], ["--pause", "4"], ["--pau=3"]):  # as argparse reads them
         command = reproduce.script_command("finetune", namespace(extra={"finetune": paused}), out)
         assert resuming.checkpoint_key(command, out) == resuming.checkpoint_key(full, out)
 
@@ -857,6 +857,8 @@ def test_a_checkpoint_of_another_command_or_damaged_is_kept_aside_not_deleted(tm
     ([], ""),  # the quick check's --pause-at 5: the checkpoint at step 5 is resumed
     (["--pause-at", "3"], "its checkpoint is at step 5, past --pause-at 3"),  # --resume refused it on every call
     (["--pause-at=7"], ""),
+    (["--pause", "3"], "its checkpoint is at step 5, past --pause-at 3"),  # abbreviated, as argparse takes it
+    (["--pau=4"], "its checkpoint is at step 5, past --pause-at 4"),
 ])
 def test_a_checkpoint_past_the_commands_pause_at_starts_fine_tuning_afresh(tmp_path, extra, why):
     out = tmp_path / "out"
