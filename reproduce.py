@@ -107,9 +107,23 @@ def extra_flags(texts):
                 raise UserError(f"--extra {text!r}: the job shows no script's help: python {script_file(script)} -h")
             if len(flag) > 2 and any(name.startswith(flag) for name in SET_BY_THE_JOB):  # an abbreviation too
                 raise UserError(f"--extra {text!r}: {flag} is set by reproduce.py itself")
-        extra[script] += [str(Path(value).resolve()) if flag in ("--model", "--data-dir") and value.strip()
-                          and Path(value).exists() else value for flag, value in itertools.pairwise(["", *tokens])]
+        extra[script] += [user_place(before, token) for before, token in itertools.pairwise(["", *tokens])]
     return extra
+
+
+def user_place(before, token):
+    """token, or the whole path of the place it names from where the job was started when it is the value of --model
+    or --data-dir: after the flag, or joined to it by '=' (the flag abbreviated or not, as argparse reads it)."""
+    def names_place(flag):
+        return len(flag) > 2 and any(name.startswith(flag) for name in ("--model", "--data-dir"))
+
+    def whole_path(value):
+        return str(Path(value).resolve()) if value.strip() and Path(value).exists() else value
+
+    flag, equals, value = token.partition("=")
+    if equals and names_place(flag):
+        return f"{flag}={whole_path(value)}"
+    return whole_path(token) if names_place(before) and "=" not in before else token
 
 
 def parse_flags(argv):

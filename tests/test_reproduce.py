@@ -386,9 +386,12 @@ def test_a_place_in_extra_is_read_from_where_the_job_was_started(tmp_path, monke
     monkeypatch.chdir(tmp_path)
     extra = reproduce.extra_flags(["fewshot=--data-dir nette --shots 1", "posemb=--model models/mine",
                                    "backbone=--model google/vit-base-patch16-224 --data-dir elsewhere",
-                                   "finetune=--data-dir ''"])  # refused by the script's check: not the folder here
+                                   "finetune=--data-dir ''",  # refused by the script's check: not the folder here
+                                   "setup=--model=models/mine --data=nette --mod nette"])  # as argparse reads them
     assert extra["fewshot"] == ["--data-dir", str(tmp_path / "nette"), "--shots", "1"]
     assert extra["posemb"] == ["--model", str(tmp_path / "models" / "mine")]
+    assert extra["setup"] == [f"--model={tmp_path / 'models' / 'mine'}", f"--data={tmp_path / 'nette'}", "--mod",
+                              str(tmp_path / "nette")]
     assert extra["backbone"] == ["--model", "google/vit-base-patch16-224", "--data-dir", "elsewhere"]
     assert extra["finetune"] == ["--data-dir", ""]
 
