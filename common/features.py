@@ -10,7 +10,7 @@ import scipy.linalg
 
 from common.files import reason, write_atomic
 from common.paths import FEATURE_CACHE_DIR as CACHE_DIR
-from common.pretrained import cached_weight_file
+from common.pretrained import NESTED_PROCESSOR_FILE, PROCESSOR_FILE, cached_weight_file
 from common.start_and_end import UserError, say
 
 
@@ -27,7 +27,7 @@ def cache_key(name, model, paths=None, root=None, **decides):
                                for path in paths]
     stat, folder = Path(weights).stat(), Path(weights).parent
     configs = {file: hashlib.blake2b((folder / file).read_bytes(), digest_size=12).hexdigest()
-               for file in ("config.json", "preprocessor_config.json") if (folder / file).is_file()}
+               for file in ("config.json", PROCESSOR_FILE, NESTED_PROCESSOR_FILE) if (folder / file).is_file()}
     text = json.dumps({"model": model, "weights": [str(Path(weights).resolve()), stat.st_size, stat.st_mtime_ns],
                        "configs": configs, **decides})
     return f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:20]}.npz", text

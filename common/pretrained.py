@@ -177,9 +177,9 @@ def load_pretrained(model_class, name, fix=LOCAL_COPY, **kwargs):
         logging.set_verbosity(level)
 
 
-PROCESSOR_FILE = "preprocessor_config.json"
-# The articles' Part 3 checkpoints: their PROCESSOR_FILE is ViTImageProcessor's, bilinear, mean and std 0.5, the
-# article's pixels (ARTICLE_PIXELS), so it is not fetched for them
+# An image processor's files: AutoImageProcessor reads an "image_processor" entry of the nested one first
+PROCESSOR_FILE, NESTED_PROCESSOR_FILE = "preprocessor_config.json", "processor_config.json"
+# The articles' Part 3 checkpoints, whose PROCESSOR_FILE makes ARTICLE_PIXELS (bilinear, mean and std 0.5): not fetched
 ARTICLE_PROCESSORS = ("google/vit-base-patch16-224", "google/vit-base-patch16-224-in21k")
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from common import paths
 from common.files import write_text
-from common.pretrained import HUB_ENDPOINT, WEIGHT_FILES, ask_hub, hub_name
+from common.pretrained import HUB_ENDPOINT, NESTED_PROCESSOR_FILE, PROCESSOR_FILE, WEIGHT_FILES, ask_hub, hub_name
 from common.start_and_end import UserError
 from compare.marks import made_here
 
@@ -46,8 +46,8 @@ def unlike_the_hubs(folder, repo, what):
     weights = next((file for file in WEIGHT_FILES if os.path.isfile(os.path.join(folder, file))), None)
     if weights is None:
         return f"{what} without model.safetensors or pytorch_model.bin"
-    files = ["config.json", weights, *(["preprocessor_config.json"]  # the image processor's sizes, mean and std
-                                       if os.path.isfile(os.path.join(folder, "preprocessor_config.json")) else [])]
+    files = ["config.json", weights, *[file for file in (PROCESSOR_FILE, NESTED_PROCESSOR_FILE)  # its pixels
+                                       if os.path.isfile(os.path.join(folder, file))]]
     return unlike_the_published(folder, repo, files, what)
 
 

@@ -52,14 +52,16 @@ DECIDES = {"resolution": 224, "precision": "fp32", "pictures": [["val/a/1.JPEG",
            "data": {"train": "cc33", "validation": "dd44"}}
 
 
-def checkpoint(folder, contents=b"12345", mtime_ns=T, config="{}", processor="{}"):
+def checkpoint(folder, contents=b"12345", mtime_ns=T, config="{}", processor="{}", nested=None):
     """A checkpoint folder whose model.safetensors holds contents, modified at mtime_ns, beside its config and image
-    processor files: its path as a string."""
+    processor files (nested: a processor_config.json too): its path as a string."""
     folder.mkdir(exist_ok=True)
     (folder / "model.safetensors").write_bytes(contents)
     os.utime(folder / "model.safetensors", ns=(mtime_ns, mtime_ns))
     (folder / "config.json").write_text(config)
     (folder / "preprocessor_config.json").write_text(processor)
+    if nested is not None:
+        (folder / "processor_config.json").write_text(nested)
     return str(folder)
 
 
@@ -76,6 +78,7 @@ CHANGES = [
     ("the weights: same folder, same size, another time", {"mtime_ns": T + 1}, {}),
     ("the config: another activation", {"config": '{"hidden_act": "relu"}'}, {}),  # the weights untouched
     ("the image processor: another mean", {"processor": '{"image_mean": [0.1, 0.1, 0.1]}'}, {}),
+    ("the image processor: a nested one, which transformers reads first", {"nested": '{"image_processor": {}}'}, {}),
     ("the resolution", {}, {"resolution": 384}),
     ("the precision", {}, {"precision": "bf16"}),
     ("a picture's bytes", {}, {"pictures": other_pictures(lambda p: p[1].__setitem__(1, "bb23"))}),

@@ -128,6 +128,15 @@ def test_a_copy_with_a_file_not_the_hubs_is_not_the_article(copy, recorded, file
         f"article's {ARTICLE}")
 
 
+def test_an_image_processor_that_transformers_reads_first_is_checked_too(copy, recorded):
+    """AutoImageProcessor reads processor_config.json's "image_processor" before preprocessor_config.json: beside the
+    published files, one that the Hub does not list makes the copy another checkpoint (it gave other pixels)."""
+    recorded(published(copy))
+    (copy / "processor_config.json").write_text('{"image_processor": {"image_mean": [0.485, 0.456, 0.406]}}')
+    assert why(checkpoint_difference(str(copy), ARTICLE)) == (
+        f"--model {copy}: a folder {NEVER_READ}, not the article's {ARTICLE}")
+
+
 def test_the_articles_config_beside_other_weights_is_not_the_article(copy, recorded, tmp_path):
     recorded(published(copy))
     other = vit_classifier(tmp_path / "other", seed=1)
