@@ -46,11 +46,12 @@ def data_differences(args, counts, drawn=False):
                                      for split, count in data.SPLIT_COUNTS.items())
     differences = subset_differences(args, {items[split]: count for split, count in counts.items()},
                                      {items[split]: data.SPLIT_COUNTS[split] for split in counts}, drawn, whole)
-    if whole and root.is_dir() and extracted_from(root) != MD5:  # a copy of the release's layout and counts
+    if root.is_dir() and extracted_from(root) != MD5:  # a copy of the release's layout: its split used may be whole
+        layout = "the release's layout and counts" if whole else "the release's layout (a partial copy)"
         differences["pictures unchecked"] = {
             "flag": flag, "moves": False, "note": True,
-            "why": f"{flag}: the release's layout and counts, its pictures not checked against the release (the "
-                   f"project checks the pictures of its own download, by the archive's MD5)"}
+            "why": f"{flag}: {layout}, its pictures not checked against the release (the project checks the pictures "
+                   f"of its own download, by the archive's MD5)"}
     return differences
 
 

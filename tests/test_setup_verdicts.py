@@ -280,7 +280,7 @@ def test_pictures_that_are_not_imagenettes_are_another_data_set(change, said, tm
     if change == "size":  # the same folder with the release's sizes: a partial copy of Imagenette, no sample of it
         Image.new("RGB", (213, 160)).save(other / "train" / CLASSES[0][0] / "n01440764_0000.JPEG")
         assert list(data_set.data_differences(type("Args", (), {"data_dir": str(other), "per_class": None})(),
-                                                {"val": 4})) == ["validation pictures"]
+                                                {"val": 4})) == ["validation pictures", "pictures unchecked"]
 
 
 # (the archive the manifest names, or None for no manifest; whether --compare notes the pictures as unchecked)
@@ -309,6 +309,22 @@ def test_a_whole_copy_stays_comparable_and_says_in_one_line_its_pictures_were_no
             f"release (the project checks the pictures of its own download, by the archive's MD5)")
     assert notes == ([note] if noted else [])
     assert lines[2] == "  setup: the article's"
+
+
+def test_a_partial_copy_whose_split_used_is_whole_also_says_its_pictures_were_not_checked(tmp_path, monkeypatch):
+    """posemb reads the validation split only: a copy with all of it and part of the training split is judged on the
+    release's count, and its pictures were not checked either (the note was only for a whole copy)."""
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    monkeypatch.setattr(imagenette, "SPLIT_COUNTS", {"train": 10 * 2, "val": 10 * 2})
+    copy = imagenette_folder(tmp_path / "nette", per_class=2)
+    (copy / marks.STANDIN_MARK).unlink()
+    next((copy / "train" / CLASSES[0][0]).iterdir()).unlink()
+    differences = data_set.data_differences(type("Args", (), {"data_dir": str(copy), "per_class": None})(),
+                                              {"val": 20})
+    assert list(differences) == ["pictures unchecked"] and not differences["pictures unchecked"]["moves"]
+    assert differences["pictures unchecked"]["why"] == (
+        f"--data-dir {copy}: the release's layout (a partial copy), its pictures not checked against the release (the "
+        f"project checks the pictures of its own download, by the archive's MD5)")
 
 
 # (script, its flags, the subset's flag, another flag that moves the subset's accuracies too): issue 43
