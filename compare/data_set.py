@@ -79,9 +79,11 @@ def extracted_from(root):
 
 def changed_pictures(root):
     """Why root's pictures are no longer the ones its manifest lists (the first picture changed, removed or added),
-    or None when they are; a picture whose size and time are as listed is not read again. No manifest: None."""
+    or None when they are; a picture whose size and time are as listed, and whose change time (which no call sets back)
+    is not after the manifest's, is not read again. No manifest: None."""
     try:
-        listed = json.loads((Path(root) / MANIFEST).read_text())["pictures"]
+        manifest = Path(root) / MANIFEST
+        listed, written = json.loads(manifest.read_text())["pictures"], manifest.stat().st_ctime_ns
     except (OSError, ValueError, KeyError):
         return None
     found = picture_files(root)
@@ -90,7 +92,8 @@ def changed_pictures(root):
         return f"{odd[0]} was {'removed' if odd[0] in listed else 'added'} since the project extracted the archive"
     for name, (size, mtime, sha256) in listed.items():
         stat = found[name].stat()
-        if [stat.st_size, stat.st_mtime_ns] != [size, mtime] and sha256_of(found[name]) != sha256:
+        touched = [stat.st_size, stat.st_mtime_ns] != [size, mtime] or stat.st_ctime_ns > written
+        if touched and sha256_of(found[name]) != sha256:
             return f"{name} changed since the project extracted the archive"
     return None
 
