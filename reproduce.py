@@ -60,6 +60,7 @@ from job.resuming import (
     code_digest,
     command_key,
     file_digest,
+    inputs_stamp,
     is_complete,
     pause_step,
     read_manifest,
@@ -276,18 +277,22 @@ def prepare(script, args, out, keys, manifest):
 
 
 def checkpoint_maker(args, out, key):
-    return {"command": checkpoint_key(script_command("finetune", args, out), out), "code": key["code"]}
+    command = script_command("finetune", args, out)
+    return {"command": checkpoint_key(command, out), "code": key["code"], "inputs": inputs_stamp(command)}
 
 
 def why_afresh(args, out, key, manifest):
     """Why fine-tuning cannot continue from OUT's checkpoint, "" when it can: it is there, was made by the same
-    command and code, reads back whole, as the script's --resume will read it, and is not past the command's
-    --pause-at (which --resume refuses on every call)."""
+    command and code from the same pictures and model files, reads back whole, as the script's --resume will read it,
+    and is not past the command's --pause-at (--resume refuses each of these on every call)."""
     checkpoint = out / FINETUNE_RUN / CHECKPOINT
     if not checkpoint.is_file():
         return "there is no checkpoint"
-    if args.force or manifest.get("finetune checkpoint") != checkpoint_maker(args, out, key):
+    made, now = manifest.get("finetune checkpoint", {}), checkpoint_maker(args, out, key)
+    if args.force or any(made.get(field) != now[field] for field in ("command", "code")):
         return "its checkpoint was made by another command or code (or --force)"
+    if made.get("inputs") != now["inputs"]:  # --resume would refuse it on every run of this command
+        return "a picture under its --data-dir or a file of its --model changed since its checkpoint was made"
     try:
         step = read_checkpoint(checkpoint, CHECKPOINT_FORMAT, script_file("finetune"))["step"]
     except UserError:  # --resume would refuse it on every run of this command
@@ -391,6 +396,11 @@ def run_job(args, argv, out, lock):
         say(line)
     manifest.update({"command": ending.job_command(argv),  # as the terminal's: runnable from where the job started
                      "not run": {**dict.fromkeys(runnable, "the job ended before it ran"), **cannot}})
+    if args.force:  # every result set aside now: the command that continues a stopped job, without it, runs the rest
+        for script in SCRIPTS:
+            move_stale(out, script, manifest)
+        manifest.pop("finetune checkpoint", None)  # its checkpoint is continued by no later job
+        write_manifest(out, manifest)
     reference = REFERENCE["quick" if args.quick else "full"]
     estimable = [script for script in runnable if not args.extra[script]]  # --extra changes what a script does
     gflops = start_estimate(args, runnable, estimable, reference)

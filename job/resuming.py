@@ -4,11 +4,15 @@
 import hashlib
 import itertools
 import json
+import os
 from pathlib import Path
 
 from common.files import write_text
+from common.paths import IMAGENETTE_DIR
+from common.pretrained import cached_weight_file
 from common.start_and_end import UserError, say
 from compare.record import RECORD_FORMAT, library_versions
+from job.downloads import IN21K
 from job.page import JOB_RECORD, read_record
 from job.scripts import SCRIPTS, script_file
 
@@ -20,31 +24,52 @@ def command_key(command, out):
     return ["python"] + [token.replace(str(out), "OUT") for token in command[1:] if token != "--resume"]
 
 
-def pause_flag(token):
-    """Whether a token is fine-tuning's --pause-at as argparse reads it: in full or abbreviated (--pause), alone or
-    with its value after '=' (an ambiguous one, --p, is refused by the script's check before the job)."""
-    flag = token.partition("=")[0]
-    return len(flag) > 2 and "--pause-at".startswith(flag)
+def names(token, flag):
+    """Whether a token is flag as argparse reads it: in full or abbreviated (--pause for --pause-at), alone or with
+    its value after '=' (an ambiguous one, --p, is refused by the script's check before the job)."""
+    given = token.partition("=")[0]
+    return len(given) > 2 and flag.startswith(given)
+
+
+def flag_value(command, flag):
+    """The value of flag's last use in command, as argparse takes it (after it, or after '='), or None."""
+    value = None
+    for token, after in itertools.pairwise([*command, ""]):
+        if names(token, flag):
+            value = token.partition("=")[2] if "=" in token else after
+    return value
 
 
 def checkpoint_key(command, out):
     """What fine-tuning's checkpoint must have been made by to be continued: the command, --pause-at aside."""
     key, kept = command_key(command, out), []
     for token in key:
-        if kept and pause_flag(kept[-1]) and "=" not in kept[-1]:  # its value
+        if kept and names(kept[-1], "--pause-at") and "=" not in kept[-1]:  # its value
             kept.pop()
-        elif not (pause_flag(token) and "=" in token):
+        elif not (names(token, "--pause-at") and "=" in token):
             kept.append(token)
     return kept
 
 
 def pause_step(command):
     """The step a fine-tuning command pauses after (its last --pause-at, as argparse takes it), or None."""
-    step = None
-    for flag, value in itertools.pairwise([*command, ""]):
-        if pause_flag(flag):
-            step = int(flag.partition("=")[2] if "=" in flag else value)
-    return step
+    step = flag_value(command, "--pause-at")
+    return None if step is None else int(step)
+
+
+def inputs_stamp(command):
+    """What fine-tuning's --resume compares beside its flags, told cheaply: each file under the command's --data-dir
+    (else the default Imagenette folder) and beside its --model's weight file, by path, size, modification and change
+    times (a file written since has a later change time, which no call sets back)."""
+    data = Path(os.path.expanduser(flag_value(command, "--data-dir") or IMAGENETTE_DIR))
+    weights = cached_weight_file(os.path.expanduser(flag_value(command, "--model") or IN21K))
+    digest = hashlib.sha256()
+    for folder in [data] + ([Path(weights).parent] if weights else []):
+        for path in sorted(folder.rglob("*")):
+            if path.is_file():
+                stat = path.stat()
+                digest.update(f"{path} {stat.st_size} {stat.st_mtime_ns} {stat.st_ctime_ns}\n".encode())
+    return digest.hexdigest()
 
 
 def code_digest(script):

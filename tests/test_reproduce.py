@@ -263,6 +263,28 @@ def test_sigterm_while_the_page_is_built_says_the_same_command_continues(job, tm
                                                         f"{command}")
 
 
+def test_a_force_job_stopped_at_its_first_script_has_set_every_result_aside(tmp_path, monkeypatch, capsys):
+    """The command that continues a stopped job has no --force: the results of the scripts the stopped job had not
+    reached, and fine-tuning's checkpoint, must be set aside already, or that command would skip and resume them."""
+    out = tmp_path / "out"
+    out.mkdir()
+    for script in NAMES:
+        (out / f"{script}.json").write_text("{}")
+    resuming.write_manifest(out, {"finetune checkpoint": {"command": ["python"], "code": "x", "inputs": "y"}})
+
+    def stopped(command, cwd, log_path, stop, lock, say):  # SIGTERM while setup runs
+        stop.asked.append(signal.SIGTERM)
+        return 143, 0.5
+
+    monkeypatch.setattr(reproduce, "run_logged", stopped)
+    assert guarded(lambda: reproduce.main([str(out), "--force", "--device", "cpu"])) == 143
+    assert capsys.readouterr().err.splitlines()[-1].startswith("stopped by SIGTERM during vit_part3_setup.py")
+    assert sorted(path.name for path in out.glob("*.json")) == ["reproduce.json"]
+    assert sorted(path.name for path in (out / "logs").glob("*.previous.json")) == sorted(
+        f"{script}.previous.json" for script in NAMES)
+    assert "finetune checkpoint" not in json.loads((out / "reproduce.json").read_text())
+
+
 def test_a_page_that_cannot_be_written_still_ends_with_the_reasons_and_what_to_do(job, tmp_path, monkeypatch, capsys):
     """OUT full while the page is written: the table, then why the page is missing and the command that writes it,
     status 1 (it returned at the error, without the footnotes and the next line)."""
@@ -871,6 +893,33 @@ def test_a_checkpoint_past_the_commands_pause_at_starts_fine_tuning_afresh(tmp_p
     keys = {"finetune": {"code": "code digest"}}
     manifest = {"finetune checkpoint": reproduce.checkpoint_maker(args, out, keys["finetune"])}
     assert reproduce.why_afresh(args, out, keys["finetune"], manifest) == why
+
+
+@pytest.mark.parametrize("change", ["a picture rewritten", "a picture added", "the weights rewritten"])
+def test_a_checkpoint_whose_pictures_or_model_changed_starts_fine_tuning_afresh(tmp_path, change):
+    """The script's --resume refuses a checkpoint whose pictures or model files changed (it would splice two runs):
+    the job, which passes the same flags every time, starts afresh rather than resume it on every call."""
+    out, model = tmp_path / "out", tmp_path / "models"
+    nette = standins.imagenette_folder(tmp_path / "nette", per_class=1)
+    (model / IN21K).mkdir(parents=True)
+    (model / IN21K / "model.safetensors").write_bytes(b"weights")
+    args = namespace(imagenette=str(nette), models=str(model))
+    vit_part3_finetune.save_checkpoint(out / "finetune-run" / "checkpoint.pt", {"step": 5},
+                                       vit_part3_finetune.CHECKPOINT_FORMAT)
+    keys = {"finetune": {"code": "code digest"}}
+    manifest = {"finetune checkpoint": reproduce.checkpoint_maker(args, out, keys["finetune"])}
+    assert reproduce.why_afresh(args, out, keys["finetune"], manifest) == ""
+    picture = next((nette / "val").rglob("*.JPEG"))
+    if change == "a picture rewritten":  # its size and time put back: its change time tells
+        mtime = picture.stat().st_mtime_ns
+        picture.write_bytes(picture.read_bytes()[:-1] + b"\0")
+        os.utime(picture, ns=(mtime, mtime))
+    elif change == "a picture added":
+        shutil.copyfile(picture, picture.with_name("new.JPEG"))
+    else:
+        (model / IN21K / "model.safetensors").write_bytes(b"other weights")
+    assert reproduce.why_afresh(args, out, keys["finetune"], manifest) == (
+        "a picture under its --data-dir or a file of its --model changed since its checkpoint was made")
 
 
 def test_models_of_an_earlier_run_without_its_checkpoint_are_kept_aside_as_fine_tuning_starts_afresh(tmp_path, capsys):
