@@ -379,10 +379,16 @@ def check_extra(args, out):
     keys = script_keys(args, out)
     asked = [s for s in SCRIPTS if args.extra[s] and (args.force or not is_complete(out, s, keys[s], manifest))]
     with tempfile.TemporaryDirectory() as scratch:
-        refused = first_refusal({s: [scratch + token[len(str(out)):] if token.startswith(f"{out}{os.sep}") else token
-                                     for token in script_command(s, args, out)] for s in asked}, ROOT)
+        refused = first_refusal({s: outputs_moved(script_command(s, args, out), out, scratch) for s in asked}, ROOT)
     if refused:
         raise UserError(f"--extra for {script_file(refused[0])}: {refused[1].replace(scratch, str(out))}")
+
+
+def outputs_moved(command, out, scratch):
+    """command, the places in OUT that the job gives its outputs (--json, --plots, --save-dir) moved under scratch;
+    the pictures or a model kept in OUT stay where they are."""
+    return [scratch + token[len(str(out)):] if flag in ("--json", "--plots", "--save-dir")
+            and token.startswith(f"{out}{os.sep}") else token for flag, token in itertools.pairwise(["", *command])]
 
 
 def run_job(args, argv, out, lock):

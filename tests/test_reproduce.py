@@ -400,6 +400,18 @@ def namespace(**flags):
     return Namespace(**{**base, **flags})
 
 
+def test_the_check_of_extra_moves_the_jobs_outputs_aside_but_not_the_pictures_kept_in_out(tmp_path):
+    """--extra's check runs each command with its outputs in a scratch folder: pictures or a model kept inside OUT
+    were moved there too, and refused as missing."""
+    out = tmp_path / "out"
+    args = namespace(imagenette=str(out / "nette"), models=str(out / "models"), extra={
+        **{script: [] for script in NAMES}, "posemb": ["--per-class", "2"]})
+    (out / "models" / VIT).mkdir(parents=True)
+    moved = reproduce.outputs_moved(reproduce.script_command("posemb", args, out), out, "/scratch")
+    assert moved[2:] == ["--model", str(out / "models" / VIT), "--data-dir", str(out / "nette"), "--per-class", "2",
+                         "--json", "/scratch/posemb.json", "--plots", "/scratch/figures", "--compare"]
+
+
 def test_a_place_in_extra_is_read_from_where_the_job_was_started(tmp_path, monkeypatch):
     """--extra 'fewshot=--data-dir nette' names the folder beside the user, as OUT and --models do (the scripts run in
     the checkout, where it named nothing); a Hub id, or a place not there, is passed on as written."""
