@@ -494,7 +494,9 @@ def main(argv=None):
         lock = only_job_on(out, say)  # held while the job runs, and by each script it starts
         in_the_way = [out / name for name in ("logs", FINETUNE_RUN, "figures") if (out / name).is_file()]
         in_the_way += [path for path in (out / FINETUNE_RUN / CHECKPOINT, out / JOB_RECORD, out / "report.md",
-                                         *(out / f"{script}.json" for script in SCRIPTS))
+                                         out / "logs" / "report.previous.md",
+                                         *(out / name for script in SCRIPTS
+                                           for name in (f"{script}.json", f"logs/{script}.previous.json")))
                        if path.exists() and not path.is_file()]  # a folder, or a pipe, whose reading waits for ever
         if in_the_way:  # found now, not when the script that writes there starts, hours into the job
             raise UserError(f"{in_the_way[0]} stands where the job writes its own: move it away, or give this job "

@@ -535,6 +535,7 @@ def places(tmp_path):
     os.mkfifo(tmp_path / "json-pipe" / "backbone.json")
     (tmp_path / "record-pipe").mkdir()
     os.mkfifo(tmp_path / "record-pipe" / "reproduce.json")
+    (tmp_path / "kept-folder" / "logs" / "finetune.previous.json").mkdir(parents=True)
     (tmp_path / "damaged").mkdir()
     (tmp_path / "damaged" / "reproduce.json").write_text('{"setup": {"seconds": 13')  # cut short
     return {"{empty}": str(tmp_path / "empty"), "{no config}": str(tmp_path / "no-config"),
@@ -544,7 +545,7 @@ def places(tmp_path):
             "{cluttered out}": str(tmp_path / "cluttered"), "{cluttered run}": str(tmp_path / "cluttered-run"),
             "{damaged out}": str(tmp_path / "damaged"),
             **{f"{{{name}}}": str(tmp_path / name)
-               for name in ("json-folder", "page-folder", "json-pipe", "record-pipe")}}
+               for name in ("json-folder", "page-folder", "json-pipe", "record-pipe", "kept-folder")}}
 
 
 BAD = [
@@ -582,6 +583,7 @@ BAD = [
     (["{page-folder}"], "{page-folder}/report.md stands where the job writes its own"),  # found at the end
     (["{json-pipe}"], "{json-pipe}/backbone.json stands where the job writes its own"),  # its reading never ended
     (["{record-pipe}"], "{record-pipe}/reproduce.json stands where the job writes its own"),
+    (["{kept-folder}"], "{kept-folder}/logs/finetune.previous.json stands where the job writes its own"),  # set aside
     # the record alone says which results are this command's: unreadable, it is not taken for "nothing done"
     (["{damaged out}"], "{damaged out}/reproduce.json cannot be read (Expecting"),
 ]
