@@ -75,7 +75,8 @@ FINETUNE_RUN = "finetune-run"  # fine-tuning's --save-dir in OUT
 KEPT_ASIDE = {SAVED_AVERAGE: "model.previous", SAVED_LAST: "model-last.previous",  # fine-tuning's files of another
               CHECKPOINT: "checkpoint.previous.pt"}  # command or code, kept there as it starts afresh (the checkpoint
                                                     # last: a failed move leaves the reason to start afresh as it was)
-SET_BY_THE_JOB = ("--json", "--plots", "--compare", "--save-dir", "--resume")
+SET_BY_THE_JOB = ("--json", "--plots", "--compare")  # and fine-tuning's FINETUNE_SET_BY_THE_JOB
+FINETUNE_SET_BY_THE_JOB = ("--save-dir", "--resume")  # the backbone's --save-dir is the user's to give
 
 # The README's machines, each script's times on them (job/scripts.py) and their matrix-multiply speeds; the quick
 # times are one whole job's (benchmarks/quick_job.py), "job" its wall time, the scripts' processes and its own.
@@ -106,7 +107,8 @@ def extra_flags(texts):
         for flag in (token.partition("=")[0] for token in tokens):
             if flag == "-h" or (len(flag) > 2 and "--help".startswith(flag)):
                 raise UserError(f"--extra {text!r}: the job shows no script's help: python {script_file(script)} -h")
-            if len(flag) > 2 and any(name.startswith(flag) for name in SET_BY_THE_JOB):  # an abbreviation too
+            own = SET_BY_THE_JOB + (FINETUNE_SET_BY_THE_JOB if script == "finetune" else ())
+            if len(flag) > 2 and any(name.startswith(flag) for name in own):  # an abbreviation too
                 raise UserError(f"--extra {text!r}: {flag} is set by reproduce.py itself")
         extra[script] += [user_place(before, token) for before, token in itertools.pairwise(["", *tokens])]
     return extra
@@ -114,17 +116,17 @@ def extra_flags(texts):
 
 def user_place(before, token):
     """token, or the whole path of the place it names from where the job was started when it is the value of --model
-    or --data-dir: after the flag, or joined to it by '=' (the flag abbreviated or not, as argparse reads it)."""
-    def names_place(flag):
-        return len(flag) > 2 and any(name.startswith(flag) for name in ("--model", "--data-dir"))
-
-    def whole_path(value):
-        return str(Path(value).resolve()) if value.strip() and Path(value).exists() else value
+    or --data-dir that is there, or of the backbone's --save-dir: after the flag, or joined to it by '=' (the flag
+    abbreviated or not, as argparse reads it). A Hub id, or an empty value, is passed on as written."""
+    def whole_path(flag, value):
+        output = len(flag) > 2 and "--save-dir".startswith(flag)  # made where the user is
+        place = len(flag) > 2 and any(name.startswith(flag) for name in ("--model", "--data-dir"))
+        return str(Path(value).resolve()) if value.strip() and (output or place and Path(value).exists()) else value
 
     flag, equals, value = token.partition("=")
-    if equals and names_place(flag):
-        return f"{flag}={whole_path(value)}"
-    return whole_path(token) if names_place(before) and "=" not in before else token
+    if equals and flag.startswith("--"):
+        return f"{flag}={whole_path(flag, value)}"
+    return whole_path(before, token) if before.startswith("--") and "=" not in before else token
 
 
 def parse_flags(argv):

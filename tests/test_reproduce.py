@@ -387,7 +387,7 @@ def test_the_flags_and_sections_the_job_knows_are_the_scripts_own(monkeypatch):
         with pytest.raises(Parsed) as parsed:
             module.main([])
         flags = {flag for flag in parsed.value.args[0]._option_string_actions if flag.startswith("--")}
-        assert set(reproduce.SET_BY_THE_JOB) - {"--plots", "--save-dir", "--resume"} <= flags, script
+        assert set(reproduce.SET_BY_THE_JOB) - {"--plots"} <= flags, script
         assert ({"--device", "--precision", "--data-dir", "--plots"} <= flags) is (script != "setup"), script
         assert ending.section_count(script) == sections_of(module), script
 
@@ -410,6 +410,14 @@ def test_the_check_of_extra_moves_the_jobs_outputs_aside_but_not_the_pictures_ke
     moved = reproduce.outputs_moved(reproduce.script_command("posemb", args, out), out, "/scratch")
     assert moved[2:] == ["--model", str(out / "models" / VIT), "--data-dir", str(out / "nette"), "--per-class", "2",
                          "--json", "/scratch/posemb.json", "--plots", "/scratch/figures", "--compare"]
+
+
+def test_the_backbones_save_dir_is_the_users_to_give_in_extra(tmp_path, monkeypatch):
+    """The job sets fine-tuning's --save-dir (OUT/finetune-run), not the backbone's: its model is saved where asked,
+    from where the job was started (the scripts run in the checkout)."""
+    monkeypatch.chdir(tmp_path)
+    extra = reproduce.extra_flags(["backbone=--save-dir tuned"])
+    assert extra["backbone"] == ["--save-dir", str(tmp_path / "tuned")]
 
 
 def test_a_place_in_extra_is_read_from_where_the_job_was_started(tmp_path, monkeypatch):
@@ -556,6 +564,7 @@ BAD = [
     (["--extra", "finetune=--json x.json"], "--json is set by reproduce.py itself"),
     (["--extra", "finetune=--resume"], "--resume is set by reproduce.py itself"),
     (["--extra", "finetune=--resu"], "--resu is set by reproduce.py itself"),  # argparse would take it for --resume
+    (["--extra", "finetune=--save-dir run"], "--save-dir is set by reproduce.py itself"),
     (["--extra", "posemb=--per-class '20"], "No closing quotation"),
     (["--extra", "posemb=-h"], "the job shows no script's help: python vit_part3_posemb.py -h"),
     (["--extra", "setup=--stepz 3"], "--extra for vit_part3_setup.py: unrecognized arguments: --stepz 3"),
