@@ -475,7 +475,7 @@ def finish(args, argv, out, ran, not_run):
         except UserError as error:  # a full or read-only OUT: the table above holds the counts
             problem = error
     status = ending.exit_status(rows, args.strict)
-    next_line = ending.next_line(rows, status, argv, is_offline_mode() and bool(cannot))
+    next_line = ending.next_line(rows, status, argv, is_offline_mode() and bool(cannot), cannot)
     if problem:  # the same command also builds the page again, once the scripts' next line is done
         status, next_line = 1, next_line or f"next: once {out} can be written, python -m job.page {out} writes the page"
     print("\n".join([f"page: {page}" if problem is None else f"page: not written: {problem}", *footnotes,

@@ -115,14 +115,19 @@ def exit_status(rows, strict):
     return int(incomplete or (strict and any(row["counts"]["differs"] for row in rows.values())))
 
 
-def next_line(rows, status, argv, offline):
-    """The one line after the reasons: the command to run next, and what it does."""
+def next_line(rows, status, argv, offline, lacking=()):
+    """The one line after the reasons: the command to run next, and what it does. lacking: the scripts that could not
+    start for want of a piece (a download, a local copy); another reason asks for what its line says (a flag)."""
     command = job_command(argv)
     if not status:
         return ""
     if not any(row["sections"][0] < row["sections"][1] for row in rows.values()):  # --strict and a number differs
         return (f"status 1: --strict and a number differs from the article's (the page's differs rows); without "
                 f"--strict the same job ends 0: {job_command(argv, ('--force', '--strict'))}")
+    unfinished = {script for script, row in rows.items() if row["sections"][0] < row["sections"][1]}
+    if not offline and not unfinished <= set(lacking):  # a failure the same command would repeat
+        return (f"next: do what each line above says (a flag it names goes in --extra 'SCRIPT=FLAGS'); then this "
+                f"command, with it, runs what did not finish and skips what did: {command}")
     where = ("with HF_HUB_OFFLINE unset and the Hub reachable, or with the local copies named above"
              if offline else "once what is named above is here")
     miniature = (f"offline meanwhile: {shlex.join(['python', os.path.relpath(ROOT / 'job' / 'miniature.py'), 'DIR'])} "
