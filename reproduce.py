@@ -434,7 +434,8 @@ def run_job(args, argv, out, lock):
                         f"(estimate)" if set(left) <= set(estimable) else "")
             say(f"\n[{index}/5] {name} ...{estimate}")
             started = time.time()
-            status, seconds = run_logged(command, ROOT, out / "logs" / f"{script}.log", stop, lock, say)
+            status, seconds, logged = run_logged(command, ROOT, out / "logs" / f"{script}.log", stop, lock, say)
+            log = f"logs/{script}.log" if logged else "its log could not be written"
             seconds = round(seconds, 1)  # one clock: the terminal, reproduce.json and the page show these seconds
             record = readable_record(out / f"{script}.json")
             if record is not None:  # written by this run: move_stale took any older one away
@@ -442,8 +443,7 @@ def run_job(args, argv, out, lock):
                                     "seconds": seconds}
                 del manifest["not run"][script]
             else:
-                manifest["not run"][script] = (f"it ended with exit status {status} and wrote no JSON "
-                                               f"(logs/{script}.log)")
+                manifest["not run"][script] = f"it ended with exit status {status} and wrote no JSON ({log})"
             write_manifest(out, manifest)
             if stop.asked:
                 say(stopped_line(stop.asked[0], argv, f" during {name}, {kept_text(out, script, record, started)}"))
@@ -453,7 +453,7 @@ def run_job(args, argv, out, lock):
             print(f"{name}: {clock(seconds)} (its process's wall time), " + (
                   f"{row['sections'][0]} of {row['sections'][1]} sections; "
                   f"{row['verdicts']}{ending.paused(record)}" if record else f"exit status {status} and no JSON: "
-                  f"see the lines above, kept in OUT/logs/{script}.log"), flush=True)
+                  f"see the lines above ({'kept in OUT/' + log if logged else log})"), flush=True)
     if stop.asked:
         say(stopped_line(stop.asked[0], argv))
         return 128 + stop.asked[0]

@@ -80,19 +80,20 @@ def final_states(output):
 
 def save_log(path, log, warned, say):
     """The log so far, whole (common/files.py), each progress bar at its final state; a log that cannot be written is
-    said once, the run goes on."""
+    said once (unless warned), the run goes on. Whether it is written."""
     try:
         write_atomic(path, lambda f: f.write(final_states(log)), what="log")
     except UserError as problem:
         if not warned:
             say(f"warning: {problem}")
-        return True
-    return warned
+        return False
+    return True
 
 
 def run_logged(command, cwd, log_path, stop, lock, say):
     """Run one script, its stdout and stderr passed through to ours as they come and kept in log_path (rewritten
-    whole every LOG_EVERY seconds and at the end); it inherits the job's lock. Returns (exit status, seconds)."""
+    whole every LOG_EVERY seconds and at the end); it inherits the job's lock. Returns (exit status, seconds, whether
+    the log is written whole)."""
     started = time.perf_counter()
     env = {**scripts_environment(), "PYTHONUNBUFFERED": "1", IN_JOB: "1"}
     if sys.stderr.isatty():  # progress bars as wide as the terminal, which the script's pipe cannot tell it
@@ -119,11 +120,11 @@ def run_logged(command, cwd, log_path, stop, lock, say):
                 passes_to[key.fileobj].flush()
                 log += chunk
             if time.perf_counter() - saved_at > LOG_EVERY:
-                warned, saved_at = save_log(log_path, log, warned, say), time.perf_counter()
+                warned, saved_at = not save_log(log_path, log, warned, say) or warned, time.perf_counter()
     status = child.wait()
     stop.child = None
-    save_log(log_path, log, warned, say)
-    return status, time.perf_counter() - started
+    logged = save_log(log_path, log, warned, say)
+    return status, time.perf_counter() - started, logged
 
 
 CHECKED = "checked "  # check_in_turn's own lines on its stdout, told apart from anything a library writes there

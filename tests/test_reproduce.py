@@ -274,7 +274,7 @@ def test_a_force_job_stopped_at_its_first_script_has_set_every_result_aside(tmp_
 
     def stopped(command, cwd, log_path, stop, lock, say):  # SIGTERM while setup runs
         stop.asked.append(signal.SIGTERM)
-        return 143, 0.5
+        return 143, 0.5, True
 
     monkeypatch.setattr(reproduce, "run_logged", stopped)
     assert guarded(lambda: reproduce.main([str(out), "--force", "--device", "cpu"])) == 143
@@ -973,8 +973,8 @@ def test_a_ctrl_c_forwarded_as_a_script_starts_is_one_line_not_a_traceback(tmp_p
     script's first line: held back until that line handles it, it ends the script in one line with status 130."""
     stop = child_process.StopRequests()
     stop.asked.append(signal.SIGINT)
-    status, _ = child_process.run_logged([sys.executable, "vit_part3_setup.py"], ROOT, tmp_path / "setup.log", stop,
-                                         None, print)
+    status, _, _ = child_process.run_logged([sys.executable, "vit_part3_setup.py"], ROOT, tmp_path / "setup.log",
+                                            stop, None, print)
     err = capfd.readouterr().err
     assert status == 130 and err.strip() == "interrupted", err
 
@@ -1022,11 +1022,23 @@ def no_resource_warning(action):
     return result
 
 
+def test_a_log_that_cannot_be_written_is_one_warning_and_said_so_after_the_run(tmp_path, capfd):
+    """A full disk or a file where OUT/logs goes: the run goes on, one warning, and the job is told the log is not
+    there (its footnote named logs/<script>.log all the same)."""
+    (tmp_path / "logs").write_text("a file where the folder goes")
+    command = [sys.executable, "-c", "print('out')"]
+    status, _, logged = child_process.run_logged(command, ROOT, tmp_path / "logs" / "a.log",
+                                                 child_process.StopRequests(), None, print)
+    assert status == 0 and not logged
+    warnings = [line for line in capfd.readouterr().out.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 1 and warnings[0].startswith(f"warning: cannot write the log {tmp_path / 'logs' / 'a.log'}")
+
+
 def test_run_logged_closes_the_scripts_pipes(tmp_path, capfd):
     command = [sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr)"]
-    status, _ = no_resource_warning(lambda: child_process.run_logged(command, ROOT, tmp_path / "a.log",
-                                                                     child_process.StopRequests(), None, print))
-    assert status == 0 and (tmp_path / "a.log").read_bytes() in (b"out\nerr\n", b"err\nout\n")
+    status, _, logged = no_resource_warning(lambda: child_process.run_logged(command, ROOT, tmp_path / "a.log",
+                                                                             child_process.StopRequests(), None, print))
+    assert status == 0 and logged and (tmp_path / "a.log").read_bytes() in (b"out\nerr\n", b"err\nout\n")
     assert capfd.readouterr().out == "out\n"
 
 
