@@ -396,10 +396,10 @@ def outputs_moved(command, out, scratch):
 def run_job(args, argv, out, lock):
     """Plan, check, run what is not done in order, then the table and the page; the exit status."""
     manifest = read_manifest(out, args.force)
+    keys, done, cannot, runnable, lines = plan(args, out, manifest)  # a disk with too little room: nothing made yet
     check_output(out / "logs", "OUT", folder=True)  # after the lock and the record: a refusal leaves OUT as it was
     if (out / "figures").is_dir():  # an earlier run's figures are removed as their script runs again: not hours in
         check_output(out / "figures", "OUT", folder=True)
-    keys, done, cannot, runnable, lines = plan(args, out, manifest)
     for line in lines:
         say(line)
     manifest.update({"command": ending.job_command(argv),  # as the terminal's: runnable from where the job started
