@@ -285,15 +285,16 @@ def checkpoint_maker(args, out, key):
 
 def why_afresh(args, out, key, manifest):
     """Why fine-tuning cannot continue from OUT's checkpoint, "" when it can: it is there, was made by the same
-    command and code from the same pictures and model files, reads back whole, as the script's --resume will read it,
-    and is not past the command's --pause-at (--resume refuses each of these on every call)."""
+    command and code, its pictures and model files are as they were after the run that made it (inputs_stamp: by
+    size and time; the script checks the pictures by their bytes), it reads back whole, as the script's --resume will
+    read it, and it is not past the command's --pause-at (--resume refuses each of these on every call)."""
     checkpoint = out / FINETUNE_RUN / CHECKPOINT
     if not checkpoint.is_file():
         return "there is no checkpoint"
     made, now = manifest.get("finetune checkpoint", {}), checkpoint_maker(args, out, key)
-    if args.force or any(made.get(field) != now[field] for field in ("command", "code")):
+    if args.force or any(made.get(field) != now[field] for field in ("command", "code")) or "inputs" not in made:
         return "its checkpoint was made by another command or code (or --force)"
-    if made.get("inputs") != now["inputs"]:  # --resume would refuse it on every run of this command
+    if made["inputs"] != now["inputs"]:  # --resume would refuse it on every run of this command
         return "a picture under its --data-dir or a file of its --model changed since its checkpoint was made"
     try:
         step = read_checkpoint(checkpoint, CHECKPOINT_FORMAT, script_file("finetune"))["step"]
@@ -435,6 +436,8 @@ def run_job(args, argv, out, lock):
             say(f"\n[{index}/5] {name} ...{estimate}")
             started = time.time()
             status, seconds, logged = run_logged(command, ROOT, out / "logs" / f"{script}.log", stop, lock, say)
+            if script == "finetune":  # what it read, its own downloads too: what the next job's why_afresh compares
+                manifest["finetune checkpoint"]["inputs"] = inputs_stamp(command)
             log = f"logs/{script}.log" if logged else "its log could not be written"
             seconds = round(seconds, 1)  # one clock: the terminal, reproduce.json and the page show these seconds
             record = readable_record(out / f"{script}.json")

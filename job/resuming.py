@@ -9,8 +9,9 @@ from pathlib import Path
 
 from common.files import write_text
 from common.paths import IMAGENETTE_DIR
-from common.pretrained import cached_weight_file
+from common.pretrained import NESTED_PROCESSOR_FILE, PROCESSOR_FILE, cached_weight_file
 from common.start_and_end import UserError, say
+from compare.data_set import picture_files
 from compare.record import RECORD_FORMAT, library_versions
 from job.downloads import IN21K
 from job.page import JOB_RECORD, read_record
@@ -58,17 +59,28 @@ def pause_step(command):
 
 
 def inputs_stamp(command):
-    """What fine-tuning's --resume compares beside its flags, told cheaply: each file under the command's --data-dir
-    (else the default Imagenette folder) and beside its --model's weight file, by path, size, modification and change
-    times (a file written since has a later change time, which no call sets back)."""
-    data = Path(os.path.expanduser(flag_value(command, "--data-dir") or IMAGENETTE_DIR))
-    weights = cached_weight_file(os.path.expanduser(flag_value(command, "--model") or IN21K))
+    """What fine-tuning's --resume compares beside its flags, told cheaply: every picture under the command's
+    --data-dir (else the default Imagenette folder) and the files of its --model that the feature cache's key
+    describes (the weights, the config and image processor files), each by its real path, size and modification time;
+    None where they cannot be listed (the script says why). A place is read as the scripts do, from the checkout."""
+    data, model = flag_value(command, "--data-dir"), flag_value(command, "--model") or IN21K
+    try:
+        root = ROOT / os.path.expanduser(data) if data else IMAGENETTE_DIR
+        files = list(picture_files(root).values()) if root.is_dir() else []
+        local = ROOT / os.path.expanduser(model)
+        weights = cached_weight_file(str(local) if local.is_dir() else model)  # a name the Hub refuses: ValueError
+    except (OSError, ValueError):
+        return None
+    if weights:
+        files += [Path(weights).parent / name for name in (Path(weights).name, "config.json", PROCESSOR_FILE,
+                                                           NESTED_PROCESSOR_FILE)]
     digest = hashlib.sha256()
-    for folder in [data] + ([Path(weights).parent] if weights else []):
-        for path in sorted(folder.rglob("*")):
-            if path.is_file():
-                stat = path.stat()
-                digest.update(f"{path} {stat.st_size} {stat.st_mtime_ns} {stat.st_ctime_ns}\n".encode())
+    for path in files:
+        try:
+            stat = path.stat()
+        except OSError:  # not there (a checkpoint without an image processor), or not readable
+            continue
+        digest.update(f"{os.path.realpath(path)} {stat.st_size} {stat.st_mtime_ns}\n".encode())
     return digest.hexdigest()
 
 

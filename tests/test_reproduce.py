@@ -918,7 +918,8 @@ def test_a_checkpoint_past_the_commands_pause_at_starts_fine_tuning_afresh(tmp_p
     assert reproduce.why_afresh(args, out, keys["finetune"], manifest) == why
 
 
-@pytest.mark.parametrize("change", ["a picture rewritten", "a picture added", "the weights rewritten"])
+@pytest.mark.parametrize("change", ["a picture rewritten", "a picture added", "the weights rewritten",
+                                    "a file beside the pictures", "the folders' modes"])
 def test_a_checkpoint_whose_pictures_or_model_changed_starts_fine_tuning_afresh(tmp_path, change):
     """The script's --resume refuses a checkpoint whose pictures or model files changed (it would splice two runs):
     the job, which passes the same flags every time, starts afresh rather than resume it on every call."""
@@ -933,16 +934,51 @@ def test_a_checkpoint_whose_pictures_or_model_changed_starts_fine_tuning_afresh(
     manifest = {"finetune checkpoint": reproduce.checkpoint_maker(args, out, keys["finetune"])}
     assert reproduce.why_afresh(args, out, keys["finetune"], manifest) == ""
     picture = next((nette / "val").rglob("*.JPEG"))
-    if change == "a picture rewritten":  # its size and time put back: its change time tells
+    if change == "a picture rewritten":  # the same size, another time (set: a coarse clock may not tick)
         mtime = picture.stat().st_mtime_ns
         picture.write_bytes(picture.read_bytes()[:-1] + b"\0")
-        os.utime(picture, ns=(mtime, mtime))
+        os.utime(picture, ns=(mtime + 10**9, mtime + 10**9))
     elif change == "a picture added":
         shutil.copyfile(picture, picture.with_name("new.JPEG"))
-    else:
+    elif change == "the weights rewritten":
         (model / IN21K / "model.safetensors").write_bytes(b"other weights")
-    assert reproduce.why_afresh(args, out, keys["finetune"], manifest) == (
-        "a picture under its --data-dir or a file of its --model changed since its checkpoint was made")
+    elif change == "a file beside the pictures":  # no picture: the script reads the same, and so resumes
+        (picture.parent / ".DS_Store").write_bytes(b"")
+    else:
+        os.chmod(picture.parent, 0o700)
+    same = change in ("a file beside the pictures", "the folders' modes")
+    assert reproduce.why_afresh(args, out, keys["finetune"], manifest) == ("" if same else (
+        "a picture under its --data-dir or a file of its --model changed since its checkpoint was made"))
+
+
+def test_the_stamp_of_fine_tunings_inputs_is_taken_again_after_it_ran(tmp_path, monkeypatch, capsys):
+    """Fine-tuning may download what it reads (its weights, the pictures) as it starts: the stamp the next job
+    compares is taken after it ran, or that job would set a good checkpoint aside."""
+    out, models = tmp_path / "out", tmp_path / "models"
+    (models / IN21K).mkdir(parents=True)
+    (models / IN21K / "config.json").write_text("{}")
+    nette = standins.imagenette_folder(tmp_path / "nette", per_class=1)
+    ran = {}
+
+    def run(command, cwd, log_path, stop, lock, say):  # fine-tuning downloads its weights, the others fail at once
+        if command[1] == "vit_part3_finetune.py":
+            ran["before"] = resuming.inputs_stamp(command)
+            (models / IN21K / "model.safetensors").write_bytes(b"downloaded weights")
+            ran["after"] = resuming.inputs_stamp(command)
+        return 1, 0.1, True
+
+    monkeypatch.setattr(reproduce, "run_logged", run)
+    reproduce.main([str(out), "--models", str(models), "--imagenette", str(nette), "--device", "cpu"])
+    capsys.readouterr()
+    stamp = json.loads((out / "reproduce.json").read_text())["finetune checkpoint"]["inputs"]
+    assert stamp == ran["after"] != ran["before"]
+
+
+@pytest.mark.parametrize("model", ["/no/such/vit", "no/such/vit/here", "./typo"])
+def test_the_stamp_of_a_model_that_is_not_there_is_no_traceback(model):
+    """A --model in --extra that names nothing (its script says so in one line): the job's stamp is None, not the Hub
+    library's validation error of the name, hours into the job."""
+    assert resuming.inputs_stamp(["python", "vit_part3_finetune.py", "--model", model]) is None
 
 
 def test_models_of_an_earlier_run_without_its_checkpoint_are_kept_aside_as_fine_tuning_starts_afresh(tmp_path, capsys):
