@@ -49,7 +49,7 @@ def paused(record):
     """What a paused fine-tuning run's "not run" rows mean (--quick pauses it after step 5)."""
     line = next((text for text in record.get("printed", []) if text.strip().startswith("paused after step")), None)
     return (f" ({line.strip().split(';')[0]}: its later rows are not run; the job's same command without --quick "
-            f"runs the whole fine-tuning)") if line else ""
+            f"and --pause-at runs the whole fine-tuning)") if line else ""
 
 
 def why_not_run(script, record, not_run):
@@ -124,13 +124,13 @@ def next_line(rows, status, argv, offline, lacking=()):
     if not any(row["sections"][0] < row["sections"][1] for row in rows.values()):  # --strict and a number differs
         return (f"status 1: --strict and a number differs from the article's (the page's differs rows); without "
                 f"--strict the same job ends 0: {job_command(argv, ('--force', '--strict'))}")
-    unfinished = {script for script, row in rows.items() if row["sections"][0] < row["sections"][1]}
-    if not offline and not unfinished <= set(lacking):  # a failure the same command would repeat
-        return (f"next: do what each line above says (a flag it names goes in --extra 'SCRIPT=FLAGS'); then this "
-                f"command, with it, runs what did not finish and skips what did: {command}")
-    where = ("with HF_HUB_OFFLINE unset and the Hub reachable, or with the local copies named above"
-             if offline else "once what is named above is here")
     miniature = (f"offline meanwhile: {shlex.join(['python', os.path.relpath(ROOT / 'job' / 'miniature.py'), 'DIR'])} "
                  f"judges the articles' conclusions on a ViT trained here on generated pictures, in minutes "
                  f"(docs/miniature.md)\n" if offline else "")
+    unfinished = {script for script, row in rows.items() if row["sections"][0] < row["sections"][1]}
+    if not unfinished <= set(lacking):  # a failure the same command would repeat
+        return (f"{miniature}next: do what each line above says (a flag it names goes in --extra 'SCRIPT=FLAGS'); then "
+                f"this command, with it, runs what did not finish and skips what did: {command}")
+    where = ("with HF_HUB_OFFLINE unset and the Hub reachable, or with the local copies named above"
+             if offline else "once what is named above is here")
     return f"{miniature}next: {where}, the same command runs what did not finish and skips what did: {command}"

@@ -42,15 +42,20 @@ def test_the_line_on_strict_shows_the_command_without_it(monkeypatch):
     assert shlex.split(line.split("without --strict the same job ends 0: ")[1])[2:] == ["out"]
 
 
-@pytest.mark.parametrize("lacking,said", [
-    (["finetune"], "next: once what is named above is here, the same command runs what did not finish"),
-    ([], ("next: do what each line above says (a flag it names goes in --extra 'SCRIPT=FLAGS'); then this command, "
-          "with it, runs what did not finish")),  # a loss that is not finite: the same command fails the same way
+DO_WHAT_IT_SAYS = ("next: do what each line above says (a flag it names goes in --extra 'SCRIPT=FLAGS'); then this "
+                   "command, with it, runs what did not finish")
+
+
+@pytest.mark.parametrize("lacking,offline,said", [
+    (["posemb", "finetune"], False, "next: once what is named above is here, the same command runs what did not"),
+    (["posemb", "finetune"], True, "next: with HF_HUB_OFFLINE unset and the Hub reachable, or with the local copies"),
+    (["posemb"], False, DO_WHAT_IT_SAYS),  # fine-tuning's loss was not finite: the same command fails the same way
+    (["posemb"], True, DO_WHAT_IT_SAYS),  # ... offline too
 ])
-def test_the_next_line_asks_for_the_pieces_only_when_they_are_what_is_missing(lacking, said, monkeypatch):
+def test_the_next_line_asks_for_the_pieces_only_when_they_are_what_is_missing(lacking, offline, said, monkeypatch):
     monkeypatch.delenv(ending.STANDINS_COMMAND, raising=False)
-    rows = {"setup": {"sections": (4, 4)}, "finetune": {"sections": (2, 3)}}
-    assert ending.next_line(rows, 1, ["out"], offline=False, lacking=lacking).startswith(said)
+    rows = {"setup": {"sections": (4, 4)}, "posemb": {"sections": (0, 4)}, "finetune": {"sections": (2, 3)}}
+    assert ending.next_line(rows, 1, ["out"], offline=offline, lacking=lacking).splitlines()[-1].startswith(said)
 
 
 def test_a_job_that_job_standins_started_is_continued_by_its_command(monkeypatch):

@@ -1000,7 +1000,7 @@ def test_a_paused_fine_tunings_note_says_the_full_job_runs_it_whole():
     paused = "  paused after step 5 of 300; saved OUT/finetune-run/checkpoint.pt: add --resume to continue"
     record = {"printed": ["  step   5: ...", paused]}
     assert ending.paused(record) == (" (paused after step 5 of 300: its later rows are not run; the job's same command "
-                                     "without --quick runs the whole fine-tuning)")  # its OUT, models and data too
+                                     "without --quick and --pause-at runs the whole fine-tuning)")  # OUT, data too
     assert ending.paused({"printed": ["  step 300: ..."]}) == ""
 
 
