@@ -62,6 +62,7 @@ from job.resuming import (
     file_digest,
     inputs_stamp,
     is_complete,
+    names,
     pause_step,
     read_manifest,
     readable_record,
@@ -77,6 +78,7 @@ KEPT_ASIDE = {SAVED_AVERAGE: "model.previous", SAVED_LAST: "model-last.previous"
                                                     # last: a failed move leaves the reason to start afresh as it was)
 SET_BY_THE_JOB = ("--json", "--plots", "--compare")  # and fine-tuning's FINETUNE_SET_BY_THE_JOB
 FINETUNE_SET_BY_THE_JOB = ("--save-dir", "--resume")  # the backbone's --save-dir is the user's to give
+OUTPUTS = ("--json", "--plots", "--save-dir")  # the flags of the places a script writes to
 
 # The README's machines, each script's times on them (job/scripts.py) and their matrix-multiply speeds; the quick
 # times are one whole job's (benchmarks/quick_job.py), "job" its wall time, the scripts' processes and its own.
@@ -121,7 +123,8 @@ def user_place(before, token):
     def whole_path(flag, value):
         output = len(flag) > 2 and "--save-dir".startswith(flag)  # made where the user is
         place = len(flag) > 2 and any(name.startswith(flag) for name in ("--model", "--data-dir"))
-        return str(Path(value).resolve()) if value.strip() and (output or place and Path(value).exists()) else value
+        path = Path(value).expanduser()  # quoted in --extra, ~ reaches here as typed
+        return str(path.resolve()) if value.strip() and (output or place and path.exists()) else value
 
     flag, equals, value = token.partition("=")
     if equals and flag.startswith("--"):
@@ -390,8 +393,14 @@ def check_extra(args, out):
 def outputs_moved(command, out, scratch):
     """command, the places in OUT that the job gives its outputs (--json, --plots, --save-dir) moved under scratch;
     the pictures or a model kept in OUT stay where they are."""
-    return [scratch + token[len(str(out)):] if flag in ("--json", "--plots", "--save-dir")
-            and token.startswith(f"{out}{os.sep}") else token for flag, token in itertools.pairwise(["", *command])]
+    moved = []
+    for flag, token in itertools.pairwise(["", *command]):
+        given, equals, value = token.partition("=")  # --save-dir=OUT/x, or its abbreviation, as argparse reads it
+        output, value = (given, value) if equals and given.startswith("--") else (flag, token)
+        if any(names(output, name) for name in OUTPUTS) and value.startswith(f"{out}{os.sep}"):
+            token = token[:len(token) - len(value)] + scratch + value[len(str(out)):]
+        moved.append(token)
+    return moved
 
 
 def run_job(args, argv, out, lock):
@@ -399,7 +408,7 @@ def run_job(args, argv, out, lock):
     manifest = read_manifest(out, args.force)
     keys, done, cannot, runnable, lines = plan(args, out, manifest)  # a disk with too little room: nothing made yet
     check_output(out / "logs", "OUT", folder=True)  # after the lock and the record: a refusal leaves OUT as it was
-    if (out / "figures").is_dir():  # an earlier run's figures are removed as their script runs again: not hours in
+    if (out / "figures").is_dir() and set(SCRIPTS) - set(done):  # its scripts' old figures are removed as they run
         check_output(out / "figures", "OUT", folder=True)
     for line in lines:
         say(line)

@@ -410,14 +410,18 @@ def test_the_check_of_extra_moves_the_jobs_outputs_aside_but_not_the_pictures_ke
     moved = reproduce.outputs_moved(reproduce.script_command("posemb", args, out), out, "/scratch")
     assert moved[2:] == ["--model", str(out / "models" / VIT), "--data-dir", str(out / "nette"), "--per-class", "2",
                          "--json", "/scratch/posemb.json", "--plots", "/scratch/figures", "--compare"]
+    given = ["python", "vit_backbone.py", f"--save-dir={out}/tuned", f"--save={out}/tuned", "--save-dir", f"{out}/t"]
+    assert reproduce.outputs_moved(given, out, "/scratch")[2:] == [
+        "--save-dir=/scratch/tuned", "--save=/scratch/tuned", "--save-dir", "/scratch/t"]
 
 
 def test_the_backbones_save_dir_is_the_users_to_give_in_extra(tmp_path, monkeypatch):
     """The job sets fine-tuning's --save-dir (OUT/finetune-run), not the backbone's: its model is saved where asked,
     from where the job was started (the scripts run in the checkout)."""
     monkeypatch.chdir(tmp_path)
-    extra = reproduce.extra_flags(["backbone=--save-dir tuned"])
-    assert extra["backbone"] == ["--save-dir", str(tmp_path / "tuned")]
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    extra = reproduce.extra_flags(["backbone=--save-dir tuned --save-dir ~/runs"])
+    assert extra["backbone"] == ["--save-dir", str(tmp_path / "tuned"), "--save-dir", str(tmp_path / "home" / "runs")]
 
 
 def test_a_place_in_extra_is_read_from_where_the_job_was_started(tmp_path, monkeypatch):
