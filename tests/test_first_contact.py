@@ -105,10 +105,11 @@ def jobs(servers, tmp_path_factory):
     online = run(command, {**environment(servers["hub"].url, servers["archive url"], home), "PYTHONPATH": str(site)})
     requests = servers["hub"].requests + servers["archive"].requests
     page = (out / "report.md").is_file()  # before the job with --force, which sets it aside with the results
+    records = {path.stem: path.read_text() for path in out.glob("*.json")}
     offline_env = environment(NOTHING_LISTENS, NOTHING_LISTENS + ARCHIVE_PATH, home)
     plan = plan_of([*command, "--force"], offline_env)
-    return {"online": online, "requests": requests, "page": page, "plan": plan, "out": out, "home": home,
-            "offline env": offline_env}
+    return {"online": online, "requests": requests, "page": page, "records": records, "plan": plan, "out": out,
+            "home": home, "offline env": offline_env}
 
 
 def whole_downloads(requests):
@@ -153,9 +154,9 @@ def test_stand_ins_served_under_the_articles_ids_are_not_taken_for_the_articles_
     import json
 
     for script in ("posemb", "fewshot", "finetune", "backbone"):
-        record = json.loads((jobs["out"] / f"{script}.json").read_text())
+        record = json.loads(jobs["records"][script])
         assert "cannot vouch for the article's files" in record["setup differences"]["checkpoint"]["why"], script
-    accuracies = [row for row in json.loads((jobs["out"] / "posemb.json").read_text())["comparison"]
+    accuracies = [row for row in json.loads(jobs["records"]["posemb"])["comparison"]
                   if row["name"].endswith((" of 10", " of 1000"))]
     assert len(accuracies) == 10 and {row["verdict"] for row in accuracies} == {"not comparable"}
 

@@ -886,8 +886,7 @@ def test_a_checkpoint_of_another_command_or_damaged_is_kept_aside_not_deleted(tm
     saved = checkpoint.read_bytes() if whole else checkpoint.read_bytes()[:1000]
     checkpoint.write_bytes(saved)
     args, keys = namespace(), {"finetune": {"code": "code digest"}}
-    made_by = {"command": resuming.checkpoint_key(reproduce.script_command("finetune", args, out), out),
-               "code": "code digest"}
+    made_by = reproduce.checkpoint_maker(args, out, keys["finetune"])  # its command, code and inputs
     manifest = {"finetune checkpoint": made_by if made_by_this_command else {**made_by, "code": "other code"}}
     command = reproduce.prepare("finetune", args, out, keys, manifest)
     previous = checkpoint.with_name("checkpoint.previous.pt")
