@@ -30,9 +30,7 @@ if __name__ == "__main__":  # before the libraries load: a Ctrl-C then is one li
     before_torch_loads()
     one_thread()  # before numpy loads: the job forks its scripts from a process of one thread
 
-import itertools
 import os
-import shlex
 import shutil
 import signal
 import sys
@@ -54,6 +52,7 @@ from common.run import (
 )
 from job import downloads, ending
 from job.child_process import StopRequests, first_refusal, only_job_on, run_logged
+from job.commands import extra_flags, outputs_moved
 from job.page import JOB_RECORD, build
 from job.resuming import (
     checkpoint_key,
@@ -62,7 +61,6 @@ from job.resuming import (
     file_digest,
     inputs_stamp,
     is_complete,
-    names,
     pause_step,
     read_manifest,
     readable_record,
@@ -76,9 +74,6 @@ FINETUNE_RUN = "finetune-run"  # fine-tuning's --save-dir in OUT
 KEPT_ASIDE = {SAVED_AVERAGE: "model.previous", SAVED_LAST: "model-last.previous",  # fine-tuning's files of another
               CHECKPOINT: "checkpoint.previous.pt"}  # command or code, kept there as it starts afresh (the checkpoint
                                                     # last: a failed move leaves the reason to start afresh as it was)
-SET_BY_THE_JOB = ("--json", "--plots", "--compare")  # and fine-tuning's FINETUNE_SET_BY_THE_JOB
-FINETUNE_SET_BY_THE_JOB = ("--save-dir", "--resume")  # the backbone's --save-dir is the user's to give
-OUTPUTS = ("--json", "--plots", "--save-dir")  # the flags of the places a script writes to
 
 # The README's machines, each script's times on them (job/scripts.py) and their matrix-multiply speeds; the quick
 # times are one whole job's (benchmarks/quick_job.py), "job" its wall time, the scripts' processes and its own.
@@ -91,46 +86,6 @@ REFERENCE = {
 
 
 # ---------------------------------------------------------------- the flags
-
-def extra_flags(texts):
-    """{script: [flags]} from --extra SCRIPT=FLAGS; the script checks them itself (first_refusal in run_job). The
-    value of a --model or --data-dir that names a place from where the job was started is that place's whole path, as
-    OUT's and --models' are: the scripts run in the checkout."""
-    extra = {script: [] for script in SCRIPTS}
-    for text in texts or []:
-        script, equals, flags = text.partition("=")
-        if not equals or script not in SCRIPTS:
-            raise UserError(f"--extra {text!r}: write SCRIPT=FLAGS with SCRIPT one of {', '.join(SCRIPTS)}, e.g. "
-                            f"--extra 'finetune=--steps 30'")
-        try:
-            tokens = shlex.split(flags)
-        except ValueError as error:
-            raise UserError(f"--extra {text!r}: {error}") from error
-        for flag in (token.partition("=")[0] for token in tokens):
-            if flag == "-h" or (len(flag) > 2 and "--help".startswith(flag)):
-                raise UserError(f"--extra {text!r}: the job shows no script's help: python {script_file(script)} -h")
-            own = SET_BY_THE_JOB + (FINETUNE_SET_BY_THE_JOB if script == "finetune" else ())
-            if len(flag) > 2 and any(name.startswith(flag) for name in own):  # an abbreviation too
-                raise UserError(f"--extra {text!r}: {flag} is set by reproduce.py itself")
-        extra[script] += [user_place(before, token) for before, token in itertools.pairwise(["", *tokens])]
-    return extra
-
-
-def user_place(before, token):
-    """token, or the whole path of the place it names from where the job was started when it is the value of --model
-    or --data-dir that is there, or of the backbone's --save-dir: after the flag, or joined to it by '=' (the flag
-    abbreviated or not, as argparse reads it). A Hub id, or an empty value, is passed on as written."""
-    def whole_path(flag, value):
-        output = len(flag) > 2 and "--save-dir".startswith(flag)  # made where the user is
-        place = len(flag) > 2 and any(name.startswith(flag) for name in ("--model", "--data-dir"))
-        path = Path(value).expanduser()  # quoted in --extra, ~ reaches here as typed
-        return str(path.resolve()) if value.strip() and (output or place and path.exists()) else value
-
-    flag, equals, value = token.partition("=")
-    if equals and flag.startswith("--"):
-        return f"{flag}={whole_path(flag, value)}"
-    return whole_path(before, token) if before.startswith("--") and "=" not in before else token
-
 
 def parse_flags(argv):
     parser = script_parser(__doc__)
@@ -388,19 +343,6 @@ def check_extra(args, out):
         refused = first_refusal({s: outputs_moved(script_command(s, args, out), out, scratch) for s in asked}, ROOT)
     if refused:
         raise UserError(f"--extra for {script_file(refused[0])}: {refused[1].replace(scratch, str(out))}")
-
-
-def outputs_moved(command, out, scratch):
-    """command, the places in OUT that the job gives its outputs (--json, --plots, --save-dir) moved under scratch;
-    the pictures or a model kept in OUT stay where they are."""
-    moved = []
-    for flag, token in itertools.pairwise(["", *command]):
-        given, equals, value = token.partition("=")  # --save-dir=OUT/x, or its abbreviation, as argparse reads it
-        output, value = (given, value) if equals and given.startswith("--") else (flag, token)
-        if any(names(output, name) for name in OUTPUTS) and value.startswith(f"{out}{os.sep}"):
-            token = token[:len(token) - len(value)] + scratch + value[len(str(out)):]
-        moved.append(token)
-    return moved
 
 
 def run_job(args, argv, out, lock):

@@ -2,7 +2,6 @@
 (its command and its code) and of fine-tuning's checkpoint, and OUT/reproduce.json, the job's record of them
 (docs/reproduce.md, Resuming)."""
 import hashlib
-import itertools
 import json
 import os
 from pathlib import Path
@@ -13,6 +12,7 @@ from common.pretrained import NESTED_PROCESSOR_FILE, PROCESSOR_FILE, cached_weig
 from common.start_and_end import UserError, say
 from compare.data_set import picture_files
 from compare.record import RECORD_FORMAT, library_versions
+from job.commands import flag_value, names
 from job.downloads import IN21K
 from job.page import JOB_RECORD, read_record
 from job.scripts import SCRIPTS, script_file
@@ -23,22 +23,6 @@ ROOT = Path(__file__).resolve().parent.parent
 def command_key(command, out):
     """The command as the resume rule compares it: this interpreter, OUT's place and --resume left out."""
     return ["python"] + [token.replace(str(out), "OUT") for token in command[1:] if token != "--resume"]
-
-
-def names(token, flag):
-    """Whether a token is flag as argparse reads it: in full or abbreviated (--pause for --pause-at), alone or with
-    its value after '=' (an ambiguous one, --p, is refused by the script's check before the job)."""
-    given = token.partition("=")[0]
-    return len(given) > 2 and flag.startswith(given)
-
-
-def flag_value(command, flag):
-    """The value of flag's last use in command, as argparse takes it (after it, or after '='), or None."""
-    value = None
-    for token, after in itertools.pairwise([*command, ""]):
-        if names(token, flag):
-            value = token.partition("=")[2] if "=" in token else after
-    return value
 
 
 def checkpoint_key(command, out):

@@ -33,7 +33,7 @@ from common import start_and_end
 from common.files import TEMP_PREFIX
 from common.run import ScriptParser
 from common.start_and_end import Terminated, guarded
-from job import child_process, downloads, ending, environment, resuming, standins
+from job import child_process, commands, downloads, ending, environment, resuming, standins
 from job.scripts import PAGE_WRITES_MB, SCRIPTS
 from job.time_estimate import estimate_seconds
 
@@ -387,7 +387,7 @@ def test_the_flags_and_sections_the_job_knows_are_the_scripts_own(monkeypatch):
         with pytest.raises(Parsed) as parsed:
             module.main([])
         flags = {flag for flag in parsed.value.args[0]._option_string_actions if flag.startswith("--")}
-        assert set(reproduce.SET_BY_THE_JOB) - {"--plots"} <= flags, script
+        assert set(commands.SET_BY_THE_JOB) - {"--plots"} <= flags, script
         assert ({"--device", "--precision", "--data-dir", "--plots"} <= flags) is (script != "setup"), script
         assert ending.section_count(script) == sections_of(module), script
 
