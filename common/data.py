@@ -21,7 +21,7 @@ from tqdm import tqdm
 from common.paths import IMAGENETTE_DIR as DEFAULT_DIR
 from common.start_and_end import UserError, say
 
-SPLIT_COUNTS = {"train": 9_469, "val": 3_925}
+SPLIT_COUNTS, SPLIT_WORDS = {"train": 9_469, "val": 3_925}, {"train": "training", "val": "validation"}
 DEFAULT_NAME = "imagenette2-160 (the project's download)"  # the data a run without --data-dir reads
 SAMPLE_SEED = 0  # the draw of --per-class's validation pictures, where they are a sample: the same in every run
 # WordNet id, the article's short name, ImageNet-1k index (parachute is n03888257, not n03888605)
@@ -30,7 +30,6 @@ CLASSES = [("n01440764", "tench", 0), ("n02102040", "springer", 217), ("n0297918
            ("n03417042", "garbage truck", 569), ("n03425413", "gas pump", 571), ("n03445777", "golf ball", 574),
            ("n03888257", "parachute", 701)]
 IMAGENETTE_WNIDS = sorted(wnid for wnid, _, _ in CLASSES)  # as class_folders() lists them
-SPLIT_WORDS = {"train": "training", "val": "validation"}
 
 
 def class_folders(root, split):

@@ -15,8 +15,7 @@ TEMP_PREFIX = ".tmp-"  # every temporary file the writer makes starts so: tests 
 
 
 def reason(error):
-    """The operating system's words for an error ('No space left on device'), found through wrapped errors
-    (torch.save raises a RuntimeError around the OSError its writer got)."""
+    """The system's words for an error ('No space left on device'), found through wrapped ones (torch.save's)."""
     seen = error
     while seen is not None:
         if isinstance(seen, OSError) and (seen.strerror or seen.errno):
@@ -52,8 +51,7 @@ def write_atomic(path, write, text=False, what="file"):
 
 
 def synced(path):
-    """fsync a file or folder (a folder: the renames in it made durable); one that cannot be opened so (a folder on
-    Windows) is left as it is."""
+    """fsync a file or folder (a folder: the renames in it made durable), where the system lets it be opened."""
     with contextlib.suppress(OSError):
         handle = os.open(path, os.O_RDONLY)
         try:

@@ -27,6 +27,10 @@ class HubTrouble(UserError):
     """The Hub (or its mirror) answered an error status, 429 or 5xx: a passing trouble of the server."""
 
 
+class DownloadError(Exception):
+    """The network failed while a file was being fetched (not the disk): why, in the user's words."""
+
+
 def hub_name():
     """The Hugging Face Hub, or the mirror HF_ENDPOINT names: every line about a download names the server it asks."""
     endpoint = constants.ENDPOINT

@@ -76,8 +76,7 @@ def section(function):
 
 
 def mps_gap(gap):
-    """The UserError for torch's NotImplementedError of an operation missing from Apple's mps backend; any other
-    NotImplementedError is raised again."""
+    """The UserError of an operation missing from Apple's mps backend; any other NotImplementedError raised again."""
     if "MPS" not in str(gap):  # torch's words for an mps gap
         raise gap
     return UserError(f"an operation is missing from Apple's mps backend in torch {torch.__version__} "

@@ -24,14 +24,9 @@ from huggingface_hub import is_offline_mode
 from common import data
 from common.data import check_counts
 from common.files import reason
-from common.pretrained import shown_url, without_secrets
+from common.pretrained import DownloadError, shown_url, without_secrets
 from common.start_and_end import UserError
 from compare.data_set import MANIFEST, MD5, picture_files, sha256_of
-
-
-class DownloadError(Exception):
-    """The network failed while a file was being fetched (not the disk): why, in the user's words."""
-
 
 URL = "https://s3.amazonaws.com/fast-ai-imageclas/imagenette2-160.tgz"  # the release; its MD5: compare/data_set.py
 URL_VARIABLE = "VIT_PART3_IMAGENETTE_URL"  # a mirror of the archive (a test's server, a local copy)

@@ -21,11 +21,11 @@ from local_servers import STALL_SECONDS, Faulty
 from test_faults import ENOSPC, FullFile
 
 from common import data as imagenette
-from common.pretrained import shown_url
+from common.pretrained import DownloadError, shown_url
 from common.start_and_end import UserError
 from compare import data_set
 from job import imagenette_archive
-from job.imagenette_archive import MEMBER_BYTES_MOST, DownloadError, archive_source, download, download_and_extract
+from job.imagenette_archive import MEMBER_BYTES_MOST, archive_source, download, download_and_extract
 
 CONTENT = os.urandom(3 << 20)  # 3 MB: more than one block of the download's loop
 MD5 = hashlib.md5(CONTENT).hexdigest()
