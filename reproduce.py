@@ -138,9 +138,11 @@ def script_command(script, args, out, resume=False):
 
 
 def script_keys(args, out):
-    """What a script's JSON in OUT must have been made by to count as done: its command and its code."""
-    return {script: {"command": command_key(script_command(script, args, out), out), "code": code_digest(script)}
-            for script in SCRIPTS}
+    """What a script's JSON in OUT must have been made by to count as done: its command, its code and the stamp of
+    the files it reads (inputs_stamp; stored as taken after its run, its own downloads included)."""
+    commands = {script: script_command(script, args, out) for script in SCRIPTS}
+    return {script: {"command": command_key(command, out), "code": code_digest(script),
+                     "inputs": inputs_stamp(script, command)} for script, command in commands.items()}
 
 
 # ---------------------------------------------------------------- what the job needs
@@ -238,7 +240,7 @@ def prepare(script, args, out, keys, manifest):
 
 def checkpoint_maker(args, out, key):
     command = script_command("finetune", args, out)
-    return {"command": checkpoint_key(command, out), "code": key["code"], "inputs": inputs_stamp(command)}
+    return {"command": checkpoint_key(command, out), "code": key["code"], "inputs": inputs_stamp("finetune", command)}
 
 
 def why_afresh(args, out, key, manifest):
@@ -387,14 +389,15 @@ def run_job(args, argv, out, lock):
             say(f"\n[{index}/5] {name} ...{estimate}")
             started = time.time()
             status, seconds, logged = run_logged(command, ROOT, out / "logs" / f"{script}.log", stop, lock, say)
-            if script == "finetune":  # what it read, its own downloads too: what the next job's why_afresh compares
-                manifest["finetune checkpoint"]["inputs"] = inputs_stamp(command)
+            stamp = inputs_stamp(script, command)  # what it read, its own downloads too: what the next job compares
+            if script == "finetune":
+                manifest["finetune checkpoint"]["inputs"] = stamp
             log = f"logs/{script}.log" if logged else "its log could not be written"
             seconds = round(seconds, 1)  # one clock: the terminal, reproduce.json and the page show these seconds
             record = readable_record(out / f"{script}.json")
             if record is not None:  # written by this run: move_stale took any older one away
-                manifest[script] = {"key": keys[script], "json": file_digest(out / f"{script}.json"),
-                                    "seconds": seconds}
+                manifest[script] = {"key": {**keys[script], "inputs": stamp},
+                                    "json": file_digest(out / f"{script}.json"), "seconds": seconds}
                 del manifest["not run"][script]
             else:
                 manifest["not run"][script] = f"it ended with exit status {status} and wrote no JSON ({log})"

@@ -42,16 +42,20 @@ def piece_is_here(piece, args):
     if piece == IMAGENETTE:
         return bool(args.imagenette) or data.DEFAULT_DIR.is_dir()
     if piece == BEANS:
-        if args.beans:
-            return True
-        try:
-            snapshot = Path(snapshot_download(BEANS, repo_type="dataset", local_files_only=True))
-        except LocalEntryNotFoundError:
-            return False
-        return all(any(snapshot.rglob(f"{split}*.parquet")) for split in BEANS_SPLITS)
+        snapshot = beans_snapshot()
+        return bool(args.beans) or snapshot is not None and all(any(snapshot.rglob(f"{split}*.parquet"))
+                                                                for split in BEANS_SPLITS)
     if args.models and (Path(args.models) / piece).is_dir():
         return True
     return cached_weight_file(piece) is not None
+
+
+def beans_snapshot():
+    """The Hugging Face cache's snapshot of beans' files (what the backbone reads without --data-dir), or None."""
+    try:
+        return Path(snapshot_download(BEANS, repo_type="dataset", local_files_only=True))
+    except LocalEntryNotFoundError:
+        return None
 
 
 def check_copies(args):

@@ -1,19 +1,19 @@
 """What a job has done already, and what it must have been made by to count: the key of each script's JSON in OUT
-(its command and its code) and of fine-tuning's checkpoint, and OUT/reproduce.json, the job's record of them
-(docs/reproduce.md, Resuming)."""
+(its command, its code and the stamp of what it read) and of fine-tuning's checkpoint, and OUT/reproduce.json, the
+job's record of them (docs/reproduce.md, Resuming)."""
 import hashlib
 import json
 import os
 from pathlib import Path
 
 from common.files import write_text
-from common.paths import IMAGENETTE_DIR
+from common.paths import BEANS, IMAGENETTE_DIR
 from common.pretrained import NESTED_PROCESSOR_FILE, PROCESSOR_FILE, cached_weight_file
 from common.start_and_end import UserError, say
 from compare.data_set import picture_files
 from compare.record import RECORD_FORMAT, library_versions
 from job.commands import flag_value, names
-from job.downloads import IN21K
+from job.downloads import IMAGENETTE, RESNET, beans_snapshot
 from job.page import JOB_RECORD, read_record
 from job.scripts import SCRIPTS, script_file
 
@@ -42,22 +42,31 @@ def pause_step(command):
     return None if step is None else int(step)
 
 
-def inputs_stamp(command):
-    """What fine-tuning's --resume compares beside its flags, told cheaply: every picture under the command's
-    --data-dir (else the default Imagenette folder) and the files of its --model that the feature cache's key
-    describes (the weights, the config and image processor files), each by its real path, size and modification time;
-    None where they cannot be listed (the script says why). A place is read as the scripts do, from the checkout."""
-    data, model = flag_value(command, "--data-dir"), flag_value(command, "--model") or IN21K
+def inputs_stamp(script, command):
+    """What a script's results depend on beside its command and code, told cheaply: the files of the pieces it reads
+    (SCRIPTS' "needs" and "optional"), each by its real path, size and modification time. Imagenette is every picture
+    under the command's --data-dir, else the default folder; beans every file of its --data-dir, else of the Hugging
+    Face cache's snapshot; a checkpoint (its --model in place of the script's ViT) the files the feature cache's key
+    describes (the weights, the config and image processor files). None where they cannot be listed (the script says
+    why). A place is read as the scripts do, from the checkout."""
+    data, model = flag_value(command, "--data-dir"), flag_value(command, "--model")
+    files = []
     try:
-        root = ROOT / os.path.expanduser(data) if data else IMAGENETTE_DIR
-        files = list(picture_files(root).values()) if root.is_dir() else []
-        local = ROOT / os.path.expanduser(model)
-        weights = cached_weight_file(str(local) if local.is_dir() else model)  # a name the Hub refuses: ValueError
+        for piece in SCRIPTS[script]["needs"] + SCRIPTS[script]["optional"]:
+            if piece == IMAGENETTE:
+                root = ROOT / os.path.expanduser(data) if data else IMAGENETTE_DIR
+                files += picture_files(root).values() if root.is_dir() else []
+            elif piece == BEANS:
+                root = ROOT / os.path.expanduser(data) if data else beans_snapshot()
+                files += sorted(path for path in root.rglob("*") if path.is_file()) if root and root.is_dir() else []
+            else:
+                name = model if model and piece != RESNET else piece  # --model is the script's ViT
+                local = ROOT / os.path.expanduser(name)
+                weights = cached_weight_file(str(local) if local.is_dir() else name)  # a name it refuses: ValueError
+                files += [Path(weights).parent / file for file in (Path(weights).name, "config.json", PROCESSOR_FILE,
+                                                                   NESTED_PROCESSOR_FILE)] if weights else []
     except (OSError, ValueError):
         return None
-    if weights:
-        files += [Path(weights).parent / name for name in (Path(weights).name, "config.json", PROCESSOR_FILE,
-                                                           NESTED_PROCESSOR_FILE)]
     digest = hashlib.sha256()
     for path in files:
         try:

@@ -965,9 +965,9 @@ def test_the_stamp_of_fine_tunings_inputs_is_taken_again_after_it_ran(tmp_path, 
 
     def run(command, cwd, log_path, stop, lock, say):  # fine-tuning downloads its weights, the others fail at once
         if command[1] == "vit_part3_finetune.py":
-            ran["before"] = resuming.inputs_stamp(command)
+            ran["before"] = resuming.inputs_stamp("finetune", command)
             (models / IN21K / "model.safetensors").write_bytes(b"downloaded weights")
-            ran["after"] = resuming.inputs_stamp(command)
+            ran["after"] = resuming.inputs_stamp("finetune", command)
         return 1, 0.1, True
 
     monkeypatch.setattr(reproduce, "run_logged", run)
@@ -977,11 +977,47 @@ def test_the_stamp_of_fine_tunings_inputs_is_taken_again_after_it_ran(tmp_path, 
     assert stamp == ran["after"] != ran["before"]
 
 
+@pytest.mark.parametrize("change,runs_again", [
+    ("a picture rewritten", {"posemb", "fewshot", "finetune"}),  # every picture under --data-dir, either split
+    ("a picture removed", {"posemb", "fewshot", "finetune"}),
+    ("the ViT's weights rewritten", {"posemb", "backbone"}),
+    ("in21k's config rewritten", {"fewshot", "finetune"}),
+    ("a beans file rewritten", {"backbone"}),
+    ("a file beside the pictures", set()),  # no picture: each script reads the same
+])
+def test_a_done_script_runs_again_when_a_file_it_reads_changed_in_place(tmp_path, change, runs_again):
+    """A script's key holds the stamp of the files it reads (by real path, size and time): a picture or a checkpoint
+    changed under the same path runs again the scripts that read it, and only those."""
+    nette, models = standins.imagenette_folder(tmp_path / "nette", per_class=1), tmp_path / "models"
+    beans = standins.beans_folder(tmp_path / "beans", per_class={"train": 1, "validation": 1})
+    for name in (VIT, IN21K):
+        (models / name).mkdir(parents=True)
+        (models / name / "model.safetensors").write_bytes(b"weights")
+        (models / name / "config.json").write_text("{}")
+    args = namespace(imagenette=str(nette), models=str(models), beans=str(beans))
+    before = reproduce.script_keys(args, tmp_path / "out")
+    picture = next((nette / "train").rglob("*.JPEG"))
+    later = time.time_ns() + 10**9  # set: a coarse clock may not tick between the two stamps
+    changed = {"a picture rewritten": picture, "the ViT's weights rewritten": models / VIT / "model.safetensors",
+               "in21k's config rewritten": models / IN21K / "config.json",
+               "a beans file rewritten": next(path for path in beans.rglob("*") if path.is_file())}.get(change)
+    if changed:
+        changed.write_bytes(changed.read_bytes() + b"\0")
+        os.utime(changed, ns=(later, later))
+    elif change == "a picture removed":
+        picture.unlink()
+    else:
+        (picture.parent / ".DS_Store").write_bytes(b"")
+    after = reproduce.script_keys(args, tmp_path / "out")
+    assert {script for script in NAMES if after[script] != before[script]} == runs_again
+    assert all(after[script]["inputs"] for script in NAMES if script != "setup")  # stamped, not None
+
+
 @pytest.mark.parametrize("model", ["/no/such/vit", "no/such/vit/here", "./typo"])
 def test_the_stamp_of_a_model_that_is_not_there_is_no_traceback(model):
     """A --model in --extra that names nothing (its script says so in one line): the job's stamp is None, not the Hub
     library's validation error of the name, hours into the job."""
-    assert resuming.inputs_stamp(["python", "vit_part3_finetune.py", "--model", model]) is None
+    assert resuming.inputs_stamp("finetune", ["python", "vit_part3_finetune.py", "--model", model]) is None
 
 
 def test_models_of_an_earlier_run_without_its_checkpoint_are_kept_aside_as_fine_tuning_starts_afresh(tmp_path, capsys):
