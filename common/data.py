@@ -131,18 +131,13 @@ def resized_rgb(picture, resolution, flip=False, resample=Image.BILINEAR):
     return array[:, ::-1] if flip else array
 
 
-def to_device(array, device):
-    """A batch (numpy or torch) on the device; on a GPU through pinned memory, so that the copy does not block."""
-    tensor = torch.as_tensor(array)
-    if device.type == "cuda" and tensor.device.type == "cpu":
-        return tensor.pin_memory().to(device, non_blocking=True)
-    return tensor.to(device)
-
-
 def to_pixels(batch, device, pixels):
     """uint8 (B, R, R, 3) -> float32 (B, 3, R, R) on the device, (x/255 - mean) / std as the image processor whose
-    pixels ({"resample", "mean", "std"}: common/pretrained.py) they are: a quarter of the bytes travel."""
-    x = to_device(batch, device).permute(0, 3, 1, 2).float().contiguous()
+    pixels ({"resample", "mean", "std"}: common/pretrained.py) they are: a quarter of the bytes travel, to a GPU
+    through pinned memory, so that the copy does not block."""
+    x = torch.as_tensor(batch)
+    x = x.pin_memory().to(device, non_blocking=True) if device.type == "cuda" and not x.is_cuda else x.to(device)
+    x = x.permute(0, 3, 1, 2).float().contiguous()
     mean, std = channel_constants(tuple(pixels["mean"]), tuple(pixels["std"]), x.device)
     return (x * (1 / 255) - mean) / std
 

@@ -137,8 +137,8 @@ def damage(error):
 
 
 def load_pretrained(model_class, name, fix=LOCAL_COPY, **kwargs):
-    """model_class.from_pretrained(name) from a folder, the cache or the Hub, the library's notes silenced; fix: what
-    the line on a checkpoint neither cached nor to be downloaded tells the user to do."""
+    """model_class.from_pretrained(name) from a folder, else from_the_hub(), the library's notes silenced; a folder
+    that is no checkpoint, or whose weights cannot be read, is one line."""
     from transformers.utils import logging
 
     check_model_flag(name)
@@ -155,30 +155,36 @@ def load_pretrained(model_class, name, fix=LOCAL_COPY, **kwargs):
                                 f"({damage(error)})") from error
             except (OSError, ValueError, RuntimeError, RecursionError) as error:  # RuntimeError: sizes that misfit
                 raise UserError(f"{name} is not a saved checkpoint directory: {reason(error)}") from error
-        try:
-            return model_class.from_pretrained(name, local_files_only=True, **kwargs)
-        except OSError:
-            pass
-        except DAMAGED as error:  # a weight file cut short or overwritten in the cache
-            raise UserError(f"checkpoint {name} in the Hugging Face cache cannot be read ({damage(error)}): delete "
-                            f"it (hf cache delete) to download it again") from error
-        info, why = ask_hub(name)
-        if info is None:
-            raise UserError(f"checkpoint {name} is not in the local Hugging Face cache and {why}: {fix}")
-        files = {sibling.rfilename for sibling in info.siblings or []}
-        weights = next((file for file in WEIGHT_FILES if file in files), None)
-        if weights:  # the large file with a bar of its own; from_pretrained then takes it from the cache
-            hub_download(name, weights)
-        try:
-            return model_class.from_pretrained(name, **kwargs)
-        except DAMAGED as error:
-            raise UserError(f"checkpoint {name} from {hub_name()} cannot be read ({damage(error)}): delete it (hf "
-                            f"cache delete) to download it again") from error
-        except OSError as error:  # the library's own retries spent: a dropped line, an error status, silence
-            raise UserError(f"checkpoint {name}: the download from {hub_name()} failed ({download_error(error)}): "
-                            f"run again") from error
+        return from_the_hub(model_class, name, fix, **kwargs)
     finally:
         logging.set_verbosity(level)
+
+
+def from_the_hub(model_class, name, fix, **kwargs):
+    """model_class.from_pretrained(name) from the Hugging Face cache, else downloaded with a bar when the Hub answers
+    (ask_hub); fix: what the line on a checkpoint neither cached nor to be downloaded tells the user to do."""
+    try:
+        return model_class.from_pretrained(name, local_files_only=True, **kwargs)
+    except OSError:
+        pass
+    except DAMAGED as error:  # a weight file cut short or overwritten in the cache
+        raise UserError(f"checkpoint {name} in the Hugging Face cache cannot be read ({damage(error)}): delete "
+                        f"it (hf cache delete) to download it again") from error
+    info, why = ask_hub(name)
+    if info is None:
+        raise UserError(f"checkpoint {name} is not in the local Hugging Face cache and {why}: {fix}")
+    files = {sibling.rfilename for sibling in info.siblings or []}
+    weights = next((file for file in WEIGHT_FILES if file in files), None)
+    if weights:  # the large file with a bar of its own; from_pretrained then takes it from the cache
+        hub_download(name, weights)
+    try:
+        return model_class.from_pretrained(name, **kwargs)
+    except DAMAGED as error:
+        raise UserError(f"checkpoint {name} from {hub_name()} cannot be read ({damage(error)}): delete it (hf "
+                        f"cache delete) to download it again") from error
+    except OSError as error:  # the library's own retries spent: a dropped line, an error status, silence
+        raise UserError(f"checkpoint {name}: the download from {hub_name()} failed ({download_error(error)}): "
+                        f"run again") from error
 
 
 # An image processor's files: AutoImageProcessor reads an "image_processor" entry of the nested one first
@@ -246,8 +252,7 @@ def download_error(error):
     return without_secrets((str(error).splitlines() or [type(error).__name__])[0][:200], constants.ENDPOINT)
 
 
-# The weight files from_pretrained reads, in its order: safetensors first; some releases hold only the pickled
-# pytorch_model.bin (google/vit-large-patch16-224 and google/vit-large-patch32-224-in21k on their main branch).
+# from_pretrained's weight files, in its order; google/vit-large-patch16-224 and -patch32-224-in21k hold only the second
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
