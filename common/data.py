@@ -133,8 +133,7 @@ def resized_rgb(picture, resolution, flip=False, resample=Image.BILINEAR):
 
 def to_pixels(batch, device, pixels):
     """uint8 (B, R, R, 3) -> float32 (B, 3, R, R) on the device, (x/255 - mean) / std as the image processor whose
-    pixels ({"resample", "mean", "std"}: common/pretrained.py) they are: a quarter of the bytes travel, to a GPU
-    through pinned memory, so that the copy does not block."""
+    pixels (common/pretrained.py) they are: a quarter of the bytes travel, to a GPU through pinned memory (no wait)."""
     x = torch.as_tensor(batch)
     x = x.pin_memory().to(device, non_blocking=True) if device.type == "cuda" and not x.is_cuda else x.to(device)
     x = x.permute(0, 3, 1, 2).float().contiguous()
@@ -164,9 +163,8 @@ def loader_workers(device):
     return 0 if device.type == "cpu" else max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
-# How a worker starts. spawn: each worker a new interpreter, the script's own child (torch ends it when the script
-# dies). Forking the model's process, whose libraries run threads, may deadlock the child (Python 3.12 on warns that it
-# may); forking after Metal's threads can crash; a fork server outlives a killed script with its workers.
+# spawn: each worker a new interpreter, the script's own child (ended with it). A fork of the model's threaded process
+# may deadlock (Python 3.12 warns) or crash after Metal's; a fork server outlives a killed script with its workers.
 WORKER_START = "spawn"
 
 

@@ -394,6 +394,16 @@ def float32_rule(precision, fp32_rule):
 
 def set_precision(device, precision="fp32", fp32_rule="strict"):
     """The arithmetic of matrix multiplies and convolutions (docs/layout.md); returns the forward passes' context."""
+    if precision != "fp32":
+        check_precision(device, precision)
+    # torch's newer fp32_precision API raises when mixed with these flags; the Trainer's tf32=None leaves them as set
+    rule = float32_rule(precision, fp32_rule)
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = FP32_RULES[rule]
+    return torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+
+
+def check_precision(device, precision):
+    """Refuse a --precision this device cannot run, in one line."""
     if precision not in PRECISIONS + ("fp32-strict",):
         raise UserError(f"--precision {precision}: choose one of {', '.join(PRECISIONS + ('fp32-strict',))}")
     if precision == "tf32" and device.type != "cuda":
@@ -404,13 +414,6 @@ def set_precision(device, precision="fp32", fp32_rule="strict"):
         except (RuntimeError, TypeError) as error:
             raise UserError("--precision bf16: this Mac's Metal backend has no bfloat16 (it needs macOS 14 or "
                             "later): use fp32") from error
-    rule = float32_rule(precision, fp32_rule)
-    # The flags whose defaults are the rule "torch defaults"; torch's newer fp32_precision API is left alone, since
-    # reading these after mixing the two raises. The Trainer's tf32=None leaves them as set here.
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = FP32_RULES[rule]
-    if precision == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
 
 
 def float32_arithmetic(device, precision, fp32_rule):
