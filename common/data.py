@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from common.paths import IMAGENETTE_DIR as DEFAULT_DIR
-from common.start_and_end import UserError, say
+from common.start_and_end import UserError, end_with, say
 
 SPLIT_COUNTS, SPLIT_WORDS = {"train": 9_469, "val": 3_925}, {"train": "training", "val": "validation"}
 DEFAULT_NAME = "imagenette2-160 (the project's download)"  # the data a run without --data-dir reads
@@ -124,8 +124,7 @@ def load_rgb(path):
 
 
 def resized_rgb(picture, resolution, flip=False, resample=Image.BILINEAR):
-    """The picture (a PIL image or a path) resized to R x R (PIL's filter `resample`): uint8 (R, R, 3), mirrored if
-    flip."""
+    """A PIL image or a path resized to R x R (PIL's filter `resample`): uint8 (R, R, 3), mirrored if flip."""
     image = picture if isinstance(picture, Image.Image) else load_rgb(picture)
     array = np.asarray(image.resize((resolution, resolution), resample))
     return array[:, ::-1] if flip else array
@@ -234,11 +233,7 @@ def worker_setup(worker_id):
     workers started; then it says it runs (Pictures.ready)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1: PR_SET_PDEATHSIG
-        if os.getppid() != multiprocessing.parent_process().pid:  # it ended before the request was made
-            os._exit(0)
+        end_with(multiprocessing.parent_process().pid, signal.SIGKILL)
     ready = getattr(torch.utils.data.get_worker_info().dataset, "ready", None)
     if ready is not None:
         ready.release()
@@ -291,8 +286,7 @@ def start_loader(loader, timing=None, count=len):
 
 def batches_of(pictures, resolution, batch_size, device, flips=None, indices=None, workers=None, timing=None,
                count=len, resample=Image.BILINEAR):
-    """(the batches of picture_loader(...), its workers, the seconds they took to start): start_loader's, timing and
-    count as there."""
+    """(picture_loader(...)'s batches, started (start_loader: timing, count), its workers, their start's seconds)."""
     loader = picture_loader(pictures, resolution, batch_size, device, flips, indices, workers, resample)
     batches, seconds = start_loader(loader, timing, count)
     return batches, loader.num_workers, seconds

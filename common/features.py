@@ -39,24 +39,7 @@ def cached(compute, key, rows, cache_dir=CACHE_DIR, warn=lambda text: say(f"warn
     if key is None:
         return compute(), "computed"
     path, description = cache_dir / key[0], key[1]
-
-    def stored():  # {name: array} stored at path for exactly this description, with rows[name] rows each, else None
-        if not path.exists():
-            return None
-        try:
-            with np.load(path) as npz:
-                if str(npz["key"]) != description:
-                    return None  # made for other pictures or weights: a hash collision of the short name
-                arrays = {name: npz[name] for name in rows}
-        except OSError as error:
-            warn(f"cannot read the cached features {path} ({reason(error)}): computing them")
-            return None
-        except Exception:  # noqa: BLE001 - a truncated or foreign file is recomputed, never used
-            warn(f"the cached features {path} are damaged: computing them again")
-            return None
-        return None if any(len(array) != rows[name] for name, array in arrays.items()) else arrays
-
-    arrays = stored()
+    arrays = stored(path, description, rows, warn)
     if arrays is not None:
         return arrays, "cache"
     arrays = compute()
@@ -65,6 +48,24 @@ def cached(compute, key, rows, cache_dir=CACHE_DIR, warn=lambda text: say(f"warn
     except UserError as problem:
         warn(f"{problem}; the run goes on without caching the features")
     return arrays, "computed"
+
+
+def stored(path, description, rows, warn):
+    """{name: array} stored at path for exactly this description, with rows[name] rows each, else None."""
+    if not path.exists():
+        return None
+    try:
+        with np.load(path) as npz:
+            if str(npz["key"]) != description:
+                return None  # made for other pictures or weights: a hash collision of the short name
+            arrays = {name: npz[name] for name in rows}
+    except OSError as error:
+        warn(f"cannot read the cached features {path} ({reason(error)}): computing them")
+        return None
+    except Exception:  # noqa: BLE001 - a truncated or foreign file is recomputed, never used
+        warn(f"the cached features {path} are damaged: computing them again")
+        return None
+    return None if any(len(array) != rows[name] for name, array in arrays.items()) else arrays
 
 
 # The solve loses about log10(1 / rcond) of float64's 16 digits: below this, fewer than 6 would be left, quietly.

@@ -193,11 +193,16 @@ ARTICLE_PROCESSORS = ("google/vit-base-patch16-224", "google/vit-base-patch16-22
 
 
 def processor_config(name):
-    """The checkpoint's PROCESSOR_FILE as a dict from its folder, the cache or the Hub, or None (it has none, or is one
-    of ARTICLE_PROCESSORS); a Hub id whose file cannot be had is one line: its pixels would be guessed."""
+    """The checkpoint's PROCESSOR_FILE as a dict from its folder, else hub_processor_config(name), or None (none)."""
     folder = Path(os.path.expanduser(name))
-    if folder.is_dir():
-        return read_processor(folder / PROCESSOR_FILE, name) if (folder / PROCESSOR_FILE).is_file() else None
+    if not folder.is_dir():
+        return hub_processor_config(name)
+    return read_processor(folder / PROCESSOR_FILE, name) if (folder / PROCESSOR_FILE).is_file() else None
+
+
+def hub_processor_config(name):
+    """A Hub id's PROCESSOR_FILE as a dict from the cache or the Hub, or None (it has none, or is one of
+    ARTICLE_PROCESSORS); one whose file cannot be had is one line: its pixels would be guessed."""
     cached = try_to_load_from_cache(name, PROCESSOR_FILE)
     if isinstance(cached, str):
         return read_processor(cached, name)

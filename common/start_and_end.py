@@ -46,7 +46,7 @@ def before_torch_loads(packages=JOB):
     signal.signal(signal.SIGTERM, leave)
     job = os.environ.pop(JOB_PID, None)  # started by a job: end with it (the script's own children do not)
     if job and sys.platform.startswith("linux"):
-        end_with_the_job(int(job))
+        end_with(int(job), signal.SIGTERM)
     if hasattr(signal, "pthread_sigmask"):  # reproduce.py starts a script with Ctrl-C held back until here
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     from importlib.util import find_spec  # not loaded at the interpreter's start: imported once Ctrl-C is handled
@@ -59,13 +59,13 @@ def before_torch_loads(packages=JOB):
         sys.exit(2)
 
 
-def end_with_the_job(job):
-    """SIGTERM to this process when the job (its pid) ends, as when it has ended already."""
-    import ctypes  # a script the job starts alone
+def end_with(parent, signum):
+    """signum to this process when its parent (its pid) ends, as when it has ended already (Linux's PDEATHSIG)."""
+    import ctypes  # only where it is asked for: a script the job starts, a loader's worker
 
-    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG: SIGTERM as the job ends
-    if os.getppid() != job:  # it ended before the request was made
-        os.kill(os.getpid(), signal.SIGTERM)
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signum))  # 1: PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it ended before the request was made
+        os.kill(os.getpid(), signum)
 
 
 class UserError(Exception):
