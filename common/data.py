@@ -260,14 +260,7 @@ def start_loader(loader, timing=None, count=len):
     """(the pass's batches, the seconds its workers took to start, before the pass: not counted as waiting); a picture
     that cannot be read raises its UserError; the workers end with the pass; with timing, each batch is timed()."""
     begun = time.perf_counter()
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if hasattr(signal, "pthread_sigmask") else None
-    try:  # Ctrl-C pending until the workers run: they inherit it held, until worker_setup (no traceback from them)
-        batches = iter(loader)
-        for _ in range(loader.num_workers):  # each new interpreter has imported what it needs and runs
-            loader.dataset.ready.acquire(timeout=300)  # a bound: a worker that died is the pass's error
-    finally:
-        if held is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    batches = start_workers(loader) if loader.num_workers else iter(loader)
     seconds = time.perf_counter() - begun
 
     def checked(iterator):
@@ -282,6 +275,19 @@ def start_loader(loader, timing=None, count=len):
             del iterator, timed_batches
 
     return checked(batches), seconds
+
+
+def start_workers(loader):
+    """iter(loader) once each of its worker processes runs (has imported what it needs)."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if hasattr(signal, "pthread_sigmask") else None
+    try:  # Ctrl-C pending until the workers run: they inherit it held, until worker_setup (no traceback from them)
+        batches = iter(loader)
+        for _ in range(loader.num_workers):
+            loader.dataset.ready.acquire(timeout=300)  # a bound: a worker that died is the pass's error
+    finally:
+        if held is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    return batches
 
 
 def batches_of(pictures, resolution, batch_size, device, flips=None, indices=None, workers=None, timing=None,

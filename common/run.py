@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import torch
 
 from common.files import write_text
@@ -323,8 +324,9 @@ class Report:
                 self.record({f"{name} seconds": value["seconds"], f"{name} waiting seconds": value["waiting seconds"]})
                 continue
             values = value.tolist() if getattr(value, "ndim", 0) > 0 else value
-            if isinstance(values, (list, tuple)):
-                self.record(dict(entries(name, values)))
+            if isinstance(values, (list, tuple)):  # each entry, name[i,j] counted from 1
+                self.record({f"{name}[{','.join(str(i + 1) for i in index)}]": entry
+                             for index, entry in np.ndenumerate(np.asarray(values, dtype=float))})
                 continue
             if name in self.numbers:
                 raise ValueError(f"{self.script}: the number {name!r} is recorded twice")
@@ -340,15 +342,6 @@ class Report:
         self.print(f'  cannot run section "{title}": {problem}')
         self.could_not_run.append((title, problem))
         return problem
-
-
-def entries(name, values, index=()):
-    """(name[i,j], entry) of each entry of a nested list or tuple, i and j counted from 1."""
-    for i, value in enumerate(values, 1):
-        if isinstance(value, (list, tuple)):
-            yield from entries(name, value, (*index, i))
-        else:
-            yield f"{name}[{','.join(map(str, (*index, i)))}]", value
 
 
 DEVICE_CHOICES = ("auto", "cuda", "mps", "cpu")
