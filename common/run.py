@@ -345,6 +345,8 @@ class Report:
 
 
 DEVICE_CHOICES = ("auto", "cuda", "mps", "cpu")
+DEVICE_MISSING = {"cuda": "--device cuda: no CUDA GPU is visible to torch here; use --device auto or cpu",
+                  "mps": "--device mps: Apple's Metal backend is not available here; use --device auto or cpu"}
 
 
 def keep_freed_memory():
@@ -361,16 +363,12 @@ def keep_freed_memory():
 
 def pick_device(name="auto"):
     """auto takes cuda, then mps, then cpu; a named device must exist."""
+    here = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available(), "cpu": True}
     if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        return torch.device("mps") if torch.backends.mps.is_available() else torch.device("cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda: no CUDA GPU is visible to torch here; use --device auto or cpu")
-    if name == "mps" and not torch.backends.mps.is_available():
-        raise UserError("--device mps: Apple's Metal backend is not available here; use --device auto or cpu")
-    if name not in DEVICE_CHOICES:
-        raise UserError(f"--device {name}: unknown device; choose one of {', '.join(DEVICE_CHOICES)}")
+        return torch.device(next(device for device, available in here.items() if available))
+    if not here.get(name):
+        raise UserError(DEVICE_MISSING.get(name, f"--device {name}: unknown device; choose one of "
+                                                 f"{', '.join(DEVICE_CHOICES)}"))
     return torch.device(name)
 
 
