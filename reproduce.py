@@ -12,9 +12,9 @@ script's sections run and verdict counts. Before any work: the downloads with th
 them and for every file the job writes, and (offline) what each script that cannot run lacks.
 
 Resumable: a script whose JSON in OUT is complete and made by the same command and code (the script,
-common/, compare/ and figures/, its reference numbers, the library versions; OUT/reproduce.json) is
-skipped, --force runs it again; fine-tuning continues from its checkpoint in OUT/finetune-run/ made
-so, --pause-at aside.
+common/, compare/ and figures/, its reference numbers, the library versions; OUT/reproduce.json) from the
+same files (its pictures and checkpoint, by size and time) is skipped, --force runs it again; fine-tuning
+continues from its checkpoint in OUT/finetune-run/ made so, --pause-at aside.
 Ctrl-C or SIGTERM reach the running script, which stops as it would alone; the job then says what it
 kept and that the same command continues it. A script ends with its job however the job ends, and one
 job at a time writes to an OUT (job/child_process.py).
@@ -218,6 +218,10 @@ def plan(args, out, manifest):
     return keys, done, cannot, runnable, lines
 
 
+RUNS_AGAIN = {"command": "its command changed", "code": "its code or the libraries changed",
+              "inputs": "a picture or a checkpoint file it reads changed"}
+
+
 def prepare(script, args, out, keys, manifest):
     """The script's command. Fine-tuning: --resume from OUT/finetune-run when its checkpoint is whole and was made by
     the same command and code, else a fresh start, the old checkpoint kept as checkpoint.previous.pt and the old
@@ -234,6 +238,11 @@ def prepare(script, args, out, keys, manifest):
                 ones = "one is" if len(kept) == 1 else "ones are"
                 say(f"{script_file(script)} starts afresh: {why}; the old {ones} kept as {', '.join(map(str, kept))}")
         manifest["finetune checkpoint"] = checkpoint_maker(args, out, keys[script])  # every checkpoint from now on
+    made = manifest.get(script, {}).get("key", {})
+    changed = [part for part in RUNS_AGAIN if made and made.get(part) != keys[script][part]]
+    if changed and script != "finetune" and (out / f"{script}.json").is_file():  # fine-tuning says why above
+        say(f"{script_file(script)} runs again: {RUNS_AGAIN[changed[0]]} since its JSON was made; that JSON is kept "
+            f"as {out / 'logs' / f'{script}.previous.json'}")
     move_stale(out, script, manifest)
     return script_command(script, args, out, resume)
 
@@ -375,7 +384,7 @@ def run_job(args, argv, out, lock):
             if script in done:
                 times[script] = f"skipped ({clock(manifest[script].get('seconds', 0))} before)"
                 say(f"[{index}/5] {name}: skipped, its JSON in OUT is complete and was made by the same command and "
-                    f"code (--force runs it again)")
+                    f"code from the same files (--force runs it again)")
                 continue
             if script in cannot:
                 move_stale(out, script, manifest)

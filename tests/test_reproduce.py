@@ -1013,6 +1013,25 @@ def test_a_done_script_runs_again_when_a_file_it_reads_changed_in_place(tmp_path
     assert all(after[script]["inputs"] for script in NAMES if script != "setup")  # stamped, not None
 
 
+@pytest.mark.parametrize("part,why", [
+    ("command", "its command changed"),
+    ("code", "its code or the libraries changed"),
+    ("inputs", "a picture or a checkpoint file it reads changed"),
+    (None, None),  # no earlier entry: a first run says nothing
+])
+def test_a_script_that_runs_again_says_why_and_where_its_earlier_json_is_kept(tmp_path, capsys, part, why):
+    out = tmp_path / "out"
+    (out / "logs").mkdir(parents=True)
+    (out / "fewshot.json").write_text("{}")
+    key = {"command": ["python", "vit_part3_fewshot.py"], "code": "abc", "inputs": "def"}
+    manifest = {"fewshot": {"key": {**key, part: "other"}}} if part else {}
+    reproduce.prepare("fewshot", namespace(), out, {"fewshot": key}, manifest)
+    said = [line for line in capsys.readouterr().err.splitlines() if "runs again" in line]
+    assert said == ([f"vit_part3_fewshot.py runs again: {why} since its JSON was made; that JSON is kept as "
+                     f"{out / 'logs' / 'fewshot.previous.json'}"] if part else [])
+    assert (out / "logs" / "fewshot.previous.json").is_file() and "fewshot" not in manifest
+
+
 @pytest.mark.parametrize("model", ["/no/such/vit", "no/such/vit/here", "./typo"])
 def test_the_stamp_of_a_model_that_is_not_there_is_no_traceback(model):
     """A --model in --extra that names nothing (its script says so in one line): the job's stamp is None, not the Hub
