@@ -160,8 +160,8 @@ def load_pretrained(model_class, name, fix=LOCAL_COPY, **kwargs):
 
 
 def from_the_hub(model_class, name, fix, **kwargs):
-    """model_class.from_pretrained(name) from the Hugging Face cache, else downloaded with a bar when the Hub answers
-    (ask_hub); fix: what the line on a checkpoint neither cached nor to be downloaded tells the user to do."""
+    """load_pretrained's model_class.from_pretrained(name) from the Hugging Face cache, else downloaded with a bar when
+    the Hub answers (ask_hub); fix: what the line on a checkpoint neither cached nor to be downloaded tells to do."""
     try:
         return model_class.from_pretrained(name, local_files_only=True, **kwargs)
     except OSError:
@@ -188,7 +188,7 @@ def from_the_hub(model_class, name, fix, **kwargs):
 
 # An image processor's files: AutoImageProcessor reads an "image_processor" entry of the nested one first
 PROCESSOR_FILE, NESTED_PROCESSOR_FILE = "preprocessor_config.json", "processor_config.json"
-# The articles' Part 3 checkpoints, whose PROCESSOR_FILE makes ARTICLE_PIXELS (bilinear, mean and std 0.5): not fetched
+# The articles' Part 3 checkpoints, whose PROCESSOR_FILE makes ARTICLE_PIXELS (bilinear, mean and std 0.5): not read
 ARTICLE_PROCESSORS = ("google/vit-base-patch16-224", "google/vit-base-patch16-224-in21k")
 
 
@@ -202,11 +202,13 @@ def processor_config(name):
 
 def hub_processor_config(name):
     """A Hub id's PROCESSOR_FILE as a dict from the cache or the Hub, or None (it has none, or is one of
-    ARTICLE_PROCESSORS); one whose file cannot be had is one line: its pixels would be guessed."""
+    ARTICLE_PROCESSORS, whatever the cache holds); one whose file cannot be had is one line: its pixels unknown."""
+    if name in ARTICLE_PROCESSORS:  # the same pixels in every run, whether or not another script fetched its file
+        return None
     cached = try_to_load_from_cache(name, PROCESSOR_FILE)
     if isinstance(cached, str):
         return read_processor(cached, name)
-    if cached is not None or name in ARTICLE_PROCESSORS:  # the Hub said it has none, or it is the article's
+    if cached is not None:  # the Hub said it has none
         return None
     info, why = ask_hub(name)
     if info is None:

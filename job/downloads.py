@@ -42,7 +42,7 @@ def piece_is_here(piece, args):
     if piece == IMAGENETTE:
         return bool(args.imagenette) or data.DEFAULT_DIR.is_dir()
     if piece == BEANS:
-        snapshot = beans_snapshot()
+        snapshot = None if args.beans else beans_snapshot()
         return bool(args.beans) or snapshot is not None and all(any(snapshot.rglob(f"{split}*.parquet"))
                                                                 for split in BEANS_SPLITS)
     if args.models and (Path(args.models) / piece).is_dir():

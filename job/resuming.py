@@ -6,9 +6,11 @@ import json
 import os
 from pathlib import Path
 
+from huggingface_hub import try_to_load_from_cache
+
 from common.files import write_text
-from common.paths import BEANS, IMAGENETTE_DIR
-from common.pretrained import NESTED_PROCESSOR_FILE, PROCESSOR_FILE, cached_weight_file
+from common.paths import BEANS, BEANS_SPLITS, IMAGENETTE_DIR
+from common.pretrained import ARTICLE_PROCESSORS, NESTED_PROCESSOR_FILE, PROCESSOR_FILE
 from common.start_and_end import UserError, say
 from compare.data_set import picture_files
 from compare.record import RECORD_FORMAT, library_versions
@@ -42,13 +44,17 @@ def pause_step(command):
     return None if step is None else int(step)
 
 
+WEIGHTS = ("model*.safetensors", "pytorch_model*.bin", "*.index.json")  # a checkpoint's weights, whole or in shards
+
+
 def inputs_stamp(script, command):
     """What a script's results depend on beside its command and code, told cheaply: the files of the pieces it reads
-    (SCRIPTS' "needs" and "optional"), each by its real path, size and modification time. Imagenette is every picture
-    under the command's --data-dir, else the default folder; beans every file of its --data-dir, else of the Hugging
-    Face cache's snapshot; a checkpoint (its --model in place of the script's ViT) the files the feature cache's key
-    describes (the weights, the config and image processor files). None where they cannot be listed (the script says
-    why). A place is read as the scripts do, from the checkout."""
+    (SCRIPTS' "needs" and "optional"), each by its real path, size, modification and change times and inode.
+    Imagenette is every picture under the command's --data-dir, else the default folder; beans the README.md and
+    the splits' parquet files of its --data-dir, else of the Hugging Face cache's snapshot; a checkpoint (its --model
+    in place of the script's ViT) its weights, config.json and image processor files, those of the article's Hub
+    checkpoints aside but for the backbone (the Part 3 scripts make their pixels without reading them). None where they
+    cannot be listed (the script says why). A place is read as the scripts do, from the checkout."""
     data, model = flag_value(command, "--data-dir"), flag_value(command, "--model")
     files = []
     try:
@@ -58,13 +64,18 @@ def inputs_stamp(script, command):
                 files += picture_files(root).values() if root.is_dir() else []
             elif piece == BEANS:
                 root = ROOT / os.path.expanduser(data) if data else beans_snapshot()
-                files += sorted(path for path in root.rglob("*") if path.is_file()) if root and root.is_dir() else []
+                if root and root.is_dir():
+                    files += [root / "README.md", *(path for split in BEANS_SPLITS
+                                                    for path in sorted(root.rglob(f"{split}*.parquet")))]
             else:
                 name = model if model and piece != RESNET else piece  # --model is the script's ViT
                 local = ROOT / os.path.expanduser(name)
-                weights = cached_weight_file(str(local) if local.is_dir() else name)  # a name it refuses: ValueError
-                files += [Path(weights).parent / file for file in (Path(weights).name, "config.json", PROCESSOR_FILE,
-                                                                   NESTED_PROCESSOR_FILE)] if weights else []
+                config = local / "config.json" if local.is_dir() else try_to_load_from_cache(name, "config.json")
+                if isinstance(config, (str, Path)):  # a name the Hub refuses: its ValueError
+                    folder = Path(config).parent
+                    read = script == "backbone" or local.is_dir() or name not in ARTICLE_PROCESSORS
+                    processor = [folder / file for file in (PROCESSOR_FILE, NESTED_PROCESSOR_FILE) if read]
+                    files += [folder / "config.json", *processor, *sorted(p for w in WEIGHTS for p in folder.glob(w))]
     except (OSError, ValueError):
         return None
     digest = hashlib.sha256()
@@ -73,7 +84,8 @@ def inputs_stamp(script, command):
             stat = path.stat()
         except OSError:  # not there (a checkpoint without an image processor), or not readable
             continue
-        digest.update(f"{os.path.realpath(path)} {stat.st_size} {stat.st_mtime_ns}\n".encode())
+        digest.update(f"{os.path.realpath(path)} {stat.st_size} {stat.st_mtime_ns} {stat.st_ctime_ns} "
+                      f"{stat.st_ino}\n".encode())
     return digest.hexdigest()
 
 

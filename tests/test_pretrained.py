@@ -104,6 +104,12 @@ def test_the_image_processor_is_read_where_the_checkpoint_is_and_never_guessed(t
     assert pretrained.processor_config(str(tmp_path / "with")) == HUB_PROCESSOR
     assert pretrained.processor_config(str(tmp_path / "without")) is None
     assert pretrained.processor_config("google/vit-base-patch16-224-in21k") is None
+    snapshot = tmp_path / "cache" / "models--google--vit-base-patch16-224" / "snapshots" / ("a" * 40)
+    snapshot.mkdir(parents=True)  # the backbone's AutoImageProcessor fetched it: the article's pixels all the same
+    (snapshot / "preprocessor_config.json").write_text(json.dumps({**HUB_PROCESSOR, "image_mean": [0.0, 0.0, 0.0]}))
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("a" * 40)
+    assert pretrained.processor_config("google/vit-base-patch16-224") is None
     with pytest.raises(UserError, match="so the pixels it was made for are unknown") as refused:
         pretrained.processor_config("someone/other-vit")
     assert "\n" not in str(refused.value)

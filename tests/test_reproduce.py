@@ -982,17 +982,21 @@ def test_the_stamp_of_fine_tunings_inputs_is_taken_again_after_it_ran(tmp_path, 
     ("a picture removed", {"posemb", "fewshot", "finetune"}),
     ("the ViT's weights rewritten", {"posemb", "backbone"}),
     ("in21k's config rewritten", {"fewshot", "finetune"}),
+    ("an in21k shard rewritten", {"fewshot", "finetune"}),  # a sharded checkpoint's weights
     ("a beans file rewritten", {"backbone"}),
     ("a file beside the pictures", set()),  # no picture: each script reads the same
+    ("a file beside beans' files", set()),  # neither its README.md nor a split's parquet file
 ])
 def test_a_done_script_runs_again_when_a_file_it_reads_changed_in_place(tmp_path, change, runs_again):
     """A script's key holds the stamp of the files it reads (by real path, size and time): a picture or a checkpoint
     changed under the same path runs again the scripts that read it, and only those."""
     nette, models = standins.imagenette_folder(tmp_path / "nette", per_class=1), tmp_path / "models"
     beans = standins.beans_folder(tmp_path / "beans", per_class={"train": 1, "validation": 1})
-    for name in (VIT, IN21K):
+    for name, weights in ((VIT, ["model.safetensors"]), (IN21K, ["model-00001-of-00002.safetensors",
+                                                                 "model-00002-of-00002.safetensors"])):
         (models / name).mkdir(parents=True)
-        (models / name / "model.safetensors").write_bytes(b"weights")
+        for file in weights:
+            (models / name / file).write_bytes(b"weights")
         (models / name / "config.json").write_text("{}")
     args = namespace(imagenette=str(nette), models=str(models), beans=str(beans))
     before = reproduce.script_keys(args, tmp_path / "out")
@@ -1000,17 +1004,42 @@ def test_a_done_script_runs_again_when_a_file_it_reads_changed_in_place(tmp_path
     later = time.time_ns() + 10**9  # set: a coarse clock may not tick between the two stamps
     changed = {"a picture rewritten": picture, "the ViT's weights rewritten": models / VIT / "model.safetensors",
                "in21k's config rewritten": models / IN21K / "config.json",
-               "a beans file rewritten": next(path for path in beans.rglob("*") if path.is_file())}.get(change)
+               "an in21k shard rewritten": models / IN21K / "model-00002-of-00002.safetensors",
+               "a beans file rewritten": next(beans.rglob("validation*.parquet"))}.get(change)
     if changed:
         changed.write_bytes(changed.read_bytes() + b"\0")
         os.utime(changed, ns=(later, later))
     elif change == "a picture removed":
         picture.unlink()
+    elif change == "a file beside beans' files":
+        (beans / ".DS_Store").write_bytes(b"")
     else:
         (picture.parent / ".DS_Store").write_bytes(b"")
     after = reproduce.script_keys(args, tmp_path / "out")
     assert {script for script in NAMES if after[script] != before[script]} == runs_again
     assert all(after[script]["inputs"] for script in NAMES if script != "setup")  # stamped, not None
+
+
+def test_the_articles_image_processor_fetched_later_runs_again_the_backbone_alone(tmp_path, monkeypatch):
+    """The backbone's AutoImageProcessor fetches google/vit-base-patch16-224's preprocessor_config.json into the
+    cache's snapshot after posemb ran; posemb makes the article's pixels without it: its stamp keeps it out, or the
+    next identical job would run posemb again."""
+    from huggingface_hub import constants
+
+    revision = "a" * 40
+    repo = tmp_path / "hub" / "models--google--vit-base-patch16-224"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(revision)
+    snapshot = repo / "snapshots" / revision
+    snapshot.mkdir(parents=True)
+    for file in ("config.json", "model.safetensors"):
+        (snapshot / file).write_text("{}")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    args = namespace(imagenette=str(standins.imagenette_folder(tmp_path / "nette", per_class=1)))
+    before = reproduce.script_keys(args, tmp_path / "out")
+    (snapshot / "preprocessor_config.json").write_text("{}")
+    after = reproduce.script_keys(args, tmp_path / "out")
+    assert {script for script in NAMES if after[script] != before[script]} == {"backbone"}
 
 
 @pytest.mark.parametrize("part,why", [
@@ -1027,8 +1056,9 @@ def test_a_script_that_runs_again_says_why_and_where_its_earlier_json_is_kept(tm
     manifest = {"fewshot": {"key": {**key, part: "other"}}} if part else {}
     reproduce.prepare("fewshot", namespace(), out, {"fewshot": key}, manifest)
     said = [line for line in capsys.readouterr().err.splitlines() if "runs again" in line]
-    assert said == ([f"vit_part3_fewshot.py runs again: {why} since its JSON was made; that JSON is kept as "
-                     f"{out / 'logs' / 'fewshot.previous.json'}"] if part else [])
+    expected = (f"vit_part3_fewshot.py runs again: {why} since its JSON was made; that JSON is kept as "
+                f"{out / 'logs' / 'fewshot.previous.json'}")
+    assert said == ([expected] if part else [])
     assert (out / "logs" / "fewshot.previous.json").is_file() and "fewshot" not in manifest
 
 
