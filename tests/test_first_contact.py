@@ -95,7 +95,8 @@ NOTHING_LISTENS = "http://127.0.0.1:9"  # the discard port: a stopped server
 @pytest.fixture(scope="module")
 def jobs(servers, tmp_path_factory):
     """The quick job online from empty caches, the Part 3 scripts with the article's packages alone, and the requests
-    it made; then the same job with --force where nothing answers, stopped once its plan is said."""
+    it made; the same job again; then the same job with --force where nothing answers, stopped once its plan is
+    said."""
     home, out = tmp_path_factory.mktemp("online"), tmp_path_factory.mktemp("job") / "results"
     site = tmp_path_factory.mktemp("article-only")
     (site / "sitecustomize.py").write_text(ARTICLE_ONLY)
@@ -106,10 +107,11 @@ def jobs(servers, tmp_path_factory):
     requests = servers["hub"].requests + servers["archive"].requests
     page = (out / "report.md").is_file()  # before the job with --force, which sets it aside with the results
     records = {path.stem: path.read_text() for path in out.glob("*.json")}
+    again = run(command, {**environment(servers["hub"].url, servers["archive url"], home), "PYTHONPATH": str(site)})
     offline_env = environment(NOTHING_LISTENS, NOTHING_LISTENS + ARCHIVE_PATH, home)
     plan = plan_of([*command, "--force"], offline_env)
-    return {"online": online, "requests": requests, "page": page, "records": records, "plan": plan, "out": out,
-            "home": home, "offline env": offline_env}
+    return {"online": online, "requests": requests, "page": page, "records": records, "again": again, "plan": plan,
+            "out": out, "home": home, "offline env": offline_env}
 
 
 def whole_downloads(requests):
@@ -135,6 +137,15 @@ def test_the_job_online_from_empty_caches_downloads_each_piece_once_with_a_bar(j
                 "train-00000-of-00001.parquet: 100%", "validation-00000-of-00001.parquet: 100%"]:
         assert bar in stderr, bar
     assert jobs["page"] and "page: " in stdout
+
+
+def test_the_same_job_again_skips_all_five_though_each_fetched_its_own_files(jobs):
+    """Posemb's stamp is taken before the backbone fetches the ViT's image processor into the same snapshot: the
+    second call finds every script's files as they were after its run, and runs none."""
+    status, _, stderr = jobs["again"]
+    assert status == 0 and sum(": skipped, its JSON in OUT is complete" in line for line in stderr.splitlines()) == 5, (
+        stderr[-3000:])
+    assert "runs again" not in stderr
 
 
 def test_the_part3_scripts_run_every_section_with_the_articles_packages_alone(jobs):
