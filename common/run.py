@@ -387,7 +387,8 @@ def set_precision(device, precision="fp32", fp32_rule="strict"):
     """The arithmetic of matrix multiplies and convolutions (docs/layout.md); returns the forward passes' context."""
     if precision != "fp32":
         check_precision(device, precision)
-    # torch's newer fp32_precision API raises when mixed with these flags; the Trainer's tf32=None leaves them as set
+    # these flags' defaults are the rule "torch defaults"; torch's newer fp32_precision API raises when mixed with
+    # them, and the Trainer's tf32=None leaves them as set here
     rule = float32_rule(precision, fp32_rule)
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = FP32_RULES[rule]
     return torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
