@@ -64,6 +64,7 @@ from job.resuming import (
     pause_step,
     read_manifest,
     readable_record,
+    why_again,
     write_manifest,
 )
 from job.scripts import PAGE_WRITES_MB, SCRIPTS, script_file
@@ -218,10 +219,6 @@ def plan(args, out, manifest):
     return keys, done, cannot, runnable, lines
 
 
-RUNS_AGAIN = {"command": "its command changed", "code": "its code or the libraries changed",
-              "inputs": "a picture or a checkpoint file it reads changed"}
-
-
 def prepare(script, args, out, keys, manifest):
     """The script's command. Fine-tuning: --resume from OUT/finetune-run when its checkpoint is whole and was made by
     the same command and code, else a fresh start, the old checkpoint kept as checkpoint.previous.pt and the old
@@ -238,11 +235,10 @@ def prepare(script, args, out, keys, manifest):
                 ones = "one is" if len(kept) == 1 else "ones are"
                 say(f"{script_file(script)} starts afresh: {why}; the old {ones} kept as {', '.join(map(str, kept))}")
         manifest["finetune checkpoint"] = checkpoint_maker(args, out, keys[script])  # every checkpoint from now on
-    made = manifest.get(script, {}).get("key", {})
-    changed = [part for part in RUNS_AGAIN if made and made.get(part) != keys[script][part]]
-    if changed and script != "finetune" and (out / f"{script}.json").is_file():  # fine-tuning says why above
-        say(f"{script_file(script)} runs again: {RUNS_AGAIN[changed[0]]} since its JSON was made; that JSON is kept "
-            f"as {out / 'logs' / f'{script}.previous.json'}")
+    made, earlier = manifest.get(script), out / f"{script}.json"
+    if made and script != "finetune" and earlier.is_file():  # fine-tuning says why above
+        say(f"{script_file(script)} runs again: {why_again(made, keys[script], earlier)}; that JSON is kept as "
+            f"{out / 'logs' / f'{script}.previous.json'}")
     move_stale(out, script, manifest)
     return script_command(script, args, out, resume)
 

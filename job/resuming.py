@@ -150,6 +150,21 @@ def readable_record(path):
         return None
 
 
+RUNS_AGAIN = {"command": "its command changed", "code": "its code or the libraries changed",
+              "inputs": "a picture or a checkpoint file it reads changed"}
+
+
+def why_again(entry, key, path):
+    """Why a script whose JSON at path the job wrote (its entry in the job's record) runs again: what changed since
+    (RUNS_AGAIN), its JSON edited since, a section of it that could not run, or a JSON that cannot be read."""
+    changed = [part for part in RUNS_AGAIN if entry.get("key", {}).get(part) != key[part]]
+    if changed:
+        return f"{RUNS_AGAIN[changed[0]]} since its JSON was made"
+    if entry.get("json") != file_digest(path):
+        return "its JSON was changed since it was written"
+    return "a section of it could not run" if readable_record(path) else "its JSON cannot be read"
+
+
 def is_complete(out, script, key, manifest):
     """True when OUT/<script>.json is the one this key made and every section of it ran."""
     entry, path = manifest.get(script), out / f"{script}.json"

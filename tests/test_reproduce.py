@@ -33,6 +33,7 @@ from common import start_and_end
 from common.files import TEMP_PREFIX
 from common.run import ScriptParser
 from common.start_and_end import Terminated, guarded
+from compare.record import RECORD_FORMAT
 from job import child_process, commands, downloads, ending, environment, resuming, standins
 from job.scripts import PAGE_WRITES_MB, SCRIPTS
 from job.time_estimate import estimate_seconds
@@ -1042,23 +1043,29 @@ def test_the_articles_image_processor_fetched_later_runs_again_the_backbone_alon
     assert {script for script in NAMES if after[script] != before[script]} == {"backbone"}
 
 
-@pytest.mark.parametrize("part,why", [
-    ("command", "its command changed"),
-    ("code", "its code or the libraries changed"),
-    ("inputs", "a picture or a checkpoint file it reads changed"),
-    (None, None),  # no earlier entry: a first run says nothing
+@pytest.mark.parametrize("case,why", [
+    ("command", "its command changed since its JSON was made"),
+    ("code", "its code or the libraries changed since its JSON was made"),
+    ("inputs", "a picture or a checkpoint file it reads changed since its JSON was made"),
+    ("edited", "its JSON was changed since it was written"),
+    ("could not run", "a section of it could not run"),
+    ("unreadable", "its JSON cannot be read"),
+    ("first run", None),  # no earlier entry: nothing to say
 ])
-def test_a_script_that_runs_again_says_why_and_where_its_earlier_json_is_kept(tmp_path, capsys, part, why):
+def test_a_script_that_runs_again_says_why_and_where_its_earlier_json_is_kept(tmp_path, capsys, case, why):
     out = tmp_path / "out"
     (out / "logs").mkdir(parents=True)
-    (out / "fewshot.json").write_text("{}")
+    record = {"format": RECORD_FORMAT, "script": "fewshot", "numbers": {},
+              "could_not_run": [{"section": "2. accuracy", "why": "offline"}]}
+    (out / "fewshot.json").write_text("{}" if case == "unreadable" else json.dumps(record))
     key = {"command": ["python", "vit_part3_fewshot.py"], "code": "abc", "inputs": "def"}
-    manifest = {"fewshot": {"key": {**key, part: "other"}}} if part else {}
+    entry = {"key": {**key, **({case: "other"} if case in key else {})}, "json": resuming.file_digest(
+        out / "fewshot.json") if case != "edited" else "another digest"}
+    manifest = {} if case == "first run" else {"fewshot": entry}
     reproduce.prepare("fewshot", namespace(), out, {"fewshot": key}, manifest)
     said = [line for line in capsys.readouterr().err.splitlines() if "runs again" in line]
-    expected = (f"vit_part3_fewshot.py runs again: {why} since its JSON was made; that JSON is kept as "
-                f"{out / 'logs' / 'fewshot.previous.json'}")
-    assert said == ([expected] if part else [])
+    expected = f"vit_part3_fewshot.py runs again: {why}; that JSON is kept as {out / 'logs' / 'fewshot.previous.json'}"
+    assert said == ([expected] if why else [])
     assert (out / "logs" / "fewshot.previous.json").is_file() and "fewshot" not in manifest
 
 
