@@ -52,7 +52,7 @@ from common.run import (
 )
 from job import downloads, ending
 from job.child_process import StopRequests, first_refusal, only_job_on, run_logged
-from job.commands import extra_flags, outputs_moved
+from job.commands import extra_flags, flag_value, outputs_moved
 from job.page import JOB_RECORD, build
 from job.resuming import (
     checkpoint_key,
@@ -148,12 +148,21 @@ def script_keys(args, out):
 
 # ---------------------------------------------------------------- what the job needs
 
-def plan_pieces(to_run, here, can_download):
+def given_pieces(script, command):
+    """The pieces of a script that its command names a local copy of (--extra's --model, --data-dir): here for it."""
+    needs = SCRIPTS[script]["needs"]  # its checkpoint, then its data
+    return {piece for piece, flag in zip(needs, ("--model", "--data-dir"), strict=False)
+            if (value := flag_value(command, flag)) and (ROOT / os.path.expanduser(value)).exists()}
+
+
+def plan_pieces(to_run, here, can_download, given=None):
     """(fetch: [piece], cannot: {script: [missing piece]}): a script lacking a piece that cannot be downloaded
-    cannot run; an optional piece (setup's ResNet-50) is downloaded when it can be, or done without."""
+    cannot run, one its command names a copy of (given: {script: pieces}) aside; an optional piece (setup's
+    ResNet-50) is downloaded when it can be, or done without."""
     fetch, cannot = [], {}
     for script in to_run:
-        missing = [piece for piece in SCRIPTS[script]["needs"] if not here[piece]]
+        missing = [piece for piece in SCRIPTS[script]["needs"] if not here[piece] and piece not in
+                   (given or {}).get(script, ())]
         lacking = [piece for piece in missing if not can_download[piece]]
         if lacking:
             cannot[script] = lacking
@@ -206,7 +215,8 @@ def plan(args, out, manifest):
     pieces = {piece for script in to_run for piece in SCRIPTS[script]["needs"] + SCRIPTS[script]["optional"]}
     here = {piece: piece in pieces and downloads.piece_is_here(piece, args) for piece in downloads.PIECES}
     answers = downloads.answering({piece for piece in pieces if not here[piece]})
-    fetch, lacking = plan_pieces(to_run, here, {piece: answers.get(piece, False) for piece in downloads.PIECES})
+    given = {script: given_pieces(script, script_command(script, args, out)) for script in to_run}
+    fetch, lacking = plan_pieces(to_run, here, {piece: answers.get(piece, False) for piece in downloads.PIECES}, given)
     runnable = [script for script in to_run if script not in lacking]
     cannot = {script: downloads.lacks_text(missing, is_offline_mode()) for script, missing in lacking.items()}
     resumes = "finetune" in runnable and not why_afresh(args, out, keys["finetune"], manifest)  # reads the checkpoint
@@ -236,7 +246,7 @@ def prepare(script, args, out, keys, manifest):
                 say(f"{script_file(script)} starts afresh: {why}; the old {ones} kept as {', '.join(map(str, kept))}")
         manifest["finetune checkpoint"] = checkpoint_maker(args, out, keys[script])  # every checkpoint from now on
     made, earlier = manifest.get(script), out / f"{script}.json"
-    if made and script != "finetune" and earlier.is_file():  # fine-tuning says why above
+    if made and earlier.is_file():
         say(f"{script_file(script)} runs again: {why_again(made, keys[script], earlier)}; that JSON is kept as "
             f"{out / 'logs' / f'{script}.previous.json'}")
     move_stale(out, script, manifest)

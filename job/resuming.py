@@ -20,6 +20,7 @@ from job.page import JOB_RECORD, read_record
 from job.scripts import SCRIPTS, script_file
 
 ROOT = Path(__file__).resolve().parent.parent
+CHECKPOINT_ENTRY = "finetune checkpoint"  # the job's record of what made fine-tuning's checkpoint
 
 
 def command_key(command, out):
@@ -126,11 +127,15 @@ def read_manifest(out, force=False):
 
 def written_by_no_job(manifest):
     """What no job's record holds, of any version (a record edited by hand), or None: a record that is not an
-    object, or a script's entry that is not one or whose seconds are not a number."""
+    object, a script's entry that is not one or whose key is not one or whose seconds are not a number, or a
+    checkpoint's entry that is not one."""
     if not isinstance(manifest, dict):
         return "the record"
+    if not isinstance(manifest.get(CHECKPOINT_ENTRY, {}), dict):
+        return CHECKPOINT_ENTRY
     return next((script for script in SCRIPTS if script in manifest and not (
-        isinstance(manifest[script], dict) and isinstance(manifest[script].get("seconds", 0), (int, float)))), None)
+        isinstance(manifest[script], dict) and isinstance(manifest[script].get("key", {}), dict)
+        and isinstance(manifest[script].get("seconds", 0), (int, float)))), None)
 
 
 def write_manifest(out, manifest):
@@ -151,13 +156,15 @@ def readable_record(path):
 
 
 RUNS_AGAIN = {"command": "its command changed", "code": "its code or the libraries changed",
-              "inputs": "a picture or a checkpoint file it reads changed"}
+              "inputs": "a file it reads (a picture, its data set or its checkpoint) changed"}
 
 
 def why_again(entry, key, path):
     """Why a script whose JSON at path the job wrote (its entry in the job's record) runs again: what changed since
     (RUNS_AGAIN), its JSON edited since, a section of it that could not run, or a JSON that cannot be read."""
     changed = [part for part in RUNS_AGAIN if entry.get("key", {}).get(part) != key[part]]
+    if "inputs" not in entry.get("key", {}):  # a record of the job before it stamped what a script reads
+        return "its JSON was made by an earlier version of the job"
     if changed:
         return f"{RUNS_AGAIN[changed[0]]} since its JSON was made"
     if entry.get("json") != file_digest(path):

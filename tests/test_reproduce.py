@@ -505,6 +505,22 @@ def test_offline_a_script_lacking_a_piece_is_named_and_online_each_download_is_l
     here = {**nothing_here, VIT: True, "Imagenette": True}
     assert reproduce.plan_pieces(["posemb", "fewshot"], here,
                                  dict.fromkeys(pieces, False)) == ([], {"fewshot": [IN21K]})
+    given = {"fewshot": {IN21K, "Imagenette"}, "posemb": {"Imagenette"}}  # --extra's --model, --data-dir
+    assert reproduce.plan_pieces(["posemb", "fewshot"], nothing_here,
+                                 dict.fromkeys(pieces, False), given) == ([], {"posemb": [VIT]})
+
+
+def test_a_model_or_data_folder_given_in_extra_is_here_for_its_script_alone(tmp_path):
+    """Offline, with no --models nor --imagenette: a script whose --extra names its copies runs, the others lack."""
+    nette, model = standins.imagenette_folder(tmp_path / "nette", per_class=1), tmp_path / "in21k"
+    model.mkdir()
+    args = namespace(extra={**{script: [] for script in NAMES},
+                            "fewshot": ["--model", str(model), "--data-dir", str(nette)],
+                            "finetune": ["--data-dir=" + str(nette)]})
+    given = {script: reproduce.given_pieces(script, reproduce.script_command(script, args, tmp_path / "out"))
+             for script in NAMES}
+    assert given == {"setup": set(), "posemb": set(), "fewshot": {IN21K, "Imagenette"}, "finetune": {"Imagenette"},
+                     "backbone": set()}
 
 
 def test_online_the_plan_lists_the_downloads_with_their_sizes_and_the_room(tmp_path, monkeypatch):
@@ -1043,30 +1059,34 @@ def test_the_articles_image_processor_fetched_later_runs_again_the_backbone_alon
     assert {script for script in NAMES if after[script] != before[script]} == {"backbone"}
 
 
+@pytest.mark.parametrize("script", ["fewshot", "finetune"])  # fine-tuning's line on its checkpoint is another
 @pytest.mark.parametrize("case,why", [
     ("command", "its command changed since its JSON was made"),
     ("code", "its code or the libraries changed since its JSON was made"),
-    ("inputs", "a picture or a checkpoint file it reads changed since its JSON was made"),
+    ("inputs", "a file it reads (a picture, its data set or its checkpoint) changed since its JSON was made"),
+    ("no inputs", "its JSON was made by an earlier version of the job"),  # its key had no stamp of them
     ("edited", "its JSON was changed since it was written"),
     ("could not run", "a section of it could not run"),
     ("unreadable", "its JSON cannot be read"),
     ("first run", None),  # no earlier entry: nothing to say
 ])
-def test_a_script_that_runs_again_says_why_and_where_its_earlier_json_is_kept(tmp_path, capsys, case, why):
+def test_a_script_that_runs_again_says_why_and_where_its_earlier_json_is_kept(tmp_path, capsys, script, case, why):
     out = tmp_path / "out"
     (out / "logs").mkdir(parents=True)
-    record = {"format": RECORD_FORMAT, "script": "fewshot", "numbers": {},
+    record = {"format": RECORD_FORMAT, "script": script, "numbers": {},
               "could_not_run": [{"section": "2. accuracy", "why": "offline"}]}
-    (out / "fewshot.json").write_text("{}" if case == "unreadable" else json.dumps(record))
-    key = {"command": ["python", "vit_part3_fewshot.py"], "code": "abc", "inputs": "def"}
-    entry = {"key": {**key, **({case: "other"} if case in key else {})}, "json": resuming.file_digest(
-        out / "fewshot.json") if case != "edited" else "another digest"}
-    manifest = {} if case == "first run" else {"fewshot": entry}
-    reproduce.prepare("fewshot", namespace(), out, {"fewshot": key}, manifest)
+    (out / f"{script}.json").write_text("{}" if case == "unreadable" else json.dumps(record))
+    key = {"command": ["python", NAMES[script]], "code": "abc", "inputs": "def"}
+    made = {**key, **({case: "other"} if case in key else {})}
+    if case == "no inputs":
+        del made["inputs"]
+    entry = {"key": made, "json": resuming.file_digest(out / f"{script}.json") if case != "edited" else "another"}
+    manifest = {} if case == "first run" else {script: entry}
+    reproduce.prepare(script, namespace(), out, {script: key}, manifest)
     said = [line for line in capsys.readouterr().err.splitlines() if "runs again" in line]
-    expected = f"vit_part3_fewshot.py runs again: {why}; that JSON is kept as {out / 'logs' / 'fewshot.previous.json'}"
-    assert said == ([expected] if why else [])
-    assert (out / "logs" / "fewshot.previous.json").is_file() and "fewshot" not in manifest
+    kept = out / "logs" / f"{script}.previous.json"
+    assert said == ([f"{NAMES[script]} runs again: {why}; that JSON is kept as {kept}"] if why else [])
+    assert kept.is_file() and script not in manifest
 
 
 @pytest.mark.parametrize("model", ["/no/such/vit", "no/such/vit/here", "./typo"])

@@ -66,6 +66,8 @@ def test_the_code_of_a_script_is_it_all_of_common_and_figures_and_its_reference(
     ([1, 2], "the record"),  # was taken for another version's: every result set aside
     ({"format": 1, "posemb": {"key": {}, "seconds": "abc"}}, "posemb"),  # a traceback when its time was shown
     ({"format": 1, "setup": "done"}, "setup"),
+    ({"format": 1, "setup": {"key": None, "seconds": 5}}, "setup"),  # a traceback when why it runs again was said
+    ({"format": 1, "finetune checkpoint": None}, "finetune checkpoint"),  # a traceback when fine-tuning was planned
 ])
 def test_a_record_edited_into_what_no_job_writes_is_refused(tmp_path, record, named):
     (tmp_path / "reproduce.json").write_text(json.dumps(record))
