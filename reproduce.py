@@ -392,7 +392,9 @@ def run_job(args, argv, out, lock):
                 say(f"[{index}/5] {name}: skipped, its JSON in OUT is complete and was made by the same command and "
                     f"code from the same files (--force runs it again)")
                 continue
-            if script in cannot:
+            if script in cannot:  # said in the plan; a JSON of its own made otherwise is set aside, and said to be
+                if (out / f"{script}.json").is_file():
+                    say(f"{name} cannot run: its earlier JSON is kept as {out / 'logs' / f'{script}.previous.json'}")
                 move_stale(out, script, manifest)
                 continue
             command = prepare(script, args, out, keys, manifest)

@@ -1089,6 +1089,18 @@ def test_a_script_that_runs_again_says_why_and_where_its_earlier_json_is_kept(tm
     assert kept.is_file() and script not in manifest
 
 
+def test_a_script_that_cannot_run_says_where_its_earlier_json_is_kept(tmp_path, monkeypatch, capsys):
+    """Offline with nothing: posemb cannot run, and its JSON of another command is set aside, said to be."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "posemb.json").write_text("{}")
+    monkeypatch.setattr(reproduce, "run_logged", lambda *args: (1, 0.1, True))  # setup, the one that runs, fails
+    reproduce.main([str(out), "--device", "cpu"])
+    kept = out / "logs" / "posemb.previous.json"
+    assert f"vit_part3_posemb.py cannot run: its earlier JSON is kept as {kept}" in capsys.readouterr().err
+    assert kept.is_file()
+
+
 @pytest.mark.parametrize("model", ["/no/such/vit", "no/such/vit/here", "./typo"])
 def test_the_stamp_of_a_model_that_is_not_there_is_no_traceback(model):
     """A --model in --extra that names nothing (its script says so in one line): the job's stamp is None, not the Hub
