@@ -13,7 +13,7 @@ them and for every file the job writes, and (offline) what each script that cann
 
 Resumable: a script whose JSON in OUT is complete and made by the same command and code (the script,
 common/, compare/ and figures/, its reference numbers, the library versions; OUT/reproduce.json) from the
-same files (its pictures and checkpoint, by size and time) is skipped, --force runs it again; fine-tuning
+same files (its pictures and checkpoint, by size, times and inode) is skipped, --force runs it again; fine-tuning
 continues from its checkpoint in OUT/finetune-run/ made so, --pause-at aside.
 Ctrl-C or SIGTERM reach the running script, which stops as it would alone; the job then says what it
 kept and that the same command continues it. A script ends with its job however the job ends, and one

@@ -42,9 +42,10 @@ def piece_is_here(piece, args):
     if piece == IMAGENETTE:
         return bool(args.imagenette) or data.DEFAULT_DIR.is_dir()
     if piece == BEANS:
-        snapshot = None if args.beans else beans_snapshot()
-        return bool(args.beans) or snapshot is not None and all(any(snapshot.rglob(f"{split}*.parquet"))
-                                                                for split in BEANS_SPLITS)
+        if args.beans:
+            return True
+        snapshot = beans_snapshot()
+        return snapshot is not None and all(any(snapshot.rglob(f"{split}*.parquet")) for split in BEANS_SPLITS)
     if args.models and (Path(args.models) / piece).is_dir():
         return True
     return cached_weight_file(piece) is not None

@@ -162,9 +162,9 @@ RUNS_AGAIN = {"command": "its command changed", "code": "its code or the librari
 def why_again(entry, key, path):
     """Why a script whose JSON at path the job wrote (its entry in the job's record) runs again: what changed since
     (RUNS_AGAIN), its JSON edited since, a section of it that could not run, or a JSON that cannot be read."""
-    changed = [part for part in RUNS_AGAIN if entry.get("key", {}).get(part) != key[part]]
     if "inputs" not in entry.get("key", {}):  # a record of the job before it stamped what a script reads
         return "its JSON was made by an earlier version of the job"
+    changed = [part for part in RUNS_AGAIN if entry["key"].get(part) != key[part]]
     if changed:
         return f"{RUNS_AGAIN[changed[0]]} since its JSON was made"
     if entry.get("json") != file_digest(path):
