@@ -6,6 +6,7 @@ import os
 import shlex
 from pathlib import Path
 
+from common.paths import CHECKOUT
 from common.start_and_end import UserError
 from job.scripts import SCRIPTS, script_file
 
@@ -65,10 +66,13 @@ def extra_flags(texts):
 
 
 def user_place(before, token):
-    """token, or, where it is the value of --model or --data-dir that names a place from where the job was started,
-    or of the backbone's --save-dir, with that place's whole path; a Hub id, or an empty value, as written."""
+    """token, or, where it is the value of --model or --data-dir that names a place from where the job was started
+    (else from the checkout, where the scripts run), or of the backbone's --save-dir, with that place's whole path: the
+    same command from any folder; a Hub id, or an empty value, as written."""
     flag, value, joined = flag_of(before, token)
     path = Path(value).expanduser()  # quoted in --extra, ~ reaches here as typed
+    if names(flag, "--model", "--data-dir") and not path.exists() and (CHECKOUT / path).exists():
+        path = CHECKOUT / path  # an input the scripts find in the checkout
     if value.strip() and (names(flag, "--save-dir") or names(flag, "--model", "--data-dir") and path.exists()):
         return f"{flag}={path.resolve()}" if joined else str(path.resolve())
     return token

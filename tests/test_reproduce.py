@@ -427,15 +427,18 @@ def test_the_backbones_save_dir_is_the_users_to_give_in_extra(tmp_path, monkeypa
 
 def test_a_place_in_extra_is_read_from_where_the_job_was_started(tmp_path, monkeypatch):
     """--extra 'fewshot=--data-dir nette' names the folder beside the user, as OUT and --models do (the scripts run in
-    the checkout, where it named nothing); a Hub id, or a place not there, is passed on as written."""
+    the checkout, where it named nothing); a place there in the checkout alone is the checkout's, as the scripts read
+    it (the job's key is then the same from any folder); a Hub id, or a place not there, is passed on as written."""
     (tmp_path / "nette").mkdir()
     (tmp_path / "models" / "mine").mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
     extra = reproduce.extra_flags(["fewshot=--data-dir nette --shots 1", "posemb=--model models/mine",
                                    "backbone=--model google/vit-base-patch16-224 --data-dir elsewhere",
                                    "finetune=--data-dir ''",  # refused by the script's check: not the folder here
-                                   "setup=--model=models/mine --data=nette --mod nette"])  # as argparse reads them
-    assert extra["fewshot"] == ["--data-dir", str(tmp_path / "nette"), "--shots", "1"]
+                                   "setup=--model=models/mine --data=nette --mod nette",  # as argparse reads them
+                                   "fewshot=--model docs"])  # not beside the user: the checkout's
+
+    assert extra["fewshot"] == ["--data-dir", str(tmp_path / "nette"), "--shots", "1", "--model", str(ROOT / "docs")]
     assert extra["posemb"] == ["--model", str(tmp_path / "models" / "mine")]
     assert extra["setup"] == [f"--model={tmp_path / 'models' / 'mine'}", f"--data={tmp_path / 'nette'}", "--mod",
                               str(tmp_path / "nette")]
