@@ -55,6 +55,7 @@ from job.child_process import StopRequests, first_refusal, only_job_on, run_logg
 from job.commands import extra_flags, flag_value, outputs_moved
 from job.page import JOB_RECORD, build
 from job.resuming import (
+    CHECKPOINT_ENTRY,
     checkpoint_key,
     code_digest,
     command_key,
@@ -233,7 +234,7 @@ def prepare(script, args, out, keys, manifest):
     """The script's command. Fine-tuning: --resume from OUT/finetune-run when its checkpoint is whole and was made by
     the same command and code, else a fresh start, the old checkpoint kept as checkpoint.previous.pt and the old
     saved models as model.previous/ and model-last.previous/ (no earlier run's model stays beside this run's
-    checkpoint). A stale JSON is moved to OUT/logs/."""
+    checkpoint). A stale JSON is moved to OUT/logs/, and why it is said (why_again)."""
     resume = False
     if script == "finetune":
         why = why_afresh(args, out, keys[script], manifest)
@@ -244,7 +245,7 @@ def prepare(script, args, out, keys, manifest):
             if kept:
                 ones = "one is" if len(kept) == 1 else "ones are"
                 say(f"{script_file(script)} starts afresh: {why}; the old {ones} kept as {', '.join(map(str, kept))}")
-        manifest["finetune checkpoint"] = checkpoint_maker(args, out, keys[script])  # every checkpoint from now on
+        manifest[CHECKPOINT_ENTRY] = checkpoint_maker(args, out, keys[script])  # every checkpoint from now on
     made, earlier = manifest.get(script), out / f"{script}.json"
     if made and earlier.is_file():
         say(f"{script_file(script)} runs again: {why_again(made, keys[script], earlier)}; that JSON is kept as "
@@ -255,18 +256,19 @@ def prepare(script, args, out, keys, manifest):
 
 def checkpoint_maker(args, out, key):
     command = script_command("finetune", args, out)
-    return {"command": checkpoint_key(command, out), "code": key["code"], "inputs": inputs_stamp("finetune", command)}
+    return {"command": checkpoint_key(command, out), "code": key["code"], "inputs": key["inputs"]}
 
 
 def why_afresh(args, out, key, manifest):
     """Why fine-tuning cannot continue from OUT's checkpoint, "" when it can: it is there, was made by the same
     command and code, its pictures and model files are as they were after the run that made it (inputs_stamp: by
-    size and time; the script checks the pictures by their bytes), it reads back whole, as the script's --resume will
-    read it, and it is not past the command's --pause-at (--resume refuses each of these on every call)."""
+    size, times and inode; the script checks the pictures by their bytes), it reads back whole, as the script's
+    --resume will read it, and it is not past the command's --pause-at (--resume refuses each of these on every
+    call)."""
     checkpoint = out / FINETUNE_RUN / CHECKPOINT
     if not checkpoint.is_file():
         return "there is no checkpoint"
-    made, now = manifest.get("finetune checkpoint", {}), checkpoint_maker(args, out, key)
+    made, now = manifest.get(CHECKPOINT_ENTRY, {}), checkpoint_maker(args, out, key)
     if args.force or any(made.get(field) != now[field] for field in ("command", "code")) or "inputs" not in made:
         return "its checkpoint was made by another command or code (or --force)"
     if made["inputs"] != now["inputs"]:  # --resume would refuse it on every run of this command
@@ -376,7 +378,7 @@ def run_job(args, argv, out, lock):
     if args.force:  # every result set aside now: the command that continues a stopped job, without it, runs the rest
         for script in SCRIPTS:
             move_stale(out, script, manifest)
-        manifest.pop("finetune checkpoint", None)  # its checkpoint is continued by no later job
+        manifest.pop(CHECKPOINT_ENTRY, None)  # its checkpoint is continued by no later job
         write_manifest(out, manifest)
     reference = REFERENCE["quick" if args.quick else "full"]
     estimable = [script for script in runnable if not args.extra[script]]  # --extra changes what a script does
@@ -408,7 +410,7 @@ def run_job(args, argv, out, lock):
             status, seconds, logged = run_logged(command, ROOT, out / "logs" / f"{script}.log", stop, lock, say)
             stamp = inputs_stamp(script, command)  # what it read, its own downloads too: what the next job compares
             if script == "finetune":
-                manifest["finetune checkpoint"]["inputs"] = stamp
+                manifest[CHECKPOINT_ENTRY]["inputs"] = stamp
             log = f"logs/{script}.log" if logged else "its log could not be written"
             seconds = round(seconds, 1)  # one clock: the terminal, reproduce.json and the page show these seconds
             record = readable_record(out / f"{script}.json")

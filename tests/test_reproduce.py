@@ -905,7 +905,7 @@ def test_a_checkpoint_of_another_command_or_damaged_is_kept_aside_not_deleted(tm
     (out / "finetune-run" / "model-last.previous").write_text("a file where the folder goes")
     saved = checkpoint.read_bytes() if whole else checkpoint.read_bytes()[:1000]
     checkpoint.write_bytes(saved)
-    args, keys = namespace(), {"finetune": {"code": "code digest"}}
+    args, keys = namespace(), {"finetune": {"code": "code digest", "inputs": "stamp"}}
     made_by = reproduce.checkpoint_maker(args, out, keys["finetune"])  # its command, code and inputs
     manifest = {"finetune checkpoint": made_by if made_by_this_command else {**made_by, "code": "other code"}}
     command = reproduce.prepare("finetune", args, out, keys, manifest)
@@ -936,7 +936,7 @@ def test_a_checkpoint_past_the_commands_pause_at_starts_fine_tuning_afresh(tmp_p
     args = namespace(quick=True, extra={**{script: [] for script in NAMES}, "finetune": extra})
     checkpoint = out / "finetune-run" / "checkpoint.pt"
     vit_part3_finetune.save_checkpoint(checkpoint, {"step": 5}, vit_part3_finetune.CHECKPOINT_FORMAT)
-    keys = {"finetune": {"code": "code digest"}}
+    keys = {"finetune": {"code": "code digest", "inputs": "stamp"}}
     manifest = {"finetune checkpoint": reproduce.checkpoint_maker(args, out, keys["finetune"])}
     assert reproduce.why_afresh(args, out, keys["finetune"], manifest) == why
 
@@ -953,9 +953,9 @@ def test_a_checkpoint_whose_pictures_or_model_changed_starts_fine_tuning_afresh(
     args = namespace(imagenette=str(nette), models=str(model))
     vit_part3_finetune.save_checkpoint(out / "finetune-run" / "checkpoint.pt", {"step": 5},
                                        vit_part3_finetune.CHECKPOINT_FORMAT)
-    keys = {"finetune": {"code": "code digest"}}
-    manifest = {"finetune checkpoint": reproduce.checkpoint_maker(args, out, keys["finetune"])}
-    assert reproduce.why_afresh(args, out, keys["finetune"], manifest) == ""
+    key = reproduce.script_keys(args, out)["finetune"]  # as the job's plan makes it
+    manifest = {"finetune checkpoint": reproduce.checkpoint_maker(args, out, key)}
+    assert reproduce.why_afresh(args, out, key, manifest) == ""
     picture = next((nette / "val").rglob("*.JPEG"))
     if change == "a picture rewritten":  # the same size, another time (set: a coarse clock may not tick)
         mtime = picture.stat().st_mtime_ns
@@ -970,7 +970,8 @@ def test_a_checkpoint_whose_pictures_or_model_changed_starts_fine_tuning_afresh(
     else:
         os.chmod(picture.parent, 0o700)
     same = change in ("a file beside the pictures", "the folders' modes")
-    assert reproduce.why_afresh(args, out, keys["finetune"], manifest) == ("" if same else (
+    key = reproduce.script_keys(args, out)["finetune"]  # the next job's plan
+    assert reproduce.why_afresh(args, out, key, manifest) == ("" if same else (
         "a picture under its --data-dir or a file of its --model changed since its checkpoint was made"))
 
 
@@ -1117,7 +1118,8 @@ def test_models_of_an_earlier_run_without_its_checkpoint_are_kept_aside_as_fine_
     out = tmp_path / "out"
     (out / "logs").mkdir(parents=True)
     (out / "finetune-run" / "model").mkdir(parents=True)
-    command = reproduce.prepare("finetune", namespace(), out, {"finetune": {"code": "code digest"}}, {})
+    key = {"code": "code digest", "inputs": "stamp"}
+    command = reproduce.prepare("finetune", namespace(), out, {"finetune": key}, {})
     assert "--resume" not in command and not (out / "finetune-run" / "model").exists()
     kept = out / "finetune-run" / "model.previous"
     assert kept.is_dir() and capsys.readouterr().err.splitlines()[-1] == (
