@@ -86,7 +86,7 @@ from common.run import (
     section,
     seed_number,
     side_pixels,
-    step_count,
+    whole_number,
 )
 from compare.data_set import data_differences
 from compare.verdicts import article_values
@@ -98,6 +98,8 @@ from job.imagenette_archive import download_imagenette
 # The article's run ("Our fine-tuning run"), the pieces of the paper's Table 4 at a smaller scale.
 MODEL = "google/vit-base-patch16-224-in21k"  # the ImageNet-21k checkpoint of ViT-B/16, with a zero head
 STEPS = 300             # optimizer steps, about one pass over Imagenette (the paper: 500 to 20,000)
+step_count = functools.partial(whole_number, low=1, high=100_000,  # argparse type: 5 x the paper's longest
+                               refusal="is not a number of steps from 1 to 100,000")
 BATCH = 32              # pictures per step (the paper: 512)
 LR = 0.003              # base learning rate, a value of Table 4's grid, picked without a search
 WARMUP_FRACTION = 0.1   # a linear warm-up over the first 30 of 300 steps (ours: Table 4 lists none)

@@ -21,16 +21,19 @@ if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as 
 import copy
 import functools
 import math
+import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import scipy.ndimage
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 # transformers is imported in the functions that use it: a DataLoader worker (spawn) runs this file's top
 # lines again, where it would add about 3 s to every worker's start (docs/performance.md; tests/test_loader.py)
-from common.data import CLASSES, DEFAULT_NAME, load_all, load_splits, run_model, workers_text
+from common.data import CLASSES, DEFAULT_NAME, load_rgb, load_splits, run_model, workers_text
 from common.pretrained import checkpoint_config, checkpoint_pixels, load_pretrained
 from common.run import begin, conclude, experiment_parser, nonempty_path, pass_text, section, side_pixels, tried
 from compare.data_set import data_differences
@@ -178,11 +181,15 @@ def imagenet_indices(root, folders):
 
 
 def load_pictures(data_dir, per_class):
-    """(decoded pictures, labels, the ImageNet index of each class) of the validation split."""
+    """(decoded pictures, labels, the ImageNet index of each class) of the validation split: each picture decoded once,
+    by threads (PIL decodes outside the GIL), for the five passes."""
     # a random sample of the split; no --data-dir: data/imagenette2-160, downloaded when missing
     data = load_splits(data_dir or download_imagenette(), {"val": per_class}, drawn=True)
-    return (load_all([path for path, _ in data["val"]]), torch.tensor([label for _, label in data["val"]]),
-            imagenet_indices(data["root"], data["folders"]))
+    paths = [path for path, _ in data["val"]]
+    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
+        images = list(tqdm(pool.map(load_rgb, paths), total=len(paths), desc="decoding", unit="picture",
+                           file=sys.stderr, leave=False))
+    return images, torch.tensor([label for _, label in data["val"]]), imagenet_indices(data["root"], data["folders"])
 
 
 # ---------------------------------------------------------------- sections

@@ -37,7 +37,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root, for common/
 
-from common.data import PREFETCH, batches_of, load_all, picture_loader, resized_rgb, run_model, start_loader
+from common.data import PREFETCH, batches_of, load_rgb, picture_loader, resized_rgb, run_model, start_loader
 from common.files import write_text
 from common.pretrained import ARTICLE_PIXELS
 from common.run import (
@@ -361,7 +361,7 @@ def section_loader(run, figures, report):
     """The loader alone on pictures decoded once, as posemb and fine-tuning's checks hold them."""
     args, workers = run.args, run.args.workers
     with tempfile.TemporaryDirectory(prefix="vit-bench-") as folder:
-        pictures = load_all(smooth_pictures(folder, args.loader_pictures))
+        pictures = [load_rgb(path) for path in smooth_pictures(folder, args.loader_pictures)]
     report.print(f"\n== 7. the loader alone: {args.loader_pictures} pictures decoded once (160 px high), batch "
                  f"{args.batch_size}, best of {args.rounds} rounds; the reference is a plain DataLoader with {workers} "
                  "workers ==")

@@ -9,7 +9,6 @@ import os
 import signal
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -144,13 +143,6 @@ def to_pixels(batch, device, pixels):
 def channel_constants(mean, std, device):
     """(mean, std) as (1, 3, 1, 1) tensors on the device, made once: a copy to a GPU each batch would wait for it."""
     return tuple(torch.tensor(values, device=device).view(1, 3, 1, 1) for values in (mean, std))
-
-
-def load_all(paths, desc="decoding"):
-    """Every picture decoded (RGB), in order; by threads (PIL decodes outside the GIL)."""
-    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
-        return list(tqdm(pool.map(load_rgb, paths), total=len(paths), desc=desc, unit="picture", file=sys.stderr,
-                         leave=False))
 
 
 PREFETCH = 4  # batches each worker builds ahead

@@ -2,6 +2,7 @@
 name, its sections, --compare and --json, and its exit status (docs/layout.md)."""
 import argparse
 import contextlib
+import copy
 import ctypes
 import errno
 import functools
@@ -183,8 +184,6 @@ def whole_number(text, low, high, refusal):
 positive_int = functools.partial(whole_number, low=1, high=math.inf, refusal="is not a whole number of at least 1")
 seed_number = functools.partial(whole_number, low=0, high=2**32 - 1,  # what numpy and torch both take
                                 refusal=f"is not a seed: a whole number from 0 to {2**32 - 1}")
-step_count = functools.partial(whole_number, low=1, high=100_000,  # 5 x the paper's longest
-                               refusal="is not a number of steps from 1 to 100,000")
 MOST_PICTURES = 65_536  # a batch larger than any device holds, refused before its memory is asked for
 batch_pictures = functools.partial(whole_number, low=1, high=MOST_PICTURES,
                                refusal=f"is not a number of pictures a batch from 1 to {MOST_PICTURES:,}")
@@ -298,50 +297,59 @@ def pass_text(timing):
 
 @dataclass
 class Report:
-    """A script's printed lines and the numbers on them, by name (their layout: docs/layout.md)."""
+    """A script's printed lines and the numbers on them, named when they are read (named(); docs/layout.md)."""
 
     script: str
     quiet: bool = False  # torchrun's other processes print nothing
-    numbers: dict = field(default_factory=dict)  # name -> {"value": float}, an accuracy's with its counts
+    given: list = field(default_factory=list)  # (numbers, counts) of each printed line, copied as they were then
     could_not_run: list = field(default_factory=list)  # (section title, its UserError)
     lines: list = field(default_factory=list)  # every printed line, in order
     series: dict = field(default_factory=dict)  # what a figure needs beyond the printed numbers (maps, curves)
-    passes: dict = field(default_factory=dict)  # name -> a pass over pictures: its seconds, wait and pictures
 
     def print(self, text="", numbers=None, counts=None):
-        """The text printed ("  " a logged line, "\n== ... ==" a section's title), then the numbers on it recorded."""
+        """The text printed ("  " a logged line, "\n== ... ==" a section's title), then the numbers on it kept."""
         self.lines += text.split("\n")
         if not self.quiet:
             print(text, flush=True)
-        self.record(numbers or {}, counts or {})
-
-    def record(self, numbers, counts=None):
-        """{name: value} kept by name: a pass (a dict) as two numbers, a list or array entry by entry, name[i,j];
-        counts: {name: (right, of)} of an accuracy, for the verdicts' exact intervals."""
-        for name, value in numbers.items():
-            if isinstance(value, dict):  # a pass over pictures
-                self.passes[name] = dict(value)
-                self.record({f"{name} seconds": value["seconds"], f"{name} waiting seconds": value["waiting seconds"]})
-                continue
-            values = value.tolist() if getattr(value, "ndim", 0) > 0 else value
-            if isinstance(values, (list, tuple)):  # each entry, name[i,j] counted from 1
-                self.record({f"{name}[{','.join(str(i + 1) for i in index)}]": entry
-                             for index, entry in np.ndenumerate(np.asarray(values, dtype=float))})
-                continue
-            if name in self.numbers:
-                raise ValueError(f"{self.script}: the number {name!r} is recorded twice")
-            right, of = (counts or {}).get(name, (None, None))
-            self.numbers[name] = {"value": float(value)} | ({} if right is None else
-                                                            {"right": right, "of": of, "scale": 100})
-
-    def values(self):
-        return {name: number["value"] for name, number in self.numbers.items()}
+        numbers = {name: value.tolist() if hasattr(value, "tolist") else copy.deepcopy(value)  # their values now
+                   for name, value in (numbers or {}).items()}
+        self.given.append((numbers, counts or {}))
 
     def cannot_run(self, title, problem):
         """A section's one line on why it cannot run, kept for the last lines; returns problem, its UserError."""
         self.print(f'  cannot run section "{title}": {problem}')
         self.could_not_run.append((title, problem))
         return problem
+
+    @property
+    def numbers(self):
+        return named(self.script, self.given)[0]
+
+    def values(self):
+        return {name: number["value"] for name, number in self.numbers.items()}
+
+
+def named(script, given):
+    """({name: {"value": float}, an accuracy's with its counts (right, of)}, {name: a pass over pictures}) of a Report's
+    given numbers: a pass (a dict) as its seconds and waiting seconds, a list or array entry by entry, name[i,j]."""
+    numbers, passes = {}, {}
+    for given_numbers, counts in given:
+        for name, value in given_numbers.items():
+            if isinstance(value, dict):  # a pass over pictures
+                passes[name] = value
+                entries = {f"{name} seconds": value["seconds"], f"{name} waiting seconds": value["waiting seconds"]}
+            elif isinstance(value, (list, tuple)):
+                entries = {f"{name}[{','.join(str(i + 1) for i in index)}]": entry
+                           for index, entry in np.ndenumerate(np.asarray(value, dtype=float))}
+            else:
+                entries = {name: value}
+            for entry, number in entries.items():
+                if entry in numbers:
+                    raise ValueError(f"{script}: the number {entry!r} is recorded twice")
+                right, of = counts.get(entry, (None, None))
+                numbers[entry] = {"value": float(number)} | ({} if right is None else
+                                                             {"right": right, "of": of, "scale": 100})
+    return numbers, passes
 
 
 DEVICE_CHOICES = ("auto", "cuda", "mps", "cpu")

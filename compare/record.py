@@ -10,7 +10,7 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from common.run import float32_arithmetic
+from common.run import float32_arithmetic, named
 from compare.marks import STANDIN_MARK
 from compare.published_files import checkpoint_difference
 from compare.verdicts import comparison_lines, flag_differences, judge
@@ -38,7 +38,7 @@ def run_record(run, report, rows, differences, conclusions=()):
     record = {"format": RECORD_FORMAT, "script": report.script, "flags": vars(run.args),
               "setup differences": differences, "environment": environment(run), "printed": report.lines,
               "numbers": report.numbers,
-              "series": report.series, "passes": report.passes,
+              "series": report.series, "passes": named(report.script, report.given)[1],
               "could_not_run": [{"section": title, "why": str(problem)} for title, problem in report.could_not_run]}
     if rows is not None:
         record["comparison"] = rows

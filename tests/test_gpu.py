@@ -253,11 +253,11 @@ def test_posemb_stretches_the_table_on_cuda_as_the_library_does(script_runs):
 @GPU
 @pytest.mark.parametrize("decoded", [False, True], ids=["paths", "decoded"])  # decoded in the workers, or before
 def test_the_loaders_batches_on_cuda_are_pinned_and_equal_the_cpus(pictures, decoded):
-    from common.data import batches_of, list_split, load_all, picture_loader, start_loader, to_pixels
+    from common.data import batches_of, list_split, load_rgb, picture_loader, start_loader, to_pixels
     from common.pretrained import ARTICLE_PIXELS
 
     paths = [path for path, _ in list_split(pictures, "val")]  # 40 pictures, gray and CMYK among them
-    pictures_in = load_all(paths) if decoded else paths
+    pictures_in = [load_rgb(path) for path in paths] if decoded else paths
     rng = np.random.default_rng(0)
     for resolution, batch in ((32, 6), (48, 16), (32, 40)):  # a loader a pass, as the scripts make it
         flips = rng.random(len(paths)) < 0.5

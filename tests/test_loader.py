@@ -16,11 +16,12 @@ from common.start_and_end import UserError
 @pytest.mark.parametrize("decoded", [False, True])  # paths decoded in the workers; pictures decoded once beforehand
 @pytest.mark.parametrize("workers", [0, 1, 2])  # inline; one worker process; two
 def test_a_pass_keeps_the_order_and_flips_what_it_is_told(pictures, workers, decoded):
-    from common.data import list_split, load_all, picture_loader, start_loader, to_pixels
+    from common.data import list_split, load_rgb, picture_loader, start_loader, to_pixels
 
     paths = [path for path, _ in list_split(pictures, "val", per_class=1)]  # 10 pictures, gray and CMYK among them
     flips = np.arange(10) % 3 == 0
-    loader = picture_loader(load_all(paths) if decoded else paths, 32, 4, torch.device("cpu"), flips, workers=workers)
+    pictures = [load_rgb(path) for path in paths] if decoded else paths
+    loader = picture_loader(pictures, 32, 4, torch.device("cpu"), flips, workers=workers)
     batches = list(start_loader(loader)[0])
     assert [len(b) for b in batches] == [4, 4, 2] and batches[0].dtype == torch.uint8
     batches = [to_pixels(batch, torch.device("cpu"), ARTICLE_PIXELS).numpy() for batch in batches]
@@ -30,10 +31,11 @@ def test_a_pass_keeps_the_order_and_flips_what_it_is_told(pictures, workers, dec
 def test_each_pass_reads_its_own_resolution_flips_and_pictures_and_its_workers_end_with_it(pictures):
     """posemb's rows (224, then 384), few-shot's sets: a loader a pass, which may take some of the pictures
     (indices); its worker processes end when the pass ends, or when it is dropped unfinished."""
-    from common.data import list_split, load_all, picture_loader, start_loader, to_pixels
+    from common.data import list_split, load_rgb, picture_loader, start_loader, to_pixels
 
     paths = [path for path, _ in list_split(pictures, "val", per_class=1)]
-    decoded, cpu, before = load_all(paths), torch.device("cpu"), set(multiprocessing.active_children())
+    decoded = [load_rgb(path) for path in paths]
+    cpu, before = torch.device("cpu"), set(multiprocessing.active_children())
     rng = np.random.default_rng(0)
     for resolution, batch_size, indices in ((32, 4, range(10)), (48, 3, [9, 0, 4]), (32, 10, range(10))):
         flips = rng.random(len(indices)) < 0.5
@@ -133,10 +135,10 @@ def test_decoded_pictures_reach_the_workers_as_one_tensor_in_shared_memory(pictu
 
     from PIL import Image
 
-    from common.data import Pictures, list_split, load_all
+    from common.data import Pictures, list_split, load_rgb
 
     paths = [path for path, _ in list_split(pictures, "val", per_class=1)]  # gray and CMYK among them: RGB once decoded
-    decoded = load_all(paths)
+    decoded = [load_rgb(path) for path in paths]
     dataset = Pictures([*decoded, paths[0]])
     first, second = dataset.__getstate__(), dataset.__getstate__()  # two workers' share
     pixels = first["shared"][0]

@@ -18,7 +18,7 @@ from PIL import Image
 from transformers import ViTForImageClassification
 
 import vit_part3_posemb as posemb
-from common.data import class_folders, list_split, load_all, run_model
+from common.data import class_folders, list_split, load_rgb, run_model
 from common.pretrained import ARTICLE_PIXELS
 from common.run import Report, set_precision
 from common.start_and_end import UserError
@@ -250,7 +250,7 @@ def test_the_first_row_names_the_checkpoints_own_resolution_and_section_4_the_pi
 def test_bf16_changes_the_accuracies_by_at_most_a_tenth_of_a_point(tiny_classifier, pictures):
     model = ViTForImageClassification.from_pretrained(tiny_classifier).eval()
     items = list_split(pictures, "val", per_class=4)
-    images, labels = load_all([path for path, _ in items]), torch.tensor([label for _, label in items])
+    images, labels = [load_rgb(path) for path, _ in items], torch.tensor([label for _, label in items])
     classes = posemb.imagenet_indices(pictures, class_folders(pictures, "val"))
     cpu = torch.device("cpu")
 
