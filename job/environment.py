@@ -6,6 +6,10 @@ import os
 # scripts from a process of one thread; the scripts get the environment the user gave (scripts_environment)
 ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1"}
 SET_FOR_THE_JOB = "VIT_PART3_SET_FOR_THE_JOB"  # the names one_thread() set, which the scripts do not inherit
+# folders the job and its scripts both read, whose relative value each would read from its own working folder (the
+# scripts run in the checkout): the scripts get them made absolute from the job's
+FOLDERS = ("VIT_PART3_DATA", "HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_DATASETS_CACHE", "HF_XET_CACHE",
+           "HF_TOKEN_PATH", "XDG_CACHE_HOME")
 
 
 def one_thread():
@@ -15,6 +19,8 @@ def one_thread():
 
 
 def scripts_environment():
-    """The environment as the user gave it, for the processes the job starts: without what one_thread() set."""
+    """The environment as the user gave it, for the processes the job starts: without what one_thread() set, FOLDERS
+    absolute (~ expanded), as the job reads them."""
     set_here = os.environ.get(SET_FOR_THE_JOB, "").split()
-    return {name: value for name, value in os.environ.items() if name not in (*set_here, SET_FOR_THE_JOB)}
+    given = {name: value for name, value in os.environ.items() if name not in (*set_here, SET_FOR_THE_JOB)}
+    return given | {name: os.path.abspath(os.path.expanduser(given[name])) for name in FOLDERS if given.get(name)}

@@ -708,6 +708,21 @@ def test_the_jobs_single_thread_setting_is_its_own(users, job_has, scripts_get, 
     assert given.get("OPENBLAS_NUM_THREADS") == scripts_get and environment.SET_FOR_THE_JOB not in given
 
 
+@pytest.mark.parametrize("name,given,scripts_get", [
+    ("HF_HOME", "hf", "{cwd}/hf"),  # the scripts run in the checkout: the same folder as the job's
+    ("VIT_PART3_DATA", "../data", "{parent}/data"),
+    ("HF_DATASETS_CACHE", "~/beans", "{home}/beans"),
+    ("HF_HUB_CACHE", "/abs/hub", "/abs/hub"),
+    ("XDG_CACHE_HOME", "", ""),  # empty: the libraries' default, kept as given
+], ids=["HF_HOME relative", "VIT_PART3_DATA up a folder", "~ expanded", "absolute kept", "empty kept"])
+def test_the_scripts_read_the_folders_the_job_reads(name, given, scripts_get, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv(name, given)
+    expected = scripts_get.format(cwd=tmp_path, parent=tmp_path.parent, home=tmp_path / "home")
+    assert environment.scripts_environment()[name] == expected
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux's")
 def test_the_job_starts_each_script_from_a_process_of_one_thread(job):
     """No thread pool in the job (numpy's OpenBLAS held to one thread there alone, the speed probed in a process of
