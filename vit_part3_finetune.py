@@ -817,6 +817,9 @@ def parse_flags(argv, world):
     args = parser.parse_args(argv)
     if (args.resume or args.pause_at) and not args.save_dir:
         parser.error("--resume and --pause-at need --save-dir")
+    if args.pause_at and args.pause_at >= args.steps:  # it would finish the run, not pause it
+        parser.error(f"--pause-at {args.pause_at} is not before the last step of --steps {args.steps}: pause at a "
+                     f"step from 1 to {args.steps - 1}, or drop --pause-at")
     # every flag and output path that can be checked without the data: one line and exit 2 before any work
     if args.batch_size % (world * args.accum_steps):
         raise UserError(f"--batch-size {args.batch_size} does not split into {world} process(es) x {args.accum_steps} "

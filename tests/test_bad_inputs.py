@@ -188,6 +188,8 @@ CASES = [
     ("finetune", ["--steps", "0"], 2, "--steps"),
     ("finetune", ["--save-every", "0"], 2, "--save-every"),
     ("finetune", ["--resume"], 2, "--save-dir"),
+    ("finetune", ["--save-dir", "{out}/late", "--steps", "5", "--pause-at", "5"], 2, "--pause-at 5 is not before"),
+    ("finetune", ["--save-dir", "{out}/late", "--pause-at", "301"], 2, "from 1 to 299"),
     ("finetune", ["--save-dir", "{file}"], 2, "--save-dir"),
     ("finetune", ["--save-dir", "{file}/run"], 2, "--save-dir"),
     ("finetune", ["--json", "{folder}"], 2, "--json"),
