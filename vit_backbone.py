@@ -50,12 +50,12 @@ from common.paths import BEANS, BEANS_MB, BEANS_SPLITS, FEATURE_CACHE_DIR
 from common.pretrained import ask_hub, checkpoint_config, hub_download, load_pretrained, save_loadable, table1_config
 from common.run import (
     PRECISIONS,
+    EachOnce,
     batch_pictures,
     begin,
     conclude,
     experiment_parser,
     float32_arithmetic,
-    given_once,
     nonempty_path,
     nonnegative_float,
     pass_text,
@@ -933,7 +933,7 @@ def parse_args(argv):
                         help="every random draw (the article: 42) (default: %(default)s)")
     parser.add_argument("--probe-epochs", type=positive_int, default=PROBE_EPOCHS,
                         help="epochs of the linear probe (DINO: 100) (default: %(default)s)")
-    parser.add_argument("--lambdas", type=nonnegative_float, nargs="+", default=LAMBDAS,
+    parser.add_argument("--lambdas", type=nonnegative_float, nargs="+", action=EachOnce, default=LAMBDAS,
                         help="ridge penalties of the closed-form probe, finite and >= 0 (default: %(default)s)")
     parser.add_argument("--no-cache", action="store_true", help="neither read nor write data/features/")
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS + ("fp32-strict",),
@@ -949,7 +949,6 @@ def parse_args(argv):
                         help="the Trainer's report_to: where it logs the run, e.g. tensorboard (its logs in "
                              "--save-dir), wandb, mlflow, or all installed (default: %(default)s)")
     args = parser.parse_args(argv)
-    given_once(parser, args, "--lambdas")
     args.report_to = [args.report_to] if isinstance(args.report_to, str) else args.report_to
     why = reporting_problem(args.report_to, args.save_dir)
     if why:

@@ -34,10 +34,10 @@ from common.features import cache_key, cached, closed_form
 from common.paths import CHECKOUT, FEATURE_CACHE_DIR
 from common.pretrained import ARTICLE_PIXELS, checkpoint_pixels, load_pretrained
 from common.run import (
+    EachOnce,
     begin,
     conclude,
     experiment_parser,
-    given_once,
     listed,
     nonempty_path,
     nonnegative_float,
@@ -335,9 +335,10 @@ def main(argv=None):
                        "fixed seed (default: all); the pool is drawn from every training picture, as in a full run",
         batch_help="pictures per batch of the passes that extract the frozen features (the pool's pictures and the "
                    "validation pictures)")
-    parser.add_argument("--shots", type=positive_int, nargs="+", default=ARTICLE_TABLE["shots"],
+    parser.add_argument("--shots", type=positive_int, nargs="+", action=EachOnce, default=ARTICLE_TABLE["shots"],
                         help="pictures per class (default: %(default)s)")
-    parser.add_argument("--lambdas", type=nonnegative_float, nargs="+", default=ARTICLE_TABLE["lambdas"],
+    parser.add_argument("--lambdas", type=nonnegative_float, nargs="+", action=EachOnce,
+                        default=ARTICLE_TABLE["lambdas"],
                         help="ridge penalties, finite and >= 0 (0: plain least squares, the minimum-norm solution when "
                              "pictures are fewer than features) (default: %(default)s)")
     parser.add_argument("--draws", type=positive_int, default=ARTICLE_FLAGS["draws"][1],
@@ -351,7 +352,6 @@ def main(argv=None):
     parser.add_argument("--plots", type=nonempty_path, metavar="DIR",
                         help="save accuracy against shots as PNG (needs matplotlib)")
     args = parser.parse_args(argv)
-    given_once(parser, args, "--shots", "--lambdas")
     if max(args.shots) > args.pool:
         parser.error(f"--shots {max(args.shots)} is more than the pool of {args.pool} per class")
     run, report = begin("fewshot", args)

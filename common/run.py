@@ -265,14 +265,15 @@ def model_flags(parser, model, model_help="", batch_help="",
                              "tf32 exists on NVIDIA GPUs only (default: %(default)s)")
 
 
-def given_once(parser, args, *flags):
-    """Refuse a value given twice to one of flags (as printed, with :g: each names the numbers it prints)."""
-    for flag in flags:
-        values = getattr(args, flag[2:].replace("-", "_"))
+class EachOnce(argparse.Action):
+    """argparse action of a flag of several values (nargs="+"): a value given twice (as printed, with :g:) refused."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
         printed = [f"{value:g}" if isinstance(value, float) else str(value) for value in values]
         twice = sorted({text for text in printed if printed.count(text) > 1})
         if twice:
-            parser.error(f"{flag}: {', '.join(twice)} given twice; give each value once")
+            parser.error(f"{self.option_strings[0]}: {', '.join(twice)} given twice; give each value once")
+        setattr(namespace, self.dest, values)
 
 
 def short(x):
@@ -311,9 +312,8 @@ class Report:
         self.lines += text.split("\n")
         if not self.quiet:
             print(text, flush=True)
-        numbers = {name: value.tolist() if hasattr(value, "tolist") else copy.deepcopy(value)  # their values now
-                   for name, value in (numbers or {}).items()}
-        self.given.append((numbers, counts or {}))
+        self.given.append(({name: value.tolist() if hasattr(value, "tolist") else copy.deepcopy(value)  # as now
+                            for name, value in (numbers or {}).items()}, counts or {}))
 
     def cannot_run(self, title, problem):
         """A section's one line on why it cannot run, kept for the last lines; returns problem, its UserError."""
