@@ -79,15 +79,15 @@ def test_spawned_workers_build_the_same_batches(pictures):
     """What macOS runs: the dataset, its collation and the workers' set-up must survive pickling into a new process."""
     import numpy as np
 
-    from common.data import list_split, load_all
+    from common.data import list_split, load_rgb
 
     paths = [path for path, _ in list_split(pictures, "val", per_class=1)]
-    flips = np.arange(10) % 2 == 0
-    inline = list(start_loader(picture_loader(load_all(paths), 32, 4, torch.device("cpu"), flips, workers=0))[0])
+    flips, decoded = np.arange(10) % 2 == 0, [load_rgb(path) for path in paths]
+    inline = list(start_loader(picture_loader(decoded, 32, 4, torch.device("cpu"), flips, workers=0))[0])
     strategy = torch.multiprocessing.get_sharing_strategy()
     torch.multiprocessing.set_sharing_strategy("file_system")  # macOS's: shared pictures travel by file name there
     try:
-        spawned = list(start_loader(picture_loader(load_all(paths), 32, 4, torch.device("cpu"), flips, workers=1))[0])
+        spawned = list(start_loader(picture_loader(decoded, 32, 4, torch.device("cpu"), flips, workers=1))[0])
     finally:
         torch.multiprocessing.set_sharing_strategy(strategy)
     assert all(torch.equal(a, b) for a, b in zip(inline, spawned, strict=True))
