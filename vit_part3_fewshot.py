@@ -47,6 +47,7 @@ from common.run import (
     seed_number,
     side_pixels,
     tried,
+    values,
 )
 from compare.data_set import data_differences
 from compare.verdicts import article_values, load_reference
@@ -253,7 +254,7 @@ def section_frozen(report, data, args, run):
     report.print(f"  chance is {100 / classes:.0f}%; 1-shot means {classes} training pictures in total, one per class",
                  {"chance (%)": 100 / classes, "1-shot pictures": classes})
     if args.plots:
-        fewshot_accuracy(report.values(), article_values("fewshot"), args.plots, say, args.draws,
+        fewshot_accuracy(values(report), article_values("fewshot"), args.plots, say, args.draws,
                          origin_of(args, DEFAULT_NAME))
     return features
 

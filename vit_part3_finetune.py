@@ -86,6 +86,7 @@ from common.run import (
     section,
     seed_number,
     side_pixels,
+    values,
     whole_number,
 )
 from compare.data_set import data_differences
@@ -738,7 +739,7 @@ def finish(run, report, *, data, model, average, log, micro, last_step, pixels):
                           "learning rate": [lr_at(step - 1, args.lr, args.steps) for step in range(1, last_step + 1)],
                           "clipping threshold": CLIP_NORM})
     if args.plots and run.rank == 0:
-        finetune_curves(report.series, report.values(), article_values("finetune"), args.plots, say,
+        finetune_curves(report.series, values(report), article_values("finetune"), args.plots, say,
                         origin_of(args, DEFAULT_NAME))
 
 

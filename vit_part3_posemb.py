@@ -35,7 +35,7 @@ from tqdm import tqdm
 # lines again, where it would add about 3 s to every worker's start (docs/performance.md; tests/test_loader.py)
 from common.data import CLASSES, DEFAULT_NAME, load_rgb, load_splits, run_model, workers_text
 from common.pretrained import checkpoint_config, checkpoint_pixels, load_pretrained
-from common.run import begin, conclude, experiment_parser, nonempty_path, pass_text, section, side_pixels, tried
+from common.run import begin, conclude, experiment_parser, nonempty_path, pass_text, section, side_pixels, tried, values
 from compare.data_set import data_differences
 from compare.verdicts import article_values
 from figures import origin_of
@@ -331,7 +331,7 @@ def section_accuracy(report, model, pictures, args, run):
                  "tables keep the [class] row as it is",
                  {"zeros rows": n_new * n_new + 1})
     if args.plots:
-        accuracy_bars(report.values(), article_values("posemb"), args.plots, say, origin_of(args, DEFAULT_NAME))
+        accuracy_bars(values(report), article_values("posemb"), args.plots, say, origin_of(args, DEFAULT_NAME))
 
 
 ARTICLE_FLAGS = {"resolution": ("resolution", 384), "precision": ("precision", "fp32")}

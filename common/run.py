@@ -69,10 +69,11 @@ def section(function):
             if missing:  # each reason once, in the order of the arguments
                 raise UserError(*dict.fromkeys(reason for problem in missing for reason in problem.args))
             return function(report, *args, **kwargs)
-        except UserError as problem:
-            return report.cannot_run(title, problem)
-        except NotImplementedError as gap:
-            return report.cannot_run(title, mps_gap(gap))
+        except (UserError, NotImplementedError) as problem:
+            problem = mps_gap(problem) if isinstance(problem, NotImplementedError) else problem
+            report.print(f'  cannot run section "{title}": {problem}')
+            report.could_not_run.append((title, problem))  # for the last lines
+            return problem
 
     return run_section
 
@@ -315,18 +316,11 @@ class Report:
         self.given.append(({name: value.tolist() if hasattr(value, "tolist") else copy.deepcopy(value)  # as now
                             for name, value in (numbers or {}).items()}, counts or {}))
 
-    def cannot_run(self, title, problem):
-        """A section's one line on why it cannot run, kept for the last lines; returns problem, its UserError."""
-        self.print(f'  cannot run section "{title}": {problem}')
-        self.could_not_run.append((title, problem))
-        return problem
 
-    @property
-    def numbers(self):
-        return named(self.script, self.given)[0]
 
-    def values(self):
-        return {name: number["value"] for name, number in self.numbers.items()}
+def values(report):
+    """{name: value} of the numbers a Report was given, named (named()): what a figure reads."""
+    return {name: number["value"] for name, number in named(report.script, report.given)[0].items()}
 
 
 def named(script, given):

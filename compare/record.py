@@ -27,7 +27,7 @@ def judged(run, report, setup_differences=None, article_model=None, article_flag
     flags = flag_differences(run.args, article_flags) if article_flags else {}
     own = setup_differences(run, {**checkpoint, **flags}) if setup_differences else {}
     differences = {**checkpoint, **own, **{item: flags[item] for item in flags if item not in own}}
-    rows, conclusions = judge(report.script, report.numbers, differences)
+    rows, conclusions = judge(report.script, named(report.script, report.given)[0], differences)
     record = run_record(run, report, rows, differences, conclusions) if run.args.json and run.rank == 0 else None
     return "\n".join(comparison_lines(rows, conclusions, differences)), record
 
@@ -35,10 +35,10 @@ def judged(run, report, setup_differences=None, article_model=None, article_flag
 def run_record(run, report, rows, differences, conclusions=()):
     """What --json writes: the flags, the environment, the setup, every printed number, the comparison and the
     conclusions' verdicts."""
+    numbers, passes = named(report.script, report.given)
     record = {"format": RECORD_FORMAT, "script": report.script, "flags": vars(run.args),
               "setup differences": differences, "environment": environment(run), "printed": report.lines,
-              "numbers": report.numbers,
-              "series": report.series, "passes": named(report.script, report.given)[1],
+              "numbers": numbers, "series": report.series, "passes": passes,
               "could_not_run": [{"section": title, "why": str(problem)} for title, problem in report.could_not_run]}
     if rows is not None:
         record["comparison"] = rows

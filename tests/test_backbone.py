@@ -14,7 +14,7 @@ from PIL import Image
 
 import figures.backbone
 import vit_backbone as backbone
-from common.run import Report, start_run, tried
+from common.run import Report, named, start_run, tried, values
 from common.start_and_end import UserError, guarded
 from compare import published_files
 from compare.marks import STANDIN_MARK
@@ -49,7 +49,7 @@ def test_section_1_prints_the_article_lines(capsys):
     printed = [text.strip() for text in capsys.readouterr().out.splitlines()]
     logged = article_output(r"(?:Patch tokens|Feature map) shape: torch\.Size\(\[[\d, ]+\]\)")
     assert len(logged) == 2 and all(text in printed for text in logged)
-    assert report.values()["positions that agree"] == 32
+    assert values(report)["positions that agree"] == 32
 
 
 # ---------------------------------------------------------------- the table, counted
@@ -87,7 +87,8 @@ def test_the_tables_printed_word_and_the_comparisons_verdict_are_one_rule(capsys
     report = Report("backbone")
     backbone.section_table(report)
     printed = capsys.readouterr().out.splitlines()
-    verdicts = {row["name"]: row["verdict"] for row in compare(report.numbers, load_reference("backbone"))}
+    numbers = named(report.script, report.given)[0]
+    verdicts = {row["name"]: row["verdict"] for row in compare(numbers, load_reference("backbone"))}
     for name, table_millions in backbone.TABLE:
         word = next(text for text in printed if text.strip().startswith(name + " ")).split()[-1]
         by_hand = "same" if round(vit_parameters_by_hand(*TABLE_SHAPES[name])[0] / 1e6) == table_millions else "differs"

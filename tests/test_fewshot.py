@@ -13,14 +13,14 @@ import figures.fewshot
 import vit_part3_fewshot as fewshot
 from common.data import list_split
 from common.features import cache_key, cached
-from common.run import Report
+from common.run import Report, values
 from job.standins import imagenette_folder
 
 
 def by_hand_numbers():
     report = Report("fewshot")
     fewshot.section_by_hand(report)
-    return {name: number["value"] for name, number in report.numbers.items()}
+    return values(report)
 
 
 def test_by_hand_values_of_the_article():

@@ -21,7 +21,7 @@ import vit_part3_finetune as finetune
 from common.data import NEW_PASS
 from common.files import read_checkpoint
 from common.pretrained import ARTICLE_PIXELS
-from common.run import Report
+from common.run import Report, named, values
 from common.start_and_end import Terminated, UserError
 from compare.verdicts import flag_differences, load_reference
 from vit_part3_posemb import bilinear_table
@@ -470,9 +470,10 @@ def test_a_resumed_run_prints_its_logged_rows_again_then_continues(monkeypatch):
                                lr=0.1, start=5, rows=[row])
     assert report.lines[0] == ("  step   5: lr 0.00200  loss 1.2500  gradient norm before clipping   0.500  validation "
                                " 40.0%   [9 s, 1.0 s waiting for pictures]")
-    assert {name: number["value"] for name, number in report.numbers.items() if name.startswith("step 5 ")} == {
+    assert {name: value for name, value in values(report).items() if name.startswith("step 5 ")} == {
         f"step 5 {key}": 40.0 if key == "accuracy" else value for key, value in row.items() if key != "step"}
-    assert (report.numbers["step 5 accuracy"]["right"], report.numbers["step 5 accuracy"]["of"]) == (4, 10)
+    assert (named(report.script, report.given)[0]["step 5 accuracy"]["right"],
+            named(report.script, report.given)[0]["step 5 accuracy"]["of"]) == (4, 10)
     assert len(history["losses"]) == 1 and [r["step"] for r in history["rows"]] == [5, 6]
 
 

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from common.run import Report, listed, named, pass_text, short
+from common.run import Report, listed, named, pass_text, section, short, values
 from common.start_and_end import UserError
 
 
@@ -23,12 +23,12 @@ def test_record_keeps_each_number_and_each_entry_by_name(capsys):
     report.print("  loss 2.302585, W = [[0.625, -0.625]]", {"loss": 2.302585093, "W": weights, "shape": (197, 768)})
     weights[0, 0] = 0.0  # changed after its line: the number kept is the printed one
     assert capsys.readouterr().out == "  loss 2.302585, W = [[0.625, -0.625]]\n"
-    assert report.numbers == {"loss": {"value": 2.302585093}, "W[1,1]": {"value": 0.625},
+    assert named(report.script, report.given)[0] == {"loss": {"value": 2.302585093}, "W[1,1]": {"value": 0.625},
                               "W[1,2]": {"value": -0.625}, "shape[1]": {"value": 197.0},
                               "shape[2]": {"value": 768.0}}
     report.print("  loss 1.0", {"loss": 1.0})
     with pytest.raises(ValueError, match="recorded twice"):
-        report.values()
+        values(report)
 
 
 def test_a_pass_keeps_its_timing_and_an_accuracy_its_counts(capsys):
@@ -36,8 +36,14 @@ def test_a_pass_keeps_its_timing_and_an_accuracy_its_counts(capsys):
     report.print("  accuracy 98.0%", {"224": {"seconds": 65.2, "waiting seconds": 0.04, "pictures": 50},
                                        "accuracy": 98.0}, counts={"accuracy": (49, 50)})
     assert named("test", report.given)[1] == {"224": {"seconds": 65.2, "waiting seconds": 0.04, "pictures": 50}}
-    assert report.values() == {"224 seconds": 65.2, "224 waiting seconds": 0.04, "accuracy": 98.0}
-    assert report.numbers["accuracy"] == {"value": 98.0, "right": 49, "of": 50, "scale": 100}
-    report.cannot_run("4. accuracy", UserError("--data-dir x is a file, not a folder of {train,val}/<class>/"))
+    assert values(report) == {"224 seconds": 65.2, "224 waiting seconds": 0.04, "accuracy": 98.0}
+    assert named(report.script, report.given)[0]["accuracy"] == {"value": 98.0, "right": 49, "of": 50, "scale": 100}
+
+    @section
+    def section_accuracy(report):
+        """4. accuracy"""
+        raise UserError("--data-dir x is a file, not a folder of {train,val}/<class>/")
+
+    section_accuracy(report)
     assert capsys.readouterr().out.endswith('section "4. accuracy": --data-dir x is a file, not a folder of '
                                             '{train,val}/<class>/\n')
