@@ -119,69 +119,49 @@ def load_frozen_model(name, device):
     return model.to(device).eval()
 
 
-def load_data(args):
-    """The data folder, the seeded pool of training pictures, the validation pictures and the class names."""
-    data_dir = args.data_dir or download_imagenette()  # data/imagenette2-160, downloaded when missing
-    data = load_splits(data_dir, {"train": None, "val": args.per_class}, drawn=True)  # val: a sample
-    pool = draw_pool(data["train"], args.pool, args.seed)  # the article's pool whatever --per-class
-    smallest = min(np.bincount([label for _, label in pool]))
-    if smallest < max(args.shots):
-        raise UserError(f"a class has only {smallest} training pictures in the pool, fewer than --shots "
-                        f"{max(args.shots)}: lower --shots")
-    return {"root": data["root"], "pool": pool, "val": data["val"], "training": len(data["train"]),
-            "names": data["names"]}
-
-
-def data_naming_all_missing(args, device):
-    """The data; without it, one UserError that names the checkpoint too when it is missing (loaded otherwise only for
-    features not cached), so that one line says all an offline run lacks."""
+def load_data(args, device):
+    """The data folder, the seeded pool of training pictures, the validation pictures and the class names; without
+    them, one UserError that names the checkpoint too when it is missing (loaded otherwise only for features not
+    cached), so that one line says all an offline run lacks."""
     try:
-        return load_data(args)
+        # no --data-dir: data/imagenette2-160, downloaded when missing; the validation pictures: a sample
+        data = load_splits(args.data_dir or download_imagenette(), {"train": None, "val": args.per_class}, drawn=True)
+        pool = draw_pool(data["train"], args.pool, args.seed)  # the article's pool whatever --per-class
+        smallest = min(np.bincount([label for _, label in pool]))
+        if smallest < max(args.shots):
+            raise UserError(f"a class has only {smallest} training pictures in the pool, fewer than --shots "
+                            f"{max(args.shots)}: lower --shots")
     except UserError as missing:
-        try:
-            load_frozen_model(args.model, device)
-        except UserError as also_missing:
-            raise UserError(*missing.args, *also_missing.args) from None
-        raise
-
-
-def cached_passes(sets, features_pass, key_of, names, cache_dir=FEATURE_CACHE_DIR):
-    """{set: arrays, "seconds", "passes", "loader", "source"} of {set: paths}: each set read from the cache under
-    key_of(set, paths), else computed by features_pass(paths, set) -> ({name: rows}, timing, (workers, start-up
-    seconds)) in a pass of its own."""
-    start, found, passes, sources, started = time.perf_counter(), {}, {}, set(), []
-
-    def compute(name, paths):
-        arrays, passes[name], workers = features_pass(paths, name)
-        started.append(workers)
-        return arrays
-
-    for name, set_paths in sets.items():
-        found[name], source = cached(functools.partial(compute, name, set_paths), key_of(name, set_paths),
-                                     dict.fromkeys(names, len(set_paths)), cache_dir)
-        sources.add(source)
-    loader = workers_text(started[0][0], sum(seconds for _, seconds in started)) if started else None
-    return {**found, "seconds": time.perf_counter() - start, "passes": passes, "loader": loader,
-            "source": "read from the cache" if sources == {"cache"} else "computed"}
+        model = tried(load_frozen_model, args.model, device)
+        raise UserError(*missing.args, *(model.args if isinstance(model, UserError) else ())) from None
+    return {**data, "pool": pool, "training": len(data["train"])}
 
 
 def load_features(data, args, run):
-    """The features of the pool and of the validation pictures, each read from the cache or computed in one pass."""
+    """{"pool", "val": {representation: rows}, their labels, "passes" (the timing of each pass computed), "loader",
+    "seconds", "source"}: each set of pictures read from the feature cache, else computed in a pass of its own."""
     model = functools.cache(lambda: load_frozen_model(args.model, run.device))  # loaded by the first pass, if any
     pixels = checkpoint_pixels(args.model)  # what its image processor makes
+    start, features, sources, started = time.perf_counter(), {"passes": {}}, set(), []
+    for desc in ("pool", "val"):
+        paths = [path for path, _ in data[desc]]
 
-    def features_of(paths, desc):  # a pass of its own, its workers started before it
-        arrays, timing = extract_features(model(), paths, args.resolution, run.device, args.batch_size, desc,
-                                          run.autocast, pixels)
-        return arrays, timing, (timing.pop("workers"), timing.pop("start-up seconds"))
+        def compute(desc=desc, paths=paths):  # a pass of its own, its workers started before it
+            arrays, timing = extract_features(model(), paths, args.resolution, run.device, args.batch_size, desc,
+                                              run.autocast, pixels)
+            started.append((timing.pop("workers"), timing.pop("start-up seconds")))
+            features["passes"][desc] = timing
+            return arrays
 
-    def key(desc, paths):  # everything that decides the features; None: neither read nor write the cache
-        return None if args.no_cache else cache_key(desc, args.model, paths, data["root"], resolution=args.resolution,
-                                                    precision=args.precision, pixels=pixels)
-
-    sets = {desc: [path for path, _ in data[desc]] for desc in ("pool", "val")}
-    return {**cached_passes(sets, features_of, key, REPRESENTATIONS, FEATURE_CACHE_DIR),
-            **{f"{desc} labels": np.array([label for _, label in data[desc]]) for desc in sets}}
+        # everything that decides the features; None: neither read nor write the cache
+        key = None if args.no_cache else cache_key(desc, args.model, paths, data["root"], resolution=args.resolution,
+                                                   precision=args.precision, pixels=pixels)
+        features[desc], source = cached(compute, key, dict.fromkeys(REPRESENTATIONS, len(paths)), FEATURE_CACHE_DIR)
+        features[f"{desc} labels"] = np.array([label for _, label in data[desc]])
+        sources.add(source)
+    features["loader"] = workers_text(started[0][0], sum(seconds for _, seconds in started)) if started else None
+    return {**features, "seconds": time.perf_counter() - start,
+            "source": "read from the cache" if sources == {"cache"} else "computed"}
 
 
 # ---------------------------------------------------------------- sections
@@ -220,10 +200,6 @@ def section_frozen(report, data, args, run):
                  f"per class) and {len(data['val'])} validation pictures ==",
                  {"pool pictures": len(data["pool"]), "validation pictures": len(data["val"])})
     features = load_features(data, args, run)
-    accuracies = {(name, lam, shots): few_shot_accuracies(features["pool"][name], features["pool labels"],
-                                                          features["val"][name], features["val labels"], shots, lam,
-                                                          args.draws, args.seed)
-                  for name in REPRESENTATIONS for lam in args.lambdas for shots in args.shots}
     passes = "".join(f"; {WHAT[desc]} {pass_text(timing)}" for desc, timing in features["passes"].items())
     passes += f"; the loader: {features['loader']}" if features["loader"] else ""
     cache = FEATURE_CACHE_DIR.relative_to(CHECKOUT) if FEATURE_CACHE_DIR.is_relative_to(CHECKOUT) else FEATURE_CACHE_DIR
@@ -238,11 +214,14 @@ def section_frozen(report, data, args, run):
                  {f"{desc} features": timing for desc, timing in features["passes"].items()}
                  | {"features seconds": features["seconds"], "feature width": width,
                     "validation pictures (table)": len(data["val"])})
+    of = len(features["val labels"])
     for representation in REPRESENTATIONS:
         for lam in args.lambdas:
             cells, numbers, counts = [], {}, {}
             for shots in args.shots:
-                rights, of = accuracies[representation, lam, shots], len(features["val labels"])
+                rights = few_shot_accuracies(features["pool"][representation], features["pool labels"],
+                                             features["val"][representation], features["val labels"], shots, lam,
+                                             args.draws, args.seed)  # right of `of`, each draw
                 cell = [100 * (right / of) for right in rights]  # per cent right, each draw
                 name = f"{representation} lambda {lam:g} {shots}-shot"  # the mean over the draws, each draw's count
                 mean, std = np.mean(cell), np.std(cell)  # std: ddof=0
@@ -357,7 +336,7 @@ def main(argv=None):
         parser.error(f"--shots {max(args.shots)} is more than the pool of {args.pool} per class")
     run, report = begin("fewshot", args)
     section_by_hand(report)
-    data = tried(data_naming_all_missing, args, run.device)
+    data = tried(load_data, args, run.device)
     features = section_frozen(report, data, args, run)
     section_one_solve(report, data, features, args)
     return conclude(run, report, functools.partial(setup_differences, data), DEFAULT_MODEL, ARTICLE_FLAGS)

@@ -300,12 +300,10 @@ def timed(batches, timing, count=len, device=None):
     """The batches, in order; each one's wait and pictures added to timing: the host's time in next(), on a CUDA GPU
     the GPU's own idle time between two CUDA events (docs/data.md#the-wait-for-pictures)."""
     on_cuda = device is not None and device.type == "cuda"
-    pairs = []
-    iterator = iter(batches)
+    pairs, iterator = [], iter(batches)  # (asked, arrived) CUDA events of each batch
     try:
         while True:
-            asked = record_event() if on_cuda else None
-            start = time.perf_counter()
+            asked, start = record_event() if on_cuda else None, time.perf_counter()
             try:
                 batch = next(iterator)
             except StopIteration:

@@ -41,14 +41,11 @@ def begin(script, args, **run):
     """start_run(args, **run) and the Report the sections print to; a --json, --plots or --save-dir path that cannot
     be written refused before any work. Under reproduce.py's check (CHECK_ONLY) the process ends here, status 0."""
     run = start_run(args, **run)
-    if getattr(args, "save_dir", None):  # a typo in a path must not cost the run
-        check_output(args.save_dir, "--save-dir", folder=True)
-    if args.json:
-        check_output(args.json, "--json")
-    if getattr(args, "plots", None):
-        check_output(args.plots, "--plots", folder=True)
-        if importlib.util.find_spec("matplotlib") is None:  # said now, not after the long work
-            say(f"figures: {MATPLOTLIB_MISSING}; no figure saved")
+    for flag, folder in (("save_dir", True), ("json", False), ("plots", True)):  # a typo must not cost the run
+        if getattr(args, flag, None):
+            check_output(getattr(args, flag), "--" + flag.replace("_", "-"), folder=folder)
+    if getattr(args, "plots", None) and importlib.util.find_spec("matplotlib") is None:  # said now, not after the run
+        say(f"figures: {MATPLOTLIB_MISSING}; no figure saved")
     if os.environ.get(CHECK_ONLY) == "1":  # reproduce.py asks, before its job, whether this command would start
         if getattr(args, "data_dir", None) and not os.path.exists(args.data_dir):  # each section would refuse it
             raise UserError(f"--data-dir {args.data_dir} does not exist")
@@ -353,14 +350,11 @@ DEVICE_MISSING = {"cuda": "--device cuda: no CUDA GPU is visible to torch here; 
 
 def keep_freed_memory():
     """glibc keeps freed blocks over 32 MB for the next batch, not page-faulted in anew (docs/performance.md)."""
-    if not sys.platform.startswith("linux"):
-        return False
     try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
+        mallopt, largest = ctypes.CDLL("libc.so.6").mallopt, ctypes.c_int(2**31 - 1)  # glibc's, on Linux
+    except OSError:  # another system, or another C library
         return False
-    m_trim_threshold, m_mmap_threshold, largest = -1, -3, ctypes.c_int(2**31 - 1)
-    return libc.mallopt(m_mmap_threshold, largest) == 1 and libc.mallopt(m_trim_threshold, largest) == 1
+    return mallopt(-3, largest) == 1 and mallopt(-1, largest) == 1  # M_MMAP_THRESHOLD, then M_TRIM_THRESHOLD
 
 
 def pick_device(name="auto"):

@@ -195,8 +195,8 @@ def test_another_resolution_never_reads_the_features_cached_at_224(tiny_in21k, p
     monkeypatch.setattr(fewshot, "FEATURE_CACHE_DIR", tmp_path / "cache")
     monkeypatch.setenv("TQDM_DISABLE", "1")
     used = []  # what each run's features were: the script's own call, recorded, not changed
-    passes = fewshot.cached_passes
-    monkeypatch.setattr(fewshot, "cached_passes", lambda *args: used.append(passes(*args)) or used[-1])
+    features = fewshot.load_features
+    monkeypatch.setattr(fewshot, "load_features", lambda *args: used.append(features(*args)) or used[-1])
     status, out = few_shot_run(tiny_in21k, pictures, tmp_path, capsys)
     assert status == 0 and "features computed" in out
     assert len(list((tmp_path / "cache").glob("*.npz"))) == 2  # the pool's and the validation pictures'
@@ -234,7 +234,7 @@ def test_a_partial_copy_of_the_training_pictures_moves_the_pool(tmp_path):
     args = Namespace(model=fewshot.DEFAULT_MODEL, data_dir=str(root), per_class=3, pool=5, seed=0, shots=[1, 5],
                      lambdas=[1.0], draws=5, resolution=224, precision="fp32")
     known = flag_differences(args, fewshot.ARTICLE_FLAGS)  # as judged(): the flags', then the script's own
-    data = fewshot.load_data(args)
+    data = fewshot.load_data(args, torch.device("cpu"))
     differences = {**known, **fewshot.setup_differences(data, start_run(args, device=torch.device("cpu")), known)}
     assert differences["training pictures"]["flag"] == f"--data-dir {root}"
     assert differences["training pictures"]["why"] == (f"--data-dir {root}: 60 of 9,469 training pictures "
