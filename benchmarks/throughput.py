@@ -37,7 +37,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root, for common/
 
-from common.data import PREFETCH, batches_of, load_rgb, picture_loader, resized_rgb, run_model, start_loader
+from common.data import PREFETCH, batches_of, load_rgb, resized_rgb, run_model
 from common.files import write_text
 from common.pretrained import ARTICLE_PIXELS
 from common.run import (
@@ -176,16 +176,14 @@ def end_to_end(model, paths, resolution, batch_size, device, autocast, rounds=3)
             for _ in range(batches):
                 model(pixel_values=pixels, interpolate_pos_encoding=True)
 
-    run_model(model, paths[:batch_size], resolution, device, batch_size, lambda out: None, "warm-up", autocast,
-              pixels=ARTICLE_PIXELS)
+    run_model(model, paths[:batch_size], resolution, device, batch_size, lambda out: out.logits.argmax(1), "warm-up",
+              autocast, pixels=ARTICLE_PIXELS)
     alone, whole, waiting, startup = [], [], [], []
     for _ in range(rounds):
         alone.append(median_seconds(model_alone, device, repeats=1, warmup=0))
-        loader = picture_loader(paths, resolution, batch_size, device)
-        started, seconds = start_loader(loader)
-        startup.append(seconds)
-        _, timing = run_model(model, started, resolution, device, batch_size, lambda out: out.logits.argmax(1),
-                              "end-to-end", autocast, count=len(paths), pixels=ARTICLE_PIXELS)
+        _, timing = run_model(model, paths, resolution, device, batch_size, lambda out: out.logits.argmax(1),
+                              "end-to-end", autocast, pixels=ARTICLE_PIXELS)  # its workers' start apart
+        startup.append(timing["start-up seconds"])
         whole.append(timing["seconds"])
         waiting.append(timing["waiting seconds"])
     return {"pictures/s": len(paths) / statistics.median(whole),
@@ -193,7 +191,7 @@ def end_to_end(model, paths, resolution, batch_size, device, autocast, rounds=3)
             "ratio": statistics.median(a / w for a, w in zip(alone, whole, strict=True)),
             "start-up seconds": statistics.median(startup),
             "waiting share": statistics.median(w / t for w, t in zip(waiting, whole, strict=True)),
-            "workers": loader.num_workers}
+            "workers": timing["workers"]}
 
 
 def pipeline_peer(model, paths, batch_size, device, autocast):

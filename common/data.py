@@ -249,24 +249,11 @@ def picture_loader(pictures, resolution, batch_size, device, flips=None, indices
 
 
 def start_loader(loader, timing=None, count=len):
-    """(the pass's batches, the seconds its workers took to start, before the pass: not counted as waiting); a picture
-    that cannot be read raises its UserError; the workers end with the pass; with timing, each batch is timed()."""
+    """(the pass's batches, timed() (with timing, each batch's wait and pictures added to it), the seconds its workers
+    took to start, before the pass: not counted as waiting)."""
     begun = time.perf_counter()
     batches = start_workers(loader) if loader.num_workers else iter(loader)
-    seconds = time.perf_counter() - begun
-
-    def checked(iterator):
-        timed_batches = iterator if timing is None else timed(  # a picture's error counts no pictures: raised below
-            iterator, timing, lambda batch: 0 if isinstance(batch, UserError) else count(batch))
-        try:
-            for batch in timed_batches:
-                if isinstance(batch, UserError):
-                    raise batch
-                yield batch
-        finally:  # the workers end now, a failed pass's too, not once its error (which holds this frame) is freed
-            del iterator, timed_batches
-
-    return checked(batches), seconds
+    return timed(batches, timing, count), time.perf_counter() - begun
 
 
 def start_workers(loader):
@@ -296,9 +283,11 @@ def workers_text(workers, seconds):
             f"{seconds:.1f} s, before the passes")
 
 
-def timed(batches, timing, count=len, device=None):
-    """The batches, in order; each one's wait and pictures added to timing: the host's time in next(), on a CUDA GPU
-    the GPU's own idle time between two CUDA events (docs/data.md#the-wait-for-pictures)."""
+def timed(batches, timing=None, count=len, device=None):
+    """The batches, in order, a picture's UserError raised; each one's wait and pictures added to timing: the host's
+    time in next(), on a CUDA GPU the GPU's own idle time between two CUDA events (docs/data.md#the-wait-for-pictures).
+    A pass's workers end with it, a failed pass's too."""
+    timing = dict(NEW_PASS) if timing is None else timing
     on_cuda = device is not None and device.type == "cuda"
     pairs, iterator = [], iter(batches)  # (asked, arrived) CUDA events of each batch
     try:
@@ -313,10 +302,13 @@ def timed(batches, timing, count=len, device=None):
                     pairs.append((asked, record_event()))
                 else:
                     timing["waiting seconds"] += time.perf_counter() - start
+            if isinstance(batch, UserError):  # a picture that cannot be read: its pictures not counted
+                raise batch
             timing["pictures"] += count(batch)
             yield batch
-    finally:  # the pass ended, or its consumer stopped early: the GPU's idle times are known once it gets there
-        if pairs:
+    finally:  # the workers end now, not once a raised error (which holds this frame) is freed
+        del batches, iterator
+        if pairs:  # the GPU's idle times are known once it gets to the last event
             pairs[-1][1].synchronize()
             timing["waiting seconds"] += sum(asked.elapsed_time(arrived) for asked, arrived in pairs) / 1000
 
@@ -330,15 +322,10 @@ def record_event():
 def run_model(model, pictures, resolution, device, batch_size, what_to_keep, desc="", autocast=None, count=None,
               timing=None, *, pixels):
     """([what_to_keep(output) of each batch, in order, on the host], timing): pictures are PIL images or paths (a
-    pass of its own), uint8 batches, or a started pass's batches (count: its pictures); timing adds up the pass's
-    seconds, wait and pictures (docs/data.md#one-batched-pass)."""
-    def on_host(value):  # a tensor, or a tuple or list of them
-        if isinstance(value, torch.Tensor):
-            return value.cpu()
-        return type(value)(on_host(item) for item in value) if isinstance(value, (tuple, list)) else value
-
-    if timing is None:
-        timing = dict(NEW_PASS)  # timed() adds the wait and pictures
+    pass of its own: its workers and their start-up seconds in timing), uint8 batches read before, or a started
+    pass's batches (count: its pictures); timing adds up the pass's seconds, wait and pictures
+    (docs/data.md#one-batched-pass)."""
+    timing = dict(NEW_PASS) if timing is None else timing  # timed() adds the wait and pictures
     if isinstance(pictures, list) and all(isinstance(item, torch.Tensor) for item in pictures):  # batches read before
         batches, count = pictures, sum(len(batch) for batch in pictures)
     elif count is None:
@@ -354,6 +341,8 @@ def run_model(model, pictures, resolution, device, batch_size, what_to_keep, des
                           leave=False, total=math.ceil(count / batch_size)):
             output = model(pixel_values=to_pixels(batch, device, pixels), interpolate_pos_encoding=True)
             outputs.append(what_to_keep(output))
-        outputs = on_host(outputs)
+        # on the host once the pass ends: a tensor, or a tuple or list of them, a batch
+        outputs = [kept.cpu() if isinstance(kept, torch.Tensor) else type(kept)(t.cpu() for t in kept)
+                   for kept in outputs]
     timing["seconds"] += time.perf_counter() - start
     return outputs, timing
