@@ -321,10 +321,10 @@ def record_event():
 
 def run_model(model, pictures, resolution, device, batch_size, what_to_keep, desc="", autocast=None, count=None,
               timing=None, *, pixels):
-    """([what_to_keep(output) of each batch, in order, on the host], timing): pictures are PIL images or paths (a
-    pass of its own: its workers and their start-up seconds in timing), uint8 batches read before, or a started
-    pass's batches (count: its pictures); timing adds up the pass's seconds, wait and pictures
-    (docs/data.md#one-batched-pass)."""
+    """([what_to_keep(output) of each batch (a tensor, or a tuple or list of them), in order, on the host], timing):
+    pictures are PIL images or paths (a pass of its own: its workers and their start-up seconds in timing), uint8
+    batches read before, or a started pass's batches (count: its pictures); timing adds up the pass's seconds, wait
+    and pictures (docs/data.md#one-batched-pass)."""
     timing = dict(NEW_PASS) if timing is None else timing  # timed() adds the wait and pictures
     if isinstance(pictures, list) and all(isinstance(item, torch.Tensor) for item in pictures):  # batches read before
         batches, count = pictures, sum(len(batch) for batch in pictures)
