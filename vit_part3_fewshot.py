@@ -32,7 +32,7 @@ import torch
 from common.data import DEFAULT_NAME, load_splits, run_model, workers_text
 from common.features import cache_key, cached, closed_form
 from common.paths import CHECKOUT, FEATURE_CACHE_DIR
-from common.pretrained import ARTICLE_PIXELS, checkpoint_pixels, load_pretrained
+from common.pretrained import ARTICLE_PIXELS, checkpoint_config, checkpoint_pixels, load_pretrained
 from common.run import (
     EachOnce,
     begin,
@@ -199,7 +199,16 @@ def section_frozen(report, data, args, run):
                  f"device {run.device.type}: features of {len(data['pool'])} training pictures (a pool of {args.pool} "
                  f"per class) and {len(data['val'])} validation pictures ==",
                  {"pool pictures": len(data["pool"]), "validation pictures": len(data["val"])})
+    # the article's 224 is a multiple of every released ViT's patch (14, 16, 32); another is read from the checkpoint
+    config = None if args.resolution == ARTICLE_FLAGS["resolution"][1] else checkpoint_config(args.model)
+    if config is not None and args.resolution % config.patch_size:  # the patch embedding's stride steps over the rest
+        report.print(f"  --resolution {args.resolution} is not a multiple of the patch size {config.patch_size}: the "
+                     f"last {args.resolution % config.patch_size} pixels of each side fall outside the patches")
     features = load_features(data, args, run)
+    accuracies = {(name, lam, shots): few_shot_accuracies(features["pool"][name], features["pool labels"],
+                                                          features["val"][name], features["val labels"], shots, lam,
+                                                          args.draws, args.seed)
+                  for name in REPRESENTATIONS for lam in args.lambdas for shots in args.shots}
     passes = "".join(f"; {WHAT[desc]} {pass_text(timing)}" for desc, timing in features["passes"].items())
     passes += f"; the loader: {features['loader']}" if features["loader"] else ""
     cache = FEATURE_CACHE_DIR.relative_to(CHECKOUT) if FEATURE_CACHE_DIR.is_relative_to(CHECKOUT) else FEATURE_CACHE_DIR
@@ -214,14 +223,11 @@ def section_frozen(report, data, args, run):
                  {f"{desc} features": timing for desc, timing in features["passes"].items()}
                  | {"features seconds": features["seconds"], "feature width": width,
                     "validation pictures (table)": len(data["val"])})
-    of = len(features["val labels"])
     for representation in REPRESENTATIONS:
         for lam in args.lambdas:
             cells, numbers, counts = [], {}, {}
             for shots in args.shots:
-                rights = few_shot_accuracies(features["pool"][representation], features["pool labels"],
-                                             features["val"][representation], features["val labels"], shots, lam,
-                                             args.draws, args.seed)  # right of `of`, each draw
+                rights, of = accuracies[representation, lam, shots], len(features["val labels"])
                 cell = [100 * (right / of) for right in rights]  # per cent right, each draw
                 name = f"{representation} lambda {lam:g} {shots}-shot"  # the mean over the draws, each draw's count
                 mean, std = np.mean(cell), np.std(cell)  # std: ddof=0

@@ -228,6 +228,9 @@ def section_position_table(report, model, args):
                  f"{table.shape[1]} numbers")
     report.print(f"  at {resolution} pixels: {resolution}/{config.patch_size} = {n_new} patches per side, N = "
                  f"{n_new * n_new}, so {rows_needed} rows are needed: {rows_needed - len(table)} rows do not exist")
+    if resolution % config.patch_size:  # the patch embedding's stride steps over the rest
+        report.print(f"  --resolution {resolution} is not a multiple of the patch size {config.patch_size}: the last "
+                     f"{resolution % config.patch_size} pixels of each side fall outside the patches")
     report.print(f"  our bilinear {n_old}x{n_old} -> {n_new}x{n_new}: {ours.shape}; max |difference| vs "
                  f"scipy.ndimage.zoom(order=1): {scipy_difference:.1e}")
     report.print(f"  new row {row} sits at old position {row} x {n_old - 1}/{n_new - 1} = {lower + delta:.4f}: "

@@ -184,6 +184,20 @@ def test_script_offline_without_weights_runs_section_1():
     assert "Traceback" not in run.stderr
 
 
+@pytest.mark.parametrize(("resolution", "note"), [
+    (64, None),  # 4 patches of 16: every pixel in one
+    (72, ("  --resolution 72 is not a multiple of the patch size 16: the last 8 pixels of each side fall outside the "
+         "patches")),
+])
+def test_a_resolution_that_is_not_a_multiple_of_the_patch_says_which_pixels_no_patch_holds(resolution, note,
+                                                                                           tiny_in21k, pictures,
+                                                                                           tmp_path, capsys):
+    status, out = few_shot_run(tiny_in21k, pictures, tmp_path, capsys, "--resolution", str(resolution),
+                               "--no-cache")
+    assert status == 0
+    assert [line for line in out.splitlines() if "not a multiple of the patch size" in line] == ([note] if note else [])
+
+
 def test_another_resolution_never_reads_the_features_cached_at_224(tiny_in21k, pictures, tmp_path, monkeypatch,
                                                                    capsys):
     """Issue 43: the script at 224 fills the cache; the same run at 64 pixels computes its own features (its own pair

@@ -247,6 +247,22 @@ def test_the_first_row_names_the_checkpoints_own_resolution_and_section_4_the_pi
     assert "== 4. accuracy on the Imagenette validation set: 10 pictures (90 to 160 px on the short side), " in out
 
 
+@pytest.mark.parametrize(("resolution", "note"), [
+    (64, None),  # 4 patches of 16: every pixel in one
+    (72, ("  --resolution 72 is not a multiple of the patch size 16: the last 8 pixels of each side fall outside the "
+         "patches")),
+])
+def test_a_resolution_that_is_not_a_multiple_of_the_patch_says_which_pixels_no_patch_holds(resolution, note, pictures,
+                                                                                           tmp_path, capsys):
+    model = vit_classifier(tmp_path / "vit-48", image_size=48)  # 3x3 patches of 16
+    status, out, _ = script_output(posemb.main, ["--model", str(model), "--data-dir", str(pictures), "--per-class",
+                                                 "1", "--device", "cpu", "--resolution", str(resolution)], capsys)
+    lines = out.splitlines()
+    assert status == 0 and f"  at {resolution} pixels: {resolution}/16 = 4 patches per side, N = 16, so 17 rows are " \
+                           "needed: 7 rows do not exist" in lines
+    assert [line for line in lines if "not a multiple of the patch size" in line] == ([note] if note else [])
+
+
 def test_bf16_changes_the_accuracies_by_at_most_a_tenth_of_a_point(tiny_classifier, pictures):
     model = ViTForImageClassification.from_pretrained(tiny_classifier).eval()
     items = list_split(pictures, "val", per_class=4)
