@@ -193,41 +193,54 @@ ARTICLE_PROCESSORS = ("google/vit-base-patch16-224", "google/vit-base-patch16-22
 
 
 def processor_config(name):
-    """The checkpoint's PROCESSOR_FILE as a dict from its folder, else hub_processor_config(name), or None (none)."""
+    """The checkpoint's image processor as a dict (image_processor_of its files) from its folder, else
+    hub_processor_config(name), or None (none)."""
     folder = Path(os.path.expanduser(name))
     if not folder.is_dir():
         return hub_processor_config(name)
-    return read_processor(folder / PROCESSOR_FILE, name) if (folder / PROCESSOR_FILE).is_file() else None
+    files = [file for file in (NESTED_PROCESSOR_FILE, PROCESSOR_FILE) if (folder / file).is_file()]
+    return image_processor_of({file: read_processor(folder / file, name) for file in files}, name)
 
 
 def hub_processor_config(name):
-    """A Hub id's PROCESSOR_FILE as a dict from the cache or the Hub, or None (it has none, or is one of
-    ARTICLE_PROCESSORS, whatever the cache holds); one whose file cannot be had is one line: its pixels unknown."""
+    """A Hub id's image processor (image_processor_of its files) from the cache or the Hub, or None (it has none, or is
+    one of ARTICLE_PROCESSORS, whatever the cache holds); one whose files cannot be had is one line: its pixels
+    unknown. The Hub is asked when PROCESSOR_FILE is neither cached nor known to be missing."""
     if name in ARTICLE_PROCESSORS:  # the same pixels in every run, whether or not another script fetched its file
         return None
-    cached = try_to_load_from_cache(name, PROCESSOR_FILE)
-    if isinstance(cached, str):
-        return read_processor(cached, name)
-    if cached is not None:  # the Hub said it has none
-        return None
-    info, why = ask_hub(name)
-    if info is None:
-        raise UserError(f"checkpoint {name}: its image processor ({PROCESSOR_FILE}) is not in the local Hugging Face "
-                        f"cache and {why}, so the pixels it was made for are unknown: {LOCAL_COPY}")
-    if PROCESSOR_FILE not in {sibling.rfilename for sibling in info.siblings or []}:
-        return None
-    return read_processor(hub_download(name, PROCESSOR_FILE), name)
+    cached = {file: try_to_load_from_cache(name, file) for file in (NESTED_PROCESSOR_FILE, PROCESSOR_FILE)}
+    if cached[PROCESSOR_FILE] is None:  # a str: cached; another value: the Hub said it has none
+        info, why = ask_hub(name)
+        if info is None:
+            raise UserError(f"checkpoint {name}: its image processor ({PROCESSOR_FILE}) is not in the local Hugging "
+                            f"Face cache and {why}, so the pixels it was made for are unknown: {LOCAL_COPY}")
+        listed = {sibling.rfilename for sibling in info.siblings or []}
+        cached = {file: hub_download(name, file) if file in listed else None for file in cached}
+    return image_processor_of({file: read_processor(path, name) for file, path in cached.items()
+                               if isinstance(path, str)}, name)
+
+
+def image_processor_of(configs, name):
+    """What transformers reads of a checkpoint's processor files ({file: its dict}): the "image_processor" entry of
+    NESTED_PROCESSOR_FILE, else PROCESSOR_FILE's dict, else None; an entry that is no JSON object is one line."""
+    nested = configs.get(NESTED_PROCESSOR_FILE, {})
+    if "image_processor" not in nested:
+        return configs.get(PROCESSOR_FILE)
+    if not isinstance(nested["image_processor"], dict):
+        raise UserError(f"--model {name}: the image_processor entry of its {NESTED_PROCESSOR_FILE} is not a JSON "
+                        f"object: pass a checkpoint whose image processor can be read")
+    return nested["image_processor"]
 
 
 def read_processor(path, name):
-    """The image processor's file as a dict; one that is not a JSON object is one line, its pixels never guessed."""
+    """An image processor's file as a dict; one that is not a JSON object is one line, its pixels never guessed."""
     try:
         found = json.loads(Path(path).read_text())
     except (OSError, ValueError, RecursionError) as error:  # RecursionError: arrays nested thousands deep
         found = f"{type(error).__name__}: {reason(error)}"
     if not isinstance(found, dict):
-        raise UserError(f"--model {name}: its {PROCESSOR_FILE} is not a JSON object ({found}): pass a checkpoint whose "
-                        f"image processor can be read")
+        raise UserError(f"--model {name}: its {Path(path).name} is not a JSON object ({found}): pass a checkpoint "
+                        f"whose image processor can be read")
     return found
 
 

@@ -119,6 +119,71 @@ def test_the_image_processor_is_read_where_the_checkpoint_is_and_never_guessed(t
             pretrained.processor_config(str(tmp_path / "with"))
 
 
+NESTED = {"image_processor": {**HUB_PROCESSOR, "image_mean": [0.1, 0.2, 0.3]}, "processor_class": "AProcessor"}
+
+
+@pytest.mark.parametrize(("files", "read"), [
+    ({"processor_config.json": NESTED}, NESTED["image_processor"]),  # transformers reads the nested entry first
+    ({"processor_config.json": NESTED, "preprocessor_config.json": HUB_PROCESSOR}, NESTED["image_processor"]),
+    ({"processor_config.json": {"processor_class": "AProcessor"}, "preprocessor_config.json": HUB_PROCESSOR},
+     HUB_PROCESSOR),  # a nested file without an image processor: the processor file's
+    ({"processor_config.json": {"processor_class": "AProcessor"}}, None),  # neither: the article's pixels
+    ({"processor_config.json": {"image_processor": [0.5]}, "preprocessor_config.json": HUB_PROCESSOR},
+     "the image_processor entry of its processor_config.json is not a JSON object"),
+    ({"processor_config.json": '{"image_processor": {', "preprocessor_config.json": HUB_PROCESSOR},
+     "its processor_config.json is not a JSON object"),
+])
+def test_the_image_processor_is_the_one_transformers_reads_of_the_two_files(files, read, tmp_path, monkeypatch):
+    """AutoImageProcessor (transformers 5) takes processor_config.json's "image_processor" entry before
+    preprocessor_config.json; so do the Part 3 scripts, from a folder and from the Hugging Face cache."""
+    import json
+
+    from transformers import AutoImageProcessor
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    repo = tmp_path / "cache" / "models--someone--other-vit"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("a" * 40)
+    for folder in (tmp_path / "folder", repo / "snapshots" / ("a" * 40)):
+        folder.mkdir(parents=True)
+        for file, content in files.items():
+            (folder / file).write_text(content if isinstance(content, str) else json.dumps(content))
+    for name in (str(tmp_path / "folder"), "someone/other-vit"):
+        if name == "someone/other-vit" and "preprocessor_config.json" not in files:
+            continue  # not in the cache, offline: one line, as the test above has it
+        if isinstance(read, str):
+            with pytest.raises(UserError, match=read):
+                pretrained.processor_config(name)
+        else:
+            assert pretrained.processor_config(name) == read, name
+    if isinstance(read, dict):  # transformers' own reading of the folder
+        assert list(AutoImageProcessor.from_pretrained(tmp_path / "folder").image_mean) == read["image_mean"]
+
+
+def test_a_hub_id_whose_processor_file_is_not_cached_has_each_file_the_hub_lists_fetched(tmp_path, monkeypatch):
+    """Neither file in the cache: the Hub's list of files says which exist, and those are downloaded (both here)."""
+    import json
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    listed = [SimpleNamespace(rfilename=file) for file in ("config.json", "processor_config.json",
+                                                           "preprocessor_config.json")]
+    monkeypatch.setattr(pretrained, "ask_hub", lambda name: (SimpleNamespace(siblings=listed), None))
+    fetched = []
+
+    def download(name, file):
+        fetched.append(file)
+        path = tmp_path / file
+        path.write_text(json.dumps(NESTED if file == "processor_config.json" else HUB_PROCESSOR))
+        return str(path)
+
+    monkeypatch.setattr(pretrained, "hub_download", download)
+    assert pretrained.processor_config("someone/other-vit") == NESTED["image_processor"]
+    assert sorted(fetched) == ["preprocessor_config.json", "processor_config.json"]
+
+
 def test_a_folder_whose_image_processor_crops_is_refused_as_the_model_flag(tmp_path):
     import json
 
