@@ -198,8 +198,7 @@ def processor_config(name):
     folder = Path(os.path.expanduser(name))
     if not folder.is_dir():
         return hub_processor_config(name)
-    files = [file for file in (NESTED_PROCESSOR_FILE, PROCESSOR_FILE) if (folder / file).is_file()]
-    return image_processor_of({file: read_processor(folder / file, name) for file in files}, name)
+    return image_processor_of({file: folder / file for file in (NESTED_PROCESSOR_FILE, PROCESSOR_FILE)}, name)
 
 
 def hub_processor_config(name):
@@ -216,20 +215,20 @@ def hub_processor_config(name):
                             f"Face cache and {why}, so the pixels it was made for are unknown: {LOCAL_COPY}")
         listed = {sibling.rfilename for sibling in info.siblings or []}
         cached = {file: hub_download(name, file) if file in listed else None for file in cached}
-    return image_processor_of({file: read_processor(path, name) for file, path in cached.items()
-                               if isinstance(path, str)}, name)
+    return image_processor_of(cached, name)
 
 
-def image_processor_of(configs, name):
-    """What transformers reads of a checkpoint's processor files ({file: its dict}): the "image_processor" entry of
-    NESTED_PROCESSOR_FILE, else PROCESSOR_FILE's dict, else None; an entry that is no JSON object is one line."""
-    nested = configs.get(NESTED_PROCESSOR_FILE, {})
-    if "image_processor" not in nested:
-        return configs.get(PROCESSOR_FILE)
-    if not isinstance(nested["image_processor"], dict):
+def image_processor_of(paths, name):
+    """What transformers reads of a checkpoint's processor files ({file: its path, or not one: none}): the
+    "image_processor" entry of NESTED_PROCESSOR_FILE, else PROCESSOR_FILE, else None; a nested entry that is no JSON
+    object is one line."""
+    read = {file: read_processor(path, name) for file, path in paths.items() if isinstance(path, (str, Path))
+            and os.path.isfile(path)}
+    found = read.get(NESTED_PROCESSOR_FILE, {}).get("image_processor", read.get(PROCESSOR_FILE))
+    if found is not None and not isinstance(found, dict):
         raise UserError(f"--model {name}: the image_processor entry of its {NESTED_PROCESSOR_FILE} is not a JSON "
                         f"object: pass a checkpoint whose image processor can be read")
-    return nested["image_processor"]
+    return found
 
 
 def read_processor(path, name):
