@@ -22,15 +22,21 @@ def cache_key(name, model, paths=None, root=None, **decides):
     if weights is None:
         return None
     if paths is not None:
-        decides["pictures"] = [[str(Path(path).relative_to(root)),
-                                hashlib.blake2b(Path(path).read_bytes(), digest_size=12).hexdigest()]
-                               for path in paths]
+        decides["pictures"] = [[str(Path(path).relative_to(root)), picture_digest(path)] for path in paths]
     stat, folder = Path(weights).stat(), Path(weights).parent
     configs = {file: hashlib.blake2b((folder / file).read_bytes(), digest_size=12).hexdigest()
                for file in ("config.json", PROCESSOR_FILE, NESTED_PROCESSOR_FILE) if (folder / file).is_file()}
     text = json.dumps({"model": model, "weights": [str(Path(weights).resolve()), stat.st_size, stat.st_mtime_ns],
                        "configs": configs, **decides})
     return f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:20]}.npz", text
+
+
+def picture_digest(path):
+    """A digest of a picture's bytes; one that cannot be read is one line, in the loader's words (common/data.py)."""
+    try:
+        return hashlib.blake2b(Path(path).read_bytes(), digest_size=12).hexdigest()
+    except OSError as error:
+        raise UserError(f"cannot read picture {path}: {error}") from error
 
 
 def cached(compute, key, rows, cache_dir=CACHE_DIR, warn=lambda text: say(f"warning: {text}")):

@@ -141,6 +141,8 @@ def check_output(path, flag, folder=False):
             raise UserError(f"{flag} {path} is a file, not a folder: pass a folder, which is created if needed")
         if not folder and target.is_dir():
             raise UserError(f"{flag} {path} is a folder: give a file name, such as {target / 'results.json'}")
+        if not folder and path.endswith(("/", os.sep)):  # a folder's name, never the file written (pathlib drops it)
+            raise UserError(f"{flag} {path} ends with {path[-1]}, as a folder's name does: give a file name")
         if not folder and (target.exists() and not target.is_file() or path == "-"):  # the write replaces a device
             raise UserError(f"{flag} {path} is not a regular file (a device, a pipe or stdout): give a file name")
         above = next((parent for parent in target.parents if parent.is_file()), None)

@@ -51,6 +51,8 @@ def places(tmp_path_factory, tiny_in21k):
     (root / "trainer-file" / "trainer").parent.mkdir()
     (root / "trainer-file" / "trainer").write_text("where the Trainer's folder goes")
     os.mkfifo(root / "fifo")
+    dangling = imagenette_folder(root / "dangling", per_class=2)
+    (dangling / "val" / "n01440764" / "zz_gone.JPEG").symlink_to(root / "no-such-picture.JPEG")
     return {"{classifier}": str(vit_classifier(root / "classifier")),
             "{truncated}": str(cut_short(vit_classifier(root / "truncated"))),
             "{garbage bin}": str(garbage_weights(vit_classifier(root / "garbage"))),
@@ -61,7 +63,8 @@ def places(tmp_path_factory, tiny_in21k):
             "{long}": str(root / ("x" * 300)),
             "{small}": str(vit_classifier(root / "small", image_size=32)),
             "{in21k}": str(tiny_in21k), "{data}": str(good), "{empty class}": str(empty_class),
-            "{one split}": str(one_split), "{file}": str(root / "a-file"), "{out}": str(root / "out"),
+            "{one split}": str(one_split), "{dangling}": str(dangling), "{file}": str(root / "a-file"),
+            "{out}": str(root / "out"),
             "{folder}": str(root), "{run}": str(root / "run"), "{beans}": str(beans_folder(root / "beans")),
             "{bad beans}": str(root / "bad-beans"),
             "{classifier+processor}": str(vit_classifier(root / "cp", processor=True)),
@@ -182,6 +185,11 @@ CASES = [
     ("fewshot", ["--model", "{in21k}", "--data-dir", "{one split}", "--no-cache", "--pool", "2", "--shots", "1"], 1,
      "n01440764"),
     ("fewshot", ["--model", "{in21k}", "--data-dir", "{file}", "--no-cache"], 1, "is a file, not a folder"),
+    # a picture the feature cache's key cannot read (a link to nowhere, a file without read permission)
+    ("fewshot", ["--model", "{in21k}", "--data-dir", "{dangling}", "--pool", "2", "--shots", "1"], 1,
+     "n01440764/zz_gone.JPEG: [Errno 2] No such file or directory"),
+    ("fewshot", ["--json", "{out}/new/"], 2, "/new/ ends with /, as a folder's name does: give a file name"),
+    ("setup", ["--json", "{file}/"], 2, "a-file/ ends with /"),  # it replaced the file
     ("finetune", ["--lr", "-1"], 2, "--lr"),
     ("finetune", ["--lr", "nan"], 2, "--lr"),
     ("finetune", ["--lr", "0"], 2, "--lr"),
@@ -201,6 +209,8 @@ CASES = [
      "--resume"),
     ("finetune", ["--model", "{in21k}", "--data-dir", "{empty class}", "--steps", "1"], 1, "n03888257"),
     ("finetune", ["--model", "{in21k}", "--data-dir", "{file}", "--steps", "1"], 1, "is a file, not a folder"),
+    ("finetune", ["--model", "{in21k}", "--data-dir", "{dangling}", "--save-dir", "{out}/dangling", "--steps", "1"],
+     1, "n01440764/zz_gone.JPEG: [Errno 2] No such file or directory"),  # read_inputs, for --resume
     ("backbone", ["--data-dir", "{folder}/nowhere"], 2, "/nowhere does not exist"),
     ("backbone", ["--data-dir", ""], 2, "--data-dir: an empty path"),  # would mean the Hub's copy: a download
     ("backbone", ["--plots", ""], 2, "--plots: an empty path"),
