@@ -422,14 +422,22 @@ def split_files(folder):
 
 
 def from_folder(folder, where):
-    """The dataset's parquet files in folder (a local copy, or the cache's snapshot), read as its splits."""
-    from datasets import load_dataset
+    """The dataset's parquet files in folder (a local copy, or the cache's snapshot), read as its splits. The library
+    keys its Arrow cache of them by their paths and modification times alone, so it is kept in a folder of its cache
+    named by each file's size, times and inode too: a file replaced with its time kept is read anew."""
+    from datasets import config, load_dataset
     from datasets.exceptions import DatasetGenerationError
 
     folder = Path(folder).expanduser()
     files = split_files(folder)  # the files named, not the folder: the library keys its Arrow cache by them
+    stamp = hashlib.sha256()
+    for path in (path for split in BEANS_SPLITS for path in files[split]):
+        found = os.stat(path)
+        stamp.update(f"{os.path.realpath(path)} {found.st_size} {found.st_mtime_ns} {found.st_ctime_ns} "
+                     f"{found.st_ino}\n".encode())
     try:
-        return load_dataset(str(folder), data_files=files)
+        return load_dataset(str(folder), data_files=files,
+                            cache_dir=str(Path(config.HF_DATASETS_CACHE) / "beans-copies" / stamp.hexdigest()[:16]))
     except (OSError, ValueError, DatasetGenerationError) as error:
         raise UserError(f"{where}: cannot read it as {BEANS} ({str(error).splitlines()[0][:160]})") from error
 

@@ -429,6 +429,26 @@ def test_ctrl_c_or_sigterm_while_a_script_loads_torch_is_one_line(moment, signum
     assert run.returncode == 128 + signum and err.strip().splitlines()[-1:] == [said] and "Traceback" not in err, err
 
 
+def test_a_beans_file_replaced_with_its_modification_time_kept_is_read_anew(tmp_path):
+    """cp -p or rsync -a of another copy over a parquet file keeps its time: the library's own Arrow cache, keyed by
+    path and time, would give the old pictures; the features' key is made from them, so it would not see it."""
+    import pyarrow.parquet as pq
+
+    import vit_backbone as beans
+    from job.standins import beans_folder
+
+    copy = beans_folder(tmp_path / "beans", {"train": 2, "validation": 1})
+    path = min((copy / "data").glob("train*.parquet"))
+    before = beans.data_digests({"train": beans.read_beans(str(copy))["train"]})
+    table = pq.read_table(path)
+    times = os.stat(path)
+    pq.write_table(table.slice(1), path)  # one picture fewer, the time put back
+    os.utime(path, ns=(times.st_atime_ns, times.st_mtime_ns))
+    after = beans.read_beans(str(copy))["train"]
+    assert len(after) == table.num_rows - 1
+    assert beans.data_digests({"train": after}) != before
+
+
 def test_a_second_beans_copy_is_read_as_itself_not_from_the_cache_of_the_first(tmp_path):
     """Two local copies of beans, both called beans, one after the other in one Hugging Face cache: each is read
     with its own pictures (the library keys a folder's Arrow cache by its name and layout, not its files)."""
