@@ -145,7 +145,6 @@ def load_features(data, args, run):
     start, features, sources, started = time.perf_counter(), {"passes": {}}, set(), []
     for desc in ("pool", "val"):
         paths = [path for path, _ in data[desc]]
-
         def compute(desc=desc, paths=paths):  # a pass of its own, its workers started before it
             arrays, timing = extract_features(model(), paths, args.resolution, run.device, args.batch_size, desc,
                                               run.autocast, pixels)
@@ -153,9 +152,8 @@ def load_features(data, args, run):
             features["passes"][desc] = timing
             return arrays
 
-        # everything that decides the features; None: neither read nor write the cache
         key = None if args.no_cache else cache_key(desc, args.model, paths, data["root"], resolution=args.resolution,
-                                                   precision=args.precision, pixels=pixels)
+                                                   precision=args.precision, pixels=pixels)  # all that decides them
         features[desc], source = cached(compute, key, dict.fromkeys(REPRESENTATIONS, len(paths)), FEATURE_CACHE_DIR)
         features[f"{desc} labels"] = np.array([label for _, label in data[desc]])
         sources.add(source)
@@ -199,8 +197,7 @@ def section_frozen(report, data, args, run):
                  f"device {run.device.type}: features of {len(data['pool'])} training pictures (a pool of {args.pool} "
                  f"per class) and {len(data['val'])} validation pictures ==",
                  {"pool pictures": len(data["pool"]), "validation pictures": len(data["val"])})
-    # the article's 224 is a multiple of every released ViT's patch (14, 16, 32); another is read from the checkpoint
-    config = None if args.resolution == ARTICLE_FLAGS["resolution"][1] else checkpoint_config(args.model)
+    config = None if args.resolution == 224 else checkpoint_config(args.model)  # 224: a multiple of 14, 16 and 32
     if config is not None and args.resolution % config.patch_size:  # the patch embedding's stride steps over the rest
         report.print(f"  --resolution {args.resolution} is not a multiple of the patch size {config.patch_size}: the "
                      f"last {args.resolution % config.patch_size} pixels of each side fall outside the patches")

@@ -285,8 +285,7 @@ def workers_text(workers, seconds):
 
 def timed(batches, timing=None, count=len, device=None):
     """The batches, in order, a picture's UserError raised; each one's wait and pictures added to timing: the host's
-    time in next(), on a CUDA GPU the GPU's own idle time between two CUDA events (docs/data.md#the-wait-for-pictures).
-    A pass's workers end with it, a failed pass's too."""
+    time in next(), on a CUDA GPU the GPU's idle time between two CUDA events (docs/data.md#the-wait-for-pictures)."""
     timing = dict(NEW_PASS) if timing is None else timing
     on_cuda = device is not None and device.type == "cuda"
     pairs, iterator = [], iter(batches)  # (asked, arrived) CUDA events of each batch

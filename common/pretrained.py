@@ -193,8 +193,7 @@ ARTICLE_PROCESSORS = ("google/vit-base-patch16-224", "google/vit-base-patch16-22
 
 
 def processor_config(name):
-    """The checkpoint's image processor as a dict (image_processor_of its files) from its folder, else
-    hub_processor_config(name), or None (none)."""
+    """The checkpoint's image processor (image_processor_of), from its folder or hub_processor_config; None: none."""
     folder = Path(os.path.expanduser(name))
     if not folder.is_dir():
         return hub_processor_config(name)
@@ -219,9 +218,8 @@ def hub_processor_config(name):
 
 
 def image_processor_of(paths, name):
-    """What transformers reads of a checkpoint's processor files ({file: its path, or not one: none}): the
-    "image_processor" entry of NESTED_PROCESSOR_FILE, else PROCESSOR_FILE, else None; a nested entry that is no JSON
-    object is one line."""
+    """What transformers reads of a checkpoint's processor files ({file: path, or not one}): NESTED_PROCESSOR_FILE's
+    "image_processor" entry, else PROCESSOR_FILE, else None; a nested entry that is no JSON object is one line."""
     read = {file: read_processor(path, name) for file, path in paths.items() if isinstance(path, (str, Path))
             and os.path.isfile(path)}
     found = read.get(NESTED_PROCESSOR_FILE, {}).get("image_processor", read.get(PROCESSOR_FILE))
