@@ -24,8 +24,8 @@ def test_record_keeps_each_number_and_each_entry_by_name(capsys):
     weights[0, 0] = 0.0  # changed after its line: the number kept is the printed one
     assert capsys.readouterr().out == "  loss 2.302585, W = [[0.625, -0.625]]\n"
     assert named(report.script, report.given)[0] == {"loss": {"value": 2.302585093}, "W[1,1]": {"value": 0.625},
-                              "W[1,2]": {"value": -0.625}, "shape[1]": {"value": 197.0},
-                              "shape[2]": {"value": 768.0}}
+                                                     "W[1,2]": {"value": -0.625}, "shape[1]": {"value": 197.0},
+                                                     "shape[2]": {"value": 768.0}}
     report.print("  loss 1.0", {"loss": 1.0})
     with pytest.raises(ValueError, match="recorded twice"):
         values(report)
