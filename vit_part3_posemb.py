@@ -134,19 +134,13 @@ def split_table(table):
     return table[:1], table[1:].reshape(n, n, -1)
 
 
-def bilinear_table(table, n_new):
-    """The official stretch of a (1 + n^2, d) table to (1 + n_new^2, d): the [class] row kept, the grid bilinear."""
-    class_row, grid = split_table(table)
-    return np.concatenate([class_row, bilinear_resize_loop(grid, n_new).reshape(n_new * n_new, -1)])
-
-
 def position_tables(table, n_new):
-    """The four tables of the higher resolution, each (1 + n_new^2, d); "2D bicubic" is None: the library computes it
-    inside the forward pass (interpolate_pos_encoding)."""
-    class_row, rows = table[:1], table[1:]
-    return {"2D bilinear": bilinear_table(table, n_new),
+    """The four tables of the higher resolution, each (1 + n_new^2, d), the [class] row kept in the stretched ones;
+    "2D bicubic" is None: the library computes it inside the forward pass (interpolate_pos_encoding)."""
+    class_row, grid = split_table(table)
+    return {"2D bilinear": np.concatenate([class_row, bilinear_resize_loop(grid, n_new).reshape(n_new * n_new, -1)]),
             "2D bicubic": None,
-            "1D": np.concatenate([class_row, linear_resize_1d(rows, n_new * n_new)]),
+            "1D": np.concatenate([class_row, linear_resize_1d(table[1:], n_new * n_new)]),
             "zeros": np.zeros((1 + n_new * n_new, table.shape[1]))}
 
 

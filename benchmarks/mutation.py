@@ -71,7 +71,7 @@ TARGETS = {
     "vit_part3_fewshot.py": (["draw_shots", "draw_pool", "few_shot_accuracies"], guarded_by("tests/test_fewshot.py")),
     "vit_part3_posemb.py": (["accuracy_counts", "grids", "check_resolution", "example_places", "stretch_positions",
                              "bilinear_resize_loop", "scipy_resize", "bicubic_resize", "linear_resize_1d",
-                             "split_table", "bilinear_table", "position_tables", "cosine_similarities"],
+                             "split_table", "position_tables", "cosine_similarities"],
                             guarded_by("tests/test_posemb.py", "tests/test_finetune_maths.py")),
 }
 

@@ -24,7 +24,7 @@ from common.pretrained import ARTICLE_PIXELS
 from common.run import Report, named, values
 from common.start_and_end import Terminated, UserError
 from compare.verdicts import flag_differences, load_reference
-from vit_part3_posemb import bilinear_table
+from vit_part3_posemb import position_tables
 
 # The article's logged learning rates of the 300-step run (step: lr as printed).
 ARTICLE_LRS = {5: "0.00040", 10: "0.00090", 25: "0.00240", 50: "0.00296", 100: "0.00254", 150: "0.00178",
@@ -107,7 +107,8 @@ def test_the_fine_tuned_classifier_stretches_its_table_row_major():
 def test_the_fine_tuning_stretch_is_the_derived_bilinear_loop(n_new):
     """scipy.ndimage.zoom(order=1), the official call, against the loop posemb derives by hand."""
     table = np.random.default_rng(0).standard_normal((1 + 14 * 14, 6))
-    np.testing.assert_allclose(finetune.stretched_table(table, n_new), bilinear_table(table, n_new), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(finetune.stretched_table(table, n_new), position_tables(table, n_new)["2D bilinear"],
+                               rtol=0, atol=1e-12)
 
 
 # ---------------------------------------------------------------- the run's steps, pictures, statistics and setup

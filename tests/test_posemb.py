@@ -46,7 +46,7 @@ def test_the_stretched_table_keeps_row_major_order():
     """Rows (r, c) = [r, c, 1] on 3x3: bilinear interpolation keeps a linear function exactly, so on 5x5 table row
     1 + R 5 + C is [R (3-1)/(5-1), C (3-1)/(5-1), 1] = [R/2, C/2, 1], and the [class] row is kept."""
     table = np.array([[7.0, 7.0, 7.0]] + [[r, c, 1.0] for r in range(3) for c in range(3)])
-    stretched = posemb.bilinear_table(table, 5)
+    stretched = posemb.position_tables(table, 5)["2D bilinear"]
     assert stretched.shape == (26, 3)
     assert stretched[0].tolist() == [7.0, 7.0, 7.0]
     expected = [[R / 2, C / 2, 1.0] for R in range(5) for C in range(5)]
