@@ -15,8 +15,8 @@ def test_a_cache_key_holds_the_weight_file_and_what_decides_the_features(tmp_pat
     stat = (tmp_path / "model.safetensors").stat()
     name, text = cache_key("val", str(tmp_path), resolution=224, precision="fp32")
     weights = str((tmp_path / "model.safetensors").resolve())
-    assert json.loads(text) == {"model": str(tmp_path), "weights": [weights, 5, stat.st_mtime_ns], "configs": {},
-                                "resolution": 224, "precision": "fp32"}
+    assert json.loads(text) == {"model": str(tmp_path), "configs": {}, "resolution": 224, "precision": "fp32",
+                                "weights": [weights, 5, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino]}
     (tmp_path / "config.json").write_text('{"hidden_act": "gelu"}')  # beside the weights: its bytes decide them too
     configs = json.loads(cache_key("val", str(tmp_path), resolution=224, precision="fp32")[1])["configs"]
     assert configs == {"config.json": hashlib.blake2b(b'{"hidden_act": "gelu"}', digest_size=12).hexdigest()}
@@ -52,11 +52,14 @@ DECIDES = {"resolution": 224, "precision": "fp32", "pictures": [["val/a/1.JPEG",
            "data": {"train": "cc33", "validation": "dd44"}}
 
 
-def checkpoint(folder, contents=b"12345", mtime_ns=T, config="{}", processor="{}", nested=None):
-    """A checkpoint folder whose model.safetensors holds contents, modified at mtime_ns, beside its config and image
-    processor files (nested: a processor_config.json too): its path as a string."""
+def checkpoint(folder, contents=b"12345", mtime_ns=T, config="{}", processor="{}", nested=None, replaced=False):
+    """A checkpoint folder whose model.safetensors holds contents, modified at mtime_ns (replaced: a new file put in
+    its place, as cp -p or rsync -a do), beside its config and image processor files (nested: a processor_config.json
+    too): its path as a string."""
     folder.mkdir(exist_ok=True)
-    (folder / "model.safetensors").write_bytes(contents)
+    (folder / ("new.safetensors" if replaced else "model.safetensors")).write_bytes(contents)
+    if replaced:
+        (folder / "new.safetensors").replace(folder / "model.safetensors")
     os.utime(folder / "model.safetensors", ns=(mtime_ns, mtime_ns))
     (folder / "config.json").write_text(config)
     (folder / "preprocessor_config.json").write_text(processor)
@@ -76,6 +79,7 @@ CHANGES = [
     ("the checkpoint: another folder with the same bytes, same time", {"folder": "other"}, {}),
     ("the weights: same folder, same time, another size", {"contents": b"123456"}, {}),
     ("the weights: same folder, same size, another time", {"mtime_ns": T + 1}, {}),
+    ("the weights: another file put in their place, same size and time", {"contents": b"54321", "replaced": True}, {}),
     ("the config: another activation", {"config": '{"hidden_act": "relu"}'}, {}),  # the weights untouched
     ("the image processor: another mean", {"processor": '{"image_mean": [0.1, 0.1, 0.1]}'}, {}),
     ("the image processor: a nested one, which transformers reads first", {"nested": '{"image_processor": {}}'}, {}),
