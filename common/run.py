@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import torch
 
 from common.files import write_text
@@ -298,7 +297,7 @@ def pass_text(timing):
 
 @dataclass
 class Report:
-    """A script's printed lines and the numbers on them, named when they are read (named(); docs/layout.md)."""
+    """A script's printed lines and the numbers on them (compare/record.py names them; docs/layout.md)."""
 
     script: str
     quiet: bool = False  # torchrun's other processes print nothing
@@ -316,33 +315,9 @@ class Report:
                             for name, value in (numbers or {}).items()}, counts or {}))
 
 
-
 def values(report):
-    """{name: value} of the numbers a Report was given, named (named()): what a figure reads."""
-    return {name: number["value"] for name, number in named(report.script, report.given)[0].items()}
-
-
-def named(script, given):
-    """({name: {"value": float}, an accuracy's with its counts (right, of)}, {name: a pass over pictures}) of a Report's
-    given numbers: a pass (a dict) as its seconds and waiting seconds, a list or array entry by entry, name[i,j]."""
-    numbers, passes = {}, {}
-    for given_numbers, counts in given:
-        for name, value in given_numbers.items():
-            if isinstance(value, dict):  # a pass over pictures
-                passes[name] = value
-                entries = {f"{name} seconds": value["seconds"], f"{name} waiting seconds": value["waiting seconds"]}
-            elif isinstance(value, (list, tuple)):
-                entries = {f"{name}[{','.join(str(i + 1) for i in index)}]": entry
-                           for index, entry in np.ndenumerate(np.asarray(value, dtype=float))}
-            else:
-                entries = {name: value}
-            for entry, number in entries.items():
-                if entry in numbers:
-                    raise ValueError(f"{script}: the number {entry!r} is recorded twice")
-                right, of = counts.get(entry, (None, None))
-                numbers[entry] = {"value": float(number)} | ({} if right is None else
-                                                             {"right": right, "of": of, "scale": 100})
-    return numbers, passes
+    """{name: value} of the numbers given to a Report's lines, as given (a list a list): what a figure reads."""
+    return {name: value for numbers, _ in report.given for name, value in numbers.items()}
 
 
 DEVICE_CHOICES = ("auto", "cuda", "mps", "cpu")
@@ -371,8 +346,7 @@ def pick_device(name="auto"):
 
 
 PRECISIONS = ("fp32", "tf32", "bf16")
-# each rule float32 can follow on NVIDIA GPUs that have TF32: (matrix multiplies, cuDNN convolutions) in TF32
-# (docs/layout.md)
+# the rules float32 can follow on NVIDIA GPUs with TF32 (docs/layout.md): are (matrix multiplies, cuDNN convs) in TF32
 FP32_RULES = {"strict": (False, False), "torch defaults": (False, True), "tf32": (True, True)}
 
 

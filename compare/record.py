@@ -10,7 +10,9 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from common.run import float32_arithmetic, named
+import numpy as np
+
+from common.run import float32_arithmetic
 from compare.marks import STANDIN_MARK
 from compare.published_files import checkpoint_difference
 from compare.verdicts import comparison_lines, flag_differences, judge
@@ -30,6 +32,29 @@ def judged(run, report, setup_differences=None, article_model=None, article_flag
     rows, conclusions = judge(report.script, named(report.script, report.given)[0], differences)
     record = run_record(run, report, rows, differences, conclusions) if run.args.json and run.rank == 0 else None
     return "\n".join(comparison_lines(rows, conclusions, differences)), record
+
+
+def named(script, given):
+    """({name: {"value": float}, an accuracy's with its counts (right, of)}, {name: a pass over pictures}) of a Report's
+    given numbers: a pass (a dict) as its seconds and waiting seconds, a list or array entry by entry, name[i,j]."""
+    numbers, passes = {}, {}
+    for given_numbers, counts in given:
+        for name, value in given_numbers.items():
+            if isinstance(value, dict):  # a pass over pictures
+                passes[name] = value
+                entries = {f"{name} seconds": value["seconds"], f"{name} waiting seconds": value["waiting seconds"]}
+            elif isinstance(value, (list, tuple)):
+                entries = {f"{name}[{','.join(str(i + 1) for i in index)}]": entry
+                           for index, entry in np.ndenumerate(np.asarray(value, dtype=float))}
+            else:
+                entries = {name: value}
+            for entry, number in entries.items():
+                if entry in numbers:
+                    raise ValueError(f"{script}: the number {entry!r} is recorded twice")
+                right, of = counts.get(entry, (None, None))
+                numbers[entry] = {"value": float(number)} | ({} if right is None else
+                                                             {"right": right, "of": of, "scale": 100})
+    return numbers, passes
 
 
 def run_record(run, report, rows, differences, conclusions=()):

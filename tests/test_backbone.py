@@ -14,11 +14,12 @@ from PIL import Image
 
 import figures.backbone
 import vit_backbone as backbone
-from common.run import Report, named, start_run, tried, values
+from common.run import Report, start_run, tried, values
 from common.start_and_end import UserError, guarded
 from compare import published_files
 from compare.marks import STANDIN_MARK
 from compare.published_files import checkpoint_difference
+from compare.record import named
 from compare.verdicts import flag_differences, load_reference
 
 

@@ -13,14 +13,15 @@ import figures.fewshot
 import vit_part3_fewshot as fewshot
 from common.data import list_split
 from common.features import cache_key, cached
-from common.run import Report, values
+from common.run import Report
+from compare.record import named
 from job.standins import imagenette_folder
 
 
 def by_hand_numbers():
     report = Report("fewshot")
     fewshot.section_by_hand(report)
-    return values(report)
+    return {name: number["value"] for name, number in named(report.script, report.given)[0].items()}
 
 
 def test_by_hand_values_of_the_article():

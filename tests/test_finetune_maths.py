@@ -21,8 +21,9 @@ import vit_part3_finetune as finetune
 from common.data import NEW_PASS
 from common.files import read_checkpoint
 from common.pretrained import ARTICLE_PIXELS
-from common.run import Report, named, values
+from common.run import Report, values
 from common.start_and_end import Terminated, UserError
+from compare.record import named
 from compare.verdicts import flag_differences, load_reference
 from vit_part3_posemb import position_tables
 

@@ -2,8 +2,9 @@
 import numpy as np
 import pytest
 
-from common.run import Report, listed, named, pass_text, section, short, values
+from common.run import Report, listed, pass_text, section, short
 from common.start_and_end import UserError
+from compare.record import named
 
 
 @pytest.mark.parametrize("text, printed", [
@@ -28,7 +29,7 @@ def test_record_keeps_each_number_and_each_entry_by_name(capsys):
                                                      "shape[2]": {"value": 768.0}}
     report.print("  loss 1.0", {"loss": 1.0})
     with pytest.raises(ValueError, match="recorded twice"):
-        values(report)
+        named(report.script, report.given)
 
 
 def test_a_pass_keeps_its_timing_and_an_accuracy_its_counts(capsys):
@@ -36,7 +37,8 @@ def test_a_pass_keeps_its_timing_and_an_accuracy_its_counts(capsys):
     report.print("  accuracy 98.0%", {"224": {"seconds": 65.2, "waiting seconds": 0.04, "pictures": 50},
                                        "accuracy": 98.0}, counts={"accuracy": (49, 50)})
     assert named("test", report.given)[1] == {"224": {"seconds": 65.2, "waiting seconds": 0.04, "pictures": 50}}
-    assert values(report) == {"224 seconds": 65.2, "224 waiting seconds": 0.04, "accuracy": 98.0}
+    assert {name: number["value"] for name, number in named("test", report.given)[0].items()} == {
+        "224 seconds": 65.2, "224 waiting seconds": 0.04, "accuracy": 98.0}
     assert named(report.script, report.given)[0]["accuracy"] == {"value": 98.0, "right": 49, "of": 50, "scale": 100}
 
     @section

@@ -20,8 +20,9 @@ from transformers import ViTForImageClassification
 import vit_part3_posemb as posemb
 from common.data import class_folders, list_split, load_rgb, run_model
 from common.pretrained import ARTICLE_PIXELS
-from common.run import Report, set_precision, values
+from common.run import Report, set_precision
 from common.start_and_end import UserError
+from compare.record import named
 from job.standins import vit_classifier
 
 
@@ -149,7 +150,7 @@ def test_cosine_map_is_torchs_cosine_similarity_with_table_row_1_plus_r_n_plus_c
 def test_tiny_grid_of_the_article():
     report = Report("posemb")
     posemb.section_tiny_grid(report)
-    numbers = values(report)
+    numbers = {name: number["value"] for name, number in named(report.script, report.given)[0].items()}
     assert (numbers["2x2 top middle"], numbers["2x2 middle left"], numbers["2x2 centre"]) == (0.5, 1.0, 1.5)
     assert [numbers[f"3x3 grid[2,{j}]"] for j in (1, 2, 3)] == [1.0, 1.5, 2.0]  # (0+2)/2, the centre, (1+3)/2
 
