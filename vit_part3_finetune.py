@@ -58,9 +58,10 @@ from common.data import (
     CLASSES,
     DEFAULT_NAME,
     NEW_PASS,
-    batches_of,
     load_splits,
+    picture_loader,
     run_model,
+    start_loader,
     to_pixels,
 )
 from common.features import cache_key
@@ -347,8 +348,9 @@ def section_zero_head(report, run, prepared):
     classes = data["classes"]
     report.print("\n== 1. step 0 with the zero head ==")
     indices, flips = step_pictures(1, run.args.batch_size, len(data["train"]), run.args.seed)  # step 1's whole batch
-    batches, _, _ = batches_of([data["train"][i][0] for i in indices], run.args.resolution, run.args.batch_size,
-                                 run.device, flips, workers=0, resample=pixels_made["resample"])  # one batch
+    batches, _ = start_loader(picture_loader([data["train"][i][0] for i in indices], run.args.resolution,
+                                             run.args.batch_size, run.device, flips, workers=0,
+                                             resample=pixels_made["resample"]))  # one batch
     pixels = to_pixels(next(batches), run.device, pixels_made)
     labels = torch.tensor([data["train"][i][1] for i in indices], device=run.device)
     micro_batch_count = run.world * run.args.accum_steps  # a training step's, so the peak is training's
@@ -647,12 +649,12 @@ def step_batches(items, first, last, run, log, pixels):
 
 
 def logged_pass(paths, batch_size, run, log, pixels, flips=None, indices=None, timing=None, count=len):
-    """A pass's batches of the pictures at paths, its loader started (common/data.py's batches_of; timing, count:
+    """A pass's batches of the pictures at paths, its loader started (common/data.py's start_loader; timing, count:
     as there): its workers and their start-up in the log."""
-    batches, log["loader workers"], seconds = batches_of(paths, run.args.resolution, batch_size, run.device, flips,
-                                                           indices, timing=timing, count=count,
-                                                           resample=pixels["resample"])
-    log["loader start-up seconds"] += seconds
+    loader = picture_loader(paths, run.args.resolution, batch_size, run.device, flips, indices,
+                            resample=pixels["resample"])
+    batches, seconds = start_loader(loader, timing, count)
+    log["loader workers"], log["loader start-up seconds"] = loader.num_workers, log["loader start-up seconds"] + seconds
     return batches
 
 

@@ -37,7 +37,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root, for common/
 
-from common.data import PREFETCH, batches_of, load_rgb, resized_rgb, run_model
+from common.data import PREFETCH, load_rgb, picture_loader, resized_rgb, run_model, start_loader
 from common.files import write_text
 from common.pretrained import ARTICLE_PIXELS
 from common.run import (
@@ -255,8 +255,9 @@ def loader_alone(pictures, resolution, batch_size, workers, rounds=3):
     cpu = torch.device("cpu")
     plain = DataLoader(Resized(pictures, resolution), batch_size=batch_size, num_workers=workers,
                        persistent_workers=True, prefetch_factor=PREFETCH)
-    passes = {"inline": lambda: batches_of(pictures, resolution, batch_size, cpu, workers=0)[0],
-              "workers": lambda: batches_of(pictures, resolution, batch_size, cpu, workers=workers)[0],
+    passes = {"inline": lambda: start_loader(picture_loader(pictures, resolution, batch_size, cpu, workers=0))[0],
+              "workers": lambda: start_loader(picture_loader(pictures, resolution, batch_size, cpu,
+                                                             workers=workers))[0],
               "DataLoader": lambda: iter(plain)}
     best = dict.fromkeys(passes, 0.0)
     for _ in range(rounds):

@@ -269,14 +269,6 @@ def start_workers(loader):
     return batches
 
 
-def batches_of(pictures, resolution, batch_size, device, flips=None, indices=None, workers=None, timing=None,
-               count=len, resample=Image.BILINEAR):
-    """(picture_loader(...)'s batches, started (start_loader: timing, count), its workers, their start's seconds)."""
-    loader = picture_loader(pictures, resolution, batch_size, device, flips, indices, workers, resample)
-    batches, seconds = start_loader(loader, timing, count)
-    return batches, loader.num_workers, seconds
-
-
 def workers_text(workers, seconds):
     """'8 worker processes (...) started in 0.4 s, before the passes': the same words on every device."""
     return (f"{workers} worker processes (none on a CPU, whose cores the model uses), started in "

@@ -253,7 +253,7 @@ def test_posemb_stretches_the_table_on_cuda_as_the_library_does(script_runs):
 @GPU
 @pytest.mark.parametrize("decoded", [False, True], ids=["paths", "decoded"])  # decoded in the workers, or before
 def test_the_loaders_batches_on_cuda_are_pinned_and_equal_the_cpus(pictures, decoded):
-    from common.data import batches_of, list_split, load_rgb, picture_loader, start_loader, to_pixels
+    from common.data import list_split, load_rgb, picture_loader, start_loader, to_pixels
     from common.pretrained import ARTICLE_PIXELS
 
     paths = [path for path, _ in list_split(pictures, "val")]  # 40 pictures, gray and CMYK among them
@@ -263,7 +263,8 @@ def test_the_loaders_batches_on_cuda_are_pinned_and_equal_the_cpus(pictures, dec
         flips = rng.random(len(paths)) < 0.5
         on_cuda = picture_loader(pictures_in, resolution, batch, CUDA, flips)  # as the scripts make it beside a GPU
         assert on_cuda.pin_memory and on_cuda.num_workers >= min(2, (os.cpu_count() or 1) // 2)
-        expected = list(batches_of(pictures_in, resolution, batch, torch.device("cpu"), flips, workers=0)[0])
+        inline = picture_loader(pictures_in, resolution, batch, torch.device("cpu"), flips, workers=0)
+        expected = list(start_loader(inline)[0])
         handed = list(start_loader(on_cuda)[0])
         assert [len(b) for b in handed] == sizes(len(paths), batch) and all(b.is_pinned() for b in handed)
         assert all(torch.equal(a, b) for a, b in zip(expected, handed, strict=True))
