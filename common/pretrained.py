@@ -3,6 +3,7 @@ cannot be had; their image processor and its pixels; a fine-tuned one saved as f
 import json
 import os
 import pickle
+import re
 import reprlib
 import urllib.parse
 from pathlib import Path
@@ -10,7 +11,9 @@ from pathlib import Path
 import numpy as np
 from huggingface_hub import HfApi, constants, hf_hub_download, is_offline_mode, try_to_load_from_cache
 from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
-from huggingface_hub.utils import HFValidationError, validate_repo_id
+from huggingface_hub.utils import HFValidationError, set_client_factory, validate_repo_id
+from huggingface_hub.utils import logging as hub_logging
+from huggingface_hub.utils._http import default_client_factory
 from PIL import Image
 from safetensors import SafetensorError
 from tqdm import tqdm
@@ -59,6 +62,27 @@ def without_secrets(text, url):
     return text
 
 
+def refuse_paths(answer):
+    """httpx hook on the Hub's answers: the library names a file's copy in its cache after a HEAD answer's ETag and
+    X-Repo-Commit, unchecked, so that a hostile mirror's "../x" would write outside the cache: refused first."""
+    for header in ("X-Linked-Etag" if answer.headers.get("X-Linked-Etag") else "ETag", "X-Repo-Commit"):
+        name = answer.headers.get(header, "")  # a hash, perhaps quoted, a weak ETag's W/ before: no separator
+        if answer.request.method == "HEAD" and not re.fullmatch(r'(W/)?"?[0-9A-Za-z_-]*"?', name):
+            raise UserError(f"{hub_name()} gave {shown_url(str(answer.request.url))} the {header} "
+                            f"{reprlib.repr(name)}, a path where a Hub gives a hash: refused, as a server that is not "
+                            f"a Hub or a hostile one: check HF_ENDPOINT")
+
+
+def checked_client():
+    client = default_client_factory()  # the library's own (offline mode, request ids), its answers' names checked
+    client.event_hooks["response"].append(refuse_paths)
+    return client
+
+
+set_client_factory(checked_client)
+hub_logging.set_verbosity_error()  # its warnings repeat HF_ENDPOINT, secret and all, at each retry: ours is one line
+
+
 def ask_hub(name, repo_type="model"):
     """(its repo_info, None) when name can be downloaded now, else (None, why not): HF_HUB_OFFLINE is not set and the
     Hub (or its mirror) answers within HF_HUB_ETAG_TIMEOUT s, no retries; an unknown name or an error status is a
@@ -92,6 +116,8 @@ def hub_download(name, file, repo_type="model"):
     once the library's retries are spent is one line."""
     try:
         return hf_hub_download(name, file, repo_type=repo_type, tqdm_class=tqdm)
+    except UserError:
+        raise
     except Exception as error:  # the library's and its HTTP client's errors alike, said in one line
         raise UserError(f"{'dataset' if repo_type == 'dataset' else 'checkpoint'} {name}: downloading {file} from "
                         f"{hub_name()} failed ({download_error(error)}): run again") from error
@@ -126,13 +152,17 @@ def checkpoint_config(name):
 
 
 LOCAL_COPY = "connect to the internet once to download it, or pass --model with a local directory"
-DAMAGED = (SafetensorError, pickle.UnpicklingError, EOFError)  # a weight file not whole: safetensors', torch.load's
+# a file not whole: weights (safetensors', torch.load's errors), a config that is not JSON (under transformers' OSError)
+DAMAGED = (SafetensorError, pickle.UnpicklingError, EOFError, json.JSONDecodeError)
 
 
 def damage(error):
-    """A damaged weight file's error in a few words: safetensors' own, else its type (torch's words would advise
-    weights_only=False, which runs the file's code)."""
-    return reason(error) if isinstance(error, SafetensorError) else type(error).__name__
+    """A damaged file's error in a few words (safetensors' own, else its type: torch's words would advise
+    weights_only=False, which runs the file's code), or None: the error is not of a damaged file."""
+    error = error.__context__ if isinstance(error, OSError) else error
+    if isinstance(error, DAMAGED):
+        return reason(error) if isinstance(error, SafetensorError) else type(error).__name__
+    return None
 
 
 def load_pretrained(model_class, name, fix=LOCAL_COPY, **kwargs):
@@ -164,11 +194,10 @@ def from_the_hub(model_class, name, fix, **kwargs):
     the Hub answers (ask_hub); fix: what the line on a checkpoint neither cached nor to be downloaded tells to do."""
     try:
         return model_class.from_pretrained(name, local_files_only=True, **kwargs)
-    except OSError:
-        pass
-    except DAMAGED as error:  # a weight file cut short or overwritten in the cache
-        raise UserError(f"checkpoint {name} in the Hugging Face cache cannot be read ({damage(error)}): delete "
-                        f"it (hf cache delete) to download it again") from error
+    except (*DAMAGED, OSError) as error:  # not in the cache (OSError), or a file there cut short or overwritten
+        if damage(error):
+            raise UserError(f"checkpoint {name} in the Hugging Face cache cannot be read ({damage(error)}): delete "
+                            f"it (hf cache delete) to download it again") from error
     info, why = ask_hub(name)
     if info is None:
         raise UserError(f"checkpoint {name} is not in the local Hugging Face cache and {why}: {fix}")
@@ -178,10 +207,10 @@ def from_the_hub(model_class, name, fix, **kwargs):
         hub_download(name, weights)
     try:
         return model_class.from_pretrained(name, **kwargs)
-    except DAMAGED as error:
-        raise UserError(f"checkpoint {name} from {hub_name()} cannot be read ({damage(error)}): delete it (hf "
-                        f"cache delete) to download it again") from error
-    except OSError as error:  # the library's own retries spent: a dropped line, an error status, silence
+    except (*DAMAGED, OSError) as error:  # OSError: the library's retries spent (a dropped line, a status, silence)
+        if damage(error):
+            raise UserError(f"checkpoint {name} from {hub_name()} cannot be read ({damage(error)}): delete it (hf "
+                            f"cache delete) to download it again") from error
         raise UserError(f"checkpoint {name}: the download from {hub_name()} failed ({download_error(error)}): "
                         f"run again") from error
 
@@ -275,10 +304,7 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 def cached_weight_file(name):
     """Path of the checkpoint's weight file (WEIGHT_FILES' first) in a local directory or the HF cache, else None."""
     for file in WEIGHT_FILES:
-        if os.path.isdir(name):
-            path = os.path.join(name, file)
-        else:
-            path = try_to_load_from_cache(name, file)
+        path = os.path.join(name, file) if os.path.isdir(name) else try_to_load_from_cache(name, file)
         if isinstance(path, str) and os.path.isfile(path):
             return path
     return None

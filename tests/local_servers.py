@@ -31,7 +31,8 @@ ARCHIVE_PATH = "/fast-ai-imageclas/imagenette2-160.tgz"
 class Faulty(ThreadingHTTPServer):
     """The tests' own server: files it holds, else olah's answers; faults: [{"path": part of the path, "kind":
     "drop" | "status" | "stall" | "trickle" (a byte each TRICKLE_SECONDS) | "slow headers" (so, the status line and
-    headers) | "redirect" (to the same path), "code": the status, "times": how many requests it hits}]."""
+    headers) | "redirect" (to the same path) | "headers" (the answer's "headers" set to these) | "body" (another
+    "body" under the answer's headers), "code": the status, "times": how many requests it hits}]."""
     daemon_threads = True
 
     def __init__(self, upstream=None):
@@ -100,6 +101,13 @@ class Handler(BaseHTTPRequestHandler):
             status, headers, content = ranged(server.files[path], server.ranges and self.headers.get("Range"))
         else:
             status, headers, content = self.from_upstream(body)
+        if fault and fault["kind"] == "headers":  # a hostile mirror's: names of its own choosing
+            headers = [(name, value) for name, value in headers if name.lower() not in map(str.lower, fault["headers"])]
+            headers += list(fault["headers"].items())
+        if fault and fault["kind"] == "body":
+            content = fault["body"]
+            headers = [(name, value) for name, value in headers if name != "Content-Length"]
+            headers.append(("Content-Length", str(len(content))))
         if path in server.files and not server.lengths:
             headers = [(name, value) for name, value in headers if name != "Content-Length"]
             self.close_connection = True  # the end of the body is the end of the connection

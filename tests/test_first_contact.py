@@ -10,7 +10,9 @@ and passing the Hub's requests on, failing where a test tells it to.
 """
 import contextlib
 import os
+import reprlib
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -306,3 +308,58 @@ def test_a_weight_file_cut_off_is_one_line_then_downloaded_by_the_next_run_never
     source = servers["root"] / "built" / "in21k" / "model.safetensors"
     assert [hashlib.sha256(path.read_bytes()).hexdigest() for path in cached] == [
         hashlib.sha256(source.read_bytes()).hexdigest()]  # one file, whole: no part was taken for it
+
+
+# ---------------------------------------------------------------- a hostile or broken mirror
+
+# (a header of the Hub's answer for a file, its value): the library names the file's copy in its cache by it; {tmp}
+# is a folder outside the caches, and "../../../../" climbs from the cache's blobs/ to the client's home
+HOSTILE_NAMES = [("ETag", '"../../../../escaped"'), ("ETag", '"{tmp}/escaped"'),
+                 ("X-Linked-Etag", 'W/"{tmp}/escaped"'), ("X-Repo-Commit", "{tmp}/escaped")]
+
+
+@pytest.mark.parametrize("header,value", HOSTILE_NAMES, ids=["ETag climbing", "ETag", "X-Linked-Etag", "commit"])
+def test_a_mirror_naming_a_file_by_a_path_is_refused_and_writes_nothing_outside_the_cache(hub, client, tmp_path,
+                                                                                           header, value):
+    model, value = "google/vit-base-patch16-224", value.format(tmp=tmp_path)
+    hub.faults.append({"path": "/resolve/", "kind": "headers", "headers": {header: value}, "times": 100})
+    assert client.load(model) == (f"error: the Hub mirror {hub.url} gave {hub.url}/{model}/resolve/main/"
+                                  f"model.safetensors the {header} {reprlib.repr(value)}, a path where a Hub gives a "
+                                  f"hash: refused, as a server that is not a Hub or a hostile one: check HF_ENDPOINT")
+    assert not list(tmp_path.iterdir()) and not list(client.home.glob("escaped*"))
+
+
+LOAD_ONE = """import sys
+from transformers import AutoModel
+from common.pretrained import load_pretrained
+from common.start_and_end import UserError
+try:
+    load_pretrained(AutoModel, sys.argv[1])
+except UserError as error:
+    sys.exit(f"error: {error}")
+"""
+
+
+def test_a_mirrors_password_is_in_no_line_when_its_weights_fail_at_every_try(hub, tmp_path):
+    """The library warns at each of its retries, naming the URL with HF_ENDPOINT's user:password: not printed."""
+    model, secret_url = "google/vit-base-patch16-224", hub.url.replace("http://", "http://user:SECRET@")
+    hub.faults.append({"path": "/model.safetensors", "kind": "drop", "times": 100})
+    status, stdout, stderr = run(["-c", LOAD_ONE, model], environment(secret_url, NOTHING_LISTENS, tmp_path))
+    assert status == 1 and "SECRET" not in stdout + stderr, stderr[-3000:]
+    assert stderr.splitlines()[-1].startswith(f"error: checkpoint {model}: downloading model.safetensors from the Hub "
+                                              f"mirror http://***@127.0.0.1:{hub.server_address[1]} failed (")
+
+
+def test_a_config_that_is_not_json_is_one_line_to_delete_it_not_to_run_again(hub, client):
+    """A mirror's error page served as config.json, then kept in the cache: each load names the damage and the fix."""
+    model = "google/vit-base-patch16-224"
+    cached = client.home / "hf" / "hub" / "models--google--vit-base-patch16-224"
+    shutil.rmtree(cached, ignore_errors=True)
+    hub.faults.append({"path": "/config.json", "kind": "body", "body": b"<html>502 Bad Gateway</html>", "times": 100})
+    assert client.load(model) == (f"error: checkpoint {model} from the Hub mirror {hub.url} cannot be read "
+                                  f"(JSONDecodeError): delete it (hf cache delete) to download it again")
+    hub.faults.clear()
+    assert client.load(model) == (f"error: checkpoint {model} in the Hugging Face cache cannot be read "
+                                  f"(JSONDecodeError): delete it (hf cache delete) to download it again")
+    shutil.rmtree(cached)
+    assert client.load(model) == "loaded"
