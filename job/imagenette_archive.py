@@ -2,6 +2,7 @@
 extracted so that its folder appears whole or not at all, nothing written outside it (docs/data.md#imagenette);
 a script asks for it (download_imagenette) only when it runs without --data-dir."""
 import contextlib
+import errno
 import gzip
 import hashlib
 import json
@@ -41,6 +42,7 @@ MEMBERS_MOST = 50_000  # the release has 13,394 pictures and 23 folders
 HEADER_BYTES_MOST = 64 * 2**10  # the headers of one member (a long name, PAX records, a sparse map): a few hundred
 NAME_PARTS_MOST, NAME_CHARACTERS_MOST = 8, 1024  # imagenette2-160/<split>/<class>/<picture>: 4 parts, 60 characters
 SLOWEST_BYTES_PER_SECOND = 10_000  # a server slower than this for HF_HUB_DOWNLOAD_TIMEOUT seconds is given up on
+DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS}  # the disk's faults, not the archive's
 
 
 def download_imagenette():
@@ -388,7 +390,8 @@ def download_and_extract(url, md5, target, progress=True):
     """Download url (.tgz), unless the archive is already there, and extract it so that target appears whole or not
     at all: an archive not downloaded now is known by its MD5 first; extracted into a scratch folder beside target,
     locked while this run writes it; its files counted and checked; renamed into place. An archive that is not the
-    release, or cannot be extracted, is moved aside (docs/data.md#imagenette)."""
+    release, or cannot be extracted, is moved aside (docs/data.md#imagenette); where the disk fails (full, read-only),
+    it is kept for the next run."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     archive, aside = target.with_name(target.name + ".tgz"), target.with_name(target.name + ".tgz.refused")
@@ -420,6 +423,9 @@ def download_and_extract(url, md5, target, progress=True):
             UserError) as error:
         if target.is_dir():  # another run put its checked copy in place, and removed the archive, meanwhile
             return
+        if isinstance(error, OSError) and error.errno in DISK_ERRORS:  # the archive is not to blame: kept
+            raise UserError(f"{source}: the disk of {target.parent} failed while extracting it ({reason(error)}); "
+                            f"kept the archive {archive}: free space there and run again to extract it") from error
         try:
             os.replace(archive, aside)  # not taken again by the next run, kept to be looked at
             moved = f"moved it to {aside}"

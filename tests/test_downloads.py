@@ -1,6 +1,7 @@
 """The Imagenette archive's download, against a real HTTP server on 127.0.0.1 (tests/local_servers.py): checked by its
 MD5, continued with a Range request after a dropped connection, and each fault of the network or the disk one line
 with nothing half-written kept. The Hub's downloads: tests/test_first_contact.py."""
+import errno
 import gzip
 import hashlib
 import io
@@ -558,6 +559,46 @@ def test_an_archive_found_in_place_counts_as_the_release_only_by_its_bytes(tmp_p
     monkeypatch.setenv("VIT_PART3_IMAGENETTE_URL", f"http://127.0.0.1:9/{TOP}.tgz#md5={found}")
     imagenette_archive.download_imagenette()
     assert data_set.extracted_from(data / TOP) == found != data_set.MD5
+
+
+DISK_FAULTS = [  # (the error of a member's write, the system's words for it, whether the archive is kept)
+    (errno.ENOSPC, "No space left on device", True),
+    (errno.EDQUOT, "Disk quota exceeded", True),
+    (errno.EIO, "Input/output error", True),
+    (errno.EROFS, "Read-only file system", True),
+    (errno.ENAMETOOLONG, "File name too long", False),  # the archive's names: refused as before
+]
+
+
+@pytest.mark.parametrize("code,words,kept", DISK_FAULTS, ids=["ENOSPC", "EDQUOT", "EIO", "EROFS", "ENAMETOOLONG"])
+def test_a_disk_that_fails_during_extraction_keeps_the_archive_for_the_next_run(served, tmp_path, monkeypatch, code,
+                                                                                words, kept):
+    """The archive's MD5 is the one asked for: a full, read-only or failing disk is not its fault, so it stays in
+    place, no half folder is left, and the next run extracts it without a request to the server."""
+    data, layout = tmp_path / "data", tgz(*LAYOUT, content=b"")
+    served.files["/layout.tgz"] = layout
+    url, md5 = f"{served.url}/layout.tgz", hashlib.md5(layout).hexdigest()
+
+    def failing(*args, **kwargs):
+        raise OSError(code, words)
+
+    with monkeypatch.context() as patched, pytest.raises(UserError) as failed:
+        patched.setattr(tarfile.TarFile, "makefile", failing)
+        download_and_extract(url, md5, data / TOP, progress=False)
+    if not kept:
+        assert str(failed.value) == (f"the archive downloaded from {url}: could not extract it ({words}); moved it to "
+                                     f"{data / TOP}.tgz.refused: run again to download it anew, or pass --data-dir "
+                                     f"with a complete copy")
+        assert os.listdir(data) == [f"{TOP}.tgz.refused"]
+        return
+    assert str(failed.value) == (f"the archive downloaded from {url}: the disk of {data} failed while extracting it "
+                                 f"({words}); kept the archive {data / TOP}.tgz: free space there and run again to "
+                                 f"extract it")
+    assert os.listdir(data) == [f"{TOP}.tgz"] and (data / f"{TOP}.tgz").read_bytes() == layout
+    served.requests.clear()
+    download_and_extract(url, md5, data / TOP, progress=False)
+    assert served.requests == [] and os.listdir(data) == [TOP]
+    assert sorted(str(path.relative_to(data)) for path in data.rglob("*.JPEG")) == sorted(info.name for info in LAYOUT)
 
 
 UNSHARE = ["unshare", "--pid", "--fork", "--kill-child"]
