@@ -18,7 +18,7 @@ from common import data, paths
 from common.paths import BEANS, BEANS_MB, BEANS_SPLITS
 from common.pretrained import HUB_ENDPOINT, HubTrouble, ask_hub, cached_weight_file, shown_url
 from common.start_and_end import UserError
-from job.imagenette_archive import ARCHIVE_MB, URL_VARIABLE, shown_host, timeout_seconds
+from job.imagenette_archive import ARCHIVE_MB, URL_VARIABLE, request_for, shown_host, timeout_seconds
 from job.imagenette_archive import URL as IMAGENETTE_URL
 
 VIT, IN21K, RESNET = "google/vit-base-patch16-224", "google/vit-base-patch16-224-in21k", "microsoft/resnet-50"
@@ -101,7 +101,7 @@ def weights_mb(piece, models):
 def reachable(url):
     """Does the server of url answer, through the proxies the environment names? Any HTTP answer means it is there."""
     try:
-        urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout_seconds()).close()
+        urllib.request.urlopen(request_for(url, method="HEAD"), timeout=timeout_seconds()).close()
     except urllib.error.HTTPError:
         return True
     except (OSError, ValueError):

@@ -1,6 +1,7 @@
 """The release's archive of Imagenette (imagenette2-160.tgz): downloaded whole, resumed, known by its MD5, and
 extracted so that its folder appears whole or not at all, nothing written outside it (docs/data.md#imagenette);
 a script asks for it (download_imagenette) only when it runs without --data-dir."""
+import base64
 import contextlib
 import errno
 import gzip
@@ -174,20 +175,22 @@ def fetch_rest(url, out, part, md5, progress):
     """What url has beyond the bytes out holds, appended to out (the whole file where the server ignores Range), and
     not a byte past the whole size: the release's when its MD5 is asked for, else the server's Content-Length or
     Content-Range, at most DOWNLOAD_BYTES_MOST. A failure of the network, or a server slower than
-    SLOWEST_BYTES_PER_SECOND over timeout_seconds(), its headers too, is a DownloadError in the user's words, the
-    bytes so far kept. The HTTP client runs in a thread of its own (received()): a socket's time-out ends only
-    silence, and a server that trickles its headers or its chunks is never silent."""
+    SLOWEST_BYTES_PER_SECOND over timeout_seconds(), its headers too, is a DownloadError in the user's words naming
+    the server that failed (after redirects), the bytes so far kept. The HTTP client runs in a thread of its own
+    (received()): a socket's time-out ends only silence, and a server that trickles its headers or its chunks is
+    never silent."""
     import http.client
 
     from tqdm import tqdm
 
-    host, have, seconds = shown_host(url), out.seek(0, os.SEEK_END), timeout_seconds()
-    request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
+    have, seconds = out.seek(0, os.SEEK_END), timeout_seconds()
+    request = request_for(url, {"Range": f"bytes={have}-"} if have else {})
+    redirects = Redirects(request.full_url)
     answers, stop = queue.Queue(maxsize=4), threading.Event()
-    threading.Thread(target=received, args=(request, seconds, answers, stop), daemon=True).start()
-    slow = DownloadError(f"{host} did not answer within {seconds:g} s: try again later")
+    threading.Thread(target=received, args=(request, redirects, seconds, answers, stop), daemon=True).start()
     try:
-        response = next_answer(answers, seconds, slow)
+        response = next_answer(answers, seconds)
+        host = shown_host(response.url)  # after the redirects: the server that answers
         if have and response.status != 206:  # the whole file again: start over
             out.truncate(0)
             have = out.seek(0)
@@ -202,7 +205,7 @@ def fetch_rest(url, out, part, md5, progress):
         with tqdm(total=total, initial=have, unit="B", unit_scale=True, desc=f"downloading {Path(part).stem}",
                   disable=not progress, file=sys.stderr) as bar:
             since, sent = time.monotonic(), 0  # the rate over the last timeout_seconds()
-            while out.tell() < end and (block := next_answer(answers, seconds, slow)):
+            while out.tell() < end and (block := next_answer(answers, seconds)):
                 block = block[:end - out.tell()]
                 write_block(out, block, part)
                 bar.update(len(block))
@@ -220,8 +223,9 @@ def fetch_rest(url, out, part, md5, progress):
     except urllib.error.HTTPError as error:
         if error.code == 416 and have:  # nothing beyond what the part holds: its MD5 decides
             return
-        if 300 <= error.code < 400:  # urllib follows redirects, 10 at most, and gives up on a loop
-            again = f"it redirects in a loop or more than 10 times: check {URL_VARIABLE}"
+        host = shown_host(error.url)  # after the redirects: the server that answered
+        if 300 <= error.code < 400:
+            again = f"{redirect_trouble(error)}: check {URL_VARIABLE}"
         elif error.code in (429, 500, 502, 503, 504):
             again = "the server has trouble, try again later"
         elif os.environ.get(URL_VARIABLE):
@@ -231,14 +235,66 @@ def fetch_rest(url, out, part, md5, progress):
         raise DownloadError(f"{host} answered {error.code} {str(error.reason).splitlines()[-1][:80]}: "
                             f"{again}") from error
     except (OSError, EOFError, ValueError, http.client.HTTPException) as error:  # refused, silent, dropped mid-way
+        host = shown_host(redirects.asked)
         if isinstance(error, TimeoutError) or isinstance(getattr(error, "reason", None), TimeoutError):
-            raise slow from error
+            raise DownloadError(f"{host} did not answer within {seconds:g} s: try again later") from error
         raise DownloadError(f"{host}: {reason(error)}") from error
     finally:
         stop.set()  # the thread ends at its next block, or with its socket's time-out
 
 
-def received(request, seconds, answers, stop):
+def request_for(url, headers=None, method=None):
+    """A request for url without its user:password, which go as HTTP Basic authorization instead (urllib would take
+    "user:password@host" for the host's name), on this request only: never to where it redirects."""
+    parts = urllib.parse.urlsplit(url)
+    credentials, at, host = parts.netloc.rpartition("@")
+    request = urllib.request.Request(parts._replace(netloc=host).geturl(), headers=headers or {}, method=method)
+    if at:
+        user, _, password = credentials.partition(":")
+        token = base64.b64encode(f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}".encode()).decode()
+        request.add_unredirected_header("Authorization", f"Basic {token}")
+    return request
+
+
+def redirect_target(url, headers):
+    """The URL a 3xx answer to url names (Location, or the older URI), made whole, or None."""
+    location = headers.get("Location") or headers.get("URI")
+    return urllib.parse.urljoin(url, location) if location else None
+
+
+class Redirects(urllib.request.HTTPRedirectHandler):
+    """urllib's redirects, to http and https only (urllib's own follow ftp too, and refuse file: in words that show
+    the URL); asked: the URL last asked for, whom a line about a failure names."""
+
+    def __init__(self, url):
+        self.asked = url
+
+    def http_error_302(self, req, fp, code, msg, headers):
+        target = redirect_target(req.full_url, headers)
+        if target and urllib.parse.urlsplit(target).scheme not in ("http", "https"):
+            raise urllib.error.HTTPError(req.full_url, code, msg, headers, fp)
+        return super().http_error_302(req, fp, code, msg, headers)
+
+    http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        self.asked = newurl
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def redirect_trouble(error):
+    """Why a 3xx answer (an HTTPError) was not followed, in the user's words."""
+    target = redirect_target(error.url, error.headers)
+    if str(error.reason).startswith(urllib.request.HTTPRedirectHandler.inf_msg):  # urllib's loop, or its 11th
+        return "it redirects in a loop or more than 10 times"
+    if target is None:
+        return "it names no Location to go to"
+    if urllib.parse.urlsplit(target).scheme not in ("http", "https"):
+        return f"it redirects to {shown_url(target)}, not an http or https URL"
+    return "it is no redirect that is followed (301, 302, 303, 307, 308)"
+
+
+def received(request, redirects, seconds, answers, stop):
     """The HTTP client's thread: the response (its status and headers), then each block as it comes, then b"" at
     the end, or the error that ended it, into the queue answers, until stop is set (then it closes the connection
     and ends, never waiting on a queue nobody reads)."""
@@ -252,7 +308,7 @@ def received(request, seconds, answers, stop):
         return False
 
     try:
-        with urllib.request.urlopen(request, timeout=seconds) as response:
+        with urllib.request.build_opener(redirects).open(request, timeout=seconds) as response:
             if not handed(response):
                 return
             while not stop.is_set() and (block := response.read1(1 << 20)):
@@ -263,12 +319,12 @@ def received(request, seconds, answers, stop):
         handed(error)
 
 
-def next_answer(answers, seconds, slow):
-    """The next item the HTTP client's thread hands over; `slow` when none comes within seconds."""
+def next_answer(answers, seconds):
+    """The next item the HTTP client's thread hands over; TimeoutError when none comes within seconds."""
     try:
         answer = answers.get(timeout=seconds)
     except queue.Empty:
-        raise slow from None
+        raise TimeoutError from None
     if isinstance(answer, Exception):
         raise answer
     return answer

@@ -31,8 +31,9 @@ ARCHIVE_PATH = "/fast-ai-imageclas/imagenette2-160.tgz"
 class Faulty(ThreadingHTTPServer):
     """The tests' own server: files it holds, else olah's answers; faults: [{"path": part of the path, "kind":
     "drop" | "status" | "stall" | "trickle" (a byte each TRICKLE_SECONDS) | "slow headers" (so, the status line and
-    headers) | "redirect" (to the same path) | "headers" (the answer's "headers" set to these) | "body" (another
-    "body" under the answer's headers), "code": the status, "times": how many requests it hits}]."""
+    headers) | "redirect" (302, or "code", to "to": the same path unless given, no Location where None) | "headers"
+    (the answer's "headers" set to these) | "body" (another "body" under the answer's headers), "code": the status,
+    "times": how many requests it hits}]."""
     daemon_threads = True
 
     def __init__(self, upstream=None):
@@ -40,6 +41,7 @@ class Faulty(ThreadingHTTPServer):
         self.upstream, self.files, self.faults, self.requests = upstream, {}, [], []
         self.ranges = True  # False: a server that ignores Range requests
         self.lengths = True  # False: a server that says no Content-Length of its files (and closes to end one)
+        self.authorization = None  # the Authorization header every request must carry, else 401
         self.stop = threading.Event()
         self.lock = threading.Lock()
         threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
@@ -78,6 +80,8 @@ class Handler(BaseHTTPRequestHandler):
         server = self.server
         server.requests.append((self.command, self.path, self.headers.get("Range")))
         fault = server.fault_for(self.path)
+        if server.authorization and self.headers.get("Authorization") != server.authorization:
+            fault = {"kind": "status", "code": 401}
         if fault and fault["kind"] == "stall":
             server.stop.wait(STALL_SECONDS)
             self.close_connection = True
@@ -86,8 +90,9 @@ class Handler(BaseHTTPRequestHandler):
             self.trickle(f"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n{'X-Padding: x' * 400}\r\n\r\n".encode())
             return
         if fault and fault["kind"] == "redirect":
-            self.send_response(302)
-            self.send_header("Location", self.path)
+            self.send_response(fault.get("code", 302))
+            if fault.get("to", self.path) is not None:
+                self.send_header("Location", fault.get("to", self.path))
             self.send_header("Content-Length", "0")
             self.end_headers()
             return

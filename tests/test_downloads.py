@@ -26,6 +26,7 @@ from common.pretrained import DownloadError, shown_url
 from common.start_and_end import UserError
 from compare import data_set
 from job import imagenette_archive
+from job.downloads import reachable
 from job.imagenette_archive import MEMBER_BYTES_MOST, archive_source, download, download_and_extract
 
 CONTENT = os.urandom(3 << 20)  # 3 MB: more than one block of the download's loop
@@ -48,7 +49,17 @@ def served(server, monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_DOWNLOAD_TIMEOUT", 2)
     server.faults.clear()
     server.requests.clear()
+    server.authorization = None
     return server
+
+
+@pytest.fixture
+def elsewhere():
+    """A second server, another host to the client (a port of its own): where the first one redirects."""
+    running = Faulty()
+    running.files["/file.bin"] = CONTENT
+    yield running
+    running.close()
 
 
 def test_a_download_is_checked_by_its_md5_and_renamed_into_place(served, tmp_path):
@@ -92,11 +103,22 @@ FAULTS = [  # (the server's fault, VIT_PART3_IMAGENETTE_URL set, what the one li
     ({"kind": "stall"}, True, "did not answer within 2 s: try again later"),
     ({"kind": "redirect", "times": 20}, True,
      "answered 302 Found: it redirects in a loop or more than 10 times: check VIT_PART3_IMAGENETTE_URL"),
+    ({"kind": "redirect", "to": "file:///etc/hostname"}, True, ("answered 302 Found: it redirects to "
+                                                               "file:///etc/hostname, not an http or https URL: check "
+                                                               "VIT_PART3_IMAGENETTE_URL")),
+    ({"kind": "redirect", "code": 301, "to": "ftp://u:SECRET@127.0.0.1:9/x.tgz"}, True,
+     ("answered 301 Moved Permanently: it redirects to ftp://***@127.0.0.1:9/x.tgz, not an http or https URL: check "
+      "VIT_PART3_IMAGENETTE_URL")),
+    ({"kind": "redirect", "to": None}, True,
+     "answered 302 Found: it names no Location to go to: check VIT_PART3_IMAGENETTE_URL"),
+    ({"kind": "status", "code": 304}, True,
+     "answered 304 Not Modified: it names no Location to go to: check VIT_PART3_IMAGENETTE_URL"),
 ]
 
 
 @pytest.mark.parametrize("fault,mirror,line", FAULTS,
-                         ids=["404 mirror", "404 release", "500", "503", "429", "silence", "redirect loop"])
+                         ids=["404 mirror", "404 release", "500", "503", "429", "silence", "redirect loop",
+                              "redirect to file", "redirect to ftp", "302 without Location", "304"])
 def test_a_server_error_or_silence_is_one_line_and_nothing_is_kept(served, tmp_path, monkeypatch, fault, mirror, line):
     if mirror:
         monkeypatch.setenv("VIT_PART3_IMAGENETTE_URL", f"{served.url}/file.bin")
@@ -107,6 +129,44 @@ def test_a_server_error_or_silence_is_one_line_and_nothing_is_kept(served, tmp_p
         download(f"{served.url}/file.bin", MD5, tmp_path / "file.tgz", progress=False)
     assert str(error.value) == f"127.0.0.1:{served.server_address[1]} {line}"
     assert os.listdir(tmp_path) == []  # no part
+
+
+ELSEWHERE = [  # (the fault of the host the mirror redirects to, what the one line says after that host's name)
+    ({"kind": "status", "code": 500}, f"answered 500 Internal Server Error: {TROUBLE}"),
+    ({"kind": "stall"}, "did not answer within 2 s: try again later"),
+    ({"kind": "redirect", "to": "ftp://127.0.0.1:9/x.tgz"}, ("answered 302 Found: it redirects to "
+                                                            "ftp://127.0.0.1:9/x.tgz, not an http or https URL: "
+                                                            "check VIT_PART3_IMAGENETTE_URL")),
+]
+
+
+@pytest.mark.parametrize("fault,line", ELSEWHERE, ids=["500", "silence", "redirect to ftp"])
+def test_a_failure_after_a_redirect_names_the_host_that_failed(served, elsewhere, tmp_path, monkeypatch, fault, line):
+    monkeypatch.setenv("VIT_PART3_IMAGENETTE_URL", f"{served.url}/file.bin")
+    served.faults.append({"path": "/file.bin", "kind": "redirect", "to": f"{elsewhere.url}/file.bin"})
+    elsewhere.faults.append({"path": "/file.bin", **fault})
+    with pytest.raises(DownloadError) as error:
+        download(f"{served.url}/file.bin", MD5, tmp_path / "file.tgz", progress=False)
+    assert str(error.value) == f"127.0.0.1:{elsewhere.server_address[1]} {line}"
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_user_and_password_in_the_url_go_as_basic_authorization_and_never_to_a_redirect(served, elsewhere, tmp_path,
+                                                                                         monkeypatch, capfd):
+    """urllib would take "alice:s3cr%t@127.0.0.1" for the host's name; the server asks for the header, the password
+    percent-decoded, and the host the mirror redirects to asks for the same one and never gets it."""
+    monkeypatch.setenv("VIT_PART3_IMAGENETTE_URL", f"{served.url}/file.bin")
+    served.authorization = elsewhere.authorization = "Basic YWxpY2U6czNjciV0"  # base64 of "alice:s3cr%t"
+    url = f"http://alice:s3cr%25t@127.0.0.1:{served.server_address[1]}/file.bin"
+    download(url, MD5, tmp_path / "file.tgz")
+    assert (tmp_path / "file.tgz").read_bytes() == CONTENT
+    assert reachable(url) and served.requests[-1] == ("HEAD", "/file.bin", None)
+    served.faults.append({"path": "/file.bin", "kind": "redirect", "to": f"{elsewhere.url}/file.bin"})
+    with pytest.raises(DownloadError) as refused:
+        download(url, MD5, tmp_path / "other.tgz")
+    assert str(refused.value) == (f"127.0.0.1:{elsewhere.server_address[1]} answered 401 Unauthorized: check "
+                                  f"VIT_PART3_IMAGENETTE_URL")
+    assert "s3cr" not in "".join(capfd.readouterr()) and elsewhere.requests == [("GET", "/file.bin", None)]
 
 
 def test_an_error_status_keeps_the_part_an_earlier_run_left(served, tmp_path):
