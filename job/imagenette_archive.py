@@ -172,13 +172,13 @@ def folder_lock(folder):
 
 
 def fetch_rest(url, out, part, md5, progress):
-    """What url has beyond the bytes out holds, appended to out (the whole file where the server ignores Range), and
-    not a byte past the whole size: the release's when its MD5 is asked for, else the server's Content-Length or
-    Content-Range, at most DOWNLOAD_BYTES_MOST. A failure of the network, or a server slower than
-    SLOWEST_BYTES_PER_SECOND over timeout_seconds(), its headers too, is a DownloadError in the user's words naming
-    the server that failed (after redirects), the bytes so far kept. The HTTP client runs in a thread of its own
-    (received()): a socket's time-out ends only silence, and a server that trickles its headers or its chunks is
-    never silent."""
+    """What url has beyond the bytes out holds, appended to out (the whole file where the server ignores Range or
+    answers from byte 0; a part that starts elsewhere is refused), and not a byte past the whole size: the release's
+    when its MD5 is asked for, else the server's Content-Length or Content-Range, at most DOWNLOAD_BYTES_MOST. A
+    failure of the network, or a server slower than SLOWEST_BYTES_PER_SECOND over timeout_seconds(), its headers too,
+    is a DownloadError in the user's words naming the server that failed (after redirects), the bytes so far kept.
+    The HTTP client runs in a thread of its own (received()): a socket's time-out ends only silence, and a server
+    that trickles its headers or its chunks is never silent."""
     import http.client
 
     from tqdm import tqdm
@@ -191,10 +191,16 @@ def fetch_rest(url, out, part, md5, progress):
     try:
         response = next_answer(answers, seconds)
         host = shown_host(response.url)  # after the redirects: the server that answers
-        if have and response.status != 206:  # the whole file again: start over
-            out.truncate(0)
+        span = response.headers.get("Content-Range", "")  # "bytes FIRST-LAST/WHOLE"
+        first = span.removeprefix("bytes ").partition("-")[0] if response.status == 206 else "0"
+        if first != str(have):  # never appended where they do not belong
+            if first != "0":
+                raise DownloadError(f"{host} sent a part of the file ({span[:60] or 'no Content-Range'}) where the "
+                                    f"bytes from {have:,} on were asked for: try again later, or set {URL_VARIABLE} "
+                                    f"to another mirror")
+            out.truncate(0)  # the whole file again (a server that ignores Range): start over
             have = out.seek(0)
-        whole = response.headers.get("Content-Range", "").rpartition("/")[2]
+        whole = span.rpartition("/")[2]
         size = int(response.headers.get("Content-Length") or 0)
         said = int(whole) if whole.isdigit() else have + size if size else None
         total = ARCHIVE_BYTES if md5 == MD5 else said

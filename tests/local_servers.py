@@ -31,9 +31,10 @@ ARCHIVE_PATH = "/fast-ai-imageclas/imagenette2-160.tgz"
 class Faulty(ThreadingHTTPServer):
     """The tests' own server: files it holds, else olah's answers; faults: [{"path": part of the path, "kind":
     "drop" | "status" | "stall" | "trickle" (a byte each TRICKLE_SECONDS) | "slow headers" (so, the status line and
-    headers) | "redirect" (302, or "code", to "to": the same path unless given, no Location where None) | "headers"
-    (the answer's "headers" set to these) | "body" (another "body" under the answer's headers), "code": the status,
-    "times": how many requests it hits}]."""
+    headers) | "redirect" (302, or "code", to "to": the same path unless given, no Location where None) | "range" (206
+    with the bytes from "first" on, whatever was asked; no Content-Range where None) | "headers" (the answer's
+    "headers" set to these) | "body" (another "body" under the answer's headers), "code": the status, "times": how
+    many requests it hits}]."""
     daemon_threads = True
 
     def __init__(self, upstream=None):
@@ -102,7 +103,11 @@ class Handler(BaseHTTPRequestHandler):
             self.end_headers()
             return
         path = self.path.split("?")[0]
-        if path in server.files:
+        if fault and fault["kind"] == "range":
+            status, headers, content = ranged(server.files[path], f"bytes={fault['first'] or 0}-")
+            if fault["first"] is None:
+                headers = [(name, value) for name, value in headers if name != "Content-Range"]
+        elif path in server.files:
             status, headers, content = ranged(server.files[path], server.ranges and self.headers.get("Range"))
         else:
             status, headers, content = self.from_upstream(body)

@@ -169,6 +169,34 @@ def test_a_user_and_password_in_the_url_go_as_basic_authorization_and_never_to_a
     assert "s3cr" not in "".join(capfd.readouterr()) and elsewhere.requests == [("GET", "/file.bin", None)]
 
 
+RANGES = [  # (the bytes an earlier run kept, where the server's 206 starts (None: no Content-Range), the one line, or
+    # None where the download ends whole)
+    (1000, 0, None),  # the whole file, from its start: the part is started over
+    (0, 1000, "sent a part of the file (bytes 1000-3145727/3145728) where the bytes from 0 on were asked for"),
+    (1000, 500, "sent a part of the file (bytes 500-3145727/3145728) where the bytes from 1,000 on were asked for"),
+    (1000, 2000, "sent a part of the file (bytes 2000-3145727/3145728) where the bytes from 1,000 on were asked for"),
+    (1000, None, "sent a part of the file (no Content-Range) where the bytes from 1,000 on were asked for"),
+]
+
+
+@pytest.mark.parametrize("kept,first,line", RANGES,
+                         ids=["from 0 to a part", "unasked", "before the part's end", "after it", "no Content-Range"])
+def test_a_partial_answer_is_appended_only_where_the_part_ends(served, tmp_path, kept, first, line):
+    part = tmp_path / "file.tgz.part"
+    if kept:
+        part.write_bytes(CONTENT[:kept])
+    served.faults.append({"path": "/file.bin", "kind": "range", "first": first})
+    if line is None:
+        download(f"{served.url}/file.bin", MD5, tmp_path / "file.tgz", progress=False)
+        assert os.listdir(tmp_path) == ["file.tgz"] and (tmp_path / "file.tgz").read_bytes() == CONTENT
+        return
+    with pytest.raises(DownloadError) as refused:
+        download(f"{served.url}/file.bin", MD5, tmp_path / "file.tgz", progress=False)
+    assert str(refused.value) == (f"127.0.0.1:{served.server_address[1]} {line}: try again later, or set "
+                                  f"VIT_PART3_IMAGENETTE_URL to another mirror")
+    assert [path.read_bytes() for path in tmp_path.iterdir()] == ([CONTENT[:kept]] if kept else [])  # as it was
+
+
 def test_an_error_status_keeps_the_part_an_earlier_run_left(served, tmp_path):
     part = tmp_path / "file.tgz.part"
     part.write_bytes(CONTENT[:1000])
