@@ -70,6 +70,9 @@ def read_record(path):
         found = f"format {record['format']}" if "format" in record else "no format, an older version's"
         raise UserError(f"{path} is a record of another version of the scripts ({found}; this version reads format "
                         f"{RECORD_FORMAT}): run the script again")
+    if record.get("script") != path.stem:  # another script's numbers, shared names included, judged as this one's
+        raise UserError(f"{path} is a record of another script ({record.get('script', 'none named')}; this name is "
+                        f"{path.stem}'s): run the script again")
     problem = unlike_a_record(record)
     if problem:
         raise UserError(f"{path} is not a record a script wrote ({problem}): run the script again")

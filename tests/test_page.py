@@ -142,9 +142,9 @@ def test_a_script_the_job_could_not_run_says_why_and_the_jobs_command(tmp_path):
 
 def test_a_note_of_pictures_not_checked_is_a_line_under_the_articles_setup_not_a_difference(tmp_path):
     why = "--data-dir /copy: the release's layout and counts, its pictures not checked against the release"
-    record = {"format": 1, "numbers": {}, "setup differences": {"pictures unchecked": {"flag": "--data-dir /copy",
-                                                                                      "why": why,
-                                                                          "moves": False, "note": True}}}
+    record = {"format": 1, "script": "posemb", "numbers": {},
+              "setup differences": {"pictures unchecked": {"flag": "--data-dir /copy", "why": why, "moves": False,
+                                                           "note": True}}}
     (tmp_path / "posemb.json").write_text(json.dumps(record))
     page = page_maker.build(tmp_path, say=lambda text: None).read_text()
     assert f"- setup: {page_maker.ARTICLE_SETUP}\n- note: {why}\n" in page
@@ -263,6 +263,8 @@ BAD_RECORDS = [
      "a record of another version of the scripts (no format, an older version's; this version reads format 1)"),
     ("a later version's", {"format": 2},
      "a record of another version of the scripts (format 2; this version reads format 1)"),
+    ("another script's", {"script": "fewshot"}, "is a record of another script (fewshot; this name is posemb's)"),
+    ("no script's", {"script": None}, "is a record of another script (none named; this name is posemb's)"),
 ]
 
 
