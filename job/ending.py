@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 from compare.verdicts import NUMBER_VERDICTS, counts_text, judge
-from job.page import on_the_miniature
+from job.page import on_standins, on_the_miniature
 from job.scripts import script_file
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,9 +93,9 @@ def final_table(rows, marks=None):
 def standins_line(records):
     """Under the table of a job on job/standins.py's stand-ins, that its numbers mean nothing; on job/miniature.py's,
     that they are its own (as the page says first)."""
-    if any(record and record.get("stand-ins") for record in records.values()):
-        return [("these numbers mean nothing: the scripts ran on generated stand-ins (checkpoints of random weights, "
-                 "generated pictures), which show that the job runs, not what the articles found")]
+    if standins := on_standins(records):
+        return [(f"these numbers mean nothing: {', '.join(standins)} ran on generated stand-ins (checkpoints of random "
+                 f"weights, generated pictures), which show that the job runs, not what the articles found")]
     if on_the_miniature(records):
         return [("these numbers are the miniature's own (a ViT trained here on generated pictures, job/miniature.py): "
                  "the articles' numbers do not apply; the conclusions above are what carries over")]

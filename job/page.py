@@ -266,6 +266,11 @@ def on_the_miniature(records):
                               for ran_on in map(record.get("flags", {}).get, ("model", "data_dir")))]
 
 
+def on_standins(records):
+    """The scripts whose model or data job/standins.py made (their records name the folders)."""
+    return [script_file(script) for script, record in records.items() if record and record.get("stand-ins")]
+
+
 def build(folder, say=print):
     """report.md in folder from the scripts' JSON files there; returns its path. say: what the page lacks (figures
     without matplotlib, a figure that cannot be written)."""
@@ -320,8 +325,7 @@ def build(folder, say=print):
 def what_ran(records):
     """The page's first paragraphs when its numbers are not of the articles' checkpoints and data."""
     lines = []
-    standins = [script_file(script) for script, record in records.items() if record and record.get("stand-ins")]
-    if standins:
+    if standins := on_standins(records):
         lines += [(f"**These numbers mean nothing**: {', '.join(standins)} ran on generated stand-ins (checkpoints "
                    f"of random weights, generated pictures; job/standins.py), not on the articles' checkpoints "
                    f"and data. The page shows that the job runs, not what the articles found."), ""]
