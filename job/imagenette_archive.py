@@ -185,7 +185,7 @@ def fetch_rest(url, out, part, md5, progress):
 
     have, seconds = out.seek(0, os.SEEK_END), timeout_seconds()
     request = request_for(url, {"Range": f"bytes={have}-"} if have else {})
-    redirects = Redirects(request.full_url)
+    redirects = redirect_handler(request.full_url)
     answers, stop = queue.Queue(maxsize=4), threading.Event()
     threading.Thread(target=received, args=(request, redirects, seconds, answers, stop), daemon=True).start()
     try:
@@ -268,24 +268,27 @@ def redirect_target(url, headers):
     return urllib.parse.urljoin(url, location) if location else None
 
 
-class Redirects(urllib.request.HTTPRedirectHandler):
-    """urllib's redirects, to http and https only (urllib's own follow ftp too, and refuse file: in words that show
-    the URL); asked: the URL last asked for, whom a line about a failure names."""
+def redirect_handler(url):
+    """urllib's redirects from url, to http and https only (urllib's own follow ftp too, and refuse file: in words
+    that show the URL), one for each download: its `asked` is the URL last asked for, whom a line about a failure
+    names."""
 
-    def __init__(self, url):
-        self.asked = url
+    class Redirects(urllib.request.HTTPRedirectHandler):
+        asked = url
 
-    def http_error_302(self, req, fp, code, msg, headers):
-        target = redirect_target(req.full_url, headers)
-        if target and urllib.parse.urlsplit(target).scheme not in ("http", "https"):
-            raise urllib.error.HTTPError(req.full_url, code, msg, headers, fp)
-        return super().http_error_302(req, fp, code, msg, headers)
+        def http_error_302(self, req, fp, code, msg, headers):
+            target = redirect_target(req.full_url, headers)
+            if target and urllib.parse.urlsplit(target).scheme not in ("http", "https"):
+                raise urllib.error.HTTPError(req.full_url, code, msg, headers, fp)
+            return super().http_error_302(req, fp, code, msg, headers)
 
-    http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
+        http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        self.asked = newurl
-        return super().redirect_request(req, fp, code, msg, headers, newurl)
+        def redirect_request(self, req, fp, code, msg, headers, newurl):
+            self.asked = newurl
+            return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+    return Redirects()
 
 
 def redirect_trouble(error):
