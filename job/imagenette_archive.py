@@ -63,6 +63,9 @@ def download_imagenette():
                                         f"{fix}", url)) from error
     except UserError as error:  # a library's words may repeat the URL
         raise UserError(without_secrets(str(error), url)) from error
+    except OSError as error:  # the data folder itself (made, locked, a scratch folder in it): full, read-only
+        raise UserError(f"Imagenette is not in {root}, and {root.parent} cannot be written ({reason(error)}): free "
+                        f"space there or make it writable, or pass --data-dir") from error
     return root
 
 

@@ -689,6 +689,32 @@ def test_a_disk_that_fails_during_extraction_keeps_the_archive_for_the_next_run(
     assert sorted(str(path.relative_to(data)) for path in data.rglob("*.JPEG")) == sorted(info.name for info in LAYOUT)
 
 
+@pytest.mark.parametrize("code,words", [fault[:2] for fault in DISK_FAULTS if fault[2]],
+                         ids=["ENOSPC", "EDQUOT", "EIO", "EROFS"])
+def test_a_data_folder_that_fails_before_extraction_is_one_line_and_the_archive_is_kept(tmp_path, monkeypatch, code,
+                                                                                       words):
+    """The scratch folder beside the data folder cannot be made: one line naming the folder, not a traceback; the
+    archive already there stays for the next run."""
+    from huggingface_hub import constants
+
+    data, layout = tmp_path / "data", tgz(*LAYOUT, content=b"")
+    data.mkdir()
+    (data / f"{TOP}.tgz").write_bytes(layout)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(imagenette, "DEFAULT_DIR", data / TOP)
+    monkeypatch.setenv("VIT_PART3_IMAGENETTE_URL", f"http://127.0.0.1:9/{TOP}.tgz#md5={hashlib.md5(layout).hexdigest()}")
+
+    def failing(*args, **kwargs):
+        raise OSError(code, words)
+
+    monkeypatch.setattr(imagenette_archive.tempfile, "mkdtemp", failing)
+    with pytest.raises(UserError) as failed:
+        imagenette_archive.download_imagenette()
+    assert str(failed.value) == (f"Imagenette is not in {data / TOP}, and {data} cannot be written ({words}): free "
+                                 f"space there or make it writable, or pass --data-dir")
+    assert os.listdir(data) == [f"{TOP}.tgz"]
+
+
 UNSHARE = ["unshare", "--pid", "--fork", "--kill-child"]
 
 
