@@ -94,8 +94,9 @@ def standins_line(records):
     """Under the table of a job on job/standins.py's stand-ins, that its numbers mean nothing; on job/miniature.py's,
     that they are its own (as the page says first)."""
     if standins := on_standins(records):
-        return [(f"these numbers mean nothing: {', '.join(standins)} ran on generated stand-ins (checkpoints of random "
-                 f"weights, generated pictures), which show that the job runs, not what the articles found")]
+        return [(f"the numbers of {', '.join(standins)} mean nothing: {'it' if len(standins) == 1 else 'they'} ran "
+                 f"on generated stand-ins (checkpoints of random weights, generated pictures), which show that the job "
+                 f"runs, not what the articles found")]
     if on_the_miniature(records):
         return [("these numbers are the miniature's own (a ViT trained here on generated pictures, job/miniature.py): "
                  "the articles' numbers do not apply; the conclusions above are what carries over")]

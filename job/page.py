@@ -326,9 +326,10 @@ def what_ran(records):
     """The page's first paragraphs when its numbers are not of the articles' checkpoints and data."""
     lines = []
     if standins := on_standins(records):
-        lines += [(f"**These numbers mean nothing**: {', '.join(standins)} ran on generated stand-ins (checkpoints "
-                   f"of random weights, generated pictures; job/standins.py), not on the articles' checkpoints "
-                   f"and data. The page shows that the job runs, not what the articles found."), ""]
+        lines += [(f"**The numbers of {', '.join(standins)} mean nothing**: {'it' if len(standins) == 1 else 'they'} "
+                   f"ran on generated stand-ins (checkpoints of random weights, generated pictures; job/standins.py), "
+                   f"not on the articles' checkpoints and data. They show that the job runs, not what the articles "
+                   f"found."), ""]
     miniature = on_the_miniature(records)
     if miniature:
         lines += [(f"**A miniature, its numbers its own**: {', '.join(miniature)} ran on a ViT trained here on "

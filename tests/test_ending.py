@@ -77,17 +77,17 @@ STANDINS = {"stand-ins": ["/tmp/demo/models/google/vit-base-patch16-224"]}  # a 
 @pytest.mark.parametrize("records,said", [  # the scripts named are those the page names first
     ({"setup": {"numbers": {}}, "posemb": None}, []),
     ({"setup": {"numbers": {}}, "posemb": STANDINS},
-     [("these numbers mean nothing: vit_part3_posemb.py ran on generated stand-ins (checkpoints of random weights, "
+     [("the numbers of vit_part3_posemb.py mean nothing: it ran on generated stand-ins (checkpoints of random weights, "
        "generated pictures), which show that the job runs, not what the articles found")]),
     # only the beans folder was a stand-in: the line said that every script ran on stand-ins
     ({"setup": {"numbers": {}}, "posemb": {"numbers": {}}, "fewshot": {"numbers": {}}, "finetune": {"numbers": {}},
       "backbone": STANDINS},
-     [("these numbers mean nothing: vit_backbone.py ran on generated stand-ins (checkpoints of random weights, "
+     [("the numbers of vit_backbone.py mean nothing: it ran on generated stand-ins (checkpoints of random weights, "
        "generated pictures), which show that the job runs, not what the articles found")]),
     ({"setup": {"numbers": {}}, "posemb": STANDINS, "fewshot": STANDINS, "finetune": STANDINS, "backbone": STANDINS},
-     [("these numbers mean nothing: vit_part3_posemb.py, vit_part3_fewshot.py, vit_part3_finetune.py, vit_backbone.py "
-       "ran on generated stand-ins (checkpoints of random weights, generated pictures), which show that the job runs, "
-       "not what the articles found")]),
+     [("the numbers of vit_part3_posemb.py, vit_part3_fewshot.py, vit_part3_finetune.py, vit_backbone.py mean "
+       "nothing: they ran on generated stand-ins (checkpoints of random weights, generated pictures), which show that "
+       "the job runs, not what the articles found")]),
 ])
 def test_a_job_on_stand_ins_says_under_its_table_that_its_numbers_mean_nothing(records, said):
     assert ending.standins_line(records) == said

@@ -121,7 +121,8 @@ def test_the_page_says_first_when_numbers_come_from_stand_ins(four_runs, tmp_pat
     for script in ("setup", "posemb"):
         (tmp_path / f"{script}.json").write_text((four_runs / f"{script}.json").read_text())
     paragraphs = page_maker.build(tmp_path, say=lambda text: None).read_text().split("\n\n")
-    assert paragraphs[1].startswith("**These numbers mean nothing**: vit_part3_posemb.py ran on generated stand-ins")
+    assert paragraphs[1].startswith("**The numbers of vit_part3_posemb.py mean nothing**: it ran on generated "
+                                    "stand-ins")
     (tmp_path / "posemb.json").unlink()
     assert "mean nothing" not in page_maker.build(tmp_path, say=lambda text: None).read_text()  # setup's are real
 

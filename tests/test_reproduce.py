@@ -190,8 +190,9 @@ def test_the_whole_job_gives_five_json_files_the_page_and_the_table(job):
 def test_the_page_of_a_job_on_stand_ins_says_first_that_its_numbers_mean_nothing(job):
     paragraphs = (job["out"] / "report.md").read_text().split("\n\n")
     assert paragraphs[0] == "# The two articles' numbers, reproduced"
-    assert paragraphs[1].startswith("**These numbers mean nothing**: vit_part3_posemb.py, vit_part3_fewshot.py, "
-                                    "vit_part3_finetune.py, vit_backbone.py ran on generated stand-ins")
+    assert paragraphs[1].startswith("**The numbers of vit_part3_posemb.py, vit_part3_fewshot.py, "
+                                    "vit_part3_finetune.py, vit_backbone.py mean nothing**: they ran on generated "
+                                    "stand-ins")
 
 
 def test_the_page_names_paths_inside_out_relative_to_it_and_flags_a_user_can_type(job, tmp_path):
