@@ -19,6 +19,7 @@ from common.start_and_end import ARTICLE, UserError, before_torch_loads, guarded
 if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as a later one
     before_torch_loads(ARTICLE)
 
+import functools
 import math
 import pickle
 import sys
@@ -34,6 +35,7 @@ from safetensors import SafetensorError, safe_open
 from common.paths import IMAGENETTE_DIR
 from common.pretrained import VIT_SIZES, cached_weight_file, load_pretrained, table1_config
 from common.run import begin, conclude, experiment_parser, listed, section
+from compare.published_files import checkpoint_difference
 
 # Table 1's parameter counts (millions), its rows, and the released checkpoints; ViT-L/16's is the ImageNet
 # fine-tuned one, without a pre-logits layer: the article's only cached file of ViT-L/16.
@@ -54,6 +56,10 @@ PRETRAIN_BATCH, PRETRAIN_WARMUP = 4096, 10_000
 TABLE4 = [("ImageNet", 20_000, 1_280_000), ("CIFAR-100", 10_000, 50_000), ("CIFAR-10", 10_000, 50_000),
           ("Oxford-IIIT Pets", 500, 3_680), ("Oxford Flowers-102", 500, 2_040), ("VTAB task", 2_500, 1_000)]
 FINETUNE_BATCH = 512
+RESNET = "microsoft/resnet-50"  # the article's ResNet-50, section 2's checkpoint
+# what makes a ResNetConfig ResNet-50's architecture (the library's defaults): a cached RESNET may be another
+RESNET50_ARCHITECTURE = ("num_channels", "embedding_size", "hidden_sizes", "depths", "layer_type", "hidden_act",
+                         "downsample_in_first_stage", "downsample_in_bottleneck")
 
 
 # ---------------------------------------------------------------- 1. Table 1 and parameters
@@ -250,12 +256,12 @@ def released_parameters(report):
 
 @section
 def section_hybrid(report):
-    """2. the hybrid's ResNet-50 stages"""
+    """2. the hybrid's ResNet-50 stages; returns the checkpoint it read them from (RESNET), else the architecture's
+    name"""
     report.print("\n== 2. the hybrid: which ResNet-50 stage feeds ViT ==")
     try:  # microsoft/resnet-50 if cached or reachable, else random weights: the stage shapes do not depend on them
-        model = load_pretrained(transformers.ResNetModel, "microsoft/resnet-50",
-                                fix="run once online to download it").eval()
-        model_name = "microsoft/resnet-50"
+        model = load_pretrained(transformers.ResNetModel, RESNET, fix="run once online to download it").eval()
+        model_name = RESNET
     except UserError as problem:
         torch.manual_seed(0)  # ResNetConfig's defaults are ResNet-50: bottleneck blocks, depths 3-4-6-3
         why = "microsoft/resnet-50 is not cached" if is_offline_mode() else problem
@@ -283,11 +289,21 @@ def section_hybrid(report):
     batch_norms = sum(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
     report.print(f"  option (i), stage 4: {tokens4} tokens; option (ii), extended stage 3: {tokens3} tokens = "
                  f"x{tokens3 // tokens4} (the \"4x longer sequence\")")
-    report.print(f"  {model_name} is a standard ResNet: it has {batch_norms} BatchNorm2d layers (BiT replaces each "
-                 "with Group Norm)",
+    resnet50 = transformers.ResNetConfig()
+    standard = all(getattr(model.config, key, None) == getattr(resnet50, key) for key in RESNET50_ARCHITECTURE)
+    kind = "a standard ResNet" if standard else "not a standard ResNet-50 (its config is another architecture)"
+    report.print(f"  {model_name} is {kind}: it has {batch_norms} BatchNorm2d layers (BiT replaces each with Group "
+                 "Norm)",
                  {"option (i) tokens": tokens4, "option (ii) tokens": tokens3,
                   "stage 3 over stage 4 tokens": tokens3 // tokens4, "BatchNorm2d layers": batch_norms})
     report.print(f"  (picture: {picture}, resized to 224x224)")
+    return model_name
+
+
+def setup_differences(model_name, run, known):
+    """The checkpoint section 2 read its numbers from (model_name: RESNET), when its files' bytes are not the article's
+    (compare/published_files.py); none for the library's architecture, or a section that could not run."""
+    return checkpoint_difference(RESNET, RESNET, flag=RESNET) if model_name == RESNET else {}
 
 
 # ---------------------------------------------------------------- 3. Batch Norm, Group Norm, WS
@@ -543,10 +559,10 @@ def main(argv=None):
     torch.set_num_threads(min(4, torch.get_num_threads()))
     run, report = begin("setup", args)
     section_table1(report)
-    section_hybrid(report)
+    model_name = section_hybrid(report)
     section_norms(report)
     section_by_hand(report)
-    return conclude(run, report)
+    return conclude(run, report, functools.partial(setup_differences, model_name))
 
 
 if __name__ == "__main__":

@@ -14,12 +14,13 @@ from common.start_and_end import UserError
 from compare.marks import made_here
 
 
-def checkpoint_difference(name, article):
+def checkpoint_difference(name, article, flag=None):
     """{"checkpoint": difference} when --model is not the article's checkpoint, {} when it is: its files' bytes (the
     cache's copy of the article's Hub id, or a local folder's: config.json, the weight file and the image processor's
     file when there is one) hash to what huggingface.co publishes for the article's id (published_hashes). Another
-    id, a stand-in, the miniature's, files that differ, or files that cannot be checked are a difference, named."""
-    flag, folder = f"--model {name}", os.path.expanduser(name)
+    id, a stand-in, the miniature's, files that differ, or files that cannot be checked are a difference, named by
+    flag (default: --model name)."""
+    flag, folder = flag or f"--model {name}", os.path.expanduser(name)
     if not os.path.isdir(folder):
         if name != article:
             return {"checkpoint": {"flag": flag, "why": f"{flag}: the article's checkpoint is {article}"}}

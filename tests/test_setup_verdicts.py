@@ -13,11 +13,16 @@ import numpy as np
 import pytest
 import torch
 from conftest import compare, library_pixels
+from huggingface_hub import constants
+from test_published_files import cache, published
+from transformers import ResNetConfig, ResNetModel
 
 import vit_part3_fewshot as fewshot
 import vit_part3_finetune as finetune
 import vit_part3_posemb as posemb
+import vit_part3_setup as setup
 from common import data as imagenette
+from common import paths
 from common.data import CLASSES, list_split
 from compare import data_set, marks, published_files, verdicts
 from compare.verdicts import flag_differences, format_like, load_reference
@@ -52,6 +57,48 @@ def test_a_flag_that_is_not_the_articles_is_a_difference_named_as_typed():
     assert flag_differences(args, article) == {
         "learning rate": {"flag": "--base-lr 0.003", "why": "--base-lr 0.003: the article's is 0.01"},
         "resolution": {"flag": "--resolution 288", "why": "--resolution 288: the article's is 384"}}
+
+
+# the hybrid's numbers, each stage's (channels, height, width, tokens), of a ResNet of one bottleneck block a stage,
+# stem 16 and stages 32-64-128-256 wide: 17 BatchNorm2d layers (the stem's, then 3 a block and its shortcut's)
+TINY_STAGES = [(32, 56, 56, 3136), (64, 28, 28, 784), (128, 14, 14, 196), (256, 7, 7, 49)]
+RESNET50_STAGES = [(256, 56, 56, 3136), (512, 28, 28, 784), (1024, 14, 14, 196), (2048, 7, 7, 49)]
+NOT_STANDARD = "is not a standard ResNet-50 (its config is another architecture): it has 17 BatchNorm2d layers"
+# (what microsoft/resnet-50 is in the cache, the sentence's start, the stages, BatchNorm2d layers, each verdict): a
+# ResNet cached under the id is the article's only by its bytes (compare/published_files.py), and its numbers with it
+RESNET_CACHED = [
+    (None, ("the library's ResNet-50 architecture (random weights; microsoft/resnet-50 is not cached) is a standard "
+            "ResNet: it has 53 BatchNorm2d layers"), RESNET50_STAGES, 53, ["same"] * 20),
+    ("a tiny ResNet", f"microsoft/resnet-50 {NOT_STANDARD}", TINY_STAGES, 17, ["not comparable"] * 20),
+    ("a tiny ResNet, as huggingface.co publishes it", f"microsoft/resnet-50 {NOT_STANDARD}", TINY_STAGES, 17,
+     ["differs", "same", "same", "same"] * 4 + ["same", "same", "same", "differs"]),
+]
+
+
+@pytest.mark.parametrize("cached,sentence,stages,batch_norms,expected", RESNET_CACHED,
+                         ids=["nothing cached", "a tiny ResNet", "the tiny ResNet published"])
+def test_the_hybrids_numbers_are_the_articles_only_from_its_checkpoint(cached, sentence, stages, batch_norms,
+                                                                        expected, tmp_path, monkeypatch):
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(paths, "DATA_DIR", tmp_path / "data")
+    if cached:
+        torch.manual_seed(0)
+        ResNetModel(ResNetConfig(embedding_size=16, hidden_sizes=[32, 64, 128, 256], depths=[1, 1, 1, 1])
+                    ).save_pretrained(tmp_path / "tiny")
+        cache(tmp_path / "tiny", tmp_path / "hub", setup.RESNET)
+    if cached and "publishes" in cached:
+        (tmp_path / "data").mkdir()
+        (tmp_path / "data" / "published_hashes.json").write_text(json.dumps(
+            {setup.RESNET: {"files": published(tmp_path / "tiny")}}))
+    record = run_json(setup.main, [], tmp_path / "setup.json")
+    names = [f"stage {stage} {what}" for stage in range(1, 5) for what in ("channels", "height", "width", "tokens")]
+    rows = {row["name"]: row for row in record["comparison"]}
+    hybrid = [rows[name] for name in [*names, "option (i) tokens", "option (ii) tokens", "stage 3 over stage 4 tokens",
+                                      "BatchNorm2d layers"]]
+    assert [row["value"] for row in hybrid] == [*(n for stage in stages for n in stage), 49, 196, 4, batch_norms]
+    assert [row["verdict"] for row in hybrid] == expected
+    assert all(row["flags"] == [setup.RESNET] for row in hybrid if row["verdict"] == "not comparable")
+    assert any(line.startswith(f"  {sentence} (BiT replaces each") for line in record["printed"])
 
 
 STEPS_6 = {"flag": "--steps 6", "why": "--steps 6: the article's is 300", "removes": ["step 10 loss"]}
