@@ -32,6 +32,7 @@ from common.start_and_end import (
 if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as a later one
     before_torch_loads(ARTICLE)
 
+import collections
 import contextlib
 import copy
 import functools
@@ -779,14 +780,24 @@ def check_pictures_per_class(args):
 
 
 def check_differences(args, data):
-    """--check-per-class other than the article's 100: the logged steps check other pictures than its 1,000."""
+    """--check-per-class other than the article's 100: the logged steps check other pictures than its 1,000 (a class
+    that holds fewer is checked whole); classes checked on unequal counts also move step 0's zero-head accuracy, the
+    first class's share of them, which is 100 / classes only on equal counts ("checked shares")."""
     if args.check_per_class in (None, CHECK_PER_CLASS):
         return {}
     per_class, flag = check_pictures_per_class(args), f"--check-per-class {args.check_per_class}"
-    checked = f"{per_class * data['classes']:,} pictures checked" if data else "pictures checked"  # data: not loaded
-    why = (f"{flag}: {checked} (the first {per_class} of each class), the article's "
+    held = collections.Counter(label for _, label in data["val"]) if data else {}  # data: not loaded
+    each = [min(per_class, held[label]) for label in range(data["classes"])] if data else [per_class]
+    span = f"{min(each)} to {max(each)}" if min(each) < max(each) else f"{min(each)}"
+    fewer = f", all of a class that holds fewer: {span} a class" if min(each) < per_class else ""
+    checked = f"{sum(each):,} pictures checked" if data else "pictures checked"
+    why = (f"{flag}: {checked} (the first {per_class} of each class{fewer}), the article's "
            f"{len(CLASSES) * CHECK_PER_CLASS:,}")
-    return {"checked pictures": {"flag": flag, "why": why}}
+    differences = {"checked pictures": {"flag": flag, "why": why}}
+    if min(each) < max(each):
+        differences["checked shares"] = {"flag": flag, "why": f"{flag}: classes of {span} checked pictures, so the "
+                                         f"zero head's step 0 is the first class's share of them, not 100 / classes"}
+    return differences
 
 
 def parse_flags(argv, world):

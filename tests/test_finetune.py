@@ -8,11 +8,12 @@ import re
 import shutil
 import subprocess
 import sys
+from argparse import Namespace
 
 import numpy as np
 import pytest
 import torch
-from conftest import ARTICLE, ROOT, article_block, library_pixels
+from conftest import ARTICLE, ROOT, article_block, compare, library_pixels
 from PIL import Image
 
 import figures.finetune
@@ -20,6 +21,7 @@ import vit_part3_finetune as finetune
 from common import files, start_and_end
 from common.data import NEW_PASS
 from common.pretrained import load_pretrained
+from compare.verdicts import load_reference
 
 
 def test_report_steps_scale_with_the_run():
@@ -317,48 +319,71 @@ def test_resume_refuses_other_settings(tiny_in21k, pictures, tmp_path, capsys):
 
 def test_another_check_before_the_data_loads_counts_no_pictures():
     """The data not loaded (a run offline): the classes are unknown, so the difference names no count of pictures."""
-    from argparse import Namespace
-
     differences = finetune.check_differences(Namespace(check_per_class=10, per_class=None), None)
     assert differences["checked pictures"]["why"] == ("--check-per-class 10: pictures checked (the first 10 of each "
                                                       "class), the article's 1,000")
 
 
-@pytest.mark.parametrize("per_class,difference", [
-    (None, {}),
-    (100, {}),  # the article's, said
-    (10, {"flag": "--check-per-class 10",
-          "why": "--check-per-class 10: 100 pictures checked (the first 10 of each class), the article's 1,000"}),
-    (200, {"flag": "--check-per-class 200",
-           "why": "--check-per-class 200: 2,000 pictures checked (the first 200 of each class), the article's 1,000"}),
-    ((10, 5), {"flag": "--check-per-class 10",  # --per-class 5 caps it: 5 a class checked
-               "why": "--check-per-class 10: 50 pictures checked (the first 5 of each class), the article's 1,000"}),
-])
-def test_checking_other_pictures_leaves_only_the_zero_heads_accuracy_comparable(per_class, difference):
-    """Another check moves every checked accuracy and the counts (not comparable), but not step 0's: the zero head
-    ties every class and argmax takes the first, so on N pictures of each of 10 classes it is 100 / 10 = 10.0 exactly,
-    judged as on the article's 1,000 (no sampling interval); the training's numbers keep their verdicts."""
-    from argparse import Namespace
+RELEASE_VAL = [387, 395, 357, 386, 409, 394, 389, 419, 399, 390]  # the release's validation pictures of each class
+SHARES_400 = ("--check-per-class 400: classes of 357 to 400 checked pictures, so the zero head's step 0 is the first "
+              "class's share of them, not 100 / classes")
 
-    from conftest import compare
 
-    from compare.verdicts import load_reference
-
+@pytest.mark.parametrize("per_class,held,differences,step_0", [
+    (None, RELEASE_VAL, {}, (10.0, "same")),
+    (100, RELEASE_VAL, {}, (10.0, "same")),  # the article's, said
+    (10, RELEASE_VAL, {"checked pictures": {
+        "flag": "--check-per-class 10",
+        "why": "--check-per-class 10: 100 pictures checked (the first 10 of each class), the article's 1,000"}},
+     (10.0, "same")),
+    (200, RELEASE_VAL, {"checked pictures": {
+        "flag": "--check-per-class 200",
+        "why": "--check-per-class 200: 2,000 pictures checked (the first 200 of each class), the article's 1,000"}},
+     (10.0, "same")),
+    ((10, 5), [5] * 10, {"checked pictures": {  # --per-class 5 caps it: 5 a class checked
+        "flag": "--check-per-class 10",
+        "why": "--check-per-class 10: 50 pictures checked (the first 5 of each class), the article's 1,000"}},
+     (10.0, "same")),
+    (7, [6] * 10, {"checked pictures": {  # every class holds 6: 6 of each checked, step 0 still 100 / 10
+        "flag": "--check-per-class 7",
+        "why": "--check-per-class 7: 60 pictures checked (the first 7 of each class, all of a class that holds fewer: "
+               "6 a class), the article's 1,000"}},
+     (10.0, "same")),
+    # 400 of the release's classes of 357 to 419: 387 + 395 + 357 + 386 + 400 + 394 + 389 + 400 + 399 + 390 = 3,897
+    # checked, the first class's 387 of them right at step 0
+    (400, RELEASE_VAL, {"checked pictures": {
+        "flag": "--check-per-class 400",
+        "why": "--check-per-class 400: 3,897 pictures checked (the first 400 of each class, all of a class that holds "
+               "fewer: 357 to 400 a class), the article's 1,000"},
+        "checked shares": {"flag": "--check-per-class 400", "why": SHARES_400}},
+     (100 * 387 / 3897, "not comparable")),
+], ids=["default", "the article's 100", "10", "200", "capped by --per-class", "classes that hold fewer, equally",
+        "classes that hold fewer, unequally"])
+def test_checking_other_pictures_leaves_only_the_zero_heads_accuracy_comparable(per_class, held, differences, step_0):
+    """Another check moves every checked accuracy and the counts (not comparable), but not step 0's while every class
+    has the same count checked: the zero head ties every class and argmax takes the first, so on N pictures of each
+    of 10 classes it is 100 / 10 = 10.0 exactly, judged as on the article's 1,000 (no sampling interval). Classes
+    that hold fewer than N are checked whole: on unequal counts step 0 is the first class's share, moved by the flag,
+    and not comparable. The training's numbers keep their verdicts."""
     per_class, cap = per_class if isinstance(per_class, tuple) else (per_class, None)
-    differences = finetune.check_differences(Namespace(check_per_class=per_class, per_class=cap), {"classes": 10})
-    assert differences == ({"checked pictures": difference} if difference else {})
-    if per_class != 10 or cap:
-        return
-    numbers = {"step 0 validation": {"value": 10.0}, "step 5 accuracy": {"value": 97.0},
+    data = {"classes": 10, "val": [(f"{label}/{k}.JPEG", label) for label, count in enumerate(held)
+                                   for k in range(count)]}
+    assert finetune.check_differences(Namespace(check_per_class=per_class, per_class=cap), data) == differences
+    numbers = {"step 0 validation": {"value": step_0[0]}, "step 5 accuracy": {"value": 97.0},
                "monitor pictures": {"value": 100.0}, "step 5 loss": {"value": 2.3}, "mean loss last": {"value": 0.1},
                "average accuracy": {"value": 98.0}}
     rows = {row["name"]: row for row in compare(numbers, load_reference("finetune"), differences)}
-    assert rows["step 0 validation"]["verdict"] == "same" and "interval" not in rows["step 0 validation"]
-    numbers["step 0 validation"] = {"value": 16.0}  # not the zero head's: no sample's band may call it close
-    assert {row["name"]: row for row in compare(numbers, load_reference("finetune"), differences)}[
-        "step 0 validation"]["verdict"] == "differs"
-    assert rows["step 5 accuracy"]["verdict"] == rows["monitor pictures"]["verdict"] == "not comparable"
-    assert rows["step 5 accuracy"]["flags"] == ["--check-per-class 10"]
+    assert rows["step 0 validation"]["verdict"] == step_0[1] and "interval" not in rows["step 0 validation"]
+    if differences:
+        assert rows["step 5 accuracy"]["verdict"] == rows["monitor pictures"]["verdict"] == "not comparable"
+        assert rows["step 5 accuracy"]["flags"] == [differences["checked pictures"]["flag"]]
+    if step_0[1] == "not comparable":
+        assert rows["step 0 validation"]["flags"] == ["--check-per-class 400"]
+        assert rows["step 0 validation"]["why"] == SHARES_400
+    if per_class == 10 and not cap:
+        numbers["step 0 validation"] = {"value": 16.0}  # not the zero head's: no sample's band may call it close
+        assert {row["name"]: row for row in compare(numbers, load_reference("finetune"), differences)}[
+            "step 0 validation"]["verdict"] == "differs"
     # what the checks do not touch (the training, the final pass over every validation picture) keeps its verdict
     assert rows["step 5 loss"]["verdict"] == rows["mean loss last"]["verdict"] == "varies"
     assert rows["average accuracy"]["verdict"] == "varies"
