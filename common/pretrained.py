@@ -1,9 +1,9 @@
 """Pretrained ViT checkpoints: Table 1's sizes as a config; loading by id or folder, quietly, one line when one
 cannot be had; their image processor and its pixels; a fine-tuned one saved as from_pretrained loads it."""
+import contextlib
 import json
 import os
 import pickle
-import re
 import reprlib
 import urllib.parse
 from pathlib import Path
@@ -63,11 +63,19 @@ def without_secrets(text, url):
 
 
 def refuse_paths(answer):
-    """httpx hook on the Hub's answers: the library names a file's copy in its cache after a HEAD answer's ETag and
-    X-Repo-Commit, unchecked, so that a hostile mirror's "../x" would write outside the cache: refused first."""
-    for header in ("X-Linked-Etag" if answer.headers.get("X-Linked-Etag") else "ETag", "X-Repo-Commit"):
-        name = answer.headers.get(header, "")  # a hash, perhaps quoted, a weak ETag's W/ before: no separator
-        if answer.request.method == "HEAD" and not re.fullmatch(r'(W/)?"?[0-9A-Za-z_-]*"?', name):
+    """httpx hook on the Hub's answers: the library names files in its cache after a HEAD answer's ETag and
+    X-Repo-Commit and a repository's sha, unchecked, so that a hostile mirror's "../x" would lead out of it."""
+    names = {"X-Repo-Commit": answer.headers.get("X-Repo-Commit")}
+    if answer.request.method == "HEAD":  # the ETag the library reads, as it reads it
+        etag = "X-Linked-Etag" if answer.headers.get("X-Linked-Etag") else "ETag"
+        names[etag] = answer.headers.get(etag, "").lstrip("W/").strip('"')
+    elif "/api/" in answer.request.url.path and "json" in answer.headers.get("Content-Type", ""):
+        answer.read()  # a repository's description: its sha names its snapshot's folder
+        with contextlib.suppress(ValueError):
+            body = answer.json()
+            names["sha"] = body.get("sha") if isinstance(body, dict) else None
+    for header, name in names.items():
+        if isinstance(name, str) and (os.path.isabs(name) or ".." in Path(name).parts or "\\" in name):
             raise UserError(f"{hub_name()} gave {shown_url(str(answer.request.url))} the {header} "
                             f"{reprlib.repr(name)}, a path where a Hub gives a hash: refused, as a server that is not "
                             f"a Hub or a hostile one: check HF_ENDPOINT")
@@ -93,6 +101,8 @@ def ask_hub(name, repo_type="model"):
     hub, seconds = hub_name(), constants.HF_HUB_ETAG_TIMEOUT
     try:
         return HfApi().repo_info(name, repo_type=repo_type, timeout=seconds), None
+    except UserError:  # refuse_paths': a hostile answer, not one that cannot be had
+        raise
     except GatedRepoError as error:  # a RepositoryNotFoundError too: said first
         raise UserError(f"{what} {name} is gated on {hub}: accept its terms on its page and log in "
                         f"(hf auth login)") from error
@@ -153,7 +163,7 @@ def checkpoint_config(name):
 
 LOCAL_COPY = "connect to the internet once to download it, or pass --model with a local directory"
 # a file not whole: weights (safetensors', torch.load's errors), a config that is not JSON (under transformers' OSError)
-DAMAGED = (SafetensorError, pickle.UnpicklingError, EOFError, json.JSONDecodeError)
+DAMAGED = (SafetensorError, pickle.UnpicklingError, EOFError, json.JSONDecodeError, UnicodeDecodeError)
 
 
 def damage(error):

@@ -11,6 +11,7 @@ Every wait here is bounded, and the servers stop with the test session.
 import hashlib
 import http.client
 import io
+import json
 import os
 import socket
 import subprocess
@@ -33,8 +34,8 @@ class Faulty(ThreadingHTTPServer):
     "drop" | "status" | "stall" | "trickle" (a byte each TRICKLE_SECONDS) | "slow headers" (so, the status line and
     headers) | "redirect" (302, or "code", to "to": the same path unless given, no Location where None) | "range" (206
     with the bytes from "first" on, whatever was asked; no Content-Range where None) | "headers" (the answer's
-    "headers" set to these) | "body" (another "body" under the answer's headers), "code": the status, "times": how
-    many requests it hits}]."""
+    "headers" set to these) | "body" (another "body" under the answer's headers) | "json" (its JSON with the keys of
+    "set" set), "code": the status, "times": how many requests it hits}]."""
     daemon_threads = True
 
     def __init__(self, upstream=None):
@@ -114,8 +115,9 @@ class Handler(BaseHTTPRequestHandler):
         if fault and fault["kind"] == "headers":  # a hostile mirror's: names of its own choosing
             headers = [(name, value) for name, value in headers if name.lower() not in map(str.lower, fault["headers"])]
             headers += list(fault["headers"].items())
-        if fault and fault["kind"] == "body":
-            content = fault["body"]
+        if fault and fault["kind"] in ("body", "json"):  # another body, or the JSON one with fault["set"]'s keys set
+            content = fault["body"] if fault["kind"] == "body" else json.dumps({**json.loads(content), **fault["set"]})
+            content = content.encode() if isinstance(content, str) else content
             headers = [(name, value) for name, value in headers if name != "Content-Length"]
             headers.append(("Content-Length", str(len(content))))
         if path in server.files and not server.lengths:

@@ -312,21 +312,37 @@ def test_a_weight_file_cut_off_is_one_line_then_downloaded_by_the_next_run_never
 
 # ---------------------------------------------------------------- a hostile or broken mirror
 
-# (a header of the Hub's answer for a file, its value): the library names the file's copy in its cache by it; {tmp}
-# is a folder outside the caches, and "../../../../" climbs from the cache's blobs/ to the client's home
-HOSTILE_NAMES = [("ETag", '"../../../../escaped"'), ("ETag", '"{tmp}/escaped"'),
-                 ("X-Linked-Etag", 'W/"{tmp}/escaped"'), ("X-Repo-Commit", "{tmp}/escaped")]
+# (a header of the Hub's answer for a file, its value, the name the library reads in it): it names the file's copy in
+# its cache; {tmp} is a folder outside the caches, and "../../../../" climbs from its blobs/ to the client's home
+HOSTILE_NAMES = [("ETag", '"../../../../escaped"', "../../../../escaped"),
+                 ("ETag", '"{tmp}/escaped"', "{tmp}/escaped"),
+                 ("X-Linked-Etag", 'W/"{tmp}/escaped"', "{tmp}/escaped"),
+                 ("X-Repo-Commit", "{tmp}/escaped", "{tmp}/escaped"),
+                 ("ETag", '"a/../../../../escaped"', "a/../../../../escaped")]
 
 
-@pytest.mark.parametrize("header,value", HOSTILE_NAMES, ids=["ETag climbing", "ETag", "X-Linked-Etag", "commit"])
+@pytest.mark.parametrize("header,value,name", HOSTILE_NAMES,
+                         ids=["ETag climbing", "ETag", "X-Linked-Etag", "commit", "ETag through a folder"])
 def test_a_mirror_naming_a_file_by_a_path_is_refused_and_writes_nothing_outside_the_cache(hub, client, tmp_path,
-                                                                                           header, value):
-    model, value = "google/vit-base-patch16-224", value.format(tmp=tmp_path)
+                                                                                           header, value, name):
+    model, value, name = "google/vit-base-patch16-224", value.format(tmp=tmp_path), name.format(tmp=tmp_path)
     hub.faults.append({"path": "/resolve/", "kind": "headers", "headers": {header: value}, "times": 100})
     assert client.load(model) == (f"error: the Hub mirror {hub.url} gave {hub.url}/{model}/resolve/main/"
-                                  f"model.safetensors the {header} {reprlib.repr(value)}, a path where a Hub gives a "
+                                  f"model.safetensors the {header} {reprlib.repr(name)}, a path where a Hub gives a "
                                   f"hash: refused, as a server that is not a Hub or a hostile one: check HF_ENDPOINT")
     assert not list(tmp_path.iterdir()) and not list(client.home.glob("escaped*"))
+
+
+def test_a_mirror_whose_repository_sha_is_a_path_is_refused_before_any_download(hub, client, tmp_path):
+    """The library names a snapshot's folder, and writes its listing of files, after the repository's sha."""
+    model = "google/vit-base-patch16-224"
+    hub.faults.append({"path": f"/api/models/{model}", "kind": "json", "set": {"sha": f"{tmp_path}/escaped"},
+                       "times": 100})
+    line = client.load(model)
+    assert line.startswith(f"error: the Hub mirror {hub.url} gave {hub.url}/api/models/{model}") and line.endswith(
+        f" the sha {reprlib.repr(f'{tmp_path}/escaped')}, a path where a Hub gives a hash: refused, as a server that "
+        f"is not a Hub or a hostile one: check HF_ENDPOINT"), line
+    assert not list(tmp_path.iterdir()) and not [path for _, path, _ in hub.requests if "/resolve/" in path]
 
 
 LOAD_ONE = """import sys
@@ -350,16 +366,18 @@ def test_a_mirrors_password_is_in_no_line_when_its_weights_fail_at_every_try(hub
                                               f"mirror http://***@127.0.0.1:{hub.server_address[1]} failed (")
 
 
-def test_a_config_that_is_not_json_is_one_line_to_delete_it_not_to_run_again(hub, client):
+@pytest.mark.parametrize("body,damage", [(b"<html>502 Bad Gateway</html>", "JSONDecodeError"),
+                                         (b"\xff\xfe\x00A", "UnicodeDecodeError")], ids=["an error page", "not UTF-8"])
+def test_a_config_that_is_not_json_is_one_line_to_delete_it_not_to_run_again(hub, client, body, damage):
     """A mirror's error page served as config.json, then kept in the cache: each load names the damage and the fix."""
     model = "google/vit-base-patch16-224"
     cached = client.home / "hf" / "hub" / "models--google--vit-base-patch16-224"
     shutil.rmtree(cached, ignore_errors=True)
-    hub.faults.append({"path": "/config.json", "kind": "body", "body": b"<html>502 Bad Gateway</html>", "times": 100})
+    hub.faults.append({"path": "/config.json", "kind": "body", "body": body, "times": 100})
     assert client.load(model) == (f"error: checkpoint {model} from the Hub mirror {hub.url} cannot be read "
-                                  f"(JSONDecodeError): delete it (hf cache delete) to download it again")
+                                  f"({damage}): delete it (hf cache delete) to download it again")
     hub.faults.clear()
     assert client.load(model) == (f"error: checkpoint {model} in the Hugging Face cache cannot be read "
-                                  f"(JSONDecodeError): delete it (hf cache delete) to download it again")
+                                  f"({damage}): delete it (hf cache delete) to download it again")
     shutil.rmtree(cached)
     assert client.load(model) == "loaded"
