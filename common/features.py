@@ -15,7 +15,7 @@ from common.start_and_end import UserError, say
 
 
 def cache_key(name, model, paths=None, root=None, **decides):
-    """(file name, description) of the features of `model` (its weight file's path, size, times and inode, and the
+    """(file name, description) of the features of `model` (its weight file's path and a digest of its bytes, and the
     bytes of its config and image processor files), `decides` and the pictures at `paths` (each path under root, and
     a digest of its bytes); None when no weight file is on disk."""
     weights = cached_weight_file(os.path.expanduser(model))
@@ -23,12 +23,13 @@ def cache_key(name, model, paths=None, root=None, **decides):
         return None
     if paths is not None:
         decides["pictures"] = [[str(Path(path).relative_to(root)), picture_digest(path)] for path in paths]
-    stat, folder = Path(weights).stat(), Path(weights).parent
+    folder = Path(weights).parent
     configs = {file: hashlib.blake2b((folder / file).read_bytes(), digest_size=12).hexdigest()
                for file in ("config.json", PROCESSOR_FILE, NESTED_PROCESSOR_FILE) if (folder / file).is_file()}
-    text = json.dumps({"model": model, "weights": [str(Path(weights).resolve()), stat.st_size, stat.st_mtime_ns,
-                                                    stat.st_ctime_ns, stat.st_ino],  # a copy with size and time kept
-                       "configs": configs, **decides})
+    with open(weights, "rb") as file:  # its bytes: a copy or a chmod keeps the key, an edit that keeps the time not
+        digest = hashlib.file_digest(file, "blake2b").hexdigest()
+    text = json.dumps({"model": model, "weights": [str(Path(weights).resolve()), digest], "configs": configs,
+                       **decides})
     return f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:20]}.npz", text
 
 

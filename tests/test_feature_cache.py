@@ -3,6 +3,7 @@ anything else is never read."""
 import hashlib
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -12,11 +13,10 @@ from common.features import cache_key, cached
 
 def test_a_cache_key_holds_the_weight_file_and_what_decides_the_features(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"12345")
-    stat = (tmp_path / "model.safetensors").stat()
     name, text = cache_key("val", str(tmp_path), resolution=224, precision="fp32")
     weights = str((tmp_path / "model.safetensors").resolve())
     assert json.loads(text) == {"model": str(tmp_path), "configs": {}, "resolution": 224, "precision": "fp32",
-                                "weights": [weights, 5, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino]}
+                                "weights": [weights, hashlib.blake2b(b"12345").hexdigest()]}
     (tmp_path / "config.json").write_text('{"hidden_act": "gelu"}')  # beside the weights: its bytes decide them too
     configs = json.loads(cache_key("val", str(tmp_path), resolution=224, precision="fp32")[1])["configs"]
     assert configs == {"config.json": hashlib.blake2b(b'{"hidden_act": "gelu"}', digest_size=12).hexdigest()}
@@ -78,7 +78,7 @@ def other_pictures(change):
 CHANGES = [
     ("the checkpoint: another folder with the same bytes, same time", {"folder": "other"}, {}),
     ("the weights: same folder, same time, another size", {"contents": b"123456"}, {}),
-    ("the weights: same folder, same size, another time", {"mtime_ns": T + 1}, {}),
+    ("the weights: same folder, same size and time, other bytes", {"contents": b"54321"}, {}),
     ("the weights: another file put in their place, same size and time", {"contents": b"54321", "replaced": True}, {}),
     ("the config: another activation", {"config": '{"hidden_act": "relu"}'}, {}),  # the weights untouched
     ("the image processor: another mean", {"processor": '{"image_mean": [0.1, 0.1, 0.1]}'}, {}),
@@ -100,6 +100,20 @@ def test_each_field_that_decides_the_features_changes_the_key(tmp_path, what, we
     assert changed[0] != base[0] and changed[1] != base[1], what  # another file, and another description in it
 
 
+# what leaves the weights' bytes as they were, and so the features: the key stays (--resume's check too)
+KEPT = [("a chmod", lambda path: path.chmod(0o600)),
+        ("a copy put in their place (rsync -a, a restored backup)",
+         lambda path: (shutil.copy2(path, path.with_name("copy")), path.with_name("copy").replace(path))),
+        ("a touch", lambda path: os.utime(path, ns=(T + 5, T + 5)))]
+
+
+@pytest.mark.parametrize("what,change", KEPT, ids=[kept[0] for kept in KEPT])
+def test_what_keeps_the_weights_bytes_keeps_the_key(tmp_path, what, change):
+    base = cache_key("val", checkpoint(tmp_path / "model"), **DECIDES)
+    change(tmp_path / "model" / "model.safetensors")
+    assert cache_key("val", str(tmp_path / "model"), **DECIDES) == base, what
+
+
 def test_a_stale_file_is_never_read(tmp_path):
     """Each compute() gives arrays of its own number: a run is served from the cache only with the very same key."""
     calls = []
@@ -117,7 +131,7 @@ def test_a_stale_file_is_never_read(tmp_path):
     assert features(model) == ([1.0, 1.0], "cache")
     assert features(model, precision="bf16") == ([2.0, 2.0], "computed")
     assert features(model, pictures=DECIDES["pictures"][:1], rows=1) == ([3.0], "computed")
-    checkpoint(tmp_path / "model", mtime_ns=T + 1)  # the weights rewritten in place, the same size
+    checkpoint(tmp_path / "model", contents=b"54321")  # the weights rewritten in place, the same size and time
     assert features(model) == ([4.0, 4.0], "computed")
     checkpoint(tmp_path / "model", contents=b"123456", mtime_ns=T)  # another size, the first time
     assert features(model) == ([5.0, 5.0], "computed")
