@@ -43,7 +43,9 @@ MEMBERS_MOST = 50_000  # the release has 13,394 pictures and 23 folders
 HEADER_BYTES_MOST = 64 * 2**10  # the headers of one member (a long name, PAX records, a sparse map): a few hundred
 NAME_PARTS_MOST, NAME_CHARACTERS_MOST = 8, 1024  # imagenette2-160/<split>/<class>/<picture>: 4 parts, 60 characters
 SLOWEST_BYTES_PER_SECOND = 10_000  # a server slower than this for HF_HUB_DOWNLOAD_TIMEOUT seconds is given up on
-DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS}  # the disk's faults, not the archive's
+# the disk's faults, not the archive's, and what to do about each
+DISK_ERRORS = {errno.ENOSPC: "free space there", errno.EDQUOT: "free space there", errno.EIO: "check that disk",
+               errno.EROFS: "make it writable"}
 
 
 def download_imagenette():
@@ -492,8 +494,9 @@ def download_and_extract(url, md5, target, progress=True):
         if target.is_dir():  # another run put its checked copy in place, and removed the archive, meanwhile
             return
         if isinstance(error, OSError) and error.errno in DISK_ERRORS:  # the archive is not to blame: kept
+            fix = DISK_ERRORS[error.errno]
             raise UserError(f"{source}: the disk of {target.parent} failed while extracting it ({reason(error)}); "
-                            f"kept the archive {archive}: free space there and run again to extract it") from error
+                            f"kept the archive {archive}: {fix} and run again to extract it") from error
         try:
             os.replace(archive, aside)  # not taken again by the next run, kept to be looked at
             moved = f"moved it to {aside}"

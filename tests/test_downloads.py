@@ -649,18 +649,18 @@ def test_an_archive_found_in_place_counts_as_the_release_only_by_its_bytes(tmp_p
     assert data_set.extracted_from(data / TOP) == found != data_set.MD5
 
 
-DISK_FAULTS = [  # (the error of a member's write, the system's words for it, whether the archive is kept)
-    (errno.ENOSPC, "No space left on device", True),
-    (errno.EDQUOT, "Disk quota exceeded", True),
-    (errno.EIO, "Input/output error", True),
-    (errno.EROFS, "Read-only file system", True),
-    (errno.ENAMETOOLONG, "File name too long", False),  # the archive's names: refused as before
+DISK_FAULTS = [  # (the error of a member's write, the system's words for it, whether the archive is kept, what to do)
+    (errno.ENOSPC, "No space left on device", True, "free space there"),
+    (errno.EDQUOT, "Disk quota exceeded", True, "free space there"),
+    (errno.EIO, "Input/output error", True, "check that disk"),
+    (errno.EROFS, "Read-only file system", True, "make it writable"),
+    (errno.ENAMETOOLONG, "File name too long", False, None),  # the archive's names: refused as before
 ]
 
 
-@pytest.mark.parametrize("code,words,kept", DISK_FAULTS, ids=["ENOSPC", "EDQUOT", "EIO", "EROFS", "ENAMETOOLONG"])
+@pytest.mark.parametrize("code,words,kept,fix", DISK_FAULTS, ids=["ENOSPC", "EDQUOT", "EIO", "EROFS", "ENAMETOOLONG"])
 def test_a_disk_that_fails_during_extraction_keeps_the_archive_for_the_next_run(served, tmp_path, monkeypatch, code,
-                                                                                words, kept):
+                                                                                words, kept, fix):
     """The archive's MD5 is the one asked for: a full, read-only or failing disk is not its fault, so it stays in
     place, no half folder is left, and the next run extracts it without a request to the server."""
     data, layout = tmp_path / "data", tgz(*LAYOUT, content=b"")
@@ -680,8 +680,7 @@ def test_a_disk_that_fails_during_extraction_keeps_the_archive_for_the_next_run(
         assert os.listdir(data) == [f"{TOP}.tgz.refused"]
         return
     assert str(failed.value) == (f"the archive downloaded from {url}: the disk of {data} failed while extracting it "
-                                 f"({words}); kept the archive {data / TOP}.tgz: free space there and run again to "
-                                 f"extract it")
+                                 f"({words}); kept the archive {data / TOP}.tgz: {fix} and run again to extract it")
     assert os.listdir(data) == [f"{TOP}.tgz"] and (data / f"{TOP}.tgz").read_bytes() == layout
     served.requests.clear()
     download_and_extract(url, md5, data / TOP, progress=False)
