@@ -316,7 +316,7 @@ class Report:
 
 
 def values(report):
-    """{name: value} of the numbers given to a Report's lines, as given (a list a list): what a figure reads."""
+    """{name: value} of the numbers given to a Report's lines, lists and passes unflattened: what a figure reads."""
     return {name: value for numbers, _ in report.given for name, value in numbers.items()}
 
 
@@ -346,7 +346,7 @@ def pick_device(name="auto"):
 
 
 PRECISIONS = ("fp32", "tf32", "bf16")
-# the rules float32 can follow on NVIDIA GPUs with TF32 (docs/layout.md): are (matrix multiplies, cuDNN convs) in TF32
+# each rule float32 can follow on NVIDIA GPUs with TF32: whether (matrix multiplies, cuDNN convolutions) use TF32
 FP32_RULES = {"strict": (False, False), "torch defaults": (False, True), "tf32": (True, True)}
 
 
