@@ -43,12 +43,10 @@ from common.pretrained import ARTICLE_PIXELS
 from common.run import (
     DEVICE_CHOICES,
     PRECISIONS,
-    Report,
     batch_pictures,
-    check_output,
+    begin,
     positive_int,
     script_parser,
-    start_run,
 )
 from common.start_and_end import guarded
 from compare.record import device_name
@@ -411,9 +409,7 @@ def main(argv=None):
     parser.add_argument("--loader-only", action="store_true", help="run the loader-only figures alone")
     parser.add_argument("--json", metavar="PATH", help="also write the figures to PATH as JSON")
     args = parser.parse_args(argv)
-    if args.json:
-        check_output(args.json, "--json")
-    run, report = start_run(args), Report("throughput")
+    run, report = begin("throughput", args)  # --json checked before any work
     run.repeats = args.repeats or (2 if run.device.type == "cpu" else 10)
     figures = {"device": device_name(run.device), "torch": torch.__version__, "precision": args.precision,
                "model": "ViT-B/16" if args.size == "B" else "tiny ViT", "batch": args.batch_size}

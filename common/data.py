@@ -82,9 +82,11 @@ def check_counts(root, strict,
     return f"{root} holds {counts} pictures of Imagenette: a partial copy, so its numbers cannot match the article's"
 
 
-def checked_folder(data_dir=None):
-    """The data folder: --data-dir, else the default one (job/imagenette_archive.py's download_imagenette() fetches
-    it); the default must hold the whole release, a partial --data-dir copy runs after a warning naming its counts."""
+def load_splits(data_dir, per_class, drawn=False):
+    """{"root", "folders" (WordNet ids), "names" (the classes' short names), "name" ("Imagenette" or the folder's),
+    and each split of per_class ({split: N or None}): list_split(root, split, N, drawn)} of the data folder: --data-dir,
+    else the default one (job/imagenette_archive.py's download_imagenette() fetches it); the default must hold the
+    whole release, a partial --data-dir copy runs after a warning naming its counts."""
     root = Path(data_dir) if data_dir else DEFAULT_DIR
     default = root.resolve() == DEFAULT_DIR
     if not root.exists():
@@ -95,18 +97,11 @@ def checked_folder(data_dir=None):
     warning = check_counts(root, strict=default)
     if warning:
         say(f"warning: {warning}")
-    return root
-
-
-def load_splits(data_dir, per_class, drawn=False):
-    """{"root", "folders" (WordNet ids), "names" (the classes' short names), "name" ("Imagenette" or the folder's),
-    and each split of per_class ({split: N or None}): list_split(root, split, N, drawn)} of checked_folder()."""
-    root = checked_folder(data_dir)
     folders = class_folders(root, "val")
-    imagenette = Path(root).name == DEFAULT_DIR.name and folders == IMAGENETTE_WNIDS  # a folder whose counts are known
+    imagenette = root.name == DEFAULT_DIR.name and folders == IMAGENETTE_WNIDS  # a folder whose counts are known
     short = {wnid: name for wnid, name, _ in CLASSES}
     return {"root": root, "folders": folders, "names": [short.get(wnid, wnid) for wnid in folders],
-            "name": "Imagenette" if imagenette else Path(root).name,
+            "name": "Imagenette" if imagenette else root.name,
             **{split: list_split(root, split, n, drawn) for split, n in per_class.items()}}
 
 

@@ -25,21 +25,17 @@ from common.pretrained import check_model_flag
 from common.start_and_end import CHECK_ONLY, IN_JOB, MATPLOTLIB_MISSING, UserError, say
 
 
-def start_run(args, device=None, rank=0, world=1, fp32_rule="strict"):
-    """One run: the parsed flags, the device and its arithmetic (fp32_rule: the article's rule for --precision fp32),
-    its processes (rank and world: torchrun's)."""
+def begin(script, args, device=None, rank=0, world=1, fp32_rule="strict"):
+    """(the run: the parsed flags, the device and its arithmetic (fp32_rule: the article's rule for --precision fp32),
+    its processes (rank and world: torchrun's); the Report the sections print to). A --json, --plots or --save-dir
+    path that cannot be written is refused before any work. Under reproduce.py's check (CHECK_ONLY) the process ends
+    here, status 0."""
     if "device" in args:  # a script that runs a model on batches of pictures (setup runs none)
         keep_freed_memory()  # large host blocks kept, not handed back and faulted in again at every batch
     device = device or (pick_device(args.device) if "device" in args else None)
     autocast = set_precision(device, args.precision, fp32_rule) if "precision" in args else contextlib.nullcontext()
-    return SimpleNamespace(args=args, device=device, fp32_rule=fp32_rule, autocast=autocast, rank=rank, world=world,
-                           started=time.time())
-
-
-def begin(script, args, **run):
-    """start_run(args, **run) and the Report the sections print to; a --json, --plots or --save-dir path that cannot
-    be written refused before any work. Under reproduce.py's check (CHECK_ONLY) the process ends here, status 0."""
-    run = start_run(args, **run)
+    run = SimpleNamespace(args=args, device=device, fp32_rule=fp32_rule, autocast=autocast, rank=rank, world=world,
+                          started=time.time())
     for flag, folder in (("save_dir", True), ("json", False), ("plots", True)):  # a typo must not cost the run
         if getattr(args, flag, None):
             check_output(getattr(args, flag), "--" + flag.replace("_", "-"), folder=folder)

@@ -14,7 +14,7 @@ from PIL import Image
 
 import figures.backbone
 import vit_backbone as backbone
-from common.run import Report, start_run, tried, values
+from common.run import Report, begin, tried, values
 from common.start_and_end import UserError, guarded
 from compare import published_files
 from compare.marks import STANDIN_MARK
@@ -262,7 +262,7 @@ def test_the_trainer_with_2_workers_gives_the_numbers_it_gives_with_none(beans_s
     args = backbone.parse_args(["--model", str(beans_standins["models"][0]), "--data-dir", str(beans_standins["data"]),
                                 *BACKBONE_FLAGS])
     beans, processor = backbone.read_beans(args.data_dir, args.per_class), backbone.image_processor(args.model)
-    result = backbone.finetune(beans, processor, start_run(args, fp32_rule=backbone.ARTICLE_FP32_RULE))
+    result = backbone.finetune(beans, processor, begin("backbone", args, fp32_rule=backbone.ARTICLE_FP32_RULE)[0])
     assert result["workers"] == 2 and result["passes"]["training"]["pictures"] == 15 * 4  # 15 steps of 4
     assert result["passes"]["evaluations"]["pictures"] == 4 * 6  # before, at steps 10 and 15, after: 6 pictures
     # the training loader's persistent workers ended with the Trainer: none is left to hold the process at its exit

@@ -240,7 +240,7 @@ def test_a_partial_copy_of_the_training_pictures_moves_the_pool(tmp_path):
 
     from conftest import compare
 
-    from common.run import start_run
+    from common.run import begin
     from compare.marks import STANDIN_MARK
     from compare.verdicts import flag_differences, load_reference
 
@@ -250,7 +250,8 @@ def test_a_partial_copy_of_the_training_pictures_moves_the_pool(tmp_path):
                      lambdas=[1.0], draws=5, resolution=224, precision="fp32")
     known = flag_differences(args, fewshot.ARTICLE_FLAGS)  # as judged(): the flags', then the script's own
     data = fewshot.load_data(args, torch.device("cpu"))
-    differences = {**known, **fewshot.setup_differences(data, start_run(args, device=torch.device("cpu")), known)}
+    run, _ = begin("fewshot", args, device=torch.device("cpu"))
+    differences = {**known, **fewshot.setup_differences(data, run, known)}
     assert differences["training pictures"]["flag"] == f"--data-dir {root}"
     assert differences["training pictures"]["why"] == (f"--data-dir {root}: 60 of 9,469 training pictures "
                                                        "(a partial copy, not a draw)")

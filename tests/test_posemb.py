@@ -299,14 +299,15 @@ def test_another_resolution_makes_the_stretched_grids_numbers_not_comparable(tmp
     article's."""
     from argparse import Namespace
 
-    from common.run import start_run
+    from common.run import begin
     from compare.verdicts import flag_differences, judge, load_reference
 
     args = Namespace(model=posemb.DEFAULT_MODEL, resolution=512, precision="fp32", per_class=None,
                      data_dir=str(tmp_path / "missing"))
     known = flag_differences(args, posemb.ARTICLE_FLAGS)  # as judged(): the flags', then the script's own
     pictures = UserError(f"{args.data_dir} does not exist")  # as tried(load_pictures, ...) gives it
-    differences = {**known, **posemb.setup_differences(pictures, start_run(args, device=torch.device("cpu")), known)}
+    run, _ = begin("posemb", args, device=torch.device("cpu"))
+    differences = {**known, **posemb.setup_differences(pictures, run, known)}
     assert list(differences) == ["resolution"]
     numbers = {name: {"value": float(entry["article"].replace(",", ""))} for name, entry
                in load_reference("posemb").items()}
