@@ -21,6 +21,7 @@ if __name__ == "__main__":  # before torch loads: a Ctrl-C then is one line, as 
 
 import functools
 import math
+import os
 import pickle
 import sys
 import zipfile
@@ -28,14 +29,14 @@ import zipfile
 import numpy as np
 import torch
 import transformers  # its model classes load at their first use (its lazy module): the job's flag check loads none
-from huggingface_hub import get_safetensors_metadata, is_offline_mode
+from huggingface_hub import constants, get_safetensors_metadata, is_offline_mode
 from PIL import Image
 from safetensors import SafetensorError, safe_open
 
 from common.paths import IMAGENETTE_DIR
-from common.pretrained import VIT_SIZES, cached_weight_file, load_pretrained, table1_config
+from common.pretrained import HUB_ENDPOINT, VIT_SIZES, cached_weight_file, hub_name, load_pretrained, table1_config
 from common.run import begin, conclude, experiment_parser, listed, section
-from compare.published_files import checkpoint_difference
+from compare.published_files import checkpoint_difference, unlike_the_published
 
 # Table 1's parameter counts (millions), its rows, and the released checkpoints; ViT-L/16's is the ImageNet
 # fine-tuned one, without a pre-logits layer: the article's only cached file of ViT-L/16.
@@ -167,7 +168,8 @@ def patch_embedding_flops(resolution, patch, width):
 
 @section
 def section_table1(report):
-    """1. Table 1: sequence, attention pairs, forward compute and the released checkpoints' parameters"""
+    """1. Table 1: sequence, attention pairs, forward compute and the released checkpoints' parameters
+    (returns where those were read: released_parameters)"""
     layers, width, mlp, _ = VIT_SIZES["B"]
     (_, n16, s16, _), (_, n32, s32, _) = sequence_shape(224, 16), sequence_shape(224, 32)
     (_, _, s384, p384), p224 = sequence_shape(384, 16), sequence_shape(224, 16)[3]
@@ -214,12 +216,13 @@ def section_table1(report):
         report.print(f"  Table 2 fine-tuning resolution: {key}: grid {grid}x{grid}, N = {patches}, sequence {seq}",
                      {f"{key}: grid": grid, f"{key}: N": patches, f"{key}: sequence": seq})
 
-    released_parameters(report)
+    return released_parameters(report)
 
 
 def released_parameters(report):
     """Section 1's last lines: the parameters of the released checkpoints, read from their weight files (or counted
-    from the Table 1 architecture on the meta device), against Table 1's; why ViT-B/32 has more than ViT-B/16."""
+    from the Table 1 architecture on the meta device), against Table 1's; why ViT-B/32 has more than ViT-B/16.
+    Returns where each checkpoint's were read ({Hub id: source})."""
     counts, sources = {}, {}
     for size, patch, name, pre_logits in RELEASED:
         shapes, sources[size, patch] = checkpoint_shapes(name, size, patch, pre_logits)
@@ -250,14 +253,15 @@ def released_parameters(report):
                   "position rows at /16": rows16, "position rows at /32": rows32,
                   "position table shrink": (rows16 - rows32) * width, "ViT-L/32 with pre-logits (M)": l32,
                   "ViT-L/16 without (M)": l16})
+    return {name: sources[size, patch] for size, patch, name, _ in RELEASED}
 
 
 # ---------------------------------------------------------------- 2. the hybrid
 
 @section
 def section_hybrid(report):
-    """2. the hybrid's ResNet-50 stages; returns the checkpoint it read them from (RESNET), else the architecture's
-    name"""
+    """2. the hybrid's ResNet-50 stages
+    (returns the checkpoint it read them from, RESNET, else the architecture's name)"""
     report.print("\n== 2. the hybrid: which ResNet-50 stage feeds ViT ==")
     try:  # microsoft/resnet-50 if cached or reachable, else random weights: the stage shapes do not depend on them
         model = load_pretrained(transformers.ResNetModel, RESNET, fix="run once online to download it").eval()
@@ -269,11 +273,13 @@ def section_hybrid(report):
         model_name = f"the library's ResNet-50 architecture (random weights; {why})"
     # the first Imagenette validation picture on disk, else a generated one: the shapes depend only on its size
     paths = sorted(IMAGENETTE_DIR.glob("val/*/*.JPEG"))
-    if paths:
-        image, picture = Image.open(paths[0]).convert("RGB"), str(paths[0])
-    else:
+    try:
+        with Image.open(paths[0]) as image:
+            image, picture = image.convert("RGB"), str(paths[0])
+    except (IndexError, OSError, ValueError, Image.DecompressionBombError) as error:  # none, or one that cannot be read
         noise = np.random.default_rng(0).integers(0, 256, size=(160, 213, 3), dtype=np.uint8)
-        image, picture = Image.fromarray(noise), "a generated 213x160 picture of noise (no Imagenette on disk)"
+        image, picture = Image.fromarray(noise), "a generated 213x160 picture of noise (" + (
+            f"{paths[0]} cannot be read: {type(error).__name__})" if paths else "no Imagenette on disk)")
     mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])  # ImageNet statistics
     array = (np.asarray(image.resize((224, 224), Image.BILINEAR), dtype=np.float32) / 255 - mean) / std
     pixels = torch.from_numpy(array.astype(np.float32)).permute(2, 0, 1)[None]
@@ -300,10 +306,23 @@ def section_hybrid(report):
     return model_name
 
 
-def setup_differences(model_name, run, known):
-    """The checkpoint section 2 read its numbers from (model_name: RESNET), when its files' bytes are not the article's
-    (compare/published_files.py); none for the library's architecture, or a section that could not run."""
-    return checkpoint_difference(RESNET, RESNET, flag=RESNET) if model_name == RESNET else {}
+def setup_differences(sources, model_name, run, known):
+    """The checkpoints sections 1 and 2 read their numbers from, where their bytes are not the article's
+    (compare/published_files.py): section 1's cached weight files and a Hub mirror's headers (sources: {Hub id:
+    source}; a count on the meta device is Table 1's architecture, exact), section 2's RESNET (model_name), not the
+    library's architecture. A section that could not run gives none."""
+    differences = checkpoint_difference(RESNET, RESNET, flag=RESNET) if model_name == RESNET else {}
+    for name, source in ({} if isinstance(sources, UserError) else sources).items():
+        path = cached_weight_file(name)
+        if source == "weight file":
+            unlike = (unlike_the_published(os.path.dirname(path), name, [os.path.basename(path)], "the cache's copy")
+                      if path else "its weight file left the cache during the run")
+        else:  # huggingface.co's header is the published file's; a mirror's cannot vouch for it
+            unlike = (f"its safetensors header came from {hub_name()}, which cannot vouch for the article's file"
+                      if source == "header from the Hub" and constants.ENDPOINT != HUB_ENDPOINT else None)
+        if unlike:
+            differences[name] = {"flag": name, "why": f"{name}: {unlike}"}
+    return differences
 
 
 # ---------------------------------------------------------------- 3. Batch Norm, Group Norm, WS
@@ -558,11 +577,11 @@ def main(argv=None):
     args = experiment_parser(__doc__, device=False).parse_args(argv)
     torch.set_num_threads(min(4, torch.get_num_threads()))
     run, report = begin("setup", args)
-    section_table1(report)
+    sources = section_table1(report)
     model_name = section_hybrid(report)
     section_norms(report)
     section_by_hand(report)
-    return conclude(run, report, functools.partial(setup_differences, model_name))
+    return conclude(run, report, functools.partial(setup_differences, sources, model_name))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """vit_part3_setup.py against the article's hand-checked values and independent implementations."""
+import argparse
 import math
 import re
 import subprocess
@@ -8,8 +9,10 @@ import numpy as np
 import pytest
 import torch
 from conftest import ARTICLE, ROOT
+from PIL import Image
 
 import vit_part3_setup as setup
+from common.run import Report
 from common.start_and_end import UserError
 
 # ---------------------------------------------------------------- parameters
@@ -253,6 +256,51 @@ def test_script_prints_every_article_line_offline():
 def forward_gflops(size, patch, resolution):
     """A Table 1 model's forward compute at a resolution, as the setup script prints it."""
     return setup.encoder_flops(*setup.VIT_SIZES[size][:3], setup.sequence_shape(resolution, patch)[2]) / 1e9
+
+
+@pytest.mark.parametrize("section,broken", [(1, "read_weight_shapes"), (2, "IMAGENETTE_DIR")],
+                         ids=["Table 1", "the hybrid"])
+def test_a_section_that_cannot_run_is_named_by_its_title_alone(section, broken, monkeypatch, capsys, tmp_path):
+    """A section's title is its docstring's first line, as the article's heading reads; what it returns is said on
+    the lines below, never in the title."""
+    def refuse(*args, **kwargs):
+        raise UserError("no way")
+
+    monkeypatch.setattr(setup, "cached_weight_file", lambda name: tmp_path / "model.safetensors")
+    monkeypatch.setattr(setup, broken, argparse.Namespace(glob=refuse) if broken == "IMAGENETTE_DIR" else refuse)
+    title = {1: "1. Table 1: sequence, attention pairs, forward compute and the released checkpoints' parameters",
+             2: "2. the hybrid's ResNet-50 stages"}[section]
+    assert setup.main([]) == 1
+    assert f'  cannot run section "{title}": no way' in capsys.readouterr().out.splitlines()
+
+
+# (the first validation picture of the data folder: its bytes, the picture the hybrid's line names): shapes need
+# only a picture's size, so one that cannot be read gives way to noise, named
+FIRST_PICTURES = [
+    (None, "a generated 213x160 picture of noise (no Imagenette on disk)"),
+    (b"", "a generated 213x160 picture of noise ({path} cannot be read: UnidentifiedImageError)"),
+    ("a picture cut short", "a generated 213x160 picture of noise ({path} cannot be read: OSError)"),
+    ("a picture", "{path}"),
+]
+
+
+@pytest.mark.parametrize("content,named", FIRST_PICTURES, ids=["none", "empty", "cut short", "a picture"])
+def test_the_hybrids_picture_is_the_first_one_that_can_be_read_else_noise(content, named, tmp_path, monkeypatch,
+                                                                          capsys):
+    monkeypatch.setattr(setup, "IMAGENETTE_DIR", tmp_path)
+    path = tmp_path / "val" / "n01440764" / "a.JPEG"
+    if content is not None:
+        path.parent.mkdir(parents=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            Image.effect_noise((213, 160), 64).convert("RGB").save(path)
+        if content == "a picture cut short":  # its header whole, its pixels not
+            path.write_bytes(path.read_bytes()[:2000])
+    report = Report("setup", quiet=True)
+    setup.section_hybrid(report)
+    assert f"  (picture: {named.format(path=path)}, resized to 224x224)" in report.lines
+    assert not report.could_not_run
 
 
 def test_sequence_shapes_of_the_article():

@@ -101,6 +101,50 @@ def test_the_hybrids_numbers_are_the_articles_only_from_its_checkpoint(cached, s
     assert any(line.startswith(f"  {sentence} (BiT replaces each") for line in record["printed"])
 
 
+B32 = "google/vit-base-patch32-224-in21k"
+# section 1's numbers that ViT-B/32's weight file gives (its three, and the two that set it against ViT-B/16's), and
+# one it does not
+B32_NUMBERS = ["ViT-B/32 backbone", "ViT-B/32 backbone (M)", "ViT-B/32 pre-logits", "B/32 minus B/16",
+               "B/32 over B/16 percent", "ViT-B/16 backbone"]
+# (what the cache holds under B32, or a mirror serves, the source printed, each verdict): a weight file's counts are
+# the article's only by its bytes, a mirror's safetensors header never; Table 1's architecture on the meta device is
+# exact
+VIT_CACHED = [
+    (None, "meta device", ["same"] * 6),
+    ("a tiny ViT", "weight file", ["not comparable"] * 5 + ["same"]),
+    ("a tiny ViT, as huggingface.co publishes it", "weight file", ["differs"] * 5 + ["same"]),
+    ("a tiny ViT's header, from a Hub mirror", "header from the Hub", ["not comparable"] * 5 + ["same"]),
+]
+
+
+@pytest.mark.parametrize("cached,source,expected", VIT_CACHED,
+                         ids=["nothing cached", "a tiny ViT", "the tiny ViT published", "a mirror's header"])
+def test_a_released_checkpoints_parameters_are_the_articles_only_from_its_published_file(cached, source, expected,
+                                                                                         tmp_path, monkeypatch):
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(paths, "DATA_DIR", tmp_path / "data")
+    if cached:
+        folder = vit_classifier(tmp_path / "tiny")
+        (folder / marks.STANDIN_MARK).unlink()
+    if cached and "mirror" in cached:  # the header a mirror serves: the tiny ViT's shapes
+        header = setup.read_weight_shapes(folder / "model.safetensors")
+        listing = argparse.Namespace(files_metadata={"model.safetensors": argparse.Namespace(tensors={
+            name: argparse.Namespace(shape=shape) for name, shape in header.items()})})
+        monkeypatch.setattr(setup, "is_offline_mode", lambda: False)
+        monkeypatch.setattr(setup, "get_safetensors_metadata", lambda name: listing if name == B32 else {})
+        monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    elif cached:
+        cache(folder, tmp_path / "hub", B32)
+    if cached and "publishes" in cached:
+        (tmp_path / "data").mkdir()
+        (tmp_path / "data" / "published_hashes.json").write_text(json.dumps({B32: {"files": published(folder)}}))
+    record = run_json(setup.main, [], tmp_path / "setup.json")
+    rows = {row["name"]: row for row in record["comparison"]}
+    assert [rows[name]["verdict"] for name in B32_NUMBERS] == expected
+    assert all(rows[name]["flags"] == [B32] for name in B32_NUMBERS if rows[name]["verdict"] == "not comparable")
+    assert any(line.startswith(f"  ViT-B/32 (vit-base-patch32-224-in21k, {source}): ") for line in record["printed"])
+
+
 STEPS_6 = {"flag": "--steps 6", "why": "--steps 6: the article's is 300", "removes": ["step 10 loss"]}
 SHOTS = {"flag": "--shots 1 5", "why": "w", "moves": False, "removes": ["pre-logits lambda 1 10-shot mean"]}
 
