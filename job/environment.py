@@ -13,9 +13,12 @@ FOLDERS = ("VIT_PART3_DATA", "HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE",
 
 
 def one_thread():
-    """Before numpy loads in the job: ONE_THREAD's settings the user has not made, set for this process alone."""
+    """Before numpy loads in the job: ONE_THREAD's settings the user has not made, set for this process alone (a
+    second call keeps the first's record of them)."""
     set_here = [name for name in ONE_THREAD if name not in os.environ]
-    os.environ.update({name: ONE_THREAD[name] for name in set_here}, **{SET_FOR_THE_JOB: " ".join(set_here)})
+    set_before = os.environ.get(SET_FOR_THE_JOB, "").split()
+    os.environ.update({name: ONE_THREAD[name] for name in set_here},
+                      **{SET_FOR_THE_JOB: " ".join(set_before + set_here)})
 
 
 def scripts_environment():

@@ -73,6 +73,8 @@ def reproduce_run(out, flags, python=()):
 
 # reproduce.py run as `python reproduce.py` runs it, each script it starts said with the job's threads at that moment
 COUNTING_THREADS = """import os, runpy, sys
+from job.environment import one_thread
+one_thread()  # reproduce.py's first step, before numpy loads: this wrapper loads it first
 import job.child_process as child_process
 start_script = child_process.start_script
 def counted(*args, **kwargs):
@@ -695,15 +697,18 @@ def test_a_new_job_waits_for_a_script_its_ended_job_left_running(tmp_path, capsy
     lock.close()
 
 
-@pytest.mark.parametrize("users,job_has,scripts_get", [(None, "1", None), ("4", "4", "4")],
-                         ids=["not set: one thread in the job alone", "the user's: kept for both"])
-def test_the_jobs_single_thread_setting_is_its_own(users, job_has, scripts_get, monkeypatch):
+@pytest.mark.parametrize("users,calls,job_has,scripts_get", [(None, 1, "1", None), ("4", 1, "4", "4"),
+                                                              (None, 2, "1", None)],
+                         ids=["not set: one thread in the job alone", "the user's: kept for both",
+                              "set by a first call (a wrapper's, before numpy loads): still the job's alone"])
+def test_the_jobs_single_thread_setting_is_its_own(users, calls, job_has, scripts_get, monkeypatch):
     for name in (environment.SET_FOR_THE_JOB, "OPENBLAS_NUM_THREADS"):  # recorded, so that both are undone
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
     if users is not None:
         monkeypatch.setenv("OPENBLAS_NUM_THREADS", users)
-    environment.one_thread()
+    for _ in range(calls):
+        environment.one_thread()
     assert os.environ["OPENBLAS_NUM_THREADS"] == job_has
     given = environment.scripts_environment()
     assert given.get("OPENBLAS_NUM_THREADS") == scripts_get and environment.SET_FOR_THE_JOB not in given
