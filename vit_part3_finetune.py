@@ -443,10 +443,11 @@ def section_finetune(report, run, prepared):
         log["step 0"] = 100 * right / of  # no sample: the zero head's tie is 100 / classes on a balanced check
         ties = not model.classifier.weight.any() and not model.classifier.bias.any()
         log["tie note"] = "  (zero head: every class ties, the first wins)" if ties else ""
-    per_class = len(items) // data["classes"]
+    each = collections.Counter(label for _, label in items).values()  # a class that holds fewer is checked whole
+    per_class = f"{min(each)}" if min(each) == max(each) else f"{min(each)} to {max(each)}"
     report.print(f"  step   0: validation accuracy ({len(items):,} pictures, {per_class} per class) "
                  f"{log['step 0']:.1f}%{log['tie note']}",
-                 {"monitor pictures": len(items), "monitor per class": per_class, "step 0 validation": log["step 0"]})
+                 {"monitor pictures": len(items), "monitor per class": min(each), "step 0 validation": log["step 0"]})
     last_step = min(args.pause_at or args.steps, args.steps)
     train(run, report, data=data, model=model, average=average, optimizer=optimizer, log=log,
           check_batches=check_batches, micro=micro, steps=(start, last_step), pixels=pixels, run_inputs=run_inputs)
@@ -780,14 +781,18 @@ def check_pictures_per_class(args):
 
 
 def check_differences(args, data):
-    """--check-per-class other than the article's 100: the logged steps check other pictures than its 1,000 (a class
-    that holds fewer is checked whole); classes checked on unequal counts also move step 0's zero-head accuracy, the
-    first class's share of them, which is 100 / classes only on equal counts ("checked shares")."""
-    if args.check_per_class in (None, CHECK_PER_CLASS):
-        return {}
-    per_class, flag = check_pictures_per_class(args), f"--check-per-class {args.check_per_class}"
+    """--check-per-class other than the article's 100, or a data folder with a class of fewer validation pictures:
+    the logged steps check other pictures than its 1,000 (a class that holds fewer is checked whole); classes checked
+    on unequal counts also move step 0's zero-head accuracy, the first class's share of them, which is 100 / classes
+    only on equal counts ("checked shares")."""
+    per_class = check_pictures_per_class(args)
     held = collections.Counter(label for _, label in data["val"]) if data else {}  # data: not loaded
     each = [min(per_class, held[label]) for label in range(data["classes"])] if data else [per_class]
+    article = args.check_per_class in (None, CHECK_PER_CLASS)
+    if article and min(each) == per_class:
+        return {}
+    flag = f"--check-per-class {args.check_per_class}" if not article else (
+        f"--data-dir {args.data_dir}" if args.data_dir else "the data folder")
     span = f"{min(each)} to {max(each)}" if min(each) < max(each) else f"{min(each)}"
     fewer = f", all of a class that holds fewer: {span} a class" if min(each) < per_class else ""
     checked = f"{sum(each):,} pictures checked" if data else "pictures checked"

@@ -319,6 +319,19 @@ def test_resume_refuses_other_settings(tiny_in21k, pictures, tmp_path, capsys):
     assert status == 1 and f"--pause-at 1: {tmp_path / finetune.CHECKPOINT} is at step 2 already" in out
 
 
+def test_a_class_that_holds_fewer_than_the_check_is_printed_as_a_span(tiny_in21k, tmp_path, capsys):
+    """Step 0's line counts what it checked: a class of 2 validation pictures, the others 4, checked 3 a class, is
+    "(29 pictures, 2 to 3 per class)", not a mean floored to 2."""
+    from job.standins import imagenette_folder
+
+    data = imagenette_folder(tmp_path / "nette", per_class=4)
+    for path in sorted((data / "val" / "n01440764").iterdir())[2:]:
+        path.unlink()
+    status, out = run_main(common_flags(tiny_in21k, data, tmp_path / "run", steps=1) + ["--check-per-class", "3",
+                                                                                         "--resolution", "32"], capsys)
+    assert status == 0 and "  step   0: validation accuracy (29 pictures, 2 to 3 per class) " in out
+
+
 def test_another_check_before_the_data_loads_counts_no_pictures():
     """The data not loaded (a run offline): the classes are unknown, so the difference names no count of pictures."""
     differences = finetune.check_differences(Namespace(check_per_class=10, per_class=None), None)
@@ -359,8 +372,16 @@ SHARES_400 = ("--check-per-class 400: classes of 357 to 400 checked pictures, so
                "fewer: 357 to 400 a class), the article's 1,000"},
         "checked shares": {"flag": "--check-per-class 400", "why": SHARES_400}},
      (100 * 387 / 3897, "not comparable")),
+    # the default 100 of a copy whose third class holds 57: 100 x 9 + 57 = 957 checked, the first class's 100 right
+    (None, [387, 395, 57, 386, 409, 394, 389, 419, 399, 390], {"checked pictures": {
+        "flag": "--data-dir copy",
+        "why": "--data-dir copy: 957 pictures checked (the first 100 of each class, all of a class that holds fewer: "
+               "57 to 100 a class), the article's 1,000"},
+        "checked shares": {"flag": "--data-dir copy", "why": "--data-dir copy: classes of 57 to 100 checked pictures, "
+                           "so the zero head's step 0 is the first class's share of them, not 100 / classes"}},
+     (100 * 100 / 957, "not comparable")),
 ], ids=["default", "the article's 100", "10", "200", "capped by --per-class", "classes that hold fewer, equally",
-        "classes that hold fewer, unequally"])
+        "classes that hold fewer, unequally", "a copy with a class under the default"])
 def test_checking_other_pictures_leaves_only_the_zero_heads_accuracy_comparable(per_class, held, differences, step_0):
     """Another check moves every checked accuracy and the counts (not comparable), but not step 0's while every class
     has the same count checked: the zero head ties every class and argmax takes the first, so on N pictures of each
@@ -370,7 +391,8 @@ def test_checking_other_pictures_leaves_only_the_zero_heads_accuracy_comparable(
     per_class, cap = per_class if isinstance(per_class, tuple) else (per_class, None)
     data = {"classes": 10, "val": [(f"{label}/{k}.JPEG", label) for label, count in enumerate(held)
                                    for k in range(count)]}
-    assert finetune.check_differences(Namespace(check_per_class=per_class, per_class=cap), data) == differences
+    args = Namespace(check_per_class=per_class, per_class=cap, data_dir="copy")
+    assert finetune.check_differences(args, data) == differences
     numbers = {"step 0 validation": {"value": step_0[0]}, "step 5 accuracy": {"value": 97.0},
                "monitor pictures": {"value": 100.0}, "step 5 loss": {"value": 2.3}, "mean loss last": {"value": 0.1},
                "average accuracy": {"value": 98.0}}
@@ -380,8 +402,8 @@ def test_checking_other_pictures_leaves_only_the_zero_heads_accuracy_comparable(
         assert rows["step 5 accuracy"]["verdict"] == rows["monitor pictures"]["verdict"] == "not comparable"
         assert rows["step 5 accuracy"]["flags"] == [differences["checked pictures"]["flag"]]
     if step_0[1] == "not comparable":
-        assert rows["step 0 validation"]["flags"] == ["--check-per-class 400"]
-        assert rows["step 0 validation"]["why"] == SHARES_400
+        assert rows["step 0 validation"]["flags"] == [differences["checked shares"]["flag"]]
+        assert rows["step 0 validation"]["why"] == differences["checked shares"]["why"]
     if per_class == 10 and not cap:
         numbers["step 0 validation"] = {"value": 16.0}  # not the zero head's: no sample's band may call it close
         assert {row["name"]: row for row in compare(numbers, load_reference("finetune"), differences)}[
