@@ -257,14 +257,22 @@ def fetch_rest(url, out, part, md5, progress):
 def request_for(url, headers=None, method=None):
     """A request for url without its user:password, which go as HTTP Basic authorization instead (urllib would take
     "user:password@host" for the host's name), on this request only: never to where it redirects."""
+    url, authorization = without_credentials(url)
+    request = urllib.request.Request(url, headers=headers or {}, method=method)
+    if authorization:
+        request.add_unredirected_header("Authorization", authorization)
+    return request
+
+
+def without_credentials(url):
+    """(url without its user:password, the HTTP Basic authorization that carries them, or None)."""
     parts = urllib.parse.urlsplit(url)
     credentials, at, host = parts.netloc.rpartition("@")
-    request = urllib.request.Request(parts._replace(netloc=host).geturl(), headers=headers or {}, method=method)
-    if at:
-        user, _, password = credentials.partition(":")
-        token = base64.b64encode(f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}".encode()).decode()
-        request.add_unredirected_header("Authorization", f"Basic {token}")
-    return request
+    if not at:
+        return url, None
+    user, _, password = credentials.partition(":")
+    token = base64.b64encode(f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}".encode()).decode()
+    return parts._replace(netloc=host).geturl(), f"Basic {token}"
 
 
 def redirect_target(url, headers):
@@ -290,8 +298,11 @@ def redirect_handler(url):
         http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
 
         def redirect_request(self, req, fp, code, msg, headers, newurl):
-            self.asked = newurl
-            return super().redirect_request(req, fp, code, msg, headers, newurl)
+            self.asked, authorization = without_credentials(newurl)  # a Location's user:password, as request_for's
+            request = super().redirect_request(req, fp, code, msg, headers, self.asked)
+            if request is not None and authorization:
+                request.add_unredirected_header("Authorization", authorization)
+            return request
 
     return Redirects()
 

@@ -169,6 +169,18 @@ def test_a_user_and_password_in_the_url_go_as_basic_authorization_and_never_to_a
     assert "s3cr" not in "".join(capfd.readouterr()) and elsewhere.requests == [("GET", "/file.bin", None)]
 
 
+def test_a_user_and_password_in_a_redirects_location_go_to_its_host_as_basic_authorization(served, elsewhere,
+                                                                                             tmp_path, capfd):
+    """urllib would take "bob:pa%ss@127.0.0.1" of a Location for the next host's name: the credentials go to that
+    host alone, as its Authorization header."""
+    elsewhere.authorization = "Basic Ym9iOnBhJXNz"  # base64 of "bob:pa%ss"
+    port = elsewhere.server_address[1]
+    served.faults.append({"path": "/file.bin", "kind": "redirect", "to": f"http://bob:pa%25ss@127.0.0.1:{port}/file.bin"})
+    download(f"{served.url}/file.bin", MD5, tmp_path / "file.tgz", progress=False)
+    assert (tmp_path / "file.tgz").read_bytes() == CONTENT
+    assert "pa%" not in "".join(capfd.readouterr())
+
+
 RANGES = [  # (the bytes an earlier run kept, where the server's 206 starts (None: no Content-Range), the one line, or
     # None where the download ends whole)
     (1000, 0, None),  # the whole file, from its start: the part is started over
