@@ -245,7 +245,8 @@ def prepare(script, args, out, keys, manifest):
             if kept:
                 ones = "one is" if len(kept) == 1 else "ones are"
                 say(f"{script_file(script)} starts afresh: {why}; the old {ones} kept as {', '.join(map(str, kept))}")
-        manifest[CHECKPOINT_ENTRY] = checkpoint_maker(args, out, keys[script])  # every checkpoint from now on
+        earlier = manifest.get(CHECKPOINT_ENTRY, {}).get("seconds", 0) if resume else 0  # its runs' wall time
+        manifest[CHECKPOINT_ENTRY] = {**checkpoint_maker(args, out, keys[script]), "seconds": earlier}
     made, earlier = manifest.get(script), out / f"{script}.json"
     if made and earlier.is_file():
         say(f"{script_file(script)} runs again: {why_again(made, keys[script], earlier)}; that JSON is kept as "
@@ -409,7 +410,10 @@ def run_job(args, argv, out, lock):
             started = time.time()
             status, seconds, logged = run_logged(command, ROOT, out / "logs" / f"{script}.log", stop, lock, say)
             stamp = inputs_stamp(script, command)  # what it read, its own downloads too: what the next job compares
-            if script == "finetune":
+            clocked = "its process's wall time" if script != "finetune" or not manifest[CHECKPOINT_ENTRY]["seconds"] \
+                else "its processes' wall time, resumed after a stop"
+            if script == "finetune":  # its time: the processes that made its checkpoint's steps, this one's too
+                seconds = manifest[CHECKPOINT_ENTRY]["seconds"] = manifest[CHECKPOINT_ENTRY]["seconds"] + seconds
                 manifest[CHECKPOINT_ENTRY]["inputs"] = stamp
             log = f"logs/{script}.log" if logged else "its log could not be written"
             seconds = round(seconds, 1)  # one clock: the terminal, reproduce.json and the page show these seconds
@@ -426,7 +430,7 @@ def run_job(args, argv, out, lock):
                 return 128 + stop.asked[0]
             finished[script], times[script] = seconds, clock(seconds)
             row = ending.result_row(script, record)
-            print(f"{name}: {clock(seconds)} (its process's wall time), " + (
+            print(f"{name}: {clock(seconds)} ({clocked}), " + (
                   f"{row['sections'][0]} of {row['sections'][1]} sections; "
                   f"{row['verdicts']}{ending.paused(record)}" if record else f"exit status {status} and no JSON: "
                   f"see the lines above ({'kept in OUT/' + log if logged else log})"), flush=True)

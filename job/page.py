@@ -44,7 +44,8 @@ from job.time_estimate import clock
 
 JOB_RECORD = "reproduce.json"  # what reproduce.py ran into the folder, and why a script did not run
 ARTICLE_SETUP = "the article's"  # the setup cell of a run whose setup is the article's
-TIME = "wall time of its process as reproduce.py measured it, model loading included"
+TIME = ("wall time of its process as reproduce.py measured it, model loading included (of fine-tuning resumed after "
+        "a stop, its processes' together)")
 COLUMNS = ("Columns: setup, the article's or the flags that make this run another (docs/compare.md); verdicts, the "
            f"count of each; time, the {TIME} (the terminal's and reproduce.json's seconds), or without reproduce.py "
            "the script's own clock.")

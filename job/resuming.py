@@ -128,10 +128,11 @@ def read_manifest(out, force=False):
 def written_by_no_job(manifest):
     """What no job's record holds, of any version (a record edited by hand), or None: a record that is not an
     object, a script's entry that is not one or whose key is not one or whose seconds are not a number, or a
-    checkpoint's entry that is not one."""
+    checkpoint's entry that is not one or whose seconds are not a number."""
     if not isinstance(manifest, dict):
         return "the record"
-    if not isinstance(manifest.get(CHECKPOINT_ENTRY, {}), dict):
+    if not (isinstance(manifest.get(CHECKPOINT_ENTRY, {}), dict)
+            and isinstance(manifest.get(CHECKPOINT_ENTRY, {}).get("seconds", 0), (int, float))):
         return CHECKPOINT_ENTRY
     return next((script for script in SCRIPTS if script in manifest and not (
         isinstance(manifest[script], dict) and isinstance(manifest[script].get("key", {}), dict)

@@ -36,7 +36,7 @@ from common.start_and_end import Terminated, guarded
 from compare.record import RECORD_FORMAT
 from job import child_process, commands, downloads, ending, environment, resuming, standins
 from job.scripts import PAGE_WRITES_MB, SCRIPTS
-from job.time_estimate import estimate_seconds
+from job.time_estimate import clock, estimate_seconds
 
 MODULES = {"setup": vit_part3_setup, "posemb": vit_part3_posemb, "fewshot": vit_part3_fewshot,
            "finetune": vit_part3_finetune, "backbone": vit_backbone}
@@ -308,9 +308,14 @@ def test_a_page_that_cannot_be_written_still_ends_with_the_reasons_and_what_to_d
 def test_one_json_removed_only_that_script_runs_again_and_fine_tuning_resumes(job, tmp_path):
     out = shutil.copytree(job["out"], tmp_path / "results")
     removed = json.loads((out / "finetune.json").read_text())
+    trained = json.loads((out / "reproduce.json").read_text())["finetune"]["seconds"]
     (out / "finetune.json").unlink()
-    status, _, err = reproduce_run(out, job["flags"])
+    status, printed, err = reproduce_run(out, job["flags"])
     assert status == 0, err[-3000:]
+    # its time: the run that trained and the one that finished from its checkpoint, together, on every clock
+    total = json.loads((out / "reproduce.json").read_text())["finetune"]["seconds"]
+    assert total > trained and (f"vit_part3_finetune.py: {clock(total)} (its processes' wall time, resumed after a "
+                                "stop), ") in printed
     started = re.findall(r"^\[(\d)/5\] (\S+) \.\.\.", err, re.MULTILINE)
     assert started == [("4", "vit_part3_finetune.py")]
     assert sum(": skipped, its JSON" in text for text in err.splitlines()) == 4

@@ -68,6 +68,7 @@ def test_the_code_of_a_script_is_it_all_of_common_and_figures_and_its_reference(
     ({"format": 1, "setup": "done"}, "setup"),
     ({"format": 1, "setup": {"key": None, "seconds": 5}}, "setup"),  # a traceback when why it runs again was said
     ({"format": 1, "finetune checkpoint": None}, "finetune checkpoint"),  # a traceback when fine-tuning was planned
+    ({"format": 1, "finetune checkpoint": {"seconds": "1 h"}}, "finetune checkpoint"),  # added to the resumed run's
 ])
 def test_a_record_edited_into_what_no_job_writes_is_refused(tmp_path, record, named):
     (tmp_path / "reproduce.json").write_text(json.dumps(record))
