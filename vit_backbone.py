@@ -965,6 +965,11 @@ def parse_args(argv):
         if (Path(args.save_dir) / folder).exists() and not (Path(args.save_dir) / folder).is_dir():
             parser.error(f"--save-dir {args.save_dir}: its {folder} is a file, not a folder; remove it, or pass "
                          f"another --save-dir")
+        for flag, value in (("--json", args.json), ("--plots", args.plots)):  # its write would find a folder there
+            if value and (Path(args.save_dir) / folder).resolve() in (Path(value).resolve(),
+                                                                      *Path(value).resolve().parents):
+                parser.error(f"{flag} {value} is where --save-dir {args.save_dir} keeps its {folder}: give another "
+                             f"place")
     return args
 
 

@@ -851,8 +851,9 @@ def parse_flags(argv, world):
         raise UserError(f"--save-dir {args.save_dir}: its {CHECKPOINT} is a folder; remove it, or pass another "
                         f"--save-dir")
     written = [Path(args.save_dir) / name for name in (CHECKPOINT, SAVED_AVERAGE, SAVED_LAST)] if args.save_dir else []
-    if args.json and any(Path(args.json).resolve() in (path.resolve(), *path.resolve().parents) for path in written):
-        raise UserError(f"--json {args.json} is where --save-dir {args.save_dir} keeps the run: give another file")
+    for flag, value in (("--json", args.json), ("--plots", args.plots)):
+        if value and any(Path(value).resolve() in (path.resolve(), *path.resolve().parents) for path in written):
+            raise UserError(f"{flag} {value} is where --save-dir {args.save_dir} keeps the run: give another place")
     return args
 
 

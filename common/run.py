@@ -36,9 +36,10 @@ def begin(script, args, device=None, rank=0, world=1, fp32_rule="strict"):
     autocast = set_precision(device, args.precision, fp32_rule) if "precision" in args else contextlib.nullcontext()
     run = SimpleNamespace(args=args, device=device, fp32_rule=fp32_rule, autocast=autocast, rank=rank, world=world,
                           started=time.time())
+    taken, reads = {}, {"--model": getattr(args, "model", None), "--data-dir": getattr(args, "data_dir", None)}
     for flag, folder in (("save_dir", True), ("json", False), ("plots", True)):  # a typo must not cost the run
         if getattr(args, flag, None):
-            check_output(getattr(args, flag), "--" + flag.replace("_", "-"), folder=folder)
+            check_output(getattr(args, flag), "--" + flag.replace("_", "-"), folder, taken, reads)
     if getattr(args, "plots", None) and importlib.util.find_spec("matplotlib") is None:  # said now, not after the run
         say(f"figures: {MATPLOTLIB_MISSING}; no figure saved")
     if os.environ.get(CHECK_ONLY) == "1":  # reproduce.py asks, before its job, whether this command would start
@@ -127,10 +128,20 @@ def same_command():
     return shlex.join(["python", *sys.argv])
 
 
-def check_output(path, flag, folder=False):
+def check_output(path, flag, folder=False, taken=None, reads=None):
     """Refuse, before any work, an output file (folder=True: a folder) that cannot be written: make the folder it
-    needs and write a probe file there, the one sure test whatever the permissions say."""
-    target = Path(path)
+    needs and write a probe file there, the one sure test whatever the permissions say. taken ({path: its flag}, which
+    this one joins): the other outputs', one of which the folder one makes would stop at the end; reads ({flag: its
+    folder}): the inputs', where a file would replace what the run reads."""
+    target, taken = Path(path), {} if taken is None else taken
+    if target.resolve() in taken:
+        raise UserError(f"{flag} {path} is the place {taken[target.resolve()]} names: give each its own")
+    taken[target.resolve()] = f"{flag} {path}"
+    inside = next((f"{name} {place}" for name, place in (reads or {}).items() if not folder and place
+                   and Path(place).expanduser().is_dir() and Path(place).expanduser().resolve() in
+                   target.resolve().parents), None)
+    if inside:
+        raise UserError(f"{flag} {path} is inside {inside}, which the run reads: choose a place outside it")
     try:
         if folder and target.exists() and not target.is_dir():
             raise UserError(f"{flag} {path} is a file, not a folder: pass a folder, which is created if needed")

@@ -289,6 +289,13 @@ CASES = [
      "row 0 of its train split holds bytes that are not a picture"),
     ("backbone", ["--model", "{classifier+processor}", "--data-dir", "{beans bad label}", "--epochs", "1"], 1,
      "row 0 of its train split has the label 7, not one of its 3 classes"),
+    # found by a second hunt: each lost the run's end (a folder where its file goes) or replaced one of its inputs
+    ("posemb", ["--json", "{out}/same", "--plots", "{out}/same"], 2, "/same is the place --json"),
+    ("finetune", ["--save-dir", "{out}/ft2", "--plots", "{out}/ft2/checkpoint.pt"], 2, "is where --save-dir"),
+    ("backbone", ["--save-dir", "{out}/bb", "--json", "{out}/bb/model"], 2, "keeps its model: give another place"),
+    ("backbone", ["--save-dir", "{out}/bb", "--plots", "{out}/bb/trainer"], 2, "keeps its trainer"),
+    ("fewshot", ["--model", "{in21k}", "--json", "{in21k}/record.json"], 2, "is inside --model"),
+    ("posemb", ["--data-dir", "{data}", "--json", "{data}/val/record.json"], 2, "is inside --data-dir"),
     ("standins", ["{file}"], 2, "is a file, not a folder"),  # a traceback
     ("standins", [""], 2, "an empty path"),  # built in the current folder
     ("miniature", ["{long}"], 2, "a name longer than the file system allows"),
