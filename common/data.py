@@ -67,7 +67,11 @@ def check_counts(root, strict,
                         f"the same class folders")
     found = {}
     for split in SPLIT_COUNTS:
-        labels = [label for _, label in list_split(root, split)]
+        listed = list_split(root, split)
+        pipe = next((path for path, _ in listed if path.exists() and not (path.is_file() or path.is_dir())), None)
+        if pipe:  # reading a pipe would wait for ever
+            raise UserError(f"{pipe} is not a picture file but a pipe, device or socket: remove it from the folder")
+        labels = [label for _, label in listed]
         per_class = np.bincount(labels, minlength=len(folders[split]))
         if per_class.min() == 0:
             raise UserError(f"no pictures in {Path(root) / split / folders[split][int(per_class.argmin())]}: every "

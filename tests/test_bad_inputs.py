@@ -51,6 +51,8 @@ def places(tmp_path_factory, tiny_in21k):
     (root / "trainer-file" / "trainer").parent.mkdir()
     (root / "trainer-file" / "trainer").write_text("where the Trainer's folder goes")
     os.mkfifo(root / "fifo")
+    piped = imagenette_folder(root / "piped", per_class=2)
+    os.mkfifo(piped / "val" / "n01440764" / "zz_pipe.JPEG")
     dangling = imagenette_folder(root / "dangling", per_class=2)
     (dangling / "val" / "n01440764" / "zz_gone.JPEG").symlink_to(root / "no-such-picture.JPEG")
     return {"{classifier}": str(vit_classifier(root / "classifier")),
@@ -63,7 +65,8 @@ def places(tmp_path_factory, tiny_in21k):
             "{long}": str(root / ("x" * 300)),
             "{small}": str(vit_classifier(root / "small", image_size=32)),
             "{in21k}": str(tiny_in21k), "{data}": str(good), "{empty class}": str(empty_class),
-            "{one split}": str(one_split), "{dangling}": str(dangling), "{file}": str(root / "a-file"),
+            "{one split}": str(one_split), "{dangling}": str(dangling), "{piped}": str(piped),
+            "{file}": str(root / "a-file"),
             "{out}": str(root / "out"),
             "{folder}": str(root), "{run}": str(root / "run"), "{beans}": str(beans_folder(root / "beans")),
             "{bad beans}": str(root / "bad-beans"),
@@ -296,6 +299,9 @@ CASES = [
     ("backbone", ["--save-dir", "{out}/bb", "--plots", "{out}/bb/trainer"], 2, "keeps its trainer"),
     ("fewshot", ["--model", "{in21k}", "--json", "{in21k}/record.json"], 2, "is inside --model"),
     ("posemb", ["--data-dir", "{data}", "--json", "{data}/val/record.json"], 2, "is inside --data-dir"),
+    ("posemb", ["--model", "{classifier}", "--data-dir", "{piped}"], 1, "zz_pipe.JPEG is not a picture file"),  # hung
+    ("fewshot", ["--model", "{in21k}", "--data-dir", "{piped}", "--pool", "2", "--shots", "1"], 1,
+     "zz_pipe.JPEG is not a picture file"),
     ("standins", ["{file}"], 2, "is a file, not a folder"),  # a traceback
     ("standins", [""], 2, "an empty path"),  # built in the current folder
     ("miniature", ["{long}"], 2, "a name longer than the file system allows"),
