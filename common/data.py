@@ -68,15 +68,13 @@ def check_counts(root, strict,
     found = {}
     for split in SPLIT_COUNTS:
         listed = list_split(root, split)
-        pipe = next((path for path, _ in listed if path.exists() and not (path.is_file() or path.is_dir())), None)
-        if pipe:  # reading a pipe would wait for ever
+        if pipe := next((path for path, _ in listed if path.exists() and not (path.is_file() or path.is_dir())), None):
             raise UserError(f"{pipe} is not a picture file but a pipe, device or socket: remove it from the folder")
-        labels = [label for _, label in listed]
-        per_class = np.bincount(labels, minlength=len(folders[split]))
+        per_class = np.bincount([label for _, label in listed], minlength=len(folders[split]))
         if per_class.min() == 0:
             raise UserError(f"no pictures in {Path(root) / split / folders[split][int(per_class.argmin())]}: every "
                             f"class needs pictures (.JPEG, .jpg or .png) in both splits")
-        found[split] = len(labels)
+        found[split] = len(listed)
     if folders["val"] != IMAGENETTE_WNIDS or found == SPLIT_COUNTS:
         return None  # another data set (its own counts), or Imagenette whole
     counts = ", ".join(f"{found[split]:,} of {expected:,} {SPLIT_WORDS[split]}"
@@ -98,8 +96,7 @@ def load_splits(data_dir, per_class, drawn=False):
                         f"Imagenette is not in {root}: run without --data-dir to download it, or pass --data-dir")
     if not root.is_dir():
         raise UserError(f"--data-dir {data_dir} is a file, not a folder of {{train,val}}/<class>/ pictures")
-    warning = check_counts(root, strict=default)
-    if warning:
+    if warning := check_counts(root, strict=default):
         say(f"warning: {warning}")
     folders = class_folders(root, "val")
     imagenette = root.name == DEFAULT_DIR.name and folders == IMAGENETTE_WNIDS  # a folder whose counts are known

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 from huggingface_hub import HfApi, constants, hf_hub_download, is_offline_mode, try_to_load_from_cache
-from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError, StrictDataclassError
 from huggingface_hub.utils import HFValidationError, set_client_factory, validate_repo_id
 from huggingface_hub.utils import logging as hub_logging
 from huggingface_hub.utils._http import default_client_factory
@@ -151,14 +151,26 @@ def check_model_flag(name):
 
 
 def checkpoint_config(name):
-    """The checkpoint's config when it is on disk (a directory or the local cache), else None. Reads no weights."""
+    """The checkpoint's config when it is on disk (a directory or the local cache), else None; one of values the
+    scripts cannot take (a patch of 0 pixels) is one line. Reads no weights."""
     from transformers import AutoConfig
 
     check_model_flag(name)
     try:
-        return AutoConfig.from_pretrained(os.path.expanduser(name), local_files_only=True)
+        config = AutoConfig.from_pretrained(os.path.expanduser(name), local_files_only=True)
     except (OSError, ValueError):
         return None
+    except MISBUILT as error:
+        raise UserError(f"checkpoint {name}: its config.json describes no model the library can build "
+                        f"({type(error).__name__}: {reason(error)})") from None
+    sides = {field: getattr(config, field) for field in ("image_size", "patch_size") if hasattr(config, field)}
+    if any(type(side) is not int or side < 1 for side in sides.values()):  # a square picture, cut into square patches
+        raise UserError(f"checkpoint {name}: its config's {' and '.join(f'{k} {v!r}' for k, v in sides.items())}: "
+                        f"each must be a whole number of pixels, at least 1: pass a checkpoint save_pretrained wrote")
+    return config
+
+
+MISBUILT = (TypeError, KeyError, ZeroDivisionError, StrictDataclassError)  # a config.json no model is built from
 
 
 LOCAL_COPY = "connect to the internet once to download it, or pass --model with a local directory"
@@ -195,6 +207,9 @@ def load_pretrained(model_class, name, fix=LOCAL_COPY, **kwargs):
             except (OSError, ValueError, RuntimeError, RecursionError) as error:  # RuntimeError: sizes that misfit
                 raise UserError(f"{name} is not a saved checkpoint directory: {reason(error)}") from error
         return from_the_hub(model_class, name, fix, **kwargs)
+    except MISBUILT as error:
+        raise UserError(f"checkpoint {name}: its config.json describes no model the library can build "
+                        f"({type(error).__name__}: {reason(error)})") from error
     finally:
         logging.set_verbosity(level)
 
@@ -212,8 +227,7 @@ def from_the_hub(model_class, name, fix, **kwargs):
     if info is None:
         raise UserError(f"checkpoint {name} is not in the local Hugging Face cache and {why}: {fix}")
     files = {sibling.rfilename for sibling in info.siblings or []}
-    weights = next((file for file in WEIGHT_FILES if file in files), None)
-    if weights:  # the large file with a bar of its own; from_pretrained then takes it from the cache
+    if weights := next((file for file in WEIGHT_FILES if file in files), None):  # with a bar; then from the cache
         hub_download(name, weights)
     try:
         return model_class.from_pretrained(name, **kwargs)
@@ -337,20 +351,21 @@ def processor_pixels(config, name):
 
 def followed_pixels(config, name):
     """processor_pixels of a preprocessor_config.json."""
+    resample = config.get("resample", Image.BILINEAR)  # a filter's number: 2.0 would reach PIL, which refuses it
     otherwise = [what for what, does in (
         ("crops the picture (do_center_crop)", config.get("do_center_crop")),
         ("does not resize it (do_resize false)", config.get("do_resize", True) is False),
         ("does not rescale by 1/255", config.get("do_rescale", True) is False
          or abs(config.get("rescale_factor", 1 / 255) - 1 / 255) > 1e-12),
         (f"resamples with filter {reprlib.repr(config.get('resample'))}, not one of PIL's",
-         config.get("resample", Image.BILINEAR) not in RESAMPLES),
+         resample not in RESAMPLES or not isinstance(resample, int)),
     ) if does]
     if otherwise:
         raise UserError(f"--model {name}: its image processor {otherwise[0]}, which the scripts do not follow (they "
                         f"resize the whole picture to R x R and scale it by 1/255): pass a checkpoint whose processor "
                         f"does so")
     if not config.get("do_normalize", True):
-        return {"resample": config.get("resample", Image.BILINEAR), "mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0)}
+        return {"resample": resample, "mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0)}
     stats = {what: np.ravel(config.get(f"image_{what}", ARTICLE_PIXELS[what])) for what in ("mean", "std")}
     if any(len(value) not in (1, 3) or not np.all(np.isfinite(value)) for value in stats.values()) \
             or not np.all(stats["std"] > 0):
@@ -359,8 +374,7 @@ def followed_pixels(config, name):
         raise UserError(f"--model {name}: its image processor's image_mean {shown['mean']} and image_std "
                         f"{shown['std']} are not one finite value, or one a channel, with std above 0: "
                         f"pass a checkpoint whose processor has them")
-    return {"resample": config.get("resample", Image.BILINEAR),
-            **{what: tuple(float(v) for v in np.broadcast_to(value, 3)) for what, value in stats.items()}}
+    return {"resample": resample, **{what: tuple(map(float, np.broadcast_to(v, 3))) for what, v in stats.items()}}
 
 
 # Table 1 of the paper: layers, hidden size D, MLP size, heads.

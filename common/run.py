@@ -36,10 +36,10 @@ def begin(script, args, device=None, rank=0, world=1, fp32_rule="strict"):
     autocast = set_precision(device, args.precision, fp32_rule) if "precision" in args else contextlib.nullcontext()
     run = SimpleNamespace(args=args, device=device, fp32_rule=fp32_rule, autocast=autocast, rank=rank, world=world,
                           started=time.time())
-    taken, reads = {}, {"--model": getattr(args, "model", None), "--data-dir": getattr(args, "data_dir", None)}
-    for flag, folder in (("save_dir", True), ("json", False), ("plots", True)):  # a typo must not cost the run
-        if getattr(args, flag, None):
-            check_output(getattr(args, flag), "--" + flag.replace("_", "-"), folder, taken, reads)
+    reads = {"--model": getattr(args, "model", None), "--data-dir": getattr(args, "data_dir", None)}
+    for flag, folder in (("save_dir", True), ("plots", True), ("json", False)):  # a typo must not cost the run
+        if getattr(args, flag, None):  # the folders first: --json where one is would be refused, not lost at the end
+            check_output(getattr(args, flag), "--" + flag.replace("_", "-"), folder, reads)
     if getattr(args, "plots", None) and importlib.util.find_spec("matplotlib") is None:  # said now, not after the run
         say(f"figures: {MATPLOTLIB_MISSING}; no figure saved")
     if os.environ.get(CHECK_ONLY) == "1":  # reproduce.py asks, before its job, whether this command would start
@@ -128,19 +128,14 @@ def same_command():
     return shlex.join(["python", *sys.argv])
 
 
-def check_output(path, flag, folder=False, taken=None, reads=None):
+def check_output(path, flag, folder=False, reads=None):
     """Refuse, before any work, an output file (folder=True: a folder) that cannot be written: make the folder it
-    needs and write a probe file there, the one sure test whatever the permissions say. taken ({path: its flag}, which
-    this one joins): the other outputs', one of which the folder one makes would stop at the end; reads ({flag: its
-    folder}): the inputs', where a file would replace what the run reads."""
-    target, taken = Path(path), {} if taken is None else taken
-    if target.resolve() in taken:
-        raise UserError(f"{flag} {path} is the place {taken[target.resolve()]} names: give each its own")
-    taken[target.resolve()] = f"{flag} {path}"
-    inside = next((f"{name} {place}" for name, place in (reads or {}).items() if not folder and place
-                   and Path(place).expanduser().is_dir() and Path(place).expanduser().resolve() in
-                   target.resolve().parents), None)
-    if inside:
+    needs and write a probe file there, the one sure test whatever the permissions say; or a file inside one of the
+    folders the run reads (reads: {flag: folder}), which it could replace."""
+    target = Path(path)
+    if inside := next((f"{name} {place}" for name, place in (reads or {}).items() if not folder and place
+                       and Path(place).expanduser().is_dir() and Path(place).expanduser().resolve() in
+                       target.resolve().parents), None):
         raise UserError(f"{flag} {path} is inside {inside}, which the run reads: choose a place outside it")
     try:
         if folder and target.exists() and not target.is_dir():
@@ -151,8 +146,7 @@ def check_output(path, flag, folder=False, taken=None, reads=None):
             raise UserError(f"{flag} {path} ends with {path[-1]}, as a folder's name does: give a file name")
         if not folder and (target.exists() and not target.is_file() or path == "-"):  # the write replaces a device
             raise UserError(f"{flag} {path} is not a regular file (a device, a pipe or stdout): give a file name")
-        above = next((parent for parent in target.parents if parent.is_file()), None)
-        if above:
+        if above := next((parent for parent in target.parents if parent.is_file()), None):
             raise UserError(f"{flag} {path}: {above} is a file, not a folder: choose a place in a folder")
         where = target if folder else target.parent
         where.mkdir(parents=True, exist_ok=True)
@@ -357,18 +351,13 @@ PRECISIONS = ("fp32", "tf32", "bf16")
 FP32_RULES = {"strict": (False, False), "torch defaults": (False, True), "tf32": (True, True)}
 
 
-def float32_rule(precision, fp32_rule):
-    """The rule float32 follows under --precision: tf32's own, strict for fp32-strict, else the article's."""
-    return "tf32" if precision == "tf32" else "strict" if precision == "fp32-strict" else fp32_rule
-
-
 def set_precision(device, precision="fp32", fp32_rule="strict"):
     """The arithmetic of matrix multiplies and convolutions (docs/layout.md); returns the forward passes' context."""
     if precision != "fp32":
         check_precision(device, precision)
     # these flags' defaults are the rule "torch defaults"; torch's newer fp32_precision API raises when mixed with
     # them, and the Trainer's tf32=None leaves them as set here
-    rule = float32_rule(precision, fp32_rule)
+    rule = "tf32" if precision == "tf32" else "strict" if precision == "fp32-strict" else fp32_rule  # the article's
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = FP32_RULES[rule]
     return torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
 
@@ -389,7 +378,7 @@ def check_precision(device, precision):
 
 def float32_arithmetic(device, precision, fp32_rule):
     """What the run record says of float32: the rule, and whether TF32 was allowed and could act on this device."""
-    rule = float32_rule(precision, fp32_rule)
+    rule = "tf32" if precision == "tf32" else "strict" if precision == "fp32-strict" else fp32_rule
     tf32_hardware = device is not None and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8
     return {"rule": rule, "TF32 matrix multiplies": torch.backends.cuda.matmul.allow_tf32,
             "TF32 cuDNN convolutions": torch.backends.cudnn.allow_tf32, "TF32 on this device": tf32_hardware}

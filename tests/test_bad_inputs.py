@@ -79,7 +79,13 @@ def places(tmp_path_factory, tiny_in21k):
             "{long mean}": str(hostile(vit_classifier(root / "mean"), "preprocessor_config.json",
                                        json.dumps({"image_mean": [0.5] * 10**6}))),
             "{misfit}": str(hostile(vit_classifier(root / "misfit"), "config.json", lambda config: json.dumps(
-                {**json.loads(config), "intermediate_size": 2 * json.loads(config)["intermediate_size"]})))}
+                {**json.loads(config), "intermediate_size": 2 * json.loads(config)["intermediate_size"]}))),
+            "{patch 0}": str(edited(vit_classifier(root / "patch0", processor=True), patch_size=0)),
+            "{sides}": str(edited(vit_classifier(root / "sides", processor=True), image_size=[48, 48])),
+            "{bad act}": str(edited(vit_classifier(root / "act", processor=True), hidden_act="nope")),
+            "{null config}": str(hostile(vit_classifier(root / "null", processor=True), "config.json", "null")),
+            "{float filter}": str(edited(vit_classifier(root / "filter", processor=True), "preprocessor_config.json",
+                                         resample=2.0))}
 
 
 def cut_short(directory):
@@ -120,6 +126,11 @@ def hostile(directory, file, content):
     path = directory / file
     path.write_text(content(path.read_text()) if callable(content) else content)
     return directory
+
+
+def edited(directory, file="config.json", **changes):
+    """A checkpoint whose JSON file has these fields changed, as a mirror could serve it."""
+    return hostile(directory, file, lambda text: json.dumps({**json.loads(text), **changes}))
 
 
 def cropping(directory):
@@ -293,7 +304,7 @@ CASES = [
     ("backbone", ["--model", "{classifier+processor}", "--data-dir", "{beans bad label}", "--epochs", "1"], 1,
      "row 0 of its train split has the label 7, not one of its 3 classes"),
     # found by a second hunt: each lost the run's end (a folder where its file goes) or replaced one of its inputs
-    ("posemb", ["--json", "{out}/same", "--plots", "{out}/same"], 2, "/same is the place --json"),
+    ("posemb", ["--json", "{out}/same", "--plots", "{out}/same"], 2, "/same is a folder: give a file name"),
     ("finetune", ["--save-dir", "{out}/ft2", "--plots", "{out}/ft2/checkpoint.pt"], 2, "is where --save-dir"),
     ("backbone", ["--save-dir", "{out}/bb", "--json", "{out}/bb/model"], 2, "keeps its model: give another place"),
     ("backbone", ["--save-dir", "{out}/bb", "--plots", "{out}/bb/trainer"], 2, "keeps its trainer"),
@@ -302,6 +313,17 @@ CASES = [
     ("posemb", ["--model", "{classifier}", "--data-dir", "{piped}"], 1, "zz_pipe.JPEG is not a picture file"),  # hung
     ("fewshot", ["--model", "{in21k}", "--data-dir", "{piped}", "--pool", "2", "--shots", "1"], 1,
      "zz_pipe.JPEG is not a picture file"),
+    ("posemb", ["--model", "{patch 0}"], 2, "patch_size 0: each must be a whole number of pixels, at least 1"),
+    ("finetune", ["--model", "{patch 0}"], 2, "patch_size 0: each must be a whole number of pixels, at least 1"),
+    ("backbone", ["--model", "{patch 0}"], 2, "patch_size 0: each must be a whole number of pixels, at least 1"),
+    ("fewshot", ["--model", "{patch 0}", "--data-dir", "{data}", "--no-cache", "--pool", "2", "--shots", "1"], 1,
+     "its config.json describes no model the library can build (ZeroDivisionError"),
+    ("posemb", ["--model", "{sides}"], 2, "image_size [48, 48] and patch_size 16: each must be a whole number"),
+    ("posemb", ["--model", "{bad act}", "--data-dir", "{data}"], 1,
+     "its config.json describes no model the library can build (KeyError: 'nope')"),
+    ("posemb", ["--model", "{null config}"], 2, "its config.json describes no model the library can build (TypeError"),
+    ("backbone", ["--model", "{null config}"], 2, "describes no model the library can build (TypeError"),
+    ("posemb", ["--model", "{float filter}"], 2, "its image processor resamples with filter 2.0, not one of PIL's"),
     ("standins", ["{file}"], 2, "is a file, not a folder"),  # a traceback
     ("standins", [""], 2, "an empty path"),  # built in the current folder
     ("miniature", ["{long}"], 2, "a name longer than the file system allows"),
