@@ -480,8 +480,10 @@ def unreadable_row(data, classes):
     from datasets import Image as ImageColumn
 
     for row, item in enumerate(data.cast_column("image", ImageColumn(decode=False))):
-        if not 0 <= item["labels"] < classes:
+        if not isinstance(item["labels"], int) or not 0 <= item["labels"] < classes:  # None: a row without one
             return row, f"has the label {item['labels']}, not one of its {classes} classes"
+        if not item["image"] or not (item["image"]["bytes"] or item["image"]["path"]):
+            return row, "holds no picture"
         try:
             Image.open(io.BytesIO(item["image"]["bytes"]) if item["image"]["bytes"] else item["image"]["path"])
         except (OSError, ValueError):  # PIL's UnidentifiedImageError is an OSError

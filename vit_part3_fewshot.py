@@ -193,8 +193,10 @@ def section_by_hand(report):
 @section
 def section_frozen(report, data, args, run):
     """2. few-shot accuracy"""
+    each = np.bincount([label for _, label in data["pool"]])  # --pool, or all a class holds
+    pool = f"{each.min()}" if each.min() == each.max() else f"{each.min()} to {each.max()}"
     report.print(f"\n== 2. frozen {'ViT-B/16 (ImageNet-21k weights)' if args.model == DEFAULT_MODEL else args.model}, "
-                 f"device {run.device.type}: features of {len(data['pool'])} training pictures (a pool of {args.pool} "
+                 f"device {run.device.type}: features of {len(data['pool'])} training pictures (a pool of {pool} "
                  f"per class) and {len(data['val'])} validation pictures ==",
                  {"pool pictures": len(data["pool"]), "validation pictures": len(data["val"])})
     config = None if args.resolution == 224 else checkpoint_config(args.model)  # 224: a multiple of 14, 16 and 32

@@ -292,8 +292,8 @@ def section_accuracy(report, model, pictures, args, run):
     report.print(f"\n== 4. accuracy on the Imagenette validation set: {len(images)} pictures ({side} px on the short "
                  f"side), device {run.device.type} ==",
                  {"validation pictures": len(images)})
-    report.print("  the ImageNet head of the checkpoint is read at the 10 Imagenette classes; no training; \"of 1000\" "
-                 "= the top class of all 1000 must be right")
+    report.print(f"  the ImageNet head of the checkpoint is read at the {len(imagenet_classes)} Imagenette classes; no "
+                 "training; \"of 1000\" = the top class of all 1000 must be right")
     embeddings = model.vit.embeddings
     original = embeddings.position_embeddings.data.clone()
     n_old, n_new = grids(model.config, args.resolution)
@@ -318,8 +318,8 @@ def section_accuracy(report, model, pictures, args, run):
                              "own")
             of_10, of_1000 = accuracy_counts(torch.cat(logits), labels, imagenet_classes)
             n = len(images)
-            report.print(f"  {label:<46} accuracy {100 * of_10 / n:.2f}% (of 10)   {100 * of_1000 / n:.2f}% "
-                         f"(of 1000)   {pass_text(timing)}",
+            report.print(f"  {label:<46} accuracy {100 * of_10 / n:.2f}% (of {len(imagenet_classes)})   "
+                         f"{100 * of_1000 / n:.2f}% (of 1000)   {pass_text(timing)}",
                          {f"{key} of 10": 100 * of_10 / n, f"{key} of 1000": 100 * of_1000 / n, key: timing},
                          counts={f"{key} of 10": (of_10, n), f"{key} of 1000": (of_1000, n)})
     finally:

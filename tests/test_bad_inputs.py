@@ -61,6 +61,8 @@ def places(tmp_path_factory, tiny_in21k):
             "{no config}": str(without_config(vit_classifier(root / "no-config"))),
             "{beans bad picture}": str(beans_row(beans_folder(root / "beans-bad-picture"), image=b"not a picture")),
             "{beans bad label}": str(beans_row(beans_folder(root / "beans-bad-label"), labels=7)),
+            "{beans no picture}": str(beans_row(beans_folder(root / "beans-no-picture"), image=None)),
+            "{beans no label}": str(beans_row(beans_folder(root / "beans-no-label"), labels=None)),
             "{trainer file}": str(root / "trainer-file"), "{fifo}": str(root / "fifo"),
             "{long}": str(root / ("x" * 300)),
             "{small}": str(vit_classifier(root / "small", image_size=32)),
@@ -113,8 +115,8 @@ def beans_row(folder, **changes):
 
     path = folder / "data" / "train-00000-of-00001.parquet"
     rows = pq.read_table(path).to_pylist()
-    if "image" in changes:
-        rows[0]["image"] = {**rows[0]["image"], "bytes": changes["image"]}
+    if "image" in changes:  # None: a row without one
+        rows[0]["image"] = changes["image"] and {**rows[0]["image"], "bytes": changes["image"]}
     rows[0]["labels"] = changes.get("labels", rows[0]["labels"])
     table = pq.read_table(path)
     pq.write_table(table.from_pylist(rows, schema=table.schema), path)
@@ -324,6 +326,10 @@ CASES = [
     ("posemb", ["--model", "{null config}"], 2, "its config.json describes no model the library can build (TypeError"),
     ("backbone", ["--model", "{null config}"], 2, "describes no model the library can build (TypeError"),
     ("posemb", ["--model", "{float filter}"], 2, "its image processor resamples with filter 2.0, not one of PIL's"),
+    ("backbone", ["--model", "{classifier+processor}", "--data-dir", "{beans no picture}", "--epochs", "1"], 1,
+     "row 0 of its train split holds no picture"),
+    ("backbone", ["--model", "{classifier+processor}", "--data-dir", "{beans no label}", "--epochs", "1"], 1,
+     "row 0 of its train split has the label None, not one of its 3 classes"),
     ("standins", ["{file}"], 2, "is a file, not a folder"),  # a traceback
     ("standins", [""], 2, "an empty path"),  # built in the current folder
     ("miniature", ["{long}"], 2, "a name longer than the file system allows"),

@@ -120,6 +120,17 @@ def few_shot_run(model, data, cache_dir, capsys, *extra):
     return status, capsys.readouterr().out
 
 
+@pytest.mark.parametrize("kept,pool", [(4, "3"), (2, "2 to 3")], ids=["each class holds more", "one holds fewer"])
+def test_the_pool_is_said_as_drawn_where_classes_hold_fewer_than_pool(kept, pool, tiny_in21k, tmp_path, capsys):
+    """--pool 3 of classes of 4 training pictures, one of which may hold 2: section 2 says the pool it drew, not the
+    flag (it said "a pool of 50 per class" of 4 pictures a class)."""
+    data = imagenette_folder(tmp_path / "nette", per_class=4)
+    for path in sorted((data / "train" / "n01440764").iterdir())[kept:]:
+        path.unlink()
+    status, out = few_shot_run(tiny_in21k, data, tmp_path / "cache", capsys, "--no-cache", "--pool", "3")
+    assert status == 0 and f"training pictures (a pool of {pool} per class) and 40 validation pictures ==" in out
+
+
 def test_a_picture_changed_under_the_same_name_is_recomputed(tiny_in21k, tmp_path, monkeypatch, capsys):
     """Two folders with the same file names, one picture truncated in the second: its features are not reused."""
     monkeypatch.setattr(fewshot, "FEATURE_CACHE_DIR", tmp_path / "cache")

@@ -248,6 +248,20 @@ def test_the_first_row_names_the_checkpoints_own_resolution_and_section_4_the_pi
     assert "== 4. accuracy on the Imagenette validation set: 10 pictures (90 to 160 px on the short side), " in out
 
 
+def test_a_folder_of_fewer_classes_reads_the_head_at_those(pictures, tmp_path, capsys):
+    """Three of Imagenette's classes: the head is read at 3 of them, each accuracy of 3 (chance 33%), not "of 10"."""
+    model = vit_classifier(tmp_path / "vit-48", image_size=48)
+    data = shutil.copytree(pictures, tmp_path / "three")
+    for split in ("train", "val"):
+        for folder in sorted((data / split).iterdir())[3:]:
+            shutil.rmtree(folder)
+    status, out, _ = script_output(posemb.main, ["--model", str(model), "--data-dir", str(data), "--device", "cpu"],
+                                   capsys)
+    rows = [line for line in out.splitlines() if "% (of " in line]
+    assert status == 0 and "  the ImageNet head of the checkpoint is read at the 3 Imagenette classes; " in out
+    assert len(rows) == 5 and all("% (of 3)   " in line for line in rows), rows
+
+
 @pytest.mark.parametrize(("resolution", "note"), [
     (64, None),  # 4 patches of 16: every pixel in one
     (72, ("  --resolution 72 is not a multiple of the patch size 16: the last 8 pixels of each side fall outside the "
