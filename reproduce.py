@@ -423,7 +423,10 @@ def run_job(args, argv, out, lock):
                                     "json": file_digest(out / f"{script}.json"), "seconds": seconds}
                 del manifest["not run"][script]
             else:
-                manifest["not run"][script] = f"it ended with exit status {status} and wrote no JSON ({log})"
+                ended = (f"it was killed by {signal.Signals(-status).name} (the system's out-of-memory killer sends "
+                         f"SIGKILL)" if status < 0 and -status in signal.valid_signals() else f"it ended with exit "
+                         f"status {status}")  # a signal: the same command runs it again, fine-tuning from its last save
+                manifest["not run"][script] = f"{ended} and wrote no JSON ({log})"
             write_manifest(out, manifest)
             if stop.asked:
                 say(stopped_line(stop.asked[0], argv, f" during {name}, {kept_text(out, script, record, started)}"))

@@ -261,9 +261,15 @@ def only_job_on(out, say):
         if is_locked_file(path, handle):
             break
         handle.close()  # the job that held it removed the file as it ended: the lock is now the file there
-    handle.truncate(0)
-    handle.write(f"{os.getpid()}\n")  # for a later job to tell this one from a script it left
-    handle.flush()
+    try:
+        handle.truncate(0)
+        handle.write(f"{os.getpid()}\n")  # for a later job to tell this one from a script it left
+        handle.flush()
+    except OSError as error:  # a full or failing disk
+        handle.close()
+        path.unlink(missing_ok=True)
+        raise UserError(f"cannot write the lock file {path} ({reason(error)}): free space there, or give this job "
+                        f"another OUT") from error
     return JobLock(path, handle)
 
 

@@ -32,7 +32,7 @@ import vit_part3_setup
 from common import start_and_end
 from common.files import TEMP_PREFIX
 from common.run import ScriptParser
-from common.start_and_end import Terminated, guarded
+from common.start_and_end import Terminated, UserError, guarded
 from compare.record import RECORD_FORMAT
 from job import child_process, commands, downloads, ending, environment, resuming, standins
 from job.scripts import PAGE_WRITES_MB, SCRIPTS
@@ -1131,6 +1131,18 @@ def test_a_script_that_cannot_run_says_where_its_earlier_json_is_kept(tmp_path, 
     assert kept.is_file()
 
 
+@pytest.mark.parametrize("status,ended", [
+    (1, "it ended with exit status 1"),
+    (-9, "it was killed by SIGKILL (the system's out-of-memory killer sends SIGKILL)"),  # "exit status -9" before
+], ids=["failed", "killed"])
+def test_a_script_that_wrote_no_json_is_said_to_have_failed_or_been_killed(status, ended, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    monkeypatch.setattr(reproduce, "run_logged", lambda *args: (status, 0.1, True))  # setup, the one that runs
+    reproduce.main([str(out), "--device", "cpu"])
+    assert json.loads((out / "reproduce.json").read_text())["not run"]["setup"] == (
+        f"{ended} and wrote no JSON (logs/setup.log)")
+
+
 @pytest.mark.parametrize("model", ["/no/such/vit", "no/such/vit/here", "./typo"])
 def test_the_stamp_of_a_model_that_is_not_there_is_no_traceback(model):
     """A --model in --extra that names nothing (its script says so in one line): the job's stamp is None, not the Hub
@@ -1335,6 +1347,17 @@ def test_a_job_removes_its_lock_file_however_it_ends_and_closes_it(tmp_path, mon
     status = no_resource_warning(lambda: guarded(lambda: reproduce.main([str(out), "--quick", "--device", "cpu"])))
     assert status == {"ends": 0, "refuses": 2, "stopped": 143}[ending]
     assert seen == [f"{os.getpid()}\n"] and not (out / child_process.LOCK).exists()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="Linux's device of a full disk")
+def test_a_lock_file_that_cannot_be_written_is_one_line_and_removed(tmp_path):
+    """A full disk (the lock's file a link to /dev/full, where every write fails): the job's pid cannot go in; one
+    line, not a traceback, and no empty lock file left for the next job to wonder about."""
+    pytest.importorskip("fcntl")
+    (tmp_path / child_process.LOCK).symlink_to("/dev/full")
+    with pytest.raises(UserError, match=f"cannot write the lock file {tmp_path / child_process.LOCK} "):
+        child_process.only_job_on(tmp_path, print)
+    assert not os.path.lexists(tmp_path / child_process.LOCK)
 
 
 def test_a_job_leaves_the_lock_file_while_a_script_of_it_runs(tmp_path):
