@@ -197,12 +197,14 @@ def file_mb(path):
 # ---------------------------------------------------------------- the results
 
 def page_is_stale(page, out):
-    """No page, or a JSON newer than it (a job whose page could not be written, or that a signal stopped after it)."""
+    """No page, a JSON newer than it (a job whose page could not be written, or that a signal stopped after it), or
+    a JSON whose run it does not name (an older page put back, an emptied one)."""
     if not page.is_file():
         return True
-    made = page.stat().st_mtime_ns
-    return any(path.stat().st_mtime_ns > made for path in (out / f"{script}.json" for script in SCRIPTS)
-               if path.is_file())
+    made, text = page.stat().st_mtime_ns, page.read_text(errors="replace")
+    paths = [path for path in (out / f"{script}.json" for script in SCRIPTS) if path.is_file()]
+    runs = [record.get("environment", {}).get("started", "?") for record in map(readable_record, paths) if record]
+    return any(path.stat().st_mtime_ns > made for path in paths) or any(f"started {run}," not in text for run in runs)
 
 
 # ---------------------------------------------------------------- the job

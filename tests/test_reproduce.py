@@ -253,6 +253,18 @@ def test_a_second_call_skips_all_five(job, tmp_path):
     assert all(cells[9].startswith("skipped (") for cells in table_rows(stdout).values())
 
 
+@pytest.mark.parametrize("page", ["", "# an older job's page\n"], ids=["emptied", "another run's, put back"])
+def test_a_page_that_names_not_the_runs_of_the_jsons_is_built_again(job, tmp_path, page):
+    """A page newer than every JSON but not theirs (an older page copied back, an emptied one): never announced as
+    this run's; the job builds it again from the JSONs (helper-23's hunt)."""
+    out = shutil.copytree(job["out"], tmp_path / "results")
+    (out / "report.md").write_text(page)
+    status, _, err = reproduce_run(out, job["flags"])
+    assert status == 0, err[-3000:]
+    runs = [json.loads((out / f"{script}.json").read_text())["environment"]["started"] for script in NAMES]
+    assert all(f"- run: started {run}, " in (out / "report.md").read_text() for run in runs)
+
+
 def test_sigterm_while_the_page_is_built_says_the_same_command_continues(job, tmp_path, monkeypatch, capsys):
     out = shutil.copytree(job["out"], tmp_path / "results")
     os.utime(out / "posemb.json")  # newer than the page: it is built again
