@@ -19,6 +19,7 @@ process's share over --accum-steps passes, so every setting follows the same mat
 """
 from common.start_and_end import (
     ARTICLE,
+    IN_JOB,
     LEAVING,
     Terminated,
     UserError,
@@ -622,8 +623,9 @@ def resume(run, model, average, optimizer, run_inputs):
     changed = [f"{key} {made.get(key)} -> {value}" if key != "inputs" else changed_input(made.get(key), value)
                for key, value in now.items() if key != "processes" and made.get(key) != value]
     if changed:
-        raise UserError(f"--resume: {path} was made with other settings ({'; '.join(changed)}); "
-                        f"pass the same flags, or a new --save-dir")
+        fix = ("move it away: the job's same command then starts fine-tuning afresh" if os.environ.get(IN_JOB) == "1"
+               else "pass the same flags, or a new --save-dir")  # the job sets both flags itself
+        raise UserError(f"--resume: {path} was made with other settings ({'; '.join(changed)}); {fix}")
     if run.args.pause_at and run.args.pause_at < checkpoint["step"]:
         raise UserError(f"--pause-at {run.args.pause_at}: {path} is at step {checkpoint['step']} already; pause at a "
                         f"later step, or drop --pause-at")

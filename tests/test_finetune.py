@@ -332,6 +332,17 @@ def test_a_class_that_holds_fewer_than_the_check_is_printed_as_a_span(tiny_in21k
     assert status == 0 and "  step   0: validation accuracy (29 pictures, 2 to 3 per class) " in out
 
 
+def test_a_checkpoint_of_other_settings_in_the_jobs_folder_says_what_the_job_can_do(tiny_in21k, pictures, tmp_path,
+                                                                                     capsys, monkeypatch):
+    """In the job, which sets --save-dir and --resume itself, "pass the same flags, or a new --save-dir" cannot be
+    done: the line says to move the checkpoint away, after which the same job command starts afresh."""
+    run_main(common_flags(tiny_in21k, pictures, tmp_path, steps=2), capsys)
+    monkeypatch.setenv("VIT_PART3_IN_JOB", "1")
+    status, out = run_main(common_flags(tiny_in21k, pictures, tmp_path, steps=3) + ["--resume"], capsys)
+    assert status == 1 and ("made with other settings (steps 2 -> 3); move it away: the job's same command then "
+                            "starts fine-tuning afresh") in out
+
+
 def test_another_check_before_the_data_loads_counts_no_pictures():
     """The data not loaded (a run offline): the classes are unknown, so the difference names no count of pictures."""
     differences = finetune.check_differences(Namespace(check_per_class=10, per_class=None), None)
