@@ -1372,6 +1372,20 @@ def test_a_lock_file_that_cannot_be_written_is_one_line_and_removed(tmp_path):
     assert not os.path.lexists(tmp_path / child_process.LOCK)
 
 
+@pytest.mark.skipif(not hasattr(signal, "SIGPIPE"), reason="a pipe's signal is POSIX's")
+def test_a_job_whose_reader_is_gone_ends_quietly(tmp_path):
+    """`python reproduce.py OUT | head -1`, head gone: the job's next line finds no reader and the job ends as cat
+    does (SIGPIPE), not in a BrokenPipeError's traceback; its script is told to stop and saves what it can."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run([sys.executable, "reproduce.py", str(tmp_path / "out"), "--device", "cpu"], cwd=ROOT,
+                              stdout=write, stderr=subprocess.PIPE, text=True, timeout=600, check=False)
+    finally:
+        os.close(write)
+    assert done.returncode == -signal.SIGPIPE and "Traceback" not in done.stderr, done.stderr[-2000:]
+
+
 def test_a_job_leaves_the_lock_file_while_a_script_of_it_runs(tmp_path):
     """The script holds the lock till it ends (it inherited the file): the file stays for a new job to wait on."""
     fcntl = pytest.importorskip("fcntl")
