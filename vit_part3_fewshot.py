@@ -314,8 +314,7 @@ def setup_differences(data, run, known):
 
 
 def main(argv=None):
-    parser = experiment_parser(
-        __doc__, model=DEFAULT_MODEL, model_help="with its pre-logits layer",
+    parser = experiment_parser(__doc__, model=DEFAULT_MODEL, model_help="with its pre-logits layer",
         per_class_help="keep N validation pictures a class on average, drawn at random from the whole split with a "
                        "fixed seed (default: all); the pool is drawn from every training picture, as in a full run",
         batch_help="pictures per batch of the passes that extract the frozen features (the pool's pictures and the "

@@ -50,8 +50,7 @@ def list_split(root, split, per_class=None, drawn=False):
     return items
 
 
-def check_counts(root, strict,
-                 fix=": delete the folder to download it again, or pass --data-dir with a complete copy"):
+def check_counts(root, strict, fix=": delete the folder to download it again, or pass --data-dir with a complete copy"):
     """The layout: both splits hold the same class folders, and every class folder holds pictures; then Imagenette's
     counts: strict (UserError) for the copy we download, else the warning for a partial copy, or None."""
     folders = {split: class_folders(root, split) for split in SPLIT_COUNTS}

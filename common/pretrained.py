@@ -151,8 +151,7 @@ def check_model_flag(name):
 
 
 def checkpoint_config(name):
-    """The checkpoint's config when it is on disk (a directory or the local cache), else None; one of values the
-    scripts cannot take (a patch of 0 pixels) is one line. Reads no weights."""
+    """The checkpoint's config on disk (a folder or the cache; no weights read), else None; a bad one is one line."""
     from transformers import AutoConfig
 
     check_model_flag(name)
@@ -272,22 +271,25 @@ def hub_processor_config(name):
 
 def image_processor_of(paths, name):
     """What transformers reads of a checkpoint's processor files ({file: path, or not one}): NESTED_PROCESSOR_FILE's
-    "image_processor" entry, else PROCESSOR_FILE, else None; a file, or a nested entry, that is no JSON object is one
-    line, its pixels never guessed."""
-    read = {}
-    for file, path in paths.items():
-        if isinstance(path, (str, Path)) and os.path.isfile(path):
-            try:
-                read[file] = json.loads(Path(path).read_text())
-            except (OSError, ValueError, RecursionError) as error:  # RecursionError: arrays nested thousands deep
-                read[file] = f"{type(error).__name__}: {reason(error)}"
-            if not isinstance(read[file], dict):
-                raise UserError(f"--model {name}: its {file} is not a JSON object ({read[file]}): pass a checkpoint "
-                                f"whose image processor can be read")
+    "image_processor" entry, else PROCESSOR_FILE, else None; a nested entry that is no JSON object is one line."""
+    read = {file: read_processor(path, name) for file, path in paths.items() if isinstance(path, (str, Path))
+            and os.path.isfile(path)}
     found = read.get(NESTED_PROCESSOR_FILE, {}).get("image_processor", read.get(PROCESSOR_FILE))
     if found is not None and not isinstance(found, dict):
         raise UserError(f"--model {name}: the image_processor entry of its {NESTED_PROCESSOR_FILE} is not a JSON "
                         f"object: pass a checkpoint whose image processor can be read")
+    return found
+
+
+def read_processor(path, name):
+    """An image processor's file as a dict; one that is not a JSON object is one line, its pixels never guessed."""
+    try:
+        found = json.loads(Path(path).read_text())
+    except (OSError, ValueError, RecursionError) as error:  # RecursionError: arrays nested thousands deep
+        found = f"{type(error).__name__}: {reason(error)}"
+    if not isinstance(found, dict):
+        raise UserError(f"--model {name}: its {Path(path).name} is not a JSON object ({found}): pass a checkpoint "
+                        f"whose image processor can be read")
     return found
 
 
