@@ -270,9 +270,8 @@ def without_credentials(url):
     credentials, at, host = parts.netloc.rpartition("@")
     if not at:
         return url, None
-    user, _, password = credentials.partition(":")
-    token = base64.b64encode(f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}".encode()).decode()
-    return parts._replace(netloc=host).geturl(), f"Basic {token}"
+    user_and_password = ":".join(map(urllib.parse.unquote, credentials.partition(":")[::2]))  # each %-decoded
+    return parts._replace(netloc=host).geturl(), f"Basic {base64.b64encode(user_and_password.encode()).decode()}"
 
 
 def redirect_target(url, headers):
