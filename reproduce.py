@@ -23,19 +23,17 @@ Exit status: 0 when every script ran every section; 1 when one could not (--stri
 number differs from the article's); 2 for a bad flag or path (one line, before any work); 130 and
 143 after Ctrl-C and SIGTERM.
 """
-import signal
-
 from common.start_and_end import Terminated, UserError, before_torch_loads, guarded, say
-from job.environment import one_thread
+from job.environment import ends_with_its_reader, one_thread
 
 if __name__ == "__main__":  # before the libraries load: a Ctrl-C then is one line, as a later one
     before_torch_loads()
     one_thread()  # before numpy loads: the job forks its scripts from a process of one thread
-    if hasattr(signal, "SIGPIPE"):  # a reader gone (| head): the job ends quietly, as cat does; its script saves
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    ends_with_its_reader()
 
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time

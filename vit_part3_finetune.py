@@ -791,7 +791,7 @@ def check_differences(args, data):
     held = collections.Counter(label for _, label in data["val"]) if data else {}  # data: not loaded
     each = [min(per_class, held[label]) for label in range(data["classes"])] if data else [per_class]
     article = args.check_per_class in (None, CHECK_PER_CLASS)
-    if article and min(each) == per_class:
+    if article and min(each) == max(each):  # equal classes of fewer: not the article's pictures, a difference of theirs
         return {}
     flag = f"--check-per-class {args.check_per_class}" if not article else (
         f"--data-dir {args.data_dir}" if args.data_dir else "the data folder")
@@ -853,9 +853,11 @@ def parse_flags(argv, world):
         raise UserError(f"--save-dir {args.save_dir}: its {CHECKPOINT} is a folder; remove it, or pass another "
                         f"--save-dir")
     written = [Path(args.save_dir) / name for name in (CHECKPOINT, SAVED_AVERAGE, SAVED_LAST)] if args.save_dir else []
-    for flag, value in (("--json", args.json), ("--plots", args.plots)):
-        if value and any(Path(value).resolve() in (path.resolve(), *path.resolve().parents) for path in written):
-            raise UserError(f"{flag} {value} is where --save-dir {args.save_dir} keeps the run: give another place")
+    if args.json and any(Path(args.json).resolve() in (path.resolve(), *path.resolve().parents) for path in written):
+        raise UserError(f"--json {args.json} is where --save-dir {args.save_dir} keeps the run: give another file")
+    if args.plots and any(path.resolve() in (Path(args.plots).resolve(), *Path(args.plots).resolve().parents)
+                          for path in written):  # figures in a folder the save replaces, or where its file goes
+        raise UserError(f"--plots {args.plots} is where --save-dir {args.save_dir} keeps the run: give another place")
     return args
 
 
