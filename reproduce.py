@@ -24,12 +24,11 @@ number differs from the article's); 2 for a bad flag or path (one line, before a
 143 after Ctrl-C and SIGTERM.
 """
 from common.start_and_end import Terminated, UserError, before_torch_loads, guarded, say
-from job.environment import ends_with_its_reader, one_thread
+from job.environment import one_thread
 
 if __name__ == "__main__":  # before the libraries load: a Ctrl-C then is one line, as a later one
     before_torch_loads()
     one_thread()  # before numpy loads: the job forks its scripts from a process of one thread
-    ends_with_its_reader()
 
 import os
 import shutil
@@ -71,6 +70,9 @@ from job.resuming import (
 )
 from job.scripts import PAGE_WRITES_MB, SCRIPTS, script_file
 from job.time_estimate import MINUTE, clock, duration, estimate_seconds, how_estimated, measure_speed
+
+if __name__ == "__main__" and hasattr(signal, "SIGPIPE"):  # a reader gone (| head): the job ends quietly, as cat does,
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # its script, sent SIGTERM, saves (the scripts keep Python's rule)
 
 ROOT = Path(__file__).resolve().parent
 FINETUNE_RUN = "finetune-run"  # fine-tuning's --save-dir in OUT

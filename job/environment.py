@@ -1,8 +1,6 @@
-"""The job's own environment: its process keeps to one thread and ends with its reader, the scripts it starts get
-the user's. It loads only os and signal, which the interpreter has loaded already: reproduce.py calls one_thread()
-before numpy loads."""
+"""The job's own environment: its process keeps to one thread, the scripts it starts get the user's. It loads only
+os, which the interpreter has loaded already: reproduce.py calls one_thread() before numpy loads."""
 import os
-import signal
 
 # for the job's own process alone (reproduce.py): numpy's OpenBLAS then starts no thread pool, and the job forks its
 # scripts from a process of one thread; the scripts get the environment the user gave (scripts_environment)
@@ -21,13 +19,6 @@ def one_thread():
     set_before = os.environ.get(SET_FOR_THE_JOB, "").split()
     os.environ.update({name: ONE_THREAD[name] for name in set_here},
                       **{SET_FOR_THE_JOB: " ".join(set_before + set_here)})
-
-
-def ends_with_its_reader():
-    """A reader gone (| head): the job ends quietly on SIGPIPE, as cat does, and its script, sent SIGTERM, saves; the
-    scripts keep Python's own rule, under which a script of a killed job still saves its step."""
-    if hasattr(signal, "SIGPIPE"):  # POSIX's
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
 
 def scripts_environment():
