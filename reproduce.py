@@ -86,8 +86,7 @@ REFERENCE = {
     "quick": {"machine": "the Quick check table's 2-core CPU", "gflops": 80, "job": 14.1 * MINUTE,
               "seconds": {script: row["seconds"]["quick"] for script, row in SCRIPTS.items()}},
     "full": {"machine": "the 2-core Xeon of \"How long will it take\"", "gflops": 300,
-             "seconds": {script: row["seconds"]["full"] for script, row in SCRIPTS.items()}},
-}
+             "seconds": {script: row["seconds"]["full"] for script, row in SCRIPTS.items()}}}
 
 
 # ---------------------------------------------------------------- the flags
@@ -415,11 +414,10 @@ def run_job(args, argv, out, lock):
             started = time.time()
             status, seconds, logged = run_logged(command, ROOT, out / "logs" / f"{script}.log", stop, lock, say)
             stamp = inputs_stamp(script, command)  # what it read, its own downloads too: what the next job compares
-            clocked = "its process's wall time" if script != "finetune" or not manifest[CHECKPOINT_ENTRY]["seconds"] \
-                else "its processes' wall time, resumed after a stop"
-            if script == "finetune":  # its time: the processes that made its checkpoint's steps, this one's too
-                seconds = manifest[CHECKPOINT_ENTRY]["seconds"] = manifest[CHECKPOINT_ENTRY]["seconds"] + seconds
-                manifest[CHECKPOINT_ENTRY]["inputs"] = stamp
+            earlier = manifest[CHECKPOINT_ENTRY]["seconds"] if script == "finetune" else 0  # its checkpoint's runs'
+            seconds += earlier
+            if script == "finetune":
+                manifest[CHECKPOINT_ENTRY].update(seconds=seconds, inputs=stamp)
             log = f"logs/{script}.log" if logged else "its log could not be written"
             seconds = round(seconds, 1)  # one clock: the terminal, reproduce.json and the page show these seconds
             record = readable_record(out / f"{script}.json")
@@ -428,20 +426,18 @@ def run_job(args, argv, out, lock):
                                     "json": file_digest(out / f"{script}.json"), "seconds": seconds}
                 del manifest["not run"][script]
             else:
-                ended = (f"it was killed by {signal.Signals(-status).name} (the system's out-of-memory killer sends "
-                         f"SIGKILL)" if status < 0 and -status in signal.valid_signals() else f"it ended with exit "
-                         f"status {status}")  # a signal: the same command runs it again, fine-tuning from its last save
-                manifest["not run"][script] = f"{ended} and wrote no JSON ({log})"
+                manifest["not run"][script] = ending.no_json(status, log)
             write_manifest(out, manifest)
             if stop.asked:
                 say(stopped_line(stop.asked[0], argv, f" during {name}, {kept_text(out, script, record, started)}"))
                 return 128 + stop.asked[0]
             finished[script], times[script] = seconds, clock(seconds)
             row = ending.result_row(script, record)
+            clocked = "its processes' wall time, resumed after a stop" if earlier else "its process's wall time"
             print(f"{name}: {clock(seconds)} ({clocked}), " + (
                   f"{row['sections'][0]} of {row['sections'][1]} sections; "
-                  f"{row['verdicts']}{ending.paused(record)}" if record else f"exit status {status} and no JSON: "
-                  f"see the lines above ({'kept in OUT/' + log if logged else log})"), flush=True)
+                  f"{row['verdicts']}{ending.paused(record)}" if record else
+                  f"{manifest['not run'][script]}: see the lines above"), flush=True)
     if stop.asked:
         say(stopped_line(stop.asked[0], argv))
         return 128 + stop.asked[0]
@@ -484,8 +480,7 @@ def main(argv=None):
         lock = only_job_on(out, say)  # held while the job runs, and by each script it starts
         in_the_way = [out / name for name in ("logs", FINETUNE_RUN, "figures") if (out / name).is_file()]
         in_the_way += [path for path in (out / FINETUNE_RUN / CHECKPOINT, out / JOB_RECORD, out / "report.md",
-                                         out / "logs" / "report.previous.md",
-                                         *(out / name for script in SCRIPTS
+                                         out / "logs" / "report.previous.md", *(out / name for script in SCRIPTS
                                            for name in (f"{script}.json", f"logs/{script}.previous.json")))
                        if path.exists() and not path.is_file()]  # a folder, or a pipe, whose reading waits for ever
         if in_the_way:  # found now, not when the script that writes there starts, hours into the job

@@ -313,8 +313,8 @@ def setup_differences(sources, model_name, run, known):
     library's architecture. A section that could not run gives none."""
     differences = checkpoint_difference(RESNET, RESNET, flag=RESNET) if model_name == RESNET else {}
     for name, source in ({} if isinstance(sources, UserError) else sources).items():
-        path = cached_weight_file(name)
         if source == "weight file":
+            path = cached_weight_file(name)
             unlike = (unlike_the_published(os.path.dirname(path), name, [os.path.basename(path)], "the cache's copy")
                       if path else "its weight file left the cache during the run")
         else:  # huggingface.co's header is the published file's; a mirror's cannot vouch for it

@@ -133,11 +133,11 @@ def check_output(path, flag, folder=False, reads=None):
     needs and write a probe file there, the one sure test whatever the permissions say; or a file inside one of the
     folders the run reads (reads: {flag: folder}), which it could replace."""
     target = Path(path)
-    if inside := next((f"{name} {place}" for name, place in (reads or {}).items() if not folder and place
-                       and Path(place).expanduser().is_dir() and Path(place).expanduser().resolve() in
-                       target.resolve().parents), None):
-        raise UserError(f"{flag} {path} is inside {inside}, which the run reads: choose a place outside it")
     try:
+        if inside := next((f"{name} {place}" for name, place in (reads or {}).items() if not folder and place
+                           and Path(place).expanduser().is_dir() and Path(place).expanduser().resolve() in
+                           target.resolve().parents), None):
+            raise UserError(f"{flag} {path} is inside {inside}, which the run reads: choose a place outside it")
         if folder and target.exists() and not target.is_dir():
             raise UserError(f"{flag} {path} is a file, not a folder: pass a folder, which is created if needed")
         if not folder and target.is_dir():

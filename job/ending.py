@@ -7,6 +7,7 @@ wrote no JSON, and each section's "could not run" for one that did.
 import ast
 import os
 import shlex
+import signal
 from collections import Counter
 from pathlib import Path
 
@@ -64,6 +65,15 @@ def why_not_run(script, record, not_run):
     names = [row["name"] for row in rows if row["verdict"] == "not run"]
     return (f"every section ran but did not produce {len(names)} of the article's numbers: {', '.join(names[:3])}"
             + (", ..." if len(names) > 3 else "") + " (on the page)")
+
+
+def no_json(status, log):
+    """Why a script wrote no JSON, as the job's record and its footnote say: its exit status, or the signal that killed
+    it (the same command runs it again, fine-tuning from its last save); log: where its lines are kept."""
+    if status < 0 and -status in signal.valid_signals():
+        killer = " (the system's out-of-memory killer sends SIGKILL)" if -status == signal.SIGKILL else ""
+        return f"it was killed by {signal.Signals(-status).name}{killer} and wrote no JSON ({log})"
+    return f"it ended with exit status {status} and wrote no JSON ({log})"
 
 
 def notes(rows, records, not_run):
