@@ -30,8 +30,9 @@ if __name__ == "__main__":  # before the libraries load: a Ctrl-C then is one li
     before_torch_loads()
     one_thread()  # before numpy loads: the job forks its scripts from a process of one thread
 
+import itertools
 import os
-import shutil
+import re
 import signal
 import sys
 import tempfile
@@ -78,7 +79,8 @@ ROOT = Path(__file__).resolve().parent
 FINETUNE_RUN = "finetune-run"  # fine-tuning's --save-dir in OUT
 KEPT_ASIDE = {SAVED_AVERAGE: "model.previous", SAVED_LAST: "model-last.previous",  # fine-tuning's files of another
               CHECKPOINT: "checkpoint.previous.pt"}  # command or code, kept there as it starts afresh (the checkpoint
-                                                    # last: a failed move leaves the reason to start afresh as it was)
+                                                    # last: a failed move leaves the reason to start afresh as it was),
+                                                    # or beside those kept before: unused()
 
 # The README's machines, each script's times on them (job/scripts.py) and their matrix-multiply speeds; the quick
 # times are one whole job's (benchmarks/quick_job.py), "job" its wall time, the scripts' processes and its own.
@@ -179,21 +181,17 @@ def room_needed(fetch, out, runs, args, resumes):
     """{folder: MB} the job will write: downloads into the caches and data/; into OUT, each script's JSON, figures
     and log, the page, fine-tuning's checkpoint (the weights, their average and the momentum, written whole beside
     the old one) and its two saved models (the average and the last weights, each written whole).
-    resumes: whether fine-tuning continues from OUT's checkpoint, overwriting it; if not, a checkpoint there is moved
-    over an earlier one kept aside (prepare()), whose room is freed."""
+    resumes: whether fine-tuning continues from OUT's checkpoint, overwriting it; if not, a checkpoint there is kept
+    aside (prepare()), its room still taken."""
     need = downloads.room(fetch)
     if runs:
         need[out] = sum(SCRIPTS[script]["writes MB"] for script in runs) + PAGE_WRITES_MB
     if "finetune" in runs:
-        checkpoint, kept = out / FINETUNE_RUN / CHECKPOINT, out / FINETUNE_RUN / KEPT_ASIDE[CHECKPOINT]
-        freed = file_mb(checkpoint) if resumes else file_mb(kept) if checkpoint.is_file() else 0
+        checkpoint = out / FINETUNE_RUN / CHECKPOINT
+        freed = checkpoint.stat().st_size / 1e6 if resumes and checkpoint.is_file() else 0
         weights = downloads.weights_mb(downloads.IN21K, args.models)
         need[out] += max(0.0, 2 * 3 * weights - freed) + 2 * weights  # the checkpoint, then model/, model-last/
     return need
-
-
-def file_mb(path):
-    return path.stat().st_size / 1e6 if path.is_file() else 0
 
 
 # ---------------------------------------------------------------- the results
@@ -252,10 +250,9 @@ def prepare(script, args, out, keys, manifest):
         earlier = manifest.get(CHECKPOINT_ENTRY, {}).get("seconds", 0) if resume else 0  # its runs' wall time
         manifest[CHECKPOINT_ENTRY] = {**checkpoint_maker(args, out, keys[script]), "seconds": earlier}
     made, earlier = manifest.get(script), out / f"{script}.json"
-    if made and earlier.is_file():
-        say(f"{script_file(script)} runs again: {why_again(made, keys[script], earlier)}; that JSON is kept as "
-            f"{out / 'logs' / f'{script}.previous.json'}")
-    move_stale(out, script, manifest)
+    why = why_again(made, keys[script], earlier) if made and earlier.is_file() else ""
+    if (kept := move_stale(out, script, manifest)) and why:
+        say(f"{script_file(script)} runs again: {why}; that JSON is kept as {kept}")
     return script_command(script, args, out, resume)
 
 
@@ -287,17 +284,18 @@ def why_afresh(args, out, key, manifest):
 
 
 def keep_aside(path):
-    """path moved to its KEPT_ASIDE name, in the place of the one kept there before; the new name."""
-    kept = path.with_name(KEPT_ASIDE[path.name])
-    try:
-        if kept.is_dir() and not kept.is_symlink():
-            shutil.rmtree(kept)
-        elif path.is_dir():  # a file or a link where the folder goes: os.replace would refuse it
-            kept.unlink(missing_ok=True)
-    except OSError as error:
-        raise UserError(f"cannot remove {kept} ({reason(error)}): make OUT writable") from error
-    move(path, kept)
+    """path moved to its KEPT_ASIDE name, or beside the ones kept there before (unused()); the new name."""
+    move(path, kept := unused(path.with_name(KEPT_ASIDE[path.name])))
     return kept
+
+
+def unused(kept):
+    """kept, or where an earlier job's file is kept there, the first of kept.previous-2, -3, ... that is free: a file
+    set aside (hours of training, an earlier setup's JSON) is never replaced by the next one."""
+    for number in itertools.count(2):
+        if not os.path.lexists(kept):
+            return kept
+        kept = kept.with_name(re.sub(r"\.previous(-\d+)?", f".previous-{number}", kept.name, count=1))
 
 
 def move(source, target):
@@ -312,12 +310,12 @@ def move_stale(out, script, manifest):
     """OUT keeps only the JSON of this job's commands, so the page never mixes two setups; the old one is kept aside,
     and the figures drawn from it in OUT/figures are removed (a run draws its own, and the page draws them again from
     its JSON): a reused OUT/figures holds no figure of an earlier run. The page, which reports that JSON, goes beside it
-    until the job writes its own (a job stopped now would leave it showing what was set aside)."""
-    stale, page = out / f"{script}.json", out / "report.md"
+    until the job writes its own (a job stopped now would leave it showing what was set aside). Where the JSON went."""
+    stale, page, kept = out / f"{script}.json", out / "report.md", None
     if stale.is_file():
-        move(stale, out / "logs" / f"{script}.previous.json")
+        move(stale, kept := unused(out / "logs" / f"{script}.previous.json"))
         if page.is_file():
-            move(page, out / "logs" / "report.previous.md")
+            move(page, unused(out / "logs" / "report.previous.md"))
     for name in SCRIPTS[script]["figures"]:
         try:
             (out / "figures" / name).unlink(missing_ok=True)
@@ -325,6 +323,7 @@ def move_stale(out, script, manifest):
             raise UserError(f"cannot remove {out / 'figures' / name} ({reason(error)}): make OUT writable") from error
     manifest.pop(script, None)
     write_manifest(out, manifest)
+    return kept
 
 
 def kept_text(out, script, record, started):
@@ -400,9 +399,8 @@ def run_job(args, argv, out, lock):
                     f"code from the same files (--force runs it again)")
                 continue
             if script in cannot:  # said in the plan; a JSON of its own made otherwise is set aside, and said to be
-                if (out / f"{script}.json").is_file():
-                    say(f"{name} cannot run: its earlier JSON is kept as {out / 'logs' / f'{script}.previous.json'}")
-                move_stale(out, script, manifest)
+                if kept := move_stale(out, script, manifest):
+                    say(f"{name} cannot run: its earlier JSON is kept as {kept}")
                 continue
             command = prepare(script, args, out, keys, manifest)
             if stop.asked:  # it came while the command was prepared: no script is started
@@ -480,8 +478,7 @@ def main(argv=None):
         lock = only_job_on(out, say)  # held while the job runs, and by each script it starts
         in_the_way = [out / name for name in ("logs", FINETUNE_RUN, "figures") if (out / name).is_file()]
         in_the_way += [path for path in (out / FINETUNE_RUN / CHECKPOINT, out / JOB_RECORD, out / "report.md",
-                                         out / "logs" / "report.previous.md", *(out / name for script in SCRIPTS
-                                           for name in (f"{script}.json", f"logs/{script}.previous.json")))
+                                         *(out / f"{script}.json" for script in SCRIPTS))
                        if path.exists() and not path.is_file()]  # a folder, or a pipe, whose reading waits for ever
         if in_the_way:  # found now, not when the script that writes there starts, hours into the job
             raise UserError(f"{in_the_way[0]} stands where the job writes its own: move it away, or give this job "

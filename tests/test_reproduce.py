@@ -587,7 +587,6 @@ def places(tmp_path):
     os.mkfifo(tmp_path / "json-pipe" / "backbone.json")
     (tmp_path / "record-pipe").mkdir()
     os.mkfifo(tmp_path / "record-pipe" / "reproduce.json")
-    (tmp_path / "kept-folder" / "logs" / "finetune.previous.json").mkdir(parents=True)
     (tmp_path / "damaged").mkdir()
     (tmp_path / "damaged" / "reproduce.json").write_text('{"setup": {"seconds": 13')  # cut short
     return {"{empty}": str(tmp_path / "empty"), "{no config}": str(tmp_path / "no-config"),
@@ -597,7 +596,7 @@ def places(tmp_path):
             "{cluttered out}": str(tmp_path / "cluttered"), "{cluttered run}": str(tmp_path / "cluttered-run"),
             "{damaged out}": str(tmp_path / "damaged"),
             **{f"{{{name}}}": str(tmp_path / name)
-               for name in ("json-folder", "page-folder", "json-pipe", "record-pipe", "kept-folder")}}
+               for name in ("json-folder", "page-folder", "json-pipe", "record-pipe")}}
 
 
 BAD = [
@@ -636,7 +635,6 @@ BAD = [
     (["{page-folder}"], "{page-folder}/report.md stands where the job writes its own"),  # found at the end
     (["{json-pipe}"], "{json-pipe}/backbone.json stands where the job writes its own"),  # its reading never ended
     (["{record-pipe}"], "{record-pipe}/reproduce.json stands where the job writes its own"),
-    (["{kept-folder}"], "{kept-folder}/logs/finetune.previous.json stands where the job writes its own"),  # set aside
     # the record alone says which results are this command's: unreadable, it is not taken for "nothing done"
     (["{damaged out}"], "{damaged out}/reproduce.json cannot be read (Expecting"),
 ]
@@ -906,7 +904,7 @@ def test_too_little_room_on_the_disk_is_refused_before_any_work(job_standins, tm
     (True, {}, 6.0 + 2),  # no checkpoint yet
     (True, {"checkpoint.pt": 2.5}, 3.5 + 2),  # resumed: the run's saves overwrite it
     (False, {"checkpoint.pt": 2.5}, 6.0 + 2),  # kept aside: its room stays taken
-    (False, {"checkpoint.pt": 2.5, "checkpoint.previous.pt": 1.5}, 4.5 + 2),  # ... in the place of the one kept before
+    (False, {"checkpoint.pt": 2.5, "checkpoint.previous.pt": 1.5}, 6.0 + 2),  # ... beside the one kept before
     (False, {"checkpoint.previous.pt": 1.5}, 6.0 + 2),  # no checkpoint to move: the one kept before stays
 ])
 def test_the_room_for_fine_tunings_checkpoint_counts_what_is_overwritten_and_what_is_kept(tmp_path, resumes, files,
@@ -931,8 +929,8 @@ def test_a_checkpoint_of_another_command_or_damaged_is_kept_aside_not_deleted(tm
     """A whole checkpoint this command made is resumed; one made otherwise (other flags or code) may hold hours of
     training, and a damaged one (cut short) would be refused by --resume on every call of the same command: either is
     moved to checkpoint.previous.pt, with a line saying why, and the run starts afresh; the models its run saved go
-    with it (model.previous/ and model-last.previous/, in the place of those kept before), so that none of them stays
-    beside the new run's checkpoint."""
+    with it (model.previous/ and model-last.previous/, or beside those kept before: model.previous-2/ where a folder
+    or a file is there), so that none of them stays beside the new run's checkpoint."""
     out = tmp_path / "out"
     (out / "logs").mkdir(parents=True)
     checkpoint = out / "finetune-run" / "checkpoint.pt"
@@ -951,14 +949,14 @@ def test_a_checkpoint_of_another_command_or_damaged_is_kept_aside_not_deleted(tm
     assert ("--resume" in command) is (why is None) and checkpoint.is_file() is (why is None)
     assert previous.is_file() is (why is not None) and (why is None or previous.read_bytes() == saved)
     run = out / "finetune-run"
-    models = {folder: (run / folder / "config.json").read_text() for folder in ("model", "model-last",
-                                                                               "model.previous", "model-last.previous")
-              if (run / folder).is_dir()}
+    models = {folder.name: (folder / "config.json").read_text() for folder in run.iterdir() if folder.is_dir()}
     assert models == ({"model": "model", "model-last": "model-last", "model.previous": "model.previous"} if why is None
-                      else {"model.previous": "model", "model-last.previous": "model-last"})
+                      else {"model.previous": "model.previous", "model.previous-2": "model",
+                            "model-last.previous-2": "model-last"})  # the ones kept before stay
+    assert (run / "model-last.previous").read_text() == "a file where the folder goes"
     said = [text for text in capsys.readouterr().err.splitlines() if "starts afresh" in text]
-    afresh = (f"vit_part3_finetune.py starts afresh: {why}; the old ones are kept as {run / 'model.previous'}, "
-              f"{run / 'model-last.previous'}, {previous}")
+    afresh = (f"vit_part3_finetune.py starts afresh: {why}; the old ones are kept as {run / 'model.previous-2'}, "
+              f"{run / 'model-last.previous-2'}, {previous}")
     assert said == ([] if why is None else [afresh])
 
 
@@ -1141,6 +1139,30 @@ def test_a_script_that_cannot_run_says_where_its_earlier_json_is_kept(tmp_path, 
     kept = out / "logs" / "posemb.previous.json"
     assert f"vit_part3_posemb.py cannot run: its earlier JSON is kept as {kept}" in capsys.readouterr().err
     assert kept.is_file()
+
+
+@pytest.mark.parametrize("kept_before,kept", [
+    ([], "logs/posemb.previous.json"),
+    (["logs/posemb.previous.json"], "logs/posemb.previous-2.json"),  # it replaced the one kept before, unsaid
+    (["logs/posemb.previous.json/"], "logs/posemb.previous-2.json"),  # a folder there: the job refused to start
+    (["logs/posemb.previous.json", "logs/posemb.previous-2.json"], "logs/posemb.previous-3.json"),
+    (["finetune-run/checkpoint.previous.pt"], "finetune-run/checkpoint.previous-2.pt"),  # hours of training lost
+])
+def test_a_file_set_aside_never_replaces_one_set_aside_before(tmp_path, capsys, kept_before, kept):
+    out = tmp_path / "out"
+    script = kept.split("/")[0] == "logs" and "posemb" or "finetune"
+    moved = out / ("posemb.json" if script == "posemb" else "finetune-run/checkpoint.pt")
+    (out / "logs").mkdir(parents=True)
+    moved.parent.mkdir(exist_ok=True)
+    moved.write_text("this job's")
+    for name in kept_before:
+        (out / name).mkdir() if name.endswith("/") else (out / name).write_text(name)
+    key = {"command": ["python", NAMES[script]], "code": "abc", "inputs": "def"}
+    manifest = {script: {"key": {**key, "code": "other"}, "json": resuming.file_digest(moved)}}
+    reproduce.prepare(script, namespace(), out, {script: key}, manifest)
+    assert (out / kept).read_text() == "this job's" and f"kept as {out / kept}" in capsys.readouterr().err
+    assert all((out / name).is_dir() if name.endswith("/") else (out / name).read_text() == name
+               for name in kept_before)
 
 
 @pytest.mark.parametrize("status,ended", [
