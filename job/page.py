@@ -80,11 +80,26 @@ def read_record(path):
     return record
 
 
+RECORD_PARTS = {"environment": dict, "flags": dict, "series": dict, "passes": dict, "could_not_run": list,
+                "stand-ins": list, "printed": list}  # {part: its type} where the page and the job read it
+
+
 def unlike_a_record(record):
     """What in a --json record is not as the scripts write it, in the parts the verdicts read, or None."""
     numbers, differences = record["numbers"], record.get("setup differences", {})
     if not isinstance(numbers, dict) or not isinstance(differences, dict):
         return "its numbers or setup differences are not a mapping"
+    if part := next((part for part, kind in RECORD_PARTS.items() if not isinstance(record.get(part, kind()), kind)),
+                    None):
+        return f"its {part!r} is not a {'mapping' if RECORD_PARTS[part] is dict else 'list'}"
+    paths = (record.get("flags", {}).get(flag) or "" for flag in ("model", "data_dir"))
+    if not all(isinstance(text, str) for text in (*record.get("printed", []), *record.get("stand-ins", []), *paths)):
+        return "its printed lines, stand-ins or --model and --data-dir are not text"
+    if not all(isinstance(problem, dict) and isinstance(problem.get("section"), str) and isinstance(
+            problem.get("why"), str) for problem in record.get("could_not_run", [])):
+        return "its could_not_run is not a list of sections and reasons"
+    if not isinstance(record.get("environment", {}).get("seconds", 0), (int, float)):
+        return "its environment's seconds are not a number"
     for name, number in numbers.items():
         if not isinstance(number, dict) or not isinstance(number.get("value"), (int, float)):
             return f"the number {name!r} has no value"
@@ -248,7 +263,10 @@ def read_job(folder):
         job = json.loads((folder / JOB_RECORD).read_text())
     except (OSError, ValueError):
         return {}
-    return job if isinstance(job, dict) else {}
+    if not isinstance(job, dict) or not isinstance(job.get("not run", {}), dict) or not all(
+            isinstance(why, str) for why in job.get("not run", {}).values()):  # edited by hand: read as no job's
+        return {}
+    return job
 
 
 def not_run(script, folder, job):

@@ -141,6 +141,15 @@ def test_a_script_the_job_could_not_run_says_why_and_the_jobs_command(tmp_path):
         in page  # setup: the job never said why (it was stopped before, say)
 
 
+@pytest.mark.parametrize("job", [{"not run": ["posemb"]}, {"command": "python reproduce.py", "not run": {"posemb": 3}},
+                                 ["not run"]])
+def test_a_job_record_edited_into_another_type_is_read_as_no_jobs(tmp_path, job):
+    """The page of a folder whose reproduce.json was edited by hand: each script's own command, no traceback."""
+    (tmp_path / "reproduce.json").write_text(json.dumps(job))
+    page = page_maker.build(tmp_path, say=lambda text: None).read_text()
+    assert f"Not run. `{page_maker.command('posemb', tmp_path)}`" in page
+
+
 def test_a_note_of_pictures_not_checked_is_a_line_under_the_articles_setup_not_a_difference(tmp_path):
     why = "--data-dir /copy: the release's layout and counts, its pictures not checked against the release"
     record = {"format": 1, "script": "posemb", "numbers": {},
@@ -266,6 +275,12 @@ BAD_RECORDS = [
      "a record of another version of the scripts (format 2; this version reads format 1)"),
     ("another script's", {"script": "fewshot"}, "is a record of another script (fewshot; this name is posemb's)"),
     ("no script's", {"script": None}, "is a record of another script (none named; this name is posemb's)"),
+    # edited into another type: each a traceback of python -m job.page before
+    ("a section that could not run as text", {"could_not_run": ["x"]}, "its could_not_run is not a list of sections"),
+    ("an environment as text", {"environment": "x"}, "its 'environment' is not a mapping"),
+    ("flags as a list", {"flags": ["--compare"]}, "its 'flags' is not a mapping"),
+    ("a --model as a number", {"flags": {"model": 5}}, "--model and --data-dir are not text"),
+    ("seconds as text", {"environment": {"seconds": "12"}}, "its environment's seconds are not a number"),
 ]
 
 
