@@ -40,8 +40,7 @@ def hub_name():
 
 
 def shown_url(url):
-    """url as every line and record shows it: a user:password and a query string (a presigned URL's signature)
-    replaced by ***, so that no secret leaves the run."""
+    """url as lines and records show it: a user:password and a query string (a signature) replaced by ***."""
     try:
         parts = urllib.parse.urlsplit(url)
     except ValueError:  # a malformed host ("http://[::1"): nothing of it is shown
@@ -122,10 +121,9 @@ def ask_hub(name, repo_type="model"):
 
 
 def hub_download(name, file, repo_type="model"):
-    """file of name into the Hugging Face cache, its path, with tqdm's bar (the library's hides in a pipe); a failure
-    once the library's retries are spent is one line."""
+    """file of name into the Hugging Face cache, its path, with tqdm's bar; a failure after the retries is one line."""
     try:
-        return hf_hub_download(name, file, repo_type=repo_type, tqdm_class=tqdm)
+        return hf_hub_download(name, file, repo_type=repo_type, tqdm_class=tqdm)  # the library's bar hides in a pipe
     except UserError:
         raise
     except Exception as error:  # the library's and its HTTP client's errors alike, said in one line
@@ -139,6 +137,8 @@ def check_model_flag(name):
     if not name.strip():
         raise UserError("--model is empty: pass a saved checkpoint directory or a Hub id")
     if os.path.isdir(os.path.expanduser(name)):
+        if any("\udc80" <= char <= "\udcff" for char in name):  # undecodable bytes: safetensors opens UTF-8 only
+            raise UserError(f"--model {name!r}: its path has a byte that is not UTF-8 text (safetensors): rename it")
         checkpoint_pixels(name)  # an image processor the scripts cannot follow: refused now
         return name
     try:

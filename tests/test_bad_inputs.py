@@ -87,7 +87,9 @@ def places(tmp_path_factory, tiny_in21k):
             "{bad act}": str(edited(vit_classifier(root / "act", processor=True), hidden_act="nope")),
             "{null config}": str(hostile(vit_classifier(root / "null", processor=True), "config.json", "null")),
             "{float filter}": str(edited(vit_classifier(root / "filter", processor=True), "preprocessor_config.json",
-                                         resample=2.0))}
+                                         resample=2.0)),
+            # a copy of {classifier+processor}, made above
+            "{not utf-8}": shutil.copytree(root / "cp", root / os.fsdecode(b"vit-\xff")).as_posix()}
 
 
 def cut_short(directory):
@@ -330,6 +332,8 @@ CASES = [
      "row 0 of its train split holds no picture"),
     ("backbone", ["--model", "{classifier+processor}", "--data-dir", "{beans no label}", "--epochs", "1"], 1,
      "row 0 of its train split has the label None, not one of its 3 classes"),
+    ("posemb", ["--model", "{not utf-8}"], 2, "its path has a byte that is not UTF-8 text"),  # blamed its weights
+    ("backbone", ["--model", "{not utf-8}"], 2, "its path has a byte that is not UTF-8 text"),
     ("standins", ["{file}"], 2, "is a file, not a folder"),  # a traceback
     ("standins", [""], 2, "an empty path"),  # built in the current folder
     ("miniature", ["{long}"], 2, "a name longer than the file system allows"),
