@@ -740,7 +740,7 @@ def finish(run, report, *, data, model, average, log, micro, last_step, pixels):
                  timings)
     if last_step < args.steps:
         report.print(f"  paused after step {last_step} of {args.steps}; saved {Path(args.save_dir) / CHECKPOINT}: add "
-                     "--resume to continue")
+                     "--resume and a later --pause-at (or none) to continue")  # the same --pause-at pauses again
     report.series.update({"training loss": log["losses"], "gradient norm": log["norms"],  # for the figures and the page
                           "learning rate": [lr_at(step - 1, args.lr, args.steps) for step in range(1, last_step + 1)],
                           "clipping threshold": CLIP_NORM})

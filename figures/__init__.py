@@ -39,10 +39,13 @@ def origin_of(args, default_data):
 
 
 def stamp(figure, origin):
-    """The figure's provenance line (provenance()) under it, small: a PNG copied out of the page still says what it
-    shows."""
+    """The figure's provenance line (provenance()) over it, small, above whatever is highest (a title): a PNG copied
+    out of the page still says what it shows. Not under it: savefig's tight crop moves a legend below the axes down
+    onto a line there."""
     if origin:
-        figure.text(0.5, 0, origin, ha="center", va="top", fontsize=7, color="dimgray")
+        figure.draw_without_rendering()  # its layout made, so that its highest part is known
+        highest = (figure.get_tightbbox().y1 + 3 / 72) / figure.get_figheight()  # 3 points over it, as a fraction
+        figure.text(0.5, max(1.0, highest), origin, ha="center", va="bottom", fontsize=7, color="dimgray")
 
 
 def save(figure, folder, name, say):

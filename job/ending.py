@@ -49,8 +49,8 @@ def result_row(script, record):
 def paused(record):
     """What a paused fine-tuning run's "not run" rows mean (--quick pauses it after step 5)."""
     line = next((text for text in record.get("printed", []) if text.strip().startswith("paused after step")), None)
-    return (f" ({line.strip().split(';')[0]}: its later rows are not run; the job's same command without --quick "
-            f"and --pause-at runs the whole fine-tuning)") if line else ""
+    return (f" ({line.strip().split(';')[0]}: its later rows are not run; the job's same command without --quick, "
+            f"which pauses it (or the --pause-at of its --extra), runs the whole fine-tuning)") if line else ""
 
 
 def why_not_run(script, record, not_run):

@@ -133,11 +133,13 @@ CAPTIONS = {
                          "checkpoint's grid and on the stretched one: each panel's title names the "
                          "position, its axes are grid positions."),
     posemb.ACCURACY_FILE: ("Accuracy of the five versions of the position table, of the 10 Imagenette classes and of "
-                           "all 1000: this run's bars with their values, the article's as crosses."),
+                           "all 1000: this run's bars with their values, the article's as crosses where this run's "
+                           "are comparable."),
     fewshot.FILE: ("Few-shot accuracy against pictures per class (a log axis), a panel per representation: this "
-                   "run's line and the article's points (a marker of its own) in one colour per lambda, each lambda's "
-                   "points set a little apart along x so that equal ones stay seen; a point is the mean over the "
-                   "random draws of the training pictures, its bar +- 1 standard deviation over them."),
+                   "run's line and, where comparable, the article's points (a marker of its own) in one colour per "
+                   "lambda, each lambda's points set a little apart along x so that equal ones stay seen; a point is "
+                   "the mean over the random draws of the training pictures, its bar +- 1 standard deviation over "
+                   "them."),
     finetune.FILE: ("The fine-tuning run against step, on this run's own steps: loss, gradient norm with the "
                     "clipping threshold, learning rate, validation accuracy, one legend below the four; the article's "
                     "logged steps as crosses where this run reached them and its setup makes them comparable."),

@@ -2,6 +2,7 @@
 drawn as zero, the cosine grids' position named, one picture per class, points no legend hides, each lambda's points
 told apart, the error bars named, compared panels on one axis, no empty legend entry, and each figure's line naming
 the model and data it shows. Each figure is caught before it is saved."""
+import io
 import json
 
 import pytest
@@ -206,9 +207,23 @@ EVERY_FIGURE = [
 
 
 @pytest.mark.parametrize("draw,arguments,file", EVERY_FIGURE, ids=[file for _, _, file in EVERY_FIGURE])
-def test_each_figure_carries_the_model_and_data_it_shows(draw, arguments, file, drawn, tmp_path):
+def test_each_figure_carries_the_model_and_data_it_shows_where_nothing_covers_it(draw, arguments, file, drawn,
+                                                                                tmp_path):
+    """The line is readable in the PNG: matplotlib's own boxes, as savefig draws the figure (its tight crop moves a
+    legend below the axes), say that no legend, axis (its labels and ticks included) or title overlaps it (a legend
+    sat on it, and posemb's x label)."""
     draw(*arguments, tmp_path, print, origin=ORIGIN)
-    assert ORIGIN in [text.get_text() for text in drawn[file].texts]
+    figure, covering = drawn[file], []  # [what covers the line] each time the figure is drawn
+
+    def covers(event):
+        line = next(text for text in figure.texts if text.get_text() == ORIGIN).get_window_extent(event.renderer)
+        others = [*figure.legends, *figure.axes, *(text for text in figure.texts if text.get_text() != ORIGIN)]
+        covering.append([other for other in others if other.get_window_extent(event.renderer).overlaps(line)
+                         or other.get_tightbbox(event.renderer).overlaps(line)])
+
+    figure.canvas.mpl_connect("draw_event", covers)
+    figure.savefig(io.BytesIO(), format="png", dpi=100, bbox_inches="tight")  # as figures.save() writes it
+    assert covering and not any(covering)
 
 
 def test_the_provenance_of_a_stand_in_says_its_numbers_are_not_the_articles(tmp_path):

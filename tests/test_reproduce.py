@@ -1201,10 +1201,12 @@ def test_models_of_an_earlier_run_without_its_checkpoint_are_kept_aside_as_fine_
 def test_a_paused_fine_tunings_note_says_the_full_job_runs_it_whole():
     """The quick check's fine-tuning, paused after step 5 on 50 checked pictures, is not continued by the full job
     (its checks are another sample): the note under the table says what the full job does."""
-    paused = "  paused after step 5 of 300; saved OUT/finetune-run/checkpoint.pt: add --resume to continue"
+    paused = ("  paused after step 5 of 300; saved OUT/finetune-run/checkpoint.pt: add --resume and a later "
+              "--pause-at (or none) to continue")
     record = {"printed": ["  step   5: ...", paused]}
     assert ending.paused(record) == (" (paused after step 5 of 300: its later rows are not run; the job's same command "
-                                     "without --quick and --pause-at runs the whole fine-tuning)")  # OUT, data too
+                                     "without --quick, which pauses it (or the --pause-at of its --extra), runs the "
+                                     "whole fine-tuning)")  # the user typed no --pause-at: --quick gives it
     assert ending.paused({"printed": ["  step 300: ..."]}) == ""
 
 

@@ -37,7 +37,8 @@ PROJECT_LINES = {
     "{old_rows} -> {new_rows} rows": "--resolution other than the article's (the paper's 384)",
     "{resolution} pixels; batch {batch} = {world} process(es) x {accum} accumulation step(s) x {micro} pictures":
         "torchrun, --accum-steps or another --resolution",
-    "paused after step {step} of {steps}; saved {path}: add --resume to continue": "--pause-at",
+    "paused after step {step} of {steps}; saved {path}: add --resume and a later --pause-at (or none) to continue":
+        "--pause-at",
     # vit_backbone.py: the article prints its shapes, the configuration, the two dicts and a figure; the rest of what
     # it computes, and section 5 beyond it, the script prints in lines of its own
     "1. patch tokens to a feature map: (B, N, D) -> (B, H_p, W_p, D) -> (B, D, H_p, W_p)": "a section's title",
