@@ -58,9 +58,8 @@ def section(function):
     @functools.wraps(function)
     def run_section(report, *args, **kwargs):
         try:
-            missing = [value for value in (*args, *kwargs.values()) if isinstance(value, UserError)]
-            if missing:  # each reason once, in the order of the arguments
-                raise UserError(*dict.fromkeys(reason for problem in missing for reason in problem.args))
+            if missing := [value for value in (*args, *kwargs.values()) if isinstance(value, UserError)]:
+                raise UserError(*dict.fromkeys(reason for problem in missing for reason in problem.args))  # each once
             return function(report, *args, **kwargs)
         except (UserError, NotImplementedError) as problem:
             problem = mps_gap(problem) if isinstance(problem, NotImplementedError) else problem
@@ -111,11 +110,12 @@ def conclude(run, report, setup_differences=None, article_model=None, article_fl
 
 def closing_lines(could_not_run):
     """A script's last lines when a section could not run: each reason once, then the command to run next."""
-    titles = ", ".join(title for title, _ in could_not_run)
     reasons = dict.fromkeys(reason for _, problem in could_not_run for reason in problem.args)
-    lines = [f"\n{len(could_not_run)} section(s) could not run ({titles}):", *(f"  {why}" for why in reasons)]
+    lines = [f"\n{len(could_not_run)} section(s) could not run ({', '.join(title for title, _ in could_not_run)}):",
+             *(f"  {why}" for why in reasons)]
     if os.environ.get(IN_JOB) != "1":  # the job's own command, not the script's, continues a job
-        lines.append(f"next: do what each line above says, then {same_command()} runs every section")
+        lines.append(f"next: do what each line above says, then {same_command()}, with any flag those lines name, "
+                     "runs every section")  # "pass --model ...": the command as typed lacks it
     return lines
 
 

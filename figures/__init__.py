@@ -28,20 +28,17 @@ def provenance(model, data, made=None):
     mark, or made: what job/ made of them), that its numbers are not the article's."""
     folders = [path for path in (model, data) if path and Path(path).expanduser().is_dir()]
     made = made or next(filter(None, map(made_here, folders)), None)
-    line = f"model: {model}; data: {data}"
-    return f"{line}; {made}: its numbers are not the article's" if made else line
+    return f"model: {model}; data: {data}" + (f"; {made}: its numbers are not the article's" if made else "")
 
 
 def origin_of(args, default_data):
-    """provenance() of a script's run: its --model and --data-dir (default_data: the name of the copy it reads
-    without one)."""
+    """provenance() of a script's run: its --model and --data-dir (default_data: the copy it reads without one)."""
     return provenance(getattr(args, "model", None), getattr(args, "data_dir", None) or default_data)
 
 
 def stamp(figure, origin):
-    """The figure's provenance line (provenance()) over it, small, above whatever is highest (a title): a PNG copied
-    out of the page still says what it shows. Not under it: savefig's tight crop moves a legend below the axes down
-    onto a line there."""
+    """The figure's provenance line (provenance()), small, over its highest part: a PNG copied out of the page still
+    says what it shows (under it, savefig's tight crop moved a legend below the axes onto it)."""
     if origin:
         figure.draw_without_rendering()  # its layout made, so that its highest part is known
         highest = (figure.get_tightbbox().y1 + 3 / 72) / figure.get_figheight()  # 3 points over it, as a fraction

@@ -345,4 +345,5 @@ def test_a_script_that_could_not_run_a_section_ends_on_each_reason_once_and_the_
                                                 "similarity, 4. accuracy at both resolutions):"), done.stderr
     assert last[1].startswith("  checkpoint google/vit-base-patch16-224 is not in the local Hugging Face cache")
     assert last[2].startswith(f"  Imagenette is not in {os.environ['VIT_PART3_DATA']}/imagenette2-160")
-    assert last[3] == f"next: do what each line above says, then python {script} --per-class 5 runs every section"
+    assert last[3] == (f"next: do what each line above says, then python {script} --per-class 5, with any flag those "
+                       "lines name, runs every section")  # "or pass --model": the command as typed lacks it

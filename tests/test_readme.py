@@ -18,6 +18,8 @@ from conftest import ROOT
 import reproduce
 from common.run import ScriptParser
 from common.start_and_end import UserError
+from compare.verdicts import judge
+from job.ending import section_count
 from job.scripts import SCRIPTS
 
 README = ROOT / "README.md"
@@ -206,6 +208,16 @@ def parse(parser, arguments, monkeypatch):
 
     monkeypatch.setattr(ScriptParser, "error", refuse)
     return argparse.ArgumentParser.parse_args(parser, arguments)
+
+
+def test_the_offline_example_of_docs_reproduce_md_counts_as_the_job_does():
+    """Its setup row and its conclusions line, which said 9 of 9 sections and 52 conclusions after both had changed:
+    the setup script's sections, and the conclusions of data/ a job with no JSON but setup's counts."""
+    example = (ROOT / "docs" / "reproduce.md").read_text().split("An example", 1)[1].split("## Flags", 1)[0]
+    sections, conclusions = section_count("setup"), sum(len(judge(script, {})[1]) for script in SCRIPTS)
+    assert f", {sections} of {sections} sections;" in example and f"| {sections} of {sections}  " in example
+    assert re.search(rf"(\d+) hold, 0 fail, 0 undecided, (\d+) not run, 0 not comparable \(of {conclusions} "
+                     r"conclusions\)", example)
 
 
 def test_the_readme_shows_a_command_of_each_script():

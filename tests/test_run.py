@@ -54,5 +54,5 @@ def test_inside_the_job_a_script_leaves_the_command_to_run_next_to_the_job(monke
     monkeypatch.setenv(IN_JOB, "1")
     assert closing_lines(could_not_run) == reasons
     monkeypatch.delenv(IN_JOB)
-    assert closing_lines(could_not_run) == [*reasons, ("next: do what each line above says, then the same command "
-                                                      "runs every section")]
+    assert closing_lines(could_not_run) == [*reasons, ("next: do what each line above says, then the same command, "
+                                                      "with any flag those lines name, runs every section")]
