@@ -72,6 +72,7 @@ from common.files import (
     CHECKPOINT_FORMAT,
     SAVED_AVERAGE,
     SAVED_LAST,
+    TEMP_PREFIX,
     read_checkpoint,
     write_atomic,
 )
@@ -556,6 +557,31 @@ def stop_if_failed(failed, problem):
         raise problem or UserError("the first process could not write its checkpoint (it names the reason)")
 
 
+@contextlib.contextmanager
+def only_run_in(save_dir):
+    """An exclusive lock on --save-dir while the run lives (a second run there would replace this one's checkpoint),
+    then the temporary checkpoint of a run killed while writing it (as large as a checkpoint) removed: none is being
+    written now. Where the system has no flock, nothing is locked."""
+    try:
+        import fcntl  # POSIX's
+    except ImportError:
+        yield
+        return
+    folder = os.open(save_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        os.close(folder)
+        raise UserError(f"--save-dir {save_dir}: another vit_part3_finetune.py is running there: wait for it to end, "
+                        f"or pass another --save-dir") from error
+    try:
+        for left in Path(save_dir).glob(f"{TEMP_PREFIX}{CHECKPOINT}-*"):
+            left.unlink(missing_ok=True)
+        yield
+    finally:
+        os.close(folder)
+
+
 def write_checkpoint(args, checkpoint):
     """(its path, None), or (None, the UserError that kept it from being written)."""
     try:
@@ -568,17 +594,25 @@ def settings(run, run_inputs):
     """The flags a checkpoint was made with and what it read (run_inputs): all but the processes must be the same on
     --resume."""
     args = run.args
-    return {"model": args.model, "steps": args.steps, "batch size": args.batch_size, "lr": args.lr, "seed": args.seed,
-            "resolution": args.resolution, "per class": args.per_class, "precision": args.precision,
+    return {"model": model_named(args.model), "steps": args.steps, "batch size": args.batch_size, "lr": args.lr,
+            "seed": args.seed, "resolution": args.resolution, "per class": args.per_class, "precision": args.precision,
             "processes": run.world,
             "checked per class": None if args.check_per_class == CHECK_PER_CLASS else args.check_per_class,
             "inputs": run_inputs}
 
 
+def model_named(model):
+    """--model as a checkpoint records it: a folder by its real path (given with a trailing / or from another folder,
+    the same folder), a Hub id as given."""
+    folder = os.path.expanduser(model)
+    return os.path.realpath(folder) if os.path.isdir(folder) else model
+
+
 def read_inputs(args, data):
     """The pictures a run reads (each one's path and bytes) and its checkpoint's files (the weights by path, size and
     time, the config files by their bytes), described as the feature cache describes them (common/features.py)."""
-    key = cache_key("inputs", args.model, [path for split in ("train", "val") for path, _ in data[split]], data["root"])
+    paths = [path for split in ("train", "val") for path, _ in data[split]]
+    key = cache_key("inputs", model_named(args.model), paths, data["root"])
     return key and key[1]
 
 
@@ -619,6 +653,10 @@ def resume(run, model, average, optimizer, run_inputs):
     if missing:  # a file of this format that this script did not write whole
         raise UserError(f"--resume: {path} lacks its {', '.join(missing)}: start again without --resume, or pass "
                         f"another --save-dir")
+    if not (type(checkpoint["step"]) is int and checkpoint["step"] >= 0 and all(
+            isinstance(checkpoint[key], dict) for key in ("model", "average", "optimizer", "log", "settings", "rng"))):
+        raise UserError(f"--resume: {path} holds a step or a part of another type than this script writes (edited "
+                        f"and saved again?): start again without --resume, or pass another --save-dir")
     now, made = settings(run, run_inputs), checkpoint["settings"]
     changed = [f"{key} {made.get(key)} -> {value}" if key != "inputs" else changed_input(made.get(key), value)
                for key, value in now.items() if key != "processes" and made.get(key) != value]
@@ -629,10 +667,14 @@ def resume(run, model, average, optimizer, run_inputs):
     if run.args.pause_at and run.args.pause_at < checkpoint["step"]:
         raise UserError(f"--pause-at {run.args.pause_at}: {path} is at step {checkpoint['step']} already; pause at a "
                         f"later step, or drop --pause-at")
-    model.load_state_dict(checkpoint["model"])
-    average.load_state_dict(checkpoint["average"])
-    optimizer.load_state_dict(checkpoint["optimizer"])
-    set_rng_states(checkpoint["rng"])
+    try:
+        model.load_state_dict(checkpoint["model"])
+        average.load_state_dict(checkpoint["average"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        set_rng_states(checkpoint["rng"])
+    except (RuntimeError, KeyError, ValueError, TypeError) as error:  # the tensors of another model, or none
+        raise UserError(f"--resume: {path} holds weights or states this model cannot take ({type(error).__name__}): "
+                        f"start again without --resume, or pass another --save-dir") from None
     return checkpoint["step"], checkpoint["log"]
 
 
@@ -959,10 +1001,11 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     rank, world, device = start_processes(args.device)  # torchrun's, or this one alone
     run, report = begin("finetune", args, device=device, rank=rank, world=world)
-    prepared = section_data_and_model(report, run)  # (data, model, pixels), or why they could not be loaded
-    section_zero_head(report, run, prepared)
-    section_finetune(report, run, prepared)
-    status = conclude(run, report, functools.partial(setup_differences, prepared), MODEL, ARTICLE_FLAGS)
+    with only_run_in(args.save_dir) if args.save_dir and rank == 0 else contextlib.nullcontext():
+        prepared = section_data_and_model(report, run)  # (data, model, pixels), or why they could not be loaded
+        section_zero_head(report, run, prepared)
+        section_finetune(report, run, prepared)
+        status = conclude(run, report, functools.partial(setup_differences, prepared), MODEL, ARTICLE_FLAGS)
     finish_together(world)  # a process that leaves while the first writes its JSON can abort gloo
     return status
 

@@ -309,13 +309,24 @@ def without_key(path, key):
     torch.save(checkpoint, path)
 
 
+def edited(path, key, value):
+    """The checkpoint loaded, one part replaced, and saved again with torch.save: its checksums hold."""
+    torch.save({**torch.load(path, weights_only=True), key: value}, path)
+
+
 @pytest.mark.parametrize("damage,expected", [
     (lambda path: torch.save({"weights": torch.ones(3)}, path), "is a torch file but not a checkpoint of this"),
     (flip_a_bit_in_the_largest_tensor, "has changed since it was written"),
     (lambda path: flip_a_bit_in_the_largest_tensor(path, "/data.pkl"), "has changed since it was written"),
     (lambda path: path.write_bytes(path.read_bytes()[:1000]), "is truncated or not a checkpoint of this script"),
     (lambda path: without_key(path, "rng"), "lacks its rng"),
-], ids=["foreign torch file", "one flipped bit", "one flipped bit of the pickle", "truncated", "a key removed"])
+    # edited and saved again: each a traceback before
+    (lambda path: edited(path, "step", "x"), "holds a step or a part of another type than this script writes"),
+    (lambda path: edited(path, "log", []), "holds a step or a part of another type than this script writes"),
+    (lambda path: edited(path, "settings", None), "holds a step or a part of another type than this script writes"),
+    (lambda path: edited(path, "model", {}), "holds weights or states this model cannot take (RuntimeError)"),
+], ids=["foreign torch file", "one flipped bit", "one flipped bit of the pickle", "truncated", "a key removed",
+        "a step of text", "a log of a list", "no settings", "no weights"])
 def test_resume_refuses_a_foreign_or_damaged_checkpoint(damage, expected, tiny_in21k, pictures, tmp_path, capsys,
                                                         monkeypatch):
     flags = tune_flags(tiny_in21k, pictures, tmp_path, steps=2)
@@ -325,6 +336,38 @@ def test_resume_refuses_a_foreign_or_damaged_checkpoint(damage, expected, tiny_i
     line = next(text for text in out.splitlines() if "cannot run section" in text)
     assert status == 1 and expected in line and str(tmp_path / finetune.CHECKPOINT) in line
     assert "Traceback" not in err and "step   2:" not in out
+
+
+SAVE_DIR_FAULTS = [
+    # another fine-tuning holds --save-dir: it replaced this one's checkpoint, unsaid
+    ("held", [], 2, "another vit_part3_finetune.py is running there: wait for it to end, or pass another --save-dir"),
+    # a run killed while it wrote its checkpoint left a temporary file as large as one, which nothing removed
+    ("killed mid-write", [], 0, None),
+    # the same folder named with a / (a shell's completion) or from another folder: refused, blaming its files
+    ("model with a /", ["--resume"], 0, None),
+]
+
+
+@pytest.mark.parametrize("fault,flags,status,said", SAVE_DIR_FAULTS, ids=[row[0] for row in SAVE_DIR_FAULTS])
+def test_save_dir_faults(fault, flags, status, said, tiny_in21k, pictures, tmp_path, capsys, monkeypatch):
+    fcntl = pytest.importorskip("fcntl")
+    save_dir = tmp_path / "run"
+    assert run(finetune.main, tune_flags(tiny_in21k, pictures, save_dir, steps=2) + ["--pause-at", "1"], capsys,
+               monkeypatch)[0] == 0
+    model = f"{tiny_in21k}/" if fault == "model with a /" else tiny_in21k
+    left = save_dir / f"{files.TEMP_PREFIX}{finetune.CHECKPOINT}-0123456789abcdef"
+    left.write_bytes(b"half a checkpoint")
+    holder = os.open(save_dir, os.O_RDONLY)
+    try:
+        if fault == "held":
+            fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        code, out, err = run(finetune.main, tune_flags(model, pictures, save_dir, steps=2) + flags, capsys, monkeypatch)
+    finally:
+        os.close(holder)
+    assert code == status and "Traceback" not in err, out[-1500:] + err[-1500:]
+    assert said is None or said in err
+    assert left.exists() is (fault == "held")  # removed by the run that holds the folder, not by one refused
+    assert read_checkpoint(save_dir / finetune.CHECKPOINT)["step"] == (1 if fault == "held" else 2)
 
 
 # ---------------------------------------------------------------- 9. a wrong archive, an abandoned extraction
