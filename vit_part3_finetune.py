@@ -658,8 +658,11 @@ def resume(run, model, average, optimizer, run_inputs):
         raise UserError(f"--resume: {path} holds a step or a part of another type than this script writes (edited "
                         f"and saved again?): start again without --resume, or pass another --save-dir")
     now, made = settings(run, run_inputs), checkpoint["settings"]
-    changed = [f"{key} {made.get(key)} -> {value}" if key != "inputs" else changed_input(made.get(key), value)
-               for key, value in now.items() if key != "processes" and made.get(key) != value]
+    moved = [key for key, value in now.items() if key != "processes" and made.get(key) != value]
+    if {"model", "per class"} & set(moved):  # each changes what the run reads: the inputs' change is theirs
+        moved = [key for key in moved if key != "inputs"]
+    changed = [f"{key} {made.get(key)} -> {now[key]}" if key != "inputs" else changed_input(made.get(key), now[key])
+               for key in moved]
     if changed:
         fix = ("move it away: the job's same command then starts fine-tuning afresh" if os.environ.get(IN_JOB) == "1"
                else "pass the same flags, or a new --save-dir")  # the job sets both flags itself

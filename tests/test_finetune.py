@@ -311,6 +311,9 @@ def test_resume_refuses_other_settings(tiny_in21k, pictures, tmp_path, capsys):
     status, out = run_main(common_flags(tiny_in21k, pictures, tmp_path, steps=2) + ["--resume", "--check-per-class",
                                                                                      "1"], capsys)
     assert status == 1 and "made with other settings (checked per class None -> 1)" in out
+    status, out = run_main(common_flags(tiny_in21k, pictures, tmp_path, steps=2) + ["--resume", "--per-class", "1"],
+                           capsys)  # its pictures differ because of it: not a picture "not the one it read"
+    assert status == 1 and "made with other settings (per class None -> 1); pass the same flags" in out
     status, out = run_main(common_flags(tiny_in21k, pictures, tmp_path, steps=2) + ["--resume", "--check-per-class",
                                                                                      "100"], capsys)
     assert status == 0 and "resumed from" in out  # the article's 100, said, is the default's run
