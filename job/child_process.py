@@ -12,6 +12,7 @@ import os
 import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -272,7 +273,7 @@ def only_job_on(out, say):
                         f"or give this one another OUT") from error
     try:
         handle.truncate(0)
-        handle.write(f"{os.getpid()}\n")  # for a later job to tell this one from a script it left
+        handle.write(f"{os.getpid()} {pid_space()}\n")  # for a later job to tell this one from a script it left
         handle.flush()
     except OSError as error:  # a full or failing disk
         handle.close()
@@ -293,9 +294,20 @@ def open_lock(path):
 
 
 def job_is_alive(lock_path):
-    """Whether the job that took the lock, named in its file, still runs (unknown: taken as running)."""
+    """Whether the job that took the lock, named in its file, still runs (unknown: taken as running, as is a job of
+    another machine or container sharing OUT, whose process number means nothing here)."""
     try:
-        pid = int(lock_path.read_text().strip())
+        pid, space = lock_path.read_text().split()
+        pid = int(pid)
     except (OSError, ValueError):
         return True
-    return pid != os.getpid() and psutil.pid_exists(pid)  # a new container can give a requeued job its old number
+    return space != pid_space() or pid != os.getpid() and psutil.pid_exists(pid)  # a requeued job: its old number
+
+
+def pid_space():
+    """Where this process's number means something: the host and, on Linux, the PID namespace (a container's)."""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid").strip("pid:[]")
+    except OSError:
+        namespace = "-"
+    return f"{socket.gethostname()}/{namespace}"

@@ -697,7 +697,7 @@ def test_a_new_job_waits_for_a_script_its_ended_job_left_running(tmp_path, capsy
     out.mkdir()
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
                           check=True).stdout.strip()
-    (out / child_process.LOCK).write_text(gone)  # the job that took the lock has ended ...
+    (out / child_process.LOCK).write_text(f"{gone} {child_process.pid_space()}")  # the job that took it has ended ...
     holds = ("import fcntl, sys, time; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
              "print('held', flush=True); time.sleep(2)")
     script = subprocess.Popen([sys.executable, "-c", holds, str(out / child_process.LOCK)], stdout=subprocess.PIPE,
@@ -708,7 +708,7 @@ def test_a_new_job_waits_for_a_script_its_ended_job_left_running(tmp_path, capsy
     assert lock is not None and time.perf_counter() - waited > 1  # it waited for the script's end
     script.wait(timeout=60)
     assert "a script of an ended job still runs on" in capsys.readouterr().err
-    assert (out / child_process.LOCK).read_text() == f"{os.getpid()}\n"
+    assert (out / child_process.LOCK).read_text() == f"{os.getpid()} {child_process.pid_space()}\n"
     lock.close()
 
 
@@ -1382,7 +1382,7 @@ def test_a_job_removes_its_lock_file_however_it_ends_and_closes_it(tmp_path, mon
     monkeypatch.setattr(reproduce, "run_job", run_job)
     status = no_resource_warning(lambda: guarded(lambda: reproduce.main([str(out), "--quick", "--device", "cpu"])))
     assert status == {"ends": 0, "refuses": 2, "stopped": 143}[ending]
-    assert seen == [f"{os.getpid()}\n"] and not (out / child_process.LOCK).exists()
+    assert seen == [f"{os.getpid()} {child_process.pid_space()}\n"] and not (out / child_process.LOCK).exists()
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="Linux's device of a full disk")
@@ -1426,6 +1426,22 @@ def test_a_job_leaves_the_lock_file_while_a_script_of_it_runs(tmp_path):
     again = child_process.only_job_on(tmp_path, print)  # the script has ended: taken at once
     again.close()
     assert not (tmp_path / child_process.LOCK).exists()
+
+
+@pytest.mark.parametrize("named,alive", [
+    ("{gone} {here}", False),  # an ended job of this machine: a script of it is waited for
+    ("{gone} another-host/4026531836", True),  # a job of another container or host sharing OUT: its number means
+    ("{gone} {here_host}/4026531999", True),   # nothing here; refused, not waited for as "an ended job"
+    ("{me} {here}", False),  # this process: a requeued job given its old number
+    ("12 34 56", True), ("", True),  # not a lock file this job writes: taken as running
+])
+def test_a_lock_file_names_where_its_process_number_means_something(tmp_path, named, alive):
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True).stdout.strip()  # no process here has its number now
+    here = child_process.pid_space()
+    (tmp_path / child_process.LOCK).write_text(named.format(gone=gone, here=here, here_host=here.split("/")[0],
+                                                            me=os.getpid()))
+    assert child_process.job_is_alive(tmp_path / child_process.LOCK) is alive
 
 
 def test_a_job_whose_lock_file_was_removed_still_holds_its_out(tmp_path):
