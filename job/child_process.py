@@ -1,11 +1,11 @@
 """A script run by reproduce.py: its command checked, its output passed through and logged, signals passed on, its
 end tied to the job's.
 
-The job holds an exclusive lock on OUT/.reproduce.lock and on OUT itself (only_job_on) and each script it
-starts inherits both (run_logged), so the lock lasts while any of them lives: a new job never writes into an
-OUT where a script of an ended job still runs, nor where the lock's file was removed by hand. On Linux that
-script was sent SIGTERM when its job ended (start_script) and saves and stops as on any SIGTERM, so the new
-job waits for it. The job removes the file as it ends (JobLock.close), unless a script of it still runs.
+The job holds an exclusive lock on OUT/.reproduce.lock (only_job_on) and each script it starts
+inherits it (run_logged), so the lock lasts while any of them lives: a new job never writes into an
+OUT where a script of an ended job still runs. On Linux that script was sent SIGTERM when its job
+ended (start_script) and saves and stops as on any SIGTERM, so the new job waits for it. The job
+removes the file as it ends (JobLock.close), unless a script of it still runs.
 """
 import json
 import os
@@ -101,7 +101,7 @@ def run_logged(command, cwd, log_path, stop, lock, say):
         columns, lines = shutil.get_terminal_size()
         env.update(COLUMNS=str(columns), LINES=str(lines))
     child = start_script(command, env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, pass_fds=lock.fds() if lock else [])
+                         stderr=subprocess.PIPE, pass_fds=[lock.fileno()] if lock else [])
     if lock:
         lock.scripts.append(child)
     stop.child = child
@@ -198,14 +198,14 @@ def check_in_turn():
 
 
 class JobLock:
-    """The job's lock (only_job_on): its open file and OUT's descriptor, which each script the job starts inherits
-    (fds), and those scripts (run_logged)."""
+    """The job's lock (only_job_on): its open file, which each script the job starts inherits (fileno), and those
+    scripts (run_logged)."""
 
-    def __init__(self, path, handle, folder):
-        self.path, self.handle, self.folder, self.scripts = path, handle, folder, []
+    def __init__(self, path, handle):
+        self.path, self.handle, self.scripts = path, handle, []
 
-    def fds(self):
-        return [self.handle.fileno(), self.folder]
+    def fileno(self):
+        return self.handle.fileno()
 
     def close(self):
         """The job's end, however it ends: the file removed while the lock is still held, then closed, which frees
@@ -220,7 +220,6 @@ class JobLock:
             pass  # a file that cannot be removed stays, as it would have: the next job takes it
         finally:
             self.handle.close()
-            os.close(self.folder)
 
 
 def is_locked_file(path, handle):
@@ -263,25 +262,16 @@ def only_job_on(out, say):
         if is_locked_file(path, handle):
             break
         handle.close()  # the job that held it removed the file as it ended: the lock is now the file there
-    folder = os.open(out, os.O_RDONLY)  # OUT's own lock: a job whose lock file was removed by hand still holds it
-    try:
-        fcntl.flock(folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as error:
-        os.close(folder)
-        handle.close()
-        raise UserError(f"another reproduce.py is running on {out} (its lock file {path} was removed): wait for it, "
-                        f"or give this one another OUT") from error
     try:
         handle.truncate(0)
         handle.write(f"{os.getpid()} {pid_space()}\n")  # for a later job to tell this one from a script it left
         handle.flush()
     except OSError as error:  # a full or failing disk
         handle.close()
-        os.close(folder)
         path.unlink(missing_ok=True)
         raise UserError(f"cannot write the lock file {path} ({reason(error)}): free space there, or give this job "
                         f"another OUT") from error
-    return JobLock(path, handle, folder)
+    return JobLock(path, handle)
 
 
 def open_lock(path):
