@@ -32,7 +32,6 @@ if __name__ == "__main__":  # before the libraries load: a Ctrl-C then is one li
 
 import itertools
 import os
-import re
 import signal
 import sys
 import tempfile
@@ -243,7 +242,7 @@ def prepare(script, args, out, keys, manifest):
         resume = not why
         if why:  # hours of training may be in them: kept aside, not deleted
             found = [out / FINETUNE_RUN / name for name in KEPT_ASIDE if (out / FINETUNE_RUN / name).exists()]
-            kept = [keep_aside(path) for path in found]
+            kept = keep_aside(found)
             if kept:
                 ones = "one is" if len(kept) == 1 else "ones are"
                 say(f"{script_file(script)} starts afresh: {why}; the old {ones} kept as {', '.join(map(str, kept))}")
@@ -283,19 +282,24 @@ def why_afresh(args, out, key, manifest):
     return f"its checkpoint is at step {step}, past --pause-at {pause}" if pause and pause < step else ""
 
 
-def keep_aside(path):
-    """path moved to its KEPT_ASIDE name, or beside the ones kept there before (unused()); the new name."""
-    move(path, kept := unused(path.with_name(KEPT_ASIDE[path.name])))
-    return kept
+def keep_aside(found):
+    """found (fine-tuning's files) moved to their KEPT_ASIDE names, each with the number that is free for all of them
+    (unused()): a checkpoint and the models of its run keep one number. The new names."""
+    names = dict(zip(KEPT_ASIDE, unused(*(found[0].with_name(name) for name in KEPT_ASIDE.values())), strict=True))
+    for path in found:
+        move(path, names[path.name])
+    return [names[path.name] for path in found]
 
 
-def unused(kept):
-    """kept, or where an earlier job's file is kept there, the first of kept.previous-2, -3, ... that is free: a file
-    set aside (hours of training, an earlier setup's JSON) is never replaced by the next one."""
-    for number in itertools.count(2):
-        if not os.path.lexists(kept):
-            return kept
-        kept = kept.with_name(re.sub(r"\.previous(-\d+)?", f".previous-{number}", kept.name, count=1))
+def unused(*kept):
+    """kept (names with .previous), or where one of them is taken already, the first of their .previous-2, -3, ...
+    that is free for all: a file set aside (hours of training, an earlier setup's JSON) is never replaced."""
+    assert all(".previous" in path.name for path in kept), kept  # else no number would make them free
+    for number in itertools.count(1):
+        suffix = ".previous" if number == 1 else f".previous-{number}"
+        named = [path.with_name(path.name.replace(".previous", suffix, 1)) for path in kept]
+        if not any(os.path.lexists(path) for path in named):
+            return named
 
 
 def move(source, target):
@@ -313,9 +317,9 @@ def move_stale(out, script, manifest):
     until the job writes its own (a job stopped now would leave it showing what was set aside). Where the JSON went."""
     stale, page, kept = out / f"{script}.json", out / "report.md", None
     if stale.is_file():
-        move(stale, kept := unused(out / "logs" / f"{script}.previous.json"))
+        move(stale, kept := unused(out / "logs" / f"{script}.previous.json")[0])
         if page.is_file():
-            move(page, unused(out / "logs" / "report.previous.md"))
+            move(page, unused(out / "logs" / "report.previous.md")[0])
     for name in SCRIPTS[script]["figures"]:
         try:
             (out / "figures" / name).unlink(missing_ok=True)

@@ -558,28 +558,31 @@ def stop_if_failed(failed, problem):
 
 
 @contextlib.contextmanager
-def only_run_in(save_dir):
-    """An exclusive lock on --save-dir while the run lives (a second run there would replace this one's checkpoint),
-    then the temporary checkpoint of a run killed while writing it (as large as a checkpoint) removed: none is being
-    written now. Where the system has no flock, nothing is locked."""
-    try:
-        import fcntl  # POSIX's
-    except ImportError:
+def only_run_in(run):
+    """An exclusive lock on --save-dir's .finetune.lock while the run lives (a second run there would replace this
+    one's checkpoint), taken by the first process and refused by every one together; then the temporary checkpoint
+    of a run killed while writing it (as large as a checkpoint) removed: none is being written now. Where the system
+    cannot lock a file (no flock), nothing is locked."""
+    lock, held = None, None  # held: True when this run holds it, False when another does, None when unknown
+    if run.rank == 0:
+        try:
+            import fcntl  # POSIX's
+
+            lock = open(Path(run.args.save_dir) / ".finetune.lock", "a")  # noqa: SIM115 - closed by the with below
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held = True
+        except BlockingIOError:
+            held = False
+        except (ImportError, OSError):  # Windows, a disk without locks: nothing is locked
+            pass
+    with lock or contextlib.nullcontext():  # closed however the run ends: the lock freed
+        if sum_over_processes(held is False, run):  # every process refuses: one line under torchrun
+            raise UserError(f"--save-dir {run.args.save_dir}: another vit_part3_finetune.py is running there: wait "
+                            f"for it to end, or pass another --save-dir")
+        for left in Path(run.args.save_dir).glob(f"{TEMP_PREFIX}{CHECKPOINT}-*") if held else ():
+            with contextlib.suppress(OSError):  # one it cannot remove stays, as it did
+                left.unlink()
         yield
-        return
-    folder = os.open(save_dir, os.O_RDONLY)
-    try:
-        fcntl.flock(folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as error:
-        os.close(folder)
-        raise UserError(f"--save-dir {save_dir}: another vit_part3_finetune.py is running there: wait for it to end, "
-                        f"or pass another --save-dir") from error
-    try:
-        for left in Path(save_dir).glob(f"{TEMP_PREFIX}{CHECKPOINT}-*"):
-            left.unlink(missing_ok=True)
-        yield
-    finally:
-        os.close(folder)
 
 
 def write_checkpoint(args, checkpoint):
@@ -594,8 +597,8 @@ def settings(run, run_inputs):
     """The flags a checkpoint was made with and what it read (run_inputs): all but the processes must be the same on
     --resume."""
     args = run.args
-    return {"model": model_named(args.model), "steps": args.steps, "batch size": args.batch_size, "lr": args.lr,
-            "seed": args.seed, "resolution": args.resolution, "per class": args.per_class, "precision": args.precision,
+    return {"model": args.model, "steps": args.steps, "batch size": args.batch_size, "lr": args.lr, "seed": args.seed,
+            "resolution": args.resolution, "per class": args.per_class, "precision": args.precision,
             "processes": run.world,
             "checked per class": None if args.check_per_class == CHECK_PER_CLASS else args.check_per_class,
             "inputs": run_inputs}
@@ -611,8 +614,7 @@ def model_named(model):
 def read_inputs(args, data):
     """The pictures a run reads (each one's path and bytes) and its checkpoint's files (the weights by path, size and
     time, the config files by their bytes), described as the feature cache describes them (common/features.py)."""
-    paths = [path for split in ("train", "val") for path, _ in data[split]]
-    key = cache_key("inputs", model_named(args.model), paths, data["root"])
+    key = cache_key("inputs", args.model, [path for split in ("train", "val") for path, _ in data[split]], data["root"])
     return key and key[1]
 
 
@@ -631,10 +633,17 @@ def set_rng_states(rng):
         torch.cuda.set_rng_state_all(rng["cuda"])
 
 
+def compared(settings_made):
+    """A checkpoint's settings as --resume compares them: --model, and the model its inputs name, as model_named()
+    gives it (a checkpoint made before it recorded the name as typed), the inputs read from their text."""
+    inputs = json.loads(settings_made.get("inputs") or "{}")
+    inputs = {**inputs, "model": model_named(str(inputs["model"]))} if "model" in inputs else inputs
+    return {**settings_made, "model": model_named(str(settings_made.get("model"))), "inputs": inputs}
+
+
 def changed_input(made, now):
-    """Which of a checkpoint's inputs differs now (two read_inputs() descriptions): the first picture that changed,
-    came or went, else the checkpoint's files."""
-    made, now = (json.loads(text or "{}") for text in (made, now))
+    """Which of a checkpoint's inputs differs now (two read_inputs() descriptions, as compared()): the first picture
+    that changed, came or went, else the checkpoint's files."""
     pictures = set(map(tuple, made.get("pictures", []))) ^ set(map(tuple, now.get("pictures", [])))  # (path, digest)
     if pictures:
         return f"its picture {min(pictures)[0]} under --data-dir is not the one it read"
@@ -657,7 +666,7 @@ def resume(run, model, average, optimizer, run_inputs):
             isinstance(checkpoint[key], dict) for key in ("model", "average", "optimizer", "log", "settings", "rng"))):
         raise UserError(f"--resume: {path} holds a step or a part of another type than this script writes (edited "
                         f"and saved again?): start again without --resume, or pass another --save-dir")
-    now, made = settings(run, run_inputs), checkpoint["settings"]
+    now, made = compared(settings(run, run_inputs)), compared(checkpoint["settings"])
     moved = [key for key, value in now.items() if key != "processes" and made.get(key) != value]
     if {"model", "per class"} & set(moved):  # each changes what the run reads: the inputs' change is theirs
         moved = [key for key in moved if key != "inputs"]
@@ -670,14 +679,15 @@ def resume(run, model, average, optimizer, run_inputs):
     if run.args.pause_at and run.args.pause_at < checkpoint["step"]:
         raise UserError(f"--pause-at {run.args.pause_at}: {path} is at step {checkpoint['step']} already; pause at a "
                         f"later step, or drop --pause-at")
-    try:
-        model.load_state_dict(checkpoint["model"])
-        average.load_state_dict(checkpoint["average"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        set_rng_states(checkpoint["rng"])
-    except (RuntimeError, KeyError, ValueError, TypeError) as error:  # the tensors of another model, or none
-        raise UserError(f"--resume: {path} holds weights or states this model cannot take ({type(error).__name__}): "
-                        f"start again without --resume, or pass another --save-dir") from None
+    shapes = {name: tensor.shape for name, tensor in model.state_dict().items()}
+    if any({name: getattr(tensor, "shape", None) for name, tensor in checkpoint[part].items()} != shapes
+           for part in ("model", "average")):  # the tensors of another model, or none: load_state_dict would raise
+        raise UserError(f"--resume: {path} holds weights of another model than --model's: start again without "
+                        f"--resume, or pass another --save-dir")
+    model.load_state_dict(checkpoint["model"])
+    average.load_state_dict(checkpoint["average"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    set_rng_states(checkpoint["rng"])
     return checkpoint["step"], checkpoint["log"]
 
 
@@ -1004,7 +1014,7 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     rank, world, device = start_processes(args.device)  # torchrun's, or this one alone
     run, report = begin("finetune", args, device=device, rank=rank, world=world)
-    with only_run_in(args.save_dir) if args.save_dir and rank == 0 else contextlib.nullcontext():
+    with only_run_in(run) if args.save_dir else contextlib.nullcontext():
         prepared = section_data_and_model(report, run)  # (data, model, pixels), or why they could not be loaded
         section_zero_head(report, run, prepared)
         section_finetune(report, run, prepared)

@@ -211,7 +211,7 @@ def typed_flags(flags, folder):
 def run_seconds(script, record, job, folder):
     """The script's time as text: reproduce.py's clock when it recorded this JSON, else the script's own."""
     entry, path = job.get(script), folder / f"{script}.json"
-    if (isinstance(entry, dict) and "seconds" in entry
+    if (isinstance(entry, dict) and isinstance(entry.get("seconds"), (int, float))
             and entry.get("json") == hashlib.sha256(path.read_bytes()).hexdigest()):
         return clock(entry["seconds"])
     seconds = record.get("environment", {}).get("seconds")

@@ -9,6 +9,7 @@ what the system does: the writer cannot tell the difference.
 import errno
 import hashlib
 import io
+import json
 import os
 import shutil
 import signal
@@ -324,7 +325,7 @@ def edited(path, key, value):
     (lambda path: edited(path, "step", "x"), "holds a step or a part of another type than this script writes"),
     (lambda path: edited(path, "log", []), "holds a step or a part of another type than this script writes"),
     (lambda path: edited(path, "settings", None), "holds a step or a part of another type than this script writes"),
-    (lambda path: edited(path, "model", {}), "holds weights or states this model cannot take (RuntimeError)"),
+    (lambda path: edited(path, "model", {}), "holds weights of another model than --model's"),
 ], ids=["foreign torch file", "one flipped bit", "one flipped bit of the pickle", "truncated", "a key removed",
         "a step of text", "a log of a list", "no settings", "no weights"])
 def test_resume_refuses_a_foreign_or_damaged_checkpoint(damage, expected, tiny_in21k, pictures, tmp_path, capsys,
@@ -345,6 +346,8 @@ SAVE_DIR_FAULTS = [
     ("killed mid-write", [], 0, None),
     # the same folder named with a / (a shell's completion) or from another folder: refused, blaming its files
     ("model with a /", ["--resume"], 0, None),
+    # a checkpoint made before the folder's real path was recorded: its --model as typed, from the folder above it
+    ("model as typed", ["--resume"], 0, None),
 ]
 
 
@@ -355,15 +358,18 @@ def test_save_dir_faults(fault, flags, status, said, tiny_in21k, pictures, tmp_p
     assert run(finetune.main, tune_flags(tiny_in21k, pictures, save_dir, steps=2) + ["--pause-at", "1"], capsys,
                monkeypatch)[0] == 0
     model = f"{tiny_in21k}/" if fault == "model with a /" else tiny_in21k
+    if fault == "model as typed":
+        checkpoint = torch.load(save_dir / finetune.CHECKPOINT, weights_only=True)
+        made, inputs = checkpoint["settings"], json.loads(checkpoint["settings"]["inputs"])
+        made.update(model=tiny_in21k.name, inputs=json.dumps({**inputs, "model": tiny_in21k.name}))
+        torch.save(checkpoint, save_dir / finetune.CHECKPOINT)
+        monkeypatch.chdir(tiny_in21k.parent)
     left = save_dir / f"{files.TEMP_PREFIX}{finetune.CHECKPOINT}-0123456789abcdef"
     left.write_bytes(b"half a checkpoint")
-    holder = os.open(save_dir, os.O_RDONLY)
-    try:
+    with open(save_dir / ".finetune.lock", "a") as holder:  # as another run holds it
         if fault == "held":
             fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
         code, out, err = run(finetune.main, tune_flags(model, pictures, save_dir, steps=2) + flags, capsys, monkeypatch)
-    finally:
-        os.close(holder)
     assert code == status and "Traceback" not in err, out[-1500:] + err[-1500:]
     assert said is None or said in err
     assert left.exists() is (fault == "held")  # removed by the run that holds the folder, not by one refused

@@ -1,4 +1,5 @@
 """job/page.py: the scripts' JSON files in, one page out, with every compared number and its figures."""
+import hashlib
 import json
 import sys
 
@@ -142,12 +143,16 @@ def test_a_script_the_job_could_not_run_says_why_and_the_jobs_command(tmp_path):
 
 
 @pytest.mark.parametrize("job", [{"not run": ["posemb"]}, {"command": "python reproduce.py", "not run": {"posemb": 3}},
-                                 ["not run"]])
+                                 {"setup": {"seconds": "12", "json": "{setup's}"}}])
 def test_a_job_record_edited_into_another_type_is_read_as_no_jobs(tmp_path, job):
-    """The page of a folder whose reproduce.json was edited by hand: each script's own command, no traceback."""
-    (tmp_path / "reproduce.json").write_text(json.dumps(job))
+    """The page of a folder whose reproduce.json was edited by hand: each script's own command, and the script's own
+    clock where the job's seconds are text, no traceback."""
+    record = {"format": 1, "script": "setup", "numbers": {}, "environment": {"seconds": 7.5}}
+    (tmp_path / "setup.json").write_text(json.dumps(record))
+    recorded = hashlib.sha256((tmp_path / "setup.json").read_bytes()).hexdigest()
+    (tmp_path / "reproduce.json").write_text(json.dumps(job).replace("{setup's}", recorded))
     page = page_maker.build(tmp_path, say=lambda text: None).read_text()
-    assert f"Not run. `{page_maker.command('posemb', tmp_path)}`" in page
+    assert f"Not run. `{page_maker.command('posemb', tmp_path)}`" in page and "| 7.5 s |" in page
 
 
 def test_a_note_of_pictures_not_checked_is_a_line_under_the_articles_setup_not_a_difference(tmp_path):

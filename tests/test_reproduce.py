@@ -945,7 +945,7 @@ def test_a_checkpoint_of_another_command_or_damaged_is_kept_aside_not_deleted(tm
     made_by = reproduce.checkpoint_maker(args, out, keys["finetune"])  # its command, code and inputs
     manifest = {"finetune checkpoint": made_by if made_by_this_command else {**made_by, "code": "other code"}}
     command = reproduce.prepare("finetune", args, out, keys, manifest)
-    previous = checkpoint.with_name("checkpoint.previous.pt")
+    previous = checkpoint.with_name("checkpoint.previous-2.pt")  # the number free for it and its run's models
     assert ("--resume" in command) is (why is None) and checkpoint.is_file() is (why is None)
     assert previous.is_file() is (why is not None) and (why is None or previous.read_bytes() == saved)
     run = out / "finetune-run"
@@ -1163,6 +1163,21 @@ def test_a_file_set_aside_never_replaces_one_set_aside_before(tmp_path, capsys, 
     assert (out / kept).read_text() == "this job's" and f"kept as {out / kept}" in capsys.readouterr().err
     assert all((out / name).is_dir() if name.endswith("/") else (out / name).read_text() == name
                for name in kept_before)
+
+
+def test_a_checkpoint_and_the_models_of_its_run_are_kept_aside_with_one_number(tmp_path):
+    """A first run paused (its checkpoint alone kept aside), then a second whole one: its checkpoint and models go
+    aside with one number, not its models beside the first run's checkpoint."""
+    run = tmp_path / "finetune-run"
+    run.mkdir()
+    (run / "checkpoint.previous.pt").write_text("the first run's")
+    (run / "checkpoint.pt").write_text("the second run's")
+    for folder in ("model", "model-last"):
+        (run / folder).mkdir()
+    kept = reproduce.keep_aside([run / name for name in reproduce.KEPT_ASIDE])
+    assert [path.name for path in kept] == ["model.previous-2", "model-last.previous-2", "checkpoint.previous-2.pt"]
+    assert (run / "checkpoint.previous.pt").read_text() == "the first run's"
+    assert (run / "checkpoint.previous-2.pt").read_text() == "the second run's"
 
 
 @pytest.mark.parametrize("status,ended", [
