@@ -285,6 +285,8 @@ def why_afresh(args, out, key, manifest):
 def keep_aside(found):
     """found (fine-tuning's files) moved to their KEPT_ASIDE names, each with the number that is free for all of them
     (unused()): a checkpoint and the models of its run keep one number. The new names."""
+    if not found:
+        return []
     names = dict(zip(KEPT_ASIDE, unused(*(found[0].with_name(name) for name in KEPT_ASIDE.values())), strict=True))
     for path in found:
         move(path, names[path.name])
