@@ -240,12 +240,9 @@ def prepare(script, args, out, keys, manifest):
     if script == "finetune":
         why = why_afresh(args, out, keys[script], manifest)
         resume = not why
-        if why:  # hours of training may be in them: kept aside, not deleted
-            found = [out / FINETUNE_RUN / name for name in KEPT_ASIDE if (out / FINETUNE_RUN / name).exists()]
-            kept = keep_aside(found)
-            if kept:
-                ones = "one is" if len(kept) == 1 else "ones are"
-                say(f"{script_file(script)} starts afresh: {why}; the old {ones} kept as {', '.join(map(str, kept))}")
+        if why and (kept := keep_aside(out / FINETUNE_RUN)):  # hours of training may be in them: kept, not deleted
+            ones = "one is" if len(kept) == 1 else "ones are"
+            say(f"{script_file(script)} starts afresh: {why}; the old {ones} kept as {', '.join(map(str, kept))}")
         earlier = manifest.get(CHECKPOINT_ENTRY, {}).get("seconds", 0) if resume else 0  # its runs' wall time
         manifest[CHECKPOINT_ENTRY] = {**checkpoint_maker(args, out, keys[script]), "seconds": earlier}
     made, earlier = manifest.get(script), out / f"{script}.json"
@@ -282,15 +279,14 @@ def why_afresh(args, out, key, manifest):
     return f"its checkpoint is at step {step}, past --pause-at {pause}" if pause and pause < step else ""
 
 
-def keep_aside(found):
-    """found (fine-tuning's files) moved to their KEPT_ASIDE names, each with the number that is free for all of them
-    (unused()): a checkpoint and the models of its run keep one number. The new names."""
-    if not found:
-        return []
-    names = dict(zip(KEPT_ASIDE, unused(*(found[0].with_name(name) for name in KEPT_ASIDE.values())), strict=True))
-    for path in found:
-        move(path, names[path.name])
-    return [names[path.name] for path in found]
+def keep_aside(run):
+    """Fine-tuning's files in its folder run moved to their KEPT_ASIDE names, each with the number that is free for
+    all of them (unused()): a checkpoint and the models of its run keep one number. The new names."""
+    names = dict(zip(KEPT_ASIDE, unused(*(run / name for name in KEPT_ASIDE.values())), strict=True))
+    found = [name for name in KEPT_ASIDE if (run / name).exists()]
+    for name in found:
+        move(run / name, names[name])
+    return [names[name] for name in found]
 
 
 def unused(*kept):

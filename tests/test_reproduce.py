@@ -1174,10 +1174,10 @@ def test_a_checkpoint_and_the_models_of_its_run_are_kept_aside_with_one_number(t
     (run / "checkpoint.pt").write_text("the second run's")
     for folder in ("model", "model-last"):
         (run / folder).mkdir()
-    kept = reproduce.keep_aside([run / name for name in reproduce.KEPT_ASIDE])
+    kept = reproduce.keep_aside(run)
     assert [path.name for path in kept] == ["model.previous-2", "model-last.previous-2", "checkpoint.previous-2.pt"]
     assert (run / "checkpoint.previous.pt").read_text() == "the first run's"
-    assert (run / "checkpoint.previous-2.pt").read_text() == "the second run's" and reproduce.keep_aside([]) == []
+    assert (run / "checkpoint.previous-2.pt").read_text() == "the second run's" and reproduce.keep_aside(run) == []
 
 
 @pytest.mark.parametrize("status,ended", [
