@@ -975,6 +975,21 @@ def sum_over_processes(values, run):
     return tuple(total.tolist()) if many else total.item()
 
 
+@contextlib.contextmanager
+def peers_kept(world):
+    """Under torchrun, a process killed mid-run (out of memory, a scheduler) breaks the others' next exchange with it:
+    one line for each of them, not torch.distributed's traceback; torchrun's own lines then name the process."""
+    try:
+        yield
+    except RuntimeError as error:  # gloo's lost connection is a plain RuntimeError; NCCL's, and the store's, DistError
+        if world == 1 or not (isinstance(error, dist.DistError) or "by peer" in str(error)):
+            raise
+        why = str(error).splitlines()[0].split("] ", 1)[-1].split(". ")[0][:160]  # gloo's: after its source line
+        raise UserError(f"another torchrun process ended during the run ({why}): torchrun's lines below name it and "
+                        "why; run the same torchrun command again, adding --resume where --save-dir keeps a "
+                        "checkpoint") from None
+
+
 def finish_together(world):
     """Every process waits here for the others; then each may leave at once (leave)."""
     if world > 1:
@@ -1014,7 +1029,7 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     rank, world, device = start_processes(args.device)  # torchrun's, or this one alone
     run, report = begin("finetune", args, device=device, rank=rank, world=world)
-    with only_run_in(run) if args.save_dir else contextlib.nullcontext():
+    with only_run_in(run) if args.save_dir else contextlib.nullcontext(), peers_kept(world):
         prepared = section_data_and_model(report, run)  # (data, model, pixels), or why they could not be loaded
         section_zero_head(report, run, prepared)
         section_finetune(report, run, prepared)

@@ -437,6 +437,33 @@ def test_sigterm_under_torchrun_stops_every_process_at_one_step(tiny_in21k, pict
     assert leftovers(tmp_path) == []
 
 
+def test_a_torchrun_process_killed_mid_run_is_one_line_in_the_other(tiny_in21k, pictures, tmp_path):
+    """SIGKILL to one of torchrun's processes (the system's out-of-memory killer): the other's next exchange with it
+    fails, which it says in one line, no traceback; the last checkpoint stays readable. torchrun waits 5 s before it
+    ends the other process itself, so that the failed exchange, not torchrun's SIGTERM, comes first."""
+    import time
+
+    import psutil
+
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               "--monitor-interval", "5", "vit_part3_finetune.py",
+               *tune_flags(tiny_in21k, pictures, tmp_path, steps=200), "--save-every", "1"]
+    job = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env={**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"})
+    deadline = time.time() + 200
+    while not (tmp_path / finetune.CHECKPOINT).exists() and job.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    second = [child for child in psutil.Process(job.pid).children(recursive=True)
+              if child.environ().get("RANK") == "1"]
+    assert len(second) == 1
+    second[0].kill()
+    _, err = job.communicate(timeout=120)
+    assert job.returncode != 0 and "vit_part3_finetune.py\", line" not in err, err[-3000:]
+    said = [text for text in err.splitlines() if text.startswith("error: another torchrun process ended")]
+    assert len(said) == 1 and "by peer" in said[0] and "adding --resume" in said[0], err[-3000:]
+    assert read_checkpoint(tmp_path / finetune.CHECKPOINT)["step"] < 200
+
+
 def test_sigterm_after_the_reader_of_its_output_is_gone_still_saves_the_step(tiny_in21k, pictures, tmp_path):
     """A job killed at once leaves its script writing to pipes nobody reads, then sends it SIGTERM: the script must
     save the step in flight (not only the last periodic checkpoint) rather than die of a broken pipe."""
