@@ -976,13 +976,13 @@ def sum_over_processes(values, run):
 
 
 @contextlib.contextmanager
-def peers_kept(world):
+def peers_kept():
     """Under torchrun, a process killed mid-run (out of memory, a scheduler) breaks the others' next exchange with it:
-    one line for each of them, not torch.distributed's traceback; torchrun's own lines then name the process."""
+    one line (the first process's), not torch.distributed's traceback; torchrun's own lines then name the process."""
     try:
         yield
     except RuntimeError as error:  # gloo's lost connection is a plain RuntimeError; NCCL's, and the store's, DistError
-        if world == 1 or not (isinstance(error, dist.DistError) or "by peer" in str(error)):
+        if not (isinstance(error, dist.DistError) or "by peer" in str(error)):
             raise
         why = str(error).splitlines()[0].split("] ", 1)[-1].split(". ")[0][:160]  # gloo's: after its source line
         raise UserError(f"another torchrun process ended during the run ({why}): torchrun's lines below name it and "
@@ -1029,7 +1029,8 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     rank, world, device = start_processes(args.device)  # torchrun's, or this one alone
     run, report = begin("finetune", args, device=device, rank=rank, world=world)
-    with only_run_in(run) if args.save_dir else contextlib.nullcontext(), peers_kept(world):
+    with (only_run_in(run) if args.save_dir else contextlib.nullcontext(),
+          peers_kept() if world > 1 else contextlib.nullcontext()):
         prepared = section_data_and_model(report, run)  # (data, model, pixels), or why they could not be loaded
         section_zero_head(report, run, prepared)
         section_finetune(report, run, prepared)
