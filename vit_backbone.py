@@ -64,12 +64,13 @@ from common.run import (
     section,
     seed_number,
     tried,
+    whole_number,
 )
 from compare.data_set import subset_differences
 from compare.marks import made_here
 from compare.published_files import unlike_the_published
 from figures import origin_of
-from figures.backbone import backbone_curves, backbone_feature_maps
+from figures.backbone import CURVES_FILE, MAPS_FILE, backbone_curves, backbone_feature_maps
 
 # ---------------------------------------------------------------- the recipe, where the article states it
 MODEL = "google/vit-base-patch16-224"  # model_id: an ImageNet-1k classifier whose head is replaced by a 3-class one
@@ -96,6 +97,8 @@ CONFIG_LINES = {"Image size": "image_size", "Patch size": "patch_size", "Hidden 
 # Beyond the article: DINO's linear evaluation (Caron et al. 2021, eval_linear.py; docs/scripts.md), on frozen features.
 PROBE = {"std": 0.01, "momentum": 0.9, "base_lr": 0.001, "batch_size": 128}
 PROBE_EPOCHS = 100
+probe_epochs = functools.partial(whole_number, low=1, high=10_000,  # argparse type: 100 x DINO's 100
+                                 refusal="is not a number of epochs from 1 to 10,000")
 LAMBDAS = [0.01, 1.0, 100.0]  # Part 3's closed-form probe: the ridge penalties it tries
 MAP_PICTURES = 4  # validation pictures in the feature-map figure
 
@@ -941,7 +944,7 @@ def parse_args(argv):
                         help="fine-tuning learning rate (default: %(default)s)")
     parser.add_argument("--seed", type=seed_number, default=SEED,
                         help="every random draw (the article: 42) (default: %(default)s)")
-    parser.add_argument("--probe-epochs", type=positive_int, default=PROBE_EPOCHS,
+    parser.add_argument("--probe-epochs", type=probe_epochs, default=PROBE_EPOCHS,
                         help="epochs of the linear probe (DINO: 100) (default: %(default)s)")
     parser.add_argument("--lambdas", type=nonnegative_float, nargs="+", action=EachOnce, default=LAMBDAS,
                         help="ridge penalties of the closed-form probe, finite and >= 0 (default: %(default)s)")
@@ -1000,7 +1003,7 @@ def reporting_problem(names, save_dir):
 
 def main(argv=None):
     args = parse_args(argv)
-    run, report = begin("backbone", args, fp32_rule=ARTICLE_FP32_RULE)
+    run, report = begin("backbone", args, fp32_rule=ARTICLE_FP32_RULE, figures=(CURVES_FILE, MAPS_FILE))
     section_feature_map(report, args.seed)
     section_table(report)
     beans, processor = tried(read_beans, args.data_dir, args.per_class), tried(image_processor, args.model)

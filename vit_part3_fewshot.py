@@ -48,10 +48,12 @@ from common.run import (
     side_pixels,
     tried,
     values,
+    whole_number,
 )
 from compare.data_set import data_differences
 from compare.verdicts import article_values, load_reference
 from figures import origin_of
+from figures.fewshot import FILE as FIGURE_FILE
 from figures.fewshot import fewshot_accuracy
 from job.imagenette_archive import download_imagenette
 
@@ -275,6 +277,8 @@ def section_one_solve(report, data, features, args):
 ARTICLE_FLAGS = {"pool": ("pool", 50), "draws": ("draws", 5), "resolution": ("resolution", 224),
                  "precision": ("precision", "fp32")}
 ARTICLE_TABLE = {"shots": [1, 5, 10], "lambdas": [0.01, 1.0, 100.0]}
+draw_count = functools.partial(whole_number, low=1, high=1000,  # argparse type: 200 x the article's 5, minutes
+                               refusal="is not a number of draws from 1 to 1,000")
 
 
 def table_differences(args, names):
@@ -325,7 +329,7 @@ def main(argv=None):
                         default=ARTICLE_TABLE["lambdas"],
                         help="ridge penalties, finite and >= 0 (0: plain least squares, the minimum-norm solution when "
                              "pictures are fewer than features) (default: %(default)s)")
-    parser.add_argument("--draws", type=positive_int, default=ARTICLE_FLAGS["draws"][1],
+    parser.add_argument("--draws", type=draw_count, default=ARTICLE_FLAGS["draws"][1],
                         help="random draws of the training pictures per setting (default: %(default)s)")
     parser.add_argument("--pool", type=positive_int, default=ARTICLE_FLAGS["pool"][1],
                         help="training pictures per class to draw from (default: %(default)s)")
@@ -338,7 +342,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if max(args.shots) > args.pool:
         parser.error(f"--shots {max(args.shots)} is more than the pool of {args.pool} per class")
-    run, report = begin("fewshot", args)
+    run, report = begin("fewshot", args, figures=(FIGURE_FILE,))
     section_by_hand(report)
     data = tried(load_data, args, run.device)
     features = section_frozen(report, data, args, run)

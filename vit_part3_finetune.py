@@ -96,6 +96,7 @@ from common.run import (
 from compare.data_set import data_differences
 from compare.verdicts import article_values
 from figures import origin_of
+from figures.finetune import FILE as FIGURE_FILE
 from figures.finetune import finetune_curves
 from job.imagenette_archive import download_imagenette
 
@@ -1028,7 +1029,7 @@ def main(argv=None):
     args = parse_flags(argv, int(os.environ.get("WORLD_SIZE", "1")))
     torch.manual_seed(args.seed)
     rank, world, device = start_processes(args.device)  # torchrun's, or this one alone
-    run, report = begin("finetune", args, device=device, rank=rank, world=world)
+    run, report = begin("finetune", args, device=device, rank=rank, world=world, figures=(FIGURE_FILE,))
     with (only_run_in(run) if args.save_dir else contextlib.nullcontext(),
           peers_kept() if world > 1 else contextlib.nullcontext()):
         prepared = section_data_and_model(report, run)  # (data, model, pixels), or why they could not be loaded

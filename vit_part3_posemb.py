@@ -39,7 +39,7 @@ from common.run import begin, conclude, experiment_parser, nonempty_path, pass_t
 from compare.data_set import data_differences
 from compare.verdicts import article_values
 from figures import origin_of
-from figures.posemb import accuracy_bars, cosine_maps
+from figures.posemb import ACCURACY_FILE, COSINE_FILE, accuracy_bars, cosine_maps
 from job.imagenette_archive import download_imagenette
 
 DEFAULT_MODEL = "google/vit-base-patch16-224"
@@ -354,7 +354,7 @@ def main(argv=None):
     config = checkpoint_config(args.model)
     if config is not None:  # a checkpoint on disk: refuse a resolution it cannot serve before any work
         check_resolution(config, args.resolution)
-    run, report = begin("posemb", args)
+    run, report = begin("posemb", args, figures=(COSINE_FILE, ACCURACY_FILE))
     section_tiny_grid(report)
     model = tried(load_model, args.model, args.resolution, run.device)
     section_position_table(report, model, args)

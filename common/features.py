@@ -60,7 +60,7 @@ def cached(compute, key, rows, cache_dir=CACHE_DIR, warn=lambda text: say(f"warn
 
 def stored(path, description, rows, warn):
     """{name: array} stored at path for exactly this description, with rows[name] rows each, else None."""
-    if not path.exists():
+    if not path.is_file():  # none, or a pipe or folder there, which a read would wait on or fail at
         return None
     try:
         with np.load(path) as npz:

@@ -313,10 +313,8 @@ def save_loadable(folder, model, names, processor, what="model"):
 def download_error(error):
     """The first line of the innermost error of a failed download (the network's own words, not the library's guess
     at its cause), HF_ENDPOINT's user:password and query as ***."""
-    for _ in range(20):  # a chain of causes is short; a loop in it ends here
-        if not (error.__cause__ or error.__context__):
-            break
-        error = error.__cause__ or error.__context__
+    for _ in range(20):  # a chain of causes is short; a loop in it ends here, the innermost kept once reached
+        error = error.__cause__ or error.__context__ or error
     return without_secrets((str(error).splitlines() or [type(error).__name__])[0][:200], constants.ENDPOINT)
 
 

@@ -25,11 +25,11 @@ from common.pretrained import check_model_flag
 from common.start_and_end import CHECK_ONLY, IN_JOB, MATPLOTLIB_MISSING, UserError, say
 
 
-def begin(script, args, device=None, rank=0, world=1, fp32_rule="strict"):
+def begin(script, args, device=None, rank=0, world=1, fp32_rule="strict", figures=()):
     """(the run: the parsed flags, the device and its arithmetic (fp32_rule: the article's rule for --precision fp32),
     its processes (rank and world: torchrun's); the Report the sections print to). A --json, --plots or --save-dir
-    path that cannot be written is refused before any work. Under reproduce.py's check (CHECK_ONLY) the process ends
-    here, status 0."""
+    path that cannot be written, or where the run would lose one of its inputs or of the figures it saves in --plots
+    (their file names), is refused before any work. Under reproduce.py's check (CHECK_ONLY) the process ends here."""
     if "device" in args:  # a script that runs a model on batches of pictures (setup runs none)
         keep_freed_memory()  # large host blocks kept, not handed back and faulted in again at every batch
     device = device or (pick_device(args.device) if "device" in args else None)
@@ -40,6 +40,9 @@ def begin(script, args, device=None, rank=0, world=1, fp32_rule="strict"):
     for flag, folder in (("save_dir", True), ("plots", True), ("json", False)):  # a typo must not cost the run
         if getattr(args, flag, None):  # the folders first: --json where one is would be refused, not lost at the end
             check_output(getattr(args, flag), "--" + flag.replace("_", "-"), folder, reads)
+    if getattr(args, "json", None) and Path(args.json).resolve() in {Path(args.plots, name).resolve()
+                                                                    for name in figures if args.plots}:
+        raise UserError(f"--json {args.json} is where --plots {args.plots} saves a figure: give another file")
     if getattr(args, "plots", None) and importlib.util.find_spec("matplotlib") is None:  # said now, not after the run
         say(f"figures: {MATPLOTLIB_MISSING}; no figure saved")
     if os.environ.get(CHECK_ONLY) == "1":  # reproduce.py asks, before its job, whether this command would start
@@ -130,14 +133,13 @@ def same_command():
 
 def check_output(path, flag, folder=False, reads=None):
     """Refuse, before any work, an output file (folder=True: a folder) that cannot be written: make the folder it
-    needs and write a probe file there, the one sure test whatever the permissions say; or a file inside one of the
-    folders the run reads (reads: {flag: folder}), which it could replace."""
-    target = Path(path)
-    try:
-        if inside := next((f"{name} {place}" for name, place in (reads or {}).items() if not folder and place
-                           and Path(place).expanduser().is_dir() and Path(place).expanduser().resolve() in
-                           target.resolve().parents), None):
-            raise UserError(f"{flag} {path} is inside {inside}, which the run reads: choose a place outside it")
+    needs and write a probe file there, the one sure test whatever the permissions say; or one inside a folder the
+    run reads (reads: {flag: folder})."""
+    try:  # inside a folder the run reads, a file could replace an input, a figure be read as a picture
+        target, real = Path(path), Path(path).resolve()
+        if inside := [f"{name} {place}" for name, place in (reads or {}).items() if place and Path(place).expanduser()
+                      .is_dir() and Path(place).expanduser().resolve() in (real, *real.parents)]:
+            raise UserError(f"{flag} {path} is inside {inside[0]}, which the run reads: choose a place outside it")
         if folder and target.exists() and not target.is_dir():
             raise UserError(f"{flag} {path} is a file, not a folder: pass a folder, which is created if needed")
         if not folder and target.is_dir():

@@ -346,6 +346,13 @@ CASES = [
     ("standins", [""], 2, "an empty path"),  # built in the current folder
     ("miniature", ["{long}"], 2, "a name longer than the file system allows"),
     ("miniature", ["{file}/mini"], 2, "is a file, not a folder"),
+    # found by a third hunt: the record written over a figure said to be saved, a figure read as a picture, no end
+    ("fewshot", ["--plots", "{out}/f", "--json", "{out}/f/fewshot_accuracy.png"], 2, "is where --plots"),
+    ("posemb", ["--plots", "{out}/p", "--json", "{out}/p/posemb_accuracy.png"], 2, "saves a figure"),
+    ("posemb", ["--data-dir", "{data}", "--plots", "{data}/val"], 2, "is inside --data-dir"),
+    ("finetune", ["--model", "{in21k}", "--save-dir", "{in21k}/run"], 2, "is inside --model"),
+    ("fewshot", ["--draws", "1001"], 2, "is not a number of draws from 1 to 1,000"),
+    ("backbone", ["--probe-epochs", "100000000"], 2, "is not a number of epochs from 1 to 10,000"),
 ]
 
 

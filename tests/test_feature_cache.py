@@ -145,3 +145,7 @@ def test_a_stale_file_is_never_read(tmp_path):
     cached(lambda: {"x": np.full(1, -1.0)}, cache_key("val", model, **DECIDES), {"x": 1}, tmp_path / "short")
     (tmp_path / "short" / name).replace(tmp_path / name)
     assert features(model) == ([7.0, 7.0], "computed")
+    if hasattr(os, "mkfifo"):  # a pipe at the file's name (mkfifo): read, it would wait for a writer for ever
+        (tmp_path / name).unlink()
+        os.mkfifo(tmp_path / name)
+        assert features(model) == ([8.0, 8.0], "computed") and (tmp_path / name).is_file()  # the pipe replaced
