@@ -26,10 +26,9 @@ from common.start_and_end import CHECK_ONLY, IN_JOB, MATPLOTLIB_MISSING, UserErr
 
 
 def begin(script, args, device=None, rank=0, world=1, fp32_rule="strict", figures=()):
-    """(the run: the parsed flags, the device and its arithmetic (fp32_rule: the article's rule for --precision fp32),
-    its processes (rank and world: torchrun's); the Report the sections print to). A --json, --plots or --save-dir
-    path that cannot be written, or where the run would lose one of its inputs or of the figures it saves in --plots
-    (their file names), is refused before any work. Under reproduce.py's check (CHECK_ONLY) the process ends here."""
+    """(the run: the flags, the device and its arithmetic (fp32_rule: the article's rule for --precision fp32), its
+    processes (rank and world: torchrun's); the Report the sections print to). An output that cannot be written, or
+    would replace an input or a figure it saves (figures: their names), is refused; CHECK_ONLY then ends the process."""
     if "device" in args:  # a script that runs a model on batches of pictures (setup runs none)
         keep_freed_memory()  # large host blocks kept, not handed back and faulted in again at every batch
     device = device or (pick_device(args.device) if "device" in args else None)
