@@ -386,11 +386,14 @@ def local_copy(path):
         what = "is a file, not a folder" if folder.exists() else "does not exist"
         raise UserError(f"--data-dir {path} {what}: pass a local copy of {BEANS}'s files "
                         f"(README.md and data/train-*.parquet, data/validation-*.parquet)")
-    names = [file.name for file in folder.rglob("*.parquet")]
-    missing = [split for split in BEANS_SPLITS if not any(name.startswith(split) for name in names)]
+    places = {split: sorted({file.parent for file in folder.rglob(f"{split}*.parquet")}) for split in BEANS_SPLITS}
+    missing = [split for split, found in places.items() if not found]
     if missing:
         raise UserError(f"--data-dir {path} has no parquet file for the split(s) {', '.join(missing)}: pass a local "
                         f"copy of {BEANS}'s files (data/train-*.parquet, data/validation-*.parquet)")
+    if twice := next((split for split, found in places.items() if len(found) > 1), None):  # each would be read
+        raise UserError(f"--data-dir {path} holds parquet files of the {twice} split in {len(places[twice])} folders "
+                        f"({', '.join(str(place) for place in places[twice][:3])}): keep one copy of {BEANS}'s files")
     return path
 
 
@@ -439,7 +442,7 @@ def from_folder(folder, where):
         stamp.update(f"{os.path.realpath(path)} {found.st_size} {found.st_mtime_ns} {found.st_ctime_ns} "
                      f"{found.st_ino}\n".encode())
     try:
-        return load_dataset(str(folder), data_files=files,
+        return load_dataset("parquet", data_files=files,  # the files' own schema: no README.md card read
                             cache_dir=str(Path(config.HF_DATASETS_CACHE) / "beans-copies" / stamp.hexdigest()[:16]))
     except (OSError, ValueError, DatasetGenerationError) as error:
         raise UserError(f"{where}: cannot read it as {BEANS} ({str(error).splitlines()[0][:160]})") from error
@@ -478,8 +481,8 @@ def read_beans(data_dir=None, per_class=None):
 
 
 def unreadable_row(data, classes):
-    """(row, why) of the first row whose label is not one of the classes or whose bytes no picture format claims (its
-    header read, not its pixels), else None."""
+    """(row, why) of the first row whose label is not one of the classes, or whose bytes are no picture that decodes
+    (a JPEG decoded at an eighth of its side, which reads all its bytes), else None."""
     from datasets import Image as ImageColumn
 
     for row, item in enumerate(data.cast_column("image", ImageColumn(decode=False))):
@@ -488,9 +491,17 @@ def unreadable_row(data, classes):
         if not item["image"] or not (item["image"]["bytes"] or item["image"]["path"]):
             return row, "holds no picture"
         try:
-            Image.open(io.BytesIO(item["image"]["bytes"]) if item["image"]["bytes"] else item["image"]["path"])
+            image = Image.open(io.BytesIO(item["image"]["bytes"]) if item["image"]["bytes"] else item["image"]["path"])
+        except Image.DecompressionBombError:
+            return row, "holds a picture too large to decode safely"
         except (OSError, ValueError):  # PIL's UnidentifiedImageError is an OSError
             return row, "holds bytes that are not a picture"
+        try:
+            with image:
+                image.draft("RGB", (1, 1))  # a JPEG decoded at an eighth of its side: every byte read, a cut one found
+                image.load()
+        except (OSError, ValueError, SyntaxError) as error:  # "image file is truncated", a broken stream
+            return row, f"holds a picture that cannot be decoded ({str(error).splitlines()[0][:120]})"
     return None
 
 
@@ -975,7 +986,18 @@ def parse_args(argv):
                                                                       *Path(value).resolve().parents):
                 parser.error(f"{flag} {value} is where --save-dir {args.save_dir} keeps its {folder}: give another "
                              f"place")
+        model = Path(args.model).expanduser().resolve()  # an earlier run's model: replaced, then read again
+        if model.is_dir() and (Path(args.save_dir) / folder).resolve() in (model, *model.parents):
+            parser.error(f"--model {args.model} is where --save-dir {args.save_dir} saves this run's {folder}, which "
+                         f"would replace it: copy it elsewhere and pass that, or pass another --save-dir")
     return args
+
+
+# what an integration needs where its name is no pip package's (transformers' integration_utils checks these)
+REPORTER_NEEDS = {"azure_ml": "pip install azureml-core", "flyte": "pip install flytekit flytekitplugins-deck-standard",
+                  "dagshub": "pip install dagshub mlflow",
+                  "kubeflow": "no package makes it: it reports only inside a Kubeflow trainer, which sets "
+                              "KUBEFLOW_TRAINER_SERVER_URL"}
 
 
 def reporting_problem(names, save_dir):
@@ -983,7 +1005,11 @@ def reporting_problem(names, save_dir):
     if names == ["none"]:  # before the integrations load: the job's flag check then loads none of them
         return None
     from transformers.integrations import get_available_reporting_integrations
-    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+    from transformers.integrations.integration_utils import (
+        INTEGRATION_TO_CALLBACK,
+        is_azureml_available,
+        is_flytekit_available,
+    )
 
     if len(names) > 1 and {"none", "all"} & set(names):
         return "none and all each stand alone: give one of them, or the names of integrations"
@@ -992,9 +1018,11 @@ def reporting_problem(names, save_dir):
     if unknown:
         known = ", ".join(INTEGRATION_TO_CALLBACK)
         return f"{unknown[0]} is not one the Trainer knows; choose none, all, or of {known}"
+    available += [name for name, here in (("azure_ml", is_azureml_available), ("flyte", is_flytekit_available))
+                  if here()]  # the library's list has azure_ml only without mlflow, and never flyte
     missing = [name for name in names if name not in available and name != "all"]
     if missing:
-        return f"{missing[0]} is not installed here: pip install {missing[0]}"
+        return f"{missing[0]} is not installed here: {REPORTER_NEEDS.get(missing[0], f'pip install {missing[0]}')}"
     names = available if names == ["all"] else names
     if "tensorboard" in names and not save_dir and not os.environ.get("TENSORBOARD_LOGGING_DIR"):
         return "its logs go to the Trainer's output folder, which without --save-dir is deleted: add --save-dir DIR"

@@ -914,6 +914,10 @@ def parse_flags(argv, world):
     if args.plots and any(path.resolve() in (Path(args.plots).resolve(), *Path(args.plots).resolve().parents)
                           for path in written):  # figures in a folder the save replaces, or where its file goes
         raise UserError(f"--plots {args.plots} is where --save-dir {args.save_dir} keeps the run: give another place")
+    model = Path(args.model).expanduser().resolve()
+    if model.is_dir() and any(path.resolve() in (model, *model.parents) for path in written):  # an earlier run's
+        raise UserError(f"--model {args.model} is where --save-dir {args.save_dir} saves this run's models, which "
+                        f"would replace it: copy it elsewhere and pass that, or pass another --save-dir")
     return args
 
 

@@ -97,6 +97,12 @@ def places(tmp_path_factory, tiny_in21k):
             "{null config}": str(hostile(vit_classifier(root / "null", processor=True), "config.json", "null")),
             "{float filter}": str(edited(vit_classifier(root / "filter", processor=True), "preprocessor_config.json",
                                          resample=2.0)),
+            "{beans cut picture}": str(beans_row(beans_folder(root / "beans-cut"), image=picture_bytes((64, 64),
+                                                                                                    keep=0.5))),
+            "{beans bomb}": str(beans_row(beans_folder(root / "beans-bomb"), image=picture_bytes((14000, 14000), "1",
+                                                                                                 "PNG"))),
+            "{beans twice}": str(twice_copied(beans_folder(root / "beans-twice"))),
+            "{saved run}": str(saved_run(root / "saved-run")),
             "{not utf-8}": not_utf8(root / "cp")}  # a copy of {classifier+processor}, made above
 
 
@@ -130,6 +136,31 @@ def beans_row(folder, **changes):
     rows[0]["labels"] = changes.get("labels", rows[0]["labels"])
     table = pq.read_table(path)
     pq.write_table(table.from_pylist(rows, schema=table.schema), path)
+    return folder
+
+
+def picture_bytes(size, mode="RGB", form="JPEG", keep=1.0):
+    """A picture of noise (mode "1": blank) of size as a file's bytes, the first `keep` of them."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    noise = np.random.default_rng(0).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    (Image.new("1", size) if mode == "1" else Image.fromarray(noise)).save(buffer, form)
+    return buffer.getvalue()[:int(len(buffer.getvalue()) * keep)]
+
+
+def saved_run(root):
+    """A --save-dir of an earlier run: the classifier it saved in model/."""
+    vit_classifier(root / "model", processor=True)
+    return root
+
+
+def twice_copied(folder):
+    """A beans copy whose data/ was copied again into old/data/: every split's files in two folders."""
+    shutil.copytree(folder / "data", folder / "old" / "data")
     return folder
 
 
@@ -353,6 +384,14 @@ CASES = [
     ("finetune", ["--model", "{in21k}", "--save-dir", "{in21k}/run"], 2, "is inside --model"),
     ("fewshot", ["--draws", "1001"], 2, "is not a number of draws from 1 to 1,000"),
     ("backbone", ["--probe-epochs", "100000000"], 2, "is not a number of epochs from 1 to 10,000"),
+    ("backbone", ["--model", "{saved run}/model", "--save-dir", "{saved run}"], 2, "would replace it"),  # then read
+    ("finetune", ["--model", "{saved run}/model", "--save-dir", "{saved run}"], 2, "would replace it"),
+    ("backbone", ["--model", "{classifier+processor}", "--data-dir", "{beans cut picture}", "--epochs", "1"], 1,
+     "row 0 of its train split holds a picture that cannot be decoded (image file is truncated"),  # a traceback
+    ("backbone", ["--model", "{classifier+processor}", "--data-dir", "{beans bomb}", "--epochs", "1"], 1,
+     "row 0 of its train split holds a picture too large to decode safely"),
+    ("backbone", ["--data-dir", "{beans twice}"], 2, "holds parquet files of the train split in 2 folders"),
+    ("backbone", ["--report-to", "kubeflow"], 2, "only inside a Kubeflow trainer"),  # "pip install kubeflow"
 ]
 
 

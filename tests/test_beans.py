@@ -35,6 +35,18 @@ def test_a_local_copy_says_what_made_it(tmp_path):
     assert made_here(str(folder)) is None
 
 
+@pytest.mark.parametrize("card", ["---\nconfigs: [\n---\n", "---\n\tname: beans\n---\n"])  # YAML's errors
+def test_the_card_is_not_read_the_parquet_files_name_the_classes(tmp_path, card):
+    """The splits and class names come from the parquet files' own schema: a README.md card whose front matter the
+    datasets library cannot parse was a traceback."""
+    from job.standins import beans_folder
+
+    folder = beans_folder(tmp_path / "beans", {"train": 1, "validation": 1})
+    (folder / "README.md").write_text(card)
+    read = beans.read_beans(str(folder))
+    assert len(read["train"]) == 3 and read["names"] == ["angular_leaf_spot", "bean_rust", "healthy"]
+
+
 def test_a_copy_is_beans_only_when_its_files_bytes_are_the_published_ones(tmp_path, monkeypatch):
     """By the bytes of its parquet files, against what huggingface.co published for the dataset (recorded once
     online); never read: it cannot be checked."""
