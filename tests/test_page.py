@@ -91,6 +91,27 @@ def test_a_figure_the_page_cannot_write_is_said_and_left_out(four_runs, tmp_path
         f"warning: cannot write the figure {tmp_path / 'figures' / page_maker.finetune.FILE}: Is a directory"]
 
 
+@pytest.mark.parametrize("maps,error", [({"pictures": [], "before": [], "after": []}, "KeyError"),
+                                        (["x"], "TypeError"),
+                                        ({"pictures": [[1]], "before": [[1]], "after": [[1]], "labels": ["x"]},
+                                         "TypeError")], ids=["no labels", "a list", "maps of one row"])
+def test_figures_the_edited_series_of_a_record_cannot_draw_are_said_and_left_out(four_runs, tmp_path, maps, error):
+    """A backbone.json whose feature maps were edited by hand (the verdicts never read them): the page keeps every
+    number and leaves the backbone's figures off, in a line; it was a traceback and no page."""
+    pytest.importorskip("matplotlib")
+    for script in page_maker.SCRIPTS:
+        (tmp_path / f"{script}.json").write_text((four_runs / f"{script}.json").read_text())
+    record = json.loads((four_runs / "backbone.json").read_text())
+    record["series"]["feature maps"] = maps
+    (tmp_path / "backbone.json").write_text(json.dumps(record))
+    said = []
+    page = page_maker.build(tmp_path, say=said.append).read_text()
+    assert page_maker.backbone.MAPS_FILE not in page and "## vit_backbone.py" in page
+    assert [text for text in said if text.startswith("warning: ")] == [(
+        "warning: the figures of backbone.json are left off the page: its series are not as vit_backbone.py writes "
+        f"them ({error}); run it again to draw them")]
+
+
 def test_a_paused_fine_tuning_and_a_backbone_without_logged_steps_still_have_their_figures(four_runs, monkeypatch):
     """A quick fine-tuning run pauses after step 5 and keeps its logged rows only; a backbone run too short to log
     a step has its feature maps."""
