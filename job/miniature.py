@@ -484,8 +484,10 @@ def run_seeds(root, seeds, say=print):
                         say(f"seed {seed}: its pictures and training ended with status {status} (its lines above)")
                     else:
                         log.close()
+                        said = [text for text in Path(log.name).read_text(errors="replace").splitlines()
+                                if text.startswith("error: ")]  # a refusal's own words, its fix, relayed
                         say(f"seed {seed}: the job ended with status {status} after "
-                            f"{time.perf_counter() - begun:.0f} s")
+                            f"{time.perf_counter() - begun:.0f} s" + (f"; it said: {said[-1]}" if said else ""))
         finally:  # each process still running (a stop, or an error here) saves and stops; the same command resumes
             for process, _, _ in running.values():
                 if process.poll() is None:
@@ -544,8 +546,9 @@ def main(argv=None):
     failed = [seed for seed, status in statuses.items() if status]
     if failed:
         again = shlex.join(["python", sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
-        print(f"seed(s) {', '.join(map(str, failed))} did not finish (the lines above say which step; a job's last "
-              f"lines are in DIR/seed-<s>/job.log); the same command continues: {again}")
+        print(f"seed(s) {', '.join(map(str, failed))} did not finish (the lines above say which step and why; a "
+              f"job's last lines are in DIR/seed-<s>/job.log): do what they say, then the same command continues: "
+              f"{again}")
         return 1
     return 0
 

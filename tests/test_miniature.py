@@ -241,6 +241,26 @@ def test_the_seeds_train_side_by_side_then_their_jobs_run_and_a_failed_training_
     assert "seed 1: its pictures and training ended with status 1 (its lines above)" in said
 
 
+def test_a_job_that_refused_is_relayed_with_its_own_words(tmp_path, monkeypatch):
+    """A seed's job refused in one line (its record edited by hand): the seed's line says that line, its fix
+    included, where it said only the status; the job's other lines stay in its log."""
+    def start(command, env, **popen):
+        if "--prepare" in command:
+            return Ending(1, 0)
+        popen["stdout"].write(b"[1/5] vit_part3_setup.py ...\n"
+                              b"error: OUT/reproduce.json cannot be read (x): restore it\n")
+        popen["stdout"].flush()
+        return Ending(1, 2)
+
+    monkeypatch.setattr(miniature, "start_script", start)
+    monkeypatch.setattr(miniature, "POLL_SECONDS", 0)
+    (tmp_path / "seed-0").mkdir()
+    said = []
+    assert miniature.run_seeds(tmp_path, [0], said.append) == {0: 2}
+    assert said[-1].startswith("seed 0: the job ended with status 2 after ")
+    assert said[-1].endswith("; it said: error: OUT/reproduce.json cannot be read (x): restore it")
+
+
 @pytest.mark.parametrize("signum,raised", [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, Terminated)])
 def test_a_stop_while_a_training_starts_stops_every_process_started_and_says_how_to_continue(signum, raised, tmp_path,
                                                                                            monkeypatch):
