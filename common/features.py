@@ -60,7 +60,7 @@ def cached(compute, key, rows, cache_dir=CACHE_DIR, warn=lambda text: say(f"warn
 
 def stored(path, description, rows, warn):
     """{name: array} stored at path for exactly this description, with rows[name] rows each, else None."""
-    if not path.is_file():  # none, or a pipe or folder there, which a read would wait on or fail at
+    if not path.exists() or path.is_fifo():  # none, or a pipe: its read would wait for a writer for ever
         return None
     try:
         with np.load(path) as npz:
