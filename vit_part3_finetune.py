@@ -986,8 +986,8 @@ def peers_kept():
     one line (the first process's), not torch.distributed's traceback; torchrun's own lines then name the process."""
     try:
         yield
-    except RuntimeError as error:  # gloo's lost connection is a plain RuntimeError; NCCL's, and the store's, DistError
-        if not (isinstance(error, dist.DistError) or "by peer" in str(error)):
+    except RuntimeError as error:  # gloo's lost connection is a plain RuntimeError; a backend's own fault is not it
+        if not (isinstance(error, dist.DistNetworkError) or "by peer" in str(error)):
             raise
         why = str(error).splitlines()[0].split("] ", 1)[-1].split(". ")[0][:160]  # gloo's: after its source line
         raise UserError(f"another torchrun process ended during the run ({why}): torchrun's lines below name it and "
@@ -1034,13 +1034,13 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     rank, world, device = start_processes(args.device)  # torchrun's, or this one alone
     run, report = begin("finetune", args, device=device, rank=rank, world=world, figures=(FIGURE_FILE,))
-    with (only_run_in(run) if args.save_dir else contextlib.nullcontext(),
-          peers_kept() if world > 1 else contextlib.nullcontext()):
-        prepared = section_data_and_model(report, run)  # (data, model, pixels), or why they could not be loaded
-        section_zero_head(report, run, prepared)
-        section_finetune(report, run, prepared)
-        status = conclude(run, report, functools.partial(setup_differences, prepared), MODEL, ARTICLE_FLAGS)
-    finish_together(world)  # a process that leaves while the first writes its JSON can abort gloo
+    with peers_kept() if world > 1 else contextlib.nullcontext():
+        with only_run_in(run) if args.save_dir else contextlib.nullcontext():
+            prepared = section_data_and_model(report, run)  # (data, model, pixels), or why they could not be loaded
+            section_zero_head(report, run, prepared)
+            section_finetune(report, run, prepared)
+            status = conclude(run, report, functools.partial(setup_differences, prepared), MODEL, ARTICLE_FLAGS)
+        finish_together(world)  # a process that leaves while the first writes its JSON can abort gloo
     return status
 
 

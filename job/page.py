@@ -333,8 +333,8 @@ def build(folder, say=print):
         try:  # its series, which no verdict reads, edited by hand into what the figures cannot draw: left off
             drawn = draw_figures(script, record, rows, folder, say if with_figures else lambda text: None)  # warnings
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as error:
-            say(f"warning: the figures of {script}.json are left off the page: its series are not as "
-                f"{script_file(script)} writes them ({type(error).__name__}); run it again to draw them")
+            say(f"warning: the figures of {script}.json are left off the page: they cannot be drawn from its series "
+                f"({type(error).__name__}: {str(error)[:80]}), which {script_file(script)} writes; run it again")
             drawn = []
         body += script_section(script, record, rows, drawn, folder, seconds)
     head = ["# The two articles' numbers, reproduced", "", *what_ran(records)]

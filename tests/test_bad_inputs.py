@@ -140,15 +140,18 @@ def beans_row(folder, **changes):
 
 
 def picture_bytes(size, mode="RGB", form="JPEG", keep=1.0):
-    """A picture of noise (mode "1": blank) of size as a file's bytes, the first `keep` of them."""
+    """A picture of noise (mode "1": a blank one) of size, as a file's bytes: the first `keep` of them."""
     import io
 
     import numpy as np
     from PIL import Image
 
-    noise = np.random.default_rng(0).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    if mode == "1":  # a blank one: a large one costs little memory
+        picture = Image.new("1", size)
+    else:
+        picture = Image.fromarray(np.random.default_rng(0).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
     buffer = io.BytesIO()
-    (Image.new("1", size) if mode == "1" else Image.fromarray(noise)).save(buffer, form)
+    picture.save(buffer, form)
     return buffer.getvalue()[:int(len(buffer.getvalue()) * keep)]
 
 

@@ -4,6 +4,7 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 
 import numpy as np
 import pytest
@@ -148,4 +149,8 @@ def test_a_stale_file_is_never_read(tmp_path):
     if hasattr(os, "mkfifo"):  # a pipe at the file's name (mkfifo): read, it would wait for a writer for ever
         (tmp_path / name).unlink()
         os.mkfifo(tmp_path / name)
-        assert features(model) == ([8.0, 8.0], "computed") and (tmp_path / name).is_file()  # the pipe replaced
+        served = []
+        reader = threading.Thread(target=lambda: served.append(features(model)), daemon=True)  # a hang: a failure
+        reader.start()
+        reader.join(timeout=120)
+        assert served == [([8.0, 8.0], "computed")] and (tmp_path / name).is_file()  # the pipe replaced
