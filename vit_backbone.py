@@ -977,17 +977,17 @@ def parse_args(argv):
     why = reporting_problem(args.report_to, args.save_dir)
     if why:
         parser.error(f"--report-to {' '.join(args.report_to)}: {why}")
+    model = Path(args.model).expanduser().resolve()  # a local one inside what the run saves: replaced, then read
     for folder in (SAVED_MODEL, TRAINER_DIR) if args.save_dir else ():  # the Trainer would stop on a file there
-        if (Path(args.save_dir) / folder).exists() and not (Path(args.save_dir) / folder).is_dir():
+        kept = (Path(args.save_dir) / folder).resolve()
+        if kept.exists() and not kept.is_dir():
             parser.error(f"--save-dir {args.save_dir}: its {folder} is a file, not a folder; remove it, or pass "
                          f"another --save-dir")
         for flag, value in (("--json", args.json), ("--plots", args.plots)):  # its write would find a folder there
-            if value and (Path(args.save_dir) / folder).resolve() in (Path(value).resolve(),
-                                                                      *Path(value).resolve().parents):
+            if value and kept in (Path(value).resolve(), *Path(value).resolve().parents):
                 parser.error(f"{flag} {value} is where --save-dir {args.save_dir} keeps its {folder}: give another "
                              f"place")
-        model = Path(args.model).expanduser().resolve()  # an earlier run's model: replaced, then read again
-        if model.is_dir() and (Path(args.save_dir) / folder).resolve() in (model, *model.parents):
+        if model.is_dir() and kept in (model, *model.parents):
             parser.error(f"--model {args.model} is where --save-dir {args.save_dir} saves this run's {folder}, which "
                          f"would replace it: copy it elsewhere and pass that, or pass another --save-dir")
     return args
